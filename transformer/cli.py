@@ -1,0 +1,183 @@
+"""`transformer <command>`: a thin command line; each command loads a config and calls one function.
+
+Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import ConfigError
+
+EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from .config import load_config
+    from .train import train
+
+    cfg = load_config(args.config, args.set)
+    train(cfg, Path(args.out), resume=args.resume, quiet=args.quiet)
+
+
+def _decode_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
+    p.add_argument("--checkpoint", type=Path, help="weights file to use (default: average the run's last "
+                   "decode.average_last checkpoints, §6.1)")
+    p.add_argument("--beam", type=int, help="beam size (default from the run's config: 4, §6.1); 1 = greedy")
+    p.add_argument("--alpha", type=float, help="GNMT length penalty α (default 0.6, §6.1)")
+    p.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default 50)")
+    p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default 64)")
+
+
+def _translate_lines(args: argparse.Namespace, lines: list[str]) -> list[str]:
+    from .translator import Translator
+
+    if args.beam is not None and args.beam < 1:
+        raise ConfigError(f"--beam must be >= 1, got {args.beam}")
+    translator = Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr))
+    return translator.translate(lines, args.beam, args.alpha, args.max_len_offset, args.batch_size)
+
+
+def cmd_translate(args: argparse.Namespace) -> None:
+    from .data import read_lines
+
+    lines = read_lines(args.input or Path("/dev/stdin"))
+    outputs = _translate_lines(args, lines)
+    text = "".join(line + "\n" for line in outputs)
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from .data import read_lines
+    from .evaluate import sacrebleu_scores, tok_lc_bleu
+
+    src, ref = read_lines(args.src), read_lines(args.ref)
+    if len(src) != len(ref):
+        raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
+    hyps = _translate_lines(args, src)
+    scores = sacrebleu_scores(hyps, ref)
+    print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
+    print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
+    if args.tok_ref:
+        tok_ref = read_lines(args.tok_ref)
+        lang = args.lang or Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1]
+        scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
+        print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")
+    if args.hyp_out:
+        args.hyp_out.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    if args.json:
+        args.json.write_text(json.dumps(scores, indent=2) + "\n", encoding="utf-8")
+
+
+def cmd_average(args: argparse.Namespace) -> None:
+    from .checkpoint import CheckpointError, average_checkpoints, list_checkpoints, load_checkpoint, write_model
+
+    paths = list_checkpoints(args.run_dir)
+    if not paths:
+        raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
+    if args.last < 1:
+        raise ConfigError(f"--last must be >= 1, got {args.last}")
+    paths = paths[-args.last:]
+    meta = load_checkpoint(paths[-1], with_state=False).meta
+    keep = ("config", "vocab_sha256", "model_hash", "vocab_size")
+    meta = {k: meta[k] for k in keep if k in meta} | {"averaged": [p.name for p in paths]}
+    write_model(args.out, average_checkpoints(paths), meta)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.stem for p in paths)}) -> {args.out}")
+
+
+def cmd_params(args: argparse.Namespace) -> None:
+    import torch
+
+    from .config import load_config
+    from .model import Transformer, count_parameters, flops_per_token
+
+    cfg = load_config(args.preset, args.set)
+    vocab = args.vocab or cfg.data.vocab_size
+    with torch.device("meta"):  # no memory is allocated: big models count instantly
+        model = Transformer(cfg.model, vocab)
+    n, flops = count_parameters(model), flops_per_token(cfg.model, vocab)
+    if args.json:
+        print(json.dumps({"parameters": n, "flops_per_token": flops}))
+    else:
+        print(f"{args.preset}: {n:,} parameters ({n / 1e6:.2f}M) with a vocabulary of {vocab}; "
+              f"{flops / 1e6:.1f} MFLOP per target token for training (source and target 30 tokens)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transformer", epilog=EPILOG,
+                                     description="The Transformer of 'Attention Is All You Need': train, "
+                                                 "translate, evaluate.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a model (§5) into a run folder", epilog=EPILOG,
+                       description="Train from a TOML config (a path or a preset name from configs/). "
+                                   "Writes config.toml, spm.model, checkpoints/, train.log, metrics.jsonl, tb/.")
+    p.add_argument("config", help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...)")
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the terminal")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("translate", help="translate lines with beam search (§6.1)", epilog=EPILOG,
+                       description="One output line per input line, in order; an empty line gives an empty line.")
+    _decode_options(p)
+    p.add_argument("--input", type=Path, help="input file, plain or .gz (default: stdin)")
+    p.add_argument("--output", type=Path, help="output file (default: stdout)")
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("evaluate", help="translate a test set and score it with sacreBLEU and chrF",
+                       epilog=EPILOG, description="Prints detokenized cased sacreBLEU with its signature and "
+                       "chrF; with --tok-ref also the Multi30k literature's tokenized lowercased BLEU.")
+    _decode_options(p)
+    p.add_argument("--src", type=Path, required=True, help="source sentences, plain or .gz")
+    p.add_argument("--ref", type=Path, required=True, help="reference translations (raw text)")
+    p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...)")
+    p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix)")
+    p.add_argument("--json", type=Path, help='write {"bleu", "chrf", "signature", ...} to this file')
+    p.add_argument("--hyp-out", type=Path, help="also write the translations to this file")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("average", help="average the last N checkpoints (§6.1)", epilog=EPILOG,
+                       description="Uniform mean in float64 of the last N checkpoints' weights; writes a "
+                                   "model file usable with --checkpoint.")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--last", type=int, required=True, help="how many checkpoints (paper: 5 base, 20 big)")
+    p.add_argument("--out", type=Path, required=True, help="output .safetensors file (a .json is written beside)")
+    p.set_defaults(func=cmd_average)
+
+    p = sub.add_parser("params", help="parameter count and training FLOPs per token of a preset",
+                       epilog=EPILOG, description="Counts parameters of a preset (base, big, A1..E, parse, "
+                       "or a config path) without allocating it.")
+    p.add_argument("preset")
+    p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F}')
+    p.set_defaults(func=cmd_params)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .checkpoint import CheckpointError
+    from .data import DataError
+    from .tokenizer import TokenizerError
+    from .train import TrainError
+
+    try:
+        args.func(args)
+    except (ConfigError, DataError, CheckpointError, TokenizerError, TrainError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

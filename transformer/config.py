@@ -1,0 +1,262 @@
+"""Configuration: one dataclass per concern, defaults = the paper's base model (Table 3, §5).
+
+A preset or recipe is a TOML file that lists only what differs from these defaults; ``--set
+section.key=value`` overrides it. Nothing else layers. Unknown keys are errors that suggest the
+closest known key, and types are checked, so a typo never silently trains the wrong model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """A user error in a config file or override; the message names the file and the field."""
+
+
+@dataclass
+class ModelConfig:
+    """The architecture (§3). Defaults are the base model of Table 3."""
+
+    n_enc_layers: int = 6  # N (§3.1)
+    n_dec_layers: int = 6  # N (§3.1)
+    d_model: int = 512
+    d_ff: int = 2048  # inner FFN size (§3.3)
+    n_heads: int = 8  # h (§3.2.2)
+    d_k: int = 0  # per-head query/key size; 0 = d_model / h (§3.2.2)
+    d_v: int = 0  # per-head value size; 0 = d_model / h (§3.2.2)
+    p_drop: float = 0.1  # residual and embedding dropout, P_drop (§5.4)
+    p_drop_attn: float = 0.0  # dropout on attention weights: not in the paper, 0 in the authors' code
+    p_drop_relu: float = 0.0  # dropout after the FFN ReLU: not in the paper, 0 in the authors' code
+    positional: Literal["sinusoidal", "learned"] = "sinusoidal"  # §3.5; "learned" is Table 3 row E
+    max_positions: int = 1024  # rows of the learned position table (row E only; sinusoids are unbounded)
+    share_embeddings: bool = True  # one matrix for source and target embeddings (§3.4)
+    share_output: bool = True  # target embedding tied to the pre-softmax projection (§3.4)
+    bias: bool = True  # biases in attention projections (the authors' first code had them; A15)
+    ln_eps: float = 1e-6  # LayerNorm epsilon of the authors' code (the paper is silent; A7)
+
+    @property
+    def head_dims(self) -> tuple[int, int]:
+        """(d_k, d_v) with 0 resolved to d_model / h."""
+        return (self.d_k or self.d_model // self.n_heads, self.d_v or self.d_model // self.n_heads)
+
+
+@dataclass
+class DataConfig:
+    """Parallel text and its BPE vocabulary (§5.1)."""
+
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    # Paths are absolute or relative to the data root (see data.find_data_root); "" = not given.
+    train_src: str = ""
+    train_tgt: str = ""
+    valid_src: str = ""
+    valid_tgt: str = ""
+    test_src: str = ""
+    test_tgt: str = ""
+    test_tok_ref: str = ""  # tokenized lowercased reference for the literature's BLEU (optional)
+    vocab_size: int = 37000  # joint BPE vocabulary (§5.1: "about 37000 tokens" for EN-DE)
+    spm_input_sentences: int = 2_000_000  # sentences sampled to train sentencepiece
+    max_len: int = 256  # training pairs longer than this on either side (in pieces) are skipped (A10)
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and schedule (§5.2-§5.4)."""
+
+    max_tokens: int = 4096  # per batch, counted separately on source and target (§5.1)
+    update_freq: int = 1  # batches accumulated per optimizer step
+    max_steps: int = 100_000  # base model: 100k steps (§5.2)
+    max_minutes: float = 0.0  # wall-clock budget; 0 = none
+    warmup_steps: int = 4000  # eq. (3)
+    lr_scale: float = 1.0  # multiplier on eq. (3); 1.0 is the paper (A1)
+    beta1: float = 0.9  # §5.3
+    beta2: float = 0.98  # §5.3
+    adam_eps: float = 1e-9  # §5.3
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0  # 0 = no clipping, as in the paper's code (A2)
+    eps_ls: float = 0.1  # label smoothing ε_ls (§5.4)
+    seed: int = 1
+    log_every: int = 50  # steps between log lines
+    eval_every: int = 1000  # steps between validations
+    save_every: int = 0  # steps between checkpoints; 0 = only by time
+    save_minutes: float = 10.0  # minutes between checkpoints (§6.1: "written at 10-minute intervals")
+    keep_last: int = 20  # checkpoints kept on disk (big averages the last 20; §6.1)
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+
+
+@dataclass
+class DecodeConfig:
+    """Beam search (§6.1)."""
+
+    beam_size: int = 4
+    alpha: float = 0.6  # GNMT length penalty exponent
+    max_len_offset: int = 50  # maximum output length = input length + 50
+    batch_size: int = 64  # sentences per decoding batch
+    average_last: int = 5  # checkpoints averaged before evaluation (base: 5, big: 20)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def validate(self) -> Config:
+        """Cross-field checks, in one place. Returns self so calls chain."""
+        m, t, d = self.model, self.train, self.decode
+        positive = {
+            "model.n_enc_layers": m.n_enc_layers, "model.n_dec_layers": m.n_dec_layers,
+            "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.n_heads": m.n_heads,
+            "model.max_positions": m.max_positions, "data.vocab_size": self.data.vocab_size,
+            "data.max_len": self.data.max_len, "train.max_tokens": t.max_tokens,
+            "train.update_freq": t.update_freq, "train.max_steps": t.max_steps,
+            "train.warmup_steps": t.warmup_steps, "train.log_every": t.log_every,
+            "train.eval_every": t.eval_every, "train.keep_last": t.keep_last,
+            "decode.beam_size": d.beam_size, "decode.batch_size": d.batch_size,
+            "decode.average_last": d.average_last,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+        if (not m.d_k or not m.d_v) and m.d_model % m.n_heads:
+            raise ConfigError(
+                f"model.d_model ({m.d_model}) is not divisible by model.n_heads ({m.n_heads}); "
+                "set model.d_k and model.d_v explicitly")
+        if m.d_k < 0 or m.d_v < 0:
+            raise ConfigError("model.d_k and model.d_v must be >= 0 (0 = d_model / n_heads)")
+        for name, p in [("model.p_drop", m.p_drop), ("model.p_drop_attn", m.p_drop_attn),
+                        ("model.p_drop_relu", m.p_drop_relu), ("train.eps_ls", t.eps_ls)]:
+            if not 0.0 <= p < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {p}")
+        if not 0.0 <= t.beta1 < 1.0 or not 0.0 <= t.beta2 < 1.0:
+            raise ConfigError("train.beta1 and train.beta2 must be in [0, 1)")
+        if t.adam_eps <= 0 or t.lr_scale <= 0:
+            raise ConfigError("train.adam_eps and train.lr_scale must be positive")
+        if t.max_minutes < 0 or t.save_minutes < 0 or t.save_every < 0 or t.threads < 0:
+            raise ConfigError("train.max_minutes, save_minutes, save_every and threads must be >= 0")
+        if d.alpha < 0 or d.max_len_offset < 0:
+            raise ConfigError("decode.alpha and decode.max_len_offset must be >= 0")
+        return self
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def model_hash(self) -> str:
+        """A short hash of the model section: checkpoints from another architecture are refused."""
+        blob = json.dumps(dataclasses.asdict(self.model), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _check_type(where: str, key: str, value: Any, annotation: Any) -> Any:
+    """Checks a TOML value against a dataclass field's annotation; ints are accepted for floats."""
+    hint = annotation
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{where}: {key} must be one of {list(choices)}, got {value!r}")
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, bool) or not isinstance(value, hint):
+        raise ConfigError(f"{where}: {key} must be {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+_SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig,
+                              "decode": DecodeConfig}
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    if section not in _SECTIONS:
+        hint = difflib.get_close_matches(section, _SECTIONS, n=1)
+        raise ConfigError(f"{where}: unknown section [{section}]"
+                          + (f"; did you mean [{hint[0]}]?" if hint else ""))
+    cls = _SECTIONS[section]
+    hints = typing.get_type_hints(cls)
+    if key not in hints:
+        hint = difflib.get_close_matches(key, hints, n=1)
+        raise ConfigError(f"{where}: unknown key {section}.{key}"
+                          + (f"; did you mean {section}.{hint[0]}?" if hint else ""))
+    setattr(getattr(cfg, section), key, _check_type(where, f"{section}.{key}", value, hints[key]))
+
+
+def _parse_override(text: str) -> tuple[str, str, Any]:
+    """'train.max_steps=100' -> ('train', 'max_steps', 100); the value is read as TOML."""
+    name, sep, raw = text.partition("=")
+    section, dot, key = name.strip().partition(".")
+    if not sep or not dot or not key:
+        raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.max_steps=1000")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()  # a bare string such as a path
+    return section, key.strip(), value
+
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """A path to a TOML file, or a preset name looked up in configs/ and configs/table3/."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        return path
+    for candidate in (PRESET_DIR / f"{name_or_path}.toml", PRESET_DIR / "table3" / f"{name_or_path}.toml"):
+        if candidate.is_file():
+            return candidate
+    known = sorted(p.stem for p in PRESET_DIR.rglob("*.toml"))
+    hint = difflib.get_close_matches(name_or_path, known, n=1)
+    raise ConfigError(f"unknown preset or config {name_or_path!r}"
+                      + (f"; did you mean {hint[0]!r}?" if hint else f"; known presets: {', '.join(known)}"))
+
+
+def config_from_dict(data: dict[str, Any], where: str = "config") -> Config:
+    cfg = Config()
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}: top-level key {section!r} must be a [section] table")
+        for key, value in values.items():
+            _apply(cfg, section, key, value, where)
+    return cfg
+
+
+def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults, then one TOML file (a preset name or a path), then --set overrides; validated."""
+    data: dict[str, Any] = {}
+    where = "defaults"
+    if name_or_path:
+        path = resolve_config_path(name_or_path)
+        where = str(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    cfg = config_from_dict(data, where)
+    for text in overrides or []:
+        section, key, value = _parse_override(text)
+        _apply(cfg, section, key, value, f"--set {text}")
+    return cfg.validate()
+
+
+def dump_toml(cfg: Config) -> str:
+    """The full resolved config as TOML (written into every run folder)."""
+    lines: list[str] = []
+    for section, values in cfg.to_dict().items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)
+

@@ -1,0 +1,348 @@
+"""The Transformer of "Attention Is All You Need" (§3): encoder-decoder built only from attention.
+
+Shape legend: B batch, S source length, T target length, D d_model, H heads, V vocabulary,
+d_k / d_v per-head sizes. Masks are boolean with True = "may attend" (the convention of
+``torch.nn.functional.scaled_dot_product_attention``); they are built only in ``padding_mask``.
+
+Token ids: PAD = 0 doubles as the decoder's start symbol. Its embedding is zero at lookup, so the
+first decoder input is the zero vector plus PE(0), as in the authors' code (IMPLEMENTATION-NOTES A5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .tokenizer import PAD_ID
+
+
+def padding_mask(tokens: Tensor) -> Tensor:
+    """[B, S] ids -> [B, 1, 1, S] bool, True where a key is a real token (broadcast over heads, queries)."""
+    return (tokens != PAD_ID)[:, None, None, :]
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
+              dropout_p: float = 0.0, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention (§3.2.1, eq. 1): softmax(QKᵀ/√d_k)V.
+
+    q [B, H, Tq, d_k], k [B, H, Tk, d_k], v [B, H, Tk, d_v] -> [B, H, Tq, d_v]. Masked logits are
+    set to -inf before the softmax. The fast path is PyTorch's fused SDPA; ``need_weights`` takes
+    the explicit path that also returns the weights [B, H, Tq, Tk] (figures and tests need them).
+    """
+    if not need_weights:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        return out, None
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # eq. (1): QKᵀ/√d_k
+    if is_causal:
+        tq, tk = scores.shape[-2:]
+        causal = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
+        mask = causal if mask is None else mask & causal
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    return F.dropout(weights, dropout_p) @ v, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (§3.2.2): Concat(head_1..head_h) W^O, head_i = Attention(QW_i^Q, KW_i^K, VW_i^V).
+
+    d_k and d_v are free parameters (Table 3 rows A and B change them independently of d_model / h).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, p_drop_attn: float, bias: bool):
+        super().__init__()
+        self.n_heads, self.d_k, self.d_v, self.p_drop_attn = n_heads, d_k, d_v, p_drop_attn
+        self.q_proj = nn.Linear(d_model, n_heads * d_k, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_heads * d_k, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_heads * d_v, bias=bias)
+        self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)
+        self.record: list[Tensor] | None = None  # set by record_attention()
+
+    def split_heads(self, x: Tensor, d: int) -> Tensor:
+        return x.unflatten(-1, (self.n_heads, d)).transpose(1, 2)  # [B, L, H*d] -> [B, H, L, d]
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of x, split into heads: [B, H, L, d_k], [B, H, L, d_v]."""
+        return self.split_heads(self.k_proj(x), self.d_k), self.split_heads(self.v_proj(x), self.d_v)
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                is_causal: bool = False) -> Tensor:
+        """x [B, Tq, D] queries; k, v already projected and split (``project_kv``) -> [B, Tq, D]."""
+        q = self.split_heads(self.q_proj(x), self.d_k)
+        p = self.p_drop_attn if self.training else 0.0
+        out, weights = attention(q, k, v, mask, is_causal, p, need_weights=self.record is not None)
+        if weights is not None:
+            self.record.append(weights.detach())
+        return self.out_proj(out.transpose(1, 2).flatten(2))  # [B, H, Tq, d_v] -> [B, Tq, H*d_v] -> [B, Tq, D]
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network (§3.3, eq. 2): FFN(x) = max(0, xW1 + b1)W2 + b2."""
+
+    def __init__(self, d_model: int, d_ff: int, p_drop_relu: float):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+        self.p_drop_relu = p_drop_relu
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.dropout(F.relu(self.w1(x)), self.p_drop_relu, self.training))  # eq. (2)
+
+
+class EncoderLayer(nn.Module):
+    """§3.1: self-attention then FFN, each wrapped as LayerNorm(x + Dropout(Sublayer(x))) (§5.4)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d_k, d_v = cfg.head_dims
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, d_k, d_v, cfg.p_drop_attn, cfg.bias)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_relu)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.drop = nn.Dropout(cfg.p_drop)
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        x = self.norm1(x + self.drop(self.self_attn(x, *self.self_attn.project_kv(x), mask=src_mask)))
+        return self.norm2(x + self.drop(self.ffn(x)))
+
+
+@dataclass
+class LayerCache:
+    """One decoder layer's incremental-decoding state (a small explicit object, as torchtune's)."""
+
+    self_k: Tensor  # [B, H, t, d_k] keys of the target prefix, grown by one per step
+    self_v: Tensor  # [B, H, t, d_v]
+    cross_k: Tensor  # [B, H, S, d_k] encoder-decoder keys, projected once per sentence
+    cross_v: Tensor  # [B, H, S, d_v]
+
+
+@dataclass
+class DecoderCache:
+    """State of incremental decoding for a batch of prefixes; rows may be reordered or dropped."""
+
+    layers: list[LayerCache]
+    src_mask: Tensor  # [B, 1, 1, S]
+    length: int = 0  # target positions decoded so far
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` (beam reordering, pruning finished sentences; repeats are allowed)."""
+        for c in self.layers:
+            c.self_k, c.self_v = c.self_k.index_select(0, index), c.self_v.index_select(0, index)
+            c.cross_k, c.cross_v = c.cross_k.index_select(0, index), c.cross_v.index_select(0, index)
+        self.src_mask = self.src_mask.index_select(0, index)
+
+
+class DecoderLayer(nn.Module):
+    """§3.1: masked self-attention, encoder-decoder attention, FFN; each post-norm residual (§5.4)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d_k, d_v = cfg.head_dims
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, d_k, d_v, cfg.p_drop_attn, cfg.bias)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, d_k, d_v, cfg.p_drop_attn, cfg.bias)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.p_drop_relu)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.drop = nn.Dropout(cfg.p_drop)
+
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, cache: LayerCache | None = None) -> Tensor:
+        """x [B, T, D]. Without a cache: the whole prefix, causally masked (§3.2.3). With one: x is
+        the newest position [B, 1, D], attending to the cached prefix and itself."""
+        k, v = self.self_attn.project_kv(x)
+        if cache is None:
+            ck, cv = self.cross_attn.project_kv(memory)
+            x = self.norm1(x + self.drop(self.self_attn(x, k, v, is_causal=True)))
+        else:
+            cache.self_k, cache.self_v = torch.cat([cache.self_k, k], 2), torch.cat([cache.self_v, v], 2)
+            ck, cv = cache.cross_k, cache.cross_v
+            x = self.norm1(x + self.drop(self.self_attn(x, cache.self_k, cache.self_v)))
+        x = self.norm2(x + self.drop(self.cross_attn(x, ck, cv, mask=src_mask)))
+        return self.norm3(x + self.drop(self.ffn(x)))
+
+
+def sinusoidal_positions(length: int, d_model: int, offset: int = 0, device: torch.device | None = None) -> Tensor:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)).
+
+    The paper's interleaved layout and d_model/2 denominator (the authors' code concatenated sin|cos
+    with a d/2-1 denominator; A6). Positions start at 0. Computed in float64, so any length works.
+    """
+    pos = torch.arange(offset, offset + length, dtype=torch.float64, device=device)[:, None]
+    i2 = torch.arange(0, d_model, 2, dtype=torch.float64, device=device)  # 2i
+    angle = pos / 10000.0 ** (i2 / d_model)  # [L, ceil(D/2)]
+    pe = torch.zeros(length, d_model, dtype=torch.float64, device=device)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe.float()
+
+
+class Embedding(nn.Module):
+    """§3.4: learned embeddings multiplied by √d_model; also the pre-softmax projection when tied.
+
+    Initialised N(0, d_model^-0.5), so the scaled lookups have unit variance (A8). The PAD row is
+    zeroed at lookup (A5), which also makes the start symbol the zero vector.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        nn.init.normal_(self.weight, std=d_model**-0.5)
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        x = F.embedding(tokens, self.weight) * self.scale  # §3.4: multiply by √d_model
+        return x.masked_fill((tokens == PAD_ID)[..., None], 0.0)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (§3, Figure 1), configured by ``ModelConfig``.
+
+    ``forward(src, tgt_in)`` gives logits for teacher forcing; ``encode`` + ``init_cache`` +
+    ``decode_step`` decode one token at a time with cached keys and values.
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        self.cfg, self.vocab_size = cfg, vocab_size
+        # §3.4: one weight matrix for both embeddings and the pre-softmax projection; the module
+        # names below are the checkpoint format, so a tied matrix is stored exactly once.
+        if cfg.share_embeddings:
+            self.embed = Embedding(vocab_size, cfg.d_model)
+        else:
+            self.src_embed = Embedding(vocab_size, cfg.d_model)
+            self.tgt_embed = Embedding(vocab_size, cfg.d_model)
+        if not cfg.share_output:
+            self.output_proj = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        if cfg.positional == "learned":  # Table 3 row (E)
+            self.src_pos = nn.Embedding(cfg.max_positions, cfg.d_model)
+            self.tgt_pos = nn.Embedding(cfg.max_positions, cfg.d_model)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
+        self.drop = nn.Dropout(cfg.p_drop)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform linear weights, zero biases (A8); embeddings keep N(0, d^-0.5)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):  # learned positions
+                nn.init.normal_(module.weight, std=self.cfg.d_model**-0.5)
+
+    @property
+    def source_embedding(self) -> Embedding:
+        return self.embed if self.cfg.share_embeddings else self.src_embed
+
+    @property
+    def target_embedding(self) -> Embedding:
+        return self.embed if self.cfg.share_embeddings else self.tgt_embed
+
+    def positions(self, length: int, offset: int, table: str, device: torch.device) -> Tensor:
+        """[L, D] positional encodings for positions offset .. offset+length-1 (§3.5)."""
+        if self.cfg.positional == "sinusoidal":
+            return sinusoidal_positions(length, self.cfg.d_model, offset, device)
+        if offset + length > self.cfg.max_positions:
+            raise ValueError(f"sequence of {offset + length} positions exceeds the learned position "
+                             f"table (model.max_positions = {self.cfg.max_positions})")
+        return getattr(self, table).weight[offset: offset + length]
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src [B, S] -> memory z [B, S, D] and its padding mask [B, 1, 1, S]."""
+        src_mask = padding_mask(src)
+        x = self.source_embedding(src) + self.positions(src.size(1), 0, "src_pos", src.device)
+        x = self.drop(x)  # §5.4: dropout on the sums of embeddings and positional encodings
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return x, src_mask
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """Teacher-forced decoder: tgt_in [B, T] (starts with the start symbol) -> hidden [B, T, D]."""
+        x = self.target_embedding(tgt_in) + self.positions(tgt_in.size(1), 0, "tgt_pos", tgt_in.device)
+        x = self.drop(x)
+        for layer in self.decoder:
+            x = layer(x, memory, src_mask)
+        return x
+
+    def project(self, hidden: Tensor) -> Tensor:
+        """Pre-softmax linear transformation (§3.4): [..., D] -> logits [..., V]; no bias."""
+        weight = self.target_embedding.weight if self.cfg.share_output else self.output_proj.weight
+        return F.linear(hidden, weight)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src [B, S], tgt_in [B, T] -> logits [B, T, V]."""
+        memory, src_mask = self.encode(src)
+        return self.project(self.decode(tgt_in, memory, src_mask))
+
+    def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
+        """Projects the encoder-decoder keys/values once per sentence, for every decoder layer."""
+        layers = []
+        for layer in self.decoder:
+            ck, cv = layer.cross_attn.project_kv(memory)
+            empty_k = memory.new_zeros(memory.size(0), layer.self_attn.n_heads, 0, layer.self_attn.d_k)
+            empty_v = memory.new_zeros(memory.size(0), layer.self_attn.n_heads, 0, layer.self_attn.d_v)
+            layers.append(LayerCache(empty_k, empty_v, ck, cv))
+        return DecoderCache(layers, src_mask)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """tokens [B] at position cache.length -> logits [B, V]; the cache grows by one position."""
+        x = self.target_embedding(tokens[:, None]) + self.positions(1, cache.length, "tgt_pos", tokens.device)
+        for layer, layer_cache in zip(self.decoder, cache.layers):
+            x = layer(x, None, cache.src_mask, layer_cache)
+        cache.length += 1
+        return self.project(x[:, 0])
+
+
+@contextlib.contextmanager
+def record_attention(model: Transformer) -> Iterator[dict[str, list[list[Tensor]]]]:
+    """Collects attention weights [B, H, Tq, Tk] of every layer while the block runs.
+
+    Yields {"enc_self": [...], "dec_self": [...], "cross": [...]}, one list per layer, each holding
+    the weights of every call (one per forward, or one per step when decoding incrementally).
+    """
+    groups = {
+        "enc_self": [layer.self_attn for layer in model.encoder],
+        "dec_self": [layer.self_attn for layer in model.decoder],
+        "cross": [layer.cross_attn for layer in model.decoder],
+    }
+    records: dict[str, list[list[Tensor]]] = {kind: [] for kind in groups}
+    for kind, modules in groups.items():
+        for module in modules:
+            module.record = []
+            records[kind].append(module.record)
+    try:
+        yield records
+    finally:
+        for modules in groups.values():
+            for module in modules:
+                module.record = None
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(cfg: ModelConfig, vocab_size: int, src_len: float = 30.0, tgt_len: float = 30.0) -> float:
+    """Training FLOPs per target token: 3 × forward matmul FLOPs (a multiply-add = 2 FLOPs).
+
+    Counts the projections, the FFN, QKᵀ and AV (over full lengths S and T) and the output
+    projection, with as many source as target tokens; layer norms, softmax and the optimizer are
+    left out, so MFU computed from it counts only useful matmul work.
+    """
+    d, h, d_ff = cfg.d_model, cfg.n_heads, cfg.d_ff
+    d_k, d_v = cfg.head_dims
+    qkvo = 2 * d * h * (2 * d_k + 2 * d_v)  # Q, K, V, O projections of one token
+    attn = lambda length: 2 * length * h * (d_k + d_v)  # noqa: E731  QKᵀ and AV for one query
+    ffn = 4 * d * d_ff
+    enc = cfg.n_enc_layers * (qkvo + ffn + attn(src_len))
+    # self-attention QKVO + cross-attention QO on the target and KV on the (equally long) source
+    dec = cfg.n_dec_layers * (2 * qkvo + attn(tgt_len) + attn(src_len) + ffn)
+    return 3.0 * (enc + dec + 2 * d * vocab_size)

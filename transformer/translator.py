@@ -1,0 +1,64 @@
+"""A trained model ready to translate: rebuilt from a run folder's checkpoints alone (§6.1).
+
+By default the weights are the average of the run's last ``decode.average_last`` checkpoints, as
+the paper decodes (§6.1: last 5 for base, last 20 for big); ``checkpoint`` picks one file instead
+(a training checkpoint or a file written by ``transformer average``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from .checkpoint import CheckpointError, average_checkpoints, list_checkpoints, load_checkpoint
+from .config import Config, config_from_dict
+from .data import encode_for_decoding
+from .decode import translate_ids
+from .model import Transformer
+from .tokenizer import Tokenizer
+
+
+class Translator:
+    """Model + vocabulary + decoding settings; ``translate`` maps lines to lines, one for one."""
+
+    def __init__(self, run_dir: Path, checkpoint: Path | None = None, log: Callable[[str], None] = print):
+        run_dir = Path(run_dir)
+        spm_path = run_dir / "spm.model"
+        if not spm_path.is_file():
+            raise CheckpointError(f"{run_dir}: not a run folder (no spm.model); train one with `transformer train`")
+        self.tokenizer = Tokenizer(spm_path)
+        if checkpoint is None:
+            paths = list_checkpoints(run_dir)
+            if not paths:
+                raise CheckpointError(f"{run_dir}/checkpoints: no checkpoints to translate with")
+            meta = load_checkpoint(paths[-1], with_state=False).meta
+            n = Config().decode.average_last if "config" not in meta else meta["config"]["decode"]["average_last"]
+            paths = paths[-n:]
+            log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
+            weights = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0], False).weights
+        else:
+            ckpt = load_checkpoint(Path(checkpoint), with_state=False)
+            weights, meta = ckpt.weights, ckpt.meta
+        if meta.get("vocab_sha256") not in (None, self.tokenizer.sha256):
+            raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {spm_path}")
+        self.cfg = config_from_dict(meta["config"], f"{checkpoint or run_dir} (config)").validate()
+        self.model = Transformer(self.cfg.model, self.tokenizer.vocab_size)
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config "
+                                  f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        self.model.eval()
+
+    def translate(self, lines: list[str], beam_size: int | None = None, alpha: float | None = None,
+                  max_len_offset: int | None = None, batch_size: int | None = None) -> list[str]:
+        """One output line per input line, in order; an empty line gives an empty line."""
+        d = self.cfg.decode
+        sources = encode_for_decoding(lines, self.tokenizer)
+        with torch.inference_mode():
+            outputs = translate_ids(self.model, sources, beam_size or d.beam_size,
+                                    d.alpha if alpha is None else alpha,
+                                    d.max_len_offset if max_len_offset is None else max_len_offset,
+                                    batch_size or d.batch_size)
+        return ["" if not line.strip() else self.tokenizer.decode(ids) for line, ids in zip(lines, outputs)]
