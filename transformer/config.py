@@ -176,12 +176,16 @@ _SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train":
                               "decode": DecodeConfig}
 
 
-def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+def _check_section(section: str, where: str) -> type:
     if section not in _SECTIONS:
         hint = difflib.get_close_matches(section, _SECTIONS, n=1)
         raise ConfigError(f"{where}: unknown section [{section}]"
                           + (f"; did you mean [{hint[0]}]?" if hint else ""))
-    cls = _SECTIONS[section]
+    return _SECTIONS[section]
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+    cls = _check_section(section, where)
     hints = typing.get_type_hints(cls)
     if key not in hints:
         hint = difflib.get_close_matches(key, hints, n=1)
@@ -227,6 +231,7 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> Config:
     for section, values in data.items():
         if not isinstance(values, dict):
             raise ConfigError(f"{where}: top-level key {section!r} must be a [section] table")
+        _check_section(section, where)
         for key, value in values.items():
             _apply(cfg, section, key, value, where)
     return cfg

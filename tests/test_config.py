@@ -1,0 +1,76 @@
+"""Configs: every preset loads and validates; errors name the field and suggest the fix."""
+
+import pytest
+
+from transformer.config import PRESET_DIR, Config, ConfigError, config_from_dict, dump_toml, load_config
+
+ALL_PRESETS = sorted(p.stem for p in PRESET_DIR.rglob("*.toml"))
+
+
+def test_table_3_rows_all_present():
+    rows = {"A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "D1", "D2", "D3", "D4", "E"}
+    assert rows | {"base", "big", "parse", "tiny", "small"} <= set(ALL_PRESETS)
+
+
+@pytest.mark.parametrize("name", ALL_PRESETS)
+def test_every_preset_loads_and_validates(name):
+    cfg = load_config(name)
+    d_k, d_v = cfg.model.head_dims
+    assert d_k > 0 and d_v > 0
+
+
+def test_defaults_are_the_papers_base_model():
+    c = Config()
+    assert (c.model.n_enc_layers, c.model.d_model, c.model.d_ff, c.model.n_heads) == (6, 512, 2048, 8)
+    assert c.model.head_dims == (64, 64) and c.model.p_drop == 0.1 and c.train.eps_ls == 0.1
+    assert (c.train.beta1, c.train.beta2, c.train.adam_eps, c.train.warmup_steps) == (0.9, 0.98, 1e-9, 4000)
+    assert (c.decode.beam_size, c.decode.alpha, c.decode.max_len_offset) == (4, 0.6, 50)
+
+
+def test_specific_rows():
+    assert load_config("C1").model.n_enc_layers == 2
+    assert load_config("C4").model.d_model == 256
+    assert load_config("C7").model.d_ff == 4096
+    b1 = load_config("B1").model
+    assert b1.head_dims == (16, 64)
+    assert load_config("D4").train.eps_ls == 0.2
+    assert load_config("E").model.positional == "learned"
+    big = load_config("big")
+    assert (big.model.d_model, big.model.p_drop, big.decode.average_last) == (1024, 0.3, 20)
+
+
+def test_unknown_key_suggests_closest():
+    with pytest.raises(ConfigError, match="did you mean model.d_model"):
+        config_from_dict({"model": {"d_modle": 3}})
+    with pytest.raises(ConfigError, match=r"did you mean \[train\]"):
+        config_from_dict({"trian": {}})
+
+
+def test_types_are_checked():
+    with pytest.raises(ConfigError, match="model.d_model must be int"):
+        config_from_dict({"model": {"d_model": "512"}})
+    with pytest.raises(ConfigError, match="positional must be one of"):
+        config_from_dict({"model": {"positional": "rotary"}})
+    assert config_from_dict({"train": {"lr_scale": 2}}).train.lr_scale == 2.0  # int accepted for float
+
+
+def test_set_overrides_and_validation():
+    cfg = load_config("tiny", ["train.max_steps=7", "model.positional=learned", "data.train_src=a/b.gz"])
+    assert cfg.train.max_steps == 7 and cfg.model.positional == "learned" and cfg.data.train_src == "a/b.gz"
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config("tiny", ["max_steps=7"])
+    with pytest.raises(ConfigError, match="not divisible"):
+        load_config("tiny", ["model.n_heads=5"])
+    with pytest.raises(ConfigError, match="p_drop must be in"):
+        load_config("tiny", ["model.p_drop=1.5"])
+
+
+def test_unknown_preset_suggests():
+    with pytest.raises(ConfigError, match="did you mean 'base'"):
+        load_config("bsae")
+
+
+def test_dump_roundtrip():
+    import tomllib
+    cfg = load_config("big", ["train.adam_eps=1e-9"])
+    assert config_from_dict(tomllib.loads(dump_toml(cfg))) == cfg

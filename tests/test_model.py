@@ -1,0 +1,179 @@
+"""The model against the paper's formulas (§3) and against independent references."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from transformer.config import ModelConfig, load_config
+from transformer.model import (MultiHeadAttention, Transformer, attention, count_parameters, padding_mask,
+                               record_attention, sinusoidal_positions)
+from transformer.tokenizer import PAD_ID
+
+TINY = ModelConfig(n_enc_layers=2, n_dec_layers=2, d_model=32, d_ff=64, n_heads=4, p_drop=0.0)
+
+
+def tiny_model(seed: int = 0, cfg: ModelConfig = TINY, vocab: int = 50) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(cfg, vocab).eval()
+
+
+def test_attention_equals_equation_1_by_hand():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 5, 4), torch.randn(1, 1, 5, 2)
+    expected = torch.zeros(3, 2)
+    for i in range(3):  # softmax_j(q_i·k_j / √d_k) v_j, element by element
+        scores = [float(q[0, 0, i] @ k[0, 0, j]) / math.sqrt(4) for j in range(5)]
+        z = sum(math.exp(s) for s in scores)
+        for j in range(5):
+            expected[i] += math.exp(scores[j]) / z * v[0, 0, j]
+    fast, _ = attention(q, k, v)
+    slow, weights = attention(q, k, v, need_weights=True)
+    torch.testing.assert_close(fast[0, 0], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(slow[0, 0], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 1, 3))
+
+
+def test_masked_keys_get_zero_weight_and_do_not_change_the_output():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(2, 2, 3, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    tokens = torch.tensor([[5, 6, 7, PAD_ID, PAD_ID], [5, 6, 7, 8, 9]])
+    mask = padding_mask(tokens)
+    out, weights = attention(q, k, v, mask, need_weights=True)
+    assert torch.all(weights[0, :, :, 3:] == 0)
+    fast, _ = attention(q, k, v, mask)
+    torch.testing.assert_close(fast, out, atol=1e-5, rtol=1e-5)
+    # changing what sits under the mask changes nothing
+    k2, v2 = k.clone(), v.clone()
+    k2[0, :, 3:], v2[0, :, 3:] = 100.0, -100.0
+    torch.testing.assert_close(attention(q, k2, v2, mask)[0][0], fast[0], atol=1e-5, rtol=1e-5)
+
+
+def test_multi_head_attention_matches_torch_reference():
+    """Against torch.nn.MultiheadAttention (an independent implementation of §3.2.2)."""
+    torch.manual_seed(2)
+    d, h = 16, 4
+    ours = MultiHeadAttention(d, h, d // h, d // h, 0.0, bias=True)
+    ref = nn.MultiheadAttention(d, h, bias=True, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.out_proj.weight.copy_(ours.out_proj.weight)
+        ref.out_proj.bias.copy_(ours.out_proj.bias)
+    x, mem = torch.randn(2, 3, d), torch.randn(2, 6, d)
+    keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    expected, _ = ref(x, mem, mem, key_padding_mask=~keep)
+    got = ours(x, *ours.project_kv(mem), mask=keep[:, None, None, :])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_positional_encoding_equals_section_3_5_formulas():
+    d = 16
+    pe = sinusoidal_positions(50, d)
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / d)), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / d)), abs=1e-6)
+    torch.testing.assert_close(sinusoidal_positions(5, d, offset=45), pe[45:50])
+
+
+def test_decoder_position_i_ignores_later_tokens():
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 8, 1]])
+    tgt = torch.tensor([[PAD_ID, 9, 10, 11, 12]])
+    changed = tgt.clone()
+    changed[0, 3:] = torch.tensor([30, 31])
+    a, b = model(src, tgt), model(src, changed)
+    torch.testing.assert_close(a[:, :3], b[:, :3])
+    assert not torch.allclose(a[:, 3:], b[:, 3:])
+
+
+def test_cached_decoding_equals_full_decoding():
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 1, PAD_ID, PAD_ID]])
+    tgt = torch.tensor([[PAD_ID, 11, 12, 13], [PAD_ID, 14, 15, 16]])
+    full = model(src, tgt)
+    memory, mask = model.encode(src)
+    cache = model.init_cache(memory, mask)
+    steps = torch.stack([model.decode_step(tgt[:, i], cache) for i in range(tgt.size(1))], 1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+def test_source_padding_changes_nothing():
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 1]])
+    padded = torch.tensor([[5, 6, 7, 1, PAD_ID, PAD_ID]])
+    tgt = torch.tensor([[PAD_ID, 11, 12]])
+    torch.testing.assert_close(model(src, tgt), model(padded, tgt), atol=1e-5, rtol=1e-5)
+
+
+def test_embeddings_scaled_and_shared_three_ways():
+    model = tiny_model()
+    tokens = torch.tensor([[3, PAD_ID]])
+    emb = model.source_embedding(tokens)
+    torch.testing.assert_close(emb[0, 0], model.embed.weight[3] * math.sqrt(TINY.d_model))  # §3.4
+    assert torch.all(emb[0, 1] == 0)  # PAD (and the start symbol) is the zero vector
+    assert model.source_embedding is model.target_embedding
+    hidden = torch.randn(3, TINY.d_model)
+    torch.testing.assert_close(model.project(hidden), hidden @ model.embed.weight.T)
+
+
+def test_attention_weights_are_recorded_and_match_output():
+    model = tiny_model()
+    src = torch.tensor([[5, 6, 7, 1, PAD_ID]])
+    tgt = torch.tensor([[PAD_ID, 11, 12]])
+    plain = model(src, tgt)
+    with record_attention(model) as rec:
+        recorded = model(src, tgt)
+    torch.testing.assert_close(recorded, plain, atol=1e-5, rtol=1e-5)
+    assert len(rec["enc_self"]) == 2 and rec["cross"][0][0].shape == (1, 4, 3, 5)
+    assert torch.all(rec["cross"][1][0][..., 4] == 0)  # the PAD key
+    assert torch.all(rec["dec_self"][0][0][..., 0, 1:] == 0)  # causal
+    assert all(m.record is None for m in model.modules() if isinstance(m, MultiHeadAttention))
+
+
+def test_module_names_are_the_checkpoint_format():
+    names = set(tiny_model().state_dict())
+    expected = {"embed.weight", "encoder.0.self_attn.q_proj.weight", "encoder.0.self_attn.out_proj.bias",
+                "encoder.1.ffn.w1.weight", "encoder.1.ffn.w2.bias", "encoder.0.norm2.weight",
+                "decoder.1.cross_attn.k_proj.weight", "decoder.0.self_attn.v_proj.weight",
+                "decoder.0.norm3.bias", "decoder.1.ffn.w2.weight"}
+    assert expected <= names
+    assert not any("output_proj" in n or "src_embed" in n for n in names)
+    untied = ModelConfig(**{**TINY.__dict__, "share_embeddings": False, "share_output": False})
+    names = set(tiny_model(cfg=untied).state_dict())
+    assert {"src_embed.weight", "tgt_embed.weight", "output_proj.weight"} <= names
+
+
+def test_initialisation():
+    model = tiny_model(cfg=ModelConfig(d_model=256, d_ff=512, n_heads=4, n_enc_layers=1, n_dec_layers=1), vocab=4000)
+    assert model.embed.weight.std().item() == pytest.approx(256**-0.5, rel=0.05)  # N(0, d^-0.5), A8
+    w = model.encoder[0].ffn.w1.weight
+    assert w.abs().max().item() <= math.sqrt(6 / (256 + 512)) + 1e-6  # Xavier uniform
+    assert torch.all(model.encoder[0].self_attn.q_proj.bias == 0)
+    assert model.encoder[0].norm1.eps == 1e-6  # A7
+
+
+def test_learned_positions_row_e():
+    cfg = ModelConfig(**{**TINY.__dict__, "positional": "learned", "max_positions": 8})
+    model = tiny_model(cfg=cfg)
+    assert model.src_pos.weight.shape == (8, TINY.d_model)
+    model(torch.tensor([[5, 6, 1]]), torch.tensor([[PAD_ID, 7]]))
+    with pytest.raises(ValueError, match="max_positions"):
+        model(torch.tensor([[5] * 9]), torch.tensor([[PAD_ID]]))
+
+
+def params(preset: str, vocab: int) -> int:
+    cfg = load_config(preset)
+    with torch.device("meta"):
+        return count_parameters(Transformer(cfg.model, vocab))
+
+
+def test_parameter_counts_match_the_paper():
+    """Table 3 params (×10^6) at the authors' 40,960-row vocabulary; big at 37,000 (A15)."""
+    assert params("base", 40960) == pytest.approx(65e6, rel=0.01)
+    assert params("big", 37000) == pytest.approx(213e6, rel=0.01)
+    printed = {"B1": 58, "B2": 60, "C1": 36, "C2": 50, "C3": 80, "C4": 28, "C5": 168, "C6": 53, "C7": 90}
+    for row, millions in printed.items():
+        assert abs(params(row, 40960) - millions * 1e6) <= 1e6, row

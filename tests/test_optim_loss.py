@@ -1,0 +1,41 @@
+"""eq. (3) and label smoothing (§5.3, §5.4) against hand computations."""
+
+import math
+
+import pytest
+import torch
+
+from transformer.loss import label_smoothed_nll
+from transformer.optim import learning_rate
+
+
+@pytest.mark.parametrize("step", [1, 4000, 100000])
+def test_learning_rate_equals_equation_3(step):
+    d, w = 512, 4000
+    expected = d**-0.5 * min(step**-0.5, step * w**-1.5)
+    assert learning_rate(step, d, w) == pytest.approx(expected, rel=1e-12)
+
+
+def test_learning_rate_values():
+    assert learning_rate(4000, 512, 4000) == pytest.approx(6.988e-4, rel=1e-3)  # the peak, A1
+    assert learning_rate(1, 512, 4000) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert learning_rate(100000, 512, 4000) == pytest.approx(512**-0.5 * 100000**-0.5)
+    assert learning_rate(2000, 512, 4000, scale=2.0) == pytest.approx(2 * learning_rate(2000, 512, 4000))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothing_equals_brute_force_cross_entropy(eps):
+    torch.manual_seed(0)
+    n, v = 5, 7
+    logits, target = torch.randn(n, v), torch.randint(0, v, (n,))
+    loss, nll = label_smoothed_nll(logits, target, eps)
+    lp = torch.log_softmax(logits, -1)
+    expected, expected_kl = 0.0, 0.0
+    for i in range(n):
+        q = [1 - eps if c == target[i] else eps / (v - 1) for c in range(v)]  # ε/(V-1) elsewhere, A3
+        expected += -sum(q[c] * lp[i, c].item() for c in range(v))
+        expected_kl += sum(q[c] * (math.log(q[c]) - lp[i, c].item()) for c in range(v) if q[c] > 0)
+    entropy = -sum(q * math.log(q) for q in [1 - eps] + [eps / (v - 1)] * (v - 1) if q > 0)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert loss.item() - n * entropy == pytest.approx(expected_kl, rel=1e-4, abs=1e-5)  # KL + constant
+    assert nll.item() == pytest.approx(-lp[torch.arange(n), target].sum().item(), rel=1e-6)
