@@ -23,7 +23,7 @@ from .checkpoint import latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict, dump_toml
 from .data import (Batch, BatchOrder, DataError, Example, collate, encode_pairs, make_batches, padding_fraction,
                    read_parallel, resolve_data_path)
-from .loss import label_smoothed_nll
+from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import learning_rate, make_optimizer
 from .tokenizer import PAD_ID, Tokenizer
@@ -107,13 +107,35 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log) -> Run:
     return Run(cfg, out, tokenizer, train, valid, batches)
 
 
-def batch_loss(model: Transformer, batch: Batch, eps_ls: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(smoothed loss sum, nll sum) over the batch's non-pad target tokens."""
+def batch_loss(model: Transformer, batch: Batch, eps_ls: float) -> torch.Tensor:
+    """Label-smoothed loss summed over the batch's non-pad target tokens (ε_ls = 0: the NLL)."""
     memory, src_mask = model.encode(batch.src)
     hidden = model.decode(batch.tgt_in, memory, src_mask)
     keep = batch.tgt_out != PAD_ID
     # the output projection is the largest matmul: compute it only where there is a target
-    return label_smoothed_nll(model.project(hidden[keep]), batch.tgt_out[keep], eps_ls)
+    return label_smoothed_loss(model.project(hidden[keep]), batch.tgt_out[keep], eps_ls)
+
+
+def train_step(model: Transformer, optimizer: torch.optim.Optimizer, batches: list[Batch], eps_ls: float,
+               lr: float, clip_norm: float = 0.0) -> tuple[float, int]:
+    """One optimizer step over accumulated batches; returns (loss sum, non-pad target tokens).
+
+    The loss is normalised by the non-pad target tokens of the whole step (A3), so accumulating
+    batches gives the same update as one batch holding them all.
+    """
+    n_tokens = sum(b.n_tgt_tokens for b in batches)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    total = 0.0
+    for batch in batches:
+        loss = batch_loss(model, batch, eps_ls)
+        (loss / n_tokens).backward()
+        total += loss.item()
+    if clip_norm:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total, n_tokens
 
 
 @torch.inference_mode()
@@ -122,8 +144,8 @@ def validate(model: Transformer, examples: list[Example], max_tokens: int) -> di
     model.eval()
     nll_sum, n = 0.0, 0
     for indices in make_batches(examples, max_tokens):
-        batch = collate([examples[i] for i in indices], indices)
-        _, nll = batch_loss(model, batch, 0.0)
+        batch = collate(examples, indices)
+        nll = batch_loss(model, batch, 0.0)
         nll_sum, n = nll_sum + nll.item(), n + batch.n_tgt_tokens
     model.train()
     nll = nll_sum / max(n, 1)
@@ -190,12 +212,12 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False) -> 
             epoch_order = order.epoch_order(state.epoch)
         indices = run.batches[epoch_order[state.batch_in_epoch]]
         state.batch_in_epoch += 1
-        return collate([run.train[i] for i in indices], indices)
+        return collate(run.train, indices)
 
     def save() -> None:
         tensors, groups = optimizer_tensors(optimizer)
         tensors["rng.torch"] = torch.get_rng_state()
-        meta = dict(meta_base, step=state.step, optim_param_groups=groups,
+        meta = dict(meta_base, optim_param_groups=groups,
                     train_state={**state.__dict__, "elapsed_s": elapsed()})
         save_checkpoint(out, state.step, model.state_dict(), tensors, meta, t.keep_last)
 
@@ -206,20 +228,9 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False) -> 
                dynamic_ncols=True, mininterval=1.0)
     metrics_path = out / "metrics.jsonl"
     while state.step < t.max_steps and not (t.max_minutes and elapsed() >= 60 * t.max_minutes):
-        batches = [next_batch() for _ in range(t.update_freq)]
-        n_tokens = sum(b.n_tgt_tokens for b in batches)  # the whole step's non-pad targets
         lr = learning_rate(state.step + 1, cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        step_loss = 0.0
-        for batch in batches:
-            loss, _ = batch_loss(model, batch, t.eps_ls)
-            (loss / n_tokens).backward()
-            step_loss += loss.item()
-        if t.clip_norm:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        step_loss, n_tokens = train_step(model, optimizer, [next_batch() for _ in range(t.update_freq)],
+                                         t.eps_ls, lr, t.clip_norm)
         state.step += 1
         state.tgt_tokens += n_tokens
         window["loss"] += step_loss

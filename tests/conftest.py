@@ -1,0 +1,39 @@
+"""Shared fixtures: real Multi30k slices (TRANSFORMER_DATA, default ../shared/data beside the checkout)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from transformer.data import read_lines
+
+DATA = Path(os.environ.get("TRANSFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+MULTI30K = DATA / "multi30k"
+
+
+@pytest.fixture(scope="session")
+def multi30k() -> Path:
+    if not (MULTI30K / "train.en.gz").exists():
+        pytest.skip(f"Multi30k not found under {DATA} (set TRANSFORMER_DATA)")
+    return MULTI30K
+
+
+def write_slice(multi30k: Path, out: Path, split: str, start: int, n: int) -> tuple[Path, Path]:
+    """First n pairs of a Multi30k split from line `start`, as plain files: (src.en, tgt.de)."""
+    paths = []
+    for lang in ("en", "de"):
+        lines = read_lines(multi30k / f"{split}.{lang}.gz")[start:start + n]
+        path = out / f"{split}{start}_{n}.{lang}"
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+@pytest.fixture
+def tiny_overrides(multi30k: Path, tmp_path: Path) -> list[str]:
+    """--set overrides that point the tiny preset at 600 training and 50 validation pairs."""
+    train_src, train_tgt = write_slice(multi30k, tmp_path, "train", 0, 600)
+    valid_src, valid_tgt = write_slice(multi30k, tmp_path, "val", 0, 50)
+    return [f'data.train_src="{train_src}"', f'data.train_tgt="{train_tgt}"',
+            f'data.valid_src="{valid_src}"', f'data.valid_tgt="{valid_tgt}"', "data.vocab_size=500",
+            "train.save_minutes=0", "train.threads=1"]

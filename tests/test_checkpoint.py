@@ -1,0 +1,285 @@
+"""Checkpoints: round trip, atomicity, pruning, refusal of corrupt and pickled files, averaging (A12)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import checkpoint as ck
+from transformer.checkpoint import (FORMAT, CheckpointError, average_checkpoints, latest_checkpoint,
+                                    list_checkpoints, load_checkpoint, save_checkpoint, write_model)
+
+META = {"config": {"model": {"d_model": 8}}, "vocab_sha256": "ab" * 32}
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"embed.weight": torch.randn(5, 4, generator=g), "norm.bias": torch.randn(4, generator=g),
+            "half": torch.randn(3, generator=g).to(torch.bfloat16), "count": torch.tensor([7])}
+
+
+def state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed + 100)
+    return {"adam.exp_avg.embed.weight": torch.randn(5, 4, generator=g),
+            "rng.cpu": torch.randint(0, 255, (16,), dtype=torch.uint8, generator=g)}
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def save(run: Path, step: int, keep_last: int = 10) -> Path:
+    return save_checkpoint(run, step, weights(step), state(step), META, keep_last=keep_last)
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = save(tmp_path, 100)
+    assert path == tmp_path / "checkpoints" / "step_00000100.json"
+    for given in (path, path.with_suffix(".safetensors"), path.with_name("step_00000100.state.safetensors")):
+        c = load_checkpoint(given)
+        assert c.path == path and c.meta["step"] == 100 and c.meta["format"] == FORMAT
+        assert c.meta["config"] == META["config"] and c.meta["vocab_sha256"] == META["vocab_sha256"]
+        assert_same(c.weights, weights(100))
+        assert c.state is not None
+        assert_same(c.state, state(100))
+    assert load_checkpoint(path, with_state=False).state is None
+
+
+def test_write_model_round_trip_and_shared_storage(tmp_path: Path) -> None:
+    base = torch.randn(6, 4)
+    w = {"emb": base, "out": base, "view": base[:, 1]}  # aliased and non-contiguous entries
+    json_path = write_model(tmp_path / "model.safetensors", w, META)
+    assert json_path == tmp_path / "model.json"
+    record = json.loads(json_path.read_text())
+    assert record["format"] == FORMAT and record["files"]["weights"]["name"] == "model.safetensors"
+    c = load_checkpoint(tmp_path / "model.safetensors")
+    assert c.state is None
+    assert torch.equal(c.weights["emb"], base) and torch.equal(c.weights["out"], base)
+    assert torch.equal(c.weights["view"], base[:, 1])
+    c.weights["emb"].add_(1.0)  # loaded tensors must not alias each other either
+    assert torch.equal(c.weights["out"], base)
+
+
+def test_keep_last_prunes_oldest(tmp_path: Path) -> None:
+    for step in (100, 200, 300, 400, 500):
+        save(tmp_path, step, keep_last=3)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000300.json", "step_00000400.json",
+                                                           "step_00000500.json"]
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == sorted(f"step_00000{s}00{x}" for s in (3, 4, 5)
+                           for x in (".json", ".safetensors", ".state.safetensors"))
+
+
+def test_prune_deletes_json_before_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    save(tmp_path, 100, keep_last=1)
+    deleted: list[str] = []
+    real_unlink = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if "step_00000100" in self.name:
+            deleted.append(self.name)
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    save(tmp_path, 200, keep_last=1)
+    assert deleted[0] == "step_00000100.json"
+    assert sorted(deleted[1:]) == ["step_00000100.safetensors", "step_00000100.state.safetensors"]
+
+
+def test_list_sorts_by_step_not_name(tmp_path: Path) -> None:
+    for step in (99_999_999, 5, 123_456_789):  # 9 digits sort before 8 by name
+        save(tmp_path, step)
+    assert [int(p.stem[5:]) for p in list_checkpoints(tmp_path)] == [5, 99_999_999, 123_456_789]
+
+
+@pytest.mark.parametrize("fail_on", [".safetensors", ".state.safetensors", ".json"])
+def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_on: str) -> None:
+    save(tmp_path, 100)
+    real_replace = os.replace
+
+    def crash(src: str, dst: str) -> None:
+        if str(dst).endswith("step_00000200" + fail_on):
+            raise OSError("simulated crash")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ck.os, "replace", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        save(tmp_path, 200)
+    monkeypatch.setattr(ck.os, "replace", real_replace)
+    ckdir = tmp_path / "checkpoints"
+    assert not (ckdir / "step_00000200.json").exists()
+    assert list_checkpoints(tmp_path) == [ckdir / "step_00000100.json"]
+    assert not [p for p in ckdir.iterdir() if p.name.endswith(".tmp")]  # the failed write cleaned up
+    with pytest.raises(CheckpointError, match="step_00000200.json: missing"):
+        load_checkpoint(ckdir / "step_00000200.safetensors")  # data without its JSON is no checkpoint
+    c = latest_checkpoint(tmp_path, warn=pytest.fail)
+    assert c is not None and c.meta["step"] == 100
+    assert_same(c.weights, weights(100))
+    # The next save clears the debris of the crashed one.
+    (ckdir / ".step_00000150.safetensors.x1.tmp").write_bytes(b"partial")
+    save(tmp_path, 300)
+    assert not [p for p in ckdir.iterdir() if "step_00000200" in p.name or p.name.endswith(".tmp")]
+
+
+def test_crash_inside_the_tensor_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def half_write(tensors: dict, filename: str, metadata: dict | None = None) -> None:
+        Path(filename).write_bytes(b"\x00" * 10)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ck, "save_file", half_write)
+    with pytest.raises(OSError, match="disk full"):
+        save(tmp_path, 100)
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def corrupt_cases() -> list[tuple[str, str, str]]:
+    return [("truncate", "step_00000200.safetensors", "size"),
+            ("flip", "step_00000200.safetensors", "sha256 mismatch"),
+            ("flip", "step_00000200.state.safetensors", "sha256 mismatch"),
+            ("delete", "step_00000200.state.safetensors", "cannot read"),
+            ("garbage", "step_00000200.json", "unreadable"),
+            ("foreign", "step_00000200.json", "not a transformer-checkpoint/1 record")]
+
+
+@pytest.mark.parametrize("how,name,problem", corrupt_cases())
+def test_corrupt_files_refused_and_latest_falls_back(tmp_path: Path, how: str, name: str,
+                                                     problem: str) -> None:
+    save(tmp_path, 100)
+    path = save(tmp_path, 200)
+    target = path.parent / name
+    data = target.read_bytes()
+    if how == "truncate":
+        target.write_bytes(data[: len(data) // 2])
+    elif how == "flip":
+        target.write_bytes(data[:-3] + bytes([data[-3] ^ 0x01]) + data[-2:])
+    elif how == "delete":
+        target.unlink()
+    elif how == "garbage":
+        target.write_bytes(data[:20])
+    else:
+        target.write_text(json.dumps({"format": "someone-else/3", "files": {}}))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    assert str(err.value).startswith(f"{name}: ") and problem in str(err.value)
+    warnings: list[str] = []
+    c = latest_checkpoint(tmp_path, warn=warnings.append)
+    assert c is not None and c.meta["step"] == 100
+    assert warnings == [f"skipping {err.value}"]
+
+
+def test_valid_checksum_but_not_safetensors(tmp_path: Path) -> None:
+
+    blob = b"\xff" * 64
+    (tmp_path / "m.safetensors").write_bytes(blob)
+    entry = {"name": "m.safetensors", "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}
+    (tmp_path / "m.json").write_text(json.dumps({"format": FORMAT, "files": {"weights": entry}}))
+    with pytest.raises(CheckpointError, match=r"^m\.safetensors: not a valid safetensors file"):
+        load_checkpoint(tmp_path / "m.json")
+    entry["name"] = "../m.safetensors"
+    (tmp_path / "m.json").write_text(json.dumps({"format": FORMAT, "files": {"weights": entry}}))
+    with pytest.raises(CheckpointError, match="not a plain file name"):
+        load_checkpoint(tmp_path / "m.json")
+
+
+def test_latest_none_when_no_checkpoints(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path, warn=pytest.fail) is None
+    save(tmp_path, 100)
+    (tmp_path / "checkpoints" / "step_00000100.safetensors").write_bytes(b"")
+    warnings: list[str] = []
+    assert latest_checkpoint(tmp_path, warn=warnings.append) is None and len(warnings) == 1
+
+
+class _Payload:
+    """Unpickling this object opens (creates) `target`: a stand-in for arbitrary code execution."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple:
+        return (open, (str(self.target), "w"))
+
+
+def test_pickle_refused_without_unpickling(tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    pickle.loads(pickle.dumps(_Payload(canary)))  # proves the payload does fire when unpickled
+    assert canary.exists()
+
+    pwned = tmp_path / "pwned"
+    blob = pickle.dumps(_Payload(pwned))
+    for suffix in ck.PICKLE_SUFFIXES:
+        (tmp_path / f"model{suffix}").write_bytes(blob)
+        with pytest.raises(CheckpointError, match=rf"^model\{suffix}: pickle files are refused"):
+            load_checkpoint(tmp_path / f"model{suffix}")
+    # A pickle under a safetensors name, with a record vouching for it, is still never unpickled.
+
+    (tmp_path / "evil.safetensors").write_bytes(blob)
+    entry = {"name": "evil.safetensors", "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}
+    (tmp_path / "evil.json").write_text(json.dumps({"format": FORMAT, "files": {"weights": entry}}))
+    with pytest.raises(CheckpointError, match="not a valid safetensors file"):
+        load_checkpoint(tmp_path / "evil.safetensors")
+    (tmp_path / "evil.pt").write_bytes(blob)
+    entry |= {"name": "evil.pt"}
+    (tmp_path / "evil.json").write_text(json.dumps({"format": FORMAT, "files": {"weights": entry}}))
+    with pytest.raises(CheckpointError, match=r"^evil\.pt: pickle files are refused"):
+        load_checkpoint(tmp_path / "evil.json")
+    assert not pwned.exists()
+
+
+def test_average_is_elementwise_mean(tmp_path: Path) -> None:
+    paths = [save(tmp_path, s) for s in (100, 200, 300)]
+    avg = average_checkpoints(paths)
+    ws = [weights(s) for s in (100, 200, 300)]
+    assert avg.keys() == ws[0].keys()
+    for k in ("embed.weight", "norm.bias"):
+        expected = torch.stack([w[k] for w in ws]).mean(0)
+        assert avg[k].dtype == torch.float32
+        torch.testing.assert_close(avg[k], expected, rtol=1e-6, atol=1e-7)
+    # bfloat16: the mean is taken in float64 and rounded once, not accumulated in bfloat16.
+    expected_half = torch.stack([w["half"].double() for w in ws]).mean(0).to(torch.bfloat16)
+    assert avg["half"].dtype == torch.bfloat16 and torch.equal(avg["half"], expected_half)
+    assert torch.equal(avg["count"], torch.tensor([7]))
+    assert_same(average_checkpoints(paths[:1]), weights(100))
+
+
+def test_average_refuses_mismatches(tmp_path: Path) -> None:
+    a = write_model(tmp_path / "a.safetensors", {"x": torch.zeros(2, 3), "y": torch.zeros(2)}, META)
+    b = write_model(tmp_path / "b.safetensors", {"x": torch.zeros(3, 2), "y": torch.zeros(2)}, META)
+    c = write_model(tmp_path / "c.safetensors", {"x": torch.zeros(2, 3), "z": torch.zeros(2)}, META)
+    d = write_model(tmp_path / "d.safetensors", {"x": torch.zeros(2, 3), "y": torch.zeros(2)},
+                    {**META, "vocab_sha256": "cd" * 32})
+    with pytest.raises(CheckpointError, match=r"^b\.json: key 'x' is torch.float32 \[3, 2\]"):
+        average_checkpoints([a, b])
+    with pytest.raises(CheckpointError, match=r"^c\.json: unexpected key 'z'"):
+        average_checkpoints([a, c])
+    with pytest.raises(CheckpointError, match=r"^d\.json: model config or vocabulary differs"):
+        average_checkpoints([a, d])
+
+
+def test_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep_last"):
+        save(tmp_path, 1, keep_last=0)
+    with pytest.raises(ValueError, match="meta says step 2, saving step 1"):
+        save_checkpoint(tmp_path, 1, weights(1), state(1), {**META, "step": 2}, keep_last=1)
+    with pytest.raises(ValueError, match=".safetensors"):
+        write_model(tmp_path / "m.pt", weights(1), META)
+    with pytest.raises(TypeError):
+        write_model(tmp_path / "m.safetensors", weights(1), {"config": object()})
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def test_meta_from_another_record_is_reusable(tmp_path: Path) -> None:
+    """`average` writes a model with meta read from a checkpoint: its stale "files" must not survive."""
+    old = load_checkpoint(save(tmp_path, 100)).meta
+    json_path = write_model(tmp_path / "avg.safetensors", weights(7), old)
+    c = load_checkpoint(json_path)
+    assert c.meta["files"]["weights"]["name"] == "avg.safetensors" and "state" not in c.meta["files"]
+    assert c.meta["step"] == 100 and c.meta["config"] == META["config"]
+    assert_same(c.weights, weights(7))

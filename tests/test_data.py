@@ -1,0 +1,310 @@
+"""Data (§5.1): reading, pairing, encoding, length batching, shuffling, the Multi30k downloader."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import data
+from transformer.data import (BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs,
+                              find_data_root, make_batches, padding_fraction, read_lines, read_parallel,
+                              resolve_data_path)
+from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+
+class CharTokenizer:
+    """One id per character (ord + 10), so lengths are hand-countable."""
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [[ord(c) + 10 for c in t] for t in texts]
+
+
+def multi30k(name: str) -> Path:
+    root = find_data_root()
+    if root is None or not (root / "multi30k" / name).exists():
+        pytest.skip("Multi30k not found: set TRANSFORMER_DATA to the shared data folder")
+    return root / "multi30k" / name
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+def test_gz_and_plain_read_identically(tmp_path: Path) -> None:
+    lines = read_lines(multi30k("val.de.gz"))
+    assert len(lines) == 1014 and lines[0].startswith("Eine Gruppe von Männern")
+    plain = tmp_path / "val.de"
+    plain.write_bytes(gzip.decompress(multi30k("val.de.gz").read_bytes()))
+    assert read_lines(plain) == lines
+    disguised = tmp_path / "val.de.txt"  # gzip detected by magic bytes, not by the suffix
+    disguised.write_bytes(multi30k("val.de.gz").read_bytes())
+    assert read_lines(disguised) == lines
+
+
+def test_crlf_and_final_newline(tmp_path: Path) -> None:
+    f = tmp_path / "crlf.txt"
+    f.write_bytes(b"one\r\ntwo\r\n\r\nthree\r")
+    assert read_lines(f) == ["one", "two", "", "three"]
+    f.write_bytes(b"a\nb\n")
+    assert read_lines(f) == ["a", "b"]  # a trailing \n adds no empty line
+    f.write_bytes(b"a\nb")
+    assert read_lines(f) == ["a", "b"]  # a final line without \n counts
+    f.write_bytes(b"\n")
+    assert read_lines(f) == [""]
+    f.write_bytes(b"")
+    assert read_lines(f) == []
+
+
+def test_unicode_line_separators_stay_inside_the_line(tmp_path: Path) -> None:
+    text = "a\u2028b\nc\u0085d\ne\x0cf\ng\x1eh\x1di\x0bj\n"
+    f = tmp_path / "seps.txt"
+    f.write_bytes(text.encode("utf-8"))
+    assert read_lines(f) == ["a\u2028b", "c\u0085d", "e\x0cf", "g\x1eh\x1di\x0bj"]
+    g = tmp_path / "seps.gz"
+    g.write_bytes(gzip.compress(text.encode("utf-8")))
+    assert len(read_lines(g)) == 4
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
+    f = tmp_path / "bad.txt"
+    f.write_bytes("ok\nstill ok\nbroken \xff here\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"bad\.txt:3: invalid UTF-8") as e:
+        read_lines(f)
+    assert "\n" not in str(e.value)
+    g = tmp_path / "bad.gz"
+    g.write_bytes(gzip.compress(b"\xc3\n"))
+    with pytest.raises(DataError, match=r"bad\.gz:1: invalid UTF-8"):
+        read_lines(g)
+
+
+def test_truncated_gzip_is_a_data_error(tmp_path: Path) -> None:
+    blob = multi30k("val.en.gz").read_bytes()
+    f = tmp_path / "cut.en.gz"
+    f.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(DataError, match=r"cut\.en\.gz"):
+        read_lines(f)
+
+
+def test_parallel_files_must_have_equal_line_counts(tmp_path: Path) -> None:
+    src, tgt = tmp_path / "s.en", tmp_path / "t.de"
+    src.write_text("a\nb\nc\n", encoding="utf-8")
+    tgt.write_text("x\ny\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"s\.en has 3 lines.*t\.de has 2"):
+        read_parallel(src, tgt)
+    tgt.write_text("x\ny\nz", encoding="utf-8")
+    assert read_parallel(src, tgt) == [("a", "x"), ("b", "y"), ("c", "z")]
+
+
+# --- encoding --------------------------------------------------------------------------------------
+
+def test_empty_and_overlong_pairs_are_skipped_and_counted() -> None:
+    pairs = [("abc", "de"), ("  ", "xyz"), ("abc", "\t"), ("abcd", "de"), ("ab", "defg"), ("abc", "def")]
+    examples, stats = encode_pairs(pairs, CharTokenizer(), max_len=4)  # 3 chars + EOS fit, 4 do not
+    assert (stats.n_pairs, stats.skipped_empty, stats.skipped_long, stats.n_kept) == (6, 2, 2, 2)
+    assert examples == [Example([107, 108, 109, EOS_ID], [110, 111, EOS_ID]),
+                        Example([107, 108, 109, EOS_ID], [110, 111, 112, EOS_ID])]
+
+
+def test_encode_for_decoding_never_truncates() -> None:
+    ids = encode_for_decoding(["", "ab", "x" * 1000], CharTokenizer())
+    assert ids[0] == [EOS_ID] and ids[1] == [107, 108, EOS_ID] and len(ids[2]) == 1001
+
+
+def test_real_pairs_encode(tmp_path: Path) -> None:
+    pairs = read_parallel(multi30k("val.en.gz"), multi30k("val.de.gz"))
+    en = [s for s, _ in pairs[:300]]
+    tok = Tokenizer.train([], tmp_path / "spm.model", 300, 10_000, texts=en + [t for _, t in pairs[:300]])
+    examples, stats = encode_pairs(pairs, tok, max_len=20)
+    assert stats.n_pairs == 1014 and stats.skipped_empty == 0 and 0 < stats.skipped_long < 1014
+    assert len(examples) == stats.n_kept
+    assert all(e.src[-1] == EOS_ID and e.tgt[-1] == EOS_ID and max(len(e.src), len(e.tgt)) <= 20
+               for e in examples)
+    assert all(EOS_ID not in e.src[:-1] and PAD_ID not in e.src for e in examples)
+
+
+# --- batching --------------------------------------------------------------------------------------
+
+def test_collate_shifts_targets_right() -> None:
+    examples = [Example([5, 6, EOS_ID], [7, 8, 9, EOS_ID]), Example([5, EOS_ID], [7, EOS_ID])]
+    b = collate(examples, [1, 0])
+    assert b.indices == [1, 0] and (b.n_src_tokens, b.n_tgt_tokens) == (5, 6)
+    assert b.src.tolist() == [[5, EOS_ID, PAD_ID], [5, 6, EOS_ID]] and b.src.dtype == torch.long
+    assert b.tgt_out.tolist() == [[7, EOS_ID, PAD_ID, PAD_ID], [7, 8, 9, EOS_ID]]
+    assert b.tgt_in.tolist() == [[BOS_ID, 7, PAD_ID, PAD_ID], [BOS_ID, 7, 8, 9]]
+    for row, i in enumerate(b.indices):  # §3.1: position j of the input is target position j - 1
+        n = len(examples[i].tgt)
+        assert b.tgt_in[row, 1:n].tolist() == b.tgt_out[row, :n - 1].tolist() == examples[i].tgt[:-1]
+
+
+def random_examples(n: int, seed: int) -> list[Example]:
+    """Pairs whose source and target lengths are correlated, as translations are."""
+    g = torch.Generator().manual_seed(seed)
+    tgt = torch.randint(1, 60, (n,), generator=g)
+    src = (tgt + torch.randint(-5, 6, (n,), generator=g)).clamp(min=1)
+    return [Example([3] * s, [4] * t) for s, t in zip(src.tolist(), tgt.tolist())]
+
+
+@pytest.mark.parametrize("max_tokens", [50, 200, 1000])
+def test_make_batches_respects_padded_budgets_and_covers_all(max_tokens: int) -> None:
+    examples = random_examples(500, seed=max_tokens) + [Example([3] * 70, [4] * 2)]  # 70 > 50: alone
+    batches = make_batches(examples, max_tokens)
+    assert sorted(i for b in batches for i in b) == list(range(len(examples)))
+    for b in batches:
+        n_src, n_tgt = max(len(examples[i].src) for i in b), max(len(examples[i].tgt) for i in b)
+        assert len(b) == 1 or (len(b) * n_src <= max_tokens and len(b) * n_tgt <= max_tokens)
+    assert make_batches(examples, max_tokens) == batches  # deterministic
+    assert all(batches)
+    if max_tokens == 50:
+        assert [len(examples) - 1] in batches
+        assert make_batches([Example([3] * 70, [4] * 2), Example([3], [4] * 60)], 50) == [[0], [1]]
+    # Greedy filling: a batch is only closed when the next example would break a budget.
+    for b, nxt in zip(batches, batches[1:]):
+        grown = b + nxt[:1]
+        assert len(grown) * max(max(len(examples[i].src), len(examples[i].tgt)) for i in grown) > max_tokens
+    # Length sorting keeps padding low (§5.1 "batched together by approximate sequence length").
+    unsorted, start = [], 0
+    for b in batches:
+        unsorted.append(list(range(start, start + len(b))))
+        start += len(b)
+    assert padding_fraction(examples, batches) < 0.5 * padding_fraction(examples, unsorted)
+
+
+def test_padding_fraction_by_hand() -> None:
+    examples = [Example([1, 1], [1]), Example([1, 1, 1, 1], [1, 1, 1])]
+    assert padding_fraction(examples, [[0, 1]]) == pytest.approx(1 - 10 / 14)
+    assert padding_fraction(examples, [[0], [1]]) == 0.0
+
+
+def test_batch_order_is_deterministic_and_sharded() -> None:
+    order = BatchOrder(101, seed=7)
+    e0, e1 = order.epoch_order(0), order.epoch_order(1)
+    assert sorted(e0) == list(range(101)) and e0 != e1 and e0 != list(range(101))
+    assert BatchOrder(101, seed=7).epoch_order(0) == e0  # a resumed run replays it
+    assert BatchOrder(101, seed=8).epoch_order(0) != e0
+    r0, r1 = BatchOrder(101, 7, rank=0, world_size=2), BatchOrder(101, 7, rank=1, world_size=2)
+    for epoch in (0, 3):
+        a, b = r0.epoch_order(epoch), r1.epoch_order(epoch)
+        assert len(a) == len(b) == len(r0) == 50 and not set(a) & set(b)
+    with pytest.raises(DataError, match="2 batches for 3 ranks"):
+        BatchOrder(2, 0, rank=0, world_size=3)
+
+
+# --- finding and downloading data ------------------------------------------------------------------
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No TRANSFORMER_DATA, an empty cwd and HOME in tmp_path, no proxies."""
+    for var in ("TRANSFORMER_DATA", "TRANSFORMER_MULTI30K_URL", "http_proxy", "HTTP_PROXY",
+                "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "*")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setattr(data, "_CHECKOUT", tmp_path / "checkout" / "main")
+    return tmp_path
+
+
+def test_find_data_root_order(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert find_data_root() is None
+    home_cache = isolated / "home" / ".cache" / "transformer"
+    home_cache.mkdir(parents=True)
+    assert find_data_root() == home_cache
+    shared = isolated / "checkout" / "shared" / "data"
+    shared.mkdir(parents=True)
+    assert find_data_root() == shared
+    (isolated / "cwd" / "data").mkdir()
+    assert find_data_root() == isolated / "cwd" / "data"
+    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "missing"))
+    assert find_data_root() == isolated / "cwd" / "data"  # a missing env folder is skipped
+    (isolated / "env").mkdir()
+    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))
+    assert find_data_root() == isolated / "env"
+
+
+def test_resolve_data_path_searches_roots_in_order(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for root in ("env", "checkout/shared/data"):
+        (isolated / root / "multi30k").mkdir(parents=True)
+        (isolated / root / "multi30k" / "x.txt").write_text(root)
+    assert resolve_data_path("multi30k/x.txt") == isolated / "checkout/shared/data/multi30k/x.txt"
+    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))
+    assert resolve_data_path("multi30k/x.txt") == isolated / "env/multi30k/x.txt"
+    absolute = isolated / "checkout/shared/data/multi30k/x.txt"
+    assert resolve_data_path(str(absolute)) == absolute
+    with pytest.raises(DataError, match=r"not found: multi30k/y\.txt.*env"):
+        resolve_data_path("multi30k/y.txt")
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A local HTTP server on 127.0.0.1 serving tmp_path/served; never the internet."""
+    served = tmp_path / "served"
+    served.mkdir()
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                            functools.partial(_QuietHandler, directory=str(served)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/", served
+    httpd.shutdown()
+    httpd.server_close()
+
+
+FAKE = gzip.compress("Ein Hund.\nZwei Katzen.\n".encode())
+
+
+def test_download_success(isolated: Path, server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    url, served = server
+    (served / "fake.de.gz").write_bytes(FAKE)
+    monkeypatch.setattr(data, "MULTI30K_SHA256", {"fake.de.gz": hashlib.sha256(FAKE).hexdigest()})
+    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", url)
+    path = resolve_data_path("multi30k/fake.de.gz")
+    assert path == isolated / "home" / ".cache" / "transformer" / "multi30k" / "fake.de.gz"
+    assert read_lines(path) == ["Ein Hund.", "Zwei Katzen."]
+    assert [p.name for p in path.parent.iterdir()] == ["fake.de.gz"]  # no temp file left
+    (served / "fake.de.gz").unlink()
+    assert resolve_data_path("multi30k/fake.de.gz") == path  # found in the cache, not fetched again
+
+
+def test_download_sha_mismatch_keeps_nothing(isolated: Path, server: tuple[str, Path],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    url, served = server
+    (served / "fake.de.gz").write_bytes(FAKE)
+    monkeypatch.setattr(data, "MULTI30K_SHA256", {"fake.de.gz": "0" * 64})
+    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", url)
+    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))
+    with pytest.raises(DataError, match="sha256") as e:
+        resolve_data_path("multi30k/fake.de.gz")
+    assert "\n" not in str(e.value)
+    assert list((isolated / "env" / "multi30k").iterdir()) == []
+
+
+def test_download_unreachable_says_where_to_put_files(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as s:  # a port that was free a moment ago: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", f"http://127.0.0.1:{port}/")
+    with pytest.raises(DataError) as e:
+        resolve_data_path("multi30k/train.en.gz")
+    message = str(e.value)
+    folder = isolated / "home" / ".cache" / "transformer" / "multi30k"
+    assert "\n" not in message and "multi30k/train.en.gz" in message and str(folder) in message
+    assert list(folder.iterdir()) == []
+
+
+def test_only_known_multi30k_files_are_downloaded(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", "http://127.0.0.1:9/")
+    with pytest.raises(DataError, match="not found: multi30k/train.xx.gz"):
+        resolve_data_path("multi30k/train.xx.gz")

@@ -1,0 +1,309 @@
+"""Greedy and beam search (§6.1, A11): hand-computed toy cases, brute force, invariances."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from transformer.config import ModelConfig
+from transformer.decode import beam_search, beam_step, greedy_search, length_penalty, translate_ids
+from transformer.model import Transformer
+from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+A, B, C = 3, 4, 5  # ordinary tokens of the scripted model (2 is UNK)
+
+
+class ScriptedCache:
+    """The scripted model's whole state is the prefix decoded so far."""
+
+    def __init__(self, batch: int):
+        self.prefix = torch.zeros(batch, 0, dtype=torch.long)
+        self.length = 0
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.prefix = self.prefix.index_select(0, index)
+
+
+class ScriptedModel:
+    """Next-token probabilities from a fixed table keyed by the tokens generated so far (no BOS)."""
+
+    def __init__(self, table: dict[tuple[int, ...], dict[int, float]], default: dict[int, float] | None = None,
+                 vocab: int = 6):
+        self.table, self.default, self.vocab = table, default or {EOS_ID: 1.0}, vocab
+        self.rows: list[int] = []  # batch rows of each decode_step: shows early stopping and pruning
+
+    def logits(self, generated: tuple[int, ...]) -> torch.Tensor:
+        probs = torch.zeros(self.vocab)
+        for token, p in self.table.get(generated, self.default).items():
+            probs[token] = p
+        return probs.log()  # log 0 = -inf: that token is impossible
+
+    def encode(self, src):
+        return src, src != PAD_ID
+
+    def init_cache(self, memory, src_mask):
+        return ScriptedCache(memory.size(0))
+
+    def decode_step(self, tokens, cache):
+        self.rows.append(tokens.numel())
+        cache.prefix = torch.cat([cache.prefix, tokens[:, None]], 1)
+        cache.length += 1
+        return torch.stack([self.logits(tuple(row[1:].tolist())) for row in cache.prefix])
+
+    def __call__(self, src, tgt_in):
+        return torch.stack([torch.stack([self.logits(tuple(row[1:t + 1].tolist())) for t in range(row.numel())])
+                            for row in tgt_in])
+
+
+SRC = torch.tensor([[C, EOS_ID]])  # the scripted model ignores its source; max_len = 2 + offset
+
+
+def test_length_penalty_hand_values():
+    assert length_penalty(1, 0.6) == 1.0  # ((5 + 1) / 6)^α
+    assert length_penalty(7, 1.0) == 2.0
+    assert math.isclose(length_penalty(3, 0.5), math.sqrt(8 / 6))
+    assert torch.allclose(length_penalty(torch.tensor([1, 7]), 1.0), torch.tensor([1.0, 2.0]))
+
+
+def test_beam_step_hand_computed():
+    # 2 beams with P(prefix) .6 and .4; columns PAD, EOS, 2, 3.
+    log_probs = torch.tensor([[0, .5, .3, .2], [0, .1, .65, .25]]).log()
+    scores = torch.tensor([[.6, .4]]).log()
+    # joint: beam 0: EOS .30, 2 .18, 3 .12; beam 1: 2 .26, 3 .10, EOS .04 -> top 4: .30 .26 .18 .12
+    alive, origin, token, fin_score, fin_origin = beam_step(log_probs, scores, length=3, alpha=1.0)
+    assert torch.allclose(alive, torch.tensor([[.26, .18]]).log())
+    assert origin.tolist() == [[1, 0]] and token.tolist() == [[2, 2]]
+    assert torch.allclose(fin_score, torch.tensor([math.log(.30) / (8 / 6)]))  # lp(3) = (5 + 3) / 6
+    assert fin_origin.tolist() == [0]
+
+
+def test_beam_beats_greedy():
+    # Greedy: A (.5), C (.3), EOS -> [A, C], P = .15. Beam 2: step 0 keeps A .5, B .45; step 1's top 4
+    # are BC .405 (from beam 1), AC .15, AA .14, AB .11 (no EOS); step 2 finishes [B, C] with .3645
+    # and [A, C] with .09, and keeps ACA .06 and BCA .0405 alive: both below .3645, so it stops.
+    model = ScriptedModel({(): {A: .5, B: .45, EOS_ID: .05}, (A,): {C: .3, A: .28, B: .22, EOS_ID: .2},
+                           (B,): {C: .9, EOS_ID: .1}, (A, C): {EOS_ID: .6, A: .4}, (B, C): {EOS_ID: .9, A: .1}})
+    assert greedy_search(model, SRC) == [[A, C]]
+    model.rows.clear()
+    assert beam_search(model, SRC, beam_size=2, alpha=0.0) == [[B, C]]
+    assert model.rows == [2, 2, 2]  # early stop after step 2 with live beams left
+    assert beam_search(model, SRC, beam_size=2, alpha=0.0, use_cache=False) == [[B, C]]
+
+
+LENGTH_TABLE = {(): {EOS_ID: .3, A: .7}, (A,): {A: .6, EOS_ID: .4}, (A, A): {EOS_ID: .6, B: .4}}
+# P: [] .3, [A] .28, [A, A] .252, [A, A, B] .168 (its EOS has probability 1)
+# α = 0: the most probable, [], wins.
+# α = 1: log P / ((5 + |Y|) / 6): [] -1.204 / 1, [A] -1.273 / (7/6) = -1.091,
+#        [A, A] -1.378 / (8/6) = -1.034 (best), [A, A, B] -1.784 / (9/6) = -1.189
+
+
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_length_penalty_changes_the_winner(beam_size):
+    model = ScriptedModel(LENGTH_TABLE)
+    assert beam_search(model, SRC, beam_size, alpha=0.0, max_len_offset=3) == [[]]
+    assert beam_search(model, SRC, beam_size, alpha=1.0, max_len_offset=3) == [[A, A]]
+
+
+def test_length_counts_the_eos():
+    # P([]) = .4, P([A]) = .6 * .46 = .276 (after A only EOS is possible: PAD is masked). With α = 2,
+    # lp(1) = 1, lp(2) = (7/6)^2: [] scores -0.916, [A] -1.287 / 1.361 = -0.946, so [] wins. Were
+    # |Y| to leave out the EOS, [A] would win: -1.287 / 1 > -0.916 / (5/6)^2 = -1.319.
+    model = ScriptedModel({(): {EOS_ID: .4, A: .6}, (A,): {EOS_ID: .46, PAD_ID: .54}})
+    assert beam_search(model, SRC, beam_size=2, alpha=2.0) == [[]]
+
+
+def test_beam_one_finishes_eos_candidates_outside_the_top_one():
+    # A11: EOS candidates anywhere in the top 2·beam are finished. Greedy takes A (.6) then EOS:
+    # [A] with .33; beam 1 also finishes [] (.4) at step 0, and after step 1 its alive beam [A, B]
+    # (.27) cannot beat .4 any more, so it returns [].
+    model = ScriptedModel({(): {A: .6, EOS_ID: .4}, (A,): {EOS_ID: .55, B: .45}})
+    assert greedy_search(model, SRC) == [[A]]
+    assert beam_search(model, SRC, beam_size=1, alpha=0.0) == [[]]
+
+
+def test_pad_is_never_generated():
+    model = ScriptedModel({(): {PAD_ID: .9, A: .1}, (A,): {PAD_ID: .6, EOS_ID: .4}})
+    assert greedy_search(model, SRC) == [[A]]
+    assert beam_search(model, SRC, beam_size=3) == [[A]]
+
+
+def test_length_limit_is_per_sentence_forces_eos_and_prunes():
+    model = ScriptedModel({}, default={A: .99, EOS_ID: .01})
+    src = torch.tensor([[C, EOS_ID, PAD_ID, PAD_ID], [C, C, C, EOS_ID]])
+    # |Y| <= len(src) + 2 counting the forced EOS: 3 and 5 tokens before it
+    assert greedy_search(model, src, max_len_offset=2) == [[A] * 3, [A] * 5]
+    assert model.rows == [2, 2, 2, 2, 1, 1]  # the first sentence is pruned once it has finished
+    assert greedy_search(model, src, max_len_offset=2, use_cache=False) == [[A] * 3, [A] * 5]
+    model.rows.clear()
+    # [] (.01) is finished first, but A^k at .99^k stays ahead of it until EOS is forced
+    assert beam_search(model, src, beam_size=2, max_len_offset=2) == [[A] * 3, [A] * 5]
+    assert model.rows == [4, 4, 4, 4, 2, 2]
+
+
+# --- a small real Transformer ---------------------------------------------------------------------
+
+VOCAB = 50
+
+
+def make_model(seed: int, vocab: int = VOCAB, layers: int = 2, d_model: int = 32) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(n_enc_layers=layers, n_dec_layers=layers, d_model=d_model, d_ff=2 * d_model,
+                      n_heads=4, p_drop=0.0)
+    return Transformer(cfg, vocab).eval()
+
+
+def random_sources(generator: torch.Generator, n: int, max_len: int = 6, vocab: int = 13) -> list[list[int]]:
+    """Sources of 1..max_len tokens from 3..vocab-1, then EOS (a small alphabet: quick to learn)."""
+    lengths = torch.randint(1, max_len + 1, (n,), generator=generator).tolist()
+    return [torch.randint(3, vocab, (k,), generator=generator).tolist() + [EOS_ID] for k in lengths]
+
+
+def pad(sources: list[list[int]]) -> torch.Tensor:
+    src = torch.full((len(sources), max(map(len, sources))), PAD_ID)
+    for i, s in enumerate(sources):
+        src[i, : len(s)] = torch.tensor(s)
+    return src
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared, busy CPU they stall."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def train_copy(model: Transformer, steps: int, lr: float, max_len: int, vocab: int) -> Transformer:
+    """A few Adam steps on copying random sources, so that outputs have structure and stop by themselves."""
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        src = pad(random_sources(g, 32, max_len, vocab))
+        tgt = torch.cat([torch.full((32, 1), BOS_ID), src], 1)  # tgt_in = BOS + copy, tgt_out = copy
+        logits = model(src, tgt[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD_ID)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def copy_model() -> Transformer:
+    return train_copy(make_model(0), steps=100, lr=3e-3, max_len=6, vocab=13)
+
+
+@pytest.fixture(scope="module")
+def sources() -> list[list[int]]:
+    return random_sources(torch.Generator().manual_seed(1), 5)
+
+
+def test_copy_model_output_is_not_trivial(copy_model, sources):
+    outputs = beam_search(copy_model, pad(sources))
+    assert sum(out == src[:-1] for out, src in zip(outputs, sources)) >= 2
+
+
+def test_cache_equals_no_cache(copy_model, sources):
+    src = pad(sources)
+    assert beam_search(copy_model, src, use_cache=False) == beam_search(copy_model, src)
+    assert greedy_search(copy_model, src, use_cache=False) == greedy_search(copy_model, src)
+    random_model = make_model(2)  # hits the length limit: exercises pruning at max_len as well
+    assert (beam_search(random_model, src, max_len_offset=3, use_cache=False)
+            == beam_search(random_model, src, max_len_offset=3))
+
+
+def test_batch_equals_singles(copy_model, sources):
+    batch = beam_search(copy_model, pad(sources[:3]), beam_size=3)
+    assert batch == [beam_search(copy_model, pad([s]), beam_size=3)[0] for s in sources[:3]]
+
+
+def test_padding_changes_nothing():
+    model = make_model(3)  # untrained: it runs into the limit, which must not depend on the padding
+    short, long = [5, 6, EOS_ID], [7, 8, 9, 10, 11, 12, EOS_ID]
+    alone = beam_search(model, pad([short]), max_len_offset=3)[0]
+    assert len(alone) == len(short) + 3 - 1  # the limit is reached: the test covers it
+    assert beam_search(model, pad([short, long]), max_len_offset=3)[0] == alone
+    assert beam_search(model, pad([long, short]), max_len_offset=3)[1] == alone
+    assert greedy_search(model, pad([long, short]), max_len_offset=3)[1] == greedy_search(model, pad([short]), 3)[0]
+
+
+def log_prob(model: Transformer, src: list[int], outputs: list[list[int]]) -> torch.Tensor:
+    """log P(Y) for each Y = output + [EOS], by teacher forcing (independent of decode.py)."""
+    tgt = pad([[BOS_ID] + out + [EOS_ID] for out in outputs])  # [N, T + 1]
+    log_probs = model(torch.tensor([src] * len(outputs)), tgt[:, :-1]).log_softmax(-1)
+    token_lp = log_probs.gather(-1, tgt[:, 1:, None]).squeeze(-1)
+    return token_lp.masked_fill(tgt[:, 1:] == PAD_ID, 0.0).sum(1)
+
+
+def penalised(model: Transformer, src: list[int], outputs: list[list[int]], alpha: float) -> torch.Tensor:
+    lengths = torch.tensor([len(out) + 1 for out in outputs], dtype=torch.float)
+    return log_prob(model, src, outputs) / ((5 + lengths) / 6) ** alpha
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Transformer:
+    """Vocabulary 5 (PAD, EOS and three tokens), trained a little so that the best output varies."""
+    return train_copy(make_model(4, vocab=5, layers=1, d_model=16), steps=20, lr=1e-2, max_len=3, vocab=5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_large_beam_finds_the_exhaustive_best(tiny_model, alpha):
+    sources, vocab = [[3, EOS_ID], [4, 3, EOS_ID], [EOS_ID], [2, 2, 4, EOS_ID], [4, EOS_ID]], 5
+    found = beam_search(tiny_model, pad(sources), beam_size=27, alpha=alpha, max_len_offset=1)
+    for src, out in zip(sources, found):
+        max_len = len(src) + 1  # |Y| with EOS <= len(src) + 1: every output of up to max_len - 1 tokens
+        every = [list(y) for k in range(max_len) for y in itertools.product(range(2, vocab), repeat=k)]
+        scores = penalised(tiny_model, src, every, alpha)
+        assert out == every[int(scores.argmax())]
+        assert torch.isclose(penalised(tiny_model, src, [out], alpha)[0], scores.max())
+    assert len({len(out) for out in found}) >= 2  # not always the empty output: the search is exercised
+
+
+def test_beam_one_is_the_best_stop_on_the_greedy_path(copy_model, sources):
+    """Beam 1 (A11) follows the best non-EOS token and finishes the EOS candidate whenever EOS is among
+    the top 2·beam = 2 tokens, so it returns the best-scoring of those stops (or the forced one at
+    the limit); greedy returns the first stop where EOS is the argmax."""
+    random_model = make_model(5)
+    for model, alpha in [(copy_model, 0.6), (random_model, 0.6), (random_model, 0.0)]:
+        for src in sources[:3]:
+            max_len = len(src) + 5  # max_len_offset 5
+            path, stops, greedy = [], [], None
+            while len(path) + 1 < max_len:  # at len(path) + 1 == max_len, EOS is forced
+                lp = model(torch.tensor([src]), torch.tensor([[BOS_ID] + path]))[0, -1].log_softmax(-1)
+                lp[PAD_ID] = float("-inf")
+                if EOS_ID in lp.topk(2).indices:
+                    stops.append(list(path))
+                if greedy is None and lp.argmax() == EOS_ID:
+                    greedy = list(path)
+                lp[EOS_ID] = float("-inf")
+                path.append(int(lp.argmax()))
+            stops.append(path)
+            assert greedy_search(model, torch.tensor([src]), max_len_offset=5)[0] == (path if greedy is None else greedy)
+            best = stops[int(penalised(model, src, stops, alpha).argmax())]
+            assert beam_search(model, torch.tensor([src]), beam_size=1, alpha=alpha, max_len_offset=5)[0] == best
+
+
+def test_outputs_respect_the_limit_and_never_hold_special_tokens(sources):
+    model = make_model(6)
+    src = pad(sources)
+    for outputs in (beam_search(model, src, max_len_offset=2), greedy_search(model, src, max_len_offset=2)):
+        limits = [len(s) + 2 - 1 for s in sources]
+        assert all(len(out) <= limit for out, limit in zip(outputs, limits))
+        assert any(len(out) == limit for out, limit in zip(outputs, limits))
+        assert not any({PAD_ID, EOS_ID} & set(out) for out in outputs)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_translate_ids_keeps_order_and_every_input(copy_model, sources, beam_size):
+    inputs = [sources[0], [EOS_ID], *sources[1:]]
+    outputs = translate_ids(copy_model, inputs, beam_size, 0.6, 10, batch_size=2)
+    assert len(outputs) == len(inputs)
+    search = greedy_search if beam_size == 1 else lambda m, s, o: beam_search(m, s, beam_size, 0.6, o)
+    assert outputs == [search(copy_model, torch.tensor([s]), 10)[0] for s in inputs]
+    with pytest.raises(ValueError):
+        translate_ids(copy_model, [[5, EOS_ID], []], beam_size, 0.6, 10, 2)

@@ -1,0 +1,91 @@
+"""BLEU and chrF: sacreBLEU as the independent reference, hand-computed multi-bleu values, and the
+Multi30k dataset's own tokenized files as the reference for our tokenization."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+from transformer.evaluate import (_split_compounds, moses_tokenize_lc, paper_bleu, sacrebleu_scores,
+                                  tok_lc_bleu)
+
+DATA = Path(os.environ.get("TRANSFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+M30K = DATA / "multi30k"
+needs_data = pytest.mark.skipif(not (M30K / "tok").is_dir(), reason=f"Multi30k not found under {DATA}")
+
+HYPS = ["Ein Mann mit einem orangefarbenen Hut starrt etwas an.",
+        "Ein Boston Terrier rennt über grünes Gras vor einem weißen Zaun.",
+        "Ein Mädchen im Karateanzug zerbricht ein Brett mit einem Tritt."]
+REFS = ["Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+        "Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen Zaun.",
+        "Ein Mädchen in einem Karateanzug bricht ein Brett mit einem Tritt."]
+
+
+def read(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def test_sacrebleu_scores_match_sacrebleu() -> None:
+    s = sacrebleu_scores(HYPS, REFS)
+    assert s["bleu"] == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
+    assert s["chrf"] == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score)
+    assert 0 < s["bleu"] < 100 and 0 < s["chrf"] < 100
+    assert "nrefs:1|case:mixed" in s["signature"] and "tok:13a" in s["signature"]
+    assert s["chrf_signature"].startswith("nrefs:1|case:mixed") and "nc:6" in s["chrf_signature"]
+    same = sacrebleu_scores(REFS, REFS)
+    assert same["bleu"] == pytest.approx(100.0) and same["chrf"] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="2 hypotheses but 3 references"):
+        sacrebleu_scores(HYPS[:2], REFS)
+
+
+def test_multi_bleu_hand_computed() -> None:
+    # Tokens already lowercase and split: precisions 5/6, 3/5, 2/4, 1/3; equal length, so BP = 1.
+    bleu = tok_lc_bleu(["The cat sat on the mat"], ["the cat sat on a mat"], "en")
+    assert bleu == pytest.approx(100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)
+    # Shorter hypothesis: BP = exp(1 - 6/5); precisions 4/5 ("the" clipped to its 1 use), 3/4, 2/3, 1/2.
+    bleu = tok_lc_bleu(["the cat sat on the"], ["the cat sat on a mat"], "en")
+    assert bleu == pytest.approx(100 * math.exp(1 - 6 / 5) * (4 / 5 * 3 / 4 * 2 / 3 * 1 / 2) ** 0.25)
+    # multi-bleu.perl does not smooth: no matching 4-gram means BLEU 0 (sacreBLEU's default is > 0).
+    assert tok_lc_bleu(["the cat sat on a mat"], ["the cat sits on a mat"], "en") == 0.0
+
+
+def test_tokenization_steps() -> None:
+    # lowercase, punctuation normalized (curly quotes -> ", then escaped), tokens split, no -a dashes.
+    assert moses_tokenize_lc(["Er sagte: „Hallo, Baden-Württemberg.“"], "de") == [
+        "er sagte : &quot; hallo , baden-württemberg &quot; ."]
+    assert moses_tokenize_lc(["It's a dog's life."], "en") == ["it &apos;s a dog &apos;s life ."]
+
+
+@needs_data
+@pytest.mark.parametrize("split", ["test_2016_flickr", "val"])
+@pytest.mark.parametrize("lang", ["de", "en", "fr"])
+def test_tokenization_matches_multi30k_files(split: str, lang: str) -> None:
+    """Every line, not just a high BLEU: val.fr holds the "d’" quirk, test2016 the `."` one."""
+    raw = read(M30K / f"{split}.{lang}.gz")
+    tok = read(M30K / "tok" / f"{split}.lc.norm.tok.{lang}.gz")
+    assert len(raw) == len(tok) == {"val": 1014}.get(split, 1000)
+    mine = moses_tokenize_lc(raw, lang)
+    mismatches = [(i, a, b) for i, (a, b) in enumerate(zip(mine, tok)) if a != b]
+    assert not mismatches, mismatches[:3]
+    if split == "test_2016_flickr" and lang == "de":
+        assert sum(len(t.split()) for t in tok) == 12_103  # the README's reference length
+        assert tok_lc_bleu(raw, tok, lang) == pytest.approx(100.0)
+        assert tok_lc_bleu(raw[1:] + raw[:1], tok, lang) < 5  # misaligned lines score near zero
+
+
+def test_paper_bleu_splits_compounds() -> None:
+    assert _split_compounds("a-b-c x - y") == "a ##AT##-##AT## b-c x - y"  # perl s///g never overlaps
+    hyp, ref = ["Er fährt nach Baden-Württemberg."], ["Er fährt nach Baden Württemberg."]
+    # hyp tokens: Er fährt nach Baden ##AT##-##AT## Württemberg . (7) vs ref (6), so BP = 1;
+    # precisions 6/7, 4/6, 2/5, 1/4. Without the split "Baden-Württemberg" would be one token.
+    assert paper_bleu(hyp, ref, "de") == pytest.approx(100 * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 4) ** 0.25)
+    assert paper_bleu(hyp, hyp, "de") == pytest.approx(100.0)
+    # Cased: the same sentence lowercased loses the capitalised tokens' matches.
+    assert paper_bleu(REFS, REFS, "de") == pytest.approx(100.0)
+    assert paper_bleu([h.lower() for h in REFS], REFS, "de") < 50

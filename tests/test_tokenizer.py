@@ -1,0 +1,125 @@
+"""Tokenizer (§5.1): joint BPE on real Multi30k text, special ids, round trips, refusals."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from transformer.data import find_data_root, read_lines
+from transformer.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerError
+
+N_LINES = 1000  # per language: ~2,000 training sentences keep training well under a second
+
+
+@pytest.fixture(scope="module")
+def train_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The first N_LINES of Multi30k train en and de, one gzipped and one plain (both inputs work)."""
+    root = find_data_root()
+    if root is None or not (root / "multi30k" / "train.en.gz").exists():
+        pytest.skip("Multi30k not found: set TRANSFORMER_DATA to the shared data folder")
+    out = tmp_path_factory.mktemp("spm_text")
+    en = read_lines(root / "multi30k" / "train.en.gz")[:N_LINES]
+    de = read_lines(root / "multi30k" / "train.de.gz")[:N_LINES]
+    (out / "en.gz").write_bytes(gzip.compress(("\n".join(en) + "\n").encode()))
+    (out / "de.txt").write_text("\n".join(de) + "\n", encoding="utf-8")
+    return [out / "en.gz", out / "de.txt"]
+
+
+@pytest.fixture(scope="module")
+def tok(train_files: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    return Tokenizer.train(train_files, tmp_path_factory.mktemp("spm") / "spm.model",
+                           vocab_size=1000, input_sentence_size=100_000)
+
+
+def test_special_ids_are_fixed(tok: Tokenizer) -> None:
+    assert (PAD_ID, EOS_ID, UNK_ID) == (0, 1, 2)
+    assert tok.vocab_size == 1000
+    assert tok._sp.bos_id() == -1 and not any(tok._sp.is_control(i) for i in range(3, 1000))  # BOS is PAD
+    assert tok.pieces("") == [] and tok.encode("") == []
+    ids = tok.encode("A man is riding a bike.")
+    assert ids and EOS_ID not in ids and PAD_ID not in ids  # encode appends nothing
+
+
+def test_reloaded_model_is_the_same(tok: Tokenizer) -> None:
+    again = Tokenizer(tok.path)
+    assert again.sha256 == tok.sha256 and again.vocab_size == tok.vocab_size
+    assert again.encode("Zwei Hunde spielen im Schnee.") == tok.encode("Zwei Hunde spielen im Schnee.")
+
+
+@pytest.mark.parametrize("text", [
+    "Two young, White males are outside near many bushes.",
+    "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.",
+    "A man in an orange hat starring at something.",
+])
+def test_encode_decode_round_trip(tok: Tokenizer, text: str) -> None:
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert "".join(tok.pieces(text)).replace("\u2581", " ").strip() == text
+    assert tok.encode_batch([text, text]) == [ids, ids]
+
+
+def test_decode_drops_pad_and_stops_at_eos(tok: Tokenizer) -> None:
+    ids = tok.encode("Ein Hund rennt.")
+    other = tok.encode("Eine Katze schläft.")
+    assert tok.decode([PAD_ID] + ids + [PAD_ID, PAD_ID]) == "Ein Hund rennt."
+    assert tok.decode(ids + [EOS_ID] + other) == "Ein Hund rennt."
+    assert tok.decode([EOS_ID] + ids) == ""
+
+
+def test_too_large_vocab_is_a_clear_error(train_files: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(TokenizerError, match=r"vocab_size 100000 is too large.*at most \d+") as e:
+        Tokenizer.train(train_files, tmp_path / "spm.model", vocab_size=100_000,
+                        input_sentence_size=100_000)
+    assert "\n" not in str(e.value) and ".cc(" not in str(e.value)
+    assert not (tmp_path / "spm.model").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("corrupt", [lambda b: b[: len(b) // 2], lambda b: b"not a model at all"])
+def test_corrupt_model_is_refused(tok: Tokenizer, tmp_path: Path, corrupt) -> None:
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(corrupt(tok.path.read_bytes()))
+    with pytest.raises(TokenizerError, match="bad.model"):
+        Tokenizer(bad)
+
+
+def test_missing_model_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerError, match="nope.model"):
+        Tokenizer(tmp_path / "nope.model")
+
+
+def test_model_with_other_special_ids_is_refused(tmp_path: Path) -> None:
+    import io
+
+    import sentencepiece as spm
+    writer = io.BytesIO()  # sentencepiece's defaults: unk 0, bos 1, eos 2, no pad
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 20), model_writer=writer,
+                                   model_type="bpe", vocab_size=12, minloglevel=2)
+    (tmp_path / "default.model").write_bytes(writer.getvalue())
+    with pytest.raises(TokenizerError, match="default.model.*special ids"):
+        Tokenizer(tmp_path / "default.model")
+
+
+def test_training_is_deterministic_per_seed(train_files: list[Path], tok: Tokenizer, tmp_path: Path) -> None:
+    same = Tokenizer.train(train_files, tmp_path / "a" / "spm.model", vocab_size=1000,
+                           input_sentence_size=100_000)
+    assert same.sha256 == tok.sha256  # the file path is not part of the model
+    # Sampling fewer sentences than there are: the seed picks which, and it is honoured.
+    s1 = Tokenizer.train(train_files, tmp_path / "s1.model", 500, input_sentence_size=800, seed=1)
+    s1b = Tokenizer.train(train_files, tmp_path / "s1b.model", 500, input_sentence_size=800, seed=1)
+    s2 = Tokenizer.train(train_files, tmp_path / "s2.model", 500, input_sentence_size=800, seed=2)
+    assert s1.sha256 == s1b.sha256 != s2.sha256
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "s1.model", "s1b.model", "s2.model"]
+
+
+def test_texts_train_the_same_model_as_files(train_files: list[Path], tok: Tokenizer, tmp_path: Path) -> None:
+    texts = [line for f in train_files for line in read_lines(f)]
+    from_texts = Tokenizer.train([], tmp_path / "t.model", 1000, input_sentence_size=100_000, texts=texts)
+    assert from_texts.sha256 == tok.sha256
+
+
+def test_empty_training_text_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("\n\n", encoding="utf-8")
+    with pytest.raises(TokenizerError, match="empty"):
+        Tokenizer.train([tmp_path / "empty.txt"], tmp_path / "spm.model", 100, 1000)

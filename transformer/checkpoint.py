@@ -1,0 +1,282 @@
+"""Checkpoints: safetensors tensors + a JSON record; written atomically, verified on load (§6.1).
+
+A checkpoint is a JSON file naming its tensor files with their size and sha256. The JSON is written
+last and is the commit marker: tensor files without it are leftovers of a crashed write, never a
+checkpoint. Every file goes through temp file -> flush -> fsync -> os.replace -> fsync(dir), so a
+crash leaves either the old state or the new one, never half of a file under the final name.
+
+Nothing here unpickles: tensors are read by safetensors (a JSON header and raw bytes), and pickle
+files (.pt, .pth, .bin, .pkl, .ckpt) are refused by their suffix before they are opened, because
+loading a pickle runs whatever code its author put in it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save_file
+from torch import Tensor
+
+FORMAT = "transformer-checkpoint/1"
+PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
+_STEP_JSON = re.compile(r"step_(\d{8,})\.json")
+_STEP_DATA = re.compile(r"step_(\d{8,})(\.state)?\.safetensors")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the one-line message names the file and the problem."""
+
+
+@dataclass
+class Checkpoint:
+    """A verified checkpoint, fully in memory."""
+
+    path: Path  # the .json record
+    weights: dict[str, Tensor]
+    state: dict[str, Tensor] | None  # optimizer moments, RNG states; None if not asked for or absent
+    meta: dict[str, Any]  # the whole JSON record: the caller's meta + "format", "files" (+ "step")
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Makes a rename durable: os.replace is atomic, but only the directory's fsync persists it."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit(path: Path, write: Callable[[Path], None]) -> None:
+    """Atomically creates `path` with write(tmp_path): a crash at any point leaves no partial `path`."""
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
+    """Writes a .safetensors file atomically; returns its {"name", "sha256", "bytes"} entry."""
+    seen: set[int] = set()
+    ready = {}
+    for name, t in tensors.items():
+        t = t.detach().to("cpu").contiguous()
+        # safetensors refuses tensors sharing storage (tied weights): give each its own copy.
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen and t.numel() > 0:
+            t = t.clone()
+        seen.add(ptr)
+        ready[name] = t
+    _commit(path, lambda tmp: save_file(ready, str(tmp), metadata={"format": "pt"}))
+    # Checksummed after the write, from the file itself: what load will verify is what is on disk.
+    return {"name": path.name, "sha256": _sha256(path), "bytes": path.stat().st_size}
+
+
+def _write_record(json_path: Path, record: dict[str, Any]) -> None:
+    # NaN/inf are kept (Python reads them back): losing a checkpoint to a NaN metric would be worse.
+    text = json.dumps(record, indent=2) + "\n"
+    _commit(json_path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _own_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """The caller's meta without "format"/"files": those describe the files being written, so a copy
+    taken from another checkpoint's record is stale. Fails before any file is written."""
+    meta = {k: v for k, v in meta.items() if k not in ("format", "files")}
+    json.dumps(meta)  # raises TypeError if not JSON-able
+    return meta
+
+
+def write_model(path: Path, weights: dict[str, Tensor], meta: dict[str, Any]) -> Path:
+    """Writes a self-describing model: `path` (.safetensors) + `path.with_suffix(".json")`.
+
+    meta should carry "config" and "vocab_sha256" so the model can be rebuilt from the file alone.
+    Returns the JSON path (the commit marker, written last).
+    """
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"{path.name}: model files must end in .safetensors")
+    meta = _own_meta(meta)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    json_path = path.with_suffix(".json")
+    json_path.unlink(missing_ok=True)  # overwriting: the old record must not vouch for new bytes
+    entry = _write_tensors(path, weights)
+    _write_record(json_path, {"format": FORMAT, **meta, "files": {"weights": entry}})
+    return json_path
+
+
+def save_checkpoint(run_dir: Path, step: int, weights: dict[str, Tensor], state: dict[str, Tensor],
+                    meta: dict[str, Any], keep_last: int) -> Path:
+    """Writes run_dir/checkpoints/step_NNNNNNNN.{safetensors,state.safetensors,json}; returns the .json.
+
+    Then deletes all but the newest `keep_last` checkpoints, and the debris of crashed writes
+    (temp files, tensor files without their JSON).
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    meta = _own_meta(meta)
+    if meta.get("step", step) != step:
+        raise ValueError(f"meta says step {meta['step']}, saving step {step}")
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"step_{step:08d}"
+    json_path = ckpt_dir / f"{stem}.json"
+    json_path.unlink(missing_ok=True)  # re-saving a step: the old record must not vouch for new bytes
+    files = {"weights": _write_tensors(ckpt_dir / f"{stem}.safetensors", weights),
+             "state": _write_tensors(ckpt_dir / f"{stem}.state.safetensors", state)}
+    _write_record(json_path, {"format": FORMAT, "step": step, **meta, "files": files})
+    _prune(ckpt_dir, keep_last)
+    return json_path
+
+
+def _prune(ckpt_dir: Path, keep_last: int) -> None:
+    """JSON first, then data: a half-deleted checkpoint is one without JSON, which never loads."""
+    for old in list_checkpoints(ckpt_dir.parent)[:-keep_last]:
+        old.unlink(missing_ok=True)
+    for p in ckpt_dir.iterdir():
+        data = _STEP_DATA.fullmatch(p.name)
+        orphan = data is not None and not (ckpt_dir / f"step_{data.group(1)}.json").exists()
+        if orphan or (p.name.startswith(".step_") and p.name.endswith(".tmp")):
+            p.unlink(missing_ok=True)
+
+
+def _json_for(path: Path) -> Path:
+    """Maps any file of a checkpoint to its JSON record."""
+    if path.suffix == ".json":
+        return path
+    if path.name.endswith(".state.safetensors"):
+        return path.with_name(path.name[: -len(".state.safetensors")] + ".json")
+    if path.suffix == ".safetensors":
+        return path.with_suffix(".json")
+    raise CheckpointError(f"{path.name}: not a checkpoint file (expected .json or .safetensors)")
+
+
+def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dict[str, Tensor]:
+    """Reads one listed file, verifying size and sha256 on the very bytes that are then parsed."""
+    if not isinstance(entry, dict) or not {"name", "sha256", "bytes"} <= entry.keys():
+        raise CheckpointError(f"{json_name}: malformed entry for the {role} file")
+    name = entry["name"]
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise CheckpointError(f"{json_name}: {role} file name {name!r} is not a plain file name")
+    if Path(name).suffix in PICKLE_SUFFIXES:
+        raise CheckpointError(f"{name}: pickle files are refused (they can run code when loaded)")
+    path = directory / name
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{name}: cannot read {role} file ({e.strerror or e})") from None
+    if len(data) != entry["bytes"]:
+        raise CheckpointError(f"{name}: size {len(data)} bytes, expected {entry['bytes']} "
+                              "(truncated or replaced)")
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CheckpointError(f"{name}: sha256 mismatch (file corrupt or modified)")
+    try:
+        return st_load(data)
+    except Exception as e:  # safetensors raises its own error types for a bad header
+        raise CheckpointError(f"{name}: not a valid safetensors file ({e})") from None
+
+
+def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
+    """Loads and verifies a checkpoint given its .json or its weights .safetensors.
+
+    Every failure is a CheckpointError naming the file at fault; nothing is returned half-loaded.
+    """
+    path = Path(path)
+    if path.suffix in PICKLE_SUFFIXES:
+        raise CheckpointError(f"{path.name}: pickle files are refused (they can run code when loaded); "
+                              "convert the weights to safetensors")
+    json_path = _json_for(path)
+    try:
+        record = json.loads(json_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{json_path.name}: missing (tensor files without their JSON are an "
+                              "unfinished write, not a checkpoint)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{json_path.name}: unreadable checkpoint record ({e})") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise CheckpointError(f"{json_path.name}: not a {FORMAT} record (format: {found!r})")
+    files = record.get("files")
+    if not isinstance(files, dict) or "weights" not in files:
+        raise CheckpointError(f"{json_path.name}: record lists no weights file")
+    weights = _read_tensors(json_path.parent, files["weights"], "weights", json_path.name)
+    state = None
+    if with_state and "state" in files:
+        state = _read_tensors(json_path.parent, files["state"], "state", json_path.name)
+    return Checkpoint(path=json_path, weights=weights, state=state, meta=record)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The JSON records of a run's training checkpoints, oldest step first."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _STEP_JSON.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) -> Checkpoint | None:
+    """The newest checkpoint that verifies; each refused newer one is reported through warn()."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return load_checkpoint(path)
+        except CheckpointError as e:
+            warn(f"skipping {e}")
+    return None
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
+    """§6.1: the uniform mean of the checkpoints' weights (A12), accumulated in float64.
+
+    Each tensor is cast back to its own dtype. Non-float tensors are not averaged: they must be
+    equal in every file. Files must agree on keys, shapes, model config and vocabulary.
+    """
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    first = load_checkpoint(paths[0], with_state=False)
+    acc = {k: t.double() if t.is_floating_point() else t for k, t in first.weights.items()}
+    dtypes = {k: t.dtype for k, t in first.weights.items()}
+    ident = (first.meta.get("config", {}).get("model"), first.meta.get("vocab_sha256"))
+    for path in paths[1:]:
+        ckpt = load_checkpoint(path, with_state=False)
+        name = ckpt.path.name
+        if (ckpt.meta.get("config", {}).get("model"), ckpt.meta.get("vocab_sha256")) != ident:
+            raise CheckpointError(f"{name}: model config or vocabulary differs from {first.path.name}")
+        extra, missing = ckpt.weights.keys() - acc.keys(), acc.keys() - ckpt.weights.keys()
+        if extra or missing:
+            key, what = (min(extra), "unexpected") if extra else (min(missing), "missing")
+            raise CheckpointError(f"{name}: {what} key {key!r} (compared with {first.path.name})")
+        for k, t in ckpt.weights.items():
+            if t.shape != acc[k].shape or t.dtype != dtypes[k]:
+                raise CheckpointError(f"{name}: key {k!r} is {t.dtype} {list(t.shape)}, "
+                                      f"expected {dtypes[k]} {list(acc[k].shape)}")
+            if t.is_floating_point():
+                acc[k] += t.double()
+            elif not torch.equal(t, acc[k]):
+                raise CheckpointError(f"{name}: non-float key {k!r} differs between checkpoints")
+    n = len(paths)
+    return {k: (a / n).to(dtypes[k]) if a.is_floating_point() else a for k, a in acc.items()}

@@ -1,0 +1,202 @@
+"""Greedy and beam search (§6.1): "beam search with a beam size of 4 and length penalty α = 0.6 ...
+maximum output length during inference to input length + 50, but terminate early when possible".
+
+The search is the authors' (tensor2tensor's GNMT-style beam search, IMPLEMENTATION-NOTES A11):
+each step keeps the top 2·beam candidates over beam × V; EOS candidates become finished hypotheses
+scored by log P(Y) / lp(|Y|), the best ``beam`` others stay alive with their raw log-probs; a
+sentence stops as soon as no alive beam can still beat its best finished hypothesis.
+
+Shape legend: B sentences in the batch, n sentences still being decoded (finished ones are pruned),
+S source length, t target prefix length (the start symbol included), V vocabulary, n*beam rows of
+the decoder batch (sentence-major: row i*beam + k is beam k of sentence i).
+
+Call ``model.eval()`` first: these functions do not change the model's mode (dropout would apply).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty (Wu et al. 2016; A11): lp(Y) = ((5 + |Y|) / 6)^α, |Y| counting the EOS."""
+    return ((5 + length) / 6) ** alpha
+
+
+def max_lengths(src: Tensor, max_len_offset: int) -> Tensor:
+    """src [B, S] -> [B] largest |Y| (EOS included): each sentence's own length (EOS included) + offset.
+
+    DEVIATION(§6.1): "input length + 50" is per sentence; the authors' code used the padded batch
+    length (A11), which made a sentence's output limit depend on the batch it happened to be in.
+    """
+    return ((src != PAD_ID).sum(1) + max_len_offset).clamp(min=1)
+
+
+def next_log_probs(logits: Tensor, step: int, max_len: Tensor) -> Tensor:
+    """logits [N, V] of output position step + 1 -> log-probs [N, V] with PAD/BOS at -inf and, for rows
+    whose limit ``max_len`` [N] is reached, everything but EOS at -inf (so every output finishes).
+
+    Masking comes after the log-softmax, so the scores stay the model's own log-probabilities.
+    """
+    log_probs = logits.float().log_softmax(-1)
+    log_probs[:, PAD_ID] = float("-inf")  # the start symbol is never an output
+    at_limit = step + 1 >= max_len  # [N]: this token would be the max_len-th
+    not_eos = torch.ones_like(log_probs, dtype=torch.bool)
+    not_eos[:, EOS_ID] = False
+    return log_probs.masked_fill(at_limit[:, None] & not_eos, float("-inf"))
+
+
+class NextTokenLogits:
+    """Next-token logits for a batch of prefixes: the only thing cached and uncached search differ in.
+
+    With the cache, one ``decode_step`` per token (cross-attention keys/values projected once per
+    sentence). Without it, the whole prefix is run again through ``model(src, tgt_in)``: quadratic,
+    but independent of the cache, so it serves as the reference the cache is tested against.
+    """
+
+    def __init__(self, model, src: Tensor, use_cache: bool = True):
+        self.model, self.src = model, src
+        self.cache = model.init_cache(*model.encode(src)) if use_cache else None
+
+    def __call__(self, prefix: Tensor) -> Tensor:
+        """prefix [N, t] (starts with BOS; the cache holds positions < t - 1) -> logits [N, V]."""
+        if self.cache is None:
+            return self.model(self.src, prefix)[:, -1]
+        return self.model.decode_step(prefix[:, -1], self.cache)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` [N'] (repeats allowed): beam expansion and reordering, pruning."""
+        if self.cache is None:
+            self.src = self.src.index_select(0, index)
+        else:
+            self.cache.reorder(index)
+
+
+@torch.inference_mode()
+def greedy_search(model, src: Tensor, max_len_offset: int = 50, use_cache: bool = True) -> list[list[int]]:
+    """Most probable next token at each step, until EOS. src [B, S] -> B outputs without BOS/EOS.
+
+    Each output has at most len(src) + max_len_offset - 1 tokens (len(src) counting its EOS): the
+    limit counts the output's EOS, which is forced at the last position (see ``max_lengths``).
+    """
+    next_logits = NextTokenLogits(model, src, use_cache)
+    max_len = max_lengths(src, max_len_offset)
+    prefix = src.new_full((src.size(0), 1), BOS_ID)  # [n, t]
+    sentence = torch.arange(src.size(0), device=src.device)  # [n] index into the batch
+    outputs: list[list[int]] = [[] for _ in range(src.size(0))]
+    for step in range(int(max_len.max())):
+        token = next_log_probs(next_logits(prefix), step, max_len).argmax(-1)  # [n]
+        prefix = torch.cat([prefix, token[:, None]], 1)
+        done = token == EOS_ID
+        for i in done.nonzero().flatten().tolist():
+            outputs[int(sentence[i])] = prefix[i, 1:-1].tolist()
+        if done.all():
+            break
+        if done.any():  # prune finished sentences so no step is spent on them
+            keep = (~done).nonzero().flatten()
+            next_logits.reorder(keep)
+            prefix, sentence, max_len = prefix[keep], sentence[keep], max_len[keep]
+    return outputs
+
+
+def beam_step(log_probs: Tensor, scores: Tensor, length: int, alpha: float) -> tuple[Tensor, ...]:
+    """One step of the GNMT/tensor2tensor beam search (A11), for n sentences with ``beam`` beams each.
+
+    log_probs [n*beam, V] next-token log-probs of each alive beam; scores [n, beam] their raw
+    log P(prefix) (-inf for an empty beam); ``length`` = |Y| of a hypothesis ending at this token.
+    Returns
+      alive_scores [n, beam]   raw log-probs of the best ``beam`` non-EOS candidates, best first
+      alive_origin [n, beam]   the beam (0..beam-1) each one extends
+      alive_token [n, beam]    its new token
+      finished_score [n]       best penalised score log P / lp(length) among EOS candidates (-inf: none)
+      finished_origin [n]      the beam that candidate ends
+    Taking 2·beam candidates guarantees ``beam`` non-EOS ones, since each beam has one EOS candidate.
+    """
+    n, beam = scores.shape
+    vocab = log_probs.size(-1)
+    total = (scores[:, :, None] + log_probs.view(n, beam, vocab)).view(n, beam * vocab)  # [n, beam*V]
+    cand_scores, cand = total.topk(2 * beam, dim=1)  # [n, 2*beam], sorted
+    cand_origin, cand_token = cand // vocab, cand % vocab
+    is_eos = cand_token == EOS_ID
+    is_eos[:, beam:] = False
+    finished = (cand_scores / length_penalty(length, alpha)).masked_fill(~is_eos, float("-inf"))
+    finished_score, finished_pos = finished.max(1)  # [n]
+    alive_scores, alive_pos = cand_scores.masked_fill(is_eos, float("-inf")).topk(beam, dim=1)  # [n, beam]
+    return (alive_scores, cand_origin.gather(1, alive_pos), cand_token.gather(1, alive_pos),
+            finished_score, cand_origin.gather(1, finished_pos[:, None]).squeeze(1))
+
+
+@torch.inference_mode()
+def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_len_offset: int = 50,
+                use_cache: bool = True) -> list[list[int]]:
+    """Beam search with GNMT length penalty and early stopping (§6.1, A11). src [B, S] -> B outputs
+    (the best finished hypothesis by log P(Y) / lp(|Y|)), without BOS and EOS.
+
+    Length: |Y| (EOS included) <= len(src) + max_len_offset, per sentence, len(src) counting the
+    source's EOS; at that limit EOS is forced, so every output is a finished hypothesis.
+    Early stop: a sentence is done once its best finished score >= best alive raw log-prob /
+    lp(max_len): log-probs only fall and, for α >= 0, lp is largest at max_len, so no continuation
+    could score higher. Like the authors' code (TH ``stop_early``, A11), the best finished one is
+    compared, and EOS candidates anywhere in the top 2·beam are finished, so beam 1 can return a
+    shorter, better-scoring hypothesis than greedy search.
+    """
+    if alpha < 0:
+        raise ValueError(f"alpha = {alpha}: the early-stop bound needs alpha >= 0")
+    batch, dev = src.size(0), src.device
+    next_logits = NextTokenLogits(model, src, use_cache)
+    next_logits.reorder(torch.arange(batch, device=dev).repeat_interleave(beam_size))  # B -> B*beam rows
+    max_len = max_lengths(src, max_len_offset)  # [n]
+    sentence = torch.arange(batch, device=dev)  # [n] index into the batch
+    prefix = src.new_full((batch * beam_size, 1), BOS_ID)  # [n*beam, t]
+    scores = torch.full((batch, beam_size), float("-inf"), device=dev)  # [n, beam]
+    scores[:, 0] = 0.0  # one live beam at step 0, so the beams do not start as copies
+    best_score = torch.full((batch,), float("-inf"), device=dev)  # [B] best finished, penalised
+    outputs: list[list[int]] = [[] for _ in range(batch)]
+    for step in range(int(max_len.max())):
+        log_probs = next_log_probs(next_logits(prefix), step, max_len.repeat_interleave(beam_size))
+        scores, origin, token, fin_score, fin_origin = beam_step(log_probs, scores, step + 1, alpha)
+        for i in (fin_score > best_score[sentence]).nonzero().flatten().tolist():
+            best_score[sentence[i]] = fin_score[i]
+            outputs[int(sentence[i])] = prefix[i * beam_size + int(fin_origin[i]), 1:].tolist()
+        done = best_score[sentence] >= scores[:, 0] / length_penalty(max_len, alpha)  # [n] GNMT early stop
+        if done.all():
+            break
+        keep = (~done).nonzero().flatten()  # prune finished sentences with the beam reorder
+        rows = (keep[:, None] * beam_size + origin[keep]).flatten()  # [n'*beam] previous rows to continue
+        next_logits.reorder(rows)
+        prefix = torch.cat([prefix[rows], token[keep].flatten()[:, None]], 1)
+        scores, sentence, max_len = scores[keep], sentence[keep], max_len[keep]
+    return outputs
+
+
+def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, alpha: float = 0.6,
+                  max_len_offset: int = 50, batch_size: int = 64) -> list[list[int]]:
+    """Decode many sources (token ids, each ending with EOS): one output per input, in input order.
+
+    Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded
+    ``batch_size`` at a time; beam_size 1 is greedy search. Outputs have no EOS. No input is dropped
+    or truncated; an empty source is refused, since attention over no key at all is undefined.
+    """
+    if any(len(s) == 0 for s in sources):
+        raise ValueError("empty source: every source needs at least its EOS token")
+    device = next(model.parameters()).device
+    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+    outputs: list[list[int]] = [[] for _ in sources]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start: start + batch_size]
+        src = torch.full((len(chunk), len(sources[chunk[0]])), PAD_ID, dtype=torch.long)  # [B, S]
+        for row, i in enumerate(chunk):
+            src[row, : len(sources[i])] = torch.as_tensor(sources[i], dtype=torch.long)
+        src = src.to(device)
+        if beam_size == 1:
+            decoded = greedy_search(model, src, max_len_offset)
+        else:
+            decoded = beam_search(model, src, beam_size, alpha, max_len_offset)
+        for i, out in zip(chunk, decoded):
+            outputs[i] = out
+    return outputs

@@ -1,0 +1,161 @@
+"""Joint source-target BPE vocabulary (§5.1), via sentencepiece.
+
+§5.1: "Sentences were encoded using byte-pair encoding, which has a shared source-target vocabulary
+of about 37000 tokens." One model is trained on source and target text together, so the three tied
+embedding matrices of §3.4 index the same pieces.
+
+The special ids are defined here and nowhere else. They follow the authors' code (IMPLEMENTATION-NOTES
+A5): PAD = 0, EOS = 1, and no learned start symbol: the decoder input is the target shifted right
+with a zero vector, which ``nn.Embedding(padding_idx=0)`` gives when the start symbol *is* PAD.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+PAD_ID = 0  # also the decoder's start symbol: targets are shifted right with a zero vector (A5)
+BOS_ID = PAD_ID
+EOS_ID = 1
+UNK_ID = 2
+
+# sentencepiece stores every trainer flag in the model file, so a machine-dependent thread count
+# would change the vocabulary hash of an otherwise identical model; 16 is sentencepiece's default.
+_SPM_THREADS = 16
+
+
+class TokenizerError(ValueError):
+    """A user error with a tokenizer model or its training; the message names the file."""
+
+
+def _sample(sentences: Iterable[str], k: int, seed: int) -> list[str]:
+    """Reservoir sample (Algorithm R) of k sentences, kept in input order.
+
+    Done here rather than by sentencepiece's ``input_sentence_size`` because its sampler ignores
+    ``set_random_generator_seed`` for iterator input (sentencepiece 0.2): the seed would do nothing.
+    """
+    rng = random.Random(seed)
+    reservoir: list[tuple[int, str]] = []
+    for i, s in enumerate(sentences):
+        if i < k:
+            reservoir.append((i, s))
+        elif (j := rng.randrange(i + 1)) < k:
+            reservoir[j] = (i, s)
+    return [s for _, s in sorted(reservoir)]
+
+
+def _spm_message(e: Exception) -> str:
+    """sentencepiece's message without its 'INTERNAL: src/x.cc(744) [condition]' prefix."""
+    message = re.sub(r"^\w+: \S+\(\d+\) \[.*?\]\s*", "", str(e).strip())
+    return " ".join(message.split()) or "unreadable"
+
+
+class Tokenizer:
+    """A loaded sentencepiece BPE model with the project's special ids checked."""
+
+    def __init__(self, model_path: Path) -> None:
+        self.path = Path(model_path)
+        try:
+            blob = self.path.read_bytes()
+        except OSError as e:
+            raise TokenizerError(f"{self.path}: cannot read sentencepiece model ({e.strerror})") from None
+        self._sp = spm.SentencePieceProcessor()
+        try:
+            self._sp.LoadFromSerializedProto(blob)
+        except (RuntimeError, OSError) as e:
+            raise TokenizerError(f"{self.path}: not a valid sentencepiece model ({_spm_message(e)})") from None
+        ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
+        if ids != (PAD_ID, EOS_ID, UNK_ID):
+            raise TokenizerError(
+                f"{self.path}: special ids (pad, eos, unk) are {ids}, expected {(PAD_ID, EOS_ID, UNK_ID)}; "
+                "retrain it with Tokenizer.train")
+        self._sha256 = hashlib.sha256(blob).hexdigest()
+
+    @classmethod
+    def train(cls, files: Sequence[Path | str], model_path: Path, vocab_size: int,
+              input_sentence_size: int, seed: int = 1, *, texts: Iterable[str] = ()) -> Tokenizer:
+        """Trains one joint BPE model (§5.1) on all lines of ``files`` (plain or gzip) plus ``texts``.
+
+        Each file entry is a path, never a sentence; in-memory sentences go in ``texts``. At most
+        ``input_sentence_size`` non-empty sentences are used, sampled with ``seed``, so the model is a
+        deterministic function of (data, vocab_size, input_sentence_size, seed). The model is
+        written to a temporary file beside ``model_path`` and renamed, so a crash never leaves a
+        half-written vocabulary that a later run would load.
+        """
+        from .data import read_lines  # data imports this module's ids: import late
+
+        def sentences() -> Iterator[str]:
+            for f in files:
+                yield from (s for s in read_lines(Path(f)) if s.strip())
+            yield from (s for s in texts if s.strip())
+
+        sample = _sample(sentences(), input_sentence_size, seed)
+        if not sample:
+            raise TokenizerError(f"cannot train a tokenizer for {model_path}: the training text is empty")
+        spm.set_random_generator_seed(seed)
+        writer = io.BytesIO()  # no model_prefix: the file path would otherwise be stored in the model
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sample), model_writer=writer, model_type="bpe",
+                vocab_size=vocab_size, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+                character_coverage=1.0, input_sentence_size=0, num_threads=_SPM_THREADS,
+                minloglevel=2)
+        except RuntimeError as e:
+            message = _spm_message(e)
+            if limit := re.search(r"value <= (\d+)", message):
+                raise TokenizerError(
+                    f"vocab_size {vocab_size} is too large for this training text ({len(sample)} sentences): "
+                    f"sentencepiece allows at most {limit.group(1)}; lower data.vocab_size") from None
+            raise TokenizerError(f"cannot train a tokenizer with vocab_size {vocab_size}: {message}") from None
+        model_path = Path(model_path)
+        model_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=model_path.parent, prefix=f".{model_path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(writer.getvalue())
+            os.replace(tmp, model_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return cls(model_path)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, the special ones included: the rows of the embedding matrix (§3.4)."""
+        return self._sp.get_piece_size()
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the model file's bytes: checkpoints record it so a mismatched vocabulary is refused."""
+        return self._sha256
+
+    def encode(self, text: str) -> list[int]:
+        """Piece ids of one sentence, without EOS (callers that feed the model append it)."""
+        return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """``encode`` for many sentences at once, in sentencepiece's threads."""
+        return self._sp.encode(list(texts), out_type=int)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of a model output: PAD ids are dropped and everything from the first EOS on is cut."""
+        kept: list[int] = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i != PAD_ID:
+                kept.append(i)
+        return self._sp.decode(kept)
+
+    def pieces(self, text: str) -> list[str]:
+        """Sub-word strings of one sentence (labels for attention figures)."""
+        return self._sp.encode(text, out_type=str)
