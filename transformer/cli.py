@@ -33,20 +33,29 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default 64)")
 
 
-def _translate_lines(args: argparse.Namespace, lines: list[str]) -> list[str]:
+def _translator(args: argparse.Namespace):
+    """The run's model, checked before any input is read (errors come first, not after stdin)."""
     from .translator import Translator
 
-    if args.beam is not None and args.beam < 1:
-        raise ConfigError(f"--beam must be >= 1, got {args.beam}")
-    translator = Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr))
+    for name in ("beam", "batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("alpha", "max_len_offset"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    return Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr))
+
+
+def _translate_lines(args: argparse.Namespace, translator, lines: list[str]) -> list[str]:
     return translator.translate(lines, args.beam, args.alpha, args.max_len_offset, args.batch_size)
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
     from .data import read_lines
 
+    translator = _translator(args)
     lines = read_lines(args.input or Path("/dev/stdin"))
-    outputs = _translate_lines(args, lines)
+    outputs = _translate_lines(args, translator, lines)
     text = "".join(line + "\n" for line in outputs)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
@@ -55,18 +64,20 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from .data import read_lines
+    from .data import read_lines, resolve_data_path
     from .evaluate import sacrebleu_scores, tok_lc_bleu
 
+    translator = _translator(args)
+    args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
     src, ref = read_lines(args.src), read_lines(args.ref)
     if len(src) != len(ref):
         raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
-    hyps = _translate_lines(args, src)
+    hyps = _translate_lines(args, translator, src)
     scores = sacrebleu_scores(hyps, ref)
     print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
     print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
     if args.tok_ref:
-        tok_ref = read_lines(args.tok_ref)
+        tok_ref = read_lines(resolve_data_path(str(args.tok_ref)))
         lang = args.lang or Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1]
         scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
         print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")
@@ -138,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG, description="Prints detokenized cased sacreBLEU with its signature and "
                        "chrF; with --tok-ref also the Multi30k literature's tokenized lowercased BLEU.")
     _decode_options(p)
-    p.add_argument("--src", type=Path, required=True, help="source sentences, plain or .gz")
+    p.add_argument("--src", type=Path, required=True, help="source sentences, plain or .gz; a path that does not "
+                   "exist is looked up under the data root ($TRANSFORMER_DATA, ...), e.g. multi30k/val.en.gz")
     p.add_argument("--ref", type=Path, required=True, help="reference translations (raw text)")
     p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...)")
     p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix)")

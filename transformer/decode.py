@@ -2,8 +2,8 @@
 maximum output length during inference to input length + 50, but terminate early when possible".
 
 The search is the authors' (tensor2tensor's GNMT-style beam search, IMPLEMENTATION-NOTES A11):
-each step keeps the top 2·beam candidates over beam × V; EOS candidates become finished hypotheses
-scored by log P(Y) / lp(|Y|), the best ``beam`` others stay alive with their raw log-probs; a
+each step keeps the top 2·beam candidates over beam × V; EOS candidates among the top ``beam``
+become finished hypotheses scored by log P(Y) / lp(|Y|), the best ``beam`` others stay alive with their raw log-probs; a
 sentence stops as soon as no alive beam can still beat its best finished hypothesis.
 
 Shape legend: B sentences in the batch, n sentences still being decoded (finished ones are pruned),
@@ -42,6 +42,8 @@ def next_log_probs(logits: Tensor, step: int, max_len: Tensor) -> Tensor:
     whose limit ``max_len`` [N] is reached, everything but EOS at -inf (so every output finishes).
 
     Masking comes after the log-softmax, so the scores stay the model's own log-probabilities.
+    DEVIATION(§6.1): EOS is forced at the limit; the authors' code instead returned the alive
+    hypotheses, unpenalised, when none had finished (A11). Forcing keeps one scoring rule for all.
     """
     log_probs = logits.float().log_softmax(-1)
     log_probs[:, PAD_ID] = float("-inf")  # the start symbol is never an output
@@ -93,8 +95,8 @@ def greedy_search(model, src: Tensor, max_len_offset: int = 50, use_cache: bool 
         token = next_log_probs(next_logits(prefix), step, max_len).argmax(-1)  # [n]
         prefix = torch.cat([prefix, token[:, None]], 1)
         done = token == EOS_ID
-        for i in done.nonzero().flatten().tolist():
-            outputs[int(sentence[i])] = prefix[i, 1:-1].tolist()
+        for s, hyp in zip(sentence[done].tolist(), prefix[done, 1:-1].tolist()):
+            outputs[s] = hyp
         if done.all():
             break
         if done.any():  # prune finished sentences so no step is spent on them
@@ -123,8 +125,11 @@ def beam_step(log_probs: Tensor, scores: Tensor, length: int, alpha: float) -> t
     cand_scores, cand = total.topk(2 * beam, dim=1)  # [n, 2*beam], sorted
     cand_origin, cand_token = cand // vocab, cand % vocab
     is_eos = cand_token == EOS_ID
-    is_eos[:, beam:] = False
-    finished = (cand_scores / length_penalty(length, alpha)).masked_fill(~is_eos, float("-inf"))
+    # DEVIATION(§6.1): only EOS candidates within the top ``beam`` are finished (fairseq's rule);
+    # the authors' code finished any EOS among the top 2·beam (A11). With this rule beam 1 is
+    # exactly greedy search (α = 0), and a hypothesis no beam would keep is never returned.
+    in_beam = torch.arange(2 * beam, device=cand.device) < beam
+    finished = (cand_scores / length_penalty(length, alpha)).masked_fill(~(is_eos & in_beam), float("-inf"))
     finished_score, finished_pos = finished.max(1)  # [n]
     alive_scores, alive_pos = cand_scores.masked_fill(is_eos, float("-inf")).topk(beam, dim=1)  # [n, beam]
     return (alive_scores, cand_origin.gather(1, alive_pos), cand_token.gather(1, alive_pos),
@@ -160,9 +165,11 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
     for step in range(int(max_len.max())):
         log_probs = next_log_probs(next_logits(prefix), step, max_len.repeat_interleave(beam_size))
         scores, origin, token, fin_score, fin_origin = beam_step(log_probs, scores, step + 1, alpha)
-        for i in (fin_score > best_score[sentence]).nonzero().flatten().tolist():
-            best_score[sentence[i]] = fin_score[i]
-            outputs[int(sentence[i])] = prefix[i * beam_size + int(fin_origin[i]), 1:].tolist()
+        better = (fin_score > best_score[sentence]).nonzero().flatten()  # [k] sentences that improved
+        best_score[sentence[better]] = fin_score[better]
+        hyps = prefix[better * beam_size + fin_origin[better], 1:]  # [k, t - 1]: the prefix EOS ends
+        for s, hyp in zip(sentence[better].tolist(), hyps.tolist()):
+            outputs[s] = hyp
         done = best_score[sentence] >= scores[:, 0] / length_penalty(max_len, alpha)  # [n] GNMT early stop
         if done.all():
             break
