@@ -40,3 +40,18 @@ def test_label_smoothing_equals_brute_force_cross_entropy(eps):
     assert loss.item() - n * entropy == pytest.approx(expected_kl, rel=1e-4, abs=1e-5)  # KL + constant
     nll = label_smoothed_loss(logits, target, 0.0)
     assert nll.item() == pytest.approx(-lp[torch.arange(n), target].sum().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_label_smoothing_gradient_matches_autograd_reference(eps):
+    """The hand-written backward against autograd through PyTorch's own cross-entropy."""
+    torch.manual_seed(1)
+    v = 11
+    logits, target = torch.randn(6, v, requires_grad=True), torch.randint(0, v, (6,))
+    (2.0 * label_smoothed_loss(logits, target, eps)).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    ref = torch.nn.functional.cross_entropy(logits, target, reduction="sum", label_smoothing=eps * v / (v - 1))
+    (2.0 * ref).backward()
+    torch.testing.assert_close(ours, logits.grad)
+    assert label_smoothed_loss(logits, target, eps).item() == pytest.approx(ref.item(), rel=1e-5)
