@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="extra config overrides")
     args = parser.parse_args()
     config = ROOT / "configs" / f"multi30k_{args.pair}.toml"
-    overrides = args.set + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
+    # every checkpoint is kept, so the curve can score the one reached after 15, 30, ... minutes
+    overrides = ["train.keep_last=1000", *args.set] + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
     cfg = load_config(str(config), overrides)
     out = args.out or ROOT / "runs" / f"bench_{args.pair}"
 

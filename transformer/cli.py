@@ -47,7 +47,8 @@ def _translator(args: argparse.Namespace):
 
 
 def _translate_lines(args: argparse.Namespace, translator, lines: list[str]) -> list[str]:
-    return translator.translate(lines, args.beam, args.alpha, args.max_len_offset, args.batch_size)
+    return translator.translate(lines, args.beam, args.alpha, args.max_len_offset, args.batch_size,
+                                progress=len(lines) > 100 and sys.stderr.isatty())
 
 
 def cmd_translate(args: argparse.Namespace) -> None:

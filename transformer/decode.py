@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -182,11 +183,12 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
 
 
 def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, alpha: float = 0.6,
-                  max_len_offset: int = 50, batch_size: int = 64) -> list[list[int]]:
+                  max_len_offset: int = 50, batch_size: int = 64, progress: bool = False) -> list[list[int]]:
     """Decode many sources (token ids, each ending with EOS): one output per input, in input order.
 
     Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded
-    ``batch_size`` at a time; beam_size 1 is greedy search. Outputs have no EOS. No input is dropped
+    ``batch_size`` at a time; beam_size 1 is greedy search; ``progress`` shows a bar of sentences
+    (on stderr). Outputs have no EOS. No input is dropped
     or truncated; an empty source is refused, since attention over no key at all is undefined.
     """
     if any(len(s) == 0 for s in sources):
@@ -194,6 +196,7 @@ def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, a
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     outputs: list[list[int]] = [[] for _ in sources]
+    bar = tqdm(total=len(sources), desc="translate", unit="sent", disable=not progress, mininterval=1.0)
     for start in range(0, len(order), batch_size):
         chunk = order[start: start + batch_size]
         src = torch.full((len(chunk), len(sources[chunk[0]])), PAD_ID, dtype=torch.long)  # [B, S]
@@ -206,4 +209,6 @@ def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, a
             decoded = beam_search(model, src, beam_size, alpha, max_len_offset)
         for i, out in zip(chunk, decoded):
             outputs[i] = out
+        bar.update(len(chunk))
+    bar.close()
     return outputs

@@ -45,14 +45,19 @@ class Translator:
             raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {spm_path}")
         self.cfg = config_from_dict(meta["config"], f"{checkpoint or run_dir} (config)").validate()
         self.model = Transformer(self.cfg.model, self.tokenizer.vocab_size)
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        try:
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        except RuntimeError as e:  # a tensor of the wrong shape
+            first = str(e).split("\n\t")[1] if "\n\t" in str(e) else str(e)
+            raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config ({first})") from None
         if missing or unexpected:
             raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config "
                                   f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
         self.model.eval()
 
     def translate(self, lines: list[str], beam_size: int | None = None, alpha: float | None = None,
-                  max_len_offset: int | None = None, batch_size: int | None = None) -> list[str]:
+                  max_len_offset: int | None = None, batch_size: int | None = None,
+                  progress: bool = False) -> list[str]:
         """One output line per input line, in order; an empty line gives an empty line."""
         d = self.cfg.decode
         sources = encode_for_decoding(lines, self.tokenizer)
@@ -60,5 +65,5 @@ class Translator:
             outputs = translate_ids(self.model, sources, beam_size or d.beam_size,
                                     d.alpha if alpha is None else alpha,
                                     d.max_len_offset if max_len_offset is None else max_len_offset,
-                                    batch_size or d.batch_size)
+                                    batch_size or d.batch_size, progress)
         return ["" if not line.strip() else self.tokenizer.decode(ids) for line, ids in zip(lines, outputs)]

@@ -1,0 +1,44 @@
+"""Translating from a run folder: averaging by default, refusing weights that do not fit."""
+
+import pytest
+import torch
+
+from transformer.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, write_model
+from transformer.config import load_config
+from transformer.train import train
+from transformer.translator import Translator
+
+
+@pytest.fixture
+def run(tmp_path, tiny_overrides):
+    out = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.save_every=2"]), out, quiet=True)
+    return out
+
+
+def test_default_is_the_average_of_the_last_checkpoints(run):
+    messages = []
+    translator = Translator(run, log=messages.append)
+    assert "averaging the last 3 checkpoint(s)" in messages[0]  # 3 exist, average_last is 5
+    weights = [load_checkpoint(p).weights["embed.weight"] for p in list_checkpoints(run)]
+    torch.testing.assert_close(translator.model.embed.weight.detach(), torch.stack(weights).mean(0))
+    outputs = translator.translate(["A dog runs.", "", "   "], beam_size=2)
+    assert len(outputs) == 3 and outputs[1] == "" and outputs[2] == ""
+
+
+def test_weights_that_do_not_fit_are_refused(run, tmp_path):
+    ckpt = load_checkpoint(list_checkpoints(run)[-1], with_state=False)
+    bad = dict(ckpt.weights, **{"embed.weight": torch.zeros(3, 64)})
+    path = tmp_path / "bad.safetensors"
+    write_model(path, bad, {k: ckpt.meta[k] for k in ("config", "vocab_sha256")})
+    with pytest.raises(CheckpointError, match="do not fit the config"):
+        Translator(run, path)
+    missing = {k: v for k, v in ckpt.weights.items() if k != "embed.weight"}
+    write_model(path, missing, {k: ckpt.meta[k] for k in ("config", "vocab_sha256")})
+    with pytest.raises(CheckpointError, match="missing"):
+        Translator(run, path)
+
+
+def test_not_a_run_folder(tmp_path):
+    with pytest.raises(CheckpointError, match="not a run folder"):
+        Translator(tmp_path)
