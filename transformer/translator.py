@@ -33,11 +33,12 @@ class Translator:
             paths = list_checkpoints(run_dir)
             if not paths:
                 raise CheckpointError(f"{run_dir}/checkpoints: no checkpoints to translate with")
-            meta = load_checkpoint(paths[-1], with_state=False).meta
+            newest = load_checkpoint(paths[-1], with_state=False)
+            meta = newest.meta
             n = Config().decode.average_last if "config" not in meta else meta["config"]["decode"]["average_last"]
             paths = paths[-n:]
             log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
-            weights = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0], False).weights
+            weights = average_checkpoints(paths) if len(paths) > 1 else newest.weights
         else:
             ckpt = load_checkpoint(Path(checkpoint), with_state=False)
             weights, meta = ckpt.weights, ckpt.meta
