@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from transformer.config import ModelConfig, load_config
-from transformer.model import (MultiHeadAttention, Transformer, attention, count_parameters, padding_mask,
-                               record_attention, sinusoidal_positions)
+from transformer.model import (MultiHeadAttention, Transformer, attention, count_parameters, dropout,
+                               padding_mask, record_attention, sinusoidal_positions)
 from transformer.tokenizer import PAD_ID
 
 TINY = ModelConfig(n_enc_layers=2, n_dec_layers=2, d_model=32, d_ff=64, n_heads=4, p_drop=0.0)
@@ -48,6 +48,34 @@ def test_masked_keys_get_zero_weight_and_do_not_change_the_output():
     k2, v2 = k.clone(), v.clone()
     k2[0, :, 3:], v2[0, :, 3:] = 100.0, -100.0
     torch.testing.assert_close(attention(q, k2, v2, mask)[0][0], fast[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_fused_kernel_used_on_accelerators_equals_the_explicit_path(is_causal):
+    torch.manual_seed(2)
+    q, k, v = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 3)
+    mask = padding_mask(torch.tensor([[5, 6, 7, PAD_ID, PAD_ID], [5, 6, 7, 8, 9]]))
+    fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False) \
+        if not is_causal else torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    explicit, _ = attention(q, k, v, None if is_causal else mask, is_causal)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_keeps_1_minus_p_and_rescales(p):
+    torch.manual_seed(3)
+    x = torch.ones(1000, 1001)  # odd size: the mask is cut from whole 64-bit words
+    y = dropout(x, p, training=True)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.003
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, p, training=True), y)  # seeded: resume replays the same masks
+    assert dropout(x, p, training=False) is x
+    x.requires_grad_(True)
+    torch.manual_seed(3)
+    dropout(x, p, training=True).sum().backward()
+    torch.testing.assert_close(x.grad, kept.float() / (1 - p))
 
 
 def test_multi_head_attention_matches_torch_reference():
