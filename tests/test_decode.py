@@ -23,6 +23,9 @@ class ScriptedCache:
         self.prefix = torch.zeros(batch, 0, dtype=torch.long)
         self.length = 0
 
+    def expand(self, beam: int) -> None:
+        self.prefix = self.prefix.repeat_interleave(beam, 0)
+
     def reorder(self, index: torch.Tensor) -> None:
         self.prefix = self.prefix.index_select(0, index)
 

@@ -42,3 +42,18 @@ def test_weights_that_do_not_fit_are_refused(run, tmp_path):
 def test_not_a_run_folder(tmp_path):
     with pytest.raises(CheckpointError, match="not a run folder"):
         Translator(tmp_path)
+
+
+def test_int8_quantizes_every_linear_layer_and_stays_close(run):
+    fp32 = Translator(run, log=lambda m: None)
+    int8 = Translator(run, log=lambda m: None, int8=True)
+    kinds = {type(m) for m in int8.model.modules()}
+    assert torch.ao.nn.quantized.dynamic.Linear in kinds
+    assert torch.nn.Linear not in kinds  # every one, the tied projection too
+    src = torch.tensor([[5, 6, 7, 8, 1]])
+    tgt = torch.tensor([[0, 9, 10, 11]])
+    with torch.inference_mode():
+        a, b = fp32.model(src, tgt), int8.model(src, tgt)
+    assert not torch.equal(a, b)  # it is quantized ...
+    torch.testing.assert_close(b.log_softmax(-1), a.log_softmax(-1), atol=0.1, rtol=0.05)  # ... and close
+    assert len(int8.translate(["A dog runs.", ""], beam_size=2)) == 2

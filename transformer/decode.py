@@ -48,10 +48,12 @@ def next_log_probs(logits: Tensor, step: int, max_len: Tensor) -> Tensor:
     """
     log_probs = logits.float().log_softmax(-1)
     log_probs[:, PAD_ID] = float("-inf")  # the start symbol is never an output
-    at_limit = step + 1 >= max_len  # [N]: this token would be the max_len-th
-    not_eos = torch.ones_like(log_probs, dtype=torch.bool)
-    not_eos[:, EOS_ID] = False
-    return log_probs.masked_fill(at_limit[:, None] & not_eos, float("-inf"))
+    at_limit = (step + 1 >= max_len).nonzero().flatten()  # rows whose next token is the max_len-th
+    if at_limit.numel():
+        eos = log_probs[at_limit, EOS_ID]
+        log_probs[at_limit] = float("-inf")
+        log_probs[at_limit, EOS_ID] = eos
+    return log_probs
 
 
 class NextTokenLogits:
@@ -72,12 +74,20 @@ class NextTokenLogits:
             return self.model(self.src, prefix)[:, -1]
         return self.model.decode_step(prefix[:, -1], self.cache)
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index`` [N'] (repeats allowed): beam expansion and reordering, pruning."""
+    def expand(self, beam: int) -> None:
+        """Each sentence gets ``beam`` rows, sentence-major (before the first step of beam search)."""
         if self.cache is None:
-            self.src = self.src.index_select(0, index)
+            self.src = self.src.repeat_interleave(beam, 0)
         else:
-            self.cache.reorder(index)
+            self.cache.expand(beam)
+
+    def reorder(self, rows: Tensor) -> None:
+        """Continue rows ``rows`` [N'] (repeats allowed), the beams of each sentence together:
+        beam reordering and pruning of finished sentences."""
+        if self.cache is None:
+            self.src = self.src.index_select(0, rows)
+        else:
+            self.cache.reorder(rows)
 
 
 @torch.inference_mode()
@@ -155,7 +165,7 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
         raise ValueError(f"alpha = {alpha}: the early-stop bound needs alpha >= 0")
     batch, dev = src.size(0), src.device
     next_logits = NextTokenLogits(model, src, use_cache)
-    next_logits.reorder(torch.arange(batch, device=dev).repeat_interleave(beam_size))  # B -> B*beam rows
+    next_logits.expand(beam_size)  # B -> B*beam rows
     max_len = max_lengths(src, max_len_offset)  # [n]
     sentence = torch.arange(batch, device=dev)  # [n] index into the batch
     prefix = src.new_full((batch * beam_size, 1), BOS_ID)  # [n*beam, t]

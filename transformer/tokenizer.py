@@ -156,6 +156,10 @@ class Tokenizer:
                 kept.append(i)
         return self._sp.decode(kept)
 
+    def vocabulary(self) -> list[str]:
+        """Every piece, by id (PAD, EOS, UNK first): what an exported model's vocabulary file lists."""
+        return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+
     def pieces(self, text: str) -> list[str]:
         """Sub-word strings of one sentence (labels for attention figures)."""
         return self._sp.encode(text, out_type=str)

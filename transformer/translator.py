@@ -20,10 +20,28 @@ from .model import Transformer
 from .tokenizer import Tokenizer
 
 
+def quantize_int8(model: Transformer) -> Transformer:
+    """int8 dynamic quantization for CPU inference: every linear layer, the pre-softmax projection
+    included, keeps int8 weights and quantizes its input per batch (activations stay fp32 between
+    layers). A speed option, not part of the paper; benchmarks/speed.py measures its BLEU cost."""
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    if "output_proj" not in model._modules:  # tied (§3.4): give the projection its own copy to quantize
+        weight = model.target_embedding.weight.detach()
+        model.output_proj = torch.nn.Linear(weight.size(1), weight.size(0), bias=False)
+        model.output_proj.weight = torch.nn.Parameter(weight.clone(), requires_grad=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation notice for its eager quantization API
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
 class Translator:
     """Model + vocabulary + decoding settings; ``translate`` maps lines to lines, one for one."""
 
-    def __init__(self, run_dir: Path, checkpoint: Path | None = None, log: Callable[[str], None] = print):
+    def __init__(self, run_dir: Path, checkpoint: Path | None = None, log: Callable[[str], None] = print,
+                 int8: bool = False):
         run_dir = Path(run_dir)
         spm_path = run_dir / "spm.model"
         if not spm_path.is_file():
@@ -55,6 +73,8 @@ class Translator:
             raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config "
                                   f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
         self.model.eval()
+        if int8:
+            self.model = quantize_int8(self.model)
 
     def translate(self, lines: list[str], beam_size: int | None = None, alpha: float | None = None,
                   max_len_offset: int | None = None, batch_size: int | None = None,

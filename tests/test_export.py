@@ -1,0 +1,53 @@
+"""CTranslate2 export: the exported model translates as ours does."""
+
+import pytest
+
+from transformer.config import load_config
+from transformer.data import encode_for_decoding, read_lines
+from transformer.export import ExportError, export_ctranslate2
+from transformer.train import train
+from transformer.translator import Translator
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+
+@pytest.fixture
+def run(tmp_path, tiny_overrides):
+    out = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=200", "train.save_every=100",
+                                                "decode.average_last=2"]), out, quiet=True)
+    return out
+
+
+def ctranslate2_outputs(model_dir, translator, lines, beam):
+    """CTranslate2's translations of ``lines`` as ids, with our maximum length (input + offset)."""
+    tok = translator.tokenizer
+    pieces = tok.vocabulary()
+    engine = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=1)
+    sources = [[pieces[i] for i in ids[:-1]] for ids in encode_for_decoding(lines, tok)]  # EOS added by the model
+    offset = translator.cfg.decode.max_len_offset
+    outputs = []
+    for src in sources:  # one at a time: the length limit is per sentence, as in our search
+        # ours: at most |src + EOS| + offset outputs, EOS included; CTranslate2 does not count EOS
+        result = engine.translate_batch([src], beam_size=beam, max_decoding_length=len(src) + offset,
+                                        length_penalty=0.0)
+        outputs.append(tok.decode([pieces.index(p) for p in result[0].hypotheses[0]]))
+    return outputs
+
+
+def test_exported_model_translates_as_ours_greedy(run, tmp_path, multi30k):
+    lines = read_lines(multi30k / "val.en.gz")[:40]
+    out = export_ctranslate2(run, tmp_path / "ct2", log=lambda m: None)
+    assert (out / "model.bin").is_file() and (out / "spm.model").is_file()
+    translator = Translator(run, log=lambda m: None)
+    ours = translator.translate(lines, beam_size=1)
+    # not vacuous: the model stops on its own on some sentences and runs to the length limit on others
+    assert len({len(o) for o in ours}) > 5
+    assert ctranslate2_outputs(out, translator, lines, beam=1) == ours
+
+
+def test_export_refuses_a_non_empty_folder(tmp_path):
+    (tmp_path / "ct2").mkdir()
+    (tmp_path / "ct2" / "keep.txt").write_text("x")
+    with pytest.raises(ExportError, match="not empty"):
+        export_ctranslate2(tmp_path / "run", tmp_path / "ct2", log=lambda m: None)
