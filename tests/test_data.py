@@ -16,7 +16,7 @@ import torch
 
 from transformer import data
 from transformer.data import (BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs,
-                              find_data_root, make_batches, padding_fraction, read_lines, read_parallel,
+                              find_data_root, lengths, make_batches, padding_fraction, read_lines, read_parallel,
                               resolve_data_path)
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -173,13 +173,13 @@ def test_make_batches_respects_padded_budgets_and_covers_all(max_tokens: int) ->
     for b in batches:
         unsorted.append(list(range(start, start + len(b))))
         start += len(b)
-    assert padding_fraction(examples, batches) < 0.5 * padding_fraction(examples, unsorted)
+    assert padding_fraction(*lengths(examples), batches) < 0.5 * padding_fraction(*lengths(examples), unsorted)
 
 
 def test_padding_fraction_by_hand() -> None:
     examples = [Example([1, 1], [1]), Example([1, 1, 1, 1], [1, 1, 1])]
-    assert padding_fraction(examples, [[0, 1]]) == pytest.approx(1 - 10 / 14)
-    assert padding_fraction(examples, [[0], [1]]) == 0.0
+    assert padding_fraction(*lengths(examples), [[0, 1]]) == pytest.approx(1 - 10 / 14)
+    assert padding_fraction(*lengths(examples), [[0], [1]]) == 0.0
 
 
 def test_batch_order_is_deterministic_and_sharded() -> None:

@@ -55,10 +55,10 @@ def test_accumulated_batches_normalise_by_all_tokens_of_the_step():
     a = Transformer(cfg, 20)
     b = copy.deepcopy(a)
     opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=1.0), torch.optim.SGD(b.parameters(), lr=1.0)
-    loss_a, n_a = train_step(a, opt_a, [collate(examples, [0, 1]), collate(examples, [2])], 0.1, lr=1.0)
-    loss_b, n_b = train_step(b, opt_b, [collate(examples, [0, 1, 2])], 0.1, lr=1.0)
-    assert n_a == n_b == 12
-    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    step_a = train_step(a, opt_a, [collate(examples, [0, 1]), collate(examples, [2])], 0.1, lr=1.0)
+    step_b = train_step(b, opt_b, [collate(examples, [0, 1, 2])], 0.1, lr=1.0)
+    assert step_a.n_tokens == step_b.n_tokens == 12 and step_a.applied and step_b.applied
+    assert step_a.loss == pytest.approx(step_b.loss, rel=1e-5)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5, msg=name)
 
@@ -85,3 +85,84 @@ def test_tiny_model_overfits_twenty_pairs(tmp_path, multi30k):
     outputs = translate_ids(model, sources, beam_size=1, alpha=0.6, max_len_offset=50, batch_size=8)
     expected = [tok.encode(line) for line in tgt.read_text().splitlines()]
     assert outputs == expected
+
+
+def test_training_from_a_token_store_equals_training_from_text(tmp_path, tiny_overrides):
+    from transformer.cli import main
+    from transformer.checkpoint import list_checkpoints, load_checkpoint
+    overrides = tiny_overrides + ["train.max_steps=4", "train.save_every=4"]
+    text = tmp_path / "text"
+    train(load_config("tiny", overrides), text, quiet=True)
+    store = tmp_path / "store"
+    sets = [x for o in overrides for x in ("--set", o)]
+    assert main(["preprocess", "tiny", "--out", str(store), "--spm", str(text / "spm.model"), *sets]) == 0
+    assert (store / "spm.model").read_bytes() == (text / "spm.model").read_bytes()
+    from_store = tmp_path / "from_store"
+    train(load_config("tiny", overrides + [f'data.train_store="{store}"', 'data.train_src=""',
+                                           'data.train_tgt=""']), from_store, quiet=True)
+    a = load_checkpoint(list_checkpoints(text)[-1]).weights
+    b = load_checkpoint(list_checkpoints(from_store)[-1]).weights
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def _snapshot(model, optimizer):
+    import copy
+    return copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_step_with_non_finite_gradients_changes_nothing(precision):
+    from transformer.data import Example, collate
+    from transformer.optim import make_optimizer
+    examples = [Example([5, 6, 7, 1], [8, 9, 1]), Example([5, 1], [8, 9, 10, 1])]
+    cfg = load_config("tiny", ["model.p_drop=0.0"])
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, 20)
+    optimizer = make_optimizer(model, cfg.train)
+    scaler = torch.amp.GradScaler("cpu") if precision == "fp16" else None
+    amp = torch.float16 if precision == "fp16" else None
+    batch = [collate(examples, [0, 1])]
+    assert train_step(model, optimizer, batch, 0.1, 1e-3, scaler=scaler, amp_dtype=amp).applied
+    weights, state = _snapshot(model, optimizer)
+    scale = scaler.get_scale() if scaler else None
+    hook = model.encoder[0].ffn.w1.weight.register_hook(lambda g: g * float("nan"))
+    result = train_step(model, optimizer, batch, 0.1, 1e-3, scaler=scaler, amp_dtype=amp)
+    hook.remove()
+    assert not result.applied
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    after = optimizer.state_dict()
+    assert after["state"].keys() == state["state"].keys()
+    for i in state["state"]:
+        for k, v in state["state"][i].items():
+            assert torch.equal(after["state"][i][k], v), (i, k)  # Adam's step count and moments too
+    if scaler:
+        assert scaler.get_scale() < scale  # the loss scale backs off after an overflow
+
+
+def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path, tiny_overrides, monkeypatch):
+    import transformer.train as T
+    from transformer.checkpoint import list_checkpoints, load_checkpoint
+    real, calls = T.label_smoothed_loss, {"n": 0}
+
+    def poisoned(logits, target, eps_ls, bad=(2, 3)):
+        calls["n"] += 1
+        loss = real(logits, target, eps_ls)
+        return loss * float("nan") if calls["n"] in bad else loss
+    monkeypatch.setattr(T, "label_smoothed_loss", poisoned)
+    run = tmp_path / "run"
+    summary = train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.save_every=1",
+                                                          "train.eval_every=1000"]), run, quiet=True)
+    assert summary["step"] == 4 and summary["skipped_steps"] == 2
+    meta = load_checkpoint(list_checkpoints(run)[-1]).meta
+    assert meta["train_state"]["step"] == 4 and meta["train_state"]["skipped_steps"] == 2
+    for path in list_checkpoints(run):
+        assert all(torch.isfinite(w).all() for w in load_checkpoint(path).weights.values())
+    assert "gradients are not finite" in (run / "train.log").read_text()
+
+    monkeypatch.setattr(T, "label_smoothed_loss", lambda *a: poisoned(*a, bad=range(3, 100)))
+    calls["n"] = 0
+    with pytest.raises(TrainError, match="3 steps in a row had non-finite gradients"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=20", "train.max_bad_steps=3"]),
+              tmp_path / "run2", quiet=True)

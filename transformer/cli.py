@@ -16,10 +16,25 @@ EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    import os
+
     from .config import load_config
     from .train import train
 
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set)  # errors in the config show before any process starts
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        # one node, N processes: the same command under torchrun (many nodes: call torchrun directly)
+        import subprocess
+
+        argv = ["train", args.config, "--out", str(args.out), *[x for kv in args.set for x in ("--set", kv)],
+                *(["--resume"] if args.resume else []), *(["--quiet"] if args.quiet else [])]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+               "-m", "transformer", *argv]
+        print(f"launching: {' '.join(cmd)}", file=sys.stderr)
+        code = subprocess.call(cmd)
+        if code:
+            raise SystemExit(code)
+        return
     train(cfg, Path(args.out), resume=args.resume, quiet=args.quiet)
 
 
@@ -117,11 +132,79 @@ def cmd_params(args: argparse.Namespace) -> None:
     with torch.device("meta"):  # no memory is allocated: big models count instantly
         model = Transformer(cfg.model, vocab)
     n, flops = count_parameters(model), flops_per_token(cfg.model, vocab)
-    if args.json:
+    if args.json and not args.cost:
         print(json.dumps({"parameters": n, "flops_per_token": flops}))
-    else:
+        return
+    if not args.cost:
         print(f"{args.preset}: {n:,} parameters ({n / 1e6:.2f}M) with a vocabulary of {vocab}; "
               f"{flops / 1e6:.1f} MFLOP per target token for training (source and target 30 tokens)")
+        return
+    from .cost import H100_BF16_FLOPS, P100_FP32_FLOPS, PAPER_HOURS, training_cost
+
+    rows = []
+    for devices in args.devices:
+        c = training_cost(cfg, vocab, devices)
+        rows.append({"devices": devices, "step_seconds": c.step_seconds(devices, mfu=args.mfu),
+                     "hours": 24 * c.days(devices, mfu=args.mfu),
+                     "memory_gib_per_device": (c.weights_bytes_per_device + c.activation_bytes_per_device) / 2**30})
+    report = {"preset": args.preset, "parameters": c.parameters, "vocab": vocab,
+              "flops_per_token": c.flops_per_token, "tokens_per_step": c.tokens_per_step, "steps": c.steps,
+              "flops_per_step": c.flops_per_token * c.tokens_per_step, "total_flops": c.total_flops,
+              "mfu": args.mfu, "peak_flops": H100_BF16_FLOPS, "per_devices": rows}
+    kind = "big" if cfg.model.d_model >= 1024 else "base"
+    paper = 8 * P100_FP32_FLOPS * PAPER_HOURS[kind] * 3600
+    report["table2"] = {"model": kind, "paper_flops": paper, "model_flops_share": c.total_flops / paper}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"{args.preset}: {c.parameters / 1e6:.1f}M parameters (vocabulary {vocab}); "
+          f"{c.flops_per_token / 1e9:.3f} GFLOP per target token (training, 27-token sentences); "
+          f"{c.tokens_per_step:,} tokens per step x {c.steps:,} steps = {c.total_flops:.3g} FLOPs")
+    print(f"Table 2 ({kind}): 8 P100 x {PAPER_HOURS[kind]:g} h x 9.5 TFLOPS = {paper:.3g} FLOPs; "
+          f"the model's own FLOPs are {c.total_flops / paper:.0%} of that")
+    print(f"on H100 (bf16 dense peak {H100_BF16_FLOPS / 1e12:.0f} TFLOPS) at MFU {args.mfu:.0%}:")
+    print("devices | tokens per device | step (ms) | hours | memory per device (GiB, estimate)")
+    for r in rows:
+        print(f"{r['devices']:>7} | {c.tokens_per_step // r['devices']:>17,} | {1000 * r['step_seconds']:9.1f} | "
+              f"{r['hours']:5.2f} | {r['memory_gib_per_device']:.1f}")
+
+
+def cmd_preprocess(args: argparse.Namespace) -> None:
+    import shutil
+    import tempfile
+
+    from .config import load_config
+    from .data import resolve_data_path
+    from .store import write_store
+    from .tokenizer import Tokenizer
+
+    cfg = load_config(args.config, args.set)
+    d = cfg.data
+    if not d.train_src or not d.train_tgt:
+        raise ConfigError("data.train_src and data.train_tgt must be set (the corpus to encode)")
+    src, tgt, out = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt), Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        spm = Path(tmp) / "spm.model"
+        if args.spm:
+            shutil.copyfile(args.spm, spm)
+        else:
+            print(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}",
+                  file=sys.stderr)
+            Tokenizer.train([src, tgt], spm, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed)
+        meta = write_store(src, tgt, Tokenizer(spm), out, d.max_len, progress=sys.stderr.isatty(),
+                           overwrite=args.overwrite)
+        shutil.copyfile(spm, out / "spm.model")
+    print(f"{out}: {meta['n_kept']:,} pairs of {meta['n_pairs']:,} ({meta['skipped_empty']} with an empty side, "
+          f"{meta['skipped_long']} longer than {d.max_len} pieces skipped); train with "
+          f"--set data.train_store={out}")
+
+
+def cmd_prepare(args: argparse.Namespace) -> None:
+    from .prepare import prepare
+
+    manifest = prepare(args.name, Path(args.dest), args.mirror, log=lambda m: print(m, file=sys.stderr))
+    print(json.dumps({k: v for k, v in manifest.items() if k != "archives"}, indent=2))
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -146,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the terminal")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel processes on this machine (one per GPU; gloo on CPU): runs this command "
+                        "under torchrun. Many machines: torchrun --nnodes M --nproc-per-node G -m transformer "
+                        "train ... (§5.2). Tokens per step = train.max_tokens x update_freq x processes")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("translate", help="translate lines with beam search (§6.1)", epilog=EPILOG,
@@ -182,8 +269,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("preset")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F}')
+    p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F} '
+                   '(with --cost: the whole report)')
+    p.add_argument("--cost", action="store_true", help="training cost of the config's run (train.max_steps x "
+                   "max_tokens x update_freq): total FLOPs against Table 2's estimate, step time, days and memory "
+                   "on H100s")
+    p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")], default=[1, 8, 64],
+                   help="device counts for --cost (default 1,8,64)")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost (default 0.4)")
     p.set_defaults(func=cmd_params)
+
+    p = sub.add_parser("preprocess", help="encode a training corpus once into a memory-mapped token store",
+                       epilog=EPILOG, description="Encodes data.train_src/train_tgt of CONFIG with a sentencepiece "
+                       "model (--spm, or one trained as `train` would) into OUT, streaming in bounded memory; "
+                       "training reads it with --set data.train_store=OUT instead of the text (§5.1: millions of "
+                       "pairs).")
+    p.add_argument("config", help="config file or preset name; its data section names the corpus")
+    p.add_argument("--out", type=Path, required=True, help="store folder to create (must be new or empty)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--spm", type=Path, help="sentencepiece model to use (e.g. RUN/spm.model); default: train one")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("prepare", help="download and extract a paper's data set (WMT 2014)", epilog=EPILOG,
+                       description="Downloads the §5.1 training corpora and newstest2013/2014 into DEST as line-"
+                       "aligned train/valid/test files with a MANIFEST.json of line counts and hashes.")
+    p.add_argument("name", choices=["wmt14-en-de", "wmt14-en-fr"])
+    p.add_argument("--dest", type=Path, required=True, help="output folder")
+    p.add_argument("--mirror", help="base URL or folder holding the same archives (a local copy)")
+    p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("export", help="export a run's model to CTranslate2 (C++ inference)", epilog=EPILOG,
                        description="Writes the weights Translator uses (the average of the last checkpoints, "

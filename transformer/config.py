@@ -58,6 +58,7 @@ class DataConfig:
     # Paths are absolute or relative to the data root (see data.find_data_root); "" = not given.
     train_src: str = ""
     train_tgt: str = ""
+    train_store: str = ""  # a token store from `transformer preprocess`, read instead of train_src/train_tgt
     valid_src: str = ""
     valid_tgt: str = ""
     test_src: str = ""
@@ -91,6 +92,12 @@ class TrainConfig:
     save_minutes: float = 10.0  # minutes between checkpoints (§6.1: "written at 10-minute intervals")
     keep_last: int = 20  # checkpoints kept on disk (big averages the last 20; §6.1)
     threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # fp32; bf16 autocast (GPUs that support it); fp16 autocast with dynamic loss scaling
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    compile: bool = False  # torch.compile the model
+    max_bad_steps: int = 20  # consecutive steps with non-finite gradients (skipped) before training stops
+    check_every: int = 1000  # steps between cross-rank parameter checksums (data parallel only)
+    dist_timeout_s: float = 300.0  # a collective that waits longer (a rank died or hung) stops the job
 
 
 @dataclass
@@ -122,6 +129,8 @@ class Config:
             "train.update_freq": t.update_freq, "train.max_steps": t.max_steps,
             "train.warmup_steps": t.warmup_steps, "train.log_every": t.log_every,
             "train.eval_every": t.eval_every, "train.keep_last": t.keep_last,
+            "train.max_bad_steps": t.max_bad_steps, "train.check_every": t.check_every,
+            "train.dist_timeout_s": t.dist_timeout_s,
             "decode.beam_size": d.beam_size, "decode.batch_size": d.batch_size,
             "decode.average_last": d.average_last,
         }

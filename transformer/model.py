@@ -334,10 +334,13 @@ class Transformer(nn.Module):
             return self.output_proj(hidden)
         return F.linear(hidden, self.target_embedding.weight)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """src [B, S], tgt_in [B, T] -> logits [B, T, V]."""
+    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None) -> Tensor:
+        """src [B, S], tgt_in [B, T] -> logits [B, T, V]; with ``positions`` (bool [B, T]) only
+        the logits of those positions, [N, V]: training projects only where there is a target,
+        since the output projection is the largest matmul."""
         memory, src_mask = self.encode(src)
-        return self.project(self.decode(tgt_in, memory, src_mask))
+        hidden = self.decode(tgt_in, memory, src_mask)
+        return self.project(hidden if positions is None else hidden[positions])
 
     def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
         """Projects the encoder-decoder keys/values once per sentence, for every decoder layer."""

@@ -90,11 +90,11 @@ class Tokenizer:
         written to a temporary file beside ``model_path`` and renamed, so a crash never leaves a
         half-written vocabulary that a later run would load.
         """
-        from .data import read_lines  # data imports this module's ids: import late
+        from .data import iter_lines  # data imports this module's ids: import late
 
         def sentences() -> Iterator[str]:
             for f in files:
-                yield from (s for s in read_lines(Path(f)) if s.strip())
+                yield from (s for s in iter_lines(Path(f)) if s.strip())
             yield from (s for s in texts if s.strip())
 
         sample = _sample(sentences(), input_sentence_size, seed)

@@ -9,23 +9,30 @@ epoch and the RNG state, so a resumed run reproduces an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
+
+from . import distributed
+from .distributed import Dist
 
 from .checkpoint import latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict, dump_toml
-from .data import (Batch, BatchOrder, DataError, Example, collate, encode_pairs, make_batches, padding_fraction,
-                   read_parallel, resolve_data_path)
+from .data import (Batch, BatchOrder, DataError, Example, collate, encode_pairs, lengths, make_batches,
+                   make_batches_from_lengths, padding_fraction, read_parallel, resolve_data_path)
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import learning_rate, make_optimizer
+from .store import TokenStore
 from .tokenizer import PAD_ID, Tokenizer
 
 
@@ -41,7 +48,9 @@ class TrainState:
     epoch: int = 0
     batch_in_epoch: int = 0  # position in this epoch's batch order
     elapsed_s: float = 0.0  # training wall time before this process
-    tgt_tokens: int = 0  # non-pad target tokens trained on
+    tgt_tokens: int = 0  # non-pad target tokens trained on (all ranks)
+    skipped_steps: int = 0  # steps whose gradients were not finite: not applied, not counted in ``step``
+    world_size: int = 1  # data-parallel ranks that trained up to here
 
 
 @dataclass
@@ -51,7 +60,7 @@ class Run:
     cfg: Config
     out: Path
     tokenizer: Tokenizer
-    train: list[Example]
+    train: list[Example] | TokenStore  # anything indexable by example, giving an Example
     valid: list[Example]
     batches: list[list[int]]
 
@@ -68,8 +77,11 @@ def run_logger(out: Path, quiet: bool = False):
     return log
 
 
-def prepare_run(cfg: Config, out: Path, resume: bool, log) -> Run:
-    """Creates or re-opens the run folder, trains or loads the BPE vocabulary, reads the data."""
+def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True) -> Run:
+    """Creates or re-opens the run folder, trains or loads the BPE vocabulary, reads the data.
+
+    ``write=False`` (data-parallel ranks other than 0) only reads what rank 0 wrote.
+    """
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.toml"
     has_checkpoints = any((out / "checkpoints").glob("*.json")) if (out / "checkpoints").exists() else False
@@ -80,62 +92,102 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log) -> Run:
         saved = config_from_dict(tomllib.loads(config_path.read_text(encoding="utf-8")), str(config_path))
         if saved.model != cfg.model or saved.data.vocab_size != cfg.data.vocab_size:
             raise TrainError(f"--resume with a config whose model or vocabulary differs from {config_path}")
-    config_path.write_text(dump_toml(cfg), encoding="utf-8")
+    if write:
+        config_path.write_text(dump_toml(cfg), encoding="utf-8")
 
     d = cfg.data
-    for name in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+    needed = ("valid_src", "valid_tgt") if d.train_store else ("train_src", "train_tgt", "valid_src", "valid_tgt")
+    for name in needed:
         if not getattr(d, name):
             raise ConfigError(f"data.{name} is not set")
-    train_src, train_tgt = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt)
     spm_path = out / "spm.model"
-    if spm_path.exists():
-        tokenizer = Tokenizer(spm_path)
+    if d.train_store:  # encoded once by `transformer preprocess`, with its own vocabulary
+        store_path = resolve_data_path(d.train_store)
+        if not spm_path.exists():
+            if not (store_path / "spm.model").exists():
+                raise DataError(f"{store_path}: the token store has no spm.model (write it with `transformer "
+                                "preprocess`)")
+            if write:
+                shutil.copyfile(store_path / "spm.model", spm_path)
+        tokenizer = Tokenizer(spm_path if spm_path.exists() else store_path / "spm.model")
+        store = TokenStore(store_path, vocab_sha256=tokenizer.sha256)
+        log(f"train: token store {store_path}, {len(store)} pairs (skipped {store.stats['skipped_empty']} with an "
+            f"empty side, {store.stats['skipped_long']} longer than {store.stats['max_len']} pieces)")
+        train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
-        log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {train_src.name} + {train_tgt.name}")
-        tokenizer = Tokenizer.train([train_src, train_tgt], spm_path, d.vocab_size, d.spm_input_sentences,
-                                    seed=cfg.train.seed)
-    train, stats = encode_pairs(read_parallel(train_src, train_tgt), tokenizer, d.max_len)
-    log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
-        f"{stats.skipped_long} longer than {d.max_len} pieces")
-    if not train:
-        raise DataError(f"{train_src}: no usable training pairs")
+        train_src, train_tgt = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt)
+        if spm_path.exists():
+            tokenizer = Tokenizer(spm_path)
+        else:
+            log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {train_src.name} + {train_tgt.name}")
+            tokenizer = Tokenizer.train([train_src, train_tgt], spm_path, d.vocab_size, d.spm_input_sentences,
+                                        seed=cfg.train.seed)
+        train, stats = encode_pairs(read_parallel(train_src, train_tgt), tokenizer, d.max_len)
+        log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "
+            f"side, {stats.skipped_long} longer than {d.max_len} pieces")
+        if not train:
+            raise DataError(f"{train_src}: no usable training pairs")
+        src_lengths, tgt_lengths = lengths(train)
     valid, _ = encode_pairs(read_parallel(resolve_data_path(d.valid_src), resolve_data_path(d.valid_tgt)),
                             tokenizer, max_len=10**9)
-    batches = make_batches(train, cfg.train.max_tokens)
+    batches = make_batches_from_lengths(src_lengths, tgt_lengths, cfg.train.max_tokens)
     log(f"{len(batches)} batches of <= {cfg.train.max_tokens} tokens per side; "
-        f"padding {100 * padding_fraction(train, batches):.1f}% of positions")
+        f"padding {100 * padding_fraction(src_lengths, tgt_lengths, batches):.1f}% of positions")
     return Run(cfg, out, tokenizer, train, valid, batches)
 
 
-def batch_loss(model: Transformer, batch: Batch, eps_ls: float) -> torch.Tensor:
-    """Label-smoothed loss summed over the batch's non-pad target tokens (ε_ls = 0: the NLL)."""
-    memory, src_mask = model.encode(batch.src)
-    hidden = model.decode(batch.tgt_in, memory, src_mask)
-    keep = batch.tgt_out != PAD_ID
-    # the output projection is the largest matmul: compute it only where there is a target
-    return label_smoothed_loss(model.project(hidden[keep]), batch.tgt_out[keep], eps_ls)
+def batch_loss(model: torch.nn.Module, batch: Batch, eps_ls: float) -> torch.Tensor:
+    """Label-smoothed loss summed over the batch's non-pad target tokens (ε_ls = 0: the NLL).
 
-
-def train_step(model: Transformer, optimizer: torch.optim.Optimizer, batches: list[Batch], eps_ls: float,
-               lr: float, clip_norm: float = 0.0) -> tuple[float, int]:
-    """One optimizer step over accumulated batches; returns (loss sum, non-pad target tokens).
-
-    The loss is normalised by the non-pad target tokens of the whole step (A3), so accumulating
-    batches gives the same update as one batch holding them all.
+    Goes through ``model(...)`` so that a DistributedDataParallel wrapper sees the forward pass.
     """
-    n_tokens = sum(b.n_tgt_tokens for b in batches)
+    keep = batch.tgt_out != PAD_ID
+    return label_smoothed_loss(model(batch.src, batch.tgt_in, keep), batch.tgt_out[keep], eps_ls)
+
+
+@dataclass
+class StepResult:
+    loss: float  # label-smoothed loss summed over this rank's tokens
+    n_tokens: int  # non-pad target tokens of the step, all ranks
+    applied: bool  # False: the gradients were not finite and the step was skipped
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch], eps_ls: float,
+               lr: float, clip_norm: float = 0.0, dist: Dist | None = None,
+               scaler: torch.amp.GradScaler | None = None, amp_dtype: torch.dtype | None = None) -> StepResult:
+    """One optimizer step over accumulated batches (and, data parallel, over all ranks' batches).
+
+    The loss is normalised by the non-pad target tokens of the whole step, all ranks together (A3):
+    accumulating batches, or splitting them over ranks that hold different numbers of tokens,
+    gives the same update as one batch holding them all. DDP averages gradients over ranks, so
+    each rank scales its sum by world / tokens. A step whose gradients are not finite (inf/NaN:
+    fp16 overflow, a bad batch) changes nothing: no parameter, optimizer moment or step count.
+    """
+    dist = dist or Dist()
+    n_tokens = int(distributed.all_sum(dist, [float(sum(b.n_tgt_tokens for b in batches))])[0])
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = 0.0
-    for batch in batches:
-        loss = batch_loss(model, batch, eps_ls)
-        (loss / n_tokens).backward()
+    for i, batch in enumerate(batches):
+        # data parallel: gradients are all-reduced once, after the last accumulated batch
+        no_sync = isinstance(model, DistributedDataParallel) and i < len(batches) - 1
+        with model.no_sync() if no_sync else contextlib.nullcontext():
+            with torch.autocast(dist.device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext():
+                loss = batch_loss(model, batch.to(dist.device), eps_ls)
+            scaled = loss * (dist.world / n_tokens)
+            (scaler.scale(scaled) if scaler else scaled).backward()
         total += loss.item()
-    if clip_norm:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    optimizer.step()
+    if scaler:
+        scaler.unscale_(optimizer)
+    # the norm of the (all-reduced) gradients is the same on every rank, so all ranks skip together
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or math.inf)
+    applied = bool(torch.isfinite(norm))
+    if applied:
+        optimizer.step()
+    if scaler:
+        scaler.update()  # after an overflow: a smaller scale next step
     optimizer.zero_grad(set_to_none=True)
-    return total, n_tokens
+    return StepResult(total, n_tokens, applied)
 
 
 @torch.inference_mode()
@@ -143,8 +195,9 @@ def validate(model: Transformer, examples: list[Example], max_tokens: int) -> di
     """Per-token NLL and perplexity without smoothing (Table 3's PPL is per word-piece; A3)."""
     model.eval()
     nll_sum, n = 0.0, 0
+    device = next(model.parameters()).device
     for indices in make_batches(examples, max_tokens):
-        batch = collate(examples, indices)
+        batch = collate(examples, indices).to(device)
         nll = batch_loss(model, batch, 0.0)
         nll_sum, n = nll_sum + nll.item(), n + batch.n_tgt_tokens
     model.train()
@@ -170,23 +223,48 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, 
 
 
 def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
-    """Trains until train.max_steps or train.max_minutes; returns a summary of the run."""
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    """Trains until train.max_steps or train.max_minutes; returns a summary of the run.
+
+    Under torchrun, every rank runs this function: rank r takes every world-th batch of one seeded
+    order (``BatchOrder``), DDP averages gradients, and rank 0 alone writes the run folder.
+    """
+    t = cfg.train
+    if t.threads:
+        torch.set_num_threads(t.threads)
     # Adam's second moments of rarely seen embedding rows decay into denormal floats, which make
     # CPU arithmetic (sqrt in the update) tens of times slower; flushing them to zero costs nothing.
     torch.set_flush_denormal(True)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = run_logger(out, quiet)
-    run = prepare_run(cfg, out, resume, log)
+    dist = distributed.setup(t.dist_timeout_s)
+    try:
+        return _train(cfg, Path(out), resume, quiet, dist)
+    finally:
+        distributed.teardown(dist)
+
+
+def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist) -> dict[str, Any]:
     t = cfg.train
+    if dist.main:
+        out.mkdir(parents=True, exist_ok=True)
+        log = run_logger(out, quiet)
+        run = prepare_run(cfg, out, resume, log)  # rank 0 trains the vocabulary; the others wait for it
+        distributed.barrier(dist)
+    else:
+        log = lambda msg: None  # noqa: E731
+        distributed.barrier(dist)
+        run = prepare_run(cfg, out, resume, log, write=False)
+    # every rank must train the same model on the same data
+    identity = f"{json.dumps(cfg.to_dict(), sort_keys=True)} vocab={run.tokenizer.sha256}"
+    if len(set(distributed.gather(dist, identity))) > 1:
+        raise TrainError("the ranks disagree on the config or the vocabulary (each rank must be started with the "
+                         "same command, config and run folder)")
     torch.manual_seed(t.seed)
-    model = Transformer(cfg.model, run.tokenizer.vocab_size)
-    optimizer = make_optimizer(model, t)
-    state = TrainState()
+    raw = Transformer(cfg.model, run.tokenizer.vocab_size).to(dist.device)
+    optimizer = make_optimizer(raw, t)
+    state = TrainState(world_size=dist.world)
     meta_base = {"config": cfg.to_dict(), "vocab_sha256": run.tokenizer.sha256, "model_hash": cfg.model_hash(),
                  "vocab_size": run.tokenizer.vocab_size}
+    if dist.enabled:
+        torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
     if resume:
         ckpt = latest_checkpoint(out, warn=log)
         if ckpt is None:
@@ -194,18 +272,34 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False) -> 
         else:
             if ckpt.meta.get("vocab_sha256") != run.tokenizer.sha256:
                 raise TrainError(f"{ckpt.path}: trained with another vocabulary than {out / 'spm.model'}")
-            model.load_state_dict(ckpt.weights)
+            raw.load_state_dict(ckpt.weights)
             load_optimizer_tensors(optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
-            torch.set_rng_state(ckpt.state["rng.torch"])
-            state = TrainState(**ckpt.meta["train_state"])
+            state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
+            rng = ckpt.state.get(f"rng.torch.{dist.rank}", ckpt.state["rng.torch"] if dist.main else None)
+            if rng is not None:
+                torch.set_rng_state(rng)
+            if state.world_size != dist.world:
+                # the step, the schedule and Adam's moments continue; the data order cannot
+                log(f"resuming a run trained on {state.world_size} rank(s) with {dist.world}: the position in "
+                    "the epoch is rescaled and the batch order and dropout masks differ from an uninterrupted run")
+                state.batch_in_epoch = state.batch_in_epoch * state.world_size // dist.world
+                state.world_size = dist.world
             log(f"resumed from {ckpt.path.name} at step {state.step}")
-    model.train()
-    log(f"model: {count_parameters(model):,} parameters; vocabulary {run.tokenizer.vocab_size}; "
-        f"{t.max_tokens} tokens per batch x update_freq {t.update_freq}")
+    raw.train()
+    model: torch.nn.Module = DistributedDataParallel(raw) if dist.enabled else raw
+    if t.compile:
+        model = torch.compile(model)
+    amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
+    scaler = torch.amp.GradScaler(dist.device.type) if t.precision == "fp16" else None
+    log(f"model: {count_parameters(raw):,} parameters; vocabulary {run.tokenizer.vocab_size}; {t.precision} on "
+        f"{dist.device.type}; per step at most {t.max_tokens} tokens per side x update_freq {t.update_freq} x "
+        f"{dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
 
-    from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
-    writer = SummaryWriter(str(out / "tb"))
-    order = BatchOrder(len(run.batches), t.seed)
+    writer = None
+    if dist.main:
+        from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
+        writer = SummaryWriter(str(out / "tb"))
+    order = BatchOrder(len(run.batches), t.seed, dist.rank, dist.world)
     epoch_order = order.epoch_order(state.epoch)
 
     def next_batch() -> Batch:
@@ -218,34 +312,60 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False) -> 
         return collate(run.train, indices)
 
     def save() -> None:
+        rng_states = distributed.gather(dist, torch.get_rng_state())  # every rank takes part
+        if not dist.main:
+            return
         tensors, groups = optimizer_tensors(optimizer)
-        tensors["rng.torch"] = torch.get_rng_state()
+        tensors["rng.torch"] = rng_states[0]
+        tensors.update({f"rng.torch.{r}": rng for r, rng in enumerate(rng_states) if r})
         meta = dict(meta_base, optim_param_groups=groups,
                     train_state={**state.__dict__, "elapsed_s": elapsed()})
-        save_checkpoint(out, state.step, model.state_dict(), tensors, meta, t.keep_last)
+        save_checkpoint(out, state.step, raw.state_dict(), tensors, meta, t.keep_last)
 
     start = time.monotonic()
     elapsed = lambda: state.elapsed_s + time.monotonic() - start  # noqa: E731
     last_save, window = time.monotonic(), {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
-    bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step", disable=quiet,
+    bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step", disable=quiet or not dist.main,
                dynamic_ncols=True, mininterval=1.0)
     metrics_path = out / "metrics.jsonl"
-    while state.step < t.max_steps and not (t.max_minutes and elapsed() >= 60 * t.max_minutes):
+    bad_in_a_row = 0
+    while state.step < t.max_steps:
+        # rank 0's clock decides, so that every rank stops after the same step
+        out_of_time = dist.main and t.max_minutes and elapsed() >= 60 * t.max_minutes
+        if distributed.all_sum(dist, [float(bool(out_of_time))])[0]:
+            break
         lr = learning_rate(state.step + 1, cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
-        step_loss, n_tokens = train_step(model, optimizer, [next_batch() for _ in range(t.update_freq)],
-                                         t.eps_ls, lr, t.clip_norm)
+        result = train_step(model, optimizer, [next_batch() for _ in range(t.update_freq)], t.eps_ls, lr,
+                            t.clip_norm, dist, scaler, amp_dtype)
+        if not result.applied:
+            state.skipped_steps += 1
+            bad_in_a_row += 1
+            log(f"step {state.step + 1}: gradients are not finite (loss {result.loss:.4g}); step skipped "
+                f"({state.skipped_steps} so far)")
+            if bad_in_a_row >= t.max_bad_steps:
+                raise TrainError(f"{bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
+                                 f"{state.step} (the newest checkpoint holds finite weights). Lower "
+                                 "train.lr_scale, or use fp32/bf16 instead of fp16")
+            continue
+        bad_in_a_row = 0
         state.step += 1
-        state.tgt_tokens += n_tokens
-        window["loss"] += step_loss
-        window["tokens"] += n_tokens
+        state.tgt_tokens += result.n_tokens
+        window["loss"] += result.loss
+        window["tokens"] += result.n_tokens
         bar.update(1)
-        if state.step % t.log_every == 0 or state.step == t.max_steps:
+        if dist.enabled and state.step % t.check_every == 0:
+            sums = distributed.gather(dist, distributed.parameter_checksum(raw))
+            if any(abs(x - sums[0]) > 1e-6 * max(1.0, abs(sums[0])) for x in sums):
+                raise TrainError(f"step {state.step}: the ranks' parameters drifted apart (checksums {sums})")
+        if dist.main and (state.step % t.log_every == 0 or state.step == t.max_steps):
             dt = time.monotonic() - window["t0"]
+            # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
             rec = {"step": state.step, "epoch": state.epoch, "minutes": elapsed() / 60, "lr": lr,
-                   "train_loss": window["loss"] / window["tokens"], "tokens_per_s": window["tokens"] / dt}
+                   "train_loss": window["loss"] * dist.world / window["tokens"],
+                   "tokens_per_s": window["tokens"] / dt}
             bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
             if state.step % t.eval_every == 0:
-                rec.update(validate(model, run.valid, t.max_tokens))
+                rec.update(validate(raw, run.valid, t.max_tokens))
             for key, value in rec.items():
                 if key not in ("step", "epoch"):
                     writer.add_scalar(key, value, state.step)
@@ -253,15 +373,17 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False) -> 
                 f.write(json.dumps(rec) + "\n")
             log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
             window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
-        if (t.save_every and state.step % t.save_every == 0) or (
-                t.save_minutes and time.monotonic() - last_save >= 60 * t.save_minutes):
+        due = (t.save_every and state.step % t.save_every == 0) or (
+            t.save_minutes and time.monotonic() - last_save >= 60 * t.save_minutes)
+        if distributed.all_sum(dist, [float(bool(due))])[0]:  # rank 0's clock decides here too
             save()
             last_save = time.monotonic()
     bar.close()
     save()
-    writer.close()
-    result = validate(model, run.valid, t.max_tokens)
     summary = {"step": state.step, "train_minutes": elapsed() / 60, "tgt_tokens": state.tgt_tokens,
-               "tokens_per_s": state.tgt_tokens / max(elapsed(), 1e-9), **result}
-    log(f"done: {json.dumps(summary)}")
+               "tokens_per_s": state.tgt_tokens / max(elapsed(), 1e-9), "skipped_steps": state.skipped_steps}
+    if dist.main:
+        writer.close()
+        summary.update(validate(raw, run.valid, t.max_tokens))
+        log(f"done: {json.dumps(summary)}")
     return summary

@@ -1,0 +1,110 @@
+"""Data parallelism (§5.2) on CPU with gloo, launched by torchrun as a user would."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from transformer.checkpoint import list_checkpoints, load_checkpoint
+from transformer.config import load_config
+from transformer.data import BatchOrder, encode_pairs, make_batches, read_parallel, resolve_data_path
+from transformer.tokenizer import Tokenizer
+from transformer.train import train
+
+pytestmark = pytest.mark.slow
+ENV = os.environ | {"OMP_NUM_THREADS": "1"}
+
+
+def sets(overrides: list[str]) -> list[str]:
+    return [x for o in overrides for x in ("--set", o)]
+
+
+def launch(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "transformer", *args], env=ENV, timeout=timeout,
+                          capture_output=True, text=True)
+
+
+def torchrun_script(tmp_path, body: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, float]:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(body))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], env=ENV, timeout=timeout, capture_output=True, text=True)
+    return proc, time.monotonic() - start
+
+
+def test_two_ranks_equal_one_process_on_the_same_global_batches(tmp_path, tiny_overrides):
+    steps = 5
+    overrides = tiny_overrides + ["model.p_drop=0.0", f"train.max_steps={steps}", f"train.save_every={steps}",
+                                  "train.threads=1", "train.max_tokens=512"]
+    cfg = load_config("tiny", overrides)
+    one, two = tmp_path / "one", tmp_path / "two"
+    # one process accumulating 2 batches per step: step k takes batches 2k and 2k+1 of the epoch order
+    train(load_config("tiny", overrides + ["train.update_freq=2"]), one, quiet=True)
+    # two ranks, one batch each: rank r takes batch 2k + r; the same vocabulary file
+    two.mkdir()
+    shutil.copy(one / "spm.model", two / "spm.model")
+    proc = launch(["train", "tiny", "--out", str(two), "--nproc", "2", "--quiet", *sets(overrides)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    # the ranks held different numbers of target tokens, so a mean of rank means would differ
+    tok = Tokenizer(one / "spm.model")
+    examples, _ = encode_pairs(read_parallel(resolve_data_path(cfg.data.train_src),
+                                             resolve_data_path(cfg.data.train_tgt)), tok, cfg.data.max_len)
+    batches = make_batches(examples, cfg.train.max_tokens)
+    assert len(batches) >= 2 * steps  # all steps within the first epoch
+    order = BatchOrder(len(batches), cfg.train.seed).epoch_order(0)
+    tokens = [sum(len(examples[i].tgt) for i in batches[b]) for b in order[:2 * steps]]
+    assert any(tokens[2 * k] != tokens[2 * k + 1] for k in range(steps))
+
+    a = load_checkpoint(list_checkpoints(one)[-1]).weights
+    b = load_checkpoint(list_checkpoints(two)[-1]).weights
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], atol=2e-6, rtol=1e-5, msg=name)
+
+
+def test_ranks_with_different_configs_are_stopped(tmp_path, tiny_overrides):
+    proc, _ = torchrun_script(tmp_path, f"""
+        import os
+        from transformer.config import load_config
+        from transformer.train import train
+        rank = int(os.environ["RANK"])
+        overrides = {tiny_overrides!r} + ["train.max_steps=2", f"model.d_ff={{64 + 32 * rank}}"]
+        train(load_config("tiny", overrides), {str(tmp_path / "run")!r}, quiet=True)
+    """)
+    assert proc.returncode != 0
+    assert "the ranks disagree on the config or the vocabulary" in proc.stderr
+
+
+def test_a_killed_rank_stops_the_job_and_the_run_resumes(tmp_path, tiny_overrides):
+    run = tmp_path / "run"
+    overrides = tiny_overrides + ["train.max_steps=8", "train.save_every=2", "train.threads=1",
+                                  "train.dist_timeout_s=30"]
+    proc, seconds = torchrun_script(tmp_path, f"""
+        import os, signal
+        import transformer.train as T
+        from transformer.config import load_config
+        step = T.train_step
+        calls = 0
+        def dying_step(*args, **kwargs):
+            global calls
+            calls += 1
+            if os.environ["RANK"] == "1" and calls == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return step(*args, **kwargs)
+        T.train_step = dying_step
+        T.train(load_config("tiny", {overrides!r}), {str(run)!r}, quiet=True)
+    """)
+    assert proc.returncode != 0
+    assert seconds < 120  # no hang: torchrun stops the job when a rank dies
+    done = list_checkpoints(run)
+    assert done and load_checkpoint(done[-1]).meta["train_state"]["step"] == 4
+    resumed = launch(["train", "tiny", "--out", str(run), "--nproc", "2", "--resume", "--quiet", *sets(overrides)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 8

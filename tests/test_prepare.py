@@ -1,0 +1,198 @@
+"""`transformer prepare` (prepare.py) against fake WMT archives served on 127.0.0.1; never the internet."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import io
+import json
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from transformer.data import DataError, read_lines
+from transformer.prepare import DATASETS, prepare, read_sgm
+
+EUROPARL_EN = ["Resumption of the session", "I declare resumed the session.", ""]
+EUROPARL_DE = ["Wiederaufnahme der Sitzungsperiode", "Ich erkläre die Sitzung für wiederaufgenommen.", ""]
+CRAWL_EN, CRAWL_DE = ["Click here.", "a\u2028b"], ["Hier klicken.", "c\u0085d"]
+NC_EN, NC_DE = ["Gold at $10,000?"], ["Gold für 10.000 Dollar?"]
+
+
+def text(lines: list[str], newline: str = "\n") -> bytes:
+    return "".join(line + newline for line in lines).encode()
+
+
+def sgm(kind: str, lang: str, segs: list[str]) -> bytes:
+    body = "".join(f'<seg id="{i}">{s}</seg>\n' for i, s in enumerate(segs, 1))
+    return (f'<{kind} setid="newstest2014" srclang="any" trglang="{lang}">\n<doc sysid="ref" docid="1" '
+            f'genre="news" origlang="en">\n<p>\n{body}</p>\n</doc>\n</{kind}>\n').encode()
+
+
+# The member names of the real archives (statmt.org), written out here so that a typo in the
+# module's table fails this test; decoys stand for the other languages the archives hold.
+EN_DE = {
+    "wmt13/training-parallel-europarl-v7.tgz": {
+        "training/europarl-v7.fr-en.fr": text(["Reprise de la session"]),
+        "training/europarl-v7.de-en.en": text(EUROPARL_EN),
+        "training/europarl-v7.de-en.de": text(EUROPARL_DE)},
+    "wmt13/training-parallel-commoncrawl.tgz": {
+        "commoncrawl.de-en.annotation": b"x\ny\n",
+        "commoncrawl.de-en.de": text(CRAWL_DE, "\r\n"),
+        "commoncrawl.de-en.en": text(CRAWL_EN)},
+    "wmt14/training-parallel-nc-v9.tgz": {
+        "training/news-commentary-v9.de-en.en": text(NC_EN),
+        "training/news-commentary-v9.de-en.de": text(NC_DE)},
+    "wmt14/dev.tgz": {
+        "dev/newstest2013.fr": text(["Un", "Deux"]),
+        "dev/newstest2013.en": text(["One", "Two"]),
+        "dev/newstest2013.de": text(["Eins", "Zwei"])},
+    "wmt14/test-full.tgz": {
+        "test-full/newstest2014-deen-src.de.sgm": sgm("srcset", "de", ["Nein"]),
+        "test-full/newstest2014-deen-src.en.sgm": sgm("srcset", "en", ["Tom &amp; Jerry &quot;say&quot;  &lt;hi&gt;",
+                                                                      "AT&T &#233;t&#xE9;"]),
+        "test-full/newstest2014-deen-ref.de.sgm": sgm("refset", "de", ["Tom &amp; Jerry „sagen“ &lt;hallo&gt;",
+                                                                      " Mehr "])},
+}
+
+
+def tar_bytes(members: dict[str, bytes], gz: bool = True) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz" if gz else "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def publish(folder: Path, archives: dict[str, dict[str, bytes]]) -> None:
+    for path, members in archives.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_bytes(tar_bytes(members, gz=not path.endswith(".tar")))
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """Serves files; a path containing 'short' announces 1000 bytes and sends 10 (a cut connection)."""
+
+    def do_GET(self) -> None:
+        if "short" in self.path:
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            self.wfile.write(b"\x1f\x8b" + b"0" * 8)
+            self.close_connection = True
+            return
+        super().do_GET()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "*")
+    served = tmp_path / "served"
+    served.mkdir()
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(served)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/", served
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_wmt14_en_de(server: tuple[str, Path], tmp_path: Path) -> None:
+    url, served = server
+    publish(served, EN_DE)
+    dest, messages = tmp_path / "wmt14", []
+    manifest = prepare("wmt14-en-de", dest, mirror=url, log=messages.append)
+    assert read_lines(dest / "train.en") == EUROPARL_EN + CRAWL_EN + NC_EN  # fixed order, CRLF removed
+    assert read_lines(dest / "train.de") == EUROPARL_DE + CRAWL_DE + NC_DE
+    assert read_lines(dest / "valid.en") == ["One", "Two"] and read_lines(dest / "valid.de") == ["Eins", "Zwei"]
+    assert read_lines(dest / "test.en") == ['Tom & Jerry "say" <hi>', "AT&T été"]  # XML entities unescaped
+    assert read_lines(dest / "test.de") == ["Tom & Jerry „sagen“ <hallo>", "Mehr"]
+    assert manifest["corpora"]["train"] == {"europarl-v7": 3, "commoncrawl": 2, "news-commentary-v9": 1}
+    for name, entry in manifest["outputs"].items():
+        assert entry == {"lines": len(read_lines(dest / name)), "sha256": sha256(dest / name)}
+    assert sorted(manifest["outputs"]) == [f"{s}.{lang}" for s in ("test", "train", "valid") for lang in ("de", "en")]
+    for file, entry in manifest["archives"].items():
+        assert entry["sha256"] == sha256(dest / "downloads" / file) and entry["url"].startswith(url)
+    assert json.loads((dest / "MANIFEST.json").read_text()) == manifest
+    assert sorted(p.name for p in dest.iterdir()) == sorted(["downloads", "MANIFEST.json", *manifest["outputs"]])
+
+    for path in EN_DE:  # a second run downloads nothing
+        (served / path).unlink()
+    messages.clear()
+    assert prepare("wmt14-en-de", dest, mirror=url, log=messages.append) == manifest
+    assert sum("already downloaded" in m for m in messages) == 5
+
+
+def test_misaligned_corpus_names_the_members(server: tuple[str, Path], tmp_path: Path) -> None:
+    url, served = server
+    archives = {k: dict(v) for k, v in EN_DE.items()}
+    archives["wmt13/training-parallel-commoncrawl.tgz"]["commoncrawl.de-en.de"] = text(CRAWL_DE + ["extra"])
+    publish(served, archives)
+    with pytest.raises(DataError, match=r"training-parallel-commoncrawl\.tgz/commoncrawl\.de-en\.en has 2 lines, "
+                                        r".*/commoncrawl\.de-en\.de has 3$"):
+        prepare("wmt14-en-de", tmp_path / "wmt14", mirror=url, log=lambda m: None)
+    assert sorted(p.name for p in (tmp_path / "wmt14").iterdir()) == ["downloads"]  # no half-written outputs
+
+
+def test_truncated_archive_and_cut_download(server: tuple[str, Path], tmp_path: Path) -> None:
+    url, served = server
+    publish(served, EN_DE)
+    europarl = served / "wmt13/training-parallel-europarl-v7.tgz"
+    big = dict(EN_DE["wmt13/training-parallel-europarl-v7.tgz"])
+    big["training/europarl-v7.de-en.de"] = text([f"Satz {i} " + hashlib.sha256(b"%d" % i).hexdigest()
+                                                 for i in range(2000)])
+    europarl.write_bytes(tar_bytes(big)[:30_000])  # served whole, but the archive itself is cut
+    with pytest.raises(DataError, match=r"training-parallel-europarl-v7\.tgz: corrupt or truncated archive") as e:
+        prepare("wmt14-en-de", tmp_path / "a", mirror=url, log=lambda m: None)
+    assert "\n" not in str(e.value)
+
+    with pytest.raises(DataError, match=r"short/wmt13/training-parallel-europarl-v7\.tgz: download cut short: "
+                                        r"received 10 bytes of 1000 \(Content-Length\)"):
+        prepare("wmt14-en-de", tmp_path / "b", mirror=url + "short/", log=lambda m: None)
+    assert list((tmp_path / "b" / "downloads").iterdir()) == []  # no .part, nothing taken as complete
+
+    with pytest.raises(DataError, match=r"missing/wmt13/training-parallel-europarl-v7\.tgz: download failed "
+                                        r"after 0 bytes .*404"):
+        prepare("wmt14-en-de", tmp_path / "c", mirror=url + "missing/", log=lambda m: None)
+    with pytest.raises(DataError, match="unknown dataset 'wmt14-en-xx'; known: wmt14-en-de, wmt14-en-fr"):
+        prepare("wmt14-en-xx", tmp_path / "d")
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS))
+def test_every_dataset_from_a_local_mirror(name: str, tmp_path: Path) -> None:
+    """Archives built from the table itself (plain .tar and gzip members included), read from a folder."""
+    import gzip
+
+    dataset, archives = DATASETS[name], {}
+    for split, corpora in (("train", dataset.train), ("valid", (dataset.valid,)), ("test", (dataset.test,))):
+        for c in corpora:
+            for member, lang in ((c.src, dataset.src_lang), (c.tgt, dataset.tgt_lang)):
+                lines = [f"{c.name} {lang} {i}" for i in range(2)]
+                data = sgm("refset", lang, lines) if member.endswith(".sgm") else text(lines)
+                archives.setdefault(c.archive, {})[member] = gzip.compress(data) if member.endswith(".gz") else data
+    publish(tmp_path / "mirror", archives)
+    manifest = prepare(name, tmp_path / "out", mirror=str(tmp_path / "mirror"), log=lambda m: None)
+    assert read_lines(tmp_path / "out" / f"train.{dataset.tgt_lang}") == \
+        [f"{c.name} {dataset.tgt_lang} {i}" for c in dataset.train for i in range(2)]
+    assert manifest["outputs"][f"test.{dataset.src_lang}"]["lines"] == 2
+
+
+def test_read_sgm_cleans_like_sacrebleu(tmp_path: Path) -> None:
+    f = tmp_path / "x.sgm"
+    f.write_bytes(sgm("refset", "de", ["  a \t b  ", "x&#10;y", "&amp;lt; &bogus; &#99999999;"]))
+    assert list(read_sgm(f)) == ["a b", "x y", "&lt; &bogus; &#99999999;"]  # one level of unescaping

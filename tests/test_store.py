@@ -1,0 +1,146 @@
+"""Token store (store.py): a round trip equals encode_pairs on the same text; damaged stores are refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import write_slice
+from transformer.data import (DataError, collate, encode_pairs, make_batches, make_batches_from_lengths,
+                              read_parallel)
+from transformer.store import TokenStore, write_store
+from transformer.tokenizer import EOS_ID, Tokenizer
+
+MAX_LEN = 24  # short enough that some Multi30k pairs are skipped as too long (A10)
+
+
+@pytest.fixture(scope="module")
+def corpus(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Tokenizer]:
+    """3,000 Multi30k training pairs plus an empty pair and a whitespace-only side, and a 400-piece BPE."""
+    folder = tmp_path_factory.mktemp("corpus")
+    src, tgt = write_slice(multi30k, folder, "train", 0, 3000)
+    with src.open("a", encoding="utf-8") as s, tgt.open("a", encoding="utf-8") as t:
+        s.write("\nA dog .\n")
+        t.write("\n \t \n")
+    texts = src.read_text(encoding="utf-8").splitlines()[:1000] + tgt.read_text(encoding="utf-8").splitlines()[:1000]
+    tokenizer = Tokenizer.train([], folder / "spm.model", 400, 10_000, texts=texts)
+    return src, tgt, tokenizer
+
+
+def test_round_trip_equals_encode_pairs(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path) -> None:
+    src, tgt, tok = corpus
+    meta = write_store(src, tgt, tok, tmp_path / "store", MAX_LEN, chunk_pairs=700)  # 5 chunks
+    examples, stats = encode_pairs(read_parallel(src, tgt), tok, MAX_LEN)
+    assert (meta["n_pairs"], meta["skipped_empty"], meta["skipped_long"], meta["n_kept"]) == \
+        (stats.n_pairs, stats.skipped_empty, stats.skipped_long, stats.n_kept)
+    assert stats.n_pairs == 3002 and stats.skipped_empty == 2 and stats.skipped_long > 0
+    store = TokenStore(tmp_path / "store", vocab_sha256=tok.sha256)
+    assert len(store) == len(examples) and store.stats == meta
+    assert [store[i] for i in range(len(store))] == examples
+    assert store[-1] == examples[-1] and store[0].src[-1] == EOS_ID
+    assert store.src_lengths.tolist() == [len(e.src) for e in examples]
+    assert store.tgt_lengths.tolist() == [len(e.tgt) for e in examples]
+    assert meta["dtype"] == "uint16" and (tmp_path / "store" / "src.ids").stat().st_size == 2 * meta["n_src_tokens"]
+    assert meta["vocab_sha256"] == tok.sha256 and meta["sources"]["tgt"]["bytes"] == tgt.stat().st_size
+    indices = [5, 0, 17, len(store) - 1]
+    a, b = collate(store, indices), collate(examples, indices)
+    assert all((getattr(a, k) == getattr(b, k)).all() for k in ("src", "tgt_in", "tgt_out"))
+    assert (a.n_src_tokens, a.n_tgt_tokens, a.indices) == (b.n_src_tokens, b.n_tgt_tokens, b.indices)
+    for max_tokens in (64, 500):  # §5.1 batching reads the lengths only, never the ids
+        assert make_batches_from_lengths(store.src_lengths, store.tgt_lengths, max_tokens) == \
+            make_batches(examples, max_tokens)
+    assert [p.name for p in tmp_path.iterdir()] == ["store"]  # no temporary folder left behind
+
+
+def test_ids_beyond_uint16_are_stored_as_int32(tmp_path: Path) -> None:
+    class BigVocab:
+        vocab_size, sha256 = 70_000, "f" * 64
+
+        def encode_batch(self, texts: list[str]) -> list[list[int]]:
+            return [[69_990 + len(w) for w in t.split()] for t in texts]
+
+    src, tgt = tmp_path / "s.en", tmp_path / "t.de"
+    src.write_text("a bb ccc\nd\n", encoding="utf-8")
+    tgt.write_text("eeee\nf gg\n", encoding="utf-8")
+    meta = write_store(src, tgt, BigVocab(), tmp_path / "store", max_len=10)  # type: ignore[arg-type]
+    store = TokenStore(tmp_path / "store")
+    assert meta["dtype"] == "int32" and store[0].src == [69_991, 69_992, 69_993, EOS_ID]
+    assert store[1].tgt == [69_991, 69_992, EOS_ID]
+
+
+@pytest.fixture
+def store(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path) -> Path:
+    src, tgt, tok = corpus
+    write_store(src, tgt, tok, tmp_path / "store", MAX_LEN)
+    return tmp_path / "store"
+
+
+def test_truncated_or_foreign_stores_are_refused(store: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut"
+    shutil.copytree(store, cut)
+    blob = (cut / "tgt.ids").read_bytes()
+    (cut / "tgt.ids").write_bytes(blob[:-2])
+    with pytest.raises(DataError, match=r"cut/tgt\.ids: \d+ bytes, meta\.json says \d+ bytes.*truncated") as e:
+        TokenStore(cut)
+    assert "\n" not in str(e.value)
+    (cut / "tgt.ids").unlink()
+    with pytest.raises(DataError, match=r"tgt\.ids: missing"):
+        TokenStore(cut)
+    shutil.rmtree(cut)
+    shutil.copytree(store, cut)
+    lengths = np.fromfile(cut / "src.len", dtype=np.uint16)
+    lengths[0] += 1  # every file the right size, but the lengths no longer add up to the ids
+    lengths.tofile(cut / "src.len")
+    with pytest.raises(DataError, match=r"cut: lengths sum to \d+ / \d+ ids, meta\.json says"):
+        TokenStore(cut)
+
+    meta = json.loads((store / "meta.json").read_text())
+    (cut / "meta.json").write_text(json.dumps(meta | {"version": 99}))
+    with pytest.raises(DataError, match=r"meta\.json: format version 99, this code reads version 1"):
+        TokenStore(cut)
+    (cut / "meta.json").write_text(json.dumps({"format": "fairseq"}))
+    with pytest.raises(DataError, match=r"meta\.json: not a transformer-token-store"):
+        TokenStore(cut)
+    (cut / "meta.json").unlink()
+    with pytest.raises(DataError, match=r"meta\.json: missing"):
+        TokenStore(cut)
+
+
+def test_wrong_vocabulary_is_refused(store: Path) -> None:
+    other = hashlib.sha256(b"another spm.model").hexdigest()
+    with pytest.raises(DataError, match=r"meta\.json: encoded with vocabulary \w+…, this run's vocabulary is"):
+        TokenStore(store, vocab_sha256=other)
+
+
+def test_unequal_line_counts_are_refused(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path) -> None:
+    tok = corpus[2]
+    src, tgt = tmp_path / "s.en", tmp_path / "t.de"
+    src.write_text("a\nb\nc\nd\ne\n", encoding="utf-8")
+    tgt.write_text("x\ny\nz\n", encoding="utf-8")
+    for chunk_pairs in (1, 2, 3, 10):  # the short file may end inside a chunk or at its edge
+        with pytest.raises(DataError, match=r"s\.en has 5 lines, .*t\.de has 3$"):
+            write_store(src, tgt, tok, tmp_path / "store", 10, chunk_pairs=chunk_pairs)
+        with pytest.raises(DataError, match=r"t\.de has 3 lines, .*s\.en has 5$"):
+            write_store(tgt, src, tok, tmp_path / "store", 10, chunk_pairs=chunk_pairs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.en", "t.de"]  # nothing half-written
+
+
+def test_existing_output_is_refused_unless_overwrite(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path) -> None:
+    tok = corpus[2]
+    src, tgt = tmp_path / "s.en", tmp_path / "t.de"
+    src.write_text("a b\nc\n", encoding="utf-8")
+    tgt.write_text("x\ny z\n", encoding="utf-8")
+    out = tmp_path / "store"
+    out.mkdir()
+    assert write_store(src, tgt, tok, out, 10)["n_kept"] == 2  # an empty folder is fine
+    with pytest.raises(DataError, match=r"store: already exists and is not empty"):
+        write_store(src, tgt, tok, out, 10)
+    tgt.write_text("x\n\n", encoding="utf-8")
+    assert write_store(src, tgt, tok, out, 10, overwrite=True)["n_kept"] == 1
+    assert len(TokenStore(out)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.en", "store", "t.de"]

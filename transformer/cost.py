@@ -1,0 +1,59 @@
+"""Training cost (Table 2) and what a run needs on given hardware: FLOPs, time, memory.
+
+The paper estimated training FLOPs as "training time × number of GPUs × sustained single-precision
+capacity of each GPU" (Table 2, footnote: 9.5 TFLOPS for a P100). Here the model's own matmul FLOPs
+per target token (``flops_per_token``) × tokens per step × steps give the useful work; dividing it by
+the paper's estimate gives the utilisation the authors' runs implicitly had, and dividing it by a
+device's peak × an assumed MFU gives the time a run takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import Config
+from .model import Transformer, count_parameters, flops_per_token
+
+P100_FP32_FLOPS = 9.5e12  # Table 2's footnote
+PAPER_HOURS = {"base": 12.0, "big": 3.5 * 24}  # §5.2: 8 P100 GPUs
+H100_BF16_FLOPS = 989e12  # H100 SXM dense bf16 tensor-core peak (NVIDIA datasheet)
+
+
+@dataclass
+class Cost:
+    parameters: int
+    flops_per_token: float  # training (3 × forward) matmul FLOPs per target token
+    tokens_per_step: int  # target tokens per optimizer step, all devices together
+    steps: int
+    total_flops: float
+    weights_bytes_per_device: int  # fp32 weights + gradients + Adam's two moments
+    activation_bytes_per_device: float  # estimate, bf16 autocast
+
+    def days(self, devices: int, peak_flops: float = H100_BF16_FLOPS, mfu: float = 0.4) -> float:
+        """Wall-clock days at ``mfu`` of ``devices`` × ``peak_flops``."""
+        return self.total_flops / (devices * peak_flops * mfu) / 86400
+
+    def step_seconds(self, devices: int, peak_flops: float = H100_BF16_FLOPS, mfu: float = 0.4) -> float:
+        return self.flops_per_token * self.tokens_per_step / (devices * peak_flops * mfu)
+
+
+def training_cost(cfg: Config, vocab_size: int, devices: int = 1, src_len: float = 27.0,
+                  tgt_len: float = 27.0) -> Cost:
+    """Cost of ``cfg``'s run: tokens per step = max_tokens × update_freq (the global batch, which
+    the recipes keep fixed whatever the device count), train.max_steps steps. Sentence lengths
+    default to WMT14 EN-DE's mean in 37k BPE pieces (about 27)."""
+    with torch.device("meta"):
+        n = count_parameters(Transformer(cfg.model, vocab_size))
+    f = flops_per_token(cfg.model, vocab_size, src_len, tgt_len)
+    tokens = cfg.train.max_tokens * cfg.train.update_freq
+    m = cfg.model
+    # activations kept for the backward pass, per token and layer: ~34·d bytes in 16-bit plus the
+    # attention maps, 5·h·L bytes (Korthikanti et al. 2022's count for a transformer layer);
+    # the decoder's layers hold about 1.5 encoder layers' worth (a second attention), the
+    # logits 6·V bytes per target token (bf16 logits + fp32 log-probs)
+    per_token_layer = 34 * m.d_model + 5 * m.n_heads * tgt_len
+    layers = m.n_enc_layers + 1.5 * m.n_dec_layers
+    activations = tokens / devices * (per_token_layer * layers + 6 * vocab_size)
+    return Cost(n, f, tokens, cfg.train.max_steps, f * tokens * cfg.train.max_steps, 16 * n, activations)

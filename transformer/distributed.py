@@ -1,0 +1,85 @@
+"""Data parallelism through PyTorch's own stack (§5.2: "one machine with 8 NVIDIA P100 GPUs").
+
+``torchrun`` starts one process per device and sets RANK / WORLD_SIZE / LOCAL_RANK; each process
+trains a replica on its own batches and DistributedDataParallel averages the gradients. NCCL on
+GPUs, gloo on CPUs. Every collective has a timeout (``train.dist_timeout_s``): a rank that dies or
+hangs makes the others fail with an error instead of waiting for ever, and torchrun then stops the
+whole job.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as torch_dist
+
+
+@dataclass
+class Dist:
+    """This process's place in the job; the defaults are a single process."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        """Rank 0 alone writes the run folder: config, logs, metrics, checkpoints."""
+        return self.rank == 0
+
+
+def setup(timeout_s: float) -> Dist:
+    """Join the job torchrun started (or run alone); pick this rank's device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world == 1:
+        return Dist(device=device)
+    if not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                      timeout=datetime.timedelta(seconds=timeout_s))
+    return Dist(torch_dist.get_rank(), world, local_rank, device)
+
+
+def teardown(d: Dist) -> None:
+    if d.enabled and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def all_sum(d: Dist, values: list[float]) -> list[float]:
+    """Element-wise sum over ranks of a few scalars, in one all-reduce (float64: token counts stay exact)."""
+    if not d.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=d.device)
+    torch_dist.all_reduce(t)
+    return t.tolist()
+
+
+def gather(d: Dist, value):
+    """Every rank's ``value`` (any picklable object made by this program), in rank order."""
+    if not d.enabled:
+        return [value]
+    values = [None] * d.world
+    torch_dist.all_gather_object(values, value)
+    return values
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        torch_dist.barrier()
+
+
+def parameter_checksum(model: torch.nn.Module) -> float:
+    """Sum of all parameters in float64: replicas kept in sync by DDP agree on it exactly."""
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum() for p in model.parameters()))

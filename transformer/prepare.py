@@ -1,0 +1,260 @@
+"""`transformer prepare`: download and extract the paper's WMT 2014 data (§5.1) as plain parallel text.
+
+§5.1: "We trained on the standard WMT 2014 English-German dataset consisting of about 4.5 million
+sentence pairs ... For English-French, we used the significantly larger WMT 2014 English-French
+dataset consisting of 36M sentences". The corpora are those of the WMT14 translation task;
+newstest2013 is the development set (§6.2, Table 3) and newstest2014 the test set (§6.1, Table 2),
+in its full version of 3,003 sentences (sacrebleu's "wmt14/full").
+
+The archives and the member names inside them are listed once, in DATASETS; the corpora are
+concatenated in the order listed there. Output: dest/{train,valid,test}.{src,tgt} (UTF-8, one
+sentence per line) and dest/MANIFEST.json (line counts and sha256 of every output and archive).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import re
+import shutil
+import tarfile
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .data import DataError, iter_lines, iter_parallel
+
+BASE_URL = "https://www.statmt.org/"
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One parallel corpus: an archive (a path under the base URL) and its source and target members."""
+
+    name: str
+    archive: str
+    src: str
+    tgt: str
+
+
+@dataclass(frozen=True)
+class Dataset:
+    src_lang: str
+    tgt_lang: str
+    train: tuple[Corpus, ...]
+    valid: Corpus
+    test: Corpus  # SGML (.sgm): the <seg> texts are extracted
+
+
+DATASETS = {
+    "wmt14-en-de": Dataset("en", "de", train=(
+        Corpus("europarl-v7", "wmt13/training-parallel-europarl-v7.tgz",
+               "training/europarl-v7.de-en.en", "training/europarl-v7.de-en.de"),
+        Corpus("commoncrawl", "wmt13/training-parallel-commoncrawl.tgz",
+               "commoncrawl.de-en.en", "commoncrawl.de-en.de"),
+        Corpus("news-commentary-v9", "wmt14/training-parallel-nc-v9.tgz",
+               "training/news-commentary-v9.de-en.en", "training/news-commentary-v9.de-en.de"),
+    ), valid=Corpus("newstest2013", "wmt14/dev.tgz", "dev/newstest2013.en", "dev/newstest2013.de"),
+        test=Corpus("newstest2014", "wmt14/test-full.tgz", "test-full/newstest2014-deen-src.en.sgm",
+                    "test-full/newstest2014-deen-ref.de.sgm")),
+    # The paper's 36M EN-FR pairs (§5.1); giga-fren's members are gzip files inside a plain tar.
+    "wmt14-en-fr": Dataset("en", "fr", train=(
+        Corpus("europarl-v7", "wmt13/training-parallel-europarl-v7.tgz",
+               "training/europarl-v7.fr-en.en", "training/europarl-v7.fr-en.fr"),
+        Corpus("commoncrawl", "wmt13/training-parallel-commoncrawl.tgz",
+               "commoncrawl.fr-en.en", "commoncrawl.fr-en.fr"),
+        Corpus("un", "wmt13/training-parallel-un.tgz", "un/undoc.2000.fr-en.en", "un/undoc.2000.fr-en.fr"),
+        Corpus("news-commentary-v9", "wmt14/training-parallel-nc-v9.tgz",
+               "training/news-commentary-v9.fr-en.en", "training/news-commentary-v9.fr-en.fr"),
+        Corpus("giga-fren", "wmt10/training-giga-fren.tar",
+               "giga-fren.release2.fixed.en.gz", "giga-fren.release2.fixed.fr.gz"),
+    ), valid=Corpus("newstest2013", "wmt14/dev.tgz", "dev/newstest2013.en", "dev/newstest2013.fr"),
+        test=Corpus("newstest2014", "wmt14/test-full.tgz", "test-full/newstest2014-fren-src.en.sgm",
+                    "test-full/newstest2014-fren-ref.fr.sgm")),
+}
+
+_SEG = re.compile(r"\s*<seg[^>]*>(.*)</seg>")
+_ENTITY = re.compile(r"&(?:(amp|lt|gt|quot|apos)|#([0-9]+)|#[xX]([0-9a-fA-F]+));")
+_NAMED = {"amp": "&", "lt": "<", "gt": ">", "quot": '"', "apos": "'"}
+
+
+def _unescape(text: str) -> str:
+    """XML's five entities and numeric references; nothing else (a bare "&" in text stays)."""
+    def one(m: re.Match) -> str:
+        if m.group(1):
+            return _NAMED[m.group(1)]
+        try:
+            return chr(int(m.group(2)) if m.group(2) else int(m.group(3), 16))
+        except (ValueError, OverflowError):
+            return m.group(0)
+    return _ENTITY.sub(one, text)
+
+
+def read_sgm(path: Path) -> Iterator[str]:
+    """The <seg> texts of a WMT SGML file, one per segment, XML entities unescaped.
+
+    Whitespace is stripped and runs of it collapsed to one space, as sacrebleu does for the same
+    files, so the references match `sacrebleu -t wmt14/full`; this also keeps an escaped newline
+    (&#10;) from splitting a segment across two lines.
+    """
+    for line in iter_lines(path):
+        if m := _SEG.match(line):
+            yield re.sub(r"\s+", " ", _unescape(m.group(1))).strip()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download(url: str, path: Path) -> None:
+    """``url`` to ``path`` through ``path``.part; a failure or a short read keeps nothing."""
+    part = path.with_name(path.name + ".part")
+    received, expected = 0, None
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
+            expected = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(total=expected, unit="B", unit_scale=True, desc=path.name, disable=None) as bar:
+                while block := response.read(1 << 20):
+                    out.write(block)
+                    received += len(block)
+                    bar.update(len(block))
+        if expected is not None and received != expected:
+            raise DataError(f"{url}: download cut short: received {received} bytes of {expected} "
+                            "(Content-Length); run prepare again to retry")
+        os.replace(part, path)
+    except (OSError, http.client.HTTPException) as e:  # URLError, HTTPError, timeouts, IncompleteRead
+        reason = " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
+        if isinstance(e, urllib.error.HTTPError):
+            reason = f"HTTP {e.code} {reason}"
+        raise DataError(f"{url}: download failed after {received} bytes of {expected or 'an unknown size'} "
+                        f"({reason}); run prepare again to retry, or pass a mirror") from None
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def _extract(archive: Path, members: set[str], folder: Path) -> dict[str, Path]:
+    """The named members of a tar archive (any compression), in one pass; the rest is not written.
+
+    Only names from DATASETS are written, under ``folder``, so a hostile member name cannot
+    escape it.
+    """
+    found: dict[str, Path] = {}
+    try:
+        with tarfile.open(archive, "r|*") as tar:  # a stream: one sequential read of a 1.5 GB .tgz
+            for member in tar:
+                name = member.name.removeprefix("./")
+                if name in members and member.isfile():
+                    target = folder / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with tar.extractfile(member) as f, open(target, "wb") as out:  # type: ignore[union-attr]
+                        shutil.copyfileobj(f, out, 1 << 20)
+                    found[name] = target
+                    if len(found) == len(members):
+                        break
+    except (tarfile.TarError, EOFError, zlib.error) as e:
+        raise DataError(f"{archive}: corrupt or truncated archive ({e}); delete it to download it again") from None
+    if missing := sorted(members - found.keys()):
+        raise DataError(f"{archive}: no member {', '.join(missing)}; is it the archive from {BASE_URL}?")
+    return found
+
+
+def _write_split(dest: Path, split: str, langs: tuple[str, str],
+                 corpora: Iterable[tuple[Corpus, Iterator[tuple[str, str]]]], log: Callable[[str], None]) -> dict:
+    """Concatenates the pairs of ``corpora`` into dest/split.{src,tgt}, atomically; returns counts and hashes."""
+    paths = [dest / f"{split}.{lang}" for lang in langs]
+    parts = [p.with_name(p.name + ".part") for p in paths]
+    digests = [hashlib.sha256(), hashlib.sha256()]
+    total, per_corpus = 0, {}
+    try:
+        with open(parts[0], "wb") as src_out, open(parts[1], "wb") as tgt_out:
+            for corpus, pairs in corpora:
+                n = 0
+                for pair in pairs:
+                    for text, out, digest in zip(pair, (src_out, tgt_out), digests):
+                        data = (text + "\n").encode("utf-8")
+                        out.write(data)
+                        digest.update(data)
+                    n += 1
+                per_corpus[corpus.name] = n
+                total += n
+                log(f"{split}: {corpus.name}: {n:,} pairs")
+        for part, path in zip(parts, paths):
+            os.replace(part, path)
+    finally:
+        for part in parts:
+            part.unlink(missing_ok=True)
+    return {"outputs": {p.name: {"lines": total, "sha256": d.hexdigest()} for p, d in zip(paths, digests)},
+            "corpora": per_corpus}
+
+
+def prepare(name: str, dest: Path, mirror: str | None = None,
+            log: Callable[[str], None] = print) -> dict:
+    """Downloads, checks and extracts dataset ``name`` (a key of DATASETS) into ``dest``; returns the manifest.
+
+    Archives go to dest/downloads/ and are kept: a second run downloads only what is missing.
+    ``mirror`` replaces BASE_URL (an http(s)/file URL or a local folder holding wmt13/, wmt14/, ...).
+    Every corpus is checked pair by pair: a side with more lines than the other is an error naming
+    both members, never a silent zip that would misalign everything after it.
+    """
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    dataset, dest = DATASETS[name], Path(dest)
+    base = mirror or BASE_URL
+    if "://" not in base:
+        base = Path(base).expanduser().resolve().as_uri()
+    base = base.rstrip("/") + "/"
+    corpora = (*dataset.train, dataset.valid, dataset.test)
+    (dest / "downloads").mkdir(parents=True, exist_ok=True)
+
+    archives: dict[str, dict] = {}
+    for corpus in corpora:
+        file = dest / "downloads" / Path(corpus.archive).name
+        if corpus.archive in archives:
+            continue
+        if file.exists():
+            log(f"{file.name}: already downloaded")
+        else:
+            log(f"downloading {base + corpus.archive}")
+            _download(base + corpus.archive, file)
+        archives[corpus.archive] = {"file": file.name, "url": base + corpus.archive,
+                                    "bytes": file.stat().st_size, "sha256": _sha256(file)}
+
+    work = dest / ".extract"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        members: dict[tuple[str, str], Path] = {}
+        for archive in archives.values():
+            wanted = {m for c in corpora if Path(c.archive).name == archive["file"] for m in (c.src, c.tgt)}
+            log(f"extracting {len(wanted)} files from {archive['file']}")
+            for member, path in _extract(dest / "downloads" / archive["file"], wanted,
+                                         work / archive["file"]).items():
+                members[archive["file"], member] = path
+
+        def pairs(corpus: Corpus, read: Callable[[Path], Iterator[str]] = iter_lines) -> Iterator[tuple[str, str]]:
+            file = Path(corpus.archive).name
+            return iter_parallel(members[file, corpus.src], members[file, corpus.tgt], read)
+
+        langs = (dataset.src_lang, dataset.tgt_lang)
+        splits = {"train": _write_split(dest, "train", langs, ((c, pairs(c)) for c in dataset.train), log),
+                  "valid": _write_split(dest, "valid", langs, [(dataset.valid, pairs(dataset.valid))], log),
+                  "test": _write_split(dest, "test", langs, [(dataset.test, pairs(dataset.test, read_sgm))], log)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    manifest = {"dataset": name, "outputs": {k: v for s in splits.values() for k, v in s["outputs"].items()},
+                "corpora": {split: s["corpora"] for split, s in splits.items()},
+                "archives": {a["file"]: {k: a[k] for k in ("url", "bytes", "sha256")} for a in archives.values()}}
+    (dest / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    log(f"{name}: {splits['train']['outputs'][f'train.{dataset.src_lang}']['lines']:,} training pairs in {dest}")
+    return manifest

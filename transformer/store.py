@@ -1,0 +1,165 @@
+"""A memory-mapped token store: a parallel corpus encoded once, read by training without its text.
+
+§5.1 trains on 4.5M (EN-DE) and 36M (EN-FR) sentence pairs. Encoding them at every start of a run
+and holding them as Python lists would take minutes and tens of GiB; ``write_store`` encodes them
+once with the run's sentencepiece model, streaming in chunks of bounded memory, and ``TokenStore``
+maps the result read-only, so every DDP rank shares the page cache instead of a private copy.
+
+Layout of a store folder (ids end with EOS on both sides, exactly as in ``Example``):
+
+    meta.json          format, version, vocabulary hash, dtypes, counts, sources
+    src.ids, tgt.ids   all ids of one side, concatenated (uint16 when the vocabulary fits, else int32)
+    src.len, tgt.len   one length per kept pair (same dtype rule, with max_len in place of the vocabulary)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from .data import DataError, Example, encode_pairs, iter_parallel
+from .tokenizer import Tokenizer
+
+FORMAT = "transformer-token-store"
+VERSION = 1
+FILES = ("src.ids", "tgt.ids", "src.len", "tgt.len")
+
+
+def _dtype(largest: int) -> str:
+    """Narrowest of uint16 / int32 that holds values up to ``largest``: halves the store for 37k BPE."""
+    return "uint16" if largest <= np.iinfo(np.uint16).max else "int32"
+
+
+def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: int,
+                chunk_pairs: int = 50_000, progress: bool = False, overwrite: bool = False) -> dict:
+    """Encodes the line-aligned files ``src`` / ``tgt`` into a token store at ``out``; returns its meta.
+
+    Pairs are filtered exactly as training filters them (``encode_pairs``: empty sides and pairs
+    longer than max_len pieces with EOS are skipped and counted, A10), chunk by chunk, so memory is
+    bounded by ``chunk_pairs`` and not by the corpus. The store is built in a sibling temporary
+    folder and renamed into place, so an interrupted run never leaves a half store that a later
+    run would open; an existing non-empty ``out`` is refused unless ``overwrite``.
+    """
+    src, tgt, out = Path(src), Path(tgt), Path(out)
+    if chunk_pairs < 1 or max_len < 1:
+        raise ValueError(f"chunk_pairs ({chunk_pairs}) and max_len ({max_len}) must be >= 1")
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"{out}: already exists and is not empty; choose another folder or overwrite it")
+    ids_dtype, len_dtype = np.dtype(_dtype(tokenizer.vocab_size - 1)), np.dtype(_dtype(max_len))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    files: dict[str, Any] = {}
+    try:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the store from the other users of a shared machine
+        files = {name: open(tmp / name, "wb") for name in FILES}
+        counts = dict.fromkeys(("n_pairs", "skipped_empty", "skipped_long", "n_kept", "n_src_tokens",
+                                "n_tgt_tokens"), 0)
+        pairs = iter_parallel(src, tgt)
+        with tqdm(unit=" pairs", unit_scale=True, desc=f"encoding {src.name}", disable=not progress) as bar:
+            while chunk := list(itertools.islice(pairs, chunk_pairs)):
+                examples, stats = encode_pairs(chunk, tokenizer, max_len)
+                counts["n_pairs"] += stats.n_pairs
+                counts["skipped_empty"] += stats.skipped_empty
+                counts["skipped_long"] += stats.skipped_long
+                counts["n_kept"] += len(examples)
+                for side in ("src", "tgt"):
+                    seqs = [getattr(e, side) for e in examples]
+                    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+                    ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64,
+                                      count=int(lengths.sum()))
+                    files[f"{side}.ids"].write(ids.astype(ids_dtype).tobytes())
+                    files[f"{side}.len"].write(lengths.astype(len_dtype).tobytes())
+                    counts[f"n_{side}_tokens"] += len(ids)
+                bar.update(len(chunk))
+        for f in files.values():
+            f.close()
+        meta = {"format": FORMAT, "version": VERSION, "vocab_size": tokenizer.vocab_size,
+                "vocab_sha256": tokenizer.sha256, "dtype": ids_dtype.name, "length_dtype": len_dtype.name,
+                **counts, "max_len": max_len,
+                "sources": {side: {"path": str(path.resolve()), "bytes": path.stat().st_size}
+                            for side, path in (("src", src), ("tgt", tgt))}}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):  # overwrite: move the old one aside
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+            os.replace(out, old / "store")
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)  # rename(2) onto an empty folder replaces it
+        return meta
+    finally:
+        for f in files.values():
+            f.close()
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+class TokenStore:
+    """A token store opened read-only; indexes like a list of ``Example`` so ``collate`` takes it as is.
+
+    Everything is checked at opening, so a bad store fails with one line before training starts,
+    not at a random batch hours later: a missing or foreign meta.json, another format version, a
+    file whose size disagrees with the meta (truncated copy) and, when ``vocab_sha256`` is given,
+    a store encoded with another vocabulary (its ids would index the wrong embeddings, §3.4).
+    Memory: the two offset arrays (8 bytes per pair and side); the ids stay on disk.
+    """
+
+    def __init__(self, path: Path, vocab_sha256: str | None = None) -> None:
+        self.path = Path(path)
+        meta_path = self.path / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise DataError(f"{meta_path}: missing; {self.path} is not a token store "
+                            "(write one with `transformer preprocess`)") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataError(f"{meta_path}: unreadable ({e}); rebuild the store") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise DataError(f"{meta_path}: not a {FORMAT} meta file")
+        if meta.get("version") != VERSION:
+            raise DataError(f"{meta_path}: format version {meta.get('version')}, this code reads version "
+                            f"{VERSION}; rebuild the store with `transformer preprocess`")
+        if vocab_sha256 is not None and meta["vocab_sha256"] != vocab_sha256:
+            raise DataError(f"{meta_path}: encoded with vocabulary {meta['vocab_sha256'][:12]}…, this run's "
+                            f"vocabulary is {vocab_sha256[:12]}…; re-encode with the run's spm.model")
+        self.stats = meta
+        ids_dtype, len_dtype = np.dtype(meta["dtype"]), np.dtype(meta["length_dtype"])
+        n = meta["n_kept"]
+        arrays = {}
+        for name, dtype, count in (("src.ids", ids_dtype, meta["n_src_tokens"]),
+                                   ("tgt.ids", ids_dtype, meta["n_tgt_tokens"]),
+                                   ("src.len", len_dtype, n), ("tgt.len", len_dtype, n)):
+            file = self.path / name
+            size = file.stat().st_size if file.is_file() else None
+            if size != count * dtype.itemsize:
+                found = "missing" if size is None else f"{size} bytes"
+                raise DataError(f"{file}: {found}, meta.json says {count * dtype.itemsize} bytes "
+                                f"({count} × {dtype.name}); the store is truncated or damaged, rebuild it")
+            # np.memmap refuses empty files; an empty store has nothing to map
+            arrays[name] = np.memmap(file, dtype=dtype, mode="r") if count else np.zeros(0, dtype)
+        self._src_ids, self._tgt_ids = arrays["src.ids"], arrays["tgt.ids"]
+        self.src_lengths, self.tgt_lengths = arrays["src.len"], arrays["tgt.len"]
+        self._src_offsets = np.concatenate([[0], np.cumsum(self.src_lengths, dtype=np.int64)])
+        self._tgt_offsets = np.concatenate([[0], np.cumsum(self.tgt_lengths, dtype=np.int64)])
+        if self._src_offsets[-1] != meta["n_src_tokens"] or self._tgt_offsets[-1] != meta["n_tgt_tokens"]:
+            raise DataError(f"{self.path}: lengths sum to {self._src_offsets[-1]} / {self._tgt_offsets[-1]} "
+                            f"ids, meta.json says {meta['n_src_tokens']} / {meta['n_tgt_tokens']}; rebuild it")
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def __getitem__(self, i: int) -> Example:
+        """Pair ``i`` as python int lists, EOS included: what ``encode_pairs`` gave for it."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"pair {i} is outside a store of {len(self)} pairs")
+        i %= len(self)
+        s, t = self._src_offsets, self._tgt_offsets
+        return Example(self._src_ids[s[i]:s[i + 1]].tolist(), self._tgt_ids[t[i]:t[i + 1]].tolist())
