@@ -52,11 +52,22 @@ def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
     tok_ref = tmp_path / "t.tok.de"
     tok_ref.write_text("\n".join(read_lines(multi30k / "tok" / "test_2016_flickr.lc.norm.tok.de.gz")[:20]) + "\n")
     result = run_cli("evaluate", str(run), "--src", str(head_src), "--ref", str(head_ref), "--tok-ref",
-                     str(tok_ref), "--lang", "de", "--json", str(out_json), "--beam", "1")
+                     str(tok_ref), "--lang", "de", "--json", str(out_json), "--beam", "1", "--paper-bleu")
     assert result.returncode == 0, result.stderr
     assert "BLEU = " in result.stdout and "nrefs:1|case:mixed" in result.stdout and "chrF" in result.stdout
     scores = json.loads(out_json.read_text())
-    assert {"bleu", "chrf", "signature", "tok_lc_bleu"} <= set(scores)
+    assert {"bleu", "chrf", "signature", "tok_lc_bleu", "paper_bleu"} <= set(scores)
+
+
+def test_params_cost_recomputes_table_2(capsys):
+    assert main(["params", "wmt14_en_de_base", "--cost", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # Table 2: base 3.3e18 FLOPs = 8 P100 x 12 h x 9.5 TFLOPS
+    assert report["table2"]["paper_flops"] == pytest.approx(3.3e18, rel=0.01)
+    assert report["tokens_per_step"] == 25_000 and report["steps"] == 100_000
+    assert report["total_flops"] == pytest.approx(report["flops_per_token"] * 25_000 * 100_000)
+    hours = [r["hours"] for r in report["per_devices"]]
+    assert hours[0] == pytest.approx(8 * hours[1])  # time scales with the devices at a fixed MFU
 
 
 def test_params_json(capsys):

@@ -83,7 +83,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from .data import read_lines, resolve_data_path
-    from .evaluate import sacrebleu_scores, tok_lc_bleu
+    from .evaluate import paper_bleu, sacrebleu_scores, tok_lc_bleu
 
     translator = _translator(args)
     args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
@@ -94,9 +94,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     scores = sacrebleu_scores(hyps, ref)
     print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
     print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
+    lang = args.lang or Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1]
+    if args.paper_bleu:
+        scores["paper_bleu"] = paper_bleu(hyps, ref, lang)
+        print(f"tokenized BLEU = {scores['paper_bleu']:.2f}  (as Table 2: Moses tokenizer, ##AT## compound "
+              f"splitting, cased, multi-bleu; {lang})")
     if args.tok_ref:
         tok_ref = read_lines(resolve_data_path(str(args.tok_ref)))
-        lang = args.lang or Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1]
         scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
         print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")
     if args.hyp_out:
@@ -251,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", type=Path, required=True, help="reference translations (raw text)")
     p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...)")
     p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix)")
+    p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported (Table 2: "
+                   "Moses tokenizer and compound splitting, as the authors' get_ende_bleu.sh)")
     p.add_argument("--json", type=Path, help='write {"bleu", "chrf", "signature", ...} to this file')
     p.add_argument("--hyp-out", type=Path, help="also write the translations to this file")
     p.set_defaults(func=cmd_evaluate)
