@@ -1,6 +1,7 @@
 """`transformer <command>`: a thin command line; each command loads a config and calls one function.
 
-Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a usage error.
+Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a usage error,
+130 / 143 training stopped by SIGINT / SIGTERM after finishing its step and writing a checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         import subprocess
 
         argv = ["train", args.config, "--out", str(args.out), *[x for kv in args.set for x in ("--set", kv)],
-                *(["--resume"] if args.resume else []), *(["--quiet"] if args.quiet else [])]
+                *(["--resume"] if args.resume else []), *(["--quiet"] if args.quiet else []),
+                *(["--allow-config-change"] if args.allow_config_change else [])]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
                "-m", "transformer", *argv]
         print(f"launching: {' '.join(cmd)}", file=sys.stderr)
@@ -35,7 +37,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         if code:
             raise SystemExit(code)
         return
-    train(cfg, Path(args.out), resume=args.resume, quiet=args.quiet)
+    train(cfg, Path(args.out), resume=args.resume, quiet=args.quiet, allow_config_change=args.allow_config_change)
 
 
 def _decode_options(p: argparse.ArgumentParser) -> None:
@@ -86,27 +88,85 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .evaluate import paper_bleu, sacrebleu_scores, tok_lc_bleu
 
     translator = _translator(args)
+    d = translator.cfg.data
+    for name, default in (("src", d.test_src), ("ref", d.test_tgt)):
+        if getattr(args, name) is None:
+            if not default:
+                raise ConfigError(f"--{name} not given and the run's config has no data.test_{name.replace('ref', 'tgt')}")
+            setattr(args, name, default)
     args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
-    src, ref = read_lines(args.src), read_lines(args.ref)
-    if len(src) != len(ref):
-        raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
-    hyps = _translate_lines(args, translator, src)
-    scores = sacrebleu_scores(hyps, ref)
-    print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
-    print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
-    lang = args.lang or Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1]
-    if args.paper_bleu:
-        scores["paper_bleu"] = paper_bleu(hyps, ref, lang)
-        print(f"tokenized BLEU = {scores['paper_bleu']:.2f}  (as Table 2: Moses tokenizer, ##AT## compound "
-              f"splitting, cased, multi-bleu; {lang})")
-    if args.tok_ref:
-        tok_ref = read_lines(resolve_data_path(str(args.tok_ref)))
-        scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
-        print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")
+    src = read_lines(args.src)
+    if d.task == "parse":
+        from .trees import parse_brackets, score_trees
+
+        gold = parse_brackets(args.ref.read_text(encoding="utf-8"), str(args.ref))
+        if len(src) != len(gold):
+            raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(gold)} trees")
+        trees = _parse_lines(args, translator, src)
+        scores = score_trees(gold, trees).as_dict()
+        print(f"F1 = {scores['f1']:.2f}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
+              f"({scores['matched']} of {scores['gold_brackets']} gold / {scores['test_brackets']} test brackets, "
+              f"{scores['sentences']} sentences; EVALB COLLINS.prm rules)")
+        hyps = [str(t) for t in trees]
+    else:
+        ref = read_lines(args.ref)
+        if len(src) != len(ref):
+            raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
+        hyps = _translate_lines(args, translator, src)
+        scores = sacrebleu_scores(hyps, ref)
+        print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
+        print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
+        lang = args.lang or Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1]
+        if args.paper_bleu:
+            scores["paper_bleu"] = paper_bleu(hyps, ref, lang)
+            print(f"tokenized BLEU = {scores['paper_bleu']:.2f}  (as Table 2: Moses tokenizer, ##AT## compound "
+                  f"splitting, cased, multi-bleu; {lang})")
+        if args.tok_ref:
+            tok_ref = read_lines(resolve_data_path(str(args.tok_ref)))
+            scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
+            print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")
     if args.hyp_out:
         args.hyp_out.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     if args.json:
         args.json.write_text(json.dumps(scores, indent=2) + "\n", encoding="utf-8")
+
+
+def _parse_lines(args: argparse.Namespace, translator, lines: list[str]) -> list:
+    """Trees for sentences of space-separated words (§6.3): decode, then rebuild with the input's words."""
+    from .trees import delinearize
+
+    outputs = _translate_lines(args, translator, lines)
+    return [delinearize(out.split(), line.split())[0] for line, out in zip(lines, outputs)]
+
+
+def cmd_parse(args: argparse.Namespace) -> None:
+    from .data import read_lines
+
+    translator = _translator(args)
+    if translator.cfg.data.task != "parse":
+        raise ConfigError(f"{args.run_dir}: a translation run (data.task = {translator.cfg.data.task!r}); "
+                          "use `transformer translate`")
+    lines = read_lines(args.input or Path("/dev/stdin"))
+    text = "".join(str(t) + "\n" for t in _parse_lines(args, translator, lines))
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_evaluate_parse(args: argparse.Namespace) -> None:
+    from .trees import normalize, read_trees, score_trees
+
+    gold = [normalize(t) for t in read_trees(args.gold)]
+    test = [normalize(t) for t in read_trees(args.test)]
+    scores = score_trees([g for g in gold if g], [t for t in test if t]).as_dict()
+    if args.json:
+        print(json.dumps(scores))
+        return
+    print(f"precision = {scores['precision']:.2f}\nrecall    = {scores['recall']:.2f}\nF1        = {scores['f1']:.2f}")
+    print(f"brackets: {scores['matched']} matched, {scores['gold_brackets']} gold, {scores['test_brackets']} test; "
+          f"{scores['sentences']} sentences (EVALB COLLINS.prm rules: punctuation by gold tag removed, "
+          "ADVP = PRT, POS nodes not counted)")
 
 
 def cmd_average(args: argparse.Namespace) -> None:
@@ -232,6 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept a config that changes the model, data or optimisation (refused "
+                        "otherwise, with the list of fields); the changes are logged")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the terminal")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="data-parallel processes on this machine (one per GPU; gloo on CPU): runs this command "
@@ -250,9 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG, description="Prints detokenized cased sacreBLEU with its signature and "
                        "chrF; with --tok-ref also the Multi30k literature's tokenized lowercased BLEU.")
     _decode_options(p)
-    p.add_argument("--src", type=Path, required=True, help="source sentences, plain or .gz; a path that does not "
-                   "exist is looked up under the data root ($TRANSFORMER_DATA, ...), e.g. multi30k/val.en.gz")
-    p.add_argument("--ref", type=Path, required=True, help="reference translations (raw text)")
+    p.add_argument("--src", type=Path, help="source sentences, plain or .gz; a path that does not "
+                   "exist is looked up under the data root ($TRANSFORMER_DATA, ...), e.g. multi30k/val.en.gz "
+                   "(default: the run's data.test_src)")
+    p.add_argument("--ref", type=Path, help="reference translations (raw text), or gold trees for a parsing run "
+                   "(default: the run's data.test_tgt)")
     p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...)")
     p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported (Table 2: "
@@ -260,6 +325,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help='write {"bleu", "chrf", "signature", ...} to this file')
     p.add_argument("--hyp-out", type=Path, help="also write the translations to this file")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("parse", help="parse sentences into constituency trees with a parsing run (§6.3)",
+                       epilog=EPILOG, description="Input: one sentence per line, words separated by spaces (Penn "
+                       "Treebank tokenization). Output: one bracketed tree per line, every sentence gets one "
+                       "(ill-formed outputs are repaired); part-of-speech nodes carry the placeholder XX.")
+    _decode_options(p)
+    p.add_argument("--input", type=Path, help="input file (default: stdin)")
+    p.add_argument("--output", type=Path, help="output file (default: stdout)")
+    p.set_defaults(func=cmd_parse)
+
+    p = sub.add_parser("evaluate-parse", help="labelled bracket precision / recall / F1 of parse trees (EVALB)",
+                       epilog=EPILOG, description="Scores --test trees against --gold trees (bracketed, any "
+                       "layout; .mrg files work) as EVALB does with COLLINS.prm.")
+    p.add_argument("--gold", type=Path, required=True)
+    p.add_argument("--test", type=Path, required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_evaluate_parse)
 
     p = sub.add_parser("average", help="average the last N checkpoints (§6.1)", epilog=EPILOG,
                        description="Uniform mean in float64 of the last N checkpoints' weights; writes a "
@@ -327,11 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     from .data import DataError
     from .export import ExportError
     from .tokenizer import TokenizerError
-    from .train import TrainError
+    from .train import TrainError, TrainInterrupted
+    from .trees import TreeError
 
     try:
         args.func(args)
-    except (ConfigError, DataError, CheckpointError, ExportError, TokenizerError, TrainError) as e:
+    except TrainInterrupted as e:  # SIGTERM / SIGINT: the step finished and a checkpoint was written
+        print(f"stopped: {e}", file=sys.stderr)
+        return 128 + e.signum
+    except (ConfigError, DataError, CheckpointError, ExportError, TokenizerError, TrainError, TreeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

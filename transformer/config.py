@@ -53,6 +53,7 @@ class ModelConfig:
 class DataConfig:
     """Parallel text and its BPE vocabulary (§5.1)."""
 
+    task: Literal["translate", "parse"] = "translate"  # parse: source words -> linearized tree (§6.3)
     src_lang: str = "en"
     tgt_lang: str = "de"
     # Paths are absolute or relative to the data root (see data.find_data_root); "" = not given.
@@ -160,10 +161,34 @@ class Config:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
 
+    def resume_differences(self, saved: Config) -> list[str]:
+        """Fields that a resumed run may not change ("section.key: saved -> now"): the model, the
+        data and its vocabulary, the data order and the optimisation. Budgets, logging, checkpoint
+        cadence, threads and decoding may change."""
+        out = []
+        for section, keys in RESUME_FIXED.items():
+            old, new = dataclasses.asdict(getattr(saved, section)), dataclasses.asdict(getattr(self, section))
+            for key in (old if keys == "*" else keys):
+                if old[key] != new[key]:
+                    out.append(f"{section}.{key}: {old[key]!r} -> {new[key]!r}")
+        return out
+
+    def sha256(self) -> str:
+        """Hash of the whole config, recorded in every checkpoint."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
     def model_hash(self) -> str:
         """A short hash of the model section: checkpoints from another architecture are refused."""
         blob = json.dumps(dataclasses.asdict(self.model), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+RESUME_FIXED: dict[str, str | tuple[str, ...]] = {
+    "model": "*",
+    "data": ("task", "train_src", "train_tgt", "train_store", "vocab_size", "spm_input_sentences", "max_len"),
+    "train": ("max_tokens", "update_freq", "warmup_steps", "lr_scale", "beta1", "beta2", "adam_eps", "weight_decay",
+              "clip_norm", "eps_ls", "seed"),
+}
 
 
 def _check_type(where: str, key: str, value: Any, annotation: Any) -> Any:

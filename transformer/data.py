@@ -97,6 +97,24 @@ def _download_multi30k(name: str) -> Path:
             os.unlink(tmp)
 
 
+PTB_PARSE = "ptb-sample-parse"  # the parsing task's files (§6.3), built from ptb-sample/ on first use
+
+
+def _build_ptb_parse(name: str, roots: list[Path]) -> Path:
+    """Writes {train,valid,test}.{words,lin,gold} from the WSJ sample's .mrg files into the cache."""
+    from .trees import write_ptb_splits  # trees is only needed here
+
+    ptb = next((root / "ptb-sample" for root in roots if (root / "ptb-sample").is_dir()), None)
+    if ptb is None:
+        raise DataError(f"{PTB_PARSE}/{name}: built from ptb-sample/ (the Penn Treebank WSJ sample's .mrg files), "
+                        f"which is in none of {', '.join(map(str, roots))}; set TRANSFORMER_DATA")
+    folder = Path.home() / ".cache" / "transformer" / PTB_PARSE
+    write_ptb_splits(ptb, folder)
+    if not (folder / name).exists():
+        raise DataError(f"{PTB_PARSE}/{name}: not a file of the parsing task (train|valid|test . words|lin|gold)")
+    return folder / name
+
+
 def resolve_data_path(path: str) -> Path:
     """A data file: absolute or existing as given, else under each data root in order.
 
@@ -114,6 +132,8 @@ def resolve_data_path(path: str) -> Path:
             return root / given
     if len(given.parts) == 2 and given.parts[0] == "multi30k" and given.name in MULTI30K_SHA256:
         return _download_multi30k(given.name)
+    if len(given.parts) == 2 and given.parts[0] == PTB_PARSE:
+        return _build_ptb_parse(given.name, roots)
     raise DataError(f"data file not found: {path} (searched ./ and {', '.join(map(str, roots))}; "
                     "set TRANSFORMER_DATA to the folder that holds it)")
 

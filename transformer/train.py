@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import platform
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from . import distributed
+from . import __version__, distributed
 from .distributed import Dist
 
 from .checkpoint import latest_checkpoint, save_checkpoint
@@ -38,6 +41,38 @@ from .tokenizer import PAD_ID, Tokenizer
 
 class TrainError(RuntimeError):
     """A user-facing problem with a run (its folder, its resume state); one-line message."""
+
+
+class TrainInterrupted(TrainError):
+    """SIGTERM or SIGINT: the current step finished and a checkpoint was written. The command line
+    exits with 128 + the signal number (143 for SIGTERM, 130 for SIGINT), as shells do."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
+class StopSignals:
+    """Turns the first SIGTERM / SIGINT into a request to stop after the current step (a second
+    one stops at once). Only the main thread can take signals; elsewhere this does nothing."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None:  # the second signal: do not wait for the step
+            self.restore()
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
 
 
 @dataclass
@@ -77,10 +112,13 @@ def run_logger(out: Path, quiet: bool = False):
     return log
 
 
-def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True) -> Run:
+def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
+                allow_changes: bool = False) -> Run:
     """Creates or re-opens the run folder, trains or loads the BPE vocabulary, reads the data.
 
-    ``write=False`` (data-parallel ranks other than 0) only reads what rank 0 wrote.
+    ``write=False`` (data-parallel ranks other than 0) only reads what rank 0 wrote. Resuming with
+    a config that changes the model, the data or the optimisation is refused with the list of
+    fields, unless ``allow_changes`` (then the list is logged).
     """
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.toml"
@@ -90,8 +128,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True) -
     if config_path.exists() and resume:
         import tomllib
         saved = config_from_dict(tomllib.loads(config_path.read_text(encoding="utf-8")), str(config_path))
-        if saved.model != cfg.model or saved.data.vocab_size != cfg.data.vocab_size:
-            raise TrainError(f"--resume with a config whose model or vocabulary differs from {config_path}")
+        if changed := cfg.resume_differences(saved):
+            if not allow_changes:
+                raise TrainError(f"--resume with a config that differs from {config_path} in: {'; '.join(changed)} "
+                                 "(pass --allow-config-change to resume anyway)")
+            log(f"resuming with changed config (--allow-config-change): {'; '.join(changed)}")
     if write:
         config_path.write_text(dump_toml(cfg), encoding="utf-8")
 
@@ -222,7 +263,8 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, 
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
-def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
+def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
+          allow_config_change: bool = False) -> dict[str, Any]:
     """Trains until train.max_steps or train.max_minutes; returns a summary of the run.
 
     Under torchrun, every rank runs this function: rank r takes every world-th batch of one seeded
@@ -236,22 +278,23 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False) -> 
     torch.set_flush_denormal(True)
     dist = distributed.setup(t.dist_timeout_s)
     try:
-        return _train(cfg, Path(out), resume, quiet, dist)
+        return _train(cfg, Path(out), resume, quiet, dist, allow_config_change)
     finally:
         distributed.teardown(dist)
 
 
-def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist) -> dict[str, Any]:
+def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
+           allow_config_change: bool) -> dict[str, Any]:
     t = cfg.train
     if dist.main:
         out.mkdir(parents=True, exist_ok=True)
         log = run_logger(out, quiet)
-        run = prepare_run(cfg, out, resume, log)  # rank 0 trains the vocabulary; the others wait for it
+        run = prepare_run(cfg, out, resume, log, allow_changes=allow_config_change)  # the others wait for it
         distributed.barrier(dist)
     else:
         log = lambda msg: None  # noqa: E731
         distributed.barrier(dist)
-        run = prepare_run(cfg, out, resume, log, write=False)
+        run = prepare_run(cfg, out, resume, log, write=False, allow_changes=True)
     # every rank must train the same model on the same data
     identity = f"{json.dumps(cfg.to_dict(), sort_keys=True)} vocab={run.tokenizer.sha256}"
     if len(set(distributed.gather(dist, identity))) > 1:
@@ -261,8 +304,8 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist) -> dic
     raw = Transformer(cfg.model, run.tokenizer.vocab_size).to(dist.device)
     optimizer = make_optimizer(raw, t)
     state = TrainState(world_size=dist.world)
-    meta_base = {"config": cfg.to_dict(), "vocab_sha256": run.tokenizer.sha256, "model_hash": cfg.model_hash(),
-                 "vocab_size": run.tokenizer.vocab_size}
+    meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": run.tokenizer.sha256,
+                 "model_hash": cfg.model_hash(), "vocab_size": run.tokenizer.vocab_size}
     if dist.enabled:
         torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
     if resume:
@@ -291,6 +334,8 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist) -> dic
         model = torch.compile(model)
     amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
     scaler = torch.amp.GradScaler(dist.device.type) if t.precision == "fp16" else None
+    log(f"transformer {__version__}, torch {torch.__version__}, python {platform.python_version()}; seed {t.seed}; "
+        f"config sha256 {cfg.sha256()[:16]}; vocabulary sha256 {run.tokenizer.sha256[:16]}")
     log(f"model: {count_parameters(raw):,} parameters; vocabulary {run.tokenizer.vocab_size}; {t.precision} on "
         f"{dist.device.type}; per step at most {t.max_tokens} tokens per side x update_freq {t.update_freq} x "
         f"{dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
@@ -320,7 +365,11 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist) -> dic
         tensors.update({f"rng.torch.{r}": rng for r, rng in enumerate(rng_states) if r})
         meta = dict(meta_base, optim_param_groups=groups,
                     train_state={**state.__dict__, "elapsed_s": elapsed()})
-        save_checkpoint(out, state.step, raw.state_dict(), tensors, meta, t.keep_last)
+        try:
+            save_checkpoint(out, state.step, raw.state_dict(), tensors, meta, t.keep_last)
+        except OSError as e:  # disk full, folder gone or read-only: the earlier checkpoints are intact
+            raise TrainError(f"cannot write the checkpoint of step {state.step} in {out / 'checkpoints'}: "
+                             f"{e.strerror or e}; earlier checkpoints are intact: make room and --resume") from None
 
     start = time.monotonic()
     elapsed = lambda: state.elapsed_s + time.monotonic() - start  # noqa: E731
@@ -329,57 +378,67 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist) -> dic
                dynamic_ncols=True, mininterval=1.0)
     metrics_path = out / "metrics.jsonl"
     bad_in_a_row = 0
-    while state.step < t.max_steps:
-        # rank 0's clock decides, so that every rank stops after the same step
-        out_of_time = dist.main and t.max_minutes and elapsed() >= 60 * t.max_minutes
-        if distributed.all_sum(dist, [float(bool(out_of_time))])[0]:
-            break
-        lr = learning_rate(state.step + 1, cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
-        result = train_step(model, optimizer, [next_batch() for _ in range(t.update_freq)], t.eps_ls, lr,
-                            t.clip_norm, dist, scaler, amp_dtype)
-        if not result.applied:
-            state.skipped_steps += 1
-            bad_in_a_row += 1
-            log(f"step {state.step + 1}: gradients are not finite (loss {result.loss:.4g}); step skipped "
-                f"({state.skipped_steps} so far)")
-            if bad_in_a_row >= t.max_bad_steps:
-                raise TrainError(f"{bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
-                                 f"{state.step} (the newest checkpoint holds finite weights). Lower "
-                                 "train.lr_scale, or use fp32/bf16 instead of fp16")
-            continue
-        bad_in_a_row = 0
-        state.step += 1
-        state.tgt_tokens += result.n_tokens
-        window["loss"] += result.loss
-        window["tokens"] += result.n_tokens
-        bar.update(1)
-        if dist.enabled and state.step % t.check_every == 0:
-            sums = distributed.gather(dist, distributed.parameter_checksum(raw))
-            if any(abs(x - sums[0]) > 1e-6 * max(1.0, abs(sums[0])) for x in sums):
-                raise TrainError(f"step {state.step}: the ranks' parameters drifted apart (checksums {sums})")
-        if dist.main and (state.step % t.log_every == 0 or state.step == t.max_steps):
-            dt = time.monotonic() - window["t0"]
-            # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
-            rec = {"step": state.step, "epoch": state.epoch, "minutes": elapsed() / 60, "lr": lr,
-                   "train_loss": window["loss"] * dist.world / window["tokens"],
-                   "tokens_per_s": window["tokens"] / dt}
-            bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
-            if state.step % t.eval_every == 0:
-                rec.update(validate(raw, run.valid, t.max_tokens))
-            for key, value in rec.items():
-                if key not in ("step", "epoch"):
-                    writer.add_scalar(key, value, state.step)
-            with metrics_path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(rec) + "\n")
-            log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
-            window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
-        due = (t.save_every and state.step % t.save_every == 0) or (
-            t.save_minutes and time.monotonic() - last_save >= 60 * t.save_minutes)
-        if distributed.all_sum(dist, [float(bool(due))])[0]:  # rank 0's clock decides here too
-            save()
-            last_save = time.monotonic()
+    stop = StopSignals()
+    try:
+        while state.step < t.max_steps:
+            # rank 0's clock decides, so that every rank stops after the same step; a signal on any rank
+            # stops them all
+            out_of_time = dist.main and t.max_minutes and elapsed() >= 60 * t.max_minutes
+            if sum(distributed.all_sum(dist, [float(bool(out_of_time)), float(stop.received is not None)])):
+                break
+            lr = learning_rate(state.step + 1, cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
+            result = train_step(model, optimizer, [next_batch() for _ in range(t.update_freq)], t.eps_ls, lr,
+                                t.clip_norm, dist, scaler, amp_dtype)
+            if not result.applied:
+                state.skipped_steps += 1
+                bad_in_a_row += 1
+                log(f"step {state.step + 1}: gradients are not finite (loss {result.loss:.4g}); step skipped "
+                    f"({state.skipped_steps} so far)")
+                if bad_in_a_row >= t.max_bad_steps:
+                    raise TrainError(f"{bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
+                                     f"{state.step} (the newest checkpoint holds finite weights). Lower "
+                                     "train.lr_scale, or use fp32/bf16 instead of fp16")
+                continue
+            bad_in_a_row = 0
+            state.step += 1
+            state.tgt_tokens += result.n_tokens
+            window["loss"] += result.loss
+            window["tokens"] += result.n_tokens
+            bar.update(1)
+            if dist.enabled and state.step % t.check_every == 0:
+                sums = distributed.gather(dist, distributed.parameter_checksum(raw))
+                if any(abs(x - sums[0]) > 1e-6 * max(1.0, abs(sums[0])) for x in sums):
+                    raise TrainError(f"step {state.step}: the ranks' parameters drifted apart (checksums {sums})")
+            if dist.main and (state.step % t.log_every == 0 or state.step == t.max_steps):
+                dt = time.monotonic() - window["t0"]
+                # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
+                rec = {"step": state.step, "epoch": state.epoch, "minutes": elapsed() / 60, "lr": lr,
+                       "train_loss": window["loss"] * dist.world / window["tokens"],
+                       "tokens_per_s": window["tokens"] / dt}
+                bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
+                if state.step % t.eval_every == 0:
+                    rec.update(validate(raw, run.valid, t.max_tokens))
+                for key, value in rec.items():
+                    if key not in ("step", "epoch"):
+                        writer.add_scalar(key, value, state.step)
+                with metrics_path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
+                log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
+                window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
+            due = (t.save_every and state.step % t.save_every == 0) or (
+                t.save_minutes and time.monotonic() - last_save >= 60 * t.save_minutes)
+            if distributed.all_sum(dist, [float(bool(due))])[0]:  # rank 0's clock decides here too
+                save()
+                last_save = time.monotonic()
+    finally:
+        stop.restore()
     bar.close()
     save()
+    if stop.received is not None:
+        name = signal.Signals(stop.received).name
+        log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
+        raise TrainInterrupted(stop.received, f"{name}: training stopped after step {state.step} with its "
+                               f"checkpoint written to {out / 'checkpoints'}; continue with --resume")
     summary = {"step": state.step, "train_minutes": elapsed() / 60, "tgt_tokens": state.tgt_tokens,
                "tokens_per_s": state.tgt_tokens / max(elapsed(), 1e-9), "skipped_steps": state.skipped_steps}
     if dist.main:

@@ -1,0 +1,155 @@
+"""Bad data and arbitrary text, end to end: a clear error or a counted skip, never a lost or shifted line."""
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from transformer.config import load_config
+from transformer.data import read_parallel
+from transformer.train import train
+from transformer.translator import Translator
+
+ENV = os.environ | {"OMP_NUM_THREADS": "1"}
+GOOD = ["a dog runs .", "two men sit on a bench .", "a girl in red plays .", "people walk in a park ."] * 30
+GUT = ["ein hund rennt .", "zwei männer sitzen auf einer bank .", "ein mädchen in rot spielt .",
+       "leute gehen in einem park ."] * 30
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def lines(text: list[str]) -> bytes:
+    return "".join(t + "\n" for t in text).encode()
+
+
+def train_cli(tmp_path: Path, src: Path, tgt: Path, extra: list[str] = ()) -> subprocess.CompletedProcess:
+    valid_src, valid_tgt = write(tmp_path / "v.en", lines(GOOD[:8])), write(tmp_path / "v.de", lines(GUT[:8]))
+    sets = [f'data.train_src="{src}"', f'data.train_tgt="{tgt}"', f'data.valid_src="{valid_src}"',
+            f'data.valid_tgt="{valid_tgt}"', "data.vocab_size=60", "train.max_steps=2", "train.threads=1",
+            "data.max_len=40", *extra]
+    return subprocess.run([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(tmp_path / "run"),
+                           "--quiet", *[x for s in sets for x in ("--set", s)]], env=ENV, capture_output=True,
+                          text=True, timeout=300)
+
+
+def assert_clear_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 1, proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    for needle in needles:
+        assert needle in last, last
+
+
+def test_mismatched_line_counts(tmp_path, tally):
+    src, tgt = write(tmp_path / "t.en", lines(GOOD)), write(tmp_path / "t.de", lines(GUT[:-1]))
+    assert_clear_error(train_cli(tmp_path, src, tgt), "t.en has 120 lines", "t.de has 119")
+    tally["faults_injected"] += 1
+    tally["faults_survived"] += 1
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path, tally):
+    src = write(tmp_path / "t.en", lines(GOOD[:5]) + b"caf\xe9\n" + lines(GOOD[6:]))
+    tgt = write(tmp_path / "t.de", lines(GUT))
+    assert_clear_error(train_cli(tmp_path, src, tgt), "t.en:6", "invalid UTF-8")
+    tally["faults_injected"] += 1
+    tally["faults_survived"] += 1
+
+
+def test_a_gzip_file_cut_short(tmp_path, tally):
+    data = gzip.compress(lines(GOOD))
+    src = write(tmp_path / "t.en.gz", data[: len(data) // 2])
+    assert_clear_error(train_cli(tmp_path, src, write(tmp_path / "t.de", lines(GUT))), "t.en.gz",
+                       "corrupt or truncated gzip")
+    tally["faults_injected"] += 1
+    tally["faults_survived"] += 1
+
+
+def test_empty_sides_and_overlong_lines_are_skipped_whole_and_counted(tmp_path, tally):
+    src_lines, tgt_lines = list(GOOD), list(GUT)
+    src_lines[3], tgt_lines[7] = "", "   "  # one side empty
+    src_lines[10] = " ".join(["word"] * 200)  # longer than data.max_len pieces
+    src, tgt = write(tmp_path / "t.en", lines(src_lines)), write(tmp_path / "t.de", lines(tgt_lines))
+    proc = train_cli(tmp_path, src, tgt)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "117 pairs used of 120; skipped 2 with an empty side, 1 longer than 40 pieces" in log
+    tally["faults_injected"] += 3
+    tally["faults_survived"] += 3
+
+
+def test_nul_crlf_and_unicode_separators_keep_pairs_aligned(tmp_path, tally):
+    src_lines = list(GOOD)
+    src_lines[1] = "a dog\u2028runs\x85fast\x0cnow\x00 ."  # separators and NUL inside one line
+    src = write(tmp_path / "t.en", "".join(s + "\r\n" for s in src_lines).encode())  # CRLF
+    tgt = write(tmp_path / "t.de", lines(GUT))
+    pairs = read_parallel(src, tgt)
+    assert len(pairs) == 120 and pairs[1][1] == GUT[1] and pairs[2] == (GOOD[2], GUT[2])
+    assert pairs[1][0] == src_lines[1]  # nothing split off, nothing lost, no "\r"
+    proc = train_cli(tmp_path, src, tgt)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    tally["faults_injected"] += 4
+    tally["faults_survived"] += 4
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, multi30k):
+    from tests.conftest import write_slice
+    out = tmp_path_factory.mktemp("fuzz")
+    src, tgt = write_slice(multi30k, out, "train", 0, 400)
+    cfg = load_config("tiny", [f'data.train_src="{src}"', f'data.train_tgt="{tgt}"', f'data.valid_src="{src}"',
+                               f'data.valid_tgt="{tgt}"', "data.vocab_size=300", "train.max_steps=30",
+                               "train.threads=1", "decode.max_len_offset=5"])
+    train(cfg, out / "run", quiet=True)
+    return Translator(out / "run", log=lambda m: None)
+
+
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=60)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(TEXT, st.sampled_from(["", "   ", "🙂🙂 👍", "مرحبا بالعالم", "x" * 300, "\t\x00\x1b"])),
+                min_size=1, max_size=6))
+def test_translation_never_loses_or_reorders_a_line(tiny_run, tally, inputs):
+    outputs = tiny_run.translate(inputs, beam_size=2)
+    tally["fuzz_inputs"] += len(inputs)
+    lost = len(inputs) - len(outputs)
+    tally["lines_lost"] += max(lost, 0)
+    assert lost == 0
+    assert all("\n" not in o for o in outputs)  # one output line per input line
+    for text, out in zip(inputs, outputs):
+        if not text.strip():
+            assert out == ""
+    # in order: each sentence alone gives what it gave in the batch
+    assert [tiny_run.translate([t], beam_size=2)[0] for t in inputs] == outputs
+
+
+def test_a_sentence_longer_than_any_seen_in_training_still_decodes(tiny_run):
+    very_long = " ".join(["a dog runs in the park"] * 80)  # ~480 words, positions far past training
+    (out,) = tiny_run.translate([very_long], beam_size=1)
+    assert isinstance(out, str)
+
+
+def test_translate_command_keeps_every_line(tmp_path, tiny_run, tally):
+    inputs = ["a dog .", "", "\u2028 odd \x85 separators", "🙂", "x" * 300, "last line"]
+    path = write(tmp_path / "in.txt", lines(inputs))
+    proc = subprocess.run([sys.executable, "-m", "transformer", "translate", str(tiny_run_dir(tiny_run)),
+                           "--input", str(path), "--beam", "2"], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    out = proc.stdout.split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(inputs)
+    assert out[1] == ""
+    tally["fuzz_inputs"] += len(inputs)
+
+
+def tiny_run_dir(translator: Translator) -> Path:
+    return translator.tokenizer.path.parent
+

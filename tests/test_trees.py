@@ -1,0 +1,144 @@
+"""Parsing as translation (§6.3): treebank reading, linearization, repair, EVALB-style scoring."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import DATA
+from transformer.cli import main
+from transformer.trees import (PTB_SPLITS, Tree, TreeError, delinearize, linearize, normalize, parse_brackets,
+                               read_trees, score_trees, with_tags, write_ptb_splits)
+
+PTB = DATA / "ptb-sample"
+
+
+def tree(text: str) -> Tree:
+    (t,) = parse_brackets(text)
+    return t
+
+
+def f1(gold: str, test: str) -> tuple[float, float, float]:
+    s = score_trees([tree(gold)], [tree(test)])
+    return round(s.precision, 2), round(s.recall, 2), round(s.f1, 2)
+
+
+def test_normalisation_removes_traces_function_tags_and_the_outer_bracket():
+    raw = tree("( (S (NP-SBJ-1 (-NONE- *T*-1)) (NP-SBJ=2 (DT The) (NN dog)) (VP (VBD barked) "
+               "(NP (-NONE- *)) (-LRB- -LRB-) (ADVP-TMP (RB now)) (-RRB- -RRB-)) (. .)) )")
+    assert str(normalize(raw)) == ("(S (NP (DT The) (NN dog)) (VP (VBD barked) (-LRB- -LRB-) (ADVP (RB now)) "
+                                   "(-RRB- -RRB-)) (. .))")
+    assert normalize(tree("(X (-NONE- *))")) is None
+
+
+def test_linearization_is_vinyals_et_al():
+    t = tree("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))")
+    assert linearize(t) == ["(S", "(NP", "XX", "XX", ")NP", "(VP", "XX", ")VP", "XX", ")S"]
+
+
+@pytest.mark.skipif(not PTB.is_dir(), reason="ptb-sample not found (set TRANSFORMER_DATA)")
+def test_linearize_then_delinearize_is_the_identity_on_every_tree_of_the_sample():
+    n = 0
+    for path in sorted(PTB.glob("wsj_*.mrg")):
+        for raw in read_trees(path):
+            t = normalize(raw)
+            back, well_formed = delinearize(linearize(t), t.words())
+            assert well_formed, (path.name, str(t))
+            assert str(with_tags(back, t.tags())) == str(t), (path.name, str(t))
+            n += 1
+    assert n > 3500
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["(S", "(NP", "(VP", ")NP", ")VP", ")S", ")", "XX", "XX", "junk", "("]),
+                max_size=30),
+       st.lists(st.sampled_from(["a", "b", "c", "."]), min_size=1, max_size=8))
+def test_repair_always_gives_a_well_formed_tree_with_the_input_words(tokens, words):
+    t, _ = delinearize(tokens, words)
+    assert t.words() == words
+    assert not t.is_preterminal
+
+    def check(node):
+        assert node.is_preterminal or (node.children and all(isinstance(c, Tree) for c in node.children))
+        for c in node.children:
+            if isinstance(c, Tree):
+                check(c)
+    check(t)
+    assert str(tree(str(t))) == str(t)  # prints as a bracketing that reads back the same
+
+
+def test_well_formed_flag():
+    words = ["a", "b"]
+    assert delinearize(["(S", "XX", "XX", ")S"], words) == (tree("(S (XX a) (XX b))"), True)
+    assert not delinearize(["(S", "XX", ")NP"], words)[1]  # label mismatch and a missing XX
+    assert not delinearize(["(S", "XX", "XX"], words)[1]  # never closed
+    assert not delinearize(["(S", "XX", ")S", "(S", "XX", ")S"], words)[1]  # two roots
+    assert not delinearize(["(S", "(NP", ")NP", "XX", "XX", ")S"], words)[1]  # an empty constituent
+    assert not delinearize(["(S", "XX", "XX", "XX", ")S"], words)[1]  # an XX too many
+
+
+# EVALB (COLLINS.prm) by hand: brackets exclude POS nodes, punctuation is removed by its gold tag.
+def test_score_identical():
+    t = "(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))"
+    assert f1(t, t) == (100.0, 100.0, 100.0)
+
+
+def test_score_punctuation_attachment_does_not_count():
+    gold = "(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))"  # S(0,3) NP(0,2) VP(2,3)
+    test = "(S (NP (XX The) (XX dog)) (VP (XX barked) (XX .)))"  # the period inside VP: VP(2,3) all the same
+    assert f1(gold, test) == (100.0, 100.0, 100.0)
+
+
+def test_score_unary_chain_and_label_mismatch():
+    assert f1("(S (VP (VB Go)))", "(S (VP (XX Go)))") == (100.0, 100.0, 100.0)
+    assert f1("(S (VP (VB Go)))", "(S (NP (XX Go)))") == (50.0, 50.0, 50.0)  # S matches, NP != VP
+    assert f1("(S (VP (VB Go)))", "(S (XX Go))") == (100.0, 50.0, 66.67)  # the unary VP is missing
+
+
+def test_score_advp_equals_prt():
+    assert f1("(S (VP (VB give) (PRT (RP up))))", "(S (VP (XX give) (ADVP (XX up))))") == (100.0, 100.0, 100.0)
+
+
+def test_score_crossing_brackets():
+    gold = "(S (NP (A a) (B b)) (VP (C c) (D d)))"  # S(0,4) NP(0,2) VP(2,4)
+    test = "(S (X (A a) (B b) (C c)) (D d))"  # S(0,4) X(0,3): crosses VP
+    assert f1(gold, test) == (50.0, 33.33, 40.0)
+
+
+def test_score_duplicate_brackets_match_one_to_one_and_corpus_is_micro_averaged():
+    assert f1("(S (NP (NP (A a))))", "(S (NP (A a)))") == (100.0, 66.67, 80.0)
+    s = score_trees([tree("(S (A a) (B b))"), tree("(S (NP (A a) (B b)) (C c))")],
+                    [tree("(S (A a) (B b))"), tree("(S (A a) (VP (B b) (C c)))")])
+    assert (s.matched, s.gold, s.test) == (2, 3, 3)
+
+
+def test_score_refuses_different_words():
+    with pytest.raises(TreeError, match="words differ"):
+        score_trees([tree("(S (A a))")], [tree("(S (A b))")])
+
+
+def test_unbalanced_text_is_refused_with_its_place():
+    with pytest.raises(TreeError, match="never closed"):
+        parse_brackets("(S (A a)", "x.mrg")
+    with pytest.raises(TreeError, match="x.mrg: tree 2"):
+        parse_brackets("(S (A a)) )", "x.mrg")
+
+
+@pytest.mark.skipif(not PTB.is_dir(), reason="ptb-sample not found (set TRANSFORMER_DATA)")
+def test_splits_and_evaluate_parse_command(tmp_path, capsys):
+    counts = write_ptb_splits(PTB, tmp_path)
+    assert set(counts) == set(PTB_SPLITS) and counts["train"] > 3000 and min(counts.values()) > 100
+    words = (tmp_path / "test.words").read_text().splitlines()
+    lin = (tmp_path / "test.lin").read_text().splitlines()
+    assert len(words) == len(lin) == counts["test"]
+    # a "parse" that flattens every tree: words under S only
+    flat = tmp_path / "flat.txt"
+    flat.write_text("".join(str(delinearize([], w.split())[0]) + "\n" for w in words))
+    assert main(["evaluate-parse", "--gold", str(tmp_path / "test.gold"), "--test", str(flat), "--json"]) == 0
+    import json
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["sentences"] == counts["test"] and 0 < scores["f1"] < 30 and scores["precision"] > 80
+    assert main(["evaluate-parse", "--gold", str(tmp_path / "test.gold"), "--test",
+                 str(tmp_path / "test.gold")]) == 0
+    assert "F1        = 100.00" in capsys.readouterr().out

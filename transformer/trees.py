@@ -1,0 +1,287 @@
+"""English constituency parsing as translation (§6.3): Penn Treebank trees in, bracket sequences out.
+
+§6.3 trains the same Transformer to map a sentence to its linearized parse tree, as Vinyals et al.
+(2015, "Grammar as a Foreign Language", the paper's [37]) did: the source is the word sequence, the
+target the tree's brackets with every part-of-speech tag replaced by one placeholder ``XX`` and each
+closing bracket labelled, e.g. ``(S (NP XX XX )NP (VP XX )VP XX )S`` for "The dog barked .".
+
+Normalisation of a treebank tree (documented, and undone by nothing: it defines the task):
+- ``-NONE-`` elements (traces, empty subjects) are removed, and so is every constituent left empty;
+- function tags and indices are stripped: ``NP-SBJ-1`` -> ``NP``, ``PP-LOC=2`` -> ``PP`` (labels that
+  start with "-", such as the tags ``-LRB-`` and ``-RRB-``, are kept as they are);
+- the treebank's unlabelled outermost bracket ``( (S ...) )`` is dropped: the tree is its child.
+
+Scoring follows EVALB with COLLINS.prm, the standard for this task: labelled brackets (label, first
+word, last word) over all constituents except part-of-speech nodes; words whose gold tag is
+punctuation (``,`` ``:`` ``` `` ``` ``''`` ``.``) are removed before spans are counted; ADVP and PRT
+are the same label; brackets are matched one to one (unary chains count each bracket); precision,
+recall and F1 are summed over the corpus (micro-averaged). The model predicts no tags, so a parsed
+tree carries the placeholder, and scoring reads the gold tree's tags for punctuation, as EVALB reads
+both trees' tags with the same words (the gold tags are put in the parse's preterminals).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PLACEHOLDER = "XX"  # every part-of-speech tag in the target sequence (Vinyals et al. 2015)
+PUNCTUATION_TAGS = frozenset({",", ":", "``", "''", "."})  # COLLINS.prm DELETE_LABEL
+EQUAL_LABELS = {"PRT": "ADVP"}  # COLLINS.prm EQ_LABEL ADVP PRT
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+class TreeError(ValueError):
+    """A bracketed tree that cannot be read, with the file and tree number."""
+
+
+@dataclass
+class Tree:
+    """A constituent: a label and children; a part-of-speech node has exactly one child, the word."""
+
+    label: str
+    children: list[Tree | str] = field(default_factory=list)
+
+    @property
+    def is_preterminal(self) -> bool:
+        return len(self.children) == 1 and isinstance(self.children[0], str)
+
+    def words(self) -> list[str]:
+        return [w for c in self.children for w in ([c] if isinstance(c, str) else c.words())]
+
+    def tags(self) -> list[str]:
+        if self.is_preterminal:
+            return [self.label]
+        return [t for c in self.children if isinstance(c, Tree) for t in c.tags()]
+
+    def __str__(self) -> str:
+        """Penn Treebank bracketing on one line: (S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))."""
+        return f"({self.label} {' '.join(str(c) for c in self.children)})"
+
+
+def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
+    """All trees of a bracketed text (a .mrg file, or one tree per line)."""
+    tokens = _TOKEN.findall(text)
+    trees, stack = [], []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok == "(":
+            label = ""
+            if i + 1 < len(tokens) and tokens[i + 1] not in "()":
+                label, i = tokens[i + 1], i + 1
+            stack.append(Tree(label))
+        elif tok == ")":
+            if not stack:
+                raise TreeError(f"{where}: tree {len(trees) + 1}: ')' without an open bracket")
+            node = stack.pop()
+            if stack:
+                stack[-1].children.append(node)
+            else:
+                trees.append(node)
+        else:
+            if not stack:
+                raise TreeError(f"{where}: tree {len(trees) + 1}: word {tok!r} outside any bracket")
+            stack[-1].children.append(tok)
+        i += 1
+    if stack:
+        raise TreeError(f"{where}: tree {len(trees) + 1}: {len(stack)} bracket(s) never closed")
+    return trees
+
+
+def read_trees(path: Path) -> list[Tree]:
+    path = Path(path)
+    return parse_brackets(path.read_text(encoding="utf-8"), str(path))
+
+
+def _strip_label(label: str) -> str:
+    if label.startswith("-"):
+        return label  # -NONE-, -LRB-, -RRB-
+    return re.split(r"[-=]", label, maxsplit=1)[0] or label
+
+
+def normalize(tree: Tree) -> Tree | None:
+    """The documented normalisation (module docstring); None if nothing is left."""
+    if tree.label == "" and len(tree.children) == 1 and isinstance(tree.children[0], Tree):
+        return normalize(tree.children[0])
+    if tree.is_preterminal:
+        return None if tree.label == "-NONE-" else Tree(tree.label, list(tree.children))
+    children = [n for c in tree.children if isinstance(c, Tree) and (n := normalize(c)) is not None]
+    return Tree(_strip_label(tree.label), children) if children else None
+
+
+def linearize(tree: Tree) -> list[str]:
+    """Vinyals et al.'s target sequence: "(L" ... ")L" per constituent, XX per word."""
+    if tree.is_preterminal:
+        return [PLACEHOLDER]
+    inner = [t for c in tree.children if isinstance(c, Tree) for t in linearize(c)]
+    return [f"({tree.label}", *inner, f"){tree.label}"]
+
+
+def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> tuple[Tree, bool]:
+    """The tree a target sequence describes, with ``words`` at its leaves; and whether the sequence
+    was well-formed (balanced, matching labels, one XX per word, one root, no empty constituent).
+
+    Anything else is repaired deterministically, so every sentence gets a tree with its words:
+    a closing bracket closes the innermost open constituent whatever its label (none open: ignored);
+    an XX beyond the last word and unknown tokens are dropped; words left over attach to the root;
+    constituents left open are closed; empty ones are removed; several top-level pieces, or none,
+    are wrapped in one ``root_label`` constituent.
+    """
+    well_formed = True
+    top: list[Tree] = []
+    stack: list[Tree] = []
+    n = 0
+    for tok in tokens:
+        if tok.startswith("(") and len(tok) > 1:
+            node = Tree(tok[1:])
+            (stack[-1].children if stack else top).append(node)
+            stack.append(node)
+        elif tok.startswith(")"):
+            if not stack:
+                well_formed = False
+                continue
+            node = stack.pop()
+            if tok[1:] and tok[1:] != node.label:
+                well_formed = False
+        elif tok == PLACEHOLDER:
+            if n >= len(words):
+                well_formed = False
+                continue
+            (stack[-1].children if stack else top).append(Tree(PLACEHOLDER, [words[n]]))
+            n += 1
+        else:
+            well_formed = False
+    if stack:
+        well_formed = False
+    if n < len(words):
+        well_formed = False
+        top.extend(Tree(PLACEHOLDER, [w]) for w in words[n:])
+
+    def prune(node: Tree) -> Tree | None:
+        if node.is_preterminal:
+            return node
+        kept = [p for c in node.children if isinstance(c, Tree) and (p := prune(c)) is not None]
+        return Tree(node.label, kept) if kept else None
+
+    pieces = [p for t in top if (p := prune(t)) is not None]
+    if len(pieces) != len(top) or any(_has_empty(t) for t in top):
+        well_formed = False
+    if len(pieces) == 1 and not pieces[0].is_preterminal:
+        return pieces[0], well_formed
+    if pieces:  # several pieces at the top (or bare words): one root holds them
+        well_formed = False
+    return Tree(root_label, pieces or [Tree(PLACEHOLDER, [w]) for w in words]), well_formed
+
+
+def _has_empty(node: Tree) -> bool:
+    if node.is_preterminal:
+        return False
+    return not node.children or any(_has_empty(c) for c in node.children if isinstance(c, Tree))
+
+
+def with_tags(tree: Tree, tags: list[str]) -> Tree:
+    """``tree`` with its part-of-speech nodes relabelled by ``tags``, left to right."""
+    it = iter(tags)
+
+    def walk(node: Tree) -> Tree:
+        if node.is_preterminal:
+            return Tree(next(it), list(node.children))
+        return Tree(node.label, [walk(c) for c in node.children])
+    return walk(tree)
+
+
+# -------------------------------------------------------------------------------------------- scoring
+def brackets(tree: Tree) -> Counter:
+    """EVALB's labelled brackets (label, start, end) of a tree whose tags are the gold tags."""
+    out: Counter = Counter()
+    position = 0
+
+    def walk(node: Tree) -> tuple[int, int]:
+        nonlocal position
+        if node.is_preterminal:
+            start = position
+            if node.label not in PUNCTUATION_TAGS and node.label != "-NONE-":
+                position += 1
+            return start, position
+        start = position
+        for child in node.children:
+            walk(child)
+        if position > start and node.label not in ("TOP", ""):
+            out[(EQUAL_LABELS.get(node.label, node.label), start, position)] += 1
+        return start, position
+    walk(tree)
+    return out
+
+
+@dataclass
+class ParseScore:
+    matched: int = 0
+    gold: int = 0
+    test: int = 0
+    sentences: int = 0
+
+    @property
+    def precision(self) -> float:
+        return 100.0 * self.matched / self.test if self.test else 0.0
+
+    @property
+    def recall(self) -> float:
+        return 100.0 * self.matched / self.gold if self.gold else 0.0
+
+    @property
+    def f1(self) -> float:
+        p, r = self.precision, self.recall
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+    def as_dict(self) -> dict:
+        return {"f1": round(self.f1, 2), "precision": round(self.precision, 2), "recall": round(self.recall, 2),
+                "matched": self.matched, "gold_brackets": self.gold, "test_brackets": self.test,
+                "sentences": self.sentences}
+
+
+def score_trees(gold: list[Tree], test: list[Tree]) -> ParseScore:
+    """Labelled bracket precision / recall / F1 as EVALB with COLLINS.prm (module docstring)."""
+    if len(gold) != len(test):
+        raise TreeError(f"{len(gold)} gold trees but {len(test)} test trees")
+    score = ParseScore()
+    for i, (g, t) in enumerate(zip(gold, test), 1):
+        if g.words() != t.words():
+            raise TreeError(f"tree {i}: the test tree's words differ from the gold tree's "
+                            f"({' '.join(t.words()[:8])} ... vs {' '.join(g.words()[:8])} ...)")
+        gb, tb = brackets(g), brackets(with_tags(t, g.tags()))
+        score.matched += sum((gb & tb).values())
+        score.gold += sum(gb.values())
+        score.test += sum(tb.values())
+        score.sentences += 1
+    return score
+
+
+# -------------------------------------------------------------------------------------------- data
+PTB_SPLITS = {"train": (1, 159), "valid": (160, 174), "test": (175, 189)}  # by file, as WSJ sections
+
+
+def write_ptb_splits(ptb_dir: Path, dest: Path) -> dict[str, int]:
+    """The parsing task's files from the WSJ sample's .mrg files, split by file number:
+    ``{split}.words`` (source: words separated by spaces), ``{split}.lin`` (target: the linearized
+    tree) and ``{split}.gold`` (the normalised tree, PTB bracketing, one per line)."""
+    ptb_dir, dest = Path(ptb_dir), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for split, (first, last) in PTB_SPLITS.items():
+        trees = []
+        for number in range(first, last + 1):
+            path = ptb_dir / f"wsj_{number:04d}.mrg"
+            if not path.exists():
+                raise TreeError(f"{path}: missing (expected wsj_0001.mrg ... wsj_0189.mrg in {ptb_dir})")
+            trees.extend(t for t in map(normalize, read_trees(path)) if t is not None)
+        for suffix, lines in (("words", [" ".join(t.words()) for t in trees]),
+                              ("lin", [" ".join(linearize(t)) for t in trees]),
+                              ("gold", [str(t) for t in trees])):
+            tmp = dest / f".{split}.{suffix}.tmp"
+            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            tmp.replace(dest / f"{split}.{suffix}")
+        counts[split] = len(trees)
+    return counts
