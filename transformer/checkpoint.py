@@ -26,6 +26,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 from torch import Tensor
 
+from .data import file_sha256
+
 FORMAT = "transformer-checkpoint/1"
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
 _STEP_JSON = re.compile(r"step_(\d{8,})\.json")
@@ -72,14 +74,6 @@ def _commit(path: Path, write: Callable[[Path], None]) -> None:
     _fsync_dir(path.parent)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
     """Writes a .safetensors file atomically; returns its {"name", "sha256", "bytes"} entry."""
     seen: set[int] = set()
@@ -94,7 +88,7 @@ def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
         ready[name] = t
     _commit(path, lambda tmp: save_file(ready, str(tmp), metadata={"format": "pt"}))
     # Checksummed after the write, from the file itself: what load will verify is what is on disk.
-    return {"name": path.name, "sha256": _sha256(path), "bytes": path.stat().st_size}
+    return {"name": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
 
 
 def _write_record(json_path: Path, record: dict[str, Any]) -> None:

@@ -97,6 +97,15 @@ def _download_multi30k(name: str) -> Path:
             os.unlink(tmp)
 
 
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in blocks (checkpoints and downloads are verified by it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 PTB_PARSE = "ptb-sample-parse"  # the parsing task's files (§6.3), built from ptb-sample/ on first use
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .data import DataError, iter_lines, iter_parallel
+from .data import DataError, file_sha256, iter_lines, iter_parallel
 
 BASE_URL = "https://www.statmt.org/"
 
@@ -107,14 +107,6 @@ def read_sgm(path: Path) -> Iterator[str]:
     for line in iter_lines(path):
         if m := _SEG.match(line):
             yield re.sub(r"\s+", " ", _unescape(m.group(1))).strip()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _download(url: str, path: Path) -> None:
@@ -228,7 +220,7 @@ def prepare(name: str, dest: Path, mirror: str | None = None,
             log(f"downloading {base + corpus.archive}")
             _download(base + corpus.archive, file)
         archives[corpus.archive] = {"file": file.name, "url": base + corpus.archive,
-                                    "bytes": file.stat().st_size, "sha256": _sha256(file)}
+                                    "bytes": file.stat().st_size, "sha256": file_sha256(file)}
 
     work = dest / ".extract"
     shutil.rmtree(work, ignore_errors=True)
