@@ -47,7 +47,7 @@ from transformer.config import load_config
 from transformer.data import encode_for_decoding, read_lines, resolve_data_path
 from transformer.decode import translate_ids
 from transformer.model import flops_per_token, sinusoidal_positions
-from transformer.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from transformer.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from transformer.train import train
 from transformer.translator import Translator
 

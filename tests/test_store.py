@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_slice
+from tests.conftest import write_slice
 from transformer.data import (DataError, collate, encode_pairs, make_batches, make_batches_from_lengths,
                               read_parallel)
 from transformer.store import TokenStore, write_store
