@@ -106,6 +106,14 @@ def test_positional_encoding_equals_section_3_5_formulas():
     torch.testing.assert_close(sinusoidal_positions(5, d, offset=45), pe[45:50])
 
 
+def test_model_positions_grow_past_any_table_size():
+    model = tiny_model()
+    for offset, length in ((0, 3), (510, 5), (1500, 2), (7, 1)):  # past the first table, then back
+        torch.testing.assert_close(model.positions(length, offset, "tgt_pos", torch.device("cpu")),
+                                   sinusoidal_positions(length, model.cfg.d_model, offset), rtol=0, atol=0)
+    assert "_sinusoids" not in model.state_dict()
+
+
 def test_decoder_position_i_ignores_later_tokens():
     model = tiny_model()
     src = torch.tensor([[5, 6, 7, 8, 1]])

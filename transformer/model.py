@@ -282,6 +282,7 @@ class Transformer(nn.Module):
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
         self.drop = Dropout(cfg.p_drop)
+        self._sinusoids: Tensor | None = None  # §3.5 table cache (not a parameter, not saved)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -305,7 +306,14 @@ class Transformer(nn.Module):
     def positions(self, length: int, offset: int, table: str, device: torch.device) -> Tensor:
         """[L, D] positional encodings for positions offset .. offset+length-1 (§3.5)."""
         if self.cfg.positional == "sinusoidal":
-            return sinusoidal_positions(length, self.cfg.d_model, offset, device)
+            # computed once and grown on demand (decoding asks for one position per step): any
+            # length works, a sentence longer than any in training included
+            end = offset + length
+            table_ = self._sinusoids
+            if table_ is None or table_.size(0) < end or table_.device != device:
+                size = max(end, 2 * table_.size(0) if table_ is not None else 512)
+                self._sinusoids = table_ = sinusoidal_positions(size, self.cfg.d_model, 0, device)
+            return table_[offset:end]
         if offset + length > self.cfg.max_positions:
             raise ValueError(f"sequence of {offset + length} positions exceeds the learned position "
                              f"table (model.max_positions = {self.cfg.max_positions})")
