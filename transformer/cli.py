@@ -75,10 +75,14 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
     translator = _translator(args)
     lines = read_lines(args.input or Path("/dev/stdin"))
-    outputs = _translate_lines(args, translator, lines)
-    text = "".join(line + "\n" for line in outputs)
-    if args.output:
-        args.output.write_text(text, encoding="utf-8")
+    _write_lines(args.output, _translate_lines(args, translator, lines))
+
+
+def _write_lines(path: Path | None, lines: list) -> None:
+    """One line per item, to ``path`` or stdout."""
+    text = "".join(f"{line}\n" for line in lines)
+    if path:
+        path.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
 
@@ -147,11 +151,7 @@ def cmd_parse(args: argparse.Namespace) -> None:
         raise ConfigError(f"{args.run_dir}: a translation run (data.task = {translator.cfg.data.task!r}); "
                           "use `transformer translate`")
     lines = read_lines(args.input or Path("/dev/stdin"))
-    text = "".join(str(t) + "\n" for t in _parse_lines(args, translator, lines))
-    if args.output:
-        args.output.write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
+    _write_lines(args.output, _parse_lines(args, translator, lines))
 
 
 def cmd_evaluate_parse(args: argparse.Namespace) -> None:
@@ -241,6 +241,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     from .data import resolve_data_path
     from .store import write_store
     from .tokenizer import Tokenizer
+    from .train import train_vocabulary
 
     cfg = load_config(args.config, args.set)
     d = cfg.data
@@ -252,11 +253,10 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
         spm = Path(tmp) / "spm.model"
         if args.spm:
             shutil.copyfile(args.spm, spm)
+            tokenizer = Tokenizer(spm)
         else:
-            print(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}",
-                  file=sys.stderr)
-            Tokenizer.train([src, tgt], spm, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed)
-        meta = write_store(src, tgt, Tokenizer(spm), out, d.max_len, progress=sys.stderr.isatty(),
+            tokenizer = train_vocabulary(cfg, src, tgt, spm, log=lambda m: print(m, file=sys.stderr))
+        meta = write_store(src, tgt, tokenizer, out, d.max_len, progress=sys.stderr.isatty(),
                            overwrite=args.overwrite)
         shutil.copyfile(spm, out / "spm.model")
     print(f"{out}: {meta['n_kept']:,} pairs of {meta['n_pairs']:,} ({meta['skipped_empty']} with an empty side, "

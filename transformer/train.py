@@ -112,6 +112,13 @@ def run_logger(out: Path, quiet: bool = False):
     return log
 
 
+def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Tokenizer:
+    """§5.1: one joint BPE vocabulary of data.vocab_size pieces on the training source + target."""
+    d = cfg.data
+    log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}")
+    return Tokenizer.train([src, tgt], path, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed)
+
+
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 allow_changes: bool = False) -> Run:
     """Creates or re-opens the run folder, trains or loads the BPE vocabulary, reads the data.
@@ -157,12 +164,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt)
-        if spm_path.exists():
-            tokenizer = Tokenizer(spm_path)
-        else:
-            log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {train_src.name} + {train_tgt.name}")
-            tokenizer = Tokenizer.train([train_src, train_tgt], spm_path, d.vocab_size, d.spm_input_sentences,
-                                        seed=cfg.train.seed)
+        tokenizer = Tokenizer(spm_path) if spm_path.exists() else train_vocabulary(cfg, train_src, train_tgt,
+                                                                                      spm_path, log)
         train, stats = encode_pairs(read_parallel(train_src, train_tgt), tokenizer, d.max_len)
         log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "
             f"side, {stats.skipped_long} longer than {d.max_len} pieces")
