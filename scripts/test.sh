@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# Installs what the tests need (scripts/setup.sh) and runs the whole suite, slow end-to-end tests included.
+# Installs what the tests need (scripts/setup.sh; Debian's chromium + chromedriver for the browser test of the
+# web page) and runs the whole suite, slow end-to-end tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if [ -z "${TRANSFORMER_DATA:-}" ] && [ -d ../shared/data ]; then
   export TRANSFORMER_DATA="$(cd ../shared/data && pwd)"
+fi
+if ! { command -v chromium && command -v chromedriver; } > /dev/null; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && command -v sudo > /dev/null && sudo="sudo -n"
+  install="$sudo apt-get install -y -q --no-install-recommends chromium chromium-driver"
+  echo "installing chromium and chromedriver for the browser test (Debian packages)"
+  if ! { $install > /tmp/transformer-apt.log 2>&1 || { $sudo apt-get update -q > /dev/null 2>&1 && $install > /tmp/transformer-apt.log 2>&1; }; }; then
+    echo "warning: could not install chromium (see /tmp/transformer-apt.log); the browser test is skipped" >&2
+    export TRANSFORMER_SKIP_BROWSER=1
+  fi
 fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -37,3 +37,20 @@ def tiny_overrides(multi30k: Path, tmp_path: Path) -> list[str]:
     return [f'data.train_src="{train_src}"', f'data.train_tgt="{train_tgt}"',
             f'data.valid_src="{valid_src}"', f'data.valid_tgt="{valid_tgt}"', "data.vocab_size=500",
             "train.save_minutes=0", "train.threads=1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(multi30k: Path, tmp_path_factory) -> Path:
+    """A tiny model trained for 30 steps on 600 pairs: a real run folder for figure and server tests."""
+    from transformer.config import load_config
+    from transformer.train import train
+
+    tmp = tmp_path_factory.mktemp("tiny_run")
+    train_src, train_tgt = write_slice(multi30k, tmp, "train", 0, 600)
+    valid_src, valid_tgt = write_slice(multi30k, tmp, "val", 0, 50)
+    cfg = load_config("tiny", [f'data.train_src="{train_src}"', f'data.train_tgt="{train_tgt}"',
+                               f'data.valid_src="{valid_src}"', f'data.valid_tgt="{valid_tgt}"', "data.vocab_size=500",
+                               "train.save_minutes=0", "train.threads=1", "train.max_steps=30", "train.save_every=10",
+                               "train.log_every=5", "train.eval_every=10"])
+    train(cfg, tmp / "run", quiet=True)
+    return tmp / "run"

@@ -278,6 +278,53 @@ def cmd_export(args: argparse.Namespace) -> None:
                        log=lambda m: print(m, file=sys.stderr))
 
 
+def cmd_attention(args: argparse.Namespace) -> None:
+    from .figures import KIND_NAMES, FigureError, attention_html, attention_maps, draw_attention
+
+    suffix = args.out.suffix.lower()
+    if suffix not in (".png", ".html"):
+        raise FigureError(f"--out {args.out}: give a .png or .html file")
+    translator = _translator(args)
+    tgt = args.tgt
+    if tgt is None:
+        tgt = _translate_lines(args, translator, [args.src])[0]
+        print(f"translation: {tgt}", file=sys.stderr)
+    maps = attention_maps(translator, args.src, tgt)
+    if suffix == ".html":  # holds sub-word and word maps both
+        args.out.write_text(attention_html(maps, f"attention: {args.src}"), encoding="utf-8")
+    else:
+        try:
+            heads = None if args.heads == "all" else [int(h) for h in args.heads.split(",")]
+        except ValueError:
+            raise FigureError(f"--heads {args.heads!r}: give 'all' or head numbers such as 1,3") from None
+        draw_attention(maps.merged() if args.words else maps, KIND_NAMES[args.kind], args.layer, heads, args.out,
+                       args.style)
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    from .figures import FigureError, plot_training
+
+    metrics = args.run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise FigureError(f"{args.run_dir}: no metrics.jsonl (not a run folder, or no step logged yet)")
+    out = args.out or args.run_dir / "training.png"
+    drawn = plot_training(metrics, out)
+    print(f"wrote {out} ({', '.join(drawn)})", file=sys.stderr)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    try:
+        from .serve import Limits, serve
+    except ImportError as e:
+        raise ConfigError(f"serving needs the optional dependencies: pip install 'transformer[serve]' ({e})") from None
+
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences, max_chars=args.max_chars,
+                    max_beam=args.max_beam, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
+                    batching=not args.no_batching)
+    serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer", epilog=EPILOG,
                                      description="The Transformer of 'Attention Is All You Need': train, "
@@ -387,6 +434,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mirror", help="base URL or folder holding the same archives (a local copy)")
     p.set_defaults(func=cmd_prepare)
 
+    p = sub.add_parser("attention", help="draw a run's attention weights for one sentence (appendix Figs. 3-5)",
+                       epilog=EPILOG, description="Teacher-forces --tgt (or the model's own translation) and draws "
+                       "every head of one layer: coloured links per head (Figure 3) and per-head heatmaps "
+                       "(Figures 4-5) as a PNG, or an interactive self-contained HTML page with every layer, head "
+                       "and kind (hover a token to isolate its attention).")
+    _decode_options(p)
+    p.add_argument("--src", required=True, help="source sentence")
+    p.add_argument("--tgt", help="target sentence to teacher-force (default: the model's own translation)")
+    p.add_argument("--kind", choices=["enc-self", "dec-self", "cross"], default="enc-self",
+                   help="which attention (PNG only; the HTML holds all three)")
+    p.add_argument("--layer", type=int, default=1, help="layer, 1-based (PNG only; default 1)")
+    p.add_argument("--heads", default="all", help="'all' or a list such as 1,3 (PNG only)")
+    p.add_argument("--style", choices=["links", "heatmap", "both"], default="both", help="PNG drawing style")
+    p.add_argument("--words", action="store_true", help="PNG: merge sub-words into words (a word's weight is the "
+                   "sum over its pieces as keys, the mean over its pieces as queries); the HTML has a switch")
+    p.add_argument("--out", type=Path, required=True, help="FILE.png or FILE.html")
+    p.set_defaults(func=cmd_attention)
+
+    p = sub.add_parser("plot", help="plot a run's training curves from its log", epilog=EPILOG,
+                       description="Training and validation loss, perplexity, learning rate and dev BLEU (when "
+                       "train.bleu_every is set) against updates and wall-clock minutes, from RUN_DIR/metrics.jsonl.")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out", type=Path, help="PNG file (default RUN_DIR/training.png)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("serve", help="HTTP API and web page: translation and attention (FastAPI + uvicorn)",
+                       epilog=EPILOG, description="POST /v1/translate {\"text\": [...], \"beam\": 4, \"alpha\": "
+                       "0.6}; POST /v1/attention {\"text\": \"...\"}; GET /health; GET / the web page; GET /docs the "
+                       "OpenAPI description. Requests from all clients are decoded together (dynamic batching).")
+    _decode_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-tokens", type=int, default=8192, help="source tokens x beam per decoding batch: "
+                   "the memory bound (default 8192)")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a request waits for others to "
+                   "batch with (default 10)")
+    p.add_argument("--no-batching", action="store_true", help="decode one request at a time")
+    p.add_argument("--max-sentences", type=int, default=64, help="sentences per request (default 64)")
+    p.add_argument("--max-chars", type=int, default=1000, help="characters per sentence (default 1000)")
+    p.add_argument("--max-beam", type=int, default=16, help="largest beam a request may ask for (default 16)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
+    p.set_defaults(func=cmd_serve)
+
     p = sub.add_parser("export", help="export a run's model to CTranslate2 (C++ inference)", epilog=EPILOG,
                        description="Writes the weights Translator uses (the average of the last checkpoints, "
                        "or --checkpoint) as a CTranslate2 model folder with the run's spm.model beside it. "
@@ -408,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     from .checkpoint import CheckpointError
     from .data import DataError
     from .export import ExportError
+    from .figures import FigureError
     from .tokenizer import TokenizerError
     from .train import TrainError, TrainInterrupted
     from .trees import TreeError
@@ -417,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     except TrainInterrupted as e:  # SIGTERM / SIGINT: the step finished and a checkpoint was written
         print(f"stopped: {e}", file=sys.stderr)
         return 128 + e.signum
-    except (ConfigError, DataError, CheckpointError, ExportError, TokenizerError, TrainError, TreeError) as e:
+    except (ConfigError, DataError, CheckpointError, ExportError, FigureError, TokenizerError, TrainError,
+            TreeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,0 +1,93 @@
+"""Attention figures (appendix Figures 3-5) and training curves: the weights drawn are the model's."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from transformer.cli import main
+from transformer.figures import AttentionMaps, FigureError, attention_html, attention_maps, plot_training
+from transformer.model import record_attention
+from transformer.tokenizer import BOS_ID, EOS_ID
+from transformer.translator import Translator
+
+SRC, TGT = "A little girl climbs into a wooden playhouse.", "Ein kleines Mädchen klettert in ein Spielhaus."
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_run):
+    return Translator(tiny_run, log=lambda m: None)
+
+
+def test_weights_are_the_models_own(translator):
+    maps = attention_maps(translator, SRC, TGT)
+    tok, cfg = translator.tokenizer, translator.cfg.model
+    src_ids, tgt_ids = tok.encode(SRC) + [EOS_ID], tok.encode(TGT)
+    with torch.inference_mode(), record_attention(translator.model) as records:
+        translator.model(torch.tensor([src_ids]), torch.tensor([[BOS_ID, *tgt_ids]]))
+    for kind, n_layers in (("enc_self", cfg.n_enc_layers), ("dec_self", cfg.n_dec_layers), ("cross", cfg.n_dec_layers)):
+        w = maps.weights[kind]
+        rows, cols = maps.axes(kind)
+        assert w.shape == (n_layers, cfg.n_heads, len(rows), len(cols))
+        for layer in range(n_layers):
+            torch.testing.assert_close(w[layer], records[kind][layer][0][0])
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))  # every row is a distribution
+    assert len(maps.src) == len(src_ids) and len(maps.tgt_in) == len(maps.tgt_out) == len(tgt_ids) + 1
+    assert maps.tgt_in[0] == "<s>" and maps.tgt_out[-1] == "</s>" and maps.tgt_in[1:] == maps.tgt_out[:-1]
+    causal = torch.ones(len(maps.tgt_in), len(maps.tgt_in), dtype=torch.bool).triu(1)
+    assert torch.all(maps.weights["dec_self"][..., causal] == 0)  # masked positions get exactly 0
+
+
+def test_words_merge_pieces_and_keep_rows_distributions():
+    maps = AttentionMaps(["▁play", "house", "▁now", "</s>"], ["<s>", "▁ja"], ["▁ja", "</s>"],
+                         {"enc_self": torch.softmax(torch.randn(1, 2, 4, 4), -1),
+                          "dec_self": torch.softmax(torch.randn(1, 2, 2, 2), -1),
+                          "cross": torch.softmax(torch.randn(1, 2, 2, 4), -1)})
+    words = maps.merged()
+    assert words.src == ["playhouse", "now", "</s>"] and words.tgt_in == ["<s>", "ja"]
+    w, m = maps.weights["enc_self"], words.weights["enc_self"]
+    torch.testing.assert_close(m[..., 0, 0], (w[..., 0, 0] + w[..., 0, 1] + w[..., 1, 0] + w[..., 1, 1]) / 2)
+    torch.testing.assert_close(m[..., 2, 1], w[..., 3, 2])
+    for kind in words.weights:
+        torch.testing.assert_close(words.weights[kind].sum(-1), torch.ones(words.weights[kind].shape[:-1]))
+
+
+def test_html_embeds_the_weights_and_needs_no_network(translator):
+    maps = attention_maps(translator, SRC, TGT)
+    page = attention_html(maps, "a </script> title")
+    assert not re.search(r"""(src|href)=["']?https?:""", page) and "fetch(" not in page
+    payload = re.search(r"renderAttention\(document.getElementById\(\"attention\"\), (.*)\);\n</script>", page).group(1)
+    data = json.loads(payload.replace("<\\/", "</"))
+    torch.testing.assert_close(torch.tensor(data["pieces"]["weights"]["cross"]), maps.weights["cross"], atol=1e-4, rtol=0)
+    assert data["words"]["src"] == maps.merged().src
+    assert page.count("</script>") == 1  # the title cannot close the script
+
+
+@pytest.mark.parametrize("kind", ["enc-self", "dec-self", "cross"])
+def test_cli_draws_png_and_html_for_each_kind(tiny_run, tmp_path, kind):
+    png, html = tmp_path / f"{kind}.png", tmp_path / f"{kind}.html"
+    assert main(["attention", str(tiny_run), "--src", SRC, "--kind", kind, "--layer", "2", "--heads", "1,2",
+                 "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", TGT, "--words", "--out", str(html)]) == 0
+    assert "renderAttention" in html.read_text(encoding="utf-8")
+
+
+def test_cli_refuses_bad_requests(tiny_run, tmp_path, capsys):
+    assert main(["attention", str(tiny_run), "--src", SRC, "--layer", "9", "--out", str(tmp_path / "a.png")]) == 1
+    assert "--layer 9: the model has 2 layers" in capsys.readouterr().err
+    assert main(["attention", str(tiny_run), "--src", SRC, "--heads", "x", "--out", str(tmp_path / "a.png")]) == 1
+    assert main(["attention", str(tiny_run), "--src", SRC, "--out", str(tmp_path / "a.jpg")]) == 1
+    assert "give a .png or .html" in capsys.readouterr().err
+
+
+def test_plot_draws_the_runs_own_log(tiny_run, tmp_path):
+    drawn = plot_training(tiny_run / "metrics.jsonl", tmp_path / "curves.png")
+    assert {"train_loss", "valid_nll", "valid_ppl", "lr"} <= set(drawn)
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    bad = tmp_path / "metrics.jsonl"
+    bad.write_text('{"step": 1, "lr": 0.1}\nnot json\n')
+    with pytest.raises(FigureError, match=r"metrics.jsonl:2: not a JSON record"):
+        plot_training(bad, tmp_path / "x.png")
+    assert main(["plot", str(tmp_path / "nowhere")]) == 1

@@ -1,0 +1,224 @@
+"""Figures: attention weights drawn as the paper's appendix (Figures 3-5) and training curves.
+
+The paper argues that self-attention "could yield more interpretable models" (§4) and shows heads
+that follow long-distance dependencies (Figure 3, coloured links per head) and that mirror sentence
+structure (Figures 4-5). ``attention_maps`` runs one teacher-forced pass with ``record_attention``
+and keeps every layer's weights; ``draw_attention`` draws them with matplotlib; ``attention_html``
+writes a self-contained interactive page (the same renderer the server's page uses).
+
+Which token labels which axis. Queries are rows, keys are columns. Encoder self-attention: source
+pieces on both axes (EOS included). Decoder positions read ``tgt_in`` = <s> y1 .. yn and predict
+``tgt_out`` = y1 .. yn </s>: a decoder row is labelled by the token it predicts (what cross-
+attention aligns with), a decoder self-attention column by the token that position reads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .model import record_attention
+from .tokenizer import BOS_ID, EOS_ID
+
+KINDS = ("enc_self", "dec_self", "cross")
+KIND_NAMES = {"enc-self": "enc_self", "dec-self": "dec_self", "cross": "cross"}  # CLI spelling -> key
+WEB = Path(__file__).parent / "web"
+
+
+class FigureError(ValueError):
+    """A figure request that cannot be drawn (unknown layer or head, bad output name)."""
+
+
+@dataclass
+class AttentionMaps:
+    """Attention weights of one sentence pair: weights[kind] is [layers, heads, queries, keys]."""
+
+    src: list[str]  # source pieces + "</s>"
+    tgt_in: list[str]  # "<s>" + target pieces: what each decoder position reads
+    tgt_out: list[str]  # target pieces + "</s>": what each decoder position predicts
+    weights: dict[str, torch.Tensor]
+
+    def axes(self, kind: str) -> tuple[list[str], list[str]]:
+        """(row labels, column labels) of ``kind``."""
+        return {"enc_self": (self.src, self.src), "dec_self": (self.tgt_out, self.tgt_in),
+                "cross": (self.tgt_out, self.src)}[kind]
+
+    def merged(self) -> AttentionMaps:
+        """The same maps over words instead of sub-word pieces (a word = a piece starting with ▁ and
+        the pieces after it): a word's column is the sum of its pieces' columns (so a row still sums
+        to 1) and its row the mean of its pieces' rows, as Clark et al. (2019) merge BERT's pieces."""
+        groups = {name: _word_groups(tokens) for name, tokens in
+                  (("src", self.src), ("tgt_in", self.tgt_in), ("tgt_out", self.tgt_out))}
+        rows_of = {"enc_self": "src", "dec_self": "tgt_out", "cross": "tgt_out"}
+        cols_of = {"enc_self": "src", "dec_self": "tgt_in", "cross": "src"}
+        weights = {}
+        for kind, w in self.weights.items():
+            rows, cols = groups[rows_of[kind]][1], groups[cols_of[kind]][1]
+            w = torch.stack([w[..., :, g].sum(-1) for g in cols], -1)  # sum over a word's key pieces
+            weights[kind] = torch.stack([w[..., g, :].mean(-2) for g in rows], -2)  # mean over its query pieces
+        return AttentionMaps(groups["src"][0], groups["tgt_in"][0], groups["tgt_out"][0], weights)
+
+    def to_json(self, decimals: int = 4) -> dict:
+        """Plain lists for the web page: {"src", "tgt_in", "tgt_out", "weights": {kind: [L][H][Tq][Tk]}}."""
+        scale = 10 ** decimals
+        return {"src": self.src, "tgt_in": self.tgt_in, "tgt_out": self.tgt_out,
+                "weights": {k: (torch.round(w * scale) / scale).tolist() for k, w in self.weights.items()}}
+
+
+def _word_groups(tokens: list[str]) -> tuple[list[str], list[list[int]]]:
+    """Words and the piece indices of each: a piece starting with ▁, or a special token, starts a word."""
+    words: list[str] = []
+    groups: list[list[int]] = []
+    for i, tok in enumerate(tokens):
+        special = tok in ("<s>", "</s>")
+        if not groups or special or tok.startswith("▁") or words[-1] in ("<s>", "</s>"):
+            words.append(tok.removeprefix("▁") or tok)
+            groups.append([i])
+        else:
+            words[-1] += tok
+            groups[-1].append(i)
+    return words, groups
+
+
+def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
+    """Every layer's attention weights for ``src`` and ``tgt``, teacher-forced in one pass (the
+    model's own translation gives what it attended to while translating)."""
+    if not src.strip():
+        raise FigureError("the source sentence is empty")
+    tok = translator.tokenizer
+    src_ids = tok.encode(src.strip()) + [EOS_ID]
+    tgt_ids = tok.encode(tgt.strip())
+    model = translator.model
+    with torch.inference_mode(), record_attention(model) as records:
+        model(torch.tensor([src_ids]), torch.tensor([[BOS_ID, *tgt_ids]]))
+    # one call per layer: [1, H, Tq, Tk] -> [L, H, Tq, Tk]
+    weights = {kind: torch.cat([calls[0] for calls in records[kind]]).float() for kind in KINDS}
+    return AttentionMaps(tok.pieces(src.strip()) + ["</s>"], ["<s>", *tok.pieces(tgt.strip())],
+                         [*tok.pieces(tgt.strip()), "</s>"], weights)
+
+
+def _select(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None) -> tuple[torch.Tensor, list[int]]:
+    n_layers, n_heads = maps.weights[kind].shape[:2]
+    if not 1 <= layer <= n_layers:
+        raise FigureError(f"--layer {layer}: the model has {n_layers} layers (1..{n_layers})")
+    heads = heads or list(range(1, n_heads + 1))
+    bad = [h for h in heads if not 1 <= h <= n_heads]
+    if bad:
+        raise FigureError(f"--heads {bad}: the model has {n_heads} heads (1..{n_heads})")
+    return maps.weights[kind][layer - 1], heads
+
+
+def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None, out: Path,
+                   style: str = "both") -> None:
+    """A PNG of one layer's attention: per-head coloured links from each query token to the keys it
+    attends to, line opacity = weight (Figure 3), and/or one heatmap per head (Figures 4-5)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w, heads = _select(maps, kind, layer, heads)
+    rows, cols = maps.axes(kind)
+    colours = plt.get_cmap("tab10" if len(heads) <= 10 else "tab20")
+    n_maps = len(heads) if style != "links" else 0
+    n_cols = min(4, max(n_maps, 1))
+    n_grid = math.ceil(n_maps / n_cols) if n_maps else 0
+    link_h = 0.28 * max(len(rows), len(cols)) + 1 if style != "heatmap" else 0
+    cell = 0.22 * max(len(rows), len(cols)) + 1.2
+    fig = plt.figure(figsize=(max(6.0, cell * n_cols), link_h + cell * n_grid + 0.6))
+    grid = fig.add_gridspec(int(bool(link_h)) + n_grid, n_cols,
+                            height_ratios=([link_h] if link_h else []) + [cell] * n_grid)
+    fig.suptitle(f"{kind.replace('_', '-')} attention, layer {layer}")
+    if link_h:
+        ax = fig.add_subplot(grid[0, :])
+        ax.set_axis_off()
+        n = max(len(rows), len(cols))
+        ax.set_xlim(-0.6, 1.6)
+        ax.set_ylim(n, -1)
+        for i, t in enumerate(rows):
+            ax.text(0, i, t, ha="right", va="center", fontsize=9)
+        for j, t in enumerate(cols):
+            ax.text(1, j, t, ha="left", va="center", fontsize=9)
+        for c, h in enumerate(heads):
+            hw = w[h - 1]
+            for i in range(len(rows)):
+                for j in range(len(cols)):
+                    if hw[i, j] > 0.02:  # invisible links are not drawn
+                        ax.plot([0.03, 0.97], [i, j], color=colours(c), alpha=float(hw[i, j]) / len(heads) ** 0.5,
+                                linewidth=2)
+        for c, h in enumerate(heads):
+            ax.plot([], [], color=colours(c), label=f"head {h}")
+        ax.legend(loc="upper right", fontsize=8, ncols=min(len(heads), 8))
+    for k, h in enumerate(heads if n_maps else []):
+        ax = fig.add_subplot(grid[int(bool(link_h)) + k // n_cols, k % n_cols])
+        ax.imshow(w[h - 1].numpy(), cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(f"head {h}", fontsize=9)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def attention_html(maps: AttentionMaps, title: str = "attention") -> str:
+    """A self-contained interactive page (no network): pick kind, layer, head, links or heatmaps,
+    pieces or words; hover a token to isolate its attention. Both piece and word maps are embedded."""
+    data = {"pieces": maps.to_json(), "words": maps.merged().to_json()}
+    page = (WEB / "attention.html").read_text(encoding="utf-8")
+    script = (WEB / "attention.js").read_text(encoding="utf-8")
+    payload = json.dumps(data).replace("</", "<\\/")  # no "</script>" inside the data
+    return (page.replace("{{TITLE}}", title.replace("<", "&lt;"))
+            .replace("/*{{SCRIPT}}*/", script)
+            .replace("/*{{DATA}}*/null", payload))
+
+
+def plot_training(metrics_path: Path, out: Path) -> list[str]:
+    """Training and validation loss, perplexity, learning rate and dev BLEU against steps and minutes,
+    from a run's ``metrics.jsonl``. Returns the names of the series that were drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = []
+    for n, line in enumerate(metrics_path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise FigureError(f"{metrics_path}:{n}: not a JSON record ({e.msg})") from None
+    if not records:
+        raise FigureError(f"{metrics_path}: no records yet (the first is written after train.log_every steps)")
+    panels = [("loss (nats/token)", ["train_loss", "valid_nll"]), ("perplexity", ["valid_ppl"]),
+              ("learning rate", ["lr"]), ("dev BLEU", ["valid_bleu"])]
+    drawn = []
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3 * len(panels)), squeeze=False)
+    for row, (label, keys) in enumerate(panels):
+        for col, x_key in enumerate(("step", "minutes")):
+            ax = axes[row][col]
+            for key in keys:
+                points = [(r[x_key], r[key]) for r in records if key in r and x_key in r]
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3, label=key)
+                    if col == 0:
+                        drawn.append(key)
+            if label == "perplexity":
+                ax.set_yscale("log")
+            ax.set_xlabel("update" if x_key == "step" else "wall-clock minutes")
+            ax.set_ylabel(label)
+            if ax.lines:
+                ax.legend(fontsize=8)
+            else:
+                ax.text(0.5, 0.5, "not in this run's log" + (" (set train.bleu_every)" if "BLEU" in label else ""),
+                        ha="center", va="center", transform=ax.transAxes, color="grey")
+            ax.grid(alpha=0.3)
+    fig.suptitle(str(metrics_path.parent.name))
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return drawn

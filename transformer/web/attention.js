@@ -1,0 +1,120 @@
+// Attention viewer shared by `transformer attention --out FILE.html` and the page of `transformer serve`.
+// data = {pieces: maps, words: maps}; maps = {src, tgt_in, tgt_out, weights: {kind: [layer][head][query][key]}}.
+// Links view: one colour per head, a line from each query token (left) to each key token (right), opacity =
+// weight (the paper's Figure 3). Heatmap view: one matrix per head (Figures 4-5). Hover a token to isolate it.
+"use strict";
+
+const KINDS = {enc_self: "encoder self-attention", dec_self: "decoder self-attention", cross: "encoder-decoder attention"};
+const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                 "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
+const SVG = "http://www.w3.org/2000/svg";
+
+function el(tag, attrs, parent, ns) {
+  const node = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "text") node.textContent = v; else node.setAttribute(k, v);
+  }
+  if (parent) parent.appendChild(node);
+  return node;
+}
+
+function axes(maps, kind) {
+  return {enc_self: [maps.src, maps.src], dec_self: [maps.tgt_out, maps.tgt_in], cross: [maps.tgt_out, maps.src]}[kind];
+}
+
+function renderAttention(root, data) {
+  root.innerHTML = "";
+  root.classList.add("attn");
+  const controls = el("div", {class: "attn-controls"}, root);
+  const view = el("div", {class: "attn-view"}, root);
+  const state = {kind: "enc_self", layer: 0, head: "all", style: "links", unit: "pieces", focus: null};
+  const nLayers = data.pieces.weights.enc_self.length;
+  const nHeads = data.pieces.weights.enc_self[0].length;
+
+  function select(name, options, key, parse) {
+    const label = el("label", {text: name + " "}, controls);
+    const s = el("select", {name: key}, label);
+    for (const [value, text] of options) el("option", {value: value, text: text}, s);
+    s.value = String(state[key]);
+    s.addEventListener("change", () => { state[key] = parse ? parse(s.value) : s.value; state.focus = null; draw(); });
+  }
+  select("attention", Object.entries(KINDS), "kind");
+  select("layer", [...Array(nLayers).keys()].map(i => [i, String(i + 1)]), "layer", Number);
+  select("head", [["all", "all"], ...[...Array(nHeads).keys()].map(i => [i, String(i + 1)])], "head",
+         v => v === "all" ? "all" : Number(v));
+  select("view", [["links", "links (Fig. 3)"], ["heatmap", "heatmaps (Figs. 4-5)"]], "style");
+  select("tokens", [["pieces", "sub-words"], ["words", "words"]], "unit");
+
+  function draw() {
+    view.innerHTML = "";
+    const maps = data[state.unit];
+    const [rows, cols] = axes(maps, state.kind);
+    const w = maps.weights[state.kind][state.layer];
+    const heads = state.head === "all" ? [...Array(nHeads).keys()] : [state.head];
+    (state.style === "links" ? drawLinks : drawHeatmaps)(view, rows, cols, w, heads, state, draw);
+  }
+  draw();
+}
+
+function drawLinks(view, rows, cols, w, heads, state, redraw) {
+  const step = 20, width = 520, n = Math.max(rows.length, cols.length);
+  const svg = el("svg", {width: width, height: n * step + 30, class: "attn-links"}, view, SVG);
+  const x0 = 190, x1 = width - 190;
+  for (const h of heads) {
+    const g = el("g", {"data-head": h + 1}, svg, SVG);
+    for (let i = 0; i < rows.length; i++) {
+      for (let j = 0; j < cols.length; j++) {
+        const a = w[h][i][j];
+        if (a < 0.02) continue;
+        const isolated = state.focus && !((state.focus.side === "q" && state.focus.i === i) ||
+                                          (state.focus.side === "k" && state.focus.i === j));
+        if (isolated) continue;
+        el("line", {x1: x0, y1: 20 + i * step, x2: x1, y2: 20 + j * step, stroke: COLOURS[h % COLOURS.length],
+                    "stroke-width": 2.5, "stroke-opacity": (a / Math.sqrt(heads.length)).toFixed(3),
+                    "data-weight": a}, g, SVG);
+      }
+    }
+  }
+  function labels(tokens, x, anchor, side) {
+    tokens.forEach((t, i) => {
+      const label = el("text", {x: x, y: 24 + i * step, "text-anchor": anchor, class: "attn-token", "data-side": side,
+                                "data-index": i, text: t}, svg, SVG);
+      const on = state.focus && state.focus.side === side && state.focus.i === i;
+      if (on) label.setAttribute("font-weight", "bold");
+      label.addEventListener("mouseenter", () => { state.focus = {side: side, i: i}; redraw(); });
+      label.addEventListener("mouseleave", () => { state.focus = null; redraw(); });
+    });
+  }
+  labels(rows, x0 - 6, "end", "q");
+  labels(cols, x1 + 6, "start", "k");
+  const legend = el("div", {class: "attn-legend"}, view);
+  for (const h of heads) el("span", {style: "color:" + COLOURS[h % COLOURS.length], text: "■ head " + (h + 1) + " "}, legend);
+}
+
+function drawHeatmaps(view, rows, cols, w, heads, state, redraw) {
+  const cell = Math.max(8, Math.min(22, Math.floor(360 / Math.max(rows.length, cols.length))));
+  for (const h of heads) {
+    const box = el("figure", {class: "attn-heatmap"}, view);
+    el("figcaption", {text: "head " + (h + 1)}, box);
+    const left = 8 + 7 * Math.max(...rows.map(t => t.length)), top = 8 + 7 * Math.max(...cols.map(t => t.length));
+    const svg = el("svg", {width: left + cols.length * cell + 4, height: top + rows.length * cell + 4}, box, SVG);
+    cols.forEach((t, j) => el("text", {x: 0, y: 0, class: "attn-token", "text-anchor": "start",
+      transform: `translate(${left + j * cell + cell * 0.7},${top - 4}) rotate(-90)`, text: t}, svg, SVG));
+    rows.forEach((t, i) => {
+      const label = el("text", {x: left - 4, y: top + i * cell + cell * 0.75, "text-anchor": "end", class: "attn-token",
+                                "data-side": "q", "data-index": i, text: t}, svg, SVG);
+      label.addEventListener("mouseenter", () => { state.focus = {side: "q", i: i}; redraw(); });
+      label.addEventListener("mouseleave", () => { state.focus = null; redraw(); });
+    });
+    for (let i = 0; i < rows.length; i++) {
+      const dim = state.focus && state.focus.side === "q" && state.focus.i !== i;
+      for (let j = 0; j < cols.length; j++) {
+        const a = w[h][i][j];
+        const shade = Math.round(255 * (1 - a));
+        el("rect", {x: left + j * cell, y: top + i * cell, width: cell - 1, height: cell - 1,
+                    fill: `rgb(${shade},${shade},255)`, "fill-opacity": dim ? 0.15 : 1, "data-weight": a},
+           svg, SVG).appendChild(el("title", {text: `${rows[i]} → ${cols[j]}: ${a.toFixed(3)}`}, null, SVG));
+      }
+    }
+  }
+}
