@@ -51,6 +51,7 @@ def tiny_run(multi30k: Path, tmp_path_factory) -> Path:
     cfg = load_config("tiny", [f'data.train_src="{train_src}"', f'data.train_tgt="{train_tgt}"',
                                f'data.valid_src="{valid_src}"', f'data.valid_tgt="{valid_tgt}"', "data.vocab_size=500",
                                "train.save_minutes=0", "train.threads=1", "train.max_steps=30", "train.save_every=10",
-                               "train.log_every=5", "train.eval_every=10"])
+                               "train.log_every=5", "train.eval_every=10",
+                               "train.bleu_every=15", "train.bleu_sentences=20"])
     train(cfg, tmp / "run", quiet=True)
     return tmp / "run"

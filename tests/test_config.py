@@ -74,3 +74,10 @@ def test_dump_roundtrip():
     import tomllib
     cfg = load_config("big", ["train.adam_eps=1e-9"])
     assert config_from_dict(tomllib.loads(dump_toml(cfg))) == cfg
+
+
+def test_validation_and_dev_bleu_fall_on_logging_steps():
+    with pytest.raises(ConfigError, match=r"train.bleu_every \(25\) must be a multiple of train.log_every \(10\)"):
+        load_config("tiny", ["train.bleu_every=25"]).validate()
+    with pytest.raises(ConfigError, match=r"train.eval_every \(55\) must be a multiple"):
+        load_config("tiny", ["train.eval_every=55"]).validate()

@@ -84,7 +84,7 @@ def test_cli_refuses_bad_requests(tiny_run, tmp_path, capsys):
 
 def test_plot_draws_the_runs_own_log(tiny_run, tmp_path):
     drawn = plot_training(tiny_run / "metrics.jsonl", tmp_path / "curves.png")
-    assert {"train_loss", "valid_nll", "valid_ppl", "lr"} <= set(drawn)
+    assert {"train_loss", "valid_nll", "valid_ppl", "lr", "valid_bleu"} <= set(drawn)
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     bad = tmp_path / "metrics.jsonl"
     bad.write_text('{"step": 1, "lr": 0.1}\nnot json\n')

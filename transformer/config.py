@@ -89,6 +89,8 @@ class TrainConfig:
     seed: int = 1
     log_every: int = 50  # steps between log lines
     eval_every: int = 1000  # steps between validations
+    bleu_every: int = 0  # steps between dev BLEU (beam search on valid, decode settings); 0 = never
+    bleu_sentences: int = 500  # first N validation pairs translated for dev BLEU
     save_every: int = 0  # steps between checkpoints; 0 = only by time
     save_minutes: float = 10.0  # minutes between checkpoints (§6.1: "written at 10-minute intervals")
     keep_last: int = 20  # checkpoints kept on disk (big averages the last 20; §6.1)
@@ -138,6 +140,11 @@ class Config:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
+        for name, every in (("train.eval_every", t.eval_every), ("train.bleu_every", t.bleu_every)):
+            if every % t.log_every:  # both are computed on a logging step
+                raise ConfigError(f"{name} ({every}) must be a multiple of train.log_every ({t.log_every})")
+        if t.bleu_every < 0 or t.bleu_sentences <= 0:
+            raise ConfigError("train.bleu_every must be >= 0 and train.bleu_sentences positive")
         if (not m.d_k or not m.d_v) and m.d_model % m.n_heads:
             raise ConfigError(
                 f"model.d_model ({m.d_model}) is not divisible by model.n_heads ({m.n_heads}); "

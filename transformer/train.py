@@ -10,6 +10,7 @@ epoch and the RNG state, so a resumed run reproduces an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import platform
@@ -30,8 +31,8 @@ from .distributed import Dist
 
 from .checkpoint import latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict, dump_toml
-from .data import (Batch, BatchOrder, DataError, Example, collate, encode_pairs, lengths, make_batches,
-                   make_batches_from_lengths, padding_fraction, read_parallel, resolve_data_path)
+from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, lengths,
+                   make_batches, make_batches_from_lengths, padding_fraction, read_parallel, resolve_data_path)
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import learning_rate, make_optimizer
@@ -249,6 +250,20 @@ def validate(model: Transformer, examples: list[Example], max_tokens: int) -> di
     return {"valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0))}
 
 
+def dev_bleu(model: Transformer, tokenizer: Tokenizer, pairs: list[tuple[str, str]], cfg: Config) -> float:
+    """sacreBLEU of the model's beam-search translations (decode settings, §6.1) of ``pairs``."""
+    from .decode import translate_ids
+    from .evaluate import sacrebleu_scores
+
+    model.eval()
+    d = cfg.decode
+    with torch.inference_mode():
+        ids = translate_ids(model, encode_for_decoding([s for s, _ in pairs], tokenizer), d.beam_size, d.alpha,
+                            d.max_len_offset, d.batch_size)
+    model.train()
+    return sacrebleu_scores([tokenizer.decode(x) for x in ids], [t for _, t in pairs])["bleu"]
+
+
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
     """Adam's state as flat tensors (for safetensors) and its JSON-able param groups."""
     sd = optimizer.state_dict()
@@ -380,6 +395,8 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
     bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step", disable=quiet or not dist.main,
                dynamic_ncols=True, mininterval=1.0)
     metrics_path = out / "metrics.jsonl"
+    bleu_pairs = functools.cache(lambda: read_parallel(resolve_data_path(cfg.data.valid_src),
+                                                       resolve_data_path(cfg.data.valid_tgt))[:t.bleu_sentences])
     bad_in_a_row = 0
     stop = StopSignals()
     try:
@@ -421,6 +438,8 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
                 bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
                 if state.step % t.eval_every == 0:
                     rec.update(validate(raw, run.valid, t.max_tokens))
+                if t.bleu_every and state.step % t.bleu_every == 0 and cfg.data.task == "translate":
+                    rec["valid_bleu"] = dev_bleu(raw, run.tokenizer, bleu_pairs(), cfg)
                 for key, value in rec.items():
                     if key not in ("step", "epoch"):
                         writer.add_scalar(key, value, state.step)
