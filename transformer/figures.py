@@ -168,12 +168,19 @@ def attention_html(maps: AttentionMaps, title: str = "attention") -> str:
     """A self-contained interactive page (no network): pick kind, layer, head, links or heatmaps,
     pieces or words; hover a token to isolate its attention. Both piece and word maps are embedded."""
     data = {"pieces": maps.to_json(), "words": maps.merged().to_json()}
-    page = (WEB / "attention.html").read_text(encoding="utf-8")
-    script = (WEB / "attention.js").read_text(encoding="utf-8")
     payload = json.dumps(data).replace("</", "<\\/")  # no "</script>" inside the data
-    return (page.replace("{{TITLE}}", title.replace("<", "&lt;"))
-            .replace("/*{{SCRIPT}}*/", script)
-            .replace("/*{{DATA}}*/null", payload))
+    return web_page("attention.html", {"{{TITLE}}": title.replace("<", "&lt;"), "/*{{DATA}}*/null": payload})
+
+
+def web_page(name: str, fields: dict[str, str]) -> str:
+    """A page of ``web/`` with the attention viewer's style and script inlined (no network) and
+    ``fields`` filled in: the HTML figure and the server's page are built the same way."""
+    page = (WEB / name).read_text(encoding="utf-8")
+    fields = {"/*{{STYLE}}*/": (WEB / "attention.css").read_text(encoding="utf-8"),
+              "/*{{SCRIPT}}*/": (WEB / "attention.js").read_text(encoding="utf-8"), **fields}
+    for key, value in fields.items():
+        page = page.replace(key, value)
+    return page
 
 
 def plot_training(metrics_path: Path, out: Path) -> list[str]:

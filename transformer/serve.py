@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
 
-from .figures import WEB, attention_maps
+from .figures import attention_maps, web_page
 from .translator import Translator
 
 
@@ -244,9 +244,8 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         return {"status": "ok", "model": name, "queued": batcher.queue.qsize() if batcher else 0,
                 "batches": batcher.batches if batcher else 0, "requests": batcher.requests if batcher else 0}
 
-    page = ((WEB / "index.html").read_text(encoding="utf-8").replace("{{TITLE}}", name)
-            .replace("/*{{SCRIPT}}*/", (WEB / "attention.js").read_text(encoding="utf-8"))
-            .replace("{{BEAM}}", str(decode.beam_size)).replace("{{ALPHA}}", str(decode.alpha)))
+    page = web_page("index.html", {"{{TITLE}}": name.replace("<", "&lt;"), "{{BEAM}}": str(decode.beam_size),
+                                   "{{ALPHA}}": str(decode.alpha)})
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:
