@@ -19,7 +19,6 @@ import asyncio
 import datetime
 import json
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,32 +29,10 @@ import httpx
 import torch
 
 from transformer.data import read_lines, resolve_data_path
+from transformer.serve import start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(run: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "transformer", "serve", str(run), "--port", str(port), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            httpx.get(url + "/health", timeout=1)
-            return proc, url
-        except httpx.HTTPError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit(f"the server did not start: {proc.stdout.read()}")
-            time.sleep(0.3)
 
 
 async def load(url: str, sentences: list[str], clients: int, requests: int) -> dict:

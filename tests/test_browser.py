@@ -4,10 +4,6 @@ installed by scripts/test.sh): type a sentence, translate it, see the translatio
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -17,28 +13,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 ARTIFACTS = Path(os.environ.get("TRANSFORMER_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server(tiny_run):
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "transformer", "serve", str(tiny_run), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"the server did not start: {proc.stdout.read()}")
-            time.sleep(0.2)
+    from transformer.serve import start_server
+
+    proc, url = start_server(tiny_run, timeout=60)
     yield url
     proc.terminate()
     proc.wait(10)

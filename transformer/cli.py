@@ -321,7 +321,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     limits = Limits(max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences, max_chars=args.max_chars,
                     max_beam=args.max_beam, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-                    batching=not args.no_batching)
+                    batching=not args.no_batching, request_timeout=args.request_timeout)
     serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8)
 
 
@@ -475,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=int, default=1000, help="characters per sentence (default 1000)")
     p.add_argument("--max-beam", type=int, default=16, help="largest beam a request may ask for (default 16)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
+    p.add_argument("--request-timeout", type=float, default=20.0, metavar="SECONDS", help="a request's headers "
+                   "and body must arrive within this time, else the connection is closed: slow or stalled clients "
+                   "cannot hold connections (default 20; idle keep-alive connections close after 5)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("export", help="export a run's model to CTranslate2 (C++ inference)", epilog=EPILOG,

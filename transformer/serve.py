@@ -4,7 +4,11 @@ Requests from all clients are batched together: a request waits at most ``max_wa
 to join it, and a batch holds at most ``max_batch_tokens`` source tokens x beam (the memory bound);
 one worker thread runs the model, so torch's own threads are never oversubscribed and a slow or
 bad request cannot stall the event loop. Limits answer with JSON errors: 413 body too large, 422
-too many sentences / too long a sentence / beam or alpha out of range, 400 malformed JSON.
+too many sentences / too long a sentence / beam or alpha out of range / a wrong type or unknown key,
+400 malformed JSON. A
+request must arrive whole within ``request_timeout`` seconds, else its connection is closed, so slow
+or stalled clients (slowloris) cannot hold connections for ever; tests/reliability/test_server_abuse.py
+checks all of this against a real server.
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +29,8 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
 
 from .figures import attention_maps, web_page
 from .translator import Translator
@@ -37,9 +47,12 @@ class Limits:
     max_batch_tokens: int = 8192  # source tokens x beam per decoding batch: bounds memory
     max_wait_ms: float = 10.0  # how long a request waits for others to batch with
     batching: bool = True  # False: one request at a time (what the load benchmark compares against)
+    request_timeout: float = 20.0  # seconds for a request's headers and body to arrive (serve() only)
 
 
 class TranslateRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")  # "beam": true or "4", or a misspelt key: 422
+
     text: list[str] = Field(description="sentences to translate, one output per input")
     beam: int | None = Field(None, description="beam size (default: the run's, 4 in the paper §6.1); 1 = greedy")
     alpha: float | None = Field(None, ge=0.0, le=2.0, description="GNMT length penalty α (default 0.6, §6.1)")
@@ -50,6 +63,8 @@ class TranslateResponse(BaseModel):
 
 
 class AttentionRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
     text: str = Field(description="one source sentence")
     translation: str | None = Field(None, description="target to teacher-force (default: the model's own "
                                                       "translation with the run's beam settings)")
@@ -201,6 +216,12 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     async def limited(request: Request, exc: LimitError) -> JSONResponse:
         return JSONResponse({"error": exc.message}, status_code=exc.status)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        """FastAPI's own errors (a body it cannot parse, e.g. JSON nested too deep or invalid UTF-8 in a
+        string; 404; 405) in the same {"error": ...} shape as ours."""
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
     def check_sentence(text: str, where: str) -> None:
         if len(text) > limits.max_chars:
             raise LimitError(422, f"{where}: {len(text)} characters, more than the limit of {limits.max_chars}")
@@ -254,6 +275,55 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     return app
 
 
+def deadline_protocol(seconds: float) -> type:
+    """uvicorn's h11 protocol with a deadline: while the server waits for a request (from the connection's
+    opening, or the end of the previous response, until the request's last body byte), at most ``seconds``
+    may pass, else the connection is closed. uvicorn itself only closes keep-alive connections idle between
+    requests: a client that trickles its headers or stalls mid-body (slowloris) would hold its connection
+    and buffers for ever. Decoding time does not count. Always h11: uvicorn's httptools protocol, picked
+    when httptools is installed, would need its own version."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    waiting = (h11.IDLE, h11.SEND_BODY)  # the client's states in which the server waits for it
+
+    class DeadlineH11Protocol(H11Protocol):
+        deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            self._start()
+
+        def on_response_complete(self) -> None:
+            self._start()  # before super(): it may read a pipelined request whole and stop the clock again
+            super().on_response_complete()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.conn.their_state not in waiting:
+                self._stop()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop()
+            super().connection_lost(exc)
+
+        def _start(self) -> None:
+            self._stop()
+            self.deadline = self.loop.call_later(seconds, self._expire)
+
+        def _stop(self) -> None:
+            if self.deadline is not None:
+                self.deadline.cancel()
+                self.deadline = None
+
+        def _expire(self) -> None:
+            self.deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()  # a waiting handler sees the client leave (http.disconnect)
+
+    return DeadlineH11Protocol
+
+
 def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path | None = None,
           int8: bool = False) -> None:
     import uvicorn
@@ -261,4 +331,28 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
     translator = Translator(run_dir, checkpoint, int8=int8)
     app = create_app(translator, limits, name=Path(run_dir).resolve().name)
     print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level="warning", http=deadline_protocol(limits.request_timeout),
+                timeout_keep_alive=5)
+
+
+def start_server(run_dir: Path, options: Sequence[str] = (), timeout: float = 120) -> tuple[subprocess.Popen, str]:
+    """`transformer serve RUN_DIR` as a child process on a free loopback port, as a user runs it, returned
+    once GET /health answers: (process, base URL). For tests and benchmarks; the caller terminates it.
+    The server's warnings go to this process's stderr."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "serve", str(run_dir), "--port", str(port),
+                             *options], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"`transformer serve {run_dir}` did not start (exit status {proc.wait()}; "
+                                   "its stderr is above)") from None
+            time.sleep(0.2)

@@ -6,14 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transformer.config import load_config
 from transformer.data import read_parallel
-from transformer.train import train
-from transformer.translator import Translator
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 GOOD = ["a dog runs .", "two men sit on a bench .", "a girl in red plays .", "people walk in a park ."] * 30
@@ -99,26 +95,17 @@ def test_nul_crlf_and_unicode_separators_keep_pairs_aligned(tmp_path, tally):
     tally["faults_survived"] += 4
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, multi30k):
-    from tests.conftest import write_slice
-    out = tmp_path_factory.mktemp("fuzz")
-    src, tgt = write_slice(multi30k, out, "train", 0, 400)
-    cfg = load_config("tiny", [f'data.train_src="{src}"', f'data.train_tgt="{tgt}"', f'data.valid_src="{src}"',
-                               f'data.valid_tgt="{tgt}"', "data.vocab_size=300", "train.max_steps=30",
-                               "train.threads=1", "decode.max_len_offset=5"])
-    train(cfg, out / "run", quiet=True)
-    return Translator(out / "run", log=lambda m: None)
-
-
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=60)
+# arbitrary lines (no newline inside: a line is what the input file's reader gives), with emoji, RTL,
+# control characters, blank and very long lines drawn often; the server test draws from it too
+LINES = st.lists(st.one_of(TEXT, st.sampled_from(["", "   ", "🙂🙂 👍", "مرحبا بالعالم", "x" * 300, "\t\x00\x1b"])),
+                 min_size=1, max_size=6)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.one_of(TEXT, st.sampled_from(["", "   ", "🙂🙂 👍", "مرحبا بالعالم", "x" * 300, "\t\x00\x1b"])),
-                min_size=1, max_size=6))
-def test_translation_never_loses_or_reorders_a_line(tiny_run, tally, inputs):
-    outputs = tiny_run.translate(inputs, beam_size=2)
+@given(LINES)
+def test_translation_never_loses_or_reorders_a_line(fuzz_translator, tally, inputs):
+    outputs = fuzz_translator.translate(inputs, beam_size=2)
     tally["fuzz_inputs"] += len(inputs)
     lost = len(inputs) - len(outputs)
     tally["lines_lost"] += max(lost, 0)
@@ -128,19 +115,19 @@ def test_translation_never_loses_or_reorders_a_line(tiny_run, tally, inputs):
         if not text.strip():
             assert out == ""
     # in order: each sentence alone gives what it gave in the batch
-    assert [tiny_run.translate([t], beam_size=2)[0] for t in inputs] == outputs
+    assert [fuzz_translator.translate([t], beam_size=2)[0] for t in inputs] == outputs
 
 
-def test_a_sentence_longer_than_any_seen_in_training_still_decodes(tiny_run):
+def test_a_sentence_longer_than_any_seen_in_training_still_decodes(fuzz_translator):
     very_long = " ".join(["a dog runs in the park"] * 80)  # ~480 words, positions far past training
-    (out,) = tiny_run.translate([very_long], beam_size=1)
+    (out,) = fuzz_translator.translate([very_long], beam_size=1)
     assert isinstance(out, str)
 
 
-def test_translate_command_keeps_every_line(tmp_path, tiny_run, tally):
+def test_translate_command_keeps_every_line(tmp_path, fuzz_run, tally):
     inputs = ["a dog .", "", "\u2028 odd \x85 separators", "🙂", "x" * 300, "last line"]
     path = write(tmp_path / "in.txt", lines(inputs))
-    proc = subprocess.run([sys.executable, "-m", "transformer", "translate", str(tiny_run_dir(tiny_run)),
+    proc = subprocess.run([sys.executable, "-m", "transformer", "translate", str(fuzz_run),
                            "--input", str(path), "--beam", "2"], env=ENV, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-1500:]
@@ -148,8 +135,3 @@ def test_translate_command_keeps_every_line(tmp_path, tiny_run, tally):
     assert out[-1] == "" and len(out) - 1 == len(inputs)
     assert out[1] == ""
     tally["fuzz_inputs"] += len(inputs)
-
-
-def tiny_run_dir(translator: Translator) -> Path:
-    return translator.tokenizer.path.parent
-
