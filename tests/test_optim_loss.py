@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from transformer.loss import label_smoothed_loss
-from transformer.optim import learning_rate
+from transformer.optim import cooldown, learning_rate
 
 
 @pytest.mark.parametrize("step", [1, 4000, 100000])
@@ -55,3 +55,12 @@ def test_label_smoothing_gradient_matches_autograd_reference(eps):
     (2.0 * ref).backward()
     torch.testing.assert_close(ours, logits.grad)
     assert label_smoothed_loss(logits, target, eps).item() == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_cooldown_is_linear_to_zero_over_the_last_fraction():
+    assert cooldown(0.3, 0.0) == 1.0  # off: eq. (3) unchanged
+    assert cooldown(0.5, 0.4) == 1.0
+    assert cooldown(0.6, 0.4) == pytest.approx(1.0)
+    assert cooldown(0.8, 0.4) == pytest.approx(0.5)
+    assert cooldown(1.0, 0.4) == 0.0
+    assert cooldown(1.2, 0.4) == 0.0

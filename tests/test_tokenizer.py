@@ -123,3 +123,15 @@ def test_empty_training_text_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("\n\n", encoding="utf-8")
     with pytest.raises(TokenizerError, match="empty"):
         Tokenizer.train([tmp_path / "empty.txt"], tmp_path / "spm.model", 100, 1000)
+
+
+def test_symbols_are_kept_whole(tmp_path: Path) -> None:
+    """The parsing task's brackets: one piece each, where plain BPE splits "(" from the label."""
+    trees = ["(S (NP XX XX )NP (VP XX (NP XX )NP )VP XX )S", "(S (NP XX )NP (VP XX )VP XX )S"] * 50
+    words = ["The dog saw a cat .", "It barked ."] * 50
+    plain = Tokenizer.train([], tmp_path / "plain.model", 60, 10_000, texts=trees + words)
+    whole = Tokenizer.train([], tmp_path / "whole.model", 60, 10_000, texts=trees + words,
+                            symbols=["(S", ")S", "(NP", ")NP", "(VP", ")VP", "XX"])
+    assert plain.pieces(trees[1])[:2] == ["▁(", "S"]
+    assert whole.pieces(trees[1]) == ["▁" + t for t in trees[1].split()]
+    assert whole.decode(whole.encode(trees[0])) == trees[0]

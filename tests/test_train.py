@@ -166,3 +166,18 @@ def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path
     with pytest.raises(TrainError, match="3 steps in a row had non-finite gradients"):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=20", "train.max_bad_steps=3"]),
               tmp_path / "run2", quiet=True)
+
+
+def test_cooldown_anneals_the_logged_rate_to_zero(tmp_path, tiny_overrides):
+    """train.cooldown_fraction: eq. (3) until the last fraction of max_steps, then linear to 0."""
+    from transformer.optim import learning_rate
+    common = tiny_overrides + ["train.log_every=5", "train.eval_every=1000", "train.max_steps=20",
+                               "train.warmup_steps=4"]
+    train(load_config("tiny", common + ["train.cooldown_fraction=0.5"]), tmp_path / "run", quiet=True)
+    logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())}
+    cfg = load_config("tiny", common)
+    eq3 = lambda step: learning_rate(step, cfg.model.d_model, 4, cfg.train.lr_scale)  # noqa: E731
+    assert logged[5] == pytest.approx(eq3(5))  # before the last half: eq. (3)
+    assert logged[10] == pytest.approx(eq3(10))  # progress 9/20: still eq. (3)
+    assert logged[15] == pytest.approx(eq3(15) * (1 - 14 / 20) / 0.5)
+    assert 0 < logged[20] == pytest.approx(eq3(20) * (1 - 19 / 20) / 0.5)

@@ -80,6 +80,9 @@ class TrainConfig:
     max_minutes: float = 0.0  # wall-clock budget; 0 = none
     warmup_steps: int = 4000  # eq. (3)
     lr_scale: float = 1.0  # multiplier on eq. (3); 1.0 is the paper (A1)
+    # DEVIATION(§5.3): linear decay to 0 over this last fraction of the budget (max_steps, or
+    # max_minutes when that ends first); 0 = eq. (3) to the end, as the paper
+    cooldown_fraction: float = 0.0
     beta1: float = 0.9  # §5.3
     beta2: float = 0.98  # §5.3
     adam_eps: float = 1e-9  # §5.3
@@ -159,6 +162,8 @@ class Config:
             raise ConfigError("train.beta1 and train.beta2 must be in [0, 1)")
         if t.adam_eps <= 0 or t.lr_scale <= 0:
             raise ConfigError("train.adam_eps and train.lr_scale must be positive")
+        if not 0.0 <= t.cooldown_fraction <= 1.0:
+            raise ConfigError(f"train.cooldown_fraction must be in [0, 1], got {t.cooldown_fraction}")
         if t.max_minutes < 0 or t.save_minutes < 0 or t.save_every < 0 or t.threads < 0:
             raise ConfigError("train.max_minutes, save_minutes, save_every and threads must be >= 0")
         if d.alpha < 0 or d.max_len_offset < 0:
@@ -193,8 +198,8 @@ class Config:
 RESUME_FIXED: dict[str, str | tuple[str, ...]] = {
     "model": "*",
     "data": ("task", "train_src", "train_tgt", "train_store", "vocab_size", "spm_input_sentences", "max_len"),
-    "train": ("max_tokens", "update_freq", "warmup_steps", "lr_scale", "beta1", "beta2", "adam_eps", "weight_decay",
-              "clip_norm", "eps_ls", "seed"),
+    "train": ("max_tokens", "update_freq", "warmup_steps", "lr_scale", "cooldown_fraction", "beta1", "beta2",
+              "adam_eps", "weight_decay", "clip_norm", "eps_ls", "seed"),
 }
 
 

@@ -81,14 +81,17 @@ class Tokenizer:
 
     @classmethod
     def train(cls, files: Sequence[Path | str], model_path: Path, vocab_size: int,
-              input_sentence_size: int, seed: int = 1, *, texts: Iterable[str] = ()) -> Tokenizer:
+              input_sentence_size: int, seed: int = 1, *, texts: Iterable[str] = (),
+              symbols: Sequence[str] = ()) -> Tokenizer:
         """Trains one joint BPE model (§5.1) on all lines of ``files`` (plain or gzip) plus ``texts``.
 
         Each file entry is a path, never a sentence; in-memory sentences go in ``texts``. At most
         ``input_sentence_size`` non-empty sentences are used, sampled with ``seed``, so the model is a
         deterministic function of (data, vocab_size, input_sentence_size, seed). The model is
         written to a temporary file beside ``model_path`` and renamed, so a crash never leaves a
-        half-written vocabulary that a later run would load.
+        half-written vocabulary that a later run would load. ``symbols`` are whitespace-delimited
+        words kept whole, one piece each (the parsing task's brackets, which BPE would otherwise split
+        at the change of script between "(" and the label).
         """
         from .data import iter_lines  # data imports this module's ids: import late
 
@@ -107,7 +110,7 @@ class Tokenizer:
                 sentence_iterator=iter(sample), model_writer=writer, model_type="bpe",
                 vocab_size=vocab_size, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
                 character_coverage=1.0, input_sentence_size=0, num_threads=_SPM_THREADS,
-                minloglevel=2)
+                user_defined_symbols=sorted({"\u2581" + s for s in symbols}), minloglevel=2)
         except RuntimeError as e:
             message = _spm_message(e)
             if limit := re.search(r"value <= (\d+)", message):

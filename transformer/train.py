@@ -31,11 +31,11 @@ from .distributed import Dist
 
 from .checkpoint import latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict, dump_toml
-from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, lengths,
+from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, iter_lines, lengths,
                    make_batches, make_batches_from_lengths, padding_fraction, read_parallel, resolve_data_path)
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
-from .optim import learning_rate, make_optimizer
+from .optim import cooldown, learning_rate, make_optimizer
 from .store import TokenStore
 from .tokenizer import PAD_ID, Tokenizer
 
@@ -114,10 +114,21 @@ def run_logger(out: Path, quiet: bool = False):
 
 
 def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Tokenizer:
-    """§5.1: one joint BPE vocabulary of data.vocab_size pieces on the training source + target."""
+    """§5.1: one joint BPE vocabulary of data.vocab_size pieces on the training source + target.
+
+    For parsing (§6.3) every bracket symbol of the training trees ("(NP", ")NP") and the tag
+    placeholder are single pieces, so one decision of the decoder is one symbol of the tree.
+    """
     d = cfg.data
-    log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}")
-    return Tokenizer.train([src, tgt], path, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed)
+    symbols: set[str] = set()
+    if d.task == "parse":
+        from .trees import tree_symbols  # only parsing needs trees
+
+        symbols = tree_symbols(iter_lines(tgt))
+    log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
+        + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
+    return Tokenizer.train([src, tgt], path, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed,
+                           symbols=sorted(symbols))
 
 
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
@@ -403,10 +414,14 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
         while state.step < t.max_steps:
             # rank 0's clock decides, so that every rank stops after the same step; a signal on any rank
             # stops them all
-            out_of_time = dist.main and t.max_minutes and elapsed() >= 60 * t.max_minutes
-            if sum(distributed.all_sum(dist, [float(bool(out_of_time)), float(stop.received is not None)])):
+            time_used = elapsed() / (60 * t.max_minutes) if dist.main and t.max_minutes else 0.0
+            out_of_time, stopped, time_used = distributed.all_sum(
+                dist, [float(time_used >= 1.0), float(stop.received is not None), time_used])
+            if out_of_time or stopped:
                 break
             lr = learning_rate(state.step + 1, cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
+            if t.cooldown_fraction:  # rank 0's clock decides, so every rank takes the same rate
+                lr *= cooldown(max(state.step / t.max_steps, time_used), t.cooldown_fraction)
             result = train_step(model, optimizer, [next_batch() for _ in range(t.update_freq)], t.eps_ls, lr,
                                 t.clip_norm, dist, scaler, amp_dtype)
             if not result.applied:

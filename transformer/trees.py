@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,6 +119,11 @@ def linearize(tree: Tree) -> list[str]:
         return [PLACEHOLDER]
     inner = [t for c in tree.children if isinstance(c, Tree) for t in linearize(c)]
     return [f"({tree.label}", *inner, f"){tree.label}"]
+
+
+def tree_symbols(lines: Iterable[str]) -> set[str]:
+    """Every bracket symbol ("(NP", ")NP") and the placeholder in linearized trees, one per line."""
+    return {tok for line in lines for tok in line.split() if tok == PLACEHOLDER or tok[:1] in "()"}
 
 
 def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> tuple[Tree, bool]:
