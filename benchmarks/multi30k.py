@@ -74,6 +74,11 @@ def main() -> None:
                       "tok_lc_bleu": s["tok_lc_bleu"], "sacrebleu": s["sacrebleu"]})
         print(f"curve: {curve[-1]}", flush=True)
 
+    meta, path = checkpoints[-1]  # the last checkpoint alone, beside the average the recipe decodes with
+    s = score(Translator(out, path, log=lambda m: None), src, ref, tok_ref, lang)
+    last = {"step": meta["step"], "checkpoint": path.stem, "tok_lc_bleu": s["tok_lc_bleu"], "sacrebleu": s["sacrebleu"]}
+    print(f"last checkpoint: {last}", flush=True)
+
     final = score(Translator(out, log=print), src, ref, tok_ref, lang)  # average of the last N (§6.1)
     (out / "test2016.hyp").write_text("".join(h + "\n" for h in final.pop("hyps")), encoding="utf-8")
     result = {
@@ -82,7 +87,7 @@ def main() -> None:
         "train_minutes": round(summary["train_minutes"], 2), "train_tokens_per_s": round(summary["tokens_per_s"]),
         "steps": summary["step"], "valid_ppl": round(summary["valid_ppl"], 3),
         "averaged_checkpoints": cfg.decode.average_last, "beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha,
-        "translate_seconds": final["translate_seconds"], "curve": curve,
+        "translate_seconds": final["translate_seconds"], "last_checkpoint": last, "curve": curve,
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
         "config": str(config.relative_to(ROOT)), "overrides": overrides,
         "date": datetime.date.today().isoformat(),
@@ -105,6 +110,7 @@ def main() -> None:
 | chrF | {result['chrf']} |
 | training | {result['train_minutes']} min, {result['steps']} steps, {result['train_tokens_per_s']} target tokens/s |
 | decoding | average of last {result['averaged_checkpoints']} checkpoints, beam {result['beam']}, α {result['alpha']}: {result['translate_seconds']} s for 1,000 sentences |
+| last checkpoint alone (step {last['step']}) | tok. lc BLEU {last['tok_lc_bleu']}, sacreBLEU {last['sacrebleu']} |
 
 BLEU of the single checkpoint reached after N minutes of training:
 

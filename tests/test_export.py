@@ -11,11 +11,13 @@ from transformer.translator import Translator
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 
-@pytest.fixture
-def run(tmp_path, tiny_overrides):
+@pytest.fixture(params=["post", "pre"])
+def run(request, tmp_path, tiny_overrides):
+    """A trained tiny model, post-norm (§3.1) and pre-norm (model.norm = "pre")."""
     out = tmp_path / "run"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=200", "train.save_every=100",
-                                                "decode.average_last=2"]), out, quiet=True)
+                                                "decode.average_last=2", f'model.norm="{request.param}"']),
+          out, quiet=True)
     return out
 
 

@@ -1,5 +1,6 @@
 """The model against the paper's formulas (§3) and against independent references."""
 
+import dataclasses
 import math
 
 import pytest
@@ -125,8 +126,9 @@ def test_decoder_position_i_ignores_later_tokens():
     assert not torch.allclose(a[:, 3:], b[:, 3:])
 
 
-def test_cached_decoding_equals_full_decoding():
-    model = tiny_model()
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_cached_decoding_equals_full_decoding(norm):
+    model = tiny_model(cfg=dataclasses.replace(TINY, norm=norm))
     src = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 1, PAD_ID, PAD_ID]])
     tgt = torch.tensor([[PAD_ID, 11, 12, 13], [PAD_ID, 14, 15, 16]])
     full = model(src, tgt)
@@ -213,3 +215,25 @@ def test_parameter_counts_match_the_paper():
     printed = {"B1": 58, "B2": 60, "C1": 36, "C2": 50, "C3": 80, "C4": 28, "C5": 168, "C6": 53, "C7": 90}
     for row, millions in printed.items():
         assert abs(params(row, 40960) - millions * 1e6) <= 1e6, row
+
+
+def test_pre_norm_layers_by_hand():
+    """model.norm = "pre" (DEVIATION(§3.1), A0): x + Sublayer(LayerNorm(x)) per sub-layer, and a
+    final LayerNorm per stack; "post" is LayerNorm(x + Sublayer(x)) (§3.1)."""
+    pre = tiny_model(cfg=dataclasses.replace(TINY, norm="pre"))
+    src = torch.tensor([[5, 6, 7, 1]])
+    x = pre.source_embedding(src) + pre.positions(4, 0, "src_pos", src.device)
+    mask = padding_mask(src)
+    for layer in pre.encoder:
+        h = layer.norm1(x)
+        x = x + layer.self_attn(h, *layer.self_attn.project_kv(h), mask=mask)
+        x = x + layer.ffn(layer.norm2(x))
+    memory, _ = pre.encode(src)
+    torch.testing.assert_close(memory, pre.enc_norm(x))
+    post = tiny_model()
+    assert not hasattr(post, "enc_norm") and not hasattr(post, "dec_norm")
+    x = post.source_embedding(src) + post.positions(4, 0, "src_pos", src.device)
+    for layer in post.encoder:
+        x = layer.norm1(x + layer.self_attn(x, *layer.self_attn.project_kv(x), mask=mask))
+        x = layer.norm2(x + layer.ffn(x))
+    torch.testing.assert_close(post.encode(src)[0], x)

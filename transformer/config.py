@@ -42,6 +42,10 @@ class ModelConfig:
     share_output: bool = True  # target embedding tied to the pre-softmax projection (§3.4)
     bias: bool = True  # biases in attention projections (the authors' first code had them; A15)
     ln_eps: float = 1e-6  # LayerNorm epsilon of the authors' code (the paper is silent; A7)
+    # "post": LayerNorm(x + Dropout(Sublayer(x))) as §3.1 and the paper's code; "pre":
+    # x + Dropout(Sublayer(LayerNorm(x))) with a final LayerNorm per stack, the authors' later
+    # default (A0, transformer_base v2). DEVIATION(§3.1) when "pre"; only recipes that need it use it.
+    norm: Literal["post", "pre"] = "post"
 
     @property
     def head_dims(self) -> tuple[int, int]:

@@ -53,7 +53,7 @@ def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int =
     if cfg.positional == "learned":
         max_positions = cfg.max_positions
     spec = transformer_spec.TransformerSpec.from_config((cfg.n_enc_layers, cfg.n_dec_layers), cfg.n_heads,
-                                                        pre_norm=False)
+                                                        pre_norm=cfg.norm == "pre")
 
     def linear(target, module: torch.nn.Module) -> None:
         target.weight = _numpy(module.weight)
@@ -99,6 +99,9 @@ def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int =
         norm(target.attention.layer_norm, layer.norm2)
         ffn(target.ffn, layer)
         norm(target.ffn.layer_norm, layer.norm3)
+    if cfg.norm == "pre":  # the stacks' closing LayerNorms
+        norm(spec.encoder.layer_norm, model.enc_norm)
+        norm(spec.decoder.layer_norm, model.dec_norm)
     out_weight = model.target_embedding.weight if cfg.share_output else model.output_proj.weight
     spec.decoder.projection.weight = _numpy(out_weight)
     bias = np.zeros(out_weight.size(0), dtype=np.float32)

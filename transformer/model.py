@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -130,6 +130,16 @@ class FeedForward(nn.Module):
         return self.w2(dropout(F.relu(self.w1(x)), self.p_drop_relu, self.training))  # eq. (2)
 
 
+def residual(x: Tensor, norm: nn.LayerNorm, drop: Dropout, pre: bool,
+             sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+    """A sub-layer with its residual connection: post-norm LayerNorm(x + Dropout(Sublayer(x))) (§3.1,
+    §5.4); or pre-norm x + Dropout(Sublayer(LayerNorm(x))) when ``pre`` (DEVIATION(§3.1): model.norm =
+    "pre", the authors' later default, A0)."""
+    if pre:
+        return x + drop(sublayer(norm(x)))
+    return norm(x + drop(sublayer(x)))
+
+
 class EncoderLayer(nn.Module):
     """§3.1: self-attention then FFN, each wrapped as LayerNorm(x + Dropout(Sublayer(x))) (§5.4)."""
 
@@ -141,10 +151,12 @@ class EncoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         self.drop = Dropout(cfg.p_drop)
+        self.pre = cfg.norm == "pre"
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        x = self.norm1(x + self.drop(self.self_attn(x, *self.self_attn.project_kv(x), mask=src_mask)))
-        return self.norm2(x + self.drop(self.ffn(x)))
+        x = residual(x, self.norm1, self.drop, self.pre,
+                     lambda h: self.self_attn(h, *self.self_attn.project_kv(h), mask=src_mask))
+        return residual(x, self.norm2, self.drop, self.pre, self.ffn)
 
 
 @dataclass
@@ -205,23 +217,30 @@ class DecoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         self.drop = Dropout(cfg.p_drop)
+        self.pre = cfg.norm == "pre"
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, cache: LayerCache | None = None,
                 beam: int = 1) -> Tensor:
         """x [B, T, D]. Without a cache: the whole prefix, causally masked (§3.2.3). With one: x is
         the newest position [n*beam, 1, D], attending to the cached prefix and itself; the cross-
         attention sees a sentence's ``beam`` rows as ``beam`` queries [n, beam, D] of one source."""
-        k, v = self.self_attn.project_kv(x)
         if cache is None:
-            x = self.norm1(x + self.drop(self.self_attn(x, k, v, is_causal=True)))
-            cross = self.cross_attn(x, *self.cross_attn.project_kv(memory), mask=src_mask)
+            x = residual(x, self.norm1, self.drop, self.pre,
+                         lambda h: self.self_attn(h, *self.self_attn.project_kv(h), is_causal=True))
+            x = residual(x, self.norm2, self.drop, self.pre,
+                         lambda h: self.cross_attn(h, *self.cross_attn.project_kv(memory), mask=src_mask))
         else:
-            cache.self_k, cache.self_v = torch.cat([cache.self_k, k], 2), torch.cat([cache.self_v, v], 2)
-            x = self.norm1(x + self.drop(self.self_attn(x, cache.self_k, cache.self_v)))
-            queries = x.view(-1, beam, x.size(-1))  # [n, beam, D]
-            cross = self.cross_attn(queries, cache.cross_k, cache.cross_v, mask=src_mask).view_as(x)
-        x = self.norm2(x + self.drop(cross))
-        return self.norm3(x + self.drop(self.ffn(x)))
+            def self_attn(h: Tensor) -> Tensor:
+                k, v = self.self_attn.project_kv(h)
+                cache.self_k, cache.self_v = torch.cat([cache.self_k, k], 2), torch.cat([cache.self_v, v], 2)
+                return self.self_attn(h, cache.self_k, cache.self_v)
+
+            def cross_attn(h: Tensor) -> Tensor:  # a sentence's beams as queries [n, beam, D]
+                return self.cross_attn(h.view(-1, beam, h.size(-1)), cache.cross_k, cache.cross_v,
+                                       mask=src_mask).view_as(h)
+            x = residual(x, self.norm1, self.drop, self.pre, self_attn)
+            x = residual(x, self.norm2, self.drop, self.pre, cross_attn)
+        return residual(x, self.norm3, self.drop, self.pre, self.ffn)
 
 
 def sinusoidal_positions(length: int, d_model: int, offset: int = 0, device: torch.device | None = None) -> Tensor:
@@ -281,6 +300,9 @@ class Transformer(nn.Module):
             self.tgt_pos = nn.Embedding(cfg.max_positions, cfg.d_model)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
+        if cfg.norm == "pre":  # each stack ends with a LayerNorm (A0, A7), else its output is unnormalised
+            self.enc_norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+            self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         self.drop = Dropout(cfg.p_drop)
         self._sinusoids: Tensor | None = None  # §3.5 table cache (not a parameter, not saved)
         self.reset_parameters()
@@ -326,7 +348,11 @@ class Transformer(nn.Module):
         x = self.drop(x)  # §5.4: dropout on the sums of embeddings and positional encodings
         for layer in self.encoder:
             x = layer(x, src_mask)
-        return x, src_mask
+        return self.final_norm(x, "enc_norm"), src_mask
+
+    def final_norm(self, x: Tensor, name: str) -> Tensor:
+        """The stack's closing LayerNorm under pre-norm; post-norm layers already end normalised."""
+        return self._modules[name](x) if name in self._modules else x
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoder: tgt_in [B, T] (starts with the start symbol) -> hidden [B, T, D]."""
@@ -334,7 +360,7 @@ class Transformer(nn.Module):
         x = self.drop(x)
         for layer in self.decoder:
             x = layer(x, memory, src_mask)
-        return x
+        return self.final_norm(x, "dec_norm")
 
     def project(self, hidden: Tensor) -> Tensor:
         """Pre-softmax linear transformation (§3.4): [..., D] -> logits [..., V]; no bias."""
@@ -366,7 +392,7 @@ class Transformer(nn.Module):
         for layer, layer_cache in zip(self.decoder, cache.layers):
             x = layer(x, None, cache.src_mask, layer_cache, cache.beam)
         cache.length += 1
-        return self.project(x[:, 0])
+        return self.project(self.final_norm(x[:, 0], "dec_norm"))
 
 
 @contextlib.contextmanager
