@@ -15,9 +15,11 @@ ARTIFACTS = Path(os.environ.get("TRANSFORMER_TEST_ARTIFACTS", Path(__file__).res
 
 @pytest.fixture
 def server(tiny_run):
+    """The page served from the tiny test model, or from TRANSFORMER_PAGE_RUN: the README's screenshot is
+    `TRANSFORMER_PAGE_RUN=runs/bench_en_de TRANSFORMER_TEST_ARTIFACTS=docs pytest tests/test_browser.py`."""
     from transformer.serve import start_server
 
-    proc, url = start_server(tiny_run, timeout=60)
+    proc, url = start_server(Path(os.environ.get("TRANSFORMER_PAGE_RUN", tiny_run)), timeout=60)
     yield url
     proc.terminate()
     proc.wait(10)

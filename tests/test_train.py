@@ -181,3 +181,19 @@ def test_cooldown_anneals_the_logged_rate_to_zero(tmp_path, tiny_overrides):
     assert logged[10] == pytest.approx(eq3(10))  # progress 9/20: still eq. (3)
     assert logged[15] == pytest.approx(eq3(15) * (1 - 14 / 20) / 0.5)
     assert 0 < logged[20] == pytest.approx(eq3(20) * (1 - 19 / 20) / 0.5)
+
+
+@pytest.mark.parametrize("option", ["train.precision=\"bf16\"", "train.compile=true"])
+def test_bf16_autocast_and_compile_train_like_fp32(tmp_path, tiny_overrides, option):
+    """The GPU options run on CPU too: bf16 autocast (§5.2 at scale) and torch.compile give the
+    losses of the plain fp32 run, to bf16's precision or to float rounding."""
+    common = tiny_overrides + ["train.log_every=2", "train.eval_every=1000", "train.max_steps=4",
+                               "model.p_drop=0.0"]
+    train(load_config("tiny", common), tmp_path / "fp32", quiet=True)
+    train(load_config("tiny", common + [option]), tmp_path / "other", quiet=True)
+    a, b = losses(tmp_path / "fp32"), losses(tmp_path / "other")
+    assert a.keys() == b.keys() == {2, 4}
+    tolerance = 0.05 if "bf16" in option else 1e-4
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=tolerance), step
+    assert a[4] != a[2]  # the run learned: not a comparison of two untrained models

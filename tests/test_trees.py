@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tests.conftest import DATA
 from transformer.cli import main
 from transformer.trees import (PTB_SPLITS, Tree, TreeError, delinearize, linearize, normalize, parse_brackets,
-                               read_trees, score_trees, with_tags, write_ptb_splits)
+                               read_trees, score_trees, tree_symbols, with_tags, write_ptb_splits)
 
 PTB = DATA / "ptb-sample"
 
@@ -35,6 +35,12 @@ def test_normalisation_removes_traces_function_tags_and_the_outer_bracket():
 def test_linearization_is_vinyals_et_al():
     t = tree("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))")
     assert linearize(t) == ["(S", "(NP", "XX", "XX", ")NP", "(VP", "XX", ")VP", "XX", ")S"]
+
+
+def test_tree_symbols_are_the_brackets_and_the_placeholder():
+    """What the parsing vocabulary keeps whole (train_vocabulary): every "(L", ")L" and XX, no word."""
+    lines = ["(S (NP XX XX )NP (VP XX )VP XX )S", "(S (-LRB- XX )-LRB- XX )S"]
+    assert tree_symbols(lines) == {"(S", ")S", "(NP", ")NP", "(VP", ")VP", "XX", "(-LRB-", ")-LRB-"}
 
 
 @pytest.mark.skipif(not PTB.is_dir(), reason="ptb-sample not found (set TRANSFORMER_DATA)")
