@@ -17,7 +17,7 @@ from transformer.tokenizer import Tokenizer
 from transformer.train import train
 
 pytestmark = pytest.mark.slow
-ENV = os.environ | {"OMP_NUM_THREADS": "1"}
+ENV = os.environ | {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # gloo on CPUs, GPU or not
 
 
 def sets(overrides: list[str]) -> list[str]:
@@ -38,7 +38,8 @@ def torchrun_script(tmp_path, body: str, timeout: float = 300) -> tuple[subproce
     return proc, time.monotonic() - start
 
 
-def test_two_ranks_equal_one_process_on_the_same_global_batches(tmp_path, tiny_overrides):
+def test_two_ranks_equal_one_process_on_the_same_global_batches(tmp_path, tiny_overrides, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # like the ranks: CPU, GPU or not
     steps = 5
     overrides = tiny_overrides + ["model.p_drop=0.0", f"train.max_steps={steps}", f"train.save_every={steps}",
                                   "train.threads=1", "train.max_tokens=512"]

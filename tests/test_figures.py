@@ -25,13 +25,14 @@ def test_weights_are_the_models_own(translator):
     tok, cfg = translator.tokenizer, translator.cfg.model
     src_ids, tgt_ids = tok.encode(SRC) + [EOS_ID], tok.encode(TGT)
     with torch.inference_mode(), record_attention(translator.model) as records:
-        translator.model(torch.tensor([src_ids]), torch.tensor([[BOS_ID, *tgt_ids]]))
+        translator.model(torch.tensor([src_ids], device=translator.device),
+                         torch.tensor([[BOS_ID, *tgt_ids]], device=translator.device))
     for kind, n_layers in (("enc_self", cfg.n_enc_layers), ("dec_self", cfg.n_dec_layers), ("cross", cfg.n_dec_layers)):
         w = maps.weights[kind]
         rows, cols = maps.axes(kind)
         assert w.shape == (n_layers, cfg.n_heads, len(rows), len(cols))
         for layer in range(n_layers):
-            torch.testing.assert_close(w[layer], records[kind][layer][0][0])
+            torch.testing.assert_close(w[layer], records[kind][layer][0][0].cpu())
         torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))  # every row is a distribution
     assert len(maps.src) == len(src_ids) and len(maps.tgt_in) == len(maps.tgt_out) == len(tgt_ids) + 1
     assert maps.tgt_in[0] == "<s>" and maps.tgt_out[-1] == "</s>" and maps.tgt_in[1:] == maps.tgt_out[:-1]

@@ -18,7 +18,19 @@ def losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["train_loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
 
 
-def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_overrides):
+@pytest.fixture
+def deterministic(monkeypatch):
+    """Deterministic kernels on a GPU, where exact reproduction needs them (the CPU's already are)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_overrides, deterministic):
     common = tiny_overrides + ["train.log_every=5", "train.eval_every=1000", "train.save_every=10"]
     full = tmp_path / "full"
     train(load_config("tiny", common + ["train.max_steps=30"]), full, quiet=True)

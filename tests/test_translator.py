@@ -21,7 +21,7 @@ def test_default_is_the_average_of_the_last_checkpoints(run):
     translator = Translator(run, log=messages.append)
     assert "averaging the last 3 checkpoint(s)" in messages[0]  # 3 exist, average_last is 5
     weights = [load_checkpoint(p).weights["embed.weight"] for p in list_checkpoints(run)]
-    torch.testing.assert_close(translator.model.embed.weight.detach(), torch.stack(weights).mean(0))
+    torch.testing.assert_close(translator.model.embed.weight.detach().cpu(), torch.stack(weights).mean(0))
     outputs = translator.translate(["A dog runs.", "", "   "], beam_size=2)
     assert len(outputs) == 3 and outputs[1] == "" and outputs[2] == ""
 
@@ -45,7 +45,7 @@ def test_not_a_run_folder(tmp_path):
 
 
 def test_int8_quantizes_every_linear_layer_and_stays_close(run):
-    fp32 = Translator(run, log=lambda m: None)
+    fp32 = Translator(run, log=lambda m: None, device="cpu")  # int8 runs on the CPU: compare there
     int8 = Translator(run, log=lambda m: None, int8=True)
     kinds = {type(m) for m in int8.model.modules()}
     assert torch.ao.nn.quantized.dynamic.Linear in kinds
@@ -57,3 +57,24 @@ def test_int8_quantizes_every_linear_layer_and_stays_close(run):
     assert not torch.equal(a, b)  # it is quantized ...
     torch.testing.assert_close(b.log_softmax(-1), a.log_softmax(-1), atol=0.1, rtol=0.05)  # ... and close
     assert len(int8.translate(["A dog runs.", ""], beam_size=2)) == 2
+
+
+def test_device_choice_is_checked(run):
+    assert Translator(run, device="cpu").device == torch.device("cpu")
+    assert Translator(run, int8=True).device == torch.device("cpu")  # int8 decodes on the CPU, GPU or not
+    with pytest.raises(CheckpointError, match="CPU only"):
+        Translator(run, int8=True, device="cuda")
+    with pytest.raises(CheckpointError, match="--device 'gpu0'"):
+        Translator(run, device="gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(CheckpointError, match="no CUDA GPU"):
+            Translator(run, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_decodes_like_the_cpu(run):
+    lines = ["A dog runs.", "Two men are talking on a bench.", ""]
+    cpu = Translator(run, device="cpu").translate(lines, beam_size=4)
+    gpu = Translator(run, device="cuda")
+    assert next(gpu.model.parameters()).is_cuda
+    assert gpu.translate(lines, beam_size=4) == cpu

@@ -50,6 +50,7 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default 64)")
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
                    "on CPU, BLEU within a few tenths (benchmarks/results/speed.md)")
+    p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")
 
 
 def _translator(args: argparse.Namespace):
@@ -62,7 +63,8 @@ def _translator(args: argparse.Namespace):
     for name in ("alpha", "max_len_offset"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    return Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr), int8=args.int8)
+    return Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr), int8=args.int8,
+                      device=args.device)
 
 
 def _translate_lines(args: argparse.Namespace, translator, lines: list[str]) -> list[str]:
@@ -322,7 +324,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     limits = Limits(max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences, max_chars=args.max_chars,
                     max_beam=args.max_beam, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                     batching=not args.no_batching, request_timeout=args.request_timeout)
-    serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8)
+    serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8, args.device)
 
 
 def build_parser() -> argparse.ArgumentParser:

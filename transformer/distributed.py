@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as torch_dist
 
+from .config import ConfigError
+
 
 @dataclass
 class Dist:
@@ -42,6 +44,10 @@ def setup(timeout_s: float) -> Dist:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"local rank {local_rank} has no GPU: this machine shows {torch.cuda.device_count()} "
+                               "(start at most that many processes per node, or hide the GPUs with "
+                               "CUDA_VISIBLE_DEVICES= to train on CPUs with gloo)")
         torch.cuda.set_device(device)
     if world == 1:
         return Dist(device=device)

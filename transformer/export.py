@@ -127,7 +127,7 @@ def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None,
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
-    translator = Translator(run_dir, checkpoint, log=log)
+    translator = Translator(run_dir, checkpoint, log=log, device="cpu")
     spec = ctranslate2_spec(translator.model, translator.tokenizer.vocabulary())
     from ctranslate2.converters.converter import Converter
 

@@ -94,9 +94,10 @@ def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
     tgt_ids = tok.encode(tgt.strip())
     model = translator.model
     with torch.inference_mode(), record_attention(model) as records:
-        model(torch.tensor([src_ids]), torch.tensor([[BOS_ID, *tgt_ids]]))
+        device = next(model.parameters()).device
+        model(torch.tensor([src_ids], device=device), torch.tensor([[BOS_ID, *tgt_ids]], device=device))
     # one call per layer: [1, H, Tq, Tk] -> [L, H, Tq, Tk]
-    weights = {kind: torch.cat([calls[0] for calls in records[kind]]).float() for kind in KINDS}
+    weights = {kind: torch.cat([calls[0] for calls in records[kind]]).float().cpu() for kind in KINDS}
     return AttentionMaps(tok.pieces(src.strip()) + ["</s>"], ["<s>", *tok.pieces(tgt.strip())],
                          [*tok.pieces(tgt.strip()), "</s>"], weights)
 

@@ -36,5 +36,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:
     PyTorch adds ε after bias correction and TensorFlow before (A2); with ε = 1e-9 the difference
     is negligible, so it is left as it is.
     """
-    return torch.optim.Adam(model.parameters(), lr=0.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                            weight_decay=cfg.weight_decay, foreach=True)
+    params = list(model.parameters())
+    fused = all(p.is_cuda for p in params)  # one kernel for the whole update on GPUs
+    return torch.optim.Adam(params, lr=0.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay, foreach=not fused, fused=fused)

@@ -325,10 +325,10 @@ def deadline_protocol(seconds: float) -> type:
 
 
 def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path | None = None,
-          int8: bool = False) -> None:
+          int8: bool = False, device: str | None = None) -> None:
     import uvicorn
 
-    translator = Translator(run_dir, checkpoint, int8=int8)
+    translator = Translator(run_dir, checkpoint, int8=int8, device=device)
     app = create_app(translator, limits, name=Path(run_dir).resolve().name)
     print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", http=deadline_protocol(limits.request_timeout),

@@ -292,6 +292,24 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, 
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
+def rng_state(dist: Dist) -> dict[str, torch.Tensor]:
+    """This rank's random state: the CPU generator, and the GPU's (dropout masks on a GPU come from it)."""
+    states = {"rng.torch": torch.get_rng_state()}
+    if dist.device.type == "cuda":
+        states["rng.cuda"] = torch.cuda.get_rng_state(dist.device)
+    return states
+
+
+def set_rng_state(dist: Dist, state: dict[str, torch.Tensor]) -> None:
+    """Restores what ``rng_state`` saved for this rank (rank r > 0: the keys end in ".r"). A run
+    resumed on another device type keeps only the CPU state."""
+    suffix = f".{dist.rank}" if dist.rank else ""
+    if (cpu := state.get("rng.torch" + suffix)) is not None:
+        torch.set_rng_state(cpu)
+    if dist.device.type == "cuda" and (gpu := state.get("rng.cuda" + suffix)) is not None:
+        torch.cuda.set_rng_state(gpu, dist.device)
+
+
 def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
           allow_config_change: bool = False) -> dict[str, Any]:
     """Trains until train.max_steps or train.max_minutes; returns a summary of the run.
@@ -347,9 +365,7 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
             raw.load_state_dict(ckpt.weights)
             load_optimizer_tensors(optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
             state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
-            rng = ckpt.state.get(f"rng.torch.{dist.rank}", ckpt.state["rng.torch"] if dist.main else None)
-            if rng is not None:
-                torch.set_rng_state(rng)
+            set_rng_state(dist, ckpt.state)
             if state.world_size != dist.world:
                 # the step, the schedule and Adam's moments continue; the data order cannot
                 log(f"resuming a run trained on {state.world_size} rank(s) with {dist.world}: the position in "
@@ -386,12 +402,12 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
         return collate(run.train, indices)
 
     def save() -> None:
-        rng_states = distributed.gather(dist, torch.get_rng_state())  # every rank takes part
+        rng_states = distributed.gather(dist, rng_state(dist))  # every rank takes part
         if not dist.main:
             return
         tensors, groups = optimizer_tensors(optimizer)
-        tensors["rng.torch"] = rng_states[0]
-        tensors.update({f"rng.torch.{r}": rng for r, rng in enumerate(rng_states) if r})
+        for r, states in enumerate(rng_states):
+            tensors.update({f"{name}.{r}" if r else name: state for name, state in states.items()})
         meta = dict(meta_base, optim_param_groups=groups,
                     train_state={**state.__dict__, "elapsed_s": elapsed()})
         try:

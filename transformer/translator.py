@@ -41,8 +41,20 @@ class Translator:
     """Model + vocabulary + decoding settings; ``translate`` maps lines to lines, one for one."""
 
     def __init__(self, run_dir: Path, checkpoint: Path | None = None, log: Callable[[str], None] = print,
-                 int8: bool = False):
+                 int8: bool = False, device: str | None = None):
+        """``device``: where the model decodes ("cpu", "cuda", "cuda:1"); default a GPU when there is
+        one. int8 quantization runs on the CPU only."""
         run_dir = Path(run_dir)
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() and not int8 else "cpu"
+        try:
+            self.device = torch.device(device)
+        except RuntimeError as e:
+            raise CheckpointError(f"--device {device!r}: {e}") from None
+        if int8 and self.device.type != "cpu":
+            raise CheckpointError(f"--int8 runs on the CPU only; got --device {device}")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise CheckpointError(f"--device {device}: no CUDA GPU is visible to torch {torch.__version__}")
         spm_path = run_dir / "spm.model"
         if not spm_path.is_file():
             raise CheckpointError(f"{run_dir}: not a run folder (no spm.model); train one with `transformer train`")
@@ -75,6 +87,7 @@ class Translator:
         self.model.eval()
         if int8:
             self.model = quantize_int8(self.model)
+        self.model.to(self.device)
 
     def translate(self, lines: list[str], beam_size: int | None = None, alpha: float | None = None,
                   max_len_offset: int | None = None, batch_size: int | None = None,

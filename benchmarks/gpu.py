@@ -1,0 +1,179 @@
+"""GPU training throughput of the paper's base and big models (§5.2, Table 2 on today's hardware).
+
+    python benchmarks/gpu.py [--steps 20] [--tokens 25000] [--models base,big]
+
+Trains each model for a few steps on synthetic batches shaped like WMT14 EN-DE (sentence lengths
+spread around the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --tokens
+tokens per side, the paper's 25k) through the project's own ``train_step``, in each precision
+(fp32, bf16 autocast, fp16 autocast with loss scaling, bf16 + torch.compile), and reports step
+time, target tokens/s, peak memory and MFU: the model's matmul FLOPs (``flops_per_token``) per
+second over the GPU's dense bf16 peak. It also lists the attention kernels that ran (flash /
+memory-efficient SDPA) and checks on the GPU that an fp16 step whose gradients overflow is skipped
+and leaves the weights alone. Writes benchmarks/results/gpu_train.json and .md. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from transformer.config import load_config
+from transformer.cost import H100_BF16_FLOPS, training_cost
+from transformer.data import Example, collate, make_batches
+from transformer.distributed import Dist
+from transformer.model import Transformer, count_parameters, flops_per_token
+from transformer.optim import make_optimizer
+from transformer.train import train_step
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
+MODES = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, False),
+         "bf16+compile": (torch.bfloat16, True)}
+
+
+def synthetic_batches(tokens: int, n_sentences: int, seed: int = 0) -> tuple[list, float, float]:
+    """Length-bucketed batches of random pieces; source and target lengths 10..44 (mean ~27)."""
+    rng = random.Random(seed)
+    examples = []
+    for _ in range(n_sentences):
+        s, t = rng.randint(9, 43), rng.randint(9, 43)
+        examples.append(Example([rng.randrange(4, VOCAB) for _ in range(s)] + [2],
+                                [rng.randrange(4, VOCAB) for _ in range(t)] + [2]))
+    batches = [collate(examples, idx) for idx in make_batches(examples, tokens)]
+    batches = [b for b in batches if b.n_tgt_tokens > 0.9 * tokens]  # full batches only
+    src_len = sum(len(e.src) for e in examples) / len(examples)
+    tgt_len = sum(len(e.tgt) for e in examples) / len(examples)
+    return batches, src_len, tgt_len
+
+
+def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float) -> dict:
+    amp_dtype, compiled = MODES[mode]
+    cfg = load_config(name)
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    raw = Transformer(cfg.model, VOCAB).to(device)
+    optimizer = make_optimizer(raw, cfg.train)
+    model = torch.compile(raw) if compiled else raw
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
+    dist = Dist(device=device)
+    torch.cuda.reset_peak_memory_stats()
+    skipped, tokens = 0, 0
+    start = time.perf_counter()
+    for i in range(warmup + steps):
+        if i == warmup:
+            torch.cuda.synchronize()
+            start, tokens = time.perf_counter(), 0
+        batch = batches[i % len(batches)].to(device)
+        result = train_step(model, optimizer, [batch], cfg.train.eps_ls, 1e-4, 0.0, dist, scaler, amp_dtype)
+        skipped += not result.applied
+        tokens += result.n_tokens
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / steps
+    achieved = flops_per_token(cfg.model, VOCAB, src_len, tgt_len) * tokens / steps / seconds
+    row = {"model": name, "mode": mode, "parameters": count_parameters(raw), "step_ms": round(1000 * seconds, 1),
+           "tgt_tokens_per_step": round(tokens / steps), "tgt_tokens_per_s": round(tokens / steps / seconds),
+           "model_tflops": round(achieved / 1e12, 1), "mfu": round(achieved / H100_BF16_FLOPS, 3),
+           "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "skipped_steps": skipped}
+    print(json.dumps(row), flush=True)
+    del model, raw, optimizer
+    torch.cuda.empty_cache()
+    return row
+
+
+def attention_kernels(batch) -> list[str]:
+    """Names of the CUDA kernels that computed attention in one bf16 training step of base."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cfg = load_config("base")
+    model = Transformer(cfg.model, VOCAB).cuda()
+    optimizer = make_optimizer(model, cfg.train)
+    dist = Dist(device=torch.device("cuda"))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        train_step(model, optimizer, [batch.to(dist.device)], 0.1, 1e-4, 0.0, dist, None, torch.bfloat16)
+        torch.cuda.synchronize()
+    words = ("flash", "fmha", "attention", "attn", "sdpa")
+    return sorted({e.key for e in prof.key_averages() if any(w in e.key.lower() for w in words)})
+
+
+def fp16_overflow_is_skipped(batch) -> dict:
+    """A loss scale of 2^40 overflows fp16 gradients: the step must be skipped, the weights and Adam's
+    state untouched, and the scale lowered for the next step (dynamic loss scaling)."""
+    cfg = load_config("base")
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, VOCAB).cuda()
+    optimizer = make_optimizer(model, cfg.train)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**40)
+    before = [p.detach().clone() for p in model.parameters()]
+    dist = Dist(device=torch.device("cuda"))
+    first = train_step(model, optimizer, [batch.to(dist.device)], 0.1, 1e-3, 0.0, dist, scaler, torch.float16)
+    unchanged = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    adam_untouched = len(optimizer.state) == 0
+    skipped = 1
+    while not train_step(model, optimizer, [batch.to(dist.device)], 0.1, 1e-3, 0.0, dist, scaler,
+                         torch.float16).applied:
+        skipped += 1
+    changed = not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    return {"first_step_applied": first.applied, "weights_unchanged_after_skip": unchanged,
+            "adam_state_empty_after_skip": adam_untouched,
+            "steps_skipped_before_first_update": skipped, "scale_after": scaler.get_scale(),
+            "weights_changed_by_first_finite_step": changed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per model and precision")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (torch.compile: more)")
+    parser.add_argument("--tokens", type=int, default=25_000, help="tokens per side per step (paper: ~25k)")
+    parser.add_argument("--models", default="base,big")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for gpu_train.json / .md")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/gpu.py needs a CUDA GPU")
+    batches, src_len, tgt_len = synthetic_batches(args.tokens, 16 * args.tokens // 27)
+    print(f"{len(batches)} batches; mean lengths {src_len:.1f} / {tgt_len:.1f}", flush=True)
+    rows = [measure(name, mode, batches, args.steps, args.warmup + (10 if "compile" in mode else 0), src_len,
+                    tgt_len)
+            for name in args.models.split(",") for mode in args.modes.split(",")]
+    kernels = attention_kernels(batches[0])
+    overflow = fp16_overflow_is_skipped(batches[0])
+    print(json.dumps({"attention_kernels": kernels, "fp16_overflow": overflow}, indent=1), flush=True)
+    estimate = {name: round(1000 * training_cost(load_config(name, [f"train.max_tokens={args.tokens}",
+                                                                      "train.update_freq=1"]), VOCAB)
+                            .step_seconds(1), 1) for name in args.models.split(",")}
+    result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+              "command": "python " + " ".join(sys.argv), "vocab": VOCAB, "tokens_per_step": args.tokens,
+              "mean_src_len": round(src_len, 1), "mean_tgt_len": round(tgt_len, 1),
+              "peak_flops_bf16": H100_BF16_FLOPS, "docs_scaling_step_ms_at_mfu_0.4": estimate,
+              "rows": rows, "attention_kernels": kernels, "fp16_overflow": overflow}
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "gpu_train.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# GPU training throughput ({result['gpu']})", "",
+             f"`{result['command']}` — {result['date']}, torch {result['torch']} (CUDA {result['cuda']}), "
+             f"Python {result['python']}.", "",
+             f"Synthetic WMT-shaped batches: ~{args.tokens:,} tokens per side per step, V = {VOCAB:,}, mean "
+             f"lengths {src_len:.1f} / {tgt_len:.1f}; one optimizer step per batch through `train_step`. "
+             "MFU = the model's matmul FLOPs per second / the dense bf16 peak "
+             f"({H100_BF16_FLOPS / 1e12:.0f} TFLOPS).", "",
+             "| model | precision | step (ms) | target tokens/s | model TFLOP/s | MFU | peak memory (GiB) |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['mode']} | {r['step_ms']} | {r['tgt_tokens_per_s']:,} | {r['model_tflops']} | "
+              f"{100 * r['mfu']:.1f}% | {r['peak_memory_gib']} |" for r in rows]
+    lines += ["", f"docs/scaling.md's estimate at MFU 40%: {estimate} ms per step.", "",
+              f"Attention kernels in a bf16 step: {', '.join(kernels) or 'none found'}.", "",
+              f"fp16 overflow check (loss scale 2^40): {json.dumps(overflow)}.", ""]
+    (args.results / "gpu_train.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
