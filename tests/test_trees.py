@@ -49,9 +49,10 @@ def test_linearize_then_delinearize_is_the_identity_on_every_tree_of_the_sample(
     for path in sorted(PTB.glob("wsj_*.mrg")):
         for raw in read_trees(path):
             t = normalize(raw)
-            back, well_formed = delinearize(linearize(t), t.words())
-            assert well_formed, (path.name, str(t))
-            assert str(with_tags(back, t.tags())) == str(t), (path.name, str(t))
+            for words in (False, True):  # XX leaves (the paper's) and the words themselves
+                back, well_formed = delinearize(linearize(t, words), t.words())
+                assert well_formed, (path.name, str(t))
+                assert str(with_tags(back, t.tags())) == str(t), (path.name, str(t))
             n += 1
     assert n > 3500
 
@@ -82,6 +83,16 @@ def test_well_formed_flag():
     assert not delinearize(["(S", "XX", ")S", "(S", "XX", ")S"], words)[1]  # two roots
     assert not delinearize(["(S", "(NP", ")NP", "XX", "XX", ")S"], words)[1]  # an empty constituent
     assert not delinearize(["(S", "XX", "XX", "XX", ")S"], words)[1]  # an XX too many
+    assert delinearize(["(S", "a", "b", ")S"], words) == (tree("(S (XX a) (XX b))"), True)  # words as leaves
+    assert delinearize(["(S", "a", "XX", ")S"], words)[1]
+    assert delinearize(["(S", "a", "c", ")S"], words) == (tree("(S (XX a) (XX b))"), False)  # not the input's
+
+
+def test_linearize_with_words():
+    t = tree("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))")
+    assert " ".join(linearize(t)) == "(S (NP XX XX )NP (VP XX )VP XX )S"
+    assert " ".join(linearize(t, words=True)) == "(S (NP The dog )NP (VP barked )VP . )S"
+    assert tree_symbols([" ".join(linearize(t, words=True))]) == {"(S", ")S", "(NP", ")NP", "(VP", ")VP"}
 
 
 # EVALB (COLLINS.prm) by hand: brackets exclude POS nodes, punctuation is removed by its gold tag.
@@ -137,7 +148,9 @@ def test_splits_and_evaluate_parse_command(tmp_path, capsys):
     assert set(counts) == set(PTB_SPLITS) and counts["train"] > 3000 and min(counts.values()) > 100
     words = (tmp_path / "test.words").read_text().splitlines()
     lin = (tmp_path / "test.lin").read_text().splitlines()
-    assert len(words) == len(lin) == counts["test"]
+    wlin = (tmp_path / "test.wlin").read_text().splitlines()
+    assert len(words) == len(lin) == len(wlin) == counts["test"]
+    assert [w for w in wlin[0].split() if w[0] not in "()"] == words[0].split()
     # a "parse" that flattens every tree: words under S only
     flat = tmp_path / "flat.txt"
     flat.write_text("".join(str(delinearize([], w.split())[0]) + "\n" for w in words))

@@ -120,7 +120,7 @@ def _build_ptb_parse(name: str, roots: list[Path]) -> Path:
     folder = Path.home() / ".cache" / "transformer" / PTB_PARSE
     write_ptb_splits(ptb, folder)
     if not (folder / name).exists():
-        raise DataError(f"{PTB_PARSE}/{name}: not a file of the parsing task (train|valid|test . words|lin|gold)")
+        raise DataError(f"{PTB_PARSE}/{name}: not a file of the parsing task (train|valid|test . words|lin|wlin|gold)")
     return folder / name
 
 

@@ -113,26 +113,35 @@ def normalize(tree: Tree) -> Tree | None:
     return Tree(_strip_label(tree.label), children) if children else None
 
 
-def linearize(tree: Tree) -> list[str]:
-    """Vinyals et al.'s target sequence: "(L" ... ")L" per constituent, XX per word."""
+def linearize(tree: Tree, words: bool = False) -> list[str]:
+    """Vinyals et al.'s target sequence: "(L" ... ")L" per constituent, XX per word.
+
+    DEVIATION(§6.3): ``words=True`` writes each word itself instead of XX ("(S (NP The dog )NP ...").
+    The decoder then copies the sentence as it brackets it, so it always knows which word it is at:
+    with XX it must count the words it has placed, which a few thousand training trees do not teach.
+    """
     if tree.is_preterminal:
-        return [PLACEHOLDER]
-    inner = [t for c in tree.children if isinstance(c, Tree) for t in linearize(c)]
+        return [str(tree.children[0]) if words else PLACEHOLDER]
+    inner = [t for c in tree.children if isinstance(c, Tree) for t in linearize(c, words)]
     return [f"({tree.label}", *inner, f"){tree.label}"]
 
 
 def tree_symbols(lines: Iterable[str]) -> set[str]:
-    """Every bracket symbol ("(NP", ")NP") and the placeholder in linearized trees, one per line."""
+    """Every bracket symbol ("(NP", ")NP") and the placeholder in linearized trees, one per line (the
+    words of targets that carry them are not symbols)."""
     return {tok for line in lines for tok in line.split() if tok == PLACEHOLDER or tok[:1] in "()"}
 
 
 def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> tuple[Tree, bool]:
     """The tree a target sequence describes, with ``words`` at its leaves; and whether the sequence
-    was well-formed (balanced, matching labels, one XX per word, one root, no empty constituent).
+    was well-formed (balanced, matching labels, one leaf per word, one root, no empty constituent).
+    A leaf is XX or a word (targets written with ``linearize(words=True)``); a word must be the
+    input's word at that place.
 
     Anything else is repaired deterministically, so every sentence gets a tree with its words:
     a closing bracket closes the innermost open constituent whatever its label (none open: ignored);
-    an XX beyond the last word and unknown tokens are dropped; words left over attach to the root;
+    a leaf takes the input's next word whatever it says; a leaf beyond the last word and a bare "("
+    are dropped; words left over attach to the root;
     constituents left open are closed; empty ones are removed; several top-level pieces, or none,
     are wrapped in one ``root_label`` constituent.
     """
@@ -152,14 +161,16 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> t
             node = stack.pop()
             if tok[1:] and tok[1:] != node.label:
                 well_formed = False
-        elif tok == PLACEHOLDER:
+        elif tok == "(":
+            well_formed = False
+        else:  # a leaf: XX, or the word itself
             if n >= len(words):
                 well_formed = False
                 continue
+            if tok != PLACEHOLDER and tok != words[n]:
+                well_formed = False
             (stack[-1].children if stack else top).append(Tree(PLACEHOLDER, [words[n]]))
             n += 1
-        else:
-            well_formed = False
     if stack:
         well_formed = False
     if n < len(words):
@@ -272,7 +283,8 @@ PTB_SPLITS = {"train": (1, 159), "valid": (160, 174), "test": (175, 189)}  # by 
 def write_ptb_splits(ptb_dir: Path, dest: Path) -> dict[str, int]:
     """The parsing task's files from the WSJ sample's .mrg files, split by file number:
     ``{split}.words`` (source: words separated by spaces), ``{split}.lin`` (target: the linearized
-    tree) and ``{split}.gold`` (the normalised tree, PTB bracketing, one per line)."""
+    tree), ``{split}.wlin`` (the same with the words in place of XX) and ``{split}.gold`` (the
+    normalised tree, PTB bracketing, one per line)."""
     ptb_dir, dest = Path(ptb_dir), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     counts = {}
@@ -285,6 +297,7 @@ def write_ptb_splits(ptb_dir: Path, dest: Path) -> dict[str, int]:
             trees.extend(t for t in map(normalize, read_trees(path)) if t is not None)
         for suffix, lines in (("words", [" ".join(t.words()) for t in trees]),
                               ("lin", [" ".join(linearize(t)) for t in trees]),
+                              ("wlin", [" ".join(linearize(t, words=True)) for t in trees]),
                               ("gold", [str(t) for t in trees])):
             tmp = dest / f".{split}.{suffix}.tmp"
             tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
