@@ -51,11 +51,18 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, help="training budget (default: the recipe's max_minutes)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_parse", help="run folder (new)")
     parser.add_argument("--set", action="append", default=[], help="extra config overrides")
+    parser.add_argument("--decode-only", action="store_true", help="do not train: pick and score the checkpoints "
+                        "of the finished run in --out again (after a change to decoding or tree repair)")
     args = parser.parse_args()
     config = ROOT / "configs" / "ptb_sample_parse.toml"
     overrides = ["train.keep_last=1000", *args.set] + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
-    cfg = load_config(str(config), overrides)
-    summary = train(cfg, args.out)
+    if args.decode_only:
+        cfg = load_config(str(args.out / "config.toml"))
+        done = [line for line in (args.out / "train.log").read_text().splitlines() if " done: " in line]
+        summary = json.loads(done[-1].split(" done: ", 1)[1])
+    else:
+        cfg = load_config(str(config), overrides)
+        summary = train(cfg, args.out)
     d = cfg.data
 
     paths = list_checkpoints(args.out)

@@ -88,6 +88,19 @@ def test_well_formed_flag():
     assert delinearize(["(S", "a", "c", ")S"], words) == (tree("(S (XX a) (XX b))"), False)  # not the input's
 
 
+def test_a_skipped_or_repeated_word_costs_only_its_own_brackets():
+    """Word leaves are aligned with the input: the words after a slip keep their constituents."""
+    words = "a b c d e".split()
+    skipped = "(S (NP a b )NP (VP d e )VP )S".split()  # c left out: it joins b's constituent
+    assert delinearize(skipped, words) == (tree("(S (NP (XX a) (XX b) (XX c)) (VP (XX d) (XX e)))"), False)
+    repeated = "(S (NP a b b )NP (VP c d e )VP )S".split()  # the second b is dropped
+    assert delinearize(repeated, words) == (tree("(S (NP (XX a) (XX b)) (VP (XX c) (XX d) (XX e)))"), False)
+    first = "(S (NP b c )NP (VP d e )VP )S".split()  # a word missing at the start joins the next one's
+    assert delinearize(first, words)[0] == tree("(S (NP (XX a) (XX b) (XX c)) (VP (XX d) (XX e)))")
+    # with XX leaves nothing can be aligned: words in order, the rest after the last leaf
+    assert delinearize("(S (NP XX XX )NP )S".split(), ["a", "b", "c"])[0] == tree("(S (NP (XX a) (XX b) (XX c)))")
+
+
 def test_linearize_with_words():
     t = tree("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))")
     assert " ".join(linearize(t)) == "(S (NP XX XX )NP (VP XX )VP XX )S"

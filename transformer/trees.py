@@ -3,7 +3,9 @@
 §6.3 trains the same Transformer to map a sentence to its linearized parse tree, as Vinyals et al.
 (2015, "Grammar as a Foreign Language", the paper's [37]) did: the source is the word sequence, the
 target the tree's brackets with every part-of-speech tag replaced by one placeholder ``XX`` and each
-closing bracket labelled, e.g. ``(S (NP XX XX )NP (VP XX )VP XX )S`` for "The dog barked .".
+closing bracket labelled, e.g. ``(S (NP XX XX )NP (VP XX )VP XX )S`` for "The dog barked .". The
+parsing recipe writes the words in place of XX (``linearize(words=True)``, a documented deviation):
+``(S (NP The dog )NP (VP barked )VP . )S``.
 
 Normalisation of a treebank tree (documented, and undone by nothing: it defines the task):
 - ``-NONE-`` elements (traces, empty subjects) are removed, and so is every constituent left empty;
@@ -22,6 +24,7 @@ both trees' tags with the same words (the gold tags are put in the parse's prete
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -140,19 +143,23 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> t
 
     Anything else is repaired deterministically, so every sentence gets a tree with its words:
     a closing bracket closes the innermost open constituent whatever its label (none open: ignored);
-    a leaf takes the input's next word whatever it says; a leaf beyond the last word and a bare "("
-    are dropped; words left over attach to the root;
-    constituents left open are closed; empty ones are removed; several top-level pieces, or none,
-    are wrapped in one ``root_label`` constituent.
+    a bare "(" is dropped; constituents left open are closed. Leaves take the input's words in order
+    when there are as many as words, or when they are all XX (a leaf beyond the last word is dropped).
+    Otherwise the leaves' words are aligned with the input's (``difflib``: the longest matching runs):
+    a leaf no input word aligns with is dropped, and an input word no leaf aligns with joins the
+    constituent of the word before it, right after it. So a word the decoder skipped or repeated
+    costs the brackets around it, not every bracket after it. Constituents left empty are removed;
+    several top-level pieces, or none, are wrapped in one ``root_label`` constituent.
     """
     well_formed = True
     top: list[Tree] = []
     stack: list[Tree] = []
-    n = 0
+    leaves: list[tuple[Tree, list]] = []  # each leaf with the child list that holds it
     for tok in tokens:
+        siblings = stack[-1].children if stack else top
         if tok.startswith("(") and len(tok) > 1:
             node = Tree(tok[1:])
-            (stack[-1].children if stack else top).append(node)
+            siblings.append(node)
             stack.append(node)
         elif tok.startswith(")"):
             if not stack:
@@ -164,18 +171,15 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> t
         elif tok == "(":
             well_formed = False
         else:  # a leaf: XX, or the word itself
-            if n >= len(words):
-                well_formed = False
-                continue
-            if tok != PLACEHOLDER and tok != words[n]:
-                well_formed = False
-            (stack[-1].children if stack else top).append(Tree(PLACEHOLDER, [words[n]]))
-            n += 1
+            leaf = Tree(PLACEHOLDER, [tok])
+            siblings.append(leaf)
+            leaves.append((leaf, siblings))
     if stack:
         well_formed = False
-    if n < len(words):
+    said = [str(leaf.children[0]) for leaf, _ in leaves]
+    if len(said) != len(words) or any(x not in (PLACEHOLDER, w) for x, w in zip(said, words)):
         well_formed = False
-        top.extend(Tree(PLACEHOLDER, [w]) for w in words[n:])
+    _place_words(leaves, said, words, top)
 
     def prune(node: Tree) -> Tree | None:
         if node.is_preterminal:
@@ -191,6 +195,44 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> t
     if pieces:  # several pieces at the top (or bare words): one root holds them
         well_formed = False
     return Tree(root_label, pieces or [Tree(PLACEHOLDER, [w]) for w in words]), well_formed
+
+
+def _place_words(leaves: list[tuple[Tree, list]], said: list[str], words: list[str], top: list) -> None:
+    """Puts ``words`` at the leaves, in place (``delinearize``'s repair of the leaves)."""
+    if len(said) == len(words) or all(x == PLACEHOLDER for x in said):
+        pairs = list(zip(range(len(said)), range(min(len(said), len(words)))))
+    else:
+        pairs = []
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, said, words, autojunk=False).get_opcodes():
+            if tag in ("equal", "replace"):  # a replaced run: position by position, the rest unmatched
+                pairs += zip(range(i1, i2), range(j1, j2))
+    word_of = dict(pairs)
+    for i, (leaf, siblings) in enumerate(leaves):
+        if i in word_of:
+            leaf.children[0] = words[word_of[i]]
+        else:
+            del siblings[_index(siblings, leaf)]
+    # input words no leaf took: after the leaf of the word before them (none: before the next one's)
+    leaf_of = {j: leaves[i] for i, j in pairs}
+    for j, word in enumerate(words):
+        if j in leaf_of:
+            continue
+        leaf, later = Tree(PLACEHOLDER, [word]), [k for k in leaf_of if k > j]
+        if j - 1 in leaf_of:
+            before, siblings = leaf_of[j - 1]
+            siblings.insert(_index(siblings, before) + 1, leaf)
+        elif later:
+            after, siblings = leaf_of[min(later)]
+            siblings.insert(_index(siblings, after), leaf)
+        else:
+            siblings = top
+            top.append(leaf)
+        leaf_of[j] = (leaf, siblings)
+
+
+def _index(siblings: list, node: Tree) -> int:
+    """Where ``node`` itself is in ``siblings`` (another leaf may be equal to it)."""
+    return next(k for k, c in enumerate(siblings) if c is node)
 
 
 def _has_empty(node: Tree) -> bool:
