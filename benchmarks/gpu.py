@@ -55,16 +55,21 @@ def synthetic_batches(tokens: int, n_sentences: int, seed: int = 0) -> tuple[lis
     return batches, src_len, tgt_len
 
 
-def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float) -> dict:
-    amp_dtype, compiled = MODES[mode]
+def on_gpu(name: str) -> tuple:
+    """A freshly initialised preset (seed 0) on the GPU: its config, the model, Adam, the process's Dist."""
     cfg = load_config(name)
     torch.manual_seed(0)
-    device = torch.device("cuda")
-    raw = Transformer(cfg.model, VOCAB).to(device)
-    optimizer = make_optimizer(raw, cfg.train)
+    dist = Dist(device=torch.device("cuda"))
+    model = Transformer(cfg.model, VOCAB).to(dist.device)
+    return cfg, model, make_optimizer(model, cfg.train), dist
+
+
+def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float) -> dict:
+    amp_dtype, compiled = MODES[mode]
+    cfg, raw, optimizer, dist = on_gpu(name)
+    device = dist.device
     model = torch.compile(raw) if compiled else raw
     scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
-    dist = Dist(device=device)
     torch.cuda.reset_peak_memory_stats()
     skipped, tokens = 0, 0
     start = time.perf_counter()
@@ -93,10 +98,7 @@ def attention_kernels(batch) -> list[str]:
     """Names of the CUDA kernels that computed attention in one bf16 training step of base."""
     from torch.profiler import ProfilerActivity, profile
 
-    cfg = load_config("base")
-    model = Transformer(cfg.model, VOCAB).cuda()
-    optimizer = make_optimizer(model, cfg.train)
-    dist = Dist(device=torch.device("cuda"))
+    _, model, optimizer, dist = on_gpu("base")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         train_step(model, optimizer, [batch.to(dist.device)], 0.1, 1e-4, 0.0, dist, None, torch.bfloat16)
         torch.cuda.synchronize()
@@ -107,19 +109,16 @@ def attention_kernels(batch) -> list[str]:
 def fp16_overflow_is_skipped(batch) -> dict:
     """A loss scale of 2^40 overflows fp16 gradients: the step must be skipped, the weights and Adam's
     state untouched, and the scale lowered for the next step (dynamic loss scaling)."""
-    cfg = load_config("base")
-    torch.manual_seed(0)
-    model = Transformer(cfg.model, VOCAB).cuda()
-    optimizer = make_optimizer(model, cfg.train)
+    _, model, optimizer, dist = on_gpu("base")
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0**40)
     before = [p.detach().clone() for p in model.parameters()]
-    dist = Dist(device=torch.device("cuda"))
-    first = train_step(model, optimizer, [batch.to(dist.device)], 0.1, 1e-3, 0.0, dist, scaler, torch.float16)
+    step = lambda: train_step(model, optimizer, [batch.to(dist.device)], 0.1, 1e-3, 0.0, dist,  # noqa: E731
+                              scaler, torch.float16)
+    first = step()
     unchanged = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     adam_untouched = len(optimizer.state) == 0
-    skipped = 1
-    while not train_step(model, optimizer, [batch.to(dist.device)], 0.1, 1e-3, 0.0, dist, scaler,
-                         torch.float16).applied:
+    skipped = 0 if first.applied else 1
+    while skipped and not step().applied:
         skipped += 1
     changed = not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     return {"first_step_applied": first.applied, "weights_unchanged_after_skip": unchanged,

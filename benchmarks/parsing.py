@@ -57,9 +57,12 @@ def main() -> None:
     config = ROOT / "configs" / "ptb_sample_parse.toml"
     overrides = ["train.keep_last=1000", *args.set] + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
     if args.decode_only:
-        cfg = load_config(str(args.out / "config.toml"))
-        done = [line for line in (args.out / "train.log").read_text().splitlines() if " done: " in line]
+        log_path = args.out / "train.log"
+        done = [line for line in log_path.read_text().splitlines() if " done: " in line] if log_path.is_file() else []
+        if not done:
+            sys.exit(f"--decode-only: {log_path} records no finished training (run without --decode-only first)")
         summary = json.loads(done[-1].split(" done: ", 1)[1])
+        cfg = load_config(str(args.out / "config.toml"))
     else:
         cfg = load_config(str(config), overrides)
         summary = train(cfg, args.out)
