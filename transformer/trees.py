@@ -200,7 +200,7 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> t
 def _place_words(leaves: list[tuple[Tree, list]], said: list[str], words: list[str], top: list) -> None:
     """Puts ``words`` at the leaves, in place (``delinearize``'s repair of the leaves)."""
     if len(said) == len(words) or all(x == PLACEHOLDER for x in said):
-        pairs = list(zip(range(len(said)), range(min(len(said), len(words)))))
+        pairs = [(i, i) for i in range(min(len(said), len(words)))]
     else:
         pairs = []
         for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, said, words, autojunk=False).get_opcodes():
@@ -217,12 +217,12 @@ def _place_words(leaves: list[tuple[Tree, list]], said: list[str], words: list[s
     for j, word in enumerate(words):
         if j in leaf_of:
             continue
-        leaf, later = Tree(PLACEHOLDER, [word]), [k for k in leaf_of if k > j]
+        leaf, later = Tree(PLACEHOLDER, [word]), min((k for k in leaf_of if k > j), default=None)
         if j - 1 in leaf_of:
             before, siblings = leaf_of[j - 1]
             siblings.insert(_index(siblings, before) + 1, leaf)
-        elif later:
-            after, siblings = leaf_of[min(later)]
+        elif later is not None:
+            after, siblings = leaf_of[later]
             siblings.insert(_index(siblings, after), leaf)
         else:
             siblings = top
