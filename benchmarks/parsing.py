@@ -5,8 +5,9 @@
 Trains configs/ptb_sample_parse.toml on wsj_0001-0159, picks the decoding weights on the dev files
 (0160-0174: the last checkpoint, or the average of the last 5 or 10, by F1), and reports labelled
 bracket F1 on the test files (0175-0189) with the paper's parsing decoder (beam 21, α 0.3, input +
-300), scored as EVALB with COLLINS.prm, plus the share of outputs that were well-formed trees
-before repair. Writes benchmarks/results/parsing.json and .md. Run it alone on the machine.
+300) and its beam constrained to well-formed trees of the input (trees.TreeConstraint), scored as
+EVALB with COLLINS.prm, plus the share of outputs that were well-formed trees before repair; the
+picked weights are also scored on test without the constraint (the model's own well-formed share). Writes benchmarks/results/parsing.json and .md. Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -83,15 +84,19 @@ def main() -> None:
                           d.valid_src.replace(".words", ".gold"))
         print(f"dev {name}: {json.dumps(dev[name])}", flush=True)
     picked = max(dev, key=lambda name: dev[name]["f1"])
-    test = parse(Translator(args.out, candidates[picked], log=lambda m: None), d.test_src, d.test_tgt)
+    translator = Translator(args.out, candidates[picked], log=lambda m: None)
+    test = parse(translator, d.test_src, d.test_tgt)
+    translator.constraint = None  # the same weights decoding freely, repaired afterwards
+    free = parse(translator, d.test_src, d.test_tgt)
 
     result = {
         "f1": test["f1"], "precision": test["precision"], "recall": test["recall"],
         "well_formed_before_repair": test["well_formed_before_repair"],
         "train_minutes": round(summary["train_minutes"], 2), "steps": summary["step"],
         "train_tokens_per_s": round(summary["tokens_per_s"]), "valid_ppl": round(summary["valid_ppl"], 3),
-        "picked_on_dev": picked, "dev": dev, "test": test,
-        "decode": {"beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha, "max_len_offset": cfg.decode.max_len_offset},
+        "picked_on_dev": picked, "dev": dev, "test": test, "test_unconstrained": free,
+        "decode": {"beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha, "max_len_offset": cfg.decode.max_len_offset,
+                   "constrained": cfg.decode.constrained},
         "scoring": "EVALB COLLINS.prm rules (transformer/trees.py): labelled brackets, punctuation by gold tag "
                    "removed, ADVP = PRT, POS nodes not counted, micro-averaged",
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
@@ -109,7 +114,8 @@ def main() -> None:
 
 Trained on wsj_0001-0159 for {result['train_minutes']} min ({result['steps']} steps); picked on
 wsj_0160-0174 ({picked}); tested on wsj_0175-0189. Beam {cfg.decode.beam_size}, α {cfg.decode.alpha},
-max length input + {cfg.decode.max_len_offset}. {result['scoring']}.
+max length input + {cfg.decode.max_len_offset}, beam constrained to well-formed trees of the input
+(`decode.constrained`, trees.TreeConstraint; not in the paper). {result['scoring']}.
 
 | test | value |
 |---|---|
@@ -118,6 +124,7 @@ max length input + {cfg.decode.max_len_offset}. {result['scoring']}.
 | recall | {result['recall']} |
 | well-formed before repair | {result['well_formed_before_repair']:.1%} |
 | sentences / brackets (gold, test, matched) | {test['sentences']} / {test['gold_brackets']}, {test['test_brackets']}, {test['matched']} |
+| same weights, unconstrained beam then repair: F1 | {free['f1']} (well-formed before repair {free['well_formed_before_repair']:.1%}) |
 
 Dev (wsj_0160-0174):
 

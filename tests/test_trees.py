@@ -3,13 +3,18 @@
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import DATA
 from transformer.cli import main
-from transformer.trees import (PTB_SPLITS, Tree, TreeError, delinearize, linearize, normalize, parse_brackets,
-                               read_trees, score_trees, tree_symbols, with_tags, write_ptb_splits)
+from transformer.config import ModelConfig
+from transformer.decode import beam_search
+from transformer.model import Transformer
+from transformer.tokenizer import EOS_ID
+from transformer.trees import (PTB_SPLITS, Tree, TreeConstraint, TreeError, delinearize, linearize, normalize,
+                               parse_brackets, read_trees, score_trees, tree_symbols, with_tags, write_ptb_splits)
 
 PTB = DATA / "ptb-sample"
 
@@ -174,3 +179,123 @@ def test_splits_and_evaluate_parse_command(tmp_path, capsys):
     assert main(["evaluate-parse", "--gold", str(tmp_path / "test.gold"), "--test",
                  str(tmp_path / "test.gold")]) == 0
     assert "F1        = 100.00" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------- constrained decoding
+class PieceVocabulary:
+    """A sentencepiece-like vocabulary for tests: brackets and XX whole, a word of more than five
+    letters split in two pieces ("\u2581barke", "d"), as BPE splits rare words."""
+
+    def __init__(self, symbols, words):
+        self.pieces = ["<pad>", "</s>", "<unk>", *sorted({"\u2581" + s for s in symbols})]
+        for w in sorted(set(words)):
+            for p in self.split(w):
+                if p not in self.pieces:
+                    self.pieces.append(p)
+        self.id = {p: i for i, p in enumerate(self.pieces)}
+
+    @staticmethod
+    def split(word):
+        whole = len(word) <= 5 or word[0] in "()"
+        return ["\u2581" + word] if whole else ["\u2581" + word[:5], word[5:]]
+
+    def encode(self, tokens):
+        return [self.id[p] for t in tokens for p in self.split(t)]
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids).replace("\u2581", " ").split()
+
+
+def walk(constraint, ids):
+    """Feeds ``ids`` to a constraint (one row); asserts each was allowed, then that EOS is."""
+    for token in ids:
+        assert constraint.allowed()[0, token], constraint.states[0]
+        constraint.advance(torch.tensor([0]), torch.tensor([token]))
+    return bool(constraint.allowed()[0, EOS_ID])
+
+
+@pytest.mark.skipif(not PTB.is_dir(), reason="ptb-sample not found (set TRANSFORMER_DATA)")
+def test_the_tree_constraint_allows_every_tree_of_the_sample():
+    """Never forbids a correct tree, with words or with XX leaves, multi-piece words included."""
+    trees = [t for path in sorted(PTB.glob("wsj_*.mrg")) for raw in read_trees(path) if (t := normalize(raw))]
+    vocab = PieceVocabulary(tree_symbols(" ".join(linearize(t)) for t in trees), [w for t in trees for w in t.words()])
+    constraint = TreeConstraint(vocab.pieces)
+    for t in trees[::5]:
+        src = torch.tensor([vocab.encode(t.words()) + [EOS_ID]])
+        for words in (True, False):
+            constraint.begin(src, beam=1, max_len=torch.tensor([1000]))
+            assert walk(constraint, vocab.encode(linearize(t, words))), str(t)
+
+
+def test_the_tree_constraint_refuses_what_is_not_a_tree_of_the_input():
+    vocab = PieceVocabulary(["(S", ")S", "(NP", ")NP", "XX"], ["dogs", "barked"])
+    constraint = TreeConstraint(vocab.pieces)
+    src = torch.tensor([vocab.encode(["dogs", "barked"]) + [EOS_ID]])
+    ok = ["(S", "(NP", "dogs", ")NP", "barked", ")S"]
+    for bad in (["(S", "(NP", "dogs", ")S"],  # closing bracket of another label
+                ["(S", "(NP", ")NP"],  # empty constituent
+                ["(S", "barked"],  # a word out of order
+                ["dogs"],  # a word outside any constituent
+                ["(S", "dogs", ")S"],  # the root closed before the last word
+                ["(S", "(NP", "(NP", "(NP", "(NP", "(NP", "(NP"]):  # 7 opening brackets in a row
+        constraint.begin(src, beam=1, max_len=torch.tensor([1000]))
+        with pytest.raises(AssertionError):
+            walk(constraint, vocab.encode(bad))
+    constraint.begin(src, beam=1, max_len=torch.tensor([1000]))
+    assert walk(constraint, vocab.encode(ok))
+    constraint.begin(src, beam=1, max_len=torch.tensor([1000]))  # inside "barked" (two pieces) only its second piece may follow
+    walk(constraint, vocab.encode(["(S", "dogs"]) + vocab.encode(["barked"])[:1])
+    assert constraint.allowed()[0].nonzero().flatten().tolist() == vocab.encode(["barked"])[1:]
+    constraint.begin(src, beam=1, max_len=torch.tensor([1000]))
+    assert not walk(constraint, vocab.encode(["(S", "dogs", "barked"]))  # EOS only once the root is closed
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_constrained_beam_search_writes_well_formed_trees_of_the_input_even_untrained(seed):
+    """An untrained model wants anything; under the constraint every output is still a tree with the
+    input's words, that needs no repair, even with a length limit that leaves few brackets."""
+    words = ["the", "old", "dogs", "barked", "loudly", "at", "strangers", "."]
+    vocab = PieceVocabulary(["(S", ")S", "(NP", ")NP", "(VP", ")VP", "(PP", ")PP", "XX"], words)
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(n_enc_layers=1, n_dec_layers=1, d_model=32, d_ff=64, n_heads=4, p_drop=0.0),
+                        len(vocab.pieces)).eval()
+    sentences = [words[: 2 + (seed + k) % 7] for k in range(6)]
+    src = torch.zeros(len(sentences), max(len(vocab.encode(w)) for w in sentences) + 1, dtype=torch.long)
+    for row, w in enumerate(sentences):
+        ids = vocab.encode(w) + [EOS_ID]
+        src[row, : len(ids)] = torch.tensor(ids)
+    outputs = beam_search(model, src, beam_size=4, alpha=0.3, max_len_offset=12,
+                          constraint=TreeConstraint(vocab.pieces))
+    for w, out in zip(sentences, outputs):
+        tree, well_formed = delinearize(vocab.decode(out), w)
+        assert well_formed and tree.words() == w, (w, vocab.decode(out))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PTB.is_dir(), reason="ptb-sample not found (set TRANSFORMER_DATA)")
+def test_parse_and_evaluate_commands_on_a_briefly_trained_parsing_run(tmp_path, capsys):
+    """The parsing recipe, shrunk: every output of `transformer parse` is a tree of its input's words,
+    constrained or not, and `transformer evaluate` on the run reports F1."""
+    write_ptb_splits(PTB, tmp_path)
+    data = {f"data.{split}_{side}": f'"{tmp_path / f"{name}.{suffix}"}"'
+            for split, name in (("train", "train"), ("valid", "valid"))
+            for side, suffix in (("src", "words"), ("tgt", "wlin"))}
+    sets = [f"{k}={v}" for k, v in data.items()] + [
+        f'data.test_src="{tmp_path / "test.words"}"', f'data.test_tgt="{tmp_path / "test.gold"}"',
+        "data.vocab_size=1500", "model.n_enc_layers=1", "model.n_dec_layers=1", "model.d_model=32", "model.d_ff=64",
+        "train.max_steps=20", "train.max_minutes=0", "train.save_every=10", "train.eval_every=10", "train.log_every=5",
+        "train.threads=1"]
+    run = tmp_path / "run"
+    assert main(["train", "configs/ptb_sample_parse.toml", "--out", str(run), "--quiet",
+                 *[a for s in sets for a in ("--set", s)]]) == 0
+    sentences = (tmp_path / "test.words").read_text().splitlines()[:6]
+    (tmp_path / "in.txt").write_text("".join(s + "\n" for s in sentences))
+    for extra in ([], ["--unconstrained"]):
+        capsys.readouterr()
+        assert main(["parse", str(run), "--input", str(tmp_path / "in.txt"), "--beam", "4", *extra]) == 0
+        trees = [tree(line) for line in capsys.readouterr().out.splitlines()]
+        assert [t.words() for t in trees] == [s.split() for s in sentences]
+    gold = tmp_path / "gold6.txt"
+    gold.write_text("".join(line + "\n" for line in (tmp_path / "test.gold").read_text().splitlines()[:6]))
+    assert main(["evaluate", str(run), "--beam", "2", "--src", str(tmp_path / "in.txt"), "--ref", str(gold)]) == 0
+    assert "F1 = " in capsys.readouterr().out

@@ -53,6 +53,12 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")
 
 
+def _unconstrained_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--unconstrained", action="store_true", help="parsing runs: let the beam write any sequence "
+                   "(the paper's decoding) and repair ill-formed trees afterwards, instead of allowing only "
+                   "well-formed trees of the input")
+
+
 def _translator(args: argparse.Namespace):
     """The run's model, checked before any input is read (errors come first, not after stdin)."""
     from .translator import Translator
@@ -63,8 +69,11 @@ def _translator(args: argparse.Namespace):
     for name in ("alpha", "max_len_offset"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    return Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr), int8=args.int8,
-                      device=args.device)
+    translator = Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr), int8=args.int8,
+                            device=args.device)
+    if getattr(args, "unconstrained", False):
+        translator.constraint = None
+    return translator
 
 
 def _translate_lines(args: argparse.Namespace, translator, lines: list[str]) -> list[str]:
@@ -362,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG, description="Prints detokenized cased sacreBLEU with its signature and "
                        "chrF; with --tok-ref also the Multi30k literature's tokenized lowercased BLEU.")
     _decode_options(p)
+    _unconstrained_option(p)
     p.add_argument("--src", type=Path, help="source sentences, plain or .gz; a path that does not "
                    "exist is looked up under the data root ($TRANSFORMER_DATA, ...), e.g. multi30k/val.en.gz "
                    "(default: the run's data.test_src)")
@@ -378,8 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("parse", help="parse sentences into constituency trees with a parsing run (§6.3)",
                        epilog=EPILOG, description="Input: one sentence per line, words separated by spaces (Penn "
                        "Treebank tokenization). Output: one bracketed tree per line, every sentence gets one "
-                       "(ill-formed outputs are repaired); part-of-speech nodes carry the placeholder XX.")
+                       "(the beam writes only well-formed trees of the input; with --unconstrained, ill-formed "
+                       "outputs are repaired); part-of-speech nodes carry the placeholder XX.")
     _decode_options(p)
+    _unconstrained_option(p)
     p.add_argument("--input", type=Path, help="input file (default: stdin)")
     p.add_argument("--output", type=Path, help="output file (default: stdout)")
     p.set_defaults(func=cmd_parse)

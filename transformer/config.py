@@ -119,6 +119,8 @@ class DecodeConfig:
     max_len_offset: int = 50  # maximum output length = input length + 50
     batch_size: int = 64  # sentences per decoding batch
     average_last: int = 5  # checkpoints averaged before evaluation (base: 5, big: 20)
+    # DEVIATION(§6.3): parse runs' beam writes only well-formed trees of the input (trees.TreeConstraint)
+    constrained: bool = True
 
 
 @dataclass

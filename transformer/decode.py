@@ -16,6 +16,7 @@ Call ``model.eval()`` first: these functions do not change the model's mode (dro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -38,22 +39,41 @@ def max_lengths(src: Tensor, max_len_offset: int) -> Tensor:
     return ((src != PAD_ID).sum(1) + max_len_offset).clamp(min=1)
 
 
-def next_log_probs(logits: Tensor, step: int, max_len: Tensor) -> Tensor:
-    """logits [N, V] of output position step + 1 -> log-probs [N, V] with PAD/BOS at -inf and, for rows
-    whose limit ``max_len`` [N] is reached, everything but EOS at -inf (so every output finishes).
+def next_log_probs(logits: Tensor, step: int, max_len: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """logits [N, V] of output position step + 1 -> log-probs [N, V] with PAD/BOS at -inf, tokens a
+    constraint does not allow (``allowed`` [N, V] False) at -inf, and, for rows whose limit ``max_len``
+    [N] is reached, everything but EOS at -inf (so every output finishes, constrained or not).
 
     Masking comes after the log-softmax, so the scores stay the model's own log-probabilities.
     DEVIATION(§6.1): EOS is forced at the limit; the authors' code instead returned the alive
     hypotheses, unpenalised, when none had finished (A11). Forcing keeps one scoring rule for all.
     """
     log_probs = logits.float().log_softmax(-1)
+    eos = log_probs[:, EOS_ID].clone()
+    if allowed is not None:
+        log_probs.masked_fill_(~allowed, float("-inf"))
     log_probs[:, PAD_ID] = float("-inf")  # the start symbol is never an output
     at_limit = (step + 1 >= max_len).nonzero().flatten()  # rows whose next token is the max_len-th
     if at_limit.numel():
-        eos = log_probs[at_limit, EOS_ID]
         log_probs[at_limit] = float("-inf")
-        log_probs[at_limit, EOS_ID] = eos
+        log_probs[at_limit, EOS_ID] = eos[at_limit]
     return log_probs
+
+
+class Constraint(Protocol):
+    """What beam search asks of a constraint on its outputs (e.g. ``trees.TreeConstraint``: only
+    well-formed trees of the input). It follows every row of the search: the same pruning and beam
+    reordering as the prefixes, then the row's new token."""
+
+    def begin(self, src: Tensor, beam: int, max_len: Tensor) -> None:
+        """Start ``beam`` rows per sentence of src [B, S] (sentence-major), each with an empty output;
+        max_len [B] is each sentence's largest |Y|, EOS included (``max_lengths``)."""
+
+    def allowed(self) -> Tensor:
+        """[N, V] bool: the tokens each current row may write next."""
+
+    def advance(self, rows: Tensor, tokens: Tensor) -> None:
+        """Rows ``rows`` [N'] of the previous step continue (repeats allowed), each with ``tokens`` [N']."""
 
 
 class NextTokenLogits:
@@ -149,7 +169,7 @@ def beam_step(log_probs: Tensor, scores: Tensor, length: int, alpha: float) -> t
 
 @torch.inference_mode()
 def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_len_offset: int = 50,
-                use_cache: bool = True) -> list[list[int]]:
+                use_cache: bool = True, constraint: Constraint | None = None) -> list[list[int]]:
     """Beam search with GNMT length penalty and early stopping (§6.1, A11). src [B, S] -> B outputs
     (the best finished hypothesis by log P(Y) / lp(|Y|)), without BOS and EOS.
 
@@ -160,6 +180,9 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
     could score higher. Like the authors' code (TH ``stop_early``, A11), the best finished one is
     compared, and EOS candidates anywhere in the top 2·beam are finished, so beam 1 can return a
     shorter, better-scoring hypothesis than greedy search.
+
+    ``constraint`` (not in the paper) keeps the tokens it does not allow at -inf at every step; EOS is
+    forced at the length limit all the same.
     """
     if alpha < 0:
         raise ValueError(f"alpha = {alpha}: the early-stop bound needs alpha >= 0")
@@ -167,6 +190,8 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
     next_logits = NextTokenLogits(model, src, use_cache)
     next_logits.expand(beam_size)  # B -> B*beam rows
     max_len = max_lengths(src, max_len_offset)  # [n]
+    if constraint is not None:
+        constraint.begin(src, beam_size, max_len)
     sentence = torch.arange(batch, device=dev)  # [n] index into the batch
     prefix = src.new_full((batch * beam_size, 1), BOS_ID)  # [n*beam, t]
     scores = torch.full((batch, beam_size), float("-inf"), device=dev)  # [n, beam]
@@ -174,7 +199,8 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
     best_score = torch.full((batch,), float("-inf"), device=dev)  # [B] best finished, penalised
     outputs: list[list[int]] = [[] for _ in range(batch)]
     for step in range(int(max_len.max())):
-        log_probs = next_log_probs(next_logits(prefix), step, max_len.repeat_interleave(beam_size))
+        allowed = constraint.allowed() if constraint is not None else None
+        log_probs = next_log_probs(next_logits(prefix), step, max_len.repeat_interleave(beam_size), allowed)
         scores, origin, token, fin_score, fin_origin = beam_step(log_probs, scores, step + 1, alpha)
         better = (fin_score > best_score[sentence]).nonzero().flatten()  # [k] sentences that improved
         best_score[sentence[better]] = fin_score[better]
@@ -188,16 +214,19 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
         rows = (keep[:, None] * beam_size + origin[keep]).flatten()  # [n'*beam] previous rows to continue
         next_logits.reorder(rows)
         prefix = torch.cat([prefix[rows], token[keep].flatten()[:, None]], 1)
+        if constraint is not None:
+            constraint.advance(rows, token[keep].flatten())
         scores, sentence, max_len = scores[keep], sentence[keep], max_len[keep]
     return outputs
 
 
 def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, alpha: float = 0.6,
-                  max_len_offset: int = 50, batch_size: int = 64, progress: bool = False) -> list[list[int]]:
+                  max_len_offset: int = 50, batch_size: int = 64, progress: bool = False,
+                  constraint: Constraint | None = None) -> list[list[int]]:
     """Decode many sources (token ids, each ending with EOS): one output per input, in input order.
 
     Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded
-    ``batch_size`` at a time; beam_size 1 is greedy search; ``progress`` shows a bar of sentences
+    ``batch_size`` at a time; beam_size 1 is greedy search (without a ``constraint``); ``progress`` shows a bar of sentences
     (on stderr). Outputs have no EOS. No input is dropped
     or truncated; an empty source is refused, since attention over no key at all is undefined.
     """
@@ -213,10 +242,10 @@ def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, a
         for row, i in enumerate(chunk):
             src[row, : len(sources[i])] = torch.as_tensor(sources[i], dtype=torch.long)
         src = src.to(device)
-        if beam_size == 1:
+        if beam_size == 1 and constraint is None:
             decoded = greedy_search(model, src, max_len_offset)
         else:
-            decoded = beam_search(model, src, beam_size, alpha, max_len_offset)
+            decoded = beam_search(model, src, beam_size, alpha, max_len_offset, constraint=constraint)
         for i, out in zip(chunk, decoded):
             outputs[i] = out
         bar.update(len(chunk))

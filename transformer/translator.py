@@ -88,6 +88,11 @@ class Translator:
         if int8:
             self.model = quantize_int8(self.model)
         self.model.to(self.device)
+        self.constraint = None
+        if self.cfg.data.task == "parse" and self.cfg.decode.constrained:
+            from .trees import TreeConstraint
+
+            self.constraint = TreeConstraint(self.tokenizer.vocabulary())
 
     def translate(self, lines: list[str], beam_size: int | None = None, alpha: float | None = None,
                   max_len_offset: int | None = None, batch_size: int | None = None,
@@ -99,5 +104,5 @@ class Translator:
             outputs = translate_ids(self.model, sources, beam_size or d.beam_size,
                                     d.alpha if alpha is None else alpha,
                                     d.max_len_offset if max_len_offset is None else max_len_offset,
-                                    batch_size or d.batch_size, progress)
+                                    batch_size or d.batch_size, progress, self.constraint)
         return ["" if not line.strip() else self.tokenizer.decode(ids) for line, ids in zip(lines, outputs)]

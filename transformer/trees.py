@@ -30,6 +30,12 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .tokenizer import EOS_ID, PAD_ID
 
 PLACEHOLDER = "XX"  # every part-of-speech tag in the target sequence (Vinyals et al. 2015)
 PUNCTUATION_TAGS = frozenset({",", ":", "``", "''", "."})  # COLLINS.prm DELETE_LABEL
@@ -250,6 +256,108 @@ def with_tags(tree: Tree, tags: list[str]) -> Tree:
             return Tree(next(it), list(node.children))
         return Tree(node.label, [walk(c) for c in node.children])
     return walk(tree)
+
+
+class _Hypothesis(NamedTuple):
+    """Where a hypothesis of ``TreeConstraint`` stands."""
+
+    sentence: int  # its row in the batch
+    pos: int  # the next input piece to write
+    stack: tuple[int, ...]  # the closing id each open constituent expects, innermost last
+    holds: bool  # the innermost open constituent holds a word or a constituent
+    opens_in_row: int  # opening brackets since the last word or closing bracket
+    rooted: bool  # the root is open (or closed)
+    written: int  # tokens written
+
+
+class TreeConstraint:
+    """Lets beam search (``decode.Constraint``) write only well-formed linearized trees of its input.
+
+    DEVIATION(§6.3): the paper decodes freely and a tree that does not close, mislabels a closing bracket or
+    skips a word has to be repaired afterwards (``delinearize``). Here, at each step a hypothesis may
+    write only: an opening bracket "(L" (while input words remain, and at the top only as the root);
+    the closing bracket of its innermost open constituent, labelled alike, once that constituent holds
+    a word (the root's only after the last word); the next piece of the input, inside a constituent
+    (a word's later pieces follow its first at once); the placeholder XX in place of the next whole
+    word (for targets written without words); EOS once the root is closed. The input's pieces are the
+    target's pieces of the same words: the vocabulary is shared and words are split alike in both.
+    An opening bracket is also refused when the words left and the brackets to close would no longer
+    fit in the length limit, so every output, EOS forced at the limit or not, is a tree of the input.
+    At most ``max_opens`` opening brackets follow one another (6 is the longest run in the WSJ
+    sample's training trees): without a bound, a hypothesis that the model would rather end otherwise
+    (a word out of order, another label) finds its least bad way on in opening brackets, a unary chain
+    that grows until the length limit.
+    """
+
+    def __init__(self, vocabulary: list[str], max_opens: int = 6):
+        ids = {piece: i for i, piece in enumerate(vocabulary)}
+        self.vocab_size, self.max_opens = len(vocabulary), max_opens
+        self.close_of = {i: ids["\u2581)" + p[2:]] for p, i in ids.items()
+                         if p.startswith("\u2581(") and len(p) > 2 and "\u2581)" + p[2:] in ids}
+        if not self.close_of:
+            raise TreeError("the vocabulary has no bracket symbols (\u2581(NP, \u2581)NP, ...): not a parsing model")
+        self.open_ids = torch.tensor(sorted(self.close_of))
+        self.leaf_id = ids.get("\u2581" + PLACEHOLDER)
+        self.starts_word = [p.startswith("\u2581") for p in vocabulary]
+
+    def begin(self, src: Tensor, beam: int, max_len: Tensor) -> None:
+        self.device = src.device
+        self.sources = [[t for t in row if t not in (PAD_ID, EOS_ID)] for row in src.tolist()]
+        self.max_len = max_len.tolist()
+        self.word_end = []  # per sentence: for each piece position, where the next word starts
+        for pieces in self.sources:
+            ends, nxt = [0] * len(pieces), len(pieces)
+            for k in range(len(pieces) - 1, -1, -1):
+                ends[k] = nxt
+                if k == 0 or self.starts_word[pieces[k]]:
+                    nxt = k
+            self.word_end.append(ends)
+        self.states = [_Hypothesis(i, 0, (), False, 0, False, 0) for i in range(len(self.sources)) for _ in range(beam)]
+
+    def allowed(self) -> Tensor:
+        allowed = torch.zeros(len(self.states), self.vocab_size, dtype=torch.bool)
+        opens, rows, tokens = [], [], []
+        for r, h in enumerate(self.states):
+            pieces = self.sources[h.sentence]
+            if 0 < h.pos < len(pieces) and not self.starts_word[pieces[h.pos]]:
+                rows.append(r), tokens.append(pieces[h.pos])  # inside a word: its next piece
+                continue
+            if h.pos < len(pieces):
+                # after this bracket: the words left, every bracket closed, EOS
+                needed = h.written + 1 + (len(pieces) - h.pos) + len(h.stack) + 1 + 1
+                if (h.stack or not h.rooted) and h.opens_in_row < self.max_opens and needed <= self.max_len[h.sentence]:
+                    opens.append(r)
+                if h.stack:
+                    rows.append(r), tokens.append(pieces[h.pos])
+                    if self.leaf_id is not None:
+                        rows.append(r), tokens.append(self.leaf_id)
+            if h.stack and h.holds and (len(h.stack) > 1 or h.pos == len(pieces)):
+                rows.append(r), tokens.append(h.stack[-1])
+            if not h.stack and h.pos == len(pieces) and (h.rooted or not pieces):
+                rows.append(r), tokens.append(EOS_ID)
+        if opens:
+            allowed[torch.tensor(opens)[:, None], self.open_ids] = True
+        if rows:
+            allowed[torch.tensor(rows), torch.tensor(tokens)] = True
+        return allowed.to(self.device)
+
+    def advance(self, rows: Tensor, tokens: Tensor) -> None:
+        states = []
+        for r, token in zip(rows.tolist(), tokens.tolist()):
+            h = self.states[r]
+            pieces = self.sources[h.sentence]
+            if h.pos < len(pieces) and token == pieces[h.pos]:
+                h = h._replace(pos=h.pos + 1, holds=True, opens_in_row=0)
+            elif token in self.close_of:
+                h = h._replace(stack=(*h.stack, self.close_of[token]), holds=False, opens_in_row=h.opens_in_row + 1,
+                               rooted=True)
+            elif h.stack and token == h.stack[-1]:
+                h = h._replace(stack=h.stack[:-1], holds=True, opens_in_row=0)
+            elif token == self.leaf_id and h.pos < len(pieces):
+                h = h._replace(pos=self.word_end[h.sentence][h.pos], holds=True, opens_in_row=0)
+            # anything else is a dead row's filler (all its candidates were -inf): its state stays
+            states.append(h._replace(written=h.written + 1))
+        self.states = states
 
 
 # -------------------------------------------------------------------------------------------- scoring
