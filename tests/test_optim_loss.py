@@ -28,7 +28,7 @@ def test_label_smoothing_equals_brute_force_cross_entropy(eps):
     torch.manual_seed(0)
     n, v = 5, 7
     logits, target = torch.randn(n, v), torch.randint(0, v, (n,))
-    loss = label_smoothed_loss(logits, target, eps)
+    loss = label_smoothed_loss(logits, torch.eye(v), target, eps)  # hidden = logits, projection = identity
     lp = torch.log_softmax(logits, -1)
     expected, expected_kl = 0.0, 0.0
     for i in range(n):
@@ -38,23 +38,33 @@ def test_label_smoothing_equals_brute_force_cross_entropy(eps):
     entropy = -sum(q * math.log(q) for q in [1 - eps] + [eps / (v - 1)] * (v - 1) if q > 0)
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert loss.item() - n * entropy == pytest.approx(expected_kl, rel=1e-4, abs=1e-5)  # KL + constant
-    nll = label_smoothed_loss(logits, target, 0.0)
+    nll = label_smoothed_loss(logits, torch.eye(v), target, 0.0)
     assert nll.item() == pytest.approx(-lp[torch.arange(n), target].sum().item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_label_smoothing_gradient_matches_autograd_reference(eps):
-    """The hand-written backward against autograd through PyTorch's own cross-entropy."""
+@pytest.mark.parametrize("block_rows", [1, 4, 100])
+def test_label_smoothing_gradient_matches_autograd_reference(eps, block_rows, monkeypatch):
+    """The hand-written gradients, through the projection and in blocks of rows, against autograd
+    through PyTorch's own cross-entropy of the projected logits."""
+    import transformer.loss as L
+
+    monkeypatch.setitem(L._BLOCK_BYTES, "cpu", 4 * 11 * block_rows)  # V = 11: block_rows rows per block
     torch.manual_seed(1)
-    v = 11
-    logits, target = torch.randn(6, v, requires_grad=True), torch.randint(0, v, (6,))
-    (2.0 * label_smoothed_loss(logits, target, eps)).backward()
-    ours = logits.grad.clone()
-    logits.grad = None
-    ref = torch.nn.functional.cross_entropy(logits, target, reduction="sum", label_smoothing=eps * v / (v - 1))
+    n, d, v = 9, 5, 11
+    hidden, weight = torch.randn(n, d, requires_grad=True), torch.randn(v, d, requires_grad=True)
+    target = torch.randint(0, v, (n,))
+    loss = label_smoothed_loss(hidden, weight, target, eps)
+    (2.0 * loss).backward()
+    ours = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    ref = torch.nn.functional.cross_entropy(hidden @ weight.T, target, reduction="sum",
+                                            label_smoothing=eps * v / (v - 1))
     (2.0 * ref).backward()
-    torch.testing.assert_close(ours, logits.grad)
-    assert label_smoothed_loss(logits, target, eps).item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(ours, (hidden.grad, weight.grad))
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    with torch.no_grad():  # validation: the same value, no gradient work
+        assert label_smoothed_loss(hidden, weight, target, eps).item() == pytest.approx(ref.item(), rel=1e-5)
 
 
 def test_cooldown_is_linear_to_zero_over_the_last_fraction():

@@ -84,8 +84,8 @@ def test_tiny_model_overfits_twenty_pairs(tmp_path, multi30k):
     Tokenizer.train([spm_src, spm_tgt], run / "spm.model", vocab_size=300, input_sentence_size=10000)
     cfg = load_config("tiny", [f'data.train_src="{src}"', f'data.train_tgt="{tgt}"', f'data.valid_src="{src}"',
                                f'data.valid_tgt="{tgt}"', "data.vocab_size=300", "model.p_drop=0.0",
-                               "train.eps_ls=0.0", "train.max_steps=200", "train.warmup_steps=50",
-                               "train.lr_scale=0.5", "train.log_every=50", "train.eval_every=200",
+                               "train.eps_ls=0.0", "train.max_steps=300", "train.warmup_steps=50",
+                               "train.lr_scale=0.5", "train.log_every=50", "train.eval_every=300",
                                "train.save_minutes=0", "train.threads=1"])
     summary = train(cfg, run, quiet=True)
     assert summary["valid_nll"] < 0.05
@@ -158,9 +158,9 @@ def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path
     from transformer.checkpoint import list_checkpoints, load_checkpoint
     real, calls = T.label_smoothed_loss, {"n": 0}
 
-    def poisoned(logits, target, eps_ls, bad=(2, 3)):
+    def poisoned(hidden, weight, target, eps_ls, bad=(2, 3)):
         calls["n"] += 1
-        loss = real(logits, target, eps_ls)
+        loss = real(hidden, weight, target, eps_ls)
         return loss * float("nan") if calls["n"] in bad else loss
     monkeypatch.setattr(T, "label_smoothed_loss", poisoned)
     run = tmp_path / "run"

@@ -198,7 +198,10 @@ def batch_loss(model: torch.nn.Module, batch: Batch, eps_ls: float) -> torch.Ten
     Goes through ``model(...)`` so that a DistributedDataParallel wrapper sees the forward pass.
     """
     keep = batch.tgt_out != PAD_ID
-    return label_smoothed_loss(model(batch.src, batch.tgt_in, keep), batch.tgt_out[keep], eps_ls)
+    hidden = model(batch.src, batch.tgt_in, keep, logits=False)
+    inner = getattr(model, "_orig_mod", model)  # through torch.compile's and DDP's wrappers
+    weight = (inner.module if isinstance(inner, DistributedDataParallel) else inner).output_weight
+    return label_smoothed_loss(hidden, weight, batch.tgt_out[keep], eps_ls)
 
 
 @dataclass
