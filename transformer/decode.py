@@ -226,9 +226,9 @@ def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, a
     """Decode many sources (token ids, each ending with EOS): one output per input, in input order.
 
     Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded
-    ``batch_size`` at a time; beam_size 1 is greedy search (without a ``constraint``); ``progress`` shows a bar of sentences
-    (on stderr). Outputs have no EOS. No input is dropped
-    or truncated; an empty source is refused, since attention over no key at all is undefined.
+    ``batch_size`` at a time; beam_size 1 is greedy search (beam search when there is a
+    ``constraint``); ``progress`` shows a bar of sentences (on stderr). Outputs have no EOS. No input
+    is dropped or truncated; an empty source is refused, since attention over no key at all is undefined.
     """
     if any(len(s) == 0 for s in sources):
         raise ValueError("empty source: every source needs at least its EOS token")
