@@ -7,7 +7,8 @@ Trains configs/ptb_sample_parse.toml on wsj_0001-0159, picks the decoding weight
 bracket F1 on the test files (0175-0189) with the paper's parsing decoder (beam 21, α 0.3, input +
 300) and its beam constrained to well-formed trees of the input (trees.TreeConstraint), scored as
 EVALB with COLLINS.prm, plus the share of outputs that were well-formed trees before repair; the
-picked weights are also scored on test without the constraint (the model's own well-formed share). Writes benchmarks/results/parsing.json and .md. Run it alone on the machine.
+picked weights are also scored on test without the constraint (the model's own well-formed share).
+Writes benchmarks/results/parsing.json and .md. Run it alone on the machine.
 """
 
 from __future__ import annotations

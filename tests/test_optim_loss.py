@@ -49,7 +49,7 @@ def test_label_smoothing_gradient_matches_autograd_reference(eps, block_rows, mo
     through PyTorch's own cross-entropy of the projected logits."""
     import transformer.loss as L
 
-    monkeypatch.setitem(L._BLOCK_BYTES, "cpu", 4 * 11 * block_rows)  # V = 11: block_rows rows per block
+    monkeypatch.setattr(L, "_CPU_BLOCK_BYTES", 4 * 11 * block_rows)  # V = 11: block_rows rows per block
     torch.manual_seed(1)
     n, d, v = 9, 5, 11
     hidden, weight = torch.randn(n, d, requires_grad=True), torch.randn(v, d, requires_grad=True)

@@ -49,14 +49,14 @@ def next_log_probs(logits: Tensor, step: int, max_len: Tensor, allowed: Tensor |
     hypotheses, unpenalised, when none had finished (A11). Forcing keeps one scoring rule for all.
     """
     log_probs = logits.float().log_softmax(-1)
-    eos = log_probs[:, EOS_ID].clone()
+    at_limit = (step + 1 >= max_len).nonzero().flatten()  # rows whose next token is the max_len-th
+    eos = log_probs[at_limit, EOS_ID]  # a copy, taken before any masking
     if allowed is not None:
         log_probs.masked_fill_(~allowed, float("-inf"))
     log_probs[:, PAD_ID] = float("-inf")  # the start symbol is never an output
-    at_limit = (step + 1 >= max_len).nonzero().flatten()  # rows whose next token is the max_len-th
     if at_limit.numel():
         log_probs[at_limit] = float("-inf")
-        log_probs[at_limit, EOS_ID] = eos[at_limit]
+        log_probs[at_limit, EOS_ID] = eos
     return log_probs
 
 

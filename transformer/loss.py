@@ -20,8 +20,8 @@ from torch import Tensor
 
 # bytes of logits per block of rows: a few MiB stay in a CPU's cache; an accelerator takes all rows
 # at once (its memory bandwidth is not the bound), but never more than a GiB of logits
-_BLOCK_BYTES = {"cpu": 16 << 20}
-_DEFAULT_BLOCK_BYTES = 1 << 30
+_CPU_BLOCK_BYTES = 16 << 20
+_ACCELERATOR_BLOCK_BYTES = 1 << 30
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
@@ -61,6 +61,7 @@ def label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: 
 
     Differs from KL(q || p) only by q's constant entropy. ε_ls = 0 gives the plain NLL.
     """
-    rows = max(1, _BLOCK_BYTES.get(hidden.device.type, _DEFAULT_BLOCK_BYTES) // (4 * weight.size(0)))
+    block_bytes = _CPU_BLOCK_BYTES if hidden.device.type == "cpu" else _ACCELERATOR_BLOCK_BYTES
+    rows = max(1, block_bytes // (4 * weight.size(0)))
     want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return _ProjectedLabelSmoothedLoss.apply(hidden, weight, target, eps_ls, rows, want_grad)

@@ -267,7 +267,6 @@ class _Hypothesis(NamedTuple):
     holds: bool  # the innermost open constituent holds a word or a constituent
     opens_in_row: int  # opening brackets since the last word or closing bracket
     rooted: bool  # the root is open (or closed)
-    written: int  # tokens written
 
 
 class TreeConstraint:
@@ -312,7 +311,8 @@ class TreeConstraint:
                 if k == 0 or self.starts_word[pieces[k]]:
                     nxt = k
             self.word_end.append(ends)
-        self.states = [_Hypothesis(i, 0, (), False, 0, False, 0) for i in range(len(self.sources)) for _ in range(beam)]
+        self.states = [_Hypothesis(i, 0, (), False, 0, False) for i in range(len(self.sources)) for _ in range(beam)]
+        self.written = 0  # tokens each row has written: the same for all, one per step
 
     def allowed(self) -> Tensor:
         allowed = torch.zeros(len(self.states), self.vocab_size, dtype=torch.bool)
@@ -324,7 +324,7 @@ class TreeConstraint:
                 continue
             if h.pos < len(pieces):
                 # after this bracket: the words left, every bracket closed, EOS
-                needed = h.written + 1 + (len(pieces) - h.pos) + len(h.stack) + 1 + 1
+                needed = self.written + 1 + (len(pieces) - h.pos) + len(h.stack) + 1 + 1
                 if (h.stack or not h.rooted) and h.opens_in_row < self.max_opens and needed <= self.max_len[h.sentence]:
                     opens.append(r)
                 if h.stack:
@@ -356,8 +356,8 @@ class TreeConstraint:
             elif token == self.leaf_id and h.pos < len(pieces):
                 h = h._replace(pos=self.word_end[h.sentence][h.pos], holds=True, opens_in_row=0)
             # anything else is a dead row's filler (all its candidates were -inf): its state stays
-            states.append(h._replace(written=h.written + 1))
-        self.states = states
+            states.append(h)
+        self.states, self.written = states, self.written + 1
 
 
 # -------------------------------------------------------------------------------------------- scoring
