@@ -67,6 +67,16 @@ def test_label_smoothing_gradient_matches_autograd_reference(eps, block_rows, mo
         assert label_smoothed_loss(hidden, weight, target, eps).item() == pytest.approx(ref.item(), rel=1e-5)
 
 
+def test_label_smoothing_gradient_passes_gradcheck_in_float64():
+    """Finite differences in float64: the loss keeps its inputs' precision (fp32 at least)."""
+    torch.manual_seed(2)
+    hidden = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 6, (7,))
+    assert label_smoothed_loss(hidden, weight, target, 0.1).dtype == torch.float64
+    assert torch.autograd.gradcheck(lambda h, w: label_smoothed_loss(h, w, target, 0.1), (hidden, weight))
+
+
 def test_cooldown_is_linear_to_zero_over_the_last_fraction():
     assert cooldown(0.3, 0.0) == 1.0  # off: eq. (3) unchanged
     assert cooldown(0.5, 0.4) == 1.0

@@ -36,16 +36,17 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         on_target = 1.0 - eps_ls - eps_i  # q_target - ε/(V-1): q = ε/(V-1) + on_target·onehot
         grad_hidden = torch.empty_like(hidden) if want_grad else None
         grad_weight = torch.zeros_like(weight) if want_grad else None
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # softmax in fp32 at least (bf16 inputs)
+        total = torch.zeros((), dtype=acc, device=hidden.device)
         for start in range(0, hidden.size(0), rows):
             h, t = hidden[start: start + rows], target[start: start + rows, None]
-            log_probs = (h @ weight.T).float().log_softmax(-1)  # [rows, V]
+            log_probs = (h @ weight.T).to(acc).log_softmax(-1)  # [rows, V]
             total -= on_target * log_probs.gather(-1, t).sum() + eps_i * log_probs.sum()
             if want_grad:
                 grad = log_probs.exp_().sub_(eps_i)  # p - ε/(V-1) everywhere
                 grad.scatter_add_(-1, t, torch.full(t.shape, -on_target, dtype=grad.dtype, device=grad.device))
-                grad_hidden[start: start + rows] = grad @ weight
-                grad_weight += grad.T @ h
+                grad_hidden[start: start + rows] = grad.to(weight.dtype) @ weight
+                grad_weight += grad.T.to(h.dtype) @ h
         ctx.save_for_backward(grad_hidden, grad_weight)
         return total
 
