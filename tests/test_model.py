@@ -97,6 +97,31 @@ def test_multi_head_attention_matches_torch_reference():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_fused_projections_equal_the_separate_ones_with_their_gradients():
+    """Training projects Q, K, V (and cross-attention's K, V) as one matmul; inference one by one."""
+    torch.manual_seed(4)
+    mha = MultiHeadAttention(8, 2, 3, 5, 0.0, bias=True)
+    x = torch.randn(2, 4, 8)
+    fused = mha.project_qkv(x)  # gradients enabled: the weights concatenated
+    with torch.no_grad():
+        separate = mha.project_qkv(x)
+    for got, expected in zip(fused, separate):
+        torch.testing.assert_close(got, expected)
+    # each weight receives the gradient its own projection would give it
+    upstream = [torch.randn(2, 2, 4, d) for d in (3, 3, 5)]
+    sum((t * u).sum() for t, u in zip(fused, upstream)).backward()
+    fused_grads = [(m.weight.grad.clone(), m.bias.grad.clone()) for m in (mha.q_proj, mha.k_proj, mha.v_proj)]
+    mha.zero_grad()
+    for m, u, d in zip((mha.q_proj, mha.k_proj, mha.v_proj), upstream, (3, 3, 5)):
+        (mha.split_heads(m(x), d) * u).sum().backward()
+    for m, (w, b) in zip((mha.q_proj, mha.k_proj, mha.v_proj), fused_grads):
+        torch.testing.assert_close(w, m.weight.grad)
+        torch.testing.assert_close(b, m.bias.grad)
+    k, v = mha.project_kv(x)
+    torch.testing.assert_close(k, separate[1])
+    torch.testing.assert_close(v, separate[2])
+
+
 def test_positional_encoding_equals_section_3_5_formulas():
     d = 16
     pe = sinusoidal_positions(50, d)

@@ -102,14 +102,40 @@ class MultiHeadAttention(nn.Module):
     def split_heads(self, x: Tensor, d: int) -> Tensor:
         return x.unflatten(-1, (self.n_heads, d)).transpose(1, 2)  # [B, L, H*d] -> [B, H, L, d]
 
+    def _project(self, x: Tensor, projections: tuple[nn.Linear, ...], dims: tuple[int, ...]) -> list[Tensor]:
+        """x through several projections, each split into heads.
+
+        With gradients (training), the projections run as one matmul with their weights side by
+        side: one larger product and one backward instead of two or three small ones. Inference
+        calls them one by one: concatenating the weights at every decoding step would cost what it
+        saves, and int8 copies (``translator.quantize_int8``) hold no float weights to concatenate.
+        """
+        if torch.is_grad_enabled() and all(type(m) is nn.Linear for m in projections):
+            bias = None if projections[0].bias is None else torch.cat([m.bias for m in projections])
+            fused = F.linear(x, torch.cat([m.weight for m in projections]), bias)
+            outputs = fused.split([m.out_features for m in projections], -1)
+        else:
+            outputs = [m(x) for m in projections]
+        return [self.split_heads(y, d) for y, d in zip(outputs, dims)]
+
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of x, split into heads: [B, H, L, d_k], [B, H, L, d_v]."""
-        return self.split_heads(self.k_proj(x), self.d_k), self.split_heads(self.v_proj(x), self.d_v)
+        k, v = self._project(x, (self.k_proj, self.v_proj), (self.d_k, self.d_v))
+        return k, v
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of x (self-attention), split into heads."""
+        q, k, v = self._project(x, (self.q_proj, self.k_proj, self.v_proj), (self.d_k, self.d_k, self.d_v))
+        return q, k, v
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
         """x [B, Tq, D] queries; k, v already projected and split (``project_kv``) -> [B, Tq, D]."""
-        q = self.split_heads(self.q_proj(x), self.d_k)
+        return self.attend(self.split_heads(self.q_proj(x), self.d_k), k, v, mask, is_causal)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               is_causal: bool = False) -> Tensor:
+        """q, k, v projected and split into heads -> the heads' outputs concatenated and projected, [B, Tq, D]."""
         p = self.p_drop_attn if self.training else 0.0
         out, weights = attention(q, k, v, mask, is_causal, p, need_weights=self.record is not None)
         if self.record is not None:
@@ -155,7 +181,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
         x = residual(x, self.norm1, self.drop, self.pre,
-                     lambda h: self.self_attn(h, *self.self_attn.project_kv(h), mask=src_mask))
+                     lambda h: self.self_attn.attend(*self.self_attn.project_qkv(h), mask=src_mask))
         return residual(x, self.norm2, self.drop, self.pre, self.ffn)
 
 
@@ -226,7 +252,7 @@ class DecoderLayer(nn.Module):
         attention sees a sentence's ``beam`` rows as ``beam`` queries [n, beam, D] of one source."""
         if cache is None:
             x = residual(x, self.norm1, self.drop, self.pre,
-                         lambda h: self.self_attn(h, *self.self_attn.project_kv(h), is_causal=True))
+                         lambda h: self.self_attn.attend(*self.self_attn.project_qkv(h), is_causal=True))
             x = residual(x, self.norm2, self.drop, self.pre,
                          lambda h: self.cross_attn(h, *self.cross_attn.project_kv(memory), mask=src_mask))
         else:

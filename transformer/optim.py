@@ -37,6 +37,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Adam:
     is negligible, so it is left as it is.
     """
     params = list(model.parameters())
-    fused = all(p.is_cuda for p in params)  # one kernel for the whole update on GPUs
+    # one pass over each parameter's memory for the whole update (CPU since torch 2.4, and CUDA),
+    # where the foreach implementation makes one pass per arithmetic operation
+    fused = all(p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.Adam(params, lr=0.0, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
                             weight_decay=cfg.weight_decay, foreach=not fused, fused=fused)

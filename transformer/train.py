@@ -36,6 +36,7 @@ from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_de
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import cooldown, learning_rate, make_optimizer
+from .runtime import keep_freed_memory
 from .store import TokenStore
 from .tokenizer import PAD_ID, Tokenizer
 
@@ -326,6 +327,7 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     # Adam's second moments of rarely seen embedding rows decay into denormal floats, which make
     # CPU arithmetic (sqrt in the update) tens of times slower; flushing them to zero costs nothing.
     torch.set_flush_denormal(True)
+    keep_freed_memory()
     dist = distributed.setup(t.dist_timeout_s)
     try:
         return _train(cfg, Path(out), resume, quiet, dist, allow_config_change)

@@ -17,6 +17,7 @@ from .config import Config, config_from_dict
 from .data import encode_for_decoding
 from .decode import translate_ids
 from .model import Transformer
+from .runtime import keep_freed_memory
 from .tokenizer import Tokenizer
 
 
@@ -45,6 +46,7 @@ class Translator:
         """``device``: where the model decodes ("cpu", "cuda", "cuda:1"); default a GPU when there is
         one. int8 quantization runs on the CPU only."""
         run_dir = Path(run_dir)
+        keep_freed_memory()
         if device is None:
             device = "cuda" if torch.cuda.is_available() and not int8 else "cpu"
         try:

@@ -1,0 +1,39 @@
+"""Process-wide settings that make CPU training and decoding faster (not part of the paper).
+
+PyTorch keeps no cache of freed memory on the CPU: every activation, gradient and logit block of a
+training step, and every decoding step's tensors, is a fresh ``malloc``. glibc serves blocks above its
+mmap threshold (128 KiB at first, raised only as far as the largest block freed so far) with new pages
+from the kernel and unmaps them on ``free``; the kernel zeroes each page again on first touch.
+Measured on 2 CPU cores: ~35k page faults and 60-90 ms of system time per bench-small training
+step (`configs/small.toml`, 4k-token batches); 1.2M page faults in 19 s of beam search.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+# mallopt() parameters from glibc's <malloc.h>
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory for reuse instead of giving it back to the kernel.
+
+    Blocks up to 1 GiB come from the heap, and up to 2 GiB of free heap is kept: after the first
+    step, tensors reuse pages that are already mapped. Measured on 2 CPU cores (interleaved runs):
+    a bench-small training step 3.5-6% faster (system time 60-90 → 3 ms per step), beam search
+    ~10% faster. The price is a resident size that stays at its peak. Nothing happens off glibc,
+    or when the user already tunes malloc (``MALLOC_*`` variables, ``LD_PRELOAD``: jemalloc,
+    tcmalloc). Returns whether the settings were applied.
+    """
+    if any(name.startswith("MALLOC_") for name in os.environ) or os.environ.get("LD_PRELOAD"):
+        return False
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return False
+        mallopt = ctypes.CDLL(None).mallopt
+    except (ValueError, OSError, AttributeError):  # not glibc
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1))
