@@ -193,6 +193,27 @@ class LayerCache:
     self_v: Tensor  # [n*beam, H, t, d_v]
     cross_k: Tensor  # [n, H, S, d_k] encoder-decoder keys, projected once per sentence, shared by its beams
     cross_v: Tensor  # [n, H, S, d_v]
+    rows: Tensor | None = None  # rows of self_k/self_v that continue (a reorder not yet carried out)
+
+    def append(self, k: Tensor, v: Tensor) -> None:
+        """Continue the prefixes' keys and values with the newest position's k, v [n*beam, H, 1, d].
+
+        A pending reorder and the append are one copy: the kept rows are gathered straight into the
+        longer tensor. (Reordering, then concatenating, copied the whole cache twice per step: a
+        fifth of beam search's time on long outputs.)
+        """
+        self.self_k, self.self_v = (self._extend(cached, new) for cached, new in ((self.self_k, k), (self.self_v, v)))
+        self.rows = None
+
+    def _extend(self, cached: Tensor, new: Tensor) -> Tensor:
+        t = cached.size(2)
+        out = new.new_empty(new.size(0), new.size(1), t + 1, new.size(3))
+        if self.rows is None:
+            out[:, :, :t] = cached
+        else:
+            torch.index_select(cached, 0, self.rows, out=out[:, :, :t])
+        out[:, :, t:] = new
+        return out
 
 
 @dataclass
@@ -219,8 +240,8 @@ class DecoderCache:
     def reorder(self, rows: Tensor) -> None:
         """Continue rows ``rows`` [n' * beam] (repeats allowed), given sentence by sentence: the
         ``beam`` entries of each sentence are rows of one sentence (beam reordering, pruning)."""
-        for c in self.layers:
-            c.self_k, c.self_v = c.self_k.index_select(0, rows), c.self_v.index_select(0, rows)
+        for c in self.layers:  # carried out by the next append (LayerCache.append)
+            c.rows = rows if c.rows is None else c.rows.index_select(0, rows)
         sentences = rows[:: self.beam] // self.beam  # [n']
         if sentences.numel() == self.src_mask.size(0) and bool((sentences == torch.arange(
                 sentences.numel(), device=sentences.device)).all()):
@@ -257,8 +278,7 @@ class DecoderLayer(nn.Module):
                          lambda h: self.cross_attn(h, *self.cross_attn.project_kv(memory), mask=src_mask))
         else:
             def self_attn(h: Tensor) -> Tensor:
-                k, v = self.self_attn.project_kv(h)
-                cache.self_k, cache.self_v = torch.cat([cache.self_k, k], 2), torch.cat([cache.self_v, v], 2)
+                cache.append(*self.self_attn.project_kv(h))
                 return self.self_attn(h, cache.self_k, cache.self_v)
 
             def cross_attn(h: Tensor) -> Tensor:  # a sentence's beams as queries [n, beam, D]
