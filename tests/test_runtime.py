@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from transformer.runtime import glibc
+
 STEPS = """
 import resource, sys, torch
 from transformer.config import ModelConfig
@@ -35,14 +37,7 @@ def _faults(mode: str) -> int:
     return int(out.stdout.strip())
 
 
-def _glibc() -> bool:
-    try:
-        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
-    except (ValueError, AttributeError):
-        return False
-
-
-@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+@pytest.mark.skipif(not glibc(), reason="glibc's malloc only")
 def test_freed_memory_is_reused_without_page_faults():
     default, tuned = _faults("default"), _faults("tuned")
     assert default > 5000  # in steady state, glibc gives freed tensors back and faults them in again...

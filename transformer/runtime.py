@@ -18,6 +18,14 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
+def glibc() -> bool:
+    """Whether this process runs on GNU libc (its malloc is the one ``keep_freed_memory`` tunes)."""
+    try:
+        return bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (ValueError, AttributeError):  # a name this platform lacks; no confstr at all
+        return False
+
+
 def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed memory for reuse instead of giving it back to the kernel.
 
@@ -29,12 +37,10 @@ def keep_freed_memory() -> bool:
     or when the user already tunes malloc (``MALLOC_*`` variables, ``LD_PRELOAD``: jemalloc,
     tcmalloc). Returns whether the settings were applied.
     """
-    if any(name.startswith("MALLOC_") for name in os.environ) or os.environ.get("LD_PRELOAD"):
+    if not glibc() or any(name.startswith("MALLOC_") for name in os.environ) or os.environ.get("LD_PRELOAD"):
         return False
     try:
-        if not os.confstr("CS_GNU_LIBC_VERSION"):
-            return False
         mallopt = ctypes.CDLL(None).mallopt
-    except (ValueError, OSError, AttributeError):  # not glibc
+    except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1))
