@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transformer.config import ModelConfig
-from transformer.decode import beam_search, beam_step, greedy_search, length_penalty, translate_ids
+from transformer.decode import beam_search, beam_step, greedy_search, length_penalty, top_next_tokens, translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -76,11 +76,28 @@ def test_beam_step_hand_computed():
     log_probs = torch.tensor([[0, .5, .3, .2], [0, .1, .65, .25]]).log()
     scores = torch.tensor([[.6, .4]]).log()
     # joint: beam 0: EOS .30, 2 .18, 3 .12; beam 1: 2 .26, 3 .10, EOS .04 -> top 4: .30 .26 .18 .12
-    alive, origin, token, fin_score, fin_origin = beam_step(log_probs, scores, length=3, alpha=1.0)
+    tokens = torch.arange(4).repeat(2, 1)  # every token of each beam, as top_next_tokens gives them for k = V
+    alive, origin, token, fin_score, fin_origin = beam_step(log_probs, tokens, scores, length=3, alpha=1.0)
     assert torch.allclose(alive, torch.tensor([[.26, .18]]).log())
     assert origin.tolist() == [[1, 0]] and token.tolist() == [[2, 2]]
     assert torch.allclose(fin_score, torch.tensor([math.log(.30) / (8 / 6)]))  # lp(3) = (5 + 3) / 6
     assert fin_origin.tolist() == [0]
+
+
+def test_top_next_tokens_are_the_best_log_probs_with_exclusions():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=g) * 3
+    log_probs = logits.log_softmax(-1)
+    allowed = torch.rand(3, 50, generator=g) > 0.3
+    allowed[:, EOS_ID] = False  # row 2 is at its limit: EOS comes back there all the same
+    values, tokens = top_next_tokens(logits.clone(), 5, step=4, max_len=torch.tensor([9, 6, 5]), allowed=allowed)
+    for row in range(2):  # the scores are the unmasked log-softmax; excluded tokens never appear
+        ok = allowed[row].clone()
+        ok[PAD_ID] = False
+        expected = log_probs[row].masked_fill(~ok, float("-inf")).topk(5)
+        assert torch.allclose(values[row], expected.values) and tokens[row].tolist() == expected.indices.tolist()
+    assert tokens[2, 0] == EOS_ID and torch.isclose(values[2, 0], log_probs[2, EOS_ID])
+    assert torch.isinf(values[2, 1:]).all()
 
 
 def test_beam_beats_greedy():

@@ -39,12 +39,17 @@ def max_lengths(src: Tensor, max_len_offset: int) -> Tensor:
     return ((src != PAD_ID).sum(1) + max_len_offset).clamp(min=1)
 
 
-def next_log_probs(logits: Tensor, step: int, max_len: Tensor, allowed: Tensor | None = None) -> Tensor:
-    """logits [N, V] of output position step + 1 -> log-probs [N, V] with PAD/BOS at -inf, tokens a
-    constraint does not allow (``allowed`` [N, V] False) at -inf, and, for rows whose limit ``max_len``
-    [N] is reached, everything but EOS at -inf (so every output finishes, constrained or not).
+def top_next_tokens(logits: Tensor, k: int, step: int, max_len: Tensor,
+                    allowed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """logits [N, V] of output position step + 1 -> each row's k best next tokens: their log-probs
+    [N, k] and ids [N, k], best first. PAD/BOS, tokens a constraint does not allow (``allowed`` [N, V]
+    False) and, for rows whose limit ``max_len`` [N] is reached, everything but EOS are excluded
+    (-inf), so every output finishes, constrained or not.
 
-    Masking comes after the log-softmax, so the scores stay the model's own log-probabilities.
+    The scores are the model's own log-probabilities, log_softmax taken before any exclusion. Only
+    k values per row leave this function: a beam's best 2·beam continuations are among its own best
+    2·beam tokens, so beam search searches [n, beam·k] candidates instead of adding the beam scores
+    to all [n, beam·V] log-probs and searching those (1.3 against 5.9 ms for 256 rows of 8,000).
     DEVIATION(§6.1): EOS is forced at the limit; the authors' code instead returned the alive
     hypotheses, unpenalised, when none had finished (A11). Forcing keeps one scoring rule for all.
     """
@@ -57,7 +62,7 @@ def next_log_probs(logits: Tensor, step: int, max_len: Tensor, allowed: Tensor |
     if at_limit.numel():
         log_probs[at_limit] = float("-inf")
         log_probs[at_limit, EOS_ID] = eos
-    return log_probs
+    return log_probs.topk(min(k, log_probs.size(-1)), -1)
 
 
 class Constraint(Protocol):
@@ -123,7 +128,7 @@ def greedy_search(model, src: Tensor, max_len_offset: int = 50, use_cache: bool 
     sentence = torch.arange(src.size(0), device=src.device)  # [n] index into the batch
     outputs: list[list[int]] = [[] for _ in range(src.size(0))]
     for step in range(int(max_len.max())):
-        token = next_log_probs(next_logits(prefix), step, max_len).argmax(-1)  # [n]
+        token = top_next_tokens(next_logits(prefix), 1, step, max_len)[1][:, 0]  # [n]
         prefix = torch.cat([prefix, token[:, None]], 1)
         done = token == EOS_ID
         for s, hyp in zip(sentence[done].tolist(), prefix[done, 1:-1].tolist()):
@@ -137,11 +142,13 @@ def greedy_search(model, src: Tensor, max_len_offset: int = 50, use_cache: bool 
     return outputs
 
 
-def beam_step(log_probs: Tensor, scores: Tensor, length: int, alpha: float) -> tuple[Tensor, ...]:
+def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, alpha: float) -> tuple[Tensor, ...]:
     """One step of the GNMT/tensor2tensor beam search (A11), for n sentences with ``beam`` beams each.
 
-    log_probs [n*beam, V] next-token log-probs of each alive beam; scores [n, beam] their raw
-    log P(prefix) (-inf for an empty beam); ``length`` = |Y| of a hypothesis ending at this token.
+    log_probs [n*beam, k], tokens [n*beam, k]: each alive beam's k >= 2 best next tokens and their
+    log-probs (``top_next_tokens``; k = 2·beam holds every candidate the step can keep); scores
+    [n, beam] the beams' raw log P(prefix) (-inf for an empty beam); ``length`` = |Y| of a
+    hypothesis ending at this token.
     Returns
       alive_scores [n, beam]   raw log-probs of the best ``beam`` non-EOS candidates, best first
       alive_origin [n, beam]   the beam (0..beam-1) each one extends
@@ -151,10 +158,10 @@ def beam_step(log_probs: Tensor, scores: Tensor, length: int, alpha: float) -> t
     Taking 2·beam candidates guarantees ``beam`` non-EOS ones, since each beam has one EOS candidate.
     """
     n, beam = scores.shape
-    vocab = log_probs.size(-1)
-    total = (scores[:, :, None] + log_probs.view(n, beam, vocab)).view(n, beam * vocab)  # [n, beam*V]
+    k = log_probs.size(-1)
+    total = (scores[:, :, None] + log_probs.view(n, beam, k)).view(n, beam * k)  # [n, beam*k]
     cand_scores, cand = total.topk(2 * beam, dim=1)  # [n, 2*beam], sorted
-    cand_origin, cand_token = cand // vocab, cand % vocab
+    cand_origin, cand_token = cand // k, tokens.view(n, beam * k).gather(1, cand)
     is_eos = cand_token == EOS_ID
     # DEVIATION(§6.1): only EOS candidates within the top ``beam`` are finished (fairseq's rule);
     # the authors' code finished any EOS among the top 2·beam (A11). With this rule beam 1 is
@@ -200,8 +207,9 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
     outputs: list[list[int]] = [[] for _ in range(batch)]
     for step in range(int(max_len.max())):
         allowed = constraint.allowed() if constraint is not None else None
-        log_probs = next_log_probs(next_logits(prefix), step, max_len.repeat_interleave(beam_size), allowed)
-        scores, origin, token, fin_score, fin_origin = beam_step(log_probs, scores, step + 1, alpha)
+        log_probs, tokens = top_next_tokens(next_logits(prefix), 2 * beam_size, step,
+                                            max_len.repeat_interleave(beam_size), allowed)
+        scores, origin, token, fin_score, fin_origin = beam_step(log_probs, tokens, scores, step + 1, alpha)
         better = (fin_score > best_score[sentence]).nonzero().flatten()  # [k] sentences that improved
         best_score[sentence[better]] = fin_score[better]
         hyps = prefix[better * beam_size + fin_origin[better], 1:]  # [k, t - 1]: the prefix EOS ends
