@@ -1,6 +1,6 @@
 """Multi30k quality benchmark: train a recipe from scratch, average, translate test2016, score.
 
-    python benchmarks/multi30k.py --pair en_de [--minutes 90] [--out runs/bench_en_de]
+    python benchmarks/multi30k.py --pair en_de [--minutes 90] [--out runs/bench_en_de] [--decode-only]
 
 Writes benchmarks/results/multi30k_{pair}.json and .md with test2016 BLEU in both forms (detokenized
 cased sacreBLEU with its signature; the Multi30k literature's tokenized lowercased BLEU against
@@ -29,6 +29,8 @@ from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
 from transformer.train import train
 from transformer.translator import Translator
 
+from common import finished_summary
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CURVE_MINUTES = (15, 30, 45, 60, 75, 90, 120)
@@ -50,14 +52,19 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, help="training budget (default: the recipe's max_minutes)")
     parser.add_argument("--out", type=Path, help="run folder (default runs/bench_{pair}); must not exist")
     parser.add_argument("--set", action="append", default=[], help="extra config overrides")
+    parser.add_argument("--decode-only", action="store_true", help="do not train: score the checkpoints of the "
+                        "finished run in --out again (after a change to decoding)")
     args = parser.parse_args()
     config = ROOT / "configs" / f"multi30k_{args.pair}.toml"
     # every checkpoint is kept, so the curve can score the one reached after 15, 30, ... minutes
     overrides = ["train.keep_last=1000", *args.set] + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
-    cfg = load_config(str(config), overrides)
     out = args.out or ROOT / "runs" / f"bench_{args.pair}"
-
-    summary = train(cfg, out)
+    if args.decode_only:
+        summary = finished_summary(out)
+        cfg = load_config(str(out / "config.toml"))
+    else:
+        cfg = load_config(str(config), overrides)
+        summary = train(cfg, out)
     d, lang = cfg.data, cfg.data.tgt_lang
     src, ref = read_lines(resolve_data_path(d.test_src)), read_lines(resolve_data_path(d.test_tgt))
     tok_ref = read_lines(resolve_data_path(d.test_tok_ref))

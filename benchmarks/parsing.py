@@ -24,12 +24,13 @@ from pathlib import Path
 
 import torch
 
-from transformer.checkpoint import average_checkpoints, list_checkpoints, load_checkpoint, write_model
 from transformer.config import load_config
 from transformer.data import read_lines, resolve_data_path
 from transformer.train import train
 from transformer.translator import Translator
 from transformer.trees import delinearize, read_trees, score_trees
+
+from common import finished_summary, weight_candidates
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -59,26 +60,14 @@ def main() -> None:
     config = ROOT / "configs" / "ptb_sample_parse.toml"
     overrides = ["train.keep_last=1000", *args.set] + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
     if args.decode_only:
-        log_path = args.out / "train.log"
-        done = [line for line in log_path.read_text().splitlines() if " done: " in line] if log_path.is_file() else []
-        if not done:
-            sys.exit(f"--decode-only: {log_path} records no finished training (run without --decode-only first)")
-        summary = json.loads(done[-1].split(" done: ", 1)[1])
+        summary = finished_summary(args.out)
         cfg = load_config(str(args.out / "config.toml"))
     else:
         cfg = load_config(str(config), overrides)
         summary = train(cfg, args.out)
     d = cfg.data
 
-    paths = list_checkpoints(args.out)
-    meta = load_checkpoint(paths[-1], with_state=False).meta
-    keep = {k: meta[k] for k in ("config", "vocab_sha256", "model_hash", "vocab_size") if k in meta}
-    candidates = {"last": paths[-1]}
-    for n in (5, 10):
-        if len(paths) >= n:
-            path = args.out / f"average_last{n}.safetensors"
-            write_model(path, average_checkpoints(paths[-n:]), keep | {"averaged": [p.name for p in paths[-n:]]})
-            candidates[f"average_last{n}"] = path
+    candidates = weight_candidates(args.out)
     dev = {}
     for name, path in candidates.items():
         dev[name] = parse(Translator(args.out, path, log=lambda m: None), d.valid_src,

@@ -1,0 +1,33 @@
+"""What the quality benchmarks share: the finished run's summary and the weights to pick among on dev."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from transformer.checkpoint import average_checkpoints, list_checkpoints, load_checkpoint, write_model
+
+
+def finished_summary(run_dir: Path) -> dict:
+    """The summary `train` logged when the run in ``run_dir`` finished, for re-scoring it (--decode-only)."""
+    log_path = run_dir / "train.log"
+    done = [line for line in log_path.read_text().splitlines() if " done: " in line] if log_path.is_file() else []
+    if not done:
+        sys.exit(f"--decode-only: {log_path} records no finished training (run without --decode-only first)")
+    return json.loads(done[-1].split(" done: ", 1)[1])
+
+
+def weight_candidates(run_dir: Path, averages: tuple[int, ...] = (5, 10)) -> dict[str, Path]:
+    """The last checkpoint and the averages of the last N (§6.1), each written as a weights file, by name
+    ("last", "average_last5", ...): the candidates a benchmark picks among on the dev set."""
+    paths = list_checkpoints(run_dir)
+    meta = load_checkpoint(paths[-1], with_state=False).meta
+    keep = {k: meta[k] for k in ("config", "vocab_sha256", "model_hash", "vocab_size") if k in meta}
+    candidates = {"last": paths[-1]}
+    for n in averages:
+        if len(paths) >= n:
+            path = run_dir / f"average_last{n}.safetensors"
+            write_model(path, average_checkpoints(paths[-n:]), keep | {"averaged": [p.name for p in paths[-n:]]})
+            candidates[f"average_last{n}"] = path
+    return candidates
