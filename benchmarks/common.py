@@ -1,4 +1,5 @@
-"""What the quality benchmarks share: the finished run's summary and the weights to pick among on dev."""
+"""What the quality benchmarks share: training a recipe (or re-reading a finished run) and the weights
+to pick among on dev."""
 
 from __future__ import annotations
 
@@ -7,6 +8,23 @@ import sys
 from pathlib import Path
 
 from transformer.checkpoint import average_checkpoints, list_checkpoints, load_checkpoint, write_model
+from transformer.config import Config, load_config
+from transformer.train import train
+
+
+def train_or_reread(config: Path, out: Path, sets: list[str], minutes: float | None,
+                    decode_only: bool) -> tuple[Config, dict, list[str]]:
+    """Trains ``config`` into the new run folder ``out`` with every checkpoint kept (curves and
+    averages need them), or with ``decode_only`` re-reads the finished run there. Returns the run's
+    config, its training summary and the overrides it was trained with here."""
+    overrides = ["train.keep_last=1000", *sets] + ([f"train.max_minutes={minutes}"] if minutes else [])
+    if not decode_only:
+        cfg = load_config(str(config), overrides)
+        return cfg, train(cfg, out), overrides
+    if sets or minutes:
+        sys.exit("--decode-only re-scores a finished run as it was trained: drop --set and --minutes")
+    summary = finished_summary(out)  # first: a folder with no finished run gets its one-line error
+    return load_config(str(out / "config.toml")), summary, overrides
 
 
 def finished_summary(run_dir: Path) -> dict:

@@ -23,13 +23,11 @@ import sacrebleu
 import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
-from transformer.config import load_config
 from transformer.data import read_lines, resolve_data_path
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
-from transformer.train import train
 from transformer.translator import Translator
 
-from common import finished_summary
+from common import train_or_reread
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -50,21 +48,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", default="en_de", choices=["en_de", "en_fr"])
     parser.add_argument("--minutes", type=float, help="training budget (default: the recipe's max_minutes)")
-    parser.add_argument("--out", type=Path, help="run folder (default runs/bench_{pair}); must not exist")
+    parser.add_argument("--out", type=Path, help="run folder (default runs/bench_{pair}); new, unless --decode-only")
     parser.add_argument("--set", action="append", default=[], help="extra config overrides")
     parser.add_argument("--decode-only", action="store_true", help="do not train: score the checkpoints of the "
                         "finished run in --out again (after a change to decoding)")
     args = parser.parse_args()
     config = ROOT / "configs" / f"multi30k_{args.pair}.toml"
-    # every checkpoint is kept, so the curve can score the one reached after 15, 30, ... minutes
-    overrides = ["train.keep_last=1000", *args.set] + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
     out = args.out or ROOT / "runs" / f"bench_{args.pair}"
-    if args.decode_only:
-        summary = finished_summary(out)
-        cfg = load_config(str(out / "config.toml"))
-    else:
-        cfg = load_config(str(config), overrides)
-        summary = train(cfg, out)
+    # every checkpoint is kept, so the curve can score the one reached after 15, 30, ... minutes
+    cfg, summary, overrides = train_or_reread(config, out, args.set, args.minutes, args.decode_only)
     d, lang = cfg.data, cfg.data.tgt_lang
     src, ref = read_lines(resolve_data_path(d.test_src)), read_lines(resolve_data_path(d.test_tgt))
     tok_ref = read_lines(resolve_data_path(d.test_tok_ref))

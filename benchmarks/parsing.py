@@ -24,13 +24,11 @@ from pathlib import Path
 
 import torch
 
-from transformer.config import load_config
 from transformer.data import read_lines, resolve_data_path
-from transformer.train import train
 from transformer.translator import Translator
 from transformer.trees import delinearize, read_trees, score_trees
 
-from common import finished_summary, weight_candidates
+from common import train_or_reread, weight_candidates
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -52,19 +50,13 @@ def parse(translator: Translator, words_file: str, gold_file: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, help="training budget (default: the recipe's max_minutes)")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_parse", help="run folder (new)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_parse", help="run folder (new, unless --decode-only)")
     parser.add_argument("--set", action="append", default=[], help="extra config overrides")
     parser.add_argument("--decode-only", action="store_true", help="do not train: pick and score the checkpoints "
                         "of the finished run in --out again (after a change to decoding or tree repair)")
     args = parser.parse_args()
     config = ROOT / "configs" / "ptb_sample_parse.toml"
-    overrides = ["train.keep_last=1000", *args.set] + ([f"train.max_minutes={args.minutes}"] if args.minutes else [])
-    if args.decode_only:
-        summary = finished_summary(args.out)
-        cfg = load_config(str(args.out / "config.toml"))
-    else:
-        cfg = load_config(str(config), overrides)
-        summary = train(cfg, args.out)
+    cfg, summary, overrides = train_or_reread(config, args.out, args.set, args.minutes, args.decode_only)
     d = cfg.data
 
     candidates = weight_candidates(args.out)
