@@ -42,6 +42,9 @@ def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
     assert result.returncode == 0, result.stderr
     outputs = result.stdout.split("\n")
     assert len(outputs) == 4 and outputs[1] == "" and outputs[3] == ""  # one line per input line
+    result = run_cli("translate", str(run), "--checkpoint", str(avg), "--beam", "2", "--early-stop", "top",
+                     stdin="\n".join(lines) + "\n")
+    assert result.returncode == 0 and len(result.stdout.split("\n")) == 4, result.stderr
 
     out_json = tmp_path / "scores.json"
     test_src, test_ref = multi30k / "test_2016_flickr.en.gz", multi30k / "test_2016_flickr.de.gz"
@@ -95,6 +98,16 @@ def test_user_errors_exit_1_with_one_line(tmp_path, args, message):
 def test_usage_errors_exit_2():
     assert run_cli("train").returncode == 2
     assert run_cli("frobnicate").returncode == 2
+
+
+def test_decoding_options_replace_the_runs_own():
+    from transformer.cli import _decode_overrides, build_parser
+
+    args = build_parser().parse_args(["serve", "RUN", "--beam", "6", "--alpha", "1.0", "--early-stop", "top"])
+    assert _decode_overrides(args) == {"beam_size": 6, "alpha": 1.0, "early_stop": "top"}
+    assert _decode_overrides(build_parser().parse_args(["translate", "RUN"])) == {}
+    with pytest.raises(SystemExit):  # usage error: not a rule
+        build_parser().parse_args(["translate", "RUN", "--early-stop", "first"])
 
 
 def test_every_command_has_help():

@@ -145,6 +145,19 @@ def test_eos_outside_the_top_beam_is_not_finished():
     assert beam_search(model, SRC, beam_size=2, alpha=0.0) == [[]]
 
 
+def test_top_early_stop_ends_when_the_best_candidate_ends():
+    # α = 2. Step 0: EOS (.52) is the best candidate, so "top" stops with []: log .52 = -0.654.
+    # "bound" goes on (alive A, -0.734, could still reach -0.734 / lp(max_len) = -0.008) and
+    # finds [A]: log(.48 * .99) / (7/6)^2 = -0.547, better than [].
+    model = ScriptedModel({(): {EOS_ID: .52, A: .48}, (A,): {EOS_ID: .99, B: .01}})
+    assert beam_search(model, SRC, beam_size=2, alpha=2.0) == [[A]]
+    model.rows.clear()
+    assert beam_search(model, SRC, beam_size=2, alpha=2.0, early_stop="top") == [[]]
+    assert model.rows == [2]
+    with pytest.raises(ValueError, match="early_stop"):
+        beam_search(model, SRC, early_stop="first")
+
+
 def test_pad_is_never_generated():
     model = ScriptedModel({(): {PAD_ID: .9, A: .1}, (A,): {PAD_ID: .6, EOS_ID: .4}})
     assert greedy_search(model, SRC) == [[A]]

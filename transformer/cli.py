@@ -7,6 +7,7 @@ Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a u
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -48,6 +49,9 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, help="GNMT length penalty α (default 0.6, §6.1)")
     p.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default 50)")
     p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default 64)")
+    p.add_argument("--early-stop", choices=("bound", "top"), help="when beam search stops a sentence: bound "
+                   "(default, §6.1): once no alive beam can beat its best finished one; top: also once the "
+                   "step's best candidate ends (OpenNMT/CTranslate2's rule: fewer steps, not exact)")
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
                    "on CPU, BLEU within a few tenths (benchmarks/results/speed.md)")
     p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")
@@ -59,26 +63,35 @@ def _unconstrained_option(p: argparse.ArgumentParser) -> None:
                    "well-formed trees of the input")
 
 
-def _translator(args: argparse.Namespace):
-    """The run's model, checked before any input is read (errors come first, not after stdin)."""
-    from .translator import Translator
-
+def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The decoding options given on the command line, checked, as ``decode.*`` config fields: they
+    replace the run's own for this command (for `serve`, the defaults of requests that do not say)."""
     for name in ("beam", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("alpha", "max_len_offset"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    given = {"beam_size": args.beam, "alpha": args.alpha, "max_len_offset": args.max_len_offset,
+             "batch_size": args.batch_size, "early_stop": args.early_stop}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _translator(args: argparse.Namespace):
+    """The run's model, checked before any input is read (errors come first, not after stdin)."""
+    from .translator import Translator
+
+    overrides = _decode_overrides(args)
     translator = Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr), int8=args.int8,
                             device=args.device)
+    translator.cfg.decode = dataclasses.replace(translator.cfg.decode, **overrides)
     if getattr(args, "unconstrained", False):
         translator.constraint = None
     return translator
 
 
 def _translate_lines(args: argparse.Namespace, translator, lines: list[str]) -> list[str]:
-    return translator.translate(lines, args.beam, args.alpha, args.max_len_offset, args.batch_size,
-                                progress=len(lines) > 100 and sys.stderr.isatty())
+    return translator.translate(lines, progress=len(lines) > 100 and sys.stderr.isatty())
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
@@ -333,7 +346,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     limits = Limits(max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences, max_chars=args.max_chars,
                     max_beam=args.max_beam, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
                     batching=not args.no_batching, request_timeout=args.request_timeout)
-    serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8, args.device)
+    serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8, args.device, _decode_overrides(args))
 
 
 def build_parser() -> argparse.ArgumentParser:

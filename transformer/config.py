@@ -117,6 +117,9 @@ class DecodeConfig:
     beam_size: int = 4
     alpha: float = 0.6  # GNMT length penalty exponent
     max_len_offset: int = 50  # maximum output length = input length + 50
+    # "bound": stop a sentence once no alive beam can beat its best finished one (§6.1, A11);
+    # DEVIATION(§6.1) "top", opt-in: also once the step's best candidate is EOS (OpenNMT, CTranslate2)
+    early_stop: Literal["bound", "top"] = "bound"
     batch_size: int = 64  # sentences per decoding batch
     average_last: int = 5  # checkpoints averaged before evaluation (base: 5, big: 20)
     # DEVIATION(§6.3): parse runs' beam writes only well-formed trees of the input (trees.TreeConstraint)

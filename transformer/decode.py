@@ -25,6 +25,9 @@ from tqdm import tqdm
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
+EARLY_STOPS = ("bound", "top")  # beam_search's stopping rules: the paper's exact bound (A11), OpenNMT's
+
+
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     """GNMT length penalty (Wu et al. 2016; A11): lp(Y) = ((5 + |Y|) / 6)^α, |Y| counting the EOS."""
     return ((5 + length) / 6) ** alpha
@@ -176,7 +179,8 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
 
 @torch.inference_mode()
 def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_len_offset: int = 50,
-                use_cache: bool = True, constraint: Constraint | None = None) -> list[list[int]]:
+                use_cache: bool = True, constraint: Constraint | None = None,
+                early_stop: str = "bound") -> list[list[int]]:
     """Beam search with GNMT length penalty and early stopping (§6.1, A11). src [B, S] -> B outputs
     (the best finished hypothesis by log P(Y) / lp(|Y|)), without BOS and EOS.
 
@@ -190,7 +194,14 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
 
     ``constraint`` (not in the paper) keeps the tokens it does not allow at -inf at every step; EOS is
     forced at the length limit all the same.
+
+    ``early_stop="top"`` (not in the paper): a sentence also stops once its best candidate of the step
+    is EOS, as OpenNMT-py and CTranslate2 stop. An approximation: a longer hypothesis might still have
+    scored higher. On test2016 (bench-small, batch 64) it ran 29% fewer decoder rows than the exact
+    bound and decoded 1.3× as fast, for 0.2 BLEU less (benchmarks/results/speed.md).
     """
+    if early_stop not in EARLY_STOPS:
+        raise ValueError(f"early_stop = {early_stop!r}: expected one of {', '.join(EARLY_STOPS)}")
     if alpha < 0:
         raise ValueError(f"alpha = {alpha}: the early-stop bound needs alpha >= 0")
     batch, dev = src.size(0), src.device
@@ -216,6 +227,8 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
         for s, hyp in zip(sentence[better].tolist(), hyps.tolist()):
             outputs[s] = hyp
         done = best_score[sentence] >= scores[:, 0] / length_penalty(max_len, alpha)  # [n] GNMT early stop
+        if early_stop == "top":  # this step's best candidate is EOS: it outscores every alive one
+            done |= fin_score * length_penalty(step + 1, alpha) >= scores[:, 0]
         if done.all():
             break
         keep = (~done).nonzero().flatten()  # prune finished sentences with the beam reorder
@@ -230,12 +243,12 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
 
 def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, alpha: float = 0.6,
                   max_len_offset: int = 50, batch_size: int = 64, progress: bool = False,
-                  constraint: Constraint | None = None) -> list[list[int]]:
+                  constraint: Constraint | None = None, early_stop: str = "bound") -> list[list[int]]:
     """Decode many sources (token ids, each ending with EOS): one output per input, in input order.
 
     Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded
     ``batch_size`` at a time; beam_size 1 is greedy search (beam search when there is a
-    ``constraint``); ``progress`` shows a bar of sentences (on stderr). Outputs have no EOS. No input
+    ``constraint``); ``early_stop`` is beam search's stopping rule; ``progress`` shows a bar of sentences (on stderr). Outputs have no EOS. No input
     is dropped or truncated; an empty source is refused, since attention over no key at all is undefined.
     """
     if any(len(s) == 0 for s in sources):
@@ -253,7 +266,8 @@ def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, a
         if beam_size == 1 and constraint is None:
             decoded = greedy_search(model, src, max_len_offset)
         else:
-            decoded = beam_search(model, src, beam_size, alpha, max_len_offset, constraint=constraint)
+            decoded = beam_search(model, src, beam_size, alpha, max_len_offset, constraint=constraint,
+                                  early_stop=early_stop)
         for i, out in zip(chunk, decoded):
             outputs[i] = out
         bar.update(len(chunk))

@@ -274,7 +274,7 @@ def dev_bleu(model: Transformer, tokenizer: Tokenizer, pairs: list[tuple[str, st
     d = cfg.decode
     with torch.inference_mode():
         ids = translate_ids(model, encode_for_decoding([s for s, _ in pairs], tokenizer), d.beam_size, d.alpha,
-                            d.max_len_offset, d.batch_size)
+                            d.max_len_offset, d.batch_size, early_stop=d.early_stop)
     model.train()
     return sacrebleu_scores([tokenizer.decode(x) for x in ids], [t for _, t in pairs])["bleu"]
 

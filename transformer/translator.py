@@ -106,5 +106,6 @@ class Translator:
             outputs = translate_ids(self.model, sources, beam_size or d.beam_size,
                                     d.alpha if alpha is None else alpha,
                                     d.max_len_offset if max_len_offset is None else max_len_offset,
-                                    batch_size or d.batch_size, progress, self.constraint)
+                                    batch_size or d.batch_size, progress, self.constraint,
+                                    d.early_stop)
         return ["" if not line.strip() else self.tokenizer.decode(ids) for line, ids in zip(lines, outputs)]
