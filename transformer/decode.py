@@ -197,7 +197,7 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
 
     ``early_stop="top"`` (not in the paper): a sentence also stops once its best candidate of the step
     is EOS, as OpenNMT-py and CTranslate2 stop. An approximation: a longer hypothesis might still have
-    scored higher. On test2016 (bench-small, batch 64) it ran 29% fewer decoder rows than the exact
+    scored higher. On test2016 (bench-small, batch 64) it ran 27% fewer decoder rows than the exact
     bound and decoded 1.3× as fast, for 0.2 BLEU less (benchmarks/results/speed.md).
     """
     if early_stop not in EARLY_STOPS:
