@@ -19,7 +19,8 @@ import torch
 
 from transformer.checkpoint import list_checkpoints
 from transformer.data import encode_for_decoding, read_lines, resolve_data_path
-from transformer.decode import EARLY_STOPS, translate_ids
+from transformer.config import EARLY_STOPS
+from transformer.decode import translate_ids
 from transformer.evaluate import sacrebleu_scores
 from transformer.translator import Translator
 

@@ -13,9 +13,10 @@ of at most 4096 tokens per side, 2 threads, fp32.
    MFU = tokens/s × training FLOPs per target token (`flops_per_token` at the data's mean lengths) / peak.
 3. Translation of test2016 (1,000 sentences; the first --b1-sentences at batch 1), beam 4, α 0.6,
    maximum length input + 50, with the weights our run ended with, in every system: ours (fp32, and
-   int8 dynamic quantization; and fp32 with CTranslate2's stopping rule, `--early-stop top`), CTranslate2 fp32 and int8 (`transformer export`), fairseq (the weights
-   converted into a fairseq checkpoint whose learned position table holds our sinusoids, so the
-   three systems compute the same function; fairseq and CTranslate2 normalise by length^α, we by
+   int8 dynamic quantization; and fp32 with CTranslate2's stopping rule, `--early-stop top`),
+   CTranslate2 fp32 and int8 (`transformer export`), fairseq (the weights converted into a fairseq
+   checkpoint whose learned position table holds our sinusoids, so the three systems compute the
+   same function; fairseq and CTranslate2 normalise by length^α, we by
    GNMT's ((5+|Y|)/6)^α). Each timing is the best of --repeat runs, systems interleaved.
 
 fairseq (fairseq-fixed 0.12.3.1 with torch 2.13.0 CPU) lives in its own virtual environment, built on

@@ -7,12 +7,11 @@ Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a u
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
 
-from .config import ConfigError
+from .config import EARLY_STOPS, ConfigError
 
 EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
 
@@ -49,7 +48,7 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, help="GNMT length penalty α (default 0.6, §6.1)")
     p.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default 50)")
     p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default 64)")
-    p.add_argument("--early-stop", choices=("bound", "top"), help="when beam search stops a sentence: bound "
+    p.add_argument("--early-stop", choices=EARLY_STOPS, help="when beam search stops a sentence: bound "
                    "(default, §6.1): once no alive beam can beat its best finished one; top: also once the "
                    "step's best candidate ends (OpenNMT/CTranslate2's rule: fewer steps, not exact)")
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
@@ -83,8 +82,7 @@ def _translator(args: argparse.Namespace):
 
     overrides = _decode_overrides(args)
     translator = Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr), int8=args.int8,
-                            device=args.device)
-    translator.cfg.decode = dataclasses.replace(translator.cfg.decode, **overrides)
+                            device=args.device, decode=overrides)
     if getattr(args, "unconstrained", False):
         translator.constraint = None
     return translator

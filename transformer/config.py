@@ -110,6 +110,10 @@ class TrainConfig:
     dist_timeout_s: float = 300.0  # a collective that waits longer (a rank died or hung) stops the job
 
 
+EarlyStop = Literal["bound", "top"]  # beam search's stopping rules (DecodeConfig.early_stop)
+EARLY_STOPS: tuple[str, ...] = typing.get_args(EarlyStop)
+
+
 @dataclass
 class DecodeConfig:
     """Beam search (§6.1)."""
@@ -119,7 +123,7 @@ class DecodeConfig:
     max_len_offset: int = 50  # maximum output length = input length + 50
     # "bound": stop a sentence once no alive beam can beat its best finished one (§6.1, A11);
     # DEVIATION(§6.1) "top", opt-in: also once the step's best candidate is EOS (OpenNMT, CTranslate2)
-    early_stop: Literal["bound", "top"] = "bound"
+    early_stop: EarlyStop = "bound"
     batch_size: int = 64  # sentences per decoding batch
     average_last: int = 5  # checkpoints averaged before evaluation (base: 5, big: 20)
     # DEVIATION(§6.3): parse runs' beam writes only well-formed trees of the input (trees.TreeConstraint)

@@ -22,10 +22,8 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from .config import EARLY_STOPS
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-
-EARLY_STOPS = ("bound", "top")  # beam_search's stopping rules: the paper's exact bound (A11), OpenNMT's
 
 
 def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
@@ -248,8 +246,8 @@ def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, a
 
     Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded
     ``batch_size`` at a time; beam_size 1 is greedy search (beam search when there is a
-    ``constraint``); ``early_stop`` is beam search's stopping rule; ``progress`` shows a bar of sentences (on stderr). Outputs have no EOS. No input
-    is dropped or truncated; an empty source is refused, since attention over no key at all is undefined.
+    ``constraint``); ``early_stop`` is beam search's stopping rule; ``progress`` shows a bar of
+    sentences (on stderr). Outputs have no EOS. No input is dropped or truncated; an empty source is refused, since attention over no key at all is undefined.
     """
     if any(len(s) == 0 for s in sources):
         raise ValueError("empty source: every source needs at least its EOS token")

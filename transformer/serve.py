@@ -14,7 +14,6 @@ checks all of this against a real server.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextlib
 import json
 import socket
@@ -331,8 +330,7 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
     the defaults of requests that do not give them."""
     import uvicorn
 
-    translator = Translator(run_dir, checkpoint, int8=int8, device=device)
-    translator.cfg.decode = dataclasses.replace(translator.cfg.decode, **(decode or {}))
+    translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode)
     app = create_app(translator, limits, name=Path(run_dir).resolve().name)
     print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", http=deadline_protocol(limits.request_timeout),

@@ -7,6 +7,7 @@ the paper decodes (§6.1: last 5 for base, last 20 for big); ``checkpoint`` pick
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,9 +43,10 @@ class Translator:
     """Model + vocabulary + decoding settings; ``translate`` maps lines to lines, one for one."""
 
     def __init__(self, run_dir: Path, checkpoint: Path | None = None, log: Callable[[str], None] = print,
-                 int8: bool = False, device: str | None = None):
+                 int8: bool = False, device: str | None = None, decode: dict[str, object] | None = None):
         """``device``: where the model decodes ("cpu", "cuda", "cuda:1"); default a GPU when there is
-        one. int8 quantization runs on the CPU only."""
+        one. int8 quantization runs on the CPU only. ``decode``: ``decode.*`` fields that replace the
+        run's own (the command line's --beam, --early-stop, ...)."""
         run_dir = Path(run_dir)
         keep_freed_memory()
         if device is None:
@@ -77,6 +79,7 @@ class Translator:
         if meta.get("vocab_sha256") not in (None, self.tokenizer.sha256):
             raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {spm_path}")
         self.cfg = config_from_dict(meta["config"], f"{checkpoint or run_dir} (config)").validate()
+        self.cfg.decode = dataclasses.replace(self.cfg.decode, **(decode or {}))
         self.model = Transformer(self.cfg.model, self.tokenizer.vocab_size)
         try:
             missing, unexpected = self.model.load_state_dict(weights, strict=False)
