@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from .config import EARLY_STOPS
+from .config import EARLY_STOPS, EarlyStop
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -178,7 +178,7 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
 @torch.inference_mode()
 def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_len_offset: int = 50,
                 use_cache: bool = True, constraint: Constraint | None = None,
-                early_stop: str = "bound") -> list[list[int]]:
+                early_stop: EarlyStop = "bound") -> list[list[int]]:
     """Beam search with GNMT length penalty and early stopping (§6.1, A11). src [B, S] -> B outputs
     (the best finished hypothesis by log P(Y) / lp(|Y|)), without BOS and EOS.
 
@@ -241,13 +241,14 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
 
 def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, alpha: float = 0.6,
                   max_len_offset: int = 50, batch_size: int = 64, progress: bool = False,
-                  constraint: Constraint | None = None, early_stop: str = "bound") -> list[list[int]]:
+                  constraint: Constraint | None = None, early_stop: EarlyStop = "bound") -> list[list[int]]:
     """Decode many sources (token ids, each ending with EOS): one output per input, in input order.
 
     Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded
     ``batch_size`` at a time; beam_size 1 is greedy search (beam search when there is a
     ``constraint``); ``early_stop`` is beam search's stopping rule; ``progress`` shows a bar of
-    sentences (on stderr). Outputs have no EOS. No input is dropped or truncated; an empty source is refused, since attention over no key at all is undefined.
+    sentences (on stderr). Outputs have no EOS. No input is dropped or truncated; an empty source is
+    refused, since attention over no key at all is undefined.
     """
     if any(len(s) == 0 for s in sources):
         raise ValueError("empty source: every source needs at least its EOS token")
