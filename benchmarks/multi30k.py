@@ -26,6 +26,7 @@ benchmarks/speed.py). The training curve (single checkpoints) is scored on val, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -122,16 +123,21 @@ def train_candidate(cfg: Config, out: Path, decode_only: bool) -> dict:
     return train(cfg, out, resume=bool(list_checkpoints(out)) if out.is_dir() else False)
 
 
+def config_key(cfg: Config) -> str:
+    """What a candidate's result is keyed by: its config's sha256, whatever the thread count."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=0)).sha256()
+
+
 def run_candidate(pair: str, name: str, values: dict[str, object], config: Path, runs: Path,
-                  decode_only: bool) -> dict:
+                  decode_only: bool, threads: int | None) -> dict:
     """The candidate's val scores: read back from its result file when that was made from the same
     config, otherwise trained (step-bounded) and scored on val."""
     overrides = ["train.keep_last=1000", "train.max_minutes=0", *overrides_of(values)]
-    cfg = load_config(str(config), overrides)
+    cfg = load_config(str(config), overrides + ([f"train.threads={threads}"] if threads else []))
     path = RESULTS / "selection" / f"multi30k_{pair}" / f"{name}.json"
     if path.is_file():
         done = json.loads(path.read_text(encoding="utf-8"))
-        if done.get("config_sha256") == cfg.sha256():
+        if done.get("config_sha256") == config_key(cfg):
             print(f"{name}: read back from {path.relative_to(ROOT)} (val tok. lc BLEU {done['val_tok_lc_bleu']})")
             return done
     out = runs / f"select_{pair}" / name
@@ -147,7 +153,7 @@ def run_candidate(pair: str, name: str, values: dict[str, object], config: Path,
     final = val.score(Translator(out, log=lambda m: None))  # the recipe's decoding: average of the last N
     done = {
         "name": name, "pair": pair, "values": values, "overrides": overrides, "config": str(config.relative_to(ROOT)),
-        "config_sha256": cfg.sha256(), "steps": summary["step"], "valid_ppl": round(summary["valid_ppl"], 3),
+        "config_sha256": config_key(cfg), "threads": cfg.train.threads, "steps": summary["step"], "valid_ppl": round(summary["valid_ppl"], 3),
         "val_tok_lc_bleu": final["tok_lc_bleu"], "val_sacrebleu": final["sacrebleu"],
         "decode": {"average_last": cfg.decode.average_last, "beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha},
         "train_minutes": round(summary["train_minutes"], 1), "train_tokens_per_s": round(summary["tokens_per_s"]),
@@ -170,6 +176,8 @@ def main() -> None:
     parser.add_argument("--only", help="train and score only these candidates (comma-separated names), then stop")
     parser.add_argument("--out", type=Path, default=ROOT / "runs", help="where the candidates' run folders go "
                         "(OUT/select_{pair}/NAME; default runs/)")
+    parser.add_argument("--threads", type=int, help="torch threads for training (default: the recipe's); two "
+                        "candidates at 1 thread each can share the 2 cores")
     parser.add_argument("--decode-only", action="store_true", help="never train: score the finished runs under "
                         "--out again (after a change to decoding); a candidate without one is an error")
     args = parser.parse_args()
@@ -178,7 +186,8 @@ def main() -> None:
     names = list(search) if not args.only else args.only.split(",")
     if unknown := [n for n in names if n not in search]:
         sys.exit(f"--only: no candidate {unknown} for {args.pair}; candidates: {', '.join(search)}")
-    candidates = [run_candidate(args.pair, n, search[n], config, args.out, args.decode_only) for n in names]
+    candidates = [run_candidate(args.pair, n, search[n], config, args.out, args.decode_only, args.threads)
+                  for n in names]
     if args.only:
         return
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 from safetensors.torch import load as st_load
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -74,6 +75,18 @@ def _commit(path: Path, write: Callable[[Path], None]) -> None:
     _fsync_dir(path.parent)
 
 
+def _save_file(tensors: dict[str, Tensor], path: Path) -> None:
+    """safetensors' save_file, with the I/O errors it reports as its own exception type (a full
+    disk, say) raised as the OSError they are, so callers handle them as any failed write."""
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        code = re.search(r"os error (\d+)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
+
+
 def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
     """Writes a .safetensors file atomically; returns its {"name", "sha256", "bytes"} entry."""
     seen: set[int] = set()
@@ -86,7 +99,7 @@ def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
             t = t.clone()
         seen.add(ptr)
         ready[name] = t
-    _commit(path, lambda tmp: save_file(ready, str(tmp), metadata={"format": "pt"}))
+    _commit(path, lambda tmp: _save_file(ready, tmp))
     # Checksummed after the write, from the file itself: what load will verify is what is on disk.
     return {"name": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
 

@@ -1,27 +1,102 @@
-"""The reliability suite: every test does the damage for real and counts it.
+"""The reliability suite: every test does the damage for real and records what came of it.
 
-Counters are summed over the session and written to benchmarks/results/reliability.json (and .md)
-when the whole suite passes, so the committed summary is what the last green run measured.
+What is recorded is measured, not assumed: a fault's outcome is the result of inspecting what the
+damage left (the files on disk, the outputs, the server's answers), recorded before any assert looks
+at it, so a fault that was not survived is counted as such even though its test then fails. Each
+distinct kind of damage counts once however often it is repeated; foreign files count once each.
+
+The summary is written to benchmarks/results/reliability.json (and .md) after every run of the whole
+reliability suite, green or not, with ``passed`` and the failed tests' names.
 """
 
+from __future__ import annotations
+
+import contextlib
 import datetime
+import hashlib
 import json
 import platform
-from collections import Counter
+import shlex
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 KEYS = ("faults_injected", "faults_survived", "lines_lost", "partial_checkpoints_seen", "foreign_files_refused",
         "fuzz_inputs")
-COUNTS: Counter = Counter({k: 0 for k in KEYS})
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+@dataclass
+class Ledger:
+    """What the damage did. A test does the damage and its checks inside ``with ledger.damage(kind)``
+    (or reads ``assert ledger.fault(kind, survived)``): the outcome is recorded first, asserted second."""
+
+    faults: dict[str, list[bool]] = field(default_factory=dict)  # kind -> one outcome per time it was done
+    foreign_files: dict[str, bool] = field(default_factory=dict)  # file (by name and content) -> refused
+    fuzzed: set[str] = field(default_factory=set)  # distinct generated inputs
+    lines_lost: int = 0
+    partial_checkpoints_seen: int = 0
+
+    def fault(self, kind: str, survived: bool) -> bool:
+        self.faults.setdefault(kind, []).append(bool(survived))
+        return bool(survived)
+
+    @contextlib.contextmanager
+    def damage(self, kind: str) -> Iterator[None]:
+        """Records one fault of ``kind``: survived only if every check inside the block passed."""
+        survived = False
+        try:
+            yield
+            survived = True
+        finally:
+            self.fault(kind, survived)
+
+    def foreign(self, path: Path, refused: bool) -> bool:
+        key = f"{Path(path).name}:{hashlib.sha256(Path(path).read_bytes()).hexdigest()}"
+        self.foreign_files[key] = self.foreign_files.get(key, True) and bool(refused)
+        return bool(refused)
+
+    def outputs(self, inputs: list[str], outputs: list[str], generated: bool = True) -> int:
+        """Counts the inputs (when generated, not fixed) and the lines lost on the way; returns the loss."""
+        if generated:
+            self.fuzzed.update(inputs)
+        lost = max(len(inputs) - len(outputs), 0)
+        self.lines_lost += lost
+        return lost
+
+    def checkpoints(self, run: Path) -> int:
+        """Inspects every committed checkpoint of ``run`` (a JSON record names it) and counts those whose
+        files do not verify completely; returns that count."""
+        from transformer.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+
+        partial = 0
+        for path in list_checkpoints(run):
+            try:
+                load_checkpoint(path)
+            except CheckpointError:
+                partial += 1
+        self.partial_checkpoints_seen += partial
+        return partial
+
+    def summary(self) -> dict:
+        return {"faults_injected": len(self.faults),
+                "faults_survived": sum(all(outcomes) for outcomes in self.faults.values()),
+                "lines_lost": self.lines_lost, "partial_checkpoints_seen": self.partial_checkpoints_seen,
+                "foreign_files_refused": sum(self.foreign_files.values()), "foreign_files": len(self.foreign_files),
+                "fuzz_inputs": len(self.fuzzed),
+                "fault_kinds": {kind: {"done": len(o), "survived": sum(o)} for kind, o in sorted(self.faults.items())}}
+
+
+LEDGER = Ledger()
 
 
 @pytest.fixture
-def tally() -> Counter:
-    return COUNTS
+def ledger() -> Ledger:
+    return LEDGER
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +126,7 @@ def fuzz_translator(fuzz_run: Path):
 
 HERE = Path(__file__).parent
 DESELECTED: list = []
+FAILED: list[str] = []
 
 
 def _ours(item) -> bool:
@@ -67,21 +143,36 @@ def pytest_deselected(items):
     DESELECTED.extend(i for i in items if _ours(i))
 
 
+def pytest_runtest_logreport(report):
+    if report.failed and HERE in Path(report.fspath).resolve().parents:
+        FAILED.append(report.nodeid)
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """Writes the summary only after a green run of the whole reliability suite (every file, nothing
-    deselected, not --collect-only)."""
+    """Writes the summary after a run of the whole reliability suite (every file, nothing deselected,
+    not --collect-only), whether it passed or not."""
     ran = [i for i in session.items if _ours(i)]
     files = {Path(str(i.fspath)).name for i in ran}
     every_file = files == {p.name for p in HERE.glob("test_*.py")}
-    if exitstatus != 0 or not every_file or DESELECTED or session.config.option.collectonly:
+    if not every_file or DESELECTED or session.config.option.collectonly:
         return
-    summary = {k: COUNTS[k] for k in KEYS} | {
-        "tests": len(ran), "date": datetime.date.today().isoformat(),
-        "command": "bash scripts/test.sh -m reliability (or the whole suite)",
-        "versions": {"python": platform.python_version(), "torch": torch.__version__}}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "reliability.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    rows = "\n".join(f"| {k} | {summary[k]} |" for k in KEYS)
-    (RESULTS / "reliability.md").write_text(
-        f"# Reliability suite ({summary['tests']} tests, {summary['date']})\n\n`{summary['command']}`\n\n"
-        f"| counter | value |\n|---|---|\n{rows}\n", encoding="utf-8")
+    params = session.config.invocation_params
+    command = shlex.join([Path(sys.executable).name, "-m", "pytest", *params.args])
+    write_summary(RESULTS, LEDGER, exitstatus == 0 and not FAILED, sorted(set(FAILED)), len(ran), command)
+
+
+def write_summary(results: Path, ledger: Ledger, passed: bool, failed: list[str], tests: int, command: str) -> dict:
+    """reliability.json and .md in ``results``; returns the summary."""
+    summary = {"passed": passed, "failed_tests": failed, **ledger.summary(), "tests": tests,
+               "date": datetime.date.today().isoformat(), "command": command,
+               "versions": {"python": platform.python_version(), "torch": torch.__version__}}
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "reliability.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    rows = "\n".join(f"| {k} | {summary[k]} |" for k in ("passed", *KEYS))
+    kinds = "\n".join(f"| {kind} | {v['done']} | {v['survived']} |" for kind, v in summary["fault_kinds"].items())
+    (results / "reliability.md").write_text(
+        f"# Reliability suite ({summary['tests']} tests, {summary['date']})\n\n`{command}` (run from the "
+        f"repository root)\n\n| counter | value |\n|---|---|\n{rows}\n\nEach kind of damage, how often it was "
+        f"done and how often the inspection afterwards found it survived:\n\n| fault | done | survived |\n"
+        f"|---|---|---|\n{kinds}\n", encoding="utf-8")
+    return summary

@@ -44,55 +44,50 @@ def assert_clear_error(proc: subprocess.CompletedProcess, *needles: str) -> None
         assert needle in last, last
 
 
-def test_mismatched_line_counts(tmp_path, tally):
+def test_mismatched_line_counts(tmp_path, ledger):
     src, tgt = write(tmp_path / "t.en", lines(GOOD)), write(tmp_path / "t.de", lines(GUT[:-1]))
-    assert_clear_error(train_cli(tmp_path, src, tgt), "t.en has 120 lines", "t.de has 119")
-    tally["faults_injected"] += 1
-    tally["faults_survived"] += 1
+    with ledger.damage("training files of different lengths"):
+        assert_clear_error(train_cli(tmp_path, src, tgt), "t.en has 120 lines", "t.de has 119")
 
 
-def test_invalid_utf8_names_file_and_line(tmp_path, tally):
+def test_invalid_utf8_names_file_and_line(tmp_path, ledger):
     src = write(tmp_path / "t.en", lines(GOOD[:5]) + b"caf\xe9\n" + lines(GOOD[6:]))
     tgt = write(tmp_path / "t.de", lines(GUT))
-    assert_clear_error(train_cli(tmp_path, src, tgt), "t.en:6", "invalid UTF-8")
-    tally["faults_injected"] += 1
-    tally["faults_survived"] += 1
+    with ledger.damage("invalid UTF-8 in a training file"):
+        assert_clear_error(train_cli(tmp_path, src, tgt), "t.en:6", "invalid UTF-8")
 
 
-def test_a_gzip_file_cut_short(tmp_path, tally):
+def test_a_gzip_file_cut_short(tmp_path, ledger):
     data = gzip.compress(lines(GOOD))
     src = write(tmp_path / "t.en.gz", data[: len(data) // 2])
-    assert_clear_error(train_cli(tmp_path, src, write(tmp_path / "t.de", lines(GUT))), "t.en.gz",
-                       "corrupt or truncated gzip")
-    tally["faults_injected"] += 1
-    tally["faults_survived"] += 1
+    with ledger.damage("gzip training file cut short"):
+        assert_clear_error(train_cli(tmp_path, src, write(tmp_path / "t.de", lines(GUT))), "t.en.gz",
+                           "corrupt or truncated gzip")
 
 
-def test_empty_sides_and_overlong_lines_are_skipped_whole_and_counted(tmp_path, tally):
+def test_empty_sides_and_overlong_lines_are_skipped_whole_and_counted(tmp_path, ledger):
     src_lines, tgt_lines = list(GOOD), list(GUT)
     src_lines[3], tgt_lines[7] = "", "   "  # one side empty
     src_lines[10] = " ".join(["word"] * 200)  # longer than data.max_len pieces
     src, tgt = write(tmp_path / "t.en", lines(src_lines)), write(tmp_path / "t.de", lines(tgt_lines))
-    proc = train_cli(tmp_path, src, tgt)
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    log = (tmp_path / "run" / "train.log").read_text()
-    assert "117 pairs used of 120; skipped 2 with an empty side, 1 longer than 40 pieces" in log
-    tally["faults_injected"] += 3
-    tally["faults_survived"] += 3
+    with ledger.damage("empty sides and over-long lines in training data"):
+        proc = train_cli(tmp_path, src, tgt)
+        assert proc.returncode == 0, proc.stderr[-1500:]
+        log = (tmp_path / "run" / "train.log").read_text()
+        assert "117 pairs used of 120; skipped 2 with an empty side, 1 longer than 40 pieces" in log
 
 
-def test_nul_crlf_and_unicode_separators_keep_pairs_aligned(tmp_path, tally):
+def test_nul_crlf_and_unicode_separators_keep_pairs_aligned(tmp_path, ledger):
     src_lines = list(GOOD)
     src_lines[1] = "a dog\u2028runs\x85fast\x0cnow\x00 ."  # separators and NUL inside one line
     src = write(tmp_path / "t.en", "".join(s + "\r\n" for s in src_lines).encode())  # CRLF
     tgt = write(tmp_path / "t.de", lines(GUT))
-    pairs = read_parallel(src, tgt)
-    assert len(pairs) == 120 and pairs[1][1] == GUT[1] and pairs[2] == (GOOD[2], GUT[2])
-    assert pairs[1][0] == src_lines[1]  # nothing split off, nothing lost, no "\r"
-    proc = train_cli(tmp_path, src, tgt)
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    tally["faults_injected"] += 4
-    tally["faults_survived"] += 4
+    with ledger.damage("NUL, CRLF, U+2028, U+0085 and form feed in training lines"):
+        pairs = read_parallel(src, tgt)
+        assert len(pairs) == 120 and pairs[1][1] == GUT[1] and pairs[2] == (GOOD[2], GUT[2])
+        assert pairs[1][0] == src_lines[1]  # nothing split off, nothing lost, no "\r"
+        proc = train_cli(tmp_path, src, tgt)
+        assert proc.returncode == 0, proc.stderr[-1500:]
 
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=60)
@@ -104,12 +99,9 @@ LINES = st.lists(st.one_of(TEXT, st.sampled_from(["", "   ", "🙂🙂 👍", "�
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(LINES)
-def test_translation_never_loses_or_reorders_a_line(fuzz_translator, tally, inputs):
+def test_translation_never_loses_or_reorders_a_line(fuzz_translator, ledger, inputs):
     outputs = fuzz_translator.translate(inputs, beam_size=2)
-    tally["fuzz_inputs"] += len(inputs)
-    lost = len(inputs) - len(outputs)
-    tally["lines_lost"] += max(lost, 0)
-    assert lost == 0
+    assert ledger.outputs(inputs, outputs) == 0 and len(outputs) == len(inputs)
     assert all("\n" not in o for o in outputs)  # one output line per input line
     for text, out in zip(inputs, outputs):
         if not text.strip():
@@ -124,7 +116,7 @@ def test_a_sentence_longer_than_any_seen_in_training_still_decodes(fuzz_translat
     assert isinstance(out, str)
 
 
-def test_translate_command_keeps_every_line(tmp_path, fuzz_run, tally):
+def test_translate_command_keeps_every_line(tmp_path, fuzz_run, ledger):
     inputs = ["a dog .", "", "\u2028 odd \x85 separators", "🙂", "x" * 300, "last line"]
     path = write(tmp_path / "in.txt", lines(inputs))
     proc = subprocess.run([sys.executable, "-m", "transformer", "translate", str(fuzz_run),
@@ -132,6 +124,6 @@ def test_translate_command_keeps_every_line(tmp_path, fuzz_run, tally):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-1500:]
     out = proc.stdout.split("\n")
-    assert out[-1] == "" and len(out) - 1 == len(inputs)
+    assert out[-1] == ""
+    assert ledger.outputs(inputs, out[:-1], generated=False) == 0 and len(out) - 1 == len(inputs)
     assert out[1] == ""
-    tally["fuzz_inputs"] += len(inputs)

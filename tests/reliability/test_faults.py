@@ -1,6 +1,6 @@
 """Nothing lost, nothing let in: training, checkpoints and model files under real damage."""
 
-import errno
+import json
 import os
 import pickle
 import random
@@ -40,16 +40,6 @@ def assert_bit_equal(a: dict, b: dict) -> None:
         assert torch.equal(a[name], b[name]), name
 
 
-def assert_no_partial_checkpoint(run: Path, tally) -> None:
-    """Every committed checkpoint (a JSON record) verifies completely; debris is never a checkpoint."""
-    for path in list_checkpoints(run):
-        try:
-            load_checkpoint(path)
-        except CheckpointError:
-            tally["partial_checkpoints_seen"] += 1
-            raise
-
-
 KILLER = """
 import os, signal, sys
 import transformer.checkpoint as C
@@ -81,8 +71,11 @@ sys.exit(main(argv))
 """
 
 
+KINDS = {"step": "SIGKILL during a training step", "write": "SIGKILL inside a checkpoint write"}
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, overrides, seed, tally):
+def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, overrides, seed, ledger):
     ov = overrides + ["train.max_steps=12", "train.save_every=3", "train.keep_last=10"]
     reference = tmp_path / "reference"
     train(load_config("tiny", ov), reference, quiet=True)
@@ -90,6 +83,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, overrides,
     script.write_text(KILLER)
     run, rng = tmp_path / "run", random.Random(seed)
     argv = ["train", "tiny", "--out", str(run), "--quiet", "--resume", *sets(ov)]
+    kills = []  # (kind, partial checkpoints found on disk after that kill)
     for attempt in range(4):
         mode = rng.choice(["step", "write"])
         proc = subprocess.run([sys.executable, str(script), mode, str(rng.randint(1, 7)), *argv], env=ENV,
@@ -97,20 +91,27 @@ def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, overrides,
         if proc.returncode == 0:
             break
         assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-        tally["faults_injected"] += 1
-        assert_no_partial_checkpoint(run, tally)
-        tally["faults_survived"] += 1
+        kills.append((KINDS[mode], ledger.checkpoints(run)))
     else:
         proc = subprocess.run([sys.executable, "-m", "transformer", *argv], env=ENV, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
-    assert_no_partial_checkpoint(run, tally)
-    assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 12
-    assert_bit_equal(weights(run), weights(reference))
+    partial_at_end = ledger.checkpoints(run)
+    final = load_checkpoint(list_checkpoints(run)[-1])
+    exact = final.meta["train_state"]["step"] == 12 and bit_equal(final.weights, weights(reference))
+    for kind, partial in kills:  # survived: nothing partial after it, and the run still ends bit-exact
+        ledger.fault(kind, partial == 0 and partial_at_end == 0 and exact)
+    assert [p for _, p in kills] == [0] * len(kills) and partial_at_end == 0
+    assert final.meta["train_state"]["step"] == 12
+    assert_bit_equal(final.weights, weights(reference))
+
+
+def bit_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_sigterm_finishes_the_step_saves_and_resumes_exactly(tmp_path, overrides, signum, code, tally):
+def test_sigterm_finishes_the_step_saves_and_resumes_exactly(tmp_path, overrides, signum, code, ledger):
     run = tmp_path / "run"
     ov = overrides + ["train.max_steps=100000", "train.save_every=0", "train.save_minutes=0"]
     proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(run), "--quiet",
@@ -120,9 +121,14 @@ def test_sigterm_finishes_the_step_saves_and_resumes_exactly(tmp_path, overrides
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
         assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
         time.sleep(0.1)
+    with ledger.damage(f"{signal.Signals(signum).name} during training"):
+        signal_then_resume(proc, run, signum, code, overrides, tmp_path)
+
+
+def signal_then_resume(proc: subprocess.Popen, run: Path, signum: int, code: int, overrides: list[str],
+                       tmp_path: Path) -> None:
     sent = time.monotonic()
     proc.send_signal(signum)
-    tally["faults_injected"] += 1
     _, stderr = proc.communicate(timeout=30)
     assert time.monotonic() - sent < 10, "did not exit within 10 s"
     assert proc.returncode == code, stderr[-2000:]
@@ -137,17 +143,22 @@ def test_sigterm_finishes_the_step_saves_and_resumes_exactly(tmp_path, overrides
     reference = tmp_path / "reference"
     train(load_config("tiny", end + ["train.save_every=0", "train.save_minutes=0"]), reference, quiet=True)
     assert_bit_equal(weights(run), weights(reference))
-    tally["faults_survived"] += 1
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip_byte", "delete_state"])
-def test_a_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(tmp_path, overrides, damage, tally):
+def test_a_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(tmp_path, overrides, damage, ledger):
     run = tmp_path / "run"
     ov = overrides + ["train.max_steps=4", "train.save_every=2"]
     train(load_config("tiny", ov), run, quiet=True)
     newest = list_checkpoints(run)[-1]
     target = {"truncate": newest.with_suffix(".safetensors"), "flip_byte": newest.with_suffix(".safetensors"),
               "delete_state": newest.with_name(newest.stem + ".state.safetensors")}[damage]
+    with ledger.damage({"truncate": "newest checkpoint truncated", "flip_byte": "a byte flipped in the newest "
+                        "checkpoint", "delete_state": "newest checkpoint without its state file"}[damage]):
+        corrupt_then_resume(run, newest, target, damage, overrides)
+
+
+def corrupt_then_resume(run: Path, newest: Path, target: Path, damage: str, overrides: list[str]) -> None:
     data = bytearray(target.read_bytes())
     if damage == "truncate":
         target.write_bytes(data[: len(data) // 2])
@@ -156,7 +167,6 @@ def test_a_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(tmp_path, 
         target.write_bytes(bytes(data))
     else:
         target.unlink()
-    tally["faults_injected"] += 1
     with pytest.raises(CheckpointError, match=target.name):
         load_checkpoint(newest)
     train(load_config("tiny", overrides + ["train.max_steps=6", "train.save_every=2"]), run, resume=True,
@@ -164,7 +174,6 @@ def test_a_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(tmp_path, 
     log = (run / "train.log").read_text()
     assert f"skipping {target.name}" in log and "resumed from step_00000002.json at step 2" in log
     assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 6
-    tally["faults_survived"] += 1
 
 
 class _WritesAFile:
@@ -178,23 +187,25 @@ class _WritesAFile:
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".bin", ".safetensors"])
-def test_pickle_files_are_refused_and_never_run(tmp_path, overrides, suffix, tally):
+def test_pickle_files_are_refused_and_never_run(tmp_path, overrides, suffix, ledger):
     run = tmp_path / "run"
     train(load_config("tiny", overrides + ["train.max_steps=2"]), run, quiet=True)
     proof = tmp_path / "pwned"
     evil = tmp_path / f"model{suffix}"
     evil.write_bytes(pickle.dumps({"weights": _WritesAFile(str(proof))}))
-    with pytest.raises(CheckpointError) as e:
+    try:
         Translator(run, evil)
-    assert evil.name in str(e.value) or "model.json" in str(e.value)
+        message = None
+    except CheckpointError as e:
+        message = str(e)
     proc = subprocess.run([sys.executable, "-m", "transformer", "translate", str(run), "--checkpoint", str(evil)],
                           input="a dog\n", env=ENV, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert not proof.exists()
-    tally["foreign_files_refused"] += 2
+    cli_refused = proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert ledger.foreign(evil, message is not None and cli_refused and not proof.exists())
+    assert evil.name in message or "model.json" in message
 
 
-def test_safetensors_that_do_not_fit_the_config_are_refused(tmp_path, overrides, tally):
+def test_safetensors_that_do_not_fit_the_config_are_refused(tmp_path, overrides, ledger):
     run = tmp_path / "run"
     train(load_config("tiny", overrides + ["train.max_steps=2"]), run, quiet=True)
     ckpt = load_checkpoint(list_checkpoints(run)[-1])
@@ -202,55 +213,115 @@ def test_safetensors_that_do_not_fit_the_config_are_refused(tmp_path, overrides,
     wrong = dict(ckpt.weights)
     wrong["encoder.0.ffn.w1.weight"] = torch.zeros(3, 3)
     write_model(tmp_path / "wrong.safetensors", wrong, meta)
-    with pytest.raises(CheckpointError, match="do not fit the config"):
+    try:
         Translator(run, tmp_path / "wrong.safetensors")
-    tally["foreign_files_refused"] += 1
+        message = ""
+    except CheckpointError as e:
+        message = str(e)
+    assert ledger.foreign(tmp_path / "wrong.safetensors", "do not fit the config" in message), message
 
 
-def test_disk_full_during_a_checkpoint_stops_clearly_and_keeps_earlier_ones(tmp_path, overrides, monkeypatch,
-                                                                            tally):
-    import transformer.train as T
-    real, calls = T.save_checkpoint, {"n": 0}
+FULL_DISK = """
+import json, os, resource, signal, sys
+from pathlib import Path
+from transformer.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
+from transformer.config import load_config
+from transformer.train import TrainError, train
+root, mode, overrides = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+run = root / "run"
+config = lambda steps: load_config("tiny", overrides + [f"train.max_steps={steps}", "train.save_every=2"])
+train(config(4), run, quiet=True)
+half = (run / "checkpoints" / "step_00000004.safetensors").stat().st_size // 2
+if mode == "tmpfs":  # fill the filesystem, then free half a weights file: the next one runs out mid-write
+    fd = os.open(root / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, bytes(1 << 16))
+    except OSError:
+        pass
+    os.ftruncate(fd, max(os.fstat(fd).st_size - half, 0))
+    os.close(fd)
+else:  # no user namespace to mount a tmpfs in: the kernel refuses any file past half a weights file
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (half, resource.RLIM_INFINITY))
+try:
+    train(config(10), run, resume=True, quiet=True)
+    error = None
+except TrainError as e:
+    error = str(e)
+def loads(path):
+    try:
+        return load_checkpoint(path).meta["train_state"]["step"]
+    except CheckpointError as e:
+        return str(e)
+after_failure = {"steps": [loads(p) for p in list_checkpoints(run)],
+                 "files": sorted(p.name for p in (run / "checkpoints").iterdir())}
+if mode == "tmpfs":  # make room, and resume
+    (root / "filler").unlink()
+else:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+train(config(10), run, resume=True, quiet=True)
+print(json.dumps({"error": error, "after_failure": after_failure,
+                  "after_resume": [loads(p) for p in list_checkpoints(run)]}))
+"""
 
-    def full_disk(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(T, "save_checkpoint", full_disk)
-    run = tmp_path / "run"
-    tally["faults_injected"] += 1
-    with pytest.raises(TrainError, match="No space left on device.*earlier checkpoints are intact"):
-        train(load_config("tiny", overrides + ["train.max_steps=10", "train.save_every=2"]), run, quiet=True)
-    assert [load_checkpoint(p).meta["train_state"]["step"] for p in list_checkpoints(run)] == [2, 4]
-    tally["faults_survived"] += 1
+
+def tmpfs_available() -> bool:
+    """Whether this process may mount a small tmpfs in its own user + mount namespace (no root needed)."""
+    try:
+        return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                               "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
-def test_an_unwritable_run_folder_stops_clearly(tmp_path, overrides, tally):
+def test_disk_full_during_a_checkpoint_stops_clearly_and_keeps_earlier_ones(tmp_path, overrides, ledger):
+    """The real save_checkpoint runs out of space inside a tensor file: on a 16 MiB tmpfs filled to
+    within half a weights file (real ENOSPC; where no user namespace can be made, a file-size limit
+    that the kernel enforces the same way, EFBIG). Training stops with a clear error; every committed
+    checkpoint still verifies, no temp file is left behind, and after making room --resume goes on."""
+    script, root = tmp_path / "full_disk.py", tmp_path / "disk"
+    script.write_text(FULL_DISK)
+    root.mkdir()
+    mode = "tmpfs" if tmpfs_available() else "fsize"
+    command = [sys.executable, str(script), str(root), mode, *overrides, "train.log_every=1000"]
+    if mode == "tmpfs":
+        command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                   f'mount -t tmpfs -o size=16m tmpfs "{root}" && exec "$@"', "sh", *command]
+    with ledger.damage("disk full during a checkpoint write"):
+        proc = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        result = json.loads(proc.stdout.splitlines()[-1])
+        reason = "No space left on device" if mode == "tmpfs" else "File too large"
+        assert result["error"] and reason in result["error"] and "earlier checkpoints are intact" in result["error"]
+        assert result["after_failure"]["steps"] == [2, 4]  # every committed checkpoint loads, nothing newer
+        assert not [f for f in result["after_failure"]["files"] if f.endswith(".tmp")]  # no debris of the write
+        assert result["after_resume"][-1] == 10 and all(isinstance(s, int) for s in result["after_resume"])
+
+
+def test_an_unwritable_run_folder_stops_clearly(tmp_path, overrides, ledger):
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only folders; the injected ENOSPC test covers the error path")
     run = tmp_path / "run"
     train(load_config("tiny", overrides + ["train.max_steps=2", "train.save_every=2"]), run, quiet=True)
     (run / "checkpoints").chmod(0o500)
-    try:
-        with pytest.raises(TrainError, match="cannot write the checkpoint"):
-            train(load_config("tiny", overrides + ["train.max_steps=4", "train.save_every=2"]), run, resume=True,
-                  quiet=True)
-    finally:
-        (run / "checkpoints").chmod(0o700)
-    assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 2
-    tally["faults_injected"] += 1
-    tally["faults_survived"] += 1
+    with ledger.damage("run folder made read-only"):
+        try:
+            with pytest.raises(TrainError, match="cannot write the checkpoint"):
+                train(load_config("tiny", overrides + ["train.max_steps=4", "train.save_every=2"]), run, resume=True,
+                      quiet=True)
+        finally:
+            (run / "checkpoints").chmod(0o700)
+        assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 2
 
 
 @pytest.mark.parametrize("change", ["model.d_ff=96", "train.seed=7", "train.warmup_steps=7", "data.vocab_size=400"])
-def test_resume_with_a_changed_config_is_refused_with_the_fields(tmp_path, overrides, change, tally):
+def test_resume_with_a_changed_config_is_refused_with_the_fields(tmp_path, overrides, change, ledger):
     run = tmp_path / "run"
     train(load_config("tiny", overrides + ["train.max_steps=2", "train.save_every=2"]), run, quiet=True)
     field = change.split("=")[0]
-    with pytest.raises(TrainError, match=f"{field}: .* -> "):
+    with ledger.damage("resume with a changed config"), pytest.raises(TrainError, match=f"{field}: .* -> "):
         train(load_config("tiny", overrides + ["train.max_steps=4", change]), run, resume=True, quiet=True)
-    tally["foreign_files_refused"] += 1
     if field.startswith("train."):  # the override resumes, and says so
         train(load_config("tiny", overrides + ["train.max_steps=4", change]), run, resume=True, quiet=True,
               allow_config_change=True)
