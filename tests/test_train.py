@@ -197,12 +197,32 @@ def test_cooldown_anneals_the_logged_rate_to_zero(tmp_path, tiny_overrides):
 
 @pytest.mark.parametrize("option", ["train.precision=\"bf16\"", "train.compile=true"])
 def test_bf16_autocast_and_compile_train_like_fp32(tmp_path, tiny_overrides, option):
-    """The GPU options run on CPU too: bf16 autocast (§5.2 at scale) and torch.compile give the
-    losses of the plain fp32 run, to bf16's precision or to float rounding."""
+    """The GPU options run on CPU too, and do engage: under bf16 autocast (§5.2 at scale) the linear
+    layers compute in bfloat16, and torch.compile compiles graphs; the losses are those of the plain
+    fp32 run, to bf16's precision or to float rounding."""
+    from torch._dynamo.utils import counters
+
     common = tiny_overrides + ["train.log_every=2", "train.eval_every=1000", "train.max_steps=4",
                                "model.p_drop=0.0"]
-    train(load_config("tiny", common), tmp_path / "fp32", quiet=True)
-    train(load_config("tiny", common + [option]), tmp_path / "other", quiet=True)
+    runs = {}
+    for name, extra in [("fp32", []), ("other", [option])]:
+        dtypes = set()
+        record = lambda module, args, out: dtypes.add(out.dtype) if isinstance(module, torch.nn.Linear) else None  # noqa: E731
+        torch._dynamo.reset()
+        counters.clear()
+        # a global hook on a compiled module fires twice (torch warns): only the bf16 case needs it
+        hook = torch.nn.modules.module.register_module_forward_hook(record) if "bf16" in option else None
+        try:
+            train(load_config("tiny", common + extra), tmp_path / name, quiet=True)
+        finally:
+            if hook:
+                hook.remove()
+        runs[name] = {"dtypes": dtypes, "graphs": counters["stats"]["unique_graphs"]}
+    assert runs["fp32"]["graphs"] == 0
+    if "bf16" in option:
+        assert runs["fp32"]["dtypes"] == {torch.float32} and torch.bfloat16 in runs["other"]["dtypes"]
+    else:
+        assert runs["other"]["graphs"] > 0
     a, b = losses(tmp_path / "fp32"), losses(tmp_path / "other")
     assert a.keys() == b.keys() == {2, 4}
     tolerance = 0.05 if "bf16" in option else 1e-4
