@@ -1,23 +1,39 @@
 """Training and translation speed, side by side with fairseq and CTranslate2 on this machine.
 
-    python benchmarks/speed.py [--train-minutes 15] [--run runs/speed_small] [--no-peers]
+    python benchmarks/speed.py [--run runs/speed_small] [--train-runs 3] [--train-updates 250]
+                               [--user-run RUN_DIR] [--no-peers]
 
 The setup of ../shared/peers, run by this script itself so that every number comes from one run on
 one machine: Multi30k EN→DE, one joint sentencepiece BPE of 8,000 pieces, the `small` preset
 ("bench-small": 3+3 layers, d_model 256, d_ff 1024, 4 heads, shared embeddings, post-norm), batches
 of at most 4096 tokens per side, 2 threads, fp32.
 
+Every measured process, ours and the peers', is a process of its own started with the same
+settings: 2 threads, glibc's malloc told to keep freed memory (MALLOC_MMAP_THRESHOLD_ and
+MALLOC_TRIM_THRESHOLD_, the values transformer/runtime.py sets in our own processes), and in the
+Python ones (ours, fairseq) denormal floats flushed to zero, as our trainer does. CTranslate2's
+threads are its own: it gets the environment, not the flush (its C++ threads cannot be reached).
+
 1. Peak: the fp32 matmul FLOP/s torch reaches here (2048³ `torch.mm`, median of 11).
-2. Training: our trainer for --train-minutes (log every 10 updates), then fairseq for
-   --fairseq-updates; target tokens/s = median over 10-update intervals after the first 30 updates;
-   MFU = tokens/s × training FLOPs per target token (`flops_per_token` at the data's mean lengths) / peak.
+2. Training: --train-runs runs of each system, alternating (ours, fairseq, ours, fairseq, ...), each
+   --train-updates updates from scratch (log every 10). A run's target tokens/s is the median over its
+   10-update intervals after update 30; reported: every run's, and the median with min and max. MFU =
+   tokens/s × training FLOPs per target token (`flops_per_token` at the data's mean lengths) / peak.
 3. Translation of test2016 (1,000 sentences; the first --b1-sentences at batch 1), beam 4, α 0.6,
-   maximum length input + 50, with the weights our run ended with, in every system: ours (fp32, and
-   int8 dynamic quantization; and fp32 with CTranslate2's stopping rule, `--early-stop top`),
-   CTranslate2 fp32 and int8 (`transformer export`), fairseq (the weights converted into a fairseq
-   checkpoint whose learned position table holds our sinusoids, so the three systems compute the
-   same function; fairseq and CTranslate2 normalise by length^α, we by
-   GNMT's ((5+|Y|)/6)^α). Each timing is the best of --repeat runs, systems interleaved.
+   maximum length input + 50, with the weights of one model of ours (--run, trained for
+   --train-minutes when it does not exist) in every system: ours (fp32, int8 dynamic quantization,
+   and fp32 with CTranslate2's stopping rule `--early-stop top`), CTranslate2 fp32 and int8
+   (`transformer export`), fairseq (the weights converted into a fairseq checkpoint whose learned
+   position table holds our sinusoids; shown to compute what ours does by its greedy outputs on
+   test2016, counted). Each system translates in a warm process of its own (model loaded outside the
+   timing), best of --repeat, and must return as many sentences as it was given. fairseq and
+   CTranslate2 normalise by length^α, we by GNMT's ((5+|Y|)/6)^α.
+4. The model users train (--user-run: the Multi30k EN→DE recipe, d_model 128, 4+4 layers, pre-norm),
+   translated as a user runs each system, whole processes timed from start to exit on test2016's
+   1,000 sentences: `transformer translate` (the paper's search, and `--early-stop top`) against a
+   short CTranslate2 script (sentencepiece in, `translate_batch`, sentencepiece out) on the same
+   averaged weights; and each one's start-up: the same command on an empty input. Median of 3,
+   interleaved.
 
 fairseq (fairseq-fixed 0.12.3.1 with torch 2.13.0 CPU) lives in its own virtual environment, built on
 first use under $TRANSFORMER_PEER_VENV (default ~/.cache/transformer-bench/fairseq); CTranslate2
@@ -45,17 +61,26 @@ import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import load_config
-from transformer.data import encode_for_decoding, read_lines, resolve_data_path
-from transformer.decode import translate_ids
+from transformer.data import read_lines, resolve_data_path
+from transformer.export import export_ctranslate2
 from transformer.model import flops_per_token, sinusoidal_positions
 from transformer.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from transformer.train import train
-from transformer.translator import Translator
 
 ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
 RESULTS = ROOT / "benchmarks" / "results"
 PEER_VENV = Path(os.environ.get("TRANSFORMER_PEER_VENV", Path.home() / ".cache" / "transformer-bench" / "fairseq"))
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+# what every measured process gets (see the docstring); the malloc values are runtime.keep_freed_memory's
+PROCESS_ENV = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+               "MALLOC_TRIM_THRESHOLD_": str((1 << 31) - 1)}
+SMALL = ['data.train_src="multi30k/train.en.gz"', 'data.train_tgt="multi30k/train.de.gz"',
+         'data.valid_src="multi30k/val.en.gz"', 'data.valid_tgt="multi30k/val.de.gz"', "train.threads=2",
+         "train.log_every=10", "train.eval_every=1000000", "train.save_every=0", "train.save_minutes=0",
+         "decode.average_last=1",
+         # a short warmup so the translation model of a short run is a real one (peers: 30.6 BLEU in 30 min)
+         "train.warmup_steps=400", "train.lr_scale=0.32"]
 FAIRSEQ_MODEL = ["--arch", "transformer", "--encoder-layers", "3", "--decoder-layers", "3",
                  "--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
                  "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4",
@@ -66,6 +91,7 @@ FAIRSEQ_OPTIM = ["--criterion", "label_smoothed_cross_entropy", "--label-smoothi
                  "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--warmup-init-lr", "1e-7",
                  "--max-tokens", "4096", "--cpu", "--num-workers", "0", "--seed", "1", "--log-format", "simple",
                  "--log-interval", "10"]
+DECODE = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}
 
 
 def log(msg: str) -> None:
@@ -73,15 +99,22 @@ def log(msg: str) -> None:
 
 
 def sh(cmd: list[str], out: Path | None = None, env: dict | None = None) -> str:
-    """Run a command; its output goes to ``out`` (and is returned). Fails loudly with the log's tail."""
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    """Runs a command with the measured processes' settings; its output goes to ``out`` (and is
+    returned). Fails loudly with the output's tail."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **PROCESS_ENV, **(env or {})})
     text = proc.stdout + proc.stderr
     if out:
         out.write_text(text, encoding="utf-8")
     if proc.returncode:
-        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}):\n{text[-3000:]}")
+        raise RuntimeError(f"{' '.join(map(str, cmd[:3]))} ... failed ({proc.returncode}):\n{text[-3000:]}")
     return text
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 # ---------------------------------------------------------------------------------------------- setup
@@ -143,30 +176,50 @@ def interval_median(rates: list[tuple[int, float]], skip: int = 30) -> tuple[flo
 
 
 # ---------------------------------------------------------------------------------------------- training
-def train_ours(run: Path, minutes: float) -> tuple[dict, list[tuple[int, float]]]:
-    cfg = load_config("small", [
-        'data.train_src="multi30k/train.en.gz"', 'data.train_tgt="multi30k/train.de.gz"',
-        'data.valid_src="multi30k/val.en.gz"', 'data.valid_tgt="multi30k/val.de.gz"',
-        f"train.max_minutes={minutes}", "train.max_steps=1000000", "train.threads=2", "train.log_every=10",
-        "train.eval_every=1000000", "train.save_every=0", "train.save_minutes=0", "decode.average_last=1",
-        # a short warmup so the translation model of a short run is a real one (peers: 30.6 BLEU in 30 min)
-        "train.warmup_steps=400", "train.lr_scale=0.32"])
-    summary = train(cfg, run, quiet=True)
-    rates = [(r["step"], r["tokens_per_s"]) for r in map(json.loads, (run / "metrics.jsonl").open())
-             if "tokens_per_s" in r]
-    return summary, rates
+def rates_of(metrics: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["tokens_per_s"]) for r in map(json.loads, metrics.open()) if "tokens_per_s" in r]
 
 
-def train_fairseq(bin_dir: Path, data_bin: Path, work: Path, updates: int) -> list[tuple[int, float]]:
-    text = sh([str(bin_dir / "fairseq-train"), str(data_bin), *FAIRSEQ_MODEL, "--share-all-embeddings",
-               *FAIRSEQ_OPTIM, "--max-update", str(updates), "--no-save", "--disable-validation",
-               "--save-dir", str(work / "unused")], work / "fairseq_train.log")
+def train_ours(run: Path, updates: int) -> list[tuple[int, float]]:
+    """One timed run of our trainer from scratch, as a user starts it; its logged 10-update rates."""
+    sets = [x for o in SMALL + [f"train.max_steps={updates}"] for x in ("--set", o)]
+    sh([sys.executable, "-m", "transformer", "train", "small", "--out", str(run), "--quiet", *sets],
+       run.parent / f"{run.name}.log")
+    return rates_of(run / "metrics.jsonl")
+
+
+def train_fairseq(bin_dir: Path, data_bin: Path, work: Path, updates: int, name: str) -> list[tuple[int, float]]:
+    """One timed fairseq-train run from scratch (through fairseq_worker.py); its logged 10-update rates."""
+    text = sh([str(bin_dir / "python"), str(HERE / "fairseq_worker.py"), "train", str(data_bin), *FAIRSEQ_MODEL,
+               "--share-all-embeddings", *FAIRSEQ_OPTIM, "--max-update", str(updates), "--no-save",
+               "--disable-validation", "--save-dir", str(work / "unused")], work / f"{name}.log")
     rates = []
     for line in text.splitlines():
         m = re.search(r"wps=([\d.]+).*num_updates=(\d+)", line)
         if m and "train_inner" in line:
             rates.append((int(m.group(2)), float(m.group(1))))
     return rates
+
+
+def train_speed(bin_dir: Path | None, data_bin: Path, work: Path, runs: int, updates: int, flops: float,
+                peak: float) -> tuple[dict, dict]:
+    """Alternating runs of equal length: ours, fairseq, ours, fairseq, ... Returns (per-run tokens/s by
+    system, summary by system)."""
+    per_run: dict[str, list[int]] = {"ours": []} | ({"fairseq": []} if bin_dir else {})
+    for i in range(runs):
+        log(f"training run {i + 1} of {runs}: ours, {updates} updates")
+        tps, _ = interval_median(train_ours(work / f"train_ours_{i}", updates))
+        per_run["ours"].append(round(tps))
+        log(f"ours: {tps:.0f} target tokens/s")
+        if bin_dir:
+            log(f"training run {i + 1} of {runs}: fairseq, {updates} updates")
+            tps, _ = interval_median(train_fairseq(bin_dir, data_bin, work, updates, f"train_fairseq_{i}"))
+            per_run["fairseq"].append(round(tps))
+            log(f"fairseq: {tps:.0f} target tokens/s")
+    summary = {name: {"tokens_per_s": round(statistics.median(v)), "min": min(v), "max": max(v), "runs": len(v),
+                      "updates": updates, "mfu": round(statistics.median(v) * flops / (peak * 1e9), 4)}
+               for name, v in per_run.items()}
+    return per_run, summary
 
 
 # ---------------------------------------------------------------------------------------------- fairseq model
@@ -228,98 +281,146 @@ def fairseq_checkpoint(bin_dir: Path, data_bin: Path, weights: dict[str, torch.T
     return ckpt_dir / "checkpoint_last.pt"
 
 
-def fairseq_translate(bin_dir: Path, data_bin: Path, ckpt: Path, subset: str, batch: int, work: Path,
-                      vocab_index: dict[str, int], tok: Tokenizer) -> dict:
-    text = sh([str(bin_dir / "fairseq-generate"), str(data_bin), "--cpu", "--source-lang", "en", "--target-lang",
-               "de", "--path", str(ckpt), "--gen-subset", subset, "--beam", "4", "--lenpen", "0.6",
-               "--max-len-a", "1", "--max-len-b", "50", "--batch-size", str(batch), "--num-workers", "0"],
-              work / f"fairseq_generate_{subset}_b{batch}.log", env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
-    m = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s", text)
-    if not m:
-        raise RuntimeError(f"fairseq-generate: no timing line in {work}")
-    n, seconds = int(m.group(1).replace(",", "")), float(m.group(3))
-    hyps: dict[int, list[str]] = {}
-    for line in text.splitlines():
-        if line.startswith("H-"):
-            head, _, pieces = line.split("\t")
-            hyps[int(head[2:])] = pieces.split()
-    outputs = [hyps.get(i, []) for i in range(max(hyps) + 1)] if hyps else []
-    tokens = sum(len(h) for h in outputs)  # EOS is not printed
-    texts = [tok.decode([vocab_index.get(p, UNK_ID) for p in h]) for h in outputs]
-    return {"sents_per_s": n / seconds, "tgt_tokens_per_s": tokens / seconds, "seconds": seconds,
-            "sentences": n, "hyps": texts}
-
-
 # ---------------------------------------------------------------------------------------------- translation
-def translate_ours(translator: Translator, sources: list[list[int]], batch: int, repeat: int,
-                   early_stop: str = "bound") -> dict:
-    best, outputs = float("inf"), []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        with torch.inference_mode():
-            outputs = translate_ids(translator.model, sources, 4, 0.6, 50, batch, early_stop=early_stop)
-        best = min(best, time.perf_counter() - t)
-    tokens = sum(len(o[:o.index(EOS_ID)] if EOS_ID in o else o) for o in outputs)
-    return {"sents_per_s": len(sources) / best, "tgt_tokens_per_s": tokens / best, "seconds": best,
-            "sentences": len(sources), "hyps": [translator.tokenizer.decode(o) for o in outputs]}
+def worker(python: Path, script: str, system: str, job: dict, work: Path) -> dict:
+    """One system's warm-process timing (speed_worker.py / fairseq_worker.py); checks the sentence count."""
+    path = work / f"job_{system}.json"
+    path.write_text(json.dumps(job), encoding="utf-8")
+    text = sh([str(python), str(HERE / script), *([system] if script == "speed_worker.py" else ["translate"]),
+               str(path)], work / f"worker_{system}_b{job['batch']}_beam{job['beam']}.log",
+              env={"PYTHONPATH": str(ROOT)} if script == "speed_worker.py" else None)
+    result = json.loads(text.strip().splitlines()[-1])
+    if result["sentences"] != len(job["sources"]):
+        raise RuntimeError(f"{system} translated {result['sentences']} of {len(job['sources'])} sentences")
+    return result
 
 
-def translate_ct2(model_dir: Path, sources: list[list[str]], batch: int, repeat: int, tok: Tokenizer,
-                  vocab_index: dict[str, int]) -> dict:
-    import ctranslate2
+def translation(systems: dict[str, tuple[Path, str, dict]], piece_sources: list[list[str]], b1: int, repeat: int,
+                tok: Tokenizer, refs: list[str], work: Path) -> dict:
+    """Every system at batch 64 (all of test2016) and batch 1 (the first ``b1`` sentences)."""
+    index = {p: i for i, p in enumerate(tok.vocabulary())}
+    runs = {}
+    for batch, n in ((64, len(piece_sources)), (1, b1)):
+        for name, (python, script, extra) in systems.items():
+            job = {**DECODE, **extra, "batch": batch, "repeat": repeat, "sources": piece_sources[:n]}
+            r = worker(python, script, name.removesuffix("_top_stop"), job, work)
+            texts = [tok.decode([index.get(p, UNK_ID) for p in o]) for o in r["outputs"]]
+            tokens = sum(len(o) for o in r["outputs"])
+            runs[f"{name}_b{batch}"] = {"sents_per_s": round(n / r["seconds"], 2),
+                                        "tgt_tokens_per_s": round(tokens / r["seconds"], 2),
+                                        "seconds": round(r["seconds"], 2), "sentences": r["sentences"],
+                                        "bleu": bleu(texts, refs)}
+            log(f"{name} batch {batch}: {runs[f'{name}_b{batch}']}")
+    return runs
 
-    engine = ctranslate2.Translator(str(model_dir), device="cpu", intra_threads=2, inter_threads=1)
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    chunks = [order[i:i + batch] for i in range(0, len(order), batch)]
-    best, outputs = float("inf"), [None] * len(sources)
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for chunk in chunks:
-            # ours allows |source + EOS| + 50 outputs, EOS included; CTranslate2 does not count EOS
-            results = engine.translate_batch([sources[i] for i in chunk], beam_size=4, length_penalty=0.6,
-                                             max_decoding_length=max(len(sources[i]) for i in chunk) + 50,
-                                             max_batch_size=batch)
-            for i, r in zip(chunk, results):
-                outputs[i] = r.hypotheses[0]
-        best = min(best, time.perf_counter() - t)
-    tokens = sum(len(o) for o in outputs)
-    return {"sents_per_s": len(sources) / best, "tgt_tokens_per_s": tokens / best, "seconds": best,
-            "sentences": len(sources), "hyps": [tok.decode([vocab_index.get(p, UNK_ID) for p in o]) for o in outputs]}
+
+def greedy_agreement(systems: dict[str, tuple[Path, str, dict]], piece_sources: list[list[str]], work: Path) -> dict:
+    """How many of test2016's greedy outputs each peer shares with ours, word piece for word piece: the
+    converted weights compute our model only if (nearly) all do."""
+    outputs = {}
+    for name in ("ours", "ctranslate2", "fairseq"):
+        if name in systems:
+            python, script, extra = systems[name]
+            job = {**DECODE, **extra, "beam": 1, "batch": 64, "repeat": 1, "sources": piece_sources}
+            outputs[name] = worker(python, script, name, job, work)["outputs"]
+    return {f"{name}_identical": sum(a == b for a, b in zip(outputs["ours"], outputs[name]))
+            for name in outputs if name != "ours"} | {"sentences": len(piece_sources)}
 
 
 def bleu(hyps: list[str], refs: list[str]) -> float:
     return round(sacrebleu.corpus_bleu(hyps, [refs[:len(hyps)]]).score, 2)
 
 
+# ---------------------------------------------------------------------------------------------- the users' model
+def user_model(run: Path, work: Path, repeat: int = 3) -> dict:
+    """The EN→DE recipe's model translated as users run each system: whole processes, start to exit."""
+    avg = work / "user_avg.safetensors"
+    cfg = load_config(str(run / "config.toml"))
+    if not avg.with_suffix(".json").is_file():
+        sh([sys.executable, "-m", "transformer", "average", str(run), "--last", str(cfg.decode.average_last),
+            "--out", str(avg)])
+    ct2_dir = work / "user_ct2"
+    export_ctranslate2(run, ct2_dir, avg, None, force=True, log=log)
+    src, empty = work / "user_test.en", work / "user_empty.en"
+    src.write_text("".join(line + "\n" for line in read_lines(resolve_data_path(cfg.data.test_src))), encoding="utf-8")
+    empty.write_text("", encoding="utf-8")
+    refs = read_lines(resolve_data_path(cfg.data.test_tgt))
+    ours = [sys.executable, "-m", "transformer", "translate", str(run), "--checkpoint", str(avg), "--device", "cpu"]
+    ct2 = [sys.executable, str(HERE / "speed_worker.py"), "ct2_file", str(ct2_dir)]
+    commands = {"ours": ours, "ours_top_stop": ours + ["--early-stop", "top"], "ctranslate2": ct2}
+    times: dict[str, list[float]] = {f"{n}{k}": [] for n in commands for k in ("", "_startup")}
+    outputs = {}
+    for _ in range(repeat):  # interleaved
+        for name, cmd in commands.items():
+            for suffix, inp in (("", src), ("_startup", empty)):
+                out = work / f"user_{name}{suffix}.de"
+                start = time.perf_counter()
+                sh([*cmd, "--input", str(inp), "--output", str(out)])
+                times[f"{name}{suffix}"].append(time.perf_counter() - start)
+                if not suffix:
+                    outputs[name] = read_lines(out)
+                    if len(outputs[name]) != len(refs):
+                        raise RuntimeError(f"{name}: {len(outputs[name])} output lines for {len(refs)} inputs")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"run": os.path.relpath(run, ROOT), "sentences": len(refs),
+            "model": {k: getattr(cfg.model, k) for k in ("n_enc_layers", "n_dec_layers", "d_model", "d_ff", "norm")},
+            "seconds": {k: {"median": round(med[k], 2), "min": round(min(v), 2), "max": round(max(v), 2)}
+                        for k, v in times.items()},
+            "bleu": {name: bleu(o, refs) for name, o in outputs.items()},
+            "ratios": {"exact_vs_ctranslate2": round(med["ctranslate2"] / med["ours"], 3),
+                       "top_stop_vs_ctranslate2": round(med["ctranslate2"] / med["ours_top_stop"], 3)},
+            "startup_s": {"ours": round(med["ours_startup"], 2), "ctranslate2": round(med["ctranslate2_startup"], 2)}}
+
+
 # ---------------------------------------------------------------------------------------------- main
+def peer_versions(bin_dir: Path | None) -> dict:
+    import ctranslate2
+
+    versions = {"ctranslate2": ctranslate2.__version__}
+    if bin_dir:
+        code = "import fairseq, torch; print(fairseq.__version__, torch.__version__)"
+        fairseq_version, fairseq_torch = sh([str(bin_dir / "python"), "-c", code]).split()[-2:]
+        versions |= {"fairseq": fairseq_version, "fairseq_torch": fairseq_torch}
+    return versions
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, default=ROOT / "runs" / "speed_small",
-                        help="our run folder; an existing one is reused (no training, no training numbers)")
+                        help="our translation model's run folder; trained for --train-minutes when it does not exist")
     parser.add_argument("--train-minutes", type=float, default=15.0)
-    parser.add_argument("--fairseq-updates", type=int, default=230)
+    parser.add_argument("--train-runs", type=int, default=3, help="timed training runs per system, alternating")
+    parser.add_argument("--train-updates", type=int, default=250, help="updates in each timed training run")
     parser.add_argument("--b1-sentences", type=int, default=200, help="sentences translated at batch 1")
-    parser.add_argument("--repeat", type=int, default=2, help="timings per translation setting (best kept)")
-    parser.add_argument("--no-peers", action="store_true", help="measure ours only")
+    parser.add_argument("--repeat", type=int, default=3, help="timings per translation setting (best kept)")
+    parser.add_argument("--user-run", type=Path, help="the EN→DE recipe's run folder (default: the one "
+                        "benchmarks/multi30k.py picked, runs/select_en_de/NAME)")
+    parser.add_argument("--no-peers", action="store_true", help="measure ours and CTranslate2 only (no fairseq)")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    torch.set_flush_denormal(True)
     work = args.run / "speed"
     result: dict = {"date": datetime.date.today().isoformat(),
                     "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-                    "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, 2 threads",
+                    "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, 2 threads", "cpu_model": cpu_model(),
+                    "process_settings": {**PROCESS_ENV, "flush_denormal": "ours, fairseq (Python processes)"},
                     "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                  "sacrebleu": sacrebleu.__version__}}
+    user_run = args.user_run
+    if user_run is None:
+        picked = json.loads((RESULTS / "multi30k_en_de.json").read_text(encoding="utf-8")).get("picked")
+        user_run = ROOT / "runs" / "select_en_de" / str(picked)
+    if not (user_run / "config.toml").is_file():
+        sys.exit(f"--user-run {user_run}: no finished run there (python benchmarks/multi30k.py trains it)")
 
     log("fp32 matmul peak")
     peak = matmul_peak()
     result["matmul_peak_gflops"] = round(peak, 1)
     log(f"peak {peak:.0f} GFLOP/s")
 
-    trained_here = not list_checkpoints(args.run)
-    if trained_here:
-        log(f"training ours for {args.train_minutes} min into {args.run}")
-        summary, rates = train_ours(args.run, args.train_minutes)
+    if not list_checkpoints(args.run):
+        log(f"training our translation model for {args.train_minutes} min into {args.run} (not timed)")
+        train(load_config("small", SMALL + [f"train.max_minutes={args.train_minutes}", "train.max_steps=1000000"]),
+              args.run, quiet=True)
     tok = Tokenizer(args.run / "spm.model")
     work.mkdir(parents=True, exist_ok=True)
     means = write_pieces(tok, work / "pieces")
@@ -327,72 +428,57 @@ def main() -> None:
     flops = flops_per_token(cfg.model, tok.vocab_size, means["en"], means["de"])
     result["flops_per_tgt_token"] = round(flops)
     result["mean_lengths"] = {k: round(v, 2) for k, v in means.items()}
-    if trained_here:
-        ours_tps, n_int = interval_median(rates)
-        result["train"] = {"ours": {"tokens_per_s": round(ours_tps), "intervals": n_int, "updates": summary["step"],
-                                    "mfu": round(ours_tps * flops / (peak * 1e9), 4)}}
-        result["mfu"] = result["train"]["ours"]["mfu"]
-        log(f"ours: {ours_tps:.0f} target tokens/s, MFU {result['mfu']:.1%}")
 
     bin_dir = None if args.no_peers else fairseq_venv()
-    vocab = tok.vocabulary()
-    vocab_index = {p: i for i, p in enumerate(vocab)}
+    result["versions"] |= peer_versions(bin_dir)
     data_bin = work / "fairseq_bin"
     if bin_dir and not (data_bin / "dict.en.txt").exists():
         p = work / "pieces"
         sh([str(bin_dir / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
-            "--trainpref", str(p / "train"), "--validpref", str(p / "valid"), "--testpref",
-            f"{p / 'test'},{p / 'test1'}", "--destdir", str(data_bin), "--srcdict", str(p / "dict.txt"),
-            "--joined-dictionary", "--workers", "2"], work / "fairseq_preprocess.log")
-    if bin_dir and trained_here:
-        log(f"fairseq training, {args.fairseq_updates} updates")
-        fs_tps, n_int = interval_median(train_fairseq(bin_dir, data_bin, work, args.fairseq_updates))
-        result["train"]["fairseq"] = {"tokens_per_s": round(fs_tps), "intervals": n_int,
-                                      "mfu": round(fs_tps * flops / (peak * 1e9), 4)}
-        log(f"fairseq: {fs_tps:.0f} target tokens/s")
+            "--trainpref", str(p / "train"), "--validpref", str(p / "valid"), "--testpref", str(p / "test"),
+            "--destdir", str(data_bin), "--srcdict", str(p / "dict.txt"), "--joined-dictionary", "--workers", "2"],
+           work / "fairseq_preprocess.log")
+
+    result["train_runs"], result["train"] = train_speed(bin_dir, data_bin, work, args.train_runs,
+                                                        args.train_updates, flops, peak)
+    result["mfu"] = result["train"]["ours"]["mfu"]
 
     # ---- translation: the same weights everywhere
     last = list_checkpoints(args.run)[-1]
-    translator = Translator(args.run, last, log=log)
-    lines = read_lines(resolve_data_path("multi30k/test_2016_flickr.en.gz"))
-    refs = read_lines(resolve_data_path("multi30k/test_2016_flickr.de.gz"))
-    sources = encode_for_decoding(lines, tok)
-    piece_sources = [[vocab[i] for i in s[:-1]] for s in sources]
-    int8 = Translator(args.run, last, log=log, int8=True)
-    from transformer.export import export_ctranslate2
     for q in ("float32", "int8"):
         export_ctranslate2(args.run, work / f"ct2_{q}", last, None if q == "float32" else "int8", force=True, log=log)
-    fs_ckpt = fairseq_checkpoint(bin_dir, data_bin, load_checkpoint(last, with_state=False).weights, work) \
-        if bin_dir else None
-
-    runs: dict[str, dict] = {}
-    for batch, n, subset in ((64, len(sources), "test"), (1, args.b1_sentences, "test1")):
-        systems = {
-            "ours": lambda: translate_ours(translator, sources[:n], batch, args.repeat),
-            "ours_int8": lambda: translate_ours(int8, sources[:n], batch, args.repeat),
-            "ours_top_stop": lambda: translate_ours(translator, sources[:n], batch, args.repeat, "top"),
-            "ctranslate2": lambda: translate_ct2(work / "ct2_float32", piece_sources[:n], batch, args.repeat, tok,
-                                                 vocab_index),
-            "ctranslate2_int8": lambda: translate_ct2(work / "ct2_int8", piece_sources[:n], batch, args.repeat,
-                                                      tok, vocab_index),
-        }
-        if fs_ckpt:
-            systems["fairseq"] = lambda: min(
-                (fairseq_translate(bin_dir, data_bin, fs_ckpt, subset, batch, work, vocab_index, tok)
-                 for _ in range(args.repeat)), key=lambda r: r["seconds"])
-        for name, fn in systems.items():
-            r = fn()
-            r["bleu"] = bleu(r.pop("hyps"), refs)
-            runs[f"{name}_b{batch}"] = {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}
-            log(f"{name} batch {batch}: {r['sents_per_s']:.1f} sentences/s, BLEU {r['bleu']}")
+    ours = {"run": str(args.run), "checkpoint": str(last)}
+    systems = {"ours": (Path(sys.executable), "speed_worker.py", ours),
+               "ours_int8": (Path(sys.executable), "speed_worker.py", ours),
+               "ours_top_stop": (Path(sys.executable), "speed_worker.py", ours | {"early_stop": "top"}),
+               "ctranslate2": (Path(sys.executable), "speed_worker.py", {"model": str(work / "ct2_float32")}),
+               "ctranslate2_int8": (Path(sys.executable), "speed_worker.py", {"model": str(work / "ct2_int8")})}
+    if bin_dir:
+        fs_ckpt = fairseq_checkpoint(bin_dir, data_bin, load_checkpoint(last, with_state=False).weights, work)
+        systems["fairseq"] = (bin_dir / "python", "fairseq_worker.py",
+                              {"checkpoint": str(fs_ckpt), "data_bin": str(data_bin)})
+    lines = read_lines(resolve_data_path("multi30k/test_2016_flickr.en.gz"))
+    refs = read_lines(resolve_data_path("multi30k/test_2016_flickr.de.gz"))
+    vocab = tok.vocabulary()
+    piece_sources = [[vocab[i] for i in ids] for ids in tok.encode_batch(lines)]
+    result["greedy_agreement"] = greedy_agreement(systems, piece_sources, work)
+    log(f"greedy outputs shared with ours: {result['greedy_agreement']}")
+    runs = translation(systems, piece_sources, args.b1_sentences, args.repeat, tok, refs, work)
     result["translate"] = runs
+    counts = {name.rsplit("_b", 1)[1]: set() for name in runs}
+    for name, r in runs.items():
+        counts[name.rsplit("_b", 1)[1]].add(r["sentences"])
+    result["sentences"] = {f"b{batch}": n.pop() for batch, n in counts.items() if len(n) == 1}
 
     def ratio(a: str, b: str) -> float | None:
         return round(runs[a]["sents_per_s"] / runs[b]["sents_per_s"], 3) if a in runs and b in runs else None
 
-    tr = result.get("train", {})
+    tr = result["train"]
     result["ratios"] = {
         "train_vs_fairseq": round(tr["ours"]["tokens_per_s"] / tr["fairseq"]["tokens_per_s"], 3)
+        if "fairseq" in tr else None,
+        "train_vs_fairseq_min_max": [round(min(result["train_runs"]["ours"]) / max(result["train_runs"]["fairseq"]), 3),
+                                     round(max(result["train_runs"]["ours"]) / min(result["train_runs"]["fairseq"]), 3)]
         if "fairseq" in tr else None,
         "translate_b64_vs_fairseq": ratio("ours_b64", "fairseq_b64"),
         "translate_b64_vs_ctranslate2": ratio("ours_b64", "ctranslate2_b64"),
@@ -406,6 +492,8 @@ def main() -> None:
                           "b64_vs_fairseq": ratio("ours_top_stop_b64", "fairseq_b64"),
                           "b64_vs_bound": ratio("ours_top_stop_b64", "ours_b64"),
                           "bleu_delta": round(runs["ours_top_stop_b64"]["bleu"] - runs["ours_b64"]["bleu"], 2)}
+    log(f"the users' model: {user_run}")
+    result["user_model"] = user_model(user_run, work)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "speed.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (RESULTS / "speed.md").write_text(markdown(result), encoding="utf-8")
@@ -415,19 +503,33 @@ def main() -> None:
 def markdown(r: dict) -> str:
     rows = "\n".join(f"| {name} | {v['sents_per_s']} | {v['tgt_tokens_per_s']} | {v['sentences']} | {v['bleu']} |"
                      for name, v in r["translate"].items())
-    train_rows = "\n".join(f"| {name} | {v['tokens_per_s']} | {v['mfu']:.1%} |" for name, v in r.get("train", {}).items())
+    train_rows = "\n".join(f"| {name} | {v['tokens_per_s']} ({v['min']}–{v['max']}) | "
+                           f"{', '.join(map(str, r['train_runs'][name]))} | {v['mfu']:.1%} |"
+                           for name, v in r["train"].items())
+    u = r["user_model"]
+    user_rows = "\n".join(f"| {name} | {s['median']} ({s['min']}–{s['max']}) |" for name, s in u["seconds"].items())
     return f"""# Speed: ours vs fairseq and CTranslate2 (bench-small, Multi30k EN→DE, CPU)
 
-`{r['command']}` — {r['date']}, {r['machine']}; torch {r['versions']['torch']}.
-fp32 matmul peak {r['matmul_peak_gflops']} GFLOP/s; {r['flops_per_tgt_token'] / 1e6:.2f} MFLOP per target token.
+`{r['command']}` — {r['date']}, {r['machine']}, {r['cpu_model']}; torch {r['versions']['torch']},
+fairseq {r['versions'].get('fairseq', '–')} (torch {r['versions'].get('fairseq_torch', '–')}), CTranslate2
+{r['versions']['ctranslate2']}. fp32 matmul peak {r['matmul_peak_gflops']} GFLOP/s;
+{r['flops_per_tgt_token'] / 1e6:.2f} MFLOP per target token. Every measured process had
+`{' '.join(f'{k}={v}' for k, v in r['process_settings'].items() if k != 'flush_denormal')}`, and
+the Python ones (ours, fairseq) flushed denormal floats to zero.
 
-## Training (target tokens/s, median over 10-update intervals after update 30)
+## Training (target tokens/s: median over a run's 10-update intervals after update 30)
 
-| system | tokens/s | MFU |
-|---|---|---|
+{r['train']['ours']['runs']} runs per system of {r['train']['ours']['updates']} updates each, alternating
+(ours, fairseq, ours, ...).
+
+| system | median of the runs (min–max) | each run | MFU |
+|---|---|---|---|
 {train_rows}
 
 ## Translation (test2016, beam 4, α 0.6, max length input + 50; same weights in every system)
+
+Each system in a warm process of its own, model loaded outside the timing, best of the repeats. Greedy
+outputs shared with ours, word piece for word piece: {json.dumps(r['greedy_agreement'])}.
 
 | system, batch | sentences/s | target tokens/s | sentences | BLEU |
 |---|---|---|---|---|
@@ -439,6 +541,19 @@ Ratios (ours ÷ theirs): {json.dumps(r['ratios'])}; int8: {json.dumps(r['int8'])
 finished one). `ours_top_stop` (`--early-stop top`, not the paper's) also stops it once the step's
 best candidate is EOS, the rule of OpenNMT-py and CTranslate2 (fairseq waits for 4 finished
 hypotheses): fewer decoder steps, not exact. Not a target; ratios: {json.dumps(r['top_stop'])}
+
+## The model users train, as users run it
+
+`{u['run']}` ({json.dumps(u['model'])}), averaged weights, test2016 ({u['sentences']} sentences),
+whole processes timed from start to exit (`transformer translate --checkpoint AVG`, and a CTranslate2
+script: sentencepiece, `translate_batch` with beam 4, length penalty 0.6, batches of 64, sentencepiece);
+`_startup` is the same command on an empty input. Seconds, median of 3 (min–max), interleaved:
+
+| command | seconds |
+|---|---|
+{user_rows}
+
+BLEU {json.dumps(u['bleu'])}; ours ÷ CTranslate2 (sentences/s): {json.dumps(u['ratios'])}.
 """
 
 
