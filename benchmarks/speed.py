@@ -50,6 +50,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -182,6 +183,7 @@ def rates_of(metrics: Path) -> list[tuple[int, float]]:
 
 def train_ours(run: Path, updates: int) -> list[tuple[int, float]]:
     """One timed run of our trainer from scratch, as a user starts it; its logged 10-update rates."""
+    shutil.rmtree(run, ignore_errors=True)
     sets = [x for o in SMALL + [f"train.max_steps={updates}"] for x in ("--set", o)]
     sh([sys.executable, "-m", "transformer", "train", "small", "--out", str(run), "--quiet", *sets],
        run.parent / f"{run.name}.log")
@@ -227,6 +229,7 @@ def fairseq_checkpoint(bin_dir: Path, data_bin: Path, weights: dict[str, torch.T
     """A fairseq checkpoint computing our model: fairseq writes one of the right architecture (one
     update), then its tensors are replaced by ours, remapped to fairseq's names and vocabulary."""
     ckpt_dir = work / "fairseq_ckpt"
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # fairseq-train would resume from an earlier one
     sh([str(bin_dir / "fairseq-train"), str(data_bin), *FAIRSEQ_MODEL, "--encoder-learned-pos",
         "--decoder-learned-pos", *FAIRSEQ_OPTIM, "--max-update", "1", "--disable-validation",
         "--no-epoch-checkpoints", "--save-dir", str(ckpt_dir)], work / "fairseq_convert.log")
@@ -282,28 +285,31 @@ def fairseq_checkpoint(bin_dir: Path, data_bin: Path, weights: dict[str, torch.T
 
 
 # ---------------------------------------------------------------------------------------------- translation
-def worker(python: Path, script: str, system: str, job: dict, work: Path) -> dict:
-    """One system's warm-process timing (speed_worker.py / fairseq_worker.py); checks the sentence count."""
-    path = work / f"job_{system}.json"
+def worker(system: tuple[Path, str, str, dict], name: str, job: dict, work: Path) -> dict:
+    """One system's warm-process timing (speed_worker.py / fairseq_worker.py); checks the sentence count.
+    ``system``: (python, script, its first argument, what the job adds)."""
+    python, script, kind, extra = system
+    job = {**DECODE, **extra, **job}
+    path = work / f"job_{name}.json"
     path.write_text(json.dumps(job), encoding="utf-8")
-    text = sh([str(python), str(HERE / script), *([system] if script == "speed_worker.py" else ["translate"]),
-               str(path)], work / f"worker_{system}_b{job['batch']}_beam{job['beam']}.log",
-              env={"PYTHONPATH": str(ROOT)} if script == "speed_worker.py" else None)
-    result = json.loads(text.strip().splitlines()[-1])
+    text = sh([str(python), str(HERE / script), kind, str(path)],
+              work / f"worker_{name}_b{job['batch']}_beam{job['beam']}.log",
+              # the converted fairseq checkpoint is our own file, just written: fairseq's loader unpickles it
+              env={"PYTHONPATH": str(ROOT)} if script == "speed_worker.py" else {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+    result = json.loads(next(line for line in reversed(text.splitlines()) if line.startswith('{"seconds"')))
     if result["sentences"] != len(job["sources"]):
-        raise RuntimeError(f"{system} translated {result['sentences']} of {len(job['sources'])} sentences")
+        raise RuntimeError(f"{name} translated {result['sentences']} of {len(job['sources'])} sentences")
     return result
 
 
-def translation(systems: dict[str, tuple[Path, str, dict]], piece_sources: list[list[str]], b1: int, repeat: int,
+def translation(systems: dict[str, tuple[Path, str, str, dict]], piece_sources: list[list[str]], b1: int, repeat: int,
                 tok: Tokenizer, refs: list[str], work: Path) -> dict:
     """Every system at batch 64 (all of test2016) and batch 1 (the first ``b1`` sentences)."""
     index = {p: i for i, p in enumerate(tok.vocabulary())}
     runs = {}
     for batch, n in ((64, len(piece_sources)), (1, b1)):
-        for name, (python, script, extra) in systems.items():
-            job = {**DECODE, **extra, "batch": batch, "repeat": repeat, "sources": piece_sources[:n]}
-            r = worker(python, script, name.removesuffix("_top_stop"), job, work)
+        for name, system in systems.items():
+            r = worker(system, name, {"batch": batch, "repeat": repeat, "sources": piece_sources[:n]}, work)
             texts = [tok.decode([index.get(p, UNK_ID) for p in o]) for o in r["outputs"]]
             tokens = sum(len(o) for o in r["outputs"])
             runs[f"{name}_b{batch}"] = {"sents_per_s": round(n / r["seconds"], 2),
@@ -314,15 +320,14 @@ def translation(systems: dict[str, tuple[Path, str, dict]], piece_sources: list[
     return runs
 
 
-def greedy_agreement(systems: dict[str, tuple[Path, str, dict]], piece_sources: list[list[str]], work: Path) -> dict:
+def greedy_agreement(systems: dict[str, tuple[Path, str, str, dict]], piece_sources: list[list[str]], work: Path) -> dict:
     """How many of test2016's greedy outputs each peer shares with ours, word piece for word piece: the
     converted weights compute our model only if (nearly) all do."""
     outputs = {}
     for name in ("ours", "ctranslate2", "fairseq"):
         if name in systems:
-            python, script, extra = systems[name]
-            job = {**DECODE, **extra, "beam": 1, "batch": 64, "repeat": 1, "sources": piece_sources}
-            outputs[name] = worker(python, script, name, job, work)["outputs"]
+            job = {"beam": 1, "batch": 64, "repeat": 1, "sources": piece_sources}
+            outputs[name] = worker(systems[name], name, job, work)["outputs"]
     return {f"{name}_identical": sum(a == b for a, b in zip(outputs["ours"], outputs[name]))
             for name in outputs if name != "ours"} | {"sentences": len(piece_sources)}
 
@@ -447,15 +452,15 @@ def main() -> None:
     last = list_checkpoints(args.run)[-1]
     for q in ("float32", "int8"):
         export_ctranslate2(args.run, work / f"ct2_{q}", last, None if q == "float32" else "int8", force=True, log=log)
-    ours = {"run": str(args.run), "checkpoint": str(last)}
-    systems = {"ours": (Path(sys.executable), "speed_worker.py", ours),
-               "ours_int8": (Path(sys.executable), "speed_worker.py", ours),
-               "ours_top_stop": (Path(sys.executable), "speed_worker.py", ours | {"early_stop": "top"}),
-               "ctranslate2": (Path(sys.executable), "speed_worker.py", {"model": str(work / "ct2_float32")}),
-               "ctranslate2_int8": (Path(sys.executable), "speed_worker.py", {"model": str(work / "ct2_int8")})}
+    ours, py = {"run": str(args.run), "checkpoint": str(last)}, Path(sys.executable)
+    systems = {"ours": (py, "speed_worker.py", "ours", ours),
+               "ours_int8": (py, "speed_worker.py", "ours_int8", ours),
+               "ours_top_stop": (py, "speed_worker.py", "ours", ours | {"early_stop": "top"}),
+               "ctranslate2": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_float32")}),
+               "ctranslate2_int8": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_int8")})}
     if bin_dir:
         fs_ckpt = fairseq_checkpoint(bin_dir, data_bin, load_checkpoint(last, with_state=False).weights, work)
-        systems["fairseq"] = (bin_dir / "python", "fairseq_worker.py",
+        systems["fairseq"] = (bin_dir / "python", "fairseq_worker.py", "translate",
                               {"checkpoint": str(fs_ckpt), "data_bin": str(data_bin)})
     lines = read_lines(resolve_data_path("multi30k/test_2016_flickr.en.gz"))
     refs = read_lines(resolve_data_path("multi30k/test_2016_flickr.de.gz"))
