@@ -114,3 +114,14 @@ def test_every_command_has_help():
     for command in ("train", "translate", "evaluate", "average", "params"):
         result = run_cli(command, "--help")
         assert result.returncode == 0 and "usage:" in result.stdout, command
+
+
+@pytest.mark.parametrize("flag, value, message", [("--alpha", "nan", "decode.alpha must be a finite number"),
+                                                  ("--alpha", "inf", "decode.alpha must be a finite number"),
+                                                  ("--alpha", "-0.5", "decode.alpha and decode.max_len_offset must be"),
+                                                  ("--beam", "0", "decode.beam_size must be positive")])
+def test_decoding_flags_are_checked_like_the_config(tiny_run, flag, value, message):
+    """A flag's value passes the same checks as the run's config: NaN is not a length penalty."""
+    result = run_cli("translate", str(tiny_run), flag, value, stdin="a dog runs .\n")
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1

@@ -1,8 +1,12 @@
 """Configs: every preset loads and validates; errors name the field and suggest the fix."""
 
-import pytest
+import tomllib
 
-from transformer.config import PRESET_DIR, Config, ConfigError, config_from_dict, dump_toml, load_config
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transformer.config import PRESET_DIR, Config, ConfigError, config_from_dict, dump_toml, load_config, read_toml
 
 ALL_PRESETS = sorted(p.stem for p in PRESET_DIR.rglob("*.toml"))
 
@@ -71,7 +75,6 @@ def test_unknown_preset_suggests():
 
 
 def test_dump_roundtrip():
-    import tomllib
     cfg = load_config("big", ["train.adam_eps=1e-9"])
     assert config_from_dict(tomllib.loads(dump_toml(cfg))) == cfg
 
@@ -81,3 +84,46 @@ def test_validation_and_dev_bleu_fall_on_logging_steps():
         load_config("tiny", ["train.bleu_every=25"]).validate()
     with pytest.raises(ConfigError, match=r"train.eval_every \(55\) must be a multiple"):
         load_config("tiny", ["train.eval_every=55"]).validate()
+
+
+# every field that validation accepts, drawn within its own constraints (strings: any Unicode, the
+# Basic Multilingual Plane and beyond, quotes, backslashes, newlines)
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+FIELDS = {
+    "data.train_src": TEXT, "data.valid_src": TEXT, "data.src_lang": TEXT, "data.tgt_lang": TEXT,
+    "model.p_drop": st.floats(0.0, 0.99), "model.ln_eps": st.floats(1e-12, 1.0), "train.lr_scale": st.floats(1e-6, 1e6),
+    "train.cooldown_fraction": st.floats(0.0, 1.0), "train.adam_eps": st.floats(1e-30, 1.0),
+    "train.max_minutes": st.floats(0.0, 1e9), "decode.alpha": st.floats(0.0, 1e3),
+    "train.max_steps": st.integers(1, 2**62), "train.seed": st.integers(-2**62, 2**62), "model.bias": st.booleans(),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.fixed_dictionaries({}, optional=FIELDS))
+def test_every_valid_config_round_trips_through_its_toml(values):
+    """config.toml is written by a TOML writer: what validation accepts reads back as the same config."""
+    cfg = Config()
+    for name, value in values.items():
+        section, key = name.split(".")
+        setattr(getattr(cfg, section), key, value)
+    cfg.validate()
+    assert config_from_dict(tomllib.loads(dump_toml(cfg))) == cfg
+
+
+@pytest.mark.parametrize("text", ["decode.alpha=nan", "decode.alpha=inf", "train.lr_scale=-inf", "model.p_drop=nan",
+                                  "train.max_minutes=inf"])
+def test_non_finite_numbers_are_refused(text, tmp_path):
+    with pytest.raises(ConfigError, match=rf"{text.split('=')[0]} must be a finite number"):
+        load_config("tiny", [text])
+    path = tmp_path / "c.toml"
+    section, key = text.split("=")[0].split(".")
+    path.write_text(f"[{section}]\n{key} = {text.split('=')[1]}\n")
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        load_config(str(path))
+
+
+def test_a_config_toml_that_is_not_toml_is_a_one_line_error(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_bytes(b"[train]\nmax_steps = \xff\n")
+    with pytest.raises(ConfigError, match=f"{path}: invalid TOML"):
+        read_toml(path)

@@ -63,14 +63,9 @@ def _unconstrained_option(p: argparse.ArgumentParser) -> None:
 
 
 def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
-    """The decoding options given on the command line, checked, as ``decode.*`` config fields: they
-    replace the run's own for this command (for `serve`, the defaults of requests that do not say)."""
-    for name in ("beam", "batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("alpha", "max_len_offset"):
-        if getattr(args, name) is not None and getattr(args, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    """The decoding options given on the command line as ``decode.*`` config fields: they replace the
+    run's own for this command (for `serve`, the defaults of requests that do not say), and are
+    checked with them (``Config.validate``, in ``Translator``)."""
     given = {"beam_size": args.beam, "alpha": args.alpha, "max_len_offset": args.max_len_offset,
              "batch_size": args.batch_size, "early_stop": args.early_stop}
     return {k: v for k, v in given.items() if v is not None}

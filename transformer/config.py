@@ -11,11 +11,14 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import tomli_w
 
 
 class ConfigError(ValueError):
@@ -140,6 +143,10 @@ class Config:
     def validate(self) -> Config:
         """Cross-field checks, in one place. Returns self so calls chain."""
         m, t, d = self.model, self.train, self.decode
+        for section, values in self.to_dict().items():  # NaN and inf pass every comparison below
+            for key, value in values.items():
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ConfigError(f"{section}.{key} must be a finite number, got {value}")
         positive = {
             "model.n_enc_layers": m.n_enc_layers, "model.n_dec_layers": m.n_dec_layers,
             "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.n_heads": m.n_heads,
@@ -302,11 +309,7 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     where = "defaults"
     if name_or_path:
         path = resolve_config_path(name_or_path)
-        where = str(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: invalid TOML: {e}") from None
+        where, data = str(path), read_toml(path)
     cfg = config_from_dict(data, where)
     for text in overrides or []:
         section, key, value = _parse_override(text)
@@ -314,13 +317,16 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     return cfg.validate()
 
 
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's tables; a file that is not TOML (or not UTF-8) is a one-line error naming it."""
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+
+
 def dump_toml(cfg: Config) -> str:
-    """The full resolved config as TOML (written into every run folder)."""
-    lines: list[str] = []
-    for section, values in cfg.to_dict().items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            lines.append(f"{key} = {json.dumps(value)}")
-        lines.append("")
-    return "\n".join(lines)
+    """The full resolved config as TOML (written into every run folder); read back by ``read_toml`` and
+    ``config_from_dict`` it is the same config, whatever its strings hold."""
+    return tomli_w.dumps(cfg.to_dict())
 

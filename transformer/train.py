@@ -30,7 +30,7 @@ from . import __version__, distributed
 from .distributed import Dist
 
 from .checkpoint import latest_checkpoint, save_checkpoint
-from .config import Config, ConfigError, config_from_dict, dump_toml
+from .config import Config, ConfigError, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, iter_lines, lengths,
                    make_batches, make_batches_from_lengths, padding_fraction, read_parallel, resolve_data_path)
 from .loss import label_smoothed_loss
@@ -146,8 +146,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     if has_checkpoints and not resume:
         raise TrainError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
     if config_path.exists() and resume:
-        import tomllib
-        saved = config_from_dict(tomllib.loads(config_path.read_text(encoding="utf-8")), str(config_path))
+        saved = config_from_dict(read_toml(config_path), str(config_path))
         if changed := cfg.resume_differences(saved):
             if not allow_changes:
                 raise TrainError(f"--resume with a config that differs from {config_path} in: {'; '.join(changed)} "

@@ -69,17 +69,20 @@ class Translator:
                 raise CheckpointError(f"{run_dir}/checkpoints: no checkpoints to translate with")
             newest = load_checkpoint(paths[-1], with_state=False)
             meta = newest.meta
-            n = Config().decode.average_last if "config" not in meta else meta["config"]["decode"]["average_last"]
-            paths = paths[-n:]
+        else:
+            ckpt = load_checkpoint(Path(checkpoint), with_state=False)
+            meta = ckpt.meta
+        if meta.get("vocab_sha256") not in (None, self.tokenizer.sha256):
+            raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {spm_path}")
+        self.cfg = config_from_dict(meta["config"], f"{checkpoint or run_dir} (config)")
+        self.cfg.decode = dataclasses.replace(self.cfg.decode, **(decode or {}))
+        self.cfg.validate()  # the overrides too, before any work: one set of checks for the run's values and ours
+        if checkpoint is None:
+            paths = paths[-self.cfg.decode.average_last:]
             log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
             weights = average_checkpoints(paths) if len(paths) > 1 else newest.weights
         else:
-            ckpt = load_checkpoint(Path(checkpoint), with_state=False)
-            weights, meta = ckpt.weights, ckpt.meta
-        if meta.get("vocab_sha256") not in (None, self.tokenizer.sha256):
-            raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {spm_path}")
-        self.cfg = config_from_dict(meta["config"], f"{checkpoint or run_dir} (config)").validate()
-        self.cfg.decode = dataclasses.replace(self.cfg.decode, **(decode or {}))
+            weights = ckpt.weights
         self.model = Transformer(self.cfg.model, self.tokenizer.vocab_size)
         try:
             missing, unexpected = self.model.load_state_dict(weights, strict=False)
