@@ -1,6 +1,5 @@
 """Parsing as translation (§6.3): treebank reading, linearization, repair, EVALB-style scoring."""
 
-from pathlib import Path
 
 import pytest
 import torch

@@ -2,8 +2,8 @@
 
 A checkpoint is a JSON file naming its tensor files with their size and sha256. The JSON is written
 last and is the commit marker: tensor files without it are leftovers of a crashed write, never a
-checkpoint. Every file goes through temp file -> flush -> fsync -> os.replace -> fsync(dir), so a
-crash leaves either the old state or the new one, never half of a file under the final name.
+checkpoint. Every file is written through files.atomic_path (temp file, fsync, rename, fsync of the
+folder), so a crash leaves either the old state or the new one, never half of a file under the final name.
 
 Nothing here unpickles: tensors are read by safetensors (a JSON header and raw bytes), and pickle
 files (.pt, .pth, .bin, .pkl, .ckpt) are refused by their suffix before they are opened, because
@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -27,7 +26,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import Tensor
 
-from .data import file_sha256
+from .files import atomic_path, file_sha256, write_text
 
 FORMAT = "transformer-checkpoint/1"
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
@@ -47,32 +46,6 @@ class Checkpoint:
     weights: dict[str, Tensor]
     state: dict[str, Tensor] | None  # optimizer moments, RNG states; None if not asked for or absent
     meta: dict[str, Any]  # the whole JSON record: the caller's meta + "format", "files" (+ "step")
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Makes a rename durable: os.replace is atomic, but only the directory's fsync persists it."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _commit(path: Path, write: Callable[[Path], None]) -> None:
-    """Atomically creates `path` with write(tmp_path): a crash at any point leaves no partial `path`."""
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def _save_file(tensors: dict[str, Tensor], path: Path) -> None:
@@ -99,7 +72,8 @@ def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
             t = t.clone()
         seen.add(ptr)
         ready[name] = t
-    _commit(path, lambda tmp: _save_file(ready, tmp))
+    with atomic_path(path) as tmp:
+        _save_file(ready, tmp)
     # Checksummed after the write, from the file itself: what load will verify is what is on disk.
     return {"name": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
 
@@ -107,7 +81,7 @@ def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
 def _write_record(json_path: Path, record: dict[str, Any]) -> None:
     # NaN/inf are kept (Python reads them back): losing a checkpoint to a NaN metric would be worse.
     text = json.dumps(record, indent=2) + "\n"
-    _commit(json_path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_text(json_path, text)
 
 
 def _own_meta(meta: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import hashlib
 import io
 import itertools
 import os
-import tempfile
 import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ import torch
 from numpy.typing import ArrayLike
 from tqdm import tqdm
 
+from .files import atomic_path
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
@@ -69,22 +69,20 @@ def _download_multi30k(name: str) -> Path:
     url = os.environ.get("TRANSFORMER_MULTI30K_URL", MULTI30K_URL).rstrip("/") + "/" + name
     hint = (f"download the Multi30k task1 raw files ({MULTI30K_URL}) into {folder}, "
             "or set TRANSFORMER_DATA to a folder holding multi30k/")
-    tmp = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".part")
-        digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            size = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=size, unit="B", unit_scale=True, desc=f"multi30k/{name}", disable=None) as bar:
-                while chunk := response.read(1 << 16):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-        if digest.hexdigest() != MULTI30K_SHA256[name]:
-            raise DataError(f"multi30k/{name} downloaded from {url} has sha256 {digest.hexdigest()}, "
-                            f"expected {MULTI30K_SHA256[name]}; discarded it; {hint}")
-        os.replace(tmp, folder / name)
+        with atomic_path(folder / name) as tmp:
+            digest = hashlib.sha256()
+            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+                size = int(response.headers.get("Content-Length") or 0) or None
+                with tqdm(total=size, unit="B", unit_scale=True, desc=f"multi30k/{name}", disable=None) as bar:
+                    while chunk := response.read(1 << 16):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+            if digest.hexdigest() != MULTI30K_SHA256[name]:
+                raise DataError(f"multi30k/{name} downloaded from {url} has sha256 {digest.hexdigest()}, "
+                                f"expected {MULTI30K_SHA256[name]}; discarded it; {hint}")
         return folder / name
     except DataError:
         raise
@@ -92,18 +90,6 @@ def _download_multi30k(name: str) -> Path:
         reason = " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
         raise DataError(f"multi30k/{name} is missing and could not be downloaded from {url} ({reason}); "
                         f"{hint}") from None
-    finally:
-        if tmp and os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in blocks (checkpoints and downloads are verified by it)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 PTB_PARSE = "ptb-sample-parse"  # the parsing task's files (§6.3), built from ptb-sample/ on first use

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import os
 import re
 import shutil
 import tarfile
@@ -29,7 +28,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .data import DataError, file_sha256, iter_lines, iter_parallel
+from .data import DataError, iter_lines, iter_parallel
+from .files import atomic_path, file_sha256, write_text
 
 BASE_URL = "https://www.statmt.org/"
 
@@ -110,29 +110,26 @@ def read_sgm(path: Path) -> Iterator[str]:
 
 
 def _download(url: str, path: Path) -> None:
-    """``url`` to ``path`` through ``path``.part; a failure or a short read keeps nothing."""
-    part = path.with_name(path.name + ".part")
+    """``url`` to ``path``, atomically; a failure or a short read keeps nothing."""
     received, expected = 0, None
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
-            expected = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=expected, unit="B", unit_scale=True, desc=path.name, disable=None) as bar:
-                while block := response.read(1 << 20):
-                    out.write(block)
-                    received += len(block)
-                    bar.update(len(block))
-        if expected is not None and received != expected:
-            raise DataError(f"{url}: download cut short: received {received} bytes of {expected} "
-                            "(Content-Length); run prepare again to retry")
-        os.replace(part, path)
+        with atomic_path(path) as part:
+            with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
+                expected = int(response.headers.get("Content-Length") or 0) or None
+                with tqdm(total=expected, unit="B", unit_scale=True, desc=path.name, disable=None) as bar:
+                    while block := response.read(1 << 20):
+                        out.write(block)
+                        received += len(block)
+                        bar.update(len(block))
+            if expected is not None and received != expected:
+                raise DataError(f"{url}: download cut short: received {received} bytes of {expected} "
+                                "(Content-Length); run prepare again to retry")
     except (OSError, http.client.HTTPException) as e:  # URLError, HTTPError, timeouts, IncompleteRead
         reason = " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
         if isinstance(e, urllib.error.HTTPError):
             reason = f"HTTP {e.code} {reason}"
         raise DataError(f"{url}: download failed after {received} bytes of {expected or 'an unknown size'} "
                         f"({reason}); run prepare again to retry, or pass a mirror") from None
-    finally:
-        part.unlink(missing_ok=True)
 
 
 def _extract(archive: Path, members: set[str], folder: Path) -> dict[str, Path]:
@@ -165,11 +162,10 @@ def _write_split(dest: Path, split: str, langs: tuple[str, str],
                  corpora: Iterable[tuple[Corpus, Iterator[tuple[str, str]]]], log: Callable[[str], None]) -> dict:
     """Concatenates the pairs of ``corpora`` into dest/split.{src,tgt}, atomically; returns counts and hashes."""
     paths = [dest / f"{split}.{lang}" for lang in langs]
-    parts = [p.with_name(p.name + ".part") for p in paths]
     digests = [hashlib.sha256(), hashlib.sha256()]
     total, per_corpus = 0, {}
-    try:
-        with open(parts[0], "wb") as src_out, open(parts[1], "wb") as tgt_out:
+    with atomic_path(paths[0]) as src_part, atomic_path(paths[1]) as tgt_part:
+        with open(src_part, "wb") as src_out, open(tgt_part, "wb") as tgt_out:
             for corpus, pairs in corpora:
                 n = 0
                 for pair in pairs:
@@ -181,11 +177,6 @@ def _write_split(dest: Path, split: str, langs: tuple[str, str],
                 per_corpus[corpus.name] = n
                 total += n
                 log(f"{split}: {corpus.name}: {n:,} pairs")
-        for part, path in zip(parts, paths):
-            os.replace(part, path)
-    finally:
-        for part in parts:
-            part.unlink(missing_ok=True)
     return {"outputs": {p.name: {"lines": total, "sha256": d.hexdigest()} for p, d in zip(paths, digests)},
             "corpora": per_corpus}
 
@@ -247,6 +238,6 @@ def prepare(name: str, dest: Path, mirror: str | None = None,
     manifest = {"dataset": name, "outputs": {k: v for s in splits.values() for k, v in s["outputs"].items()},
                 "corpora": {split: s["corpora"] for split, s in splits.items()},
                 "archives": {a["file"]: {k: a[k] for k in ("url", "bytes", "sha256")} for a in archives.values()}}
-    (dest / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    write_text(dest / "MANIFEST.json", json.dumps(manifest, indent=2) + "\n")
     log(f"{name}: {splits['train']['outputs'][f'train.{dataset.src_lang}']['lines']:,} training pairs in {dest}")
     return manifest

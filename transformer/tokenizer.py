@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import random
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
+
+from .files import write_bytes
 
 PAD_ID = 0  # also the decoder's start symbol: targets are shifted right with a zero vector (A5)
 BOS_ID = PAD_ID
@@ -120,14 +120,7 @@ class Tokenizer:
             raise TokenizerError(f"cannot train a tokenizer with vocab_size {vocab_size}: {message}") from None
         model_path = Path(model_path)
         model_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=model_path.parent, prefix=f".{model_path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(writer.getvalue())
-            os.replace(tmp, model_path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_bytes(model_path, writer.getvalue())
         return cls(model_path)
 
     @property

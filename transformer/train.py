@@ -26,7 +26,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from . import __version__, distributed
+from . import __version__, distributed, files
 from .distributed import Dist
 
 from .checkpoint import latest_checkpoint, save_checkpoint
@@ -153,7 +153,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                                  "(pass --allow-config-change to resume anyway)")
             log(f"resuming with changed config (--allow-config-change): {'; '.join(changed)}")
     if write:
-        config_path.write_text(dump_toml(cfg), encoding="utf-8")
+        files.write_text(config_path, dump_toml(cfg))
 
     d = cfg.data
     needed = ("valid_src", "valid_tgt") if d.train_store else ("train_src", "train_tgt", "valid_src", "valid_tgt")

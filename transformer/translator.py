@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import CheckpointError, average_checkpoints, list_checkpoints, load_checkpoint
-from .config import Config, config_from_dict
+from .config import config_from_dict
 from .data import encode_for_decoding
 from .decode import translate_ids
 from .model import Transformer

@@ -35,6 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .files import write_text
 from .tokenizer import EOS_ID, PAD_ID
 
 PLACEHOLDER = "XX"  # every part-of-speech tag in the target sequence (Vinyals et al. 2015)
@@ -449,8 +450,6 @@ def write_ptb_splits(ptb_dir: Path, dest: Path) -> dict[str, int]:
                               ("lin", [" ".join(linearize(t)) for t in trees]),
                               ("wlin", [" ".join(linearize(t, words=True)) for t in trees]),
                               ("gold", [str(t) for t in trees])):
-            tmp = dest / f".{split}.{suffix}.tmp"
-            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            tmp.replace(dest / f"{split}.{suffix}")
+            write_text(dest / f"{split}.{suffix}", "".join(line + "\n" for line in lines))
         counts[split] = len(trees)
     return counts

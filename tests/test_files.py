@@ -1,0 +1,47 @@
+"""Atomic writes: whole files or none, readable by others as the umask allows."""
+
+import os
+import stat
+
+import pytest
+
+from transformer.checkpoint import list_checkpoints
+from transformer.config import load_config
+from transformer.files import atomic_path, umask, write_text
+from transformer.train import train
+
+
+@pytest.fixture
+def mask():
+    def set_mask(value: int) -> None:
+        os.umask(value)
+    old = os.umask(0o022)
+    yield set_mask
+    os.umask(old)
+
+
+@pytest.mark.parametrize("value, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_get_the_mode_the_umask_allows(tmp_path, mask, value, mode):
+    mask(value)
+    assert umask() == value
+    write_text(tmp_path / "a.txt", "x")
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == mode
+
+
+def test_an_error_inside_the_block_leaves_the_old_file_and_no_temp(tmp_path):
+    write_text(tmp_path / "a.txt", "old")
+    with pytest.raises(RuntimeError), atomic_path(tmp_path / "a.txt") as tmp:
+        tmp.write_text("half of the new")
+        raise RuntimeError("cut")
+    assert (tmp_path / "a.txt").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+def test_a_run_folder_is_readable_by_other_accounts(tmp_path, tiny_overrides, mask):
+    """Checkpoints and spm.model are 0644 under umask 022, so another account can serve the run."""
+    mask(0o022)
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.save_every=2"]), run, quiet=True)
+    files = [run / "spm.model", run / "config.toml", *(run / "checkpoints").iterdir()]
+    assert len(list_checkpoints(run)) == 1 and len(files) == 5
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o644 for p in files}
