@@ -7,7 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from transformer.checkpoint import average_checkpoints, list_checkpoints, load_checkpoint, write_model
+from transformer.checkpoint import (average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
+                                    write_model)
 from transformer.config import Config, load_config
 from transformer.train import train
 
@@ -39,13 +40,14 @@ def finished_summary(run_dir: Path) -> dict:
 def weight_candidates(run_dir: Path, averages: tuple[int, ...] = (5, 10)) -> dict[str, Path]:
     """The last checkpoint and the averages of the last N (§6.1), each written as a weights file, by name
     ("last", "average_last5", ...): the candidates a benchmark picks among on the dev set."""
-    paths = list_checkpoints(run_dir)
-    meta = load_checkpoint(paths[-1], with_state=False).meta
+    newest = list_checkpoints(run_dir)[-1]
+    meta = load_checkpoint(newest, with_state=False).meta
     keep = {k: meta[k] for k in ("config", "vocab_sha256", "model_hash", "vocab_size") if k in meta}
-    candidates = {"last": paths[-1]}
+    candidates = {"last": newest}
     for n in averages:
-        if len(paths) >= n:
+        paths = checkpoints_to_average(run_dir, n)
+        if len(paths) == n:
             path = run_dir / f"average_last{n}.safetensors"
-            write_model(path, average_checkpoints(paths[-n:]), keep | {"averaged": [p.name for p in paths[-n:]]})
+            write_model(path, average_checkpoints(paths), keep | {"averaged": [p.name for p in paths]})
             candidates[f"average_last{n}"] = path
     return candidates

@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from transformer import checkpoint as ck
-from transformer.checkpoint import (FORMAT, CheckpointError, average_checkpoints, latest_checkpoint,
-                                    list_checkpoints, load_checkpoint, save_checkpoint, write_model)
+from transformer.checkpoint import (FORMAT, CheckpointError, average_checkpoints, checkpoints_to_average,
+                                    latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, write_model)
+from transformer.config import load_config
+from transformer.train import train
+from transformer.translator import Translator
 
 META = {"config": {"model": {"d_model": 8}}, "vocab_sha256": "ab" * 32}
 
@@ -283,3 +286,46 @@ def test_meta_from_another_record_is_reusable(tmp_path: Path) -> None:
     assert c.meta["files"]["weights"]["name"] == "avg.safetensors" and "state" not in c.meta["files"]
     assert c.meta["step"] == 100 and c.meta["config"] == META["config"]
     assert_same(c.weights, weights(7))
+
+
+def fake_records(run: Path, save_every: int, save_minutes: float, written: list[tuple[int, float]]) -> None:
+    """Checkpoint records (no tensors) written at (step, minute) by a run with this save clock."""
+    (run / "checkpoints").mkdir(parents=True)
+    for step, minute in written:
+        record = {"config": {"train": {"save_every": save_every, "save_minutes": save_minutes}},
+                  "train_state": {"step": step, "elapsed_s": 60 * minute}}
+        (run / "checkpoints" / f"step_{step:08d}.json").write_text(json.dumps(record))
+
+
+def steps(paths: list[Path]) -> list[int]:
+    return [int(p.stem.split("_")[1]) for p in paths]
+
+
+@pytest.mark.parametrize("save_every, save_minutes, written, n, expected", [
+    # every 200 steps; the budget ended at 8682: 8600 is left out, 8682 takes its place
+    (200, 0, [(s, 0) for s in (7800, 8000, 8200, 8400, 8600, 8682)], 5, [7800, 8000, 8200, 8400, 8682]),
+    # the budget ended on the clock: the same checkpoint twice is one record
+    (200, 0, [(s, 0) for s in (7800, 8000, 8200, 8400, 8600)], 3, [8200, 8400, 8600]),
+    # 101 steps after the last one is far enough (half an interval is 100)
+    (200, 0, [(8400, 0), (8600, 0), (8701, 0)], 3, [8400, 8600, 8701]),
+    # a SIGTERM checkpoint in the middle of a resumed run (588, between 400 and 600) is skipped too
+    (200, 0, [(s, 0) for s in (200, 400, 588, 600, 800)], 4, [200, 400, 600, 800]),
+    # every 10 minutes (§6.1); the budget ended 2 minutes after the last
+    (0, 10, [(100, 10), (200, 20), (300, 30), (320, 32)], 3, [100, 200, 320]),
+])
+def test_the_checkpoints_averaged_keep_to_the_save_clock(tmp_path, save_every, save_minutes, written, n, expected):
+    fake_records(tmp_path, save_every, save_minutes, written)
+    assert steps(checkpoints_to_average(tmp_path, n)) == expected
+
+
+def test_translate_and_average_use_the_clock_rule(tmp_path, tiny_overrides):
+    """A real run whose budget (9 steps) ends just after a checkpoint of its clock (every 4): the
+    average of the last 2 is steps 4 and 9, in `transformer average` and in Translator alike."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=9", "train.save_every=4", "decode.average_last=2"]),
+          run, quiet=True)
+    assert steps(list_checkpoints(run)) == [4, 8, 9]
+    assert steps(checkpoints_to_average(run, 2)) == [4, 9]
+    messages = []
+    Translator(run, log=messages.append)
+    assert messages == ["averaging the last 2 checkpoint(s): step_00000004, step_00000009"]

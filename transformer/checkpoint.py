@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import load as st_load
 from safetensors import SafetensorError
+from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 from torch import Tensor
 
@@ -218,6 +218,37 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _STEP_JSON.fullmatch(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
+    """The records of the last ``n`` checkpoints on the run's save clock, oldest first (§6.1 averages
+    the last checkpoints "written at 10-minute intervals").
+
+    A checkpoint less than half a save interval (train.save_every steps, else train.save_minutes)
+    older than a newer one that is kept is left out: the one written at the end of the budget or on
+    a signal, just after a checkpoint of the clock, would otherwise count twice the same weights. The
+    newer takes the older's place, so the averaged weights keep their spacing and the newest updates.
+    """
+    kept: list[Path] = []
+    newer: dict[str, Any] | None = None
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            train, state = record["config"]["train"], record["train_state"]
+            if newer is not None:
+                if train["save_every"]:
+                    gap, interval = newer["step"] - state["step"], train["save_every"]
+                else:
+                    gap, interval = (newer["elapsed_s"] - state["elapsed_s"]) / 60, train["save_minutes"]
+                if gap < interval / 2:
+                    continue
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{path.name}: unreadable checkpoint record ({type(e).__name__}: {e})") from None
+        kept.append(path)
+        newer = state
+        if len(kept) == n:
+            break
+    return kept[::-1]
 
 
 def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) -> Checkpoint | None:

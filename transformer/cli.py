@@ -187,14 +187,13 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
 
 
 def cmd_average(args: argparse.Namespace) -> None:
-    from .checkpoint import CheckpointError, average_checkpoints, list_checkpoints, load_checkpoint, write_model
+    from .checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, load_checkpoint, write_model
 
-    paths = list_checkpoints(args.run_dir)
-    if not paths:
-        raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
     if args.last < 1:
         raise ConfigError(f"--last must be >= 1, got {args.last}")
-    paths = paths[-args.last:]
+    paths = checkpoints_to_average(args.run_dir, args.last)
+    if not paths:
+        raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
     meta = load_checkpoint(paths[-1], with_state=False).meta
     keep = ("config", "vocab_sha256", "model_hash", "vocab_size")
     meta = {k: meta[k] for k in keep if k in meta} | {"averaged": [p.name for p in paths]}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, average_checkpoints, list_checkpoints, load_checkpoint
+from .checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint
 from .config import config_from_dict
 from .data import encode_for_decoding
 from .decode import translate_ids
@@ -78,9 +78,9 @@ class Translator:
         self.cfg.decode = dataclasses.replace(self.cfg.decode, **(decode or {}))
         self.cfg.validate()  # the overrides too, before any work: one set of checks for the run's values and ours
         if checkpoint is None:
-            paths = paths[-self.cfg.decode.average_last:]
+            paths = checkpoints_to_average(run_dir, self.cfg.decode.average_last)
             log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
-            weights = average_checkpoints(paths) if len(paths) > 1 else newest.weights
+            weights = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0]).weights
         else:
             weights = ckpt.weights
         self.model = Transformer(self.cfg.model, self.tokenizer.vocab_size)
