@@ -1,6 +1,7 @@
 """Training: exact resume, checkpoint cadence, overfitting a few pairs, loss normalisation."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,23 @@ def test_bf16_autocast_and_compile_train_like_fp32(tmp_path, tiny_overrides, opt
     for step in a:
         assert b[step] == pytest.approx(a[step], rel=tolerance), step
     assert a[4] != a[2]  # the run learned: not a comparison of two untrained models
+
+
+def test_a_vocabulary_left_by_an_earlier_attempt_is_reused_only_for_the_same_inputs(tmp_path, tiny_overrides):
+    """An attempt that stopped after writing spm.model but before any checkpoint: the next `train` in
+    that folder reuses the vocabulary only if it would train the same one, else says what changed."""
+    run = tmp_path / "run"
+    first = tiny_overrides + ["train.max_steps=1"]
+    train(load_config("tiny", first), run, quiet=True)
+    shutil.rmtree(run / "checkpoints")  # as if it had stopped before its first checkpoint
+    vocabulary = (run / "spm.model").read_bytes()
+    train(load_config("tiny", first), run, quiet=True)
+    assert (run / "spm.model").read_bytes() == vocabulary
+    assert (run / "train.log").read_text().count("training a joint BPE vocabulary") == 1  # reused, not retrained
+    shutil.rmtree(run / "checkpoints")
+    with pytest.raises(TrainError, match=r"spm.model was trained from other inputs .*vocab_size: 500 -> 400"):
+        train(load_config("tiny", first + ["data.vocab_size=400"]), run, quiet=True)
+    src = next(o for o in tiny_overrides if o.startswith("data.train_src=")).split("=", 1)[1].strip('"')
+    Path(src).write_text(Path(src).read_text(encoding="utf-8").replace("dog", "cat"), encoding="utf-8")
+    with pytest.raises(TrainError, match=r"train_src_sha256: '[0-9a-f]+' -> '[0-9a-f]+'"):
+        train(load_config("tiny", first), run, quiet=True)

@@ -128,8 +128,41 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
         symbols = tree_symbols(iter_lines(tgt))
     log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
         + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
-    return Tokenizer.train([src, tgt], path, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed,
-                           symbols=sorted(symbols))
+    tokenizer = Tokenizer.train([src, tgt], path, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed,
+                                symbols=sorted(symbols))
+    files.write_text(path.with_suffix(".json"), json.dumps(vocabulary_inputs(cfg, src, tgt), indent=2) + "\n")
+    return tokenizer
+
+
+def vocabulary_inputs(cfg: Config, src: Path, tgt: Path) -> dict[str, Any]:
+    """What a vocabulary is a function of (``Tokenizer.train``): the training files' contents, the
+    size, the sentences sampled, the seed, and the task (parsing keeps its tree symbols whole)."""
+    d = cfg.data
+    return {"train_src_sha256": files.file_sha256(src), "train_tgt_sha256": files.file_sha256(tgt),
+            "vocab_size": d.vocab_size, "spm_input_sentences": d.spm_input_sentences, "seed": cfg.train.seed,
+            "task": d.task}
+
+
+def open_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Tokenizer:
+    """The run folder's vocabulary: ``path`` when it was trained from what ``cfg`` asks for (the record
+    beside it says), a new one when there is none. A vocabulary left by an earlier attempt with other
+    data or settings is refused with the differences, never reused for a model it does not fit."""
+    if not path.exists():
+        return train_vocabulary(cfg, src, tgt, path, log)
+    record = path.with_suffix(".json")
+    if not record.exists():
+        log(f"{path}: no record of what it was trained from ({record.name}); using it as it is")
+        return Tokenizer(path)
+    try:
+        recorded = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TrainError(f"{record}: unreadable ({e}); delete {path} and {record.name} to train a new vocabulary") \
+            from None
+    wanted = vocabulary_inputs(cfg, src, tgt)
+    if changed := [f"{k}: {recorded.get(k)!r} -> {v!r}" for k, v in wanted.items() if recorded.get(k) != v]:
+        raise TrainError(f"{path} was trained from other inputs than this config asks for ({'; '.join(changed)}): "
+                         f"choose another --out, or delete {path.name} and {record.name} to train a new one")
+    return Tokenizer(path)
 
 
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
@@ -176,8 +209,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt)
-        tokenizer = Tokenizer(spm_path) if spm_path.exists() else train_vocabulary(cfg, train_src, train_tgt,
-                                                                                      spm_path, log)
+        tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log)
         train, stats = encode_pairs(read_parallel(train_src, train_tgt), tokenizer, d.max_len)
         log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "
             f"side, {stats.skipped_long} longer than {d.max_len} pieces")
