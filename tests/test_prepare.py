@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from transformer.data import DataError, read_lines
-from transformer.prepare import DATASETS, prepare, read_sgm
+from transformer.prepare import ARCHIVES, DATASETS, Pinned, prepare, read_sgm
 
 EUROPARL_EN = ["Resumption of the session", "I declare resumed the session.", ""]
 EUROPARL_DE = ["Wiederaufnahme der Sitzungsperiode", "Ich erkläre die Sitzung für wiederaufgenommen.", ""]
@@ -70,10 +70,15 @@ def tar_bytes(members: dict[str, bytes], gz: bool = True) -> bytes:
     return buffer.getvalue()
 
 
-def publish(folder: Path, archives: dict[str, dict[str, bytes]]) -> None:
+def publish(folder: Path, archives: dict[str, dict[str, bytes]]) -> dict[str, Pinned]:
+    """Writes the archives under ``folder``; returns them pinned, as ARCHIVES pins the real ones."""
+    pins = {}
     for path, members in archives.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
-        (folder / path).write_bytes(tar_bytes(members, gz=not path.endswith(".tar")))
+        data = tar_bytes(members, gz=not path.endswith(".tar"))
+        (folder / path).write_bytes(data)
+        pins[path] = Pinned(len(data), hashlib.sha256(data).hexdigest(), hashlib.md5(data).hexdigest())
+    return pins
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -114,9 +119,9 @@ def sha256(path: Path) -> str:
 
 def test_wmt14_en_de(server: tuple[str, Path], tmp_path: Path) -> None:
     url, served = server
-    publish(served, EN_DE)
+    pins = publish(served, EN_DE)
     dest, messages = tmp_path / "wmt14", []
-    manifest = prepare("wmt14-en-de", dest, mirror=url, log=messages.append)
+    manifest = prepare("wmt14-en-de", dest, mirror=url, log=messages.append, pinned=pins)
     assert read_lines(dest / "train.en") == EUROPARL_EN + CRAWL_EN + NC_EN  # fixed order, CRLF removed
     assert read_lines(dest / "train.de") == EUROPARL_DE + CRAWL_DE + NC_DE
     assert read_lines(dest / "valid.en") == ["One", "Two"] and read_lines(dest / "valid.de") == ["Eins", "Zwei"]
@@ -134,41 +139,43 @@ def test_wmt14_en_de(server: tuple[str, Path], tmp_path: Path) -> None:
     for path in EN_DE:  # a second run downloads nothing
         (served / path).unlink()
     messages.clear()
-    assert prepare("wmt14-en-de", dest, mirror=url, log=messages.append) == manifest
-    assert sum("already downloaded" in m for m in messages) == 5
+    assert prepare("wmt14-en-de", dest, mirror=url, log=messages.append, pinned=pins) == manifest
+    assert sum("already downloaded and checked" in m for m in messages) == 5
 
 
 def test_misaligned_corpus_names_the_members(server: tuple[str, Path], tmp_path: Path) -> None:
     url, served = server
     archives = {k: dict(v) for k, v in EN_DE.items()}
     archives["wmt13/training-parallel-commoncrawl.tgz"]["commoncrawl.de-en.de"] = text(CRAWL_DE + ["extra"])
-    publish(served, archives)
+    pins = publish(served, archives)
     with pytest.raises(DataError, match=r"training-parallel-commoncrawl\.tgz/commoncrawl\.de-en\.en has 2 lines, "
                                         r".*/commoncrawl\.de-en\.de has 3$"):
-        prepare("wmt14-en-de", tmp_path / "wmt14", mirror=url, log=lambda m: None)
+        prepare("wmt14-en-de", tmp_path / "wmt14", mirror=url, log=lambda m: None, pinned=pins)
     assert sorted(p.name for p in (tmp_path / "wmt14").iterdir()) == ["downloads"]  # no half-written outputs
 
 
 def test_truncated_archive_and_cut_download(server: tuple[str, Path], tmp_path: Path) -> None:
     url, served = server
-    publish(served, EN_DE)
+    pins = publish(served, EN_DE)
     europarl = served / "wmt13/training-parallel-europarl-v7.tgz"
     big = dict(EN_DE["wmt13/training-parallel-europarl-v7.tgz"])
     big["training/europarl-v7.de-en.de"] = text([f"Satz {i} " + hashlib.sha256(b"%d" % i).hexdigest()
                                                  for i in range(2000)])
     europarl.write_bytes(tar_bytes(big)[:30_000])  # served whole, but the archive itself is cut
+    cut = europarl.read_bytes()  # pinned as it is: what extraction makes of it is under test here
+    pins["wmt13/training-parallel-europarl-v7.tgz"] = Pinned(len(cut), hashlib.sha256(cut).hexdigest(), None)
     with pytest.raises(DataError, match=r"training-parallel-europarl-v7\.tgz: corrupt or truncated archive") as e:
-        prepare("wmt14-en-de", tmp_path / "a", mirror=url, log=lambda m: None)
+        prepare("wmt14-en-de", tmp_path / "a", mirror=url, log=lambda m: None, pinned=pins)
     assert "\n" not in str(e.value)
 
     with pytest.raises(DataError, match=r"short/wmt13/training-parallel-europarl-v7\.tgz: download cut short: "
                                         r"received 10 bytes of 1000 \(Content-Length\)"):
-        prepare("wmt14-en-de", tmp_path / "b", mirror=url + "short/", log=lambda m: None)
+        prepare("wmt14-en-de", tmp_path / "b", mirror=url + "short/", log=lambda m: None, pinned=pins)
     assert list((tmp_path / "b" / "downloads").iterdir()) == []  # no .part, nothing taken as complete
 
     with pytest.raises(DataError, match=r"missing/wmt13/training-parallel-europarl-v7\.tgz: download failed "
                                         r"after 0 bytes .*404"):
-        prepare("wmt14-en-de", tmp_path / "c", mirror=url + "missing/", log=lambda m: None)
+        prepare("wmt14-en-de", tmp_path / "c", mirror=url + "missing/", log=lambda m: None, pinned=pins)
     with pytest.raises(DataError, match="unknown dataset 'wmt14-en-xx'; known: wmt14-en-de, wmt14-en-fr"):
         prepare("wmt14-en-xx", tmp_path / "d")
 
@@ -185,8 +192,8 @@ def test_every_dataset_from_a_local_mirror(name: str, tmp_path: Path) -> None:
                 lines = [f"{c.name} {lang} {i}" for i in range(2)]
                 data = sgm("refset", lang, lines) if member.endswith(".sgm") else text(lines)
                 archives.setdefault(c.archive, {})[member] = gzip.compress(data) if member.endswith(".gz") else data
-    publish(tmp_path / "mirror", archives)
-    manifest = prepare(name, tmp_path / "out", mirror=str(tmp_path / "mirror"), log=lambda m: None)
+    pins = publish(tmp_path / "mirror", archives)
+    manifest = prepare(name, tmp_path / "out", mirror=str(tmp_path / "mirror"), log=lambda m: None, pinned=pins)
     assert read_lines(tmp_path / "out" / f"train.{dataset.tgt_lang}") == \
         [f"{c.name} {dataset.tgt_lang} {i}" for c in dataset.train for i in range(2)]
     assert manifest["outputs"][f"test.{dataset.src_lang}"]["lines"] == 2
@@ -196,3 +203,33 @@ def test_read_sgm_cleans_like_sacrebleu(tmp_path: Path) -> None:
     f = tmp_path / "x.sgm"
     f.write_bytes(sgm("refset", "de", ["  a \t b  ", "x&#10;y", "&amp;lt; &bogus; &#99999999;"]))
     assert list(read_sgm(f)) == ["a b", "x y", "&lt; &bogus; &#99999999;"]  # one level of unescaping
+
+
+def test_archives_are_checked_against_their_pins(server: tuple[str, Path], tmp_path: Path) -> None:
+    """A download that is not the pinned archive (a mirror's other file, a cut without Content-Length)
+    is removed and refused; an archive already on disk is checked again, and downloaded again when
+    it differs."""
+    url, served = server
+    pins = publish(served, EN_DE)
+    wrong = dict(pins)
+    nc = "wmt14/training-parallel-nc-v9.tgz"
+    wrong[nc] = Pinned(None, "0" * 64, None)
+    dest = tmp_path / "wmt14"
+    with pytest.raises(DataError, match=rf"{nc}: not the archive expected \(sha256 [0-9a-f]{{64}}, expected 0{{64}}\); "
+                                        "removed it"):
+        prepare("wmt14-en-de", dest, mirror=url, log=lambda m: None, pinned=wrong)
+    assert not (dest / "downloads" / "training-parallel-nc-v9.tgz").exists()
+
+    europarl = dest / "downloads" / "training-parallel-europarl-v7.tgz"
+    europarl.write_bytes(europarl.read_bytes()[:-1])  # cut on disk after an earlier run
+    messages = []
+    prepare("wmt14-en-de", dest, mirror=url, log=messages.append, pinned=pins)
+    assert any(f"{europarl}: {europarl.stat().st_size - 1:,} bytes, expected {europarl.stat().st_size:,}: not the "
+               "archive expected; downloading it again" in m for m in messages)
+    assert europarl.read_bytes() == (served / "wmt13/training-parallel-europarl-v7.tgz").read_bytes()
+
+
+def test_every_archive_is_pinned() -> None:
+    archives = {c.archive for d in DATASETS.values() for c in (*d.train, d.valid, d.test)}
+    assert archives == set(ARCHIVES)
+    assert all(p.sha256 or p.md5 for p in ARCHIVES.values())

@@ -29,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .data import DataError, iter_lines, iter_parallel
-from .files import atomic_path, file_sha256, write_text
+from .files import atomic_path, write_text
 
 BASE_URL = "https://www.statmt.org/"
 
@@ -79,6 +79,54 @@ DATASETS = {
         test=Corpus("newstest2014", "wmt14/test-full.tgz", "test-full/newstest2014-fren-src.en.sgm",
                     "test-full/newstest2014-fren-ref.fr.sgm")),
 }
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """What an archive must be: its size and digests as published by others who downloaded it."""
+
+    bytes: int | None
+    sha256: str | None
+    md5: str | None
+
+
+# Every archive prepare reads, pinned: size and sha256 from TensorFlow Datasets' url_checksums
+# (wmt13_translate.txt, wmt14_translate.txt, wmt15_translate.txt); md5 from Sockeye's autopilot
+# (RAW_FILES) and, for test-full.tgz, sacrebleu's dataset table. dev.tgz and test-full.tgz have no
+# published sha256 that we know of: their md5 is what is checked.
+ARCHIVES = {
+    "wmt13/training-parallel-europarl-v7.tgz": Pinned(
+        657632379, "0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7", "c52404583294a1b609e56d45b2ed06f5"),
+    "wmt13/training-parallel-commoncrawl.tgz": Pinned(
+        918311367, "c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5", "7e0acbe86b0d7816300e14650f5b2bd4"),
+    "wmt14/training-parallel-nc-v9.tgz": Pinned(
+        80418416, "cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485", "92e42b68f9d3c2ae9722e6d1c2623e21"),
+    "wmt13/training-parallel-un.tgz": Pinned(
+        2365634246, "29141b5c1eba149a94f7a59d3b1a834b2e47fe0f8758d68dcd77a3d3f497ee47", "bb25a213ba9140023e4cc82c778bef53"),
+    "wmt10/training-giga-fren.tar": Pinned(
+        2595102720, "3ff8319f6919393520559bfbc7ad6a747ec81b3abc7be9993b338d4b017b4d9a", "0b12e20027d5b5f0dfcca290c72c8953"),
+    "wmt14/dev.tgz": Pinned(None, None, "88ba3fc60b2278d59277122e1c7dd6e7"),
+    "wmt14/test-full.tgz": Pinned(None, None, "a8cd784e006feb32ac6f3d9ec7eb389a"),
+}
+
+
+def check_archive(file: Path, pinned: Pinned) -> tuple[str, str | None]:
+    """(the file's sha256, what differs from ``pinned`` or None), in one read of the file."""
+    size = file.stat().st_size
+    if pinned.bytes is not None and size != pinned.bytes:
+        return "", f"{size:,} bytes, expected {pinned.bytes:,}"
+    sha256, md5 = hashlib.sha256(), hashlib.md5()
+    with open(file, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=f"checking {file.name}",
+                                     disable=None) as bar:
+        while block := f.read(1 << 22):
+            sha256.update(block)
+            md5.update(block)
+            bar.update(len(block))
+    for name, digest, expected in (("sha256", sha256, pinned.sha256), ("md5", md5, pinned.md5)):
+        if expected is not None and digest.hexdigest() != expected:
+            return sha256.hexdigest(), f"{name} {digest.hexdigest()}, expected {expected}"
+    return sha256.hexdigest(), None
+
 
 _SEG = re.compile(r"\s*<seg[^>]*>(.*)</seg>")
 _ENTITY = re.compile(r"&(?:(amp|lt|gt|quot|apos)|#([0-9]+)|#[xX]([0-9a-fA-F]+));")
@@ -181,11 +229,13 @@ def _write_split(dest: Path, split: str, langs: tuple[str, str],
             "corpora": per_corpus}
 
 
-def prepare(name: str, dest: Path, mirror: str | None = None,
-            log: Callable[[str], None] = print) -> dict:
+def prepare(name: str, dest: Path, mirror: str | None = None, log: Callable[[str], None] = print,
+            pinned: dict[str, Pinned] = ARCHIVES) -> dict:
     """Downloads, checks and extracts dataset ``name`` (a key of DATASETS) into ``dest``; returns the manifest.
 
-    Archives go to dest/downloads/ and are kept: a second run downloads only what is missing.
+    Archives go to dest/downloads/ and are kept: a second run downloads only what is missing. Every
+    archive, downloaded now or found there, is checked against ``pinned`` (ARCHIVES: size, sha256,
+    md5): one found that differs is downloaded again, a download that differs is removed and refused.
     ``mirror`` replaces BASE_URL (an http(s)/file URL or a local folder holding wmt13/, wmt14/, ...).
     Every corpus is checked pair by pair: a side with more lines than the other is an error naming
     both members, never a silent zip that would misalign everything after it.
@@ -205,13 +255,22 @@ def prepare(name: str, dest: Path, mirror: str | None = None,
         file = dest / "downloads" / Path(corpus.archive).name
         if corpus.archive in archives:
             continue
-        if file.exists():
-            log(f"{file.name}: already downloaded")
+        url = base + corpus.archive
+        sha256, problem = check_archive(file, pinned[corpus.archive]) if file.exists() else ("", "missing")
+        if problem is None:
+            log(f"{file.name}: already downloaded and checked")
         else:
-            log(f"downloading {base + corpus.archive}")
-            _download(base + corpus.archive, file)
-        archives[corpus.archive] = {"file": file.name, "url": base + corpus.archive,
-                                    "bytes": file.stat().st_size, "sha256": file_sha256(file)}
+            if problem != "missing":
+                log(f"{file}: {problem}: not the archive expected; downloading it again")
+                file.unlink()
+            log(f"downloading {url}")
+            _download(url, file)
+            sha256, problem = check_archive(file, pinned[corpus.archive])
+            if problem is not None:
+                file.unlink()
+                raise DataError(f"{url}: not the archive expected ({problem}); removed it: run prepare again, "
+                                "or check the mirror")
+        archives[corpus.archive] = {"file": file.name, "url": url, "bytes": file.stat().st_size, "sha256": sha256}
 
     work = dest / ".extract"
     shutil.rmtree(work, ignore_errors=True)
