@@ -1,5 +1,6 @@
 """Attention figures (appendix Figures 3-5) and training curves: the weights drawn are the model's."""
 
+import html
 import json
 import re
 
@@ -54,15 +55,37 @@ def test_words_merge_pieces_and_keep_rows_distributions():
         torch.testing.assert_close(words.weights[kind].sum(-1), torch.ones(words.weights[kind].shape[:-1]))
 
 
+def unflatten(data: dict, kind: str) -> torch.Tensor:
+    """A kind's weights from the compact form (figures.AttentionMaps.to_json) as [L, H, Tq, Tk]."""
+    return torch.tensor(data["weights"][kind], dtype=torch.float32).view(data["shape"][kind]) / data["scale"]
+
+
 def test_html_embeds_the_weights_and_needs_no_network(translator):
     maps = attention_maps(translator, SRC, TGT)
     page = attention_html(maps, "a </script> title")
     assert not re.search(r"""(src|href)=["']?https?:""", page) and "fetch(" not in page
     payload = re.search(r"renderAttention\(document.getElementById\(\"attention\"\), (.*)\);\n</script>", page).group(1)
-    data = json.loads(payload.replace("<\\/", "</"))
-    torch.testing.assert_close(torch.tensor(data["pieces"]["weights"]["cross"]), maps.weights["cross"], atol=1e-4, rtol=0)
-    assert data["words"]["src"] == maps.merged().src
+    data = json.loads(payload)
+    torch.testing.assert_close(unflatten(data, "cross"), maps.weights["cross"], atol=5e-4, rtol=0)
+    assert data["src"] == maps.src and data["tgt_out"] == maps.tgt_out
     assert page.count("</script>") == 1  # the title cannot close the script
+
+
+HOSTILE = ["</script><script>document.title='pwned'</script>", "<!--<script>", "/*{{DATA}}*/null", "{{TITLE}}",
+           "&amp; &lt;b&gt;", "]]> <![CDATA[", "\u2028\u2029 end"]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_user_text_cannot_leave_its_place_in_the_page(text):
+    """The title is HTML-escaped and the data is JSON with <, > and & escaped, filled in one pass: the
+    page holds exactly one script, the data reads back as written, and the heading is the text."""
+    maps = AttentionMaps([text, "</s>"], ["<s>", text], [text, "</s>"],
+                         {k: torch.full((1, 1, 2, 2), 0.5) for k in ("enc_self", "dec_self", "cross")})
+    page = attention_html(maps, text)
+    assert page.count("<script>") == 1 and page.count("</script>") == 1 and "<!--" not in page
+    payload = re.search(r"renderAttention\(document.getElementById\(\"attention\"\), (.*)\);\n</script>", page).group(1)
+    assert json.loads(payload)["src"][0] == text
+    assert f"<h1>{html.escape(text)}</h1>" in page
 
 
 @pytest.mark.parametrize("kind", ["enc-self", "dec-self", "cross"])

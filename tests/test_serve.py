@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,7 +13,8 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from transformer.figures import attention_maps  # noqa: E402
-from transformer.serve import Batcher, Limits, create_app  # noqa: E402
+from transformer.config import ConfigError  # noqa: E402
+from transformer.serve import MAX_RESTARTS, Batcher, LimitError, Limits, create_app  # noqa: E402
 from transformer.translator import Translator  # noqa: E402
 
 LINES = ["A dog runs on the beach.", "Two men are talking.", "A girl in a red dress is jumping."]
@@ -94,12 +97,22 @@ def test_attention_endpoint_gives_the_models_weights(client, translator):
     assert r.status_code == 200
     data = r.json()
     maps = attention_maps(translator, LINES[0], "Ein Hund läuft.")
-    torch.testing.assert_close(torch.tensor(data["pieces"]["weights"]["enc_self"]), maps.weights["enc_self"],
-                               atol=1e-4, rtol=0)
-    assert data["pieces"]["src"] == maps.src and data["words"]["tgt_out"][-1] == "</s>"
+    for kind, weights in maps.weights.items():
+        got = torch.tensor(data["weights"][kind], dtype=torch.float32).view(data["shape"][kind]) / data["scale"]
+        torch.testing.assert_close(got, weights, atol=5e-4, rtol=0)
+    assert data["src"] == maps.src and data["tgt_out"][-1] == "</s>" and data["translation"] == "Ein Hund läuft."
     own = client.post("/v1/attention", json={"text": LINES[0]}).json()
     assert own["translation"] == translator.translate(LINES[:1])[0]
     assert client.post("/v1/attention", json={"text": "  "}).status_code == 422
+
+
+def test_attention_requests_are_bounded_in_pieces(translator):
+    with TestClient(create_app(translator, Limits(max_attention_pieces=8))) as c:
+        r = c.post("/v1/attention", json={"text": "a b c d e f g h i j"})
+        assert r.status_code == 422 and "more than the limit of 8" in r.json()["error"]
+        r = c.post("/v1/attention", json={"text": "a dog", "translation": "ein " * 20})
+        assert r.status_code == 422 and r.json()["error"].startswith("translation: ")
+        assert c.post("/v1/attention", json={"text": "a dog", "translation": "ein Hund"}).status_code == 200
 
 
 def test_health_page_and_openapi(client):
@@ -108,3 +121,109 @@ def test_health_page_and_openapi(client):
     assert page.status_code == 200 and "renderAttention" in page.text and "/v1/translate" in page.text
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/translate", "/v1/attention", "/health"} <= set(paths)
+
+
+def run_batcher(translator, limits: Limits, scenario):
+    """Runs ``scenario(batcher)`` on a fresh event loop with the batcher's supervised worker."""
+    async def main():
+        batcher = Batcher(translator, limits, ThreadPoolExecutor(1))
+        worker = asyncio.create_task(batcher.supervise())
+        try:
+            return batcher, await scenario(batcher)
+        finally:
+            worker.cancel()
+
+    return asyncio.run(main())
+
+
+def test_a_full_queue_refuses_at_once_with_retry_after(translator):
+    with TestClient(create_app(translator, Limits(max_queued=2))) as c:
+        r = c.post("/v1/translate", json={"text": LINES})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1" and "busy" in r.json()["error"]
+        assert c.post("/v1/translate", json={"text": LINES[:2]}).status_code == 200
+
+
+def test_a_request_not_decoded_within_its_deadline_gets_503_and_is_never_decoded(translator, monkeypatch):
+    decoded = []
+    real = translator.translate
+    monkeypatch.setattr(translator, "translate", lambda lines, *a, **k: decoded.extend(lines) or real(lines, *a, **k))
+
+    async def scenario(batcher):
+        gate = threading.Event()
+        batcher.executor.submit(gate.wait)  # the model thread is busy with something else
+        started = time.monotonic()
+        with pytest.raises(LimitError) as e:
+            await batcher.translate(["A late dog."], 2, 0.6)
+        waited = time.monotonic() - started
+        gate.set()
+        ok = await batcher.translate(["A dog."], 2, 0.6)
+        return e.value, waited, ok
+
+    batcher, (error, waited, ok) = run_batcher(translator, Limits(queue_timeout=0.3), scenario)
+    assert error.status == 503 and error.retry_after and 0.3 <= waited < 2
+    assert decoded == ["A dog."] and ok == real(["A dog."], 2, 0.6)  # the late one was dropped, not decoded
+    assert batcher.timed_out == 1 and batcher.dropped == 1
+
+
+def test_a_request_whose_client_left_is_dropped_before_decoding(translator, monkeypatch):
+    decoded = []
+    real = translator.translate
+    monkeypatch.setattr(translator, "translate", lambda lines, *a, **k: decoded.extend(lines) or real(lines, *a, **k))
+
+    async def scenario(batcher):
+        gate = threading.Event()
+        batcher.executor.submit(gate.wait)
+        gone = asyncio.get_running_loop().create_future()
+        waiting = asyncio.create_task(batcher.translate(["A gone dog."], 2, 0.6, gone))
+        await asyncio.sleep(0.05)
+        gone.set_result("http.disconnect")
+        with pytest.raises(LimitError):
+            await waiting
+        gate.set()
+        return await batcher.translate(["A dog."], 2, 0.6)
+
+    batcher, _ = run_batcher(translator, Limits(), scenario)
+    assert decoded == ["A dog."] and batcher.dropped == 1
+
+
+def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(translator, monkeypatch):
+    async def broken(self, batch):
+        raise RuntimeError("a bug in the worker")
+
+    monkeypatch.setattr(Batcher, "_decode", broken)
+
+    async def scenario(batcher):
+        errors = []
+        for _ in range(MAX_RESTARTS + 2):
+            with pytest.raises(LimitError) as e:
+                await batcher.translate(["A dog."], 2, 0.6)
+            errors.append(e.value)
+            await asyncio.sleep(0.01)
+        return errors
+
+    batcher, errors = run_batcher(translator, Limits(), scenario)
+    assert [e.status for e in errors] == [500] * (MAX_RESTARTS + 1) + [503]
+    assert "a bug in the worker" in errors[0].message and not batcher.alive
+    assert len(batcher.failures) == MAX_RESTARTS + 1
+
+
+def test_health_is_503_once_decoding_has_stopped(translator, monkeypatch):
+    async def broken(self, batch):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Batcher, "_decode", broken)
+    with TestClient(create_app(translator, Limits())) as c:
+        assert c.get("/health").status_code == 200
+        for _ in range(MAX_RESTARTS + 1):
+            assert c.post("/v1/translate", json={"text": ["A dog."]}).status_code == 500
+        health = c.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "error"
+        assert "RuntimeError: a bug" in health.json()["worker_failures"][-1]
+        assert c.post("/v1/translate", json={"text": ["A dog."]}).status_code == 503
+
+
+@pytest.mark.parametrize("field, value", [("max_queued", 0), ("queue_timeout", float("nan")),
+                                          ("max_wait_ms", float("inf")), ("max_connections", -1)])
+def test_limits_must_be_positive_and_finite(field, value):
+    with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')} must be a positive number"):
+        Limits(**{field: value})

@@ -7,11 +7,12 @@ Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a u
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
-from .config import EARLY_STOPS, ConfigError
+from .config import EARLY_STOPS, ConfigError, ServeLimits
 
 EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
 
@@ -331,13 +332,12 @@ def cmd_plot(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     try:
-        from .serve import Limits, serve
+        from .serve import serve
     except ImportError as e:
         raise ConfigError(f"serving needs the optional dependencies: pip install 'transformer[serve]' ({e})") from None
 
-    limits = Limits(max_body_bytes=args.max_body_bytes, max_sentences=args.max_sentences, max_chars=args.max_chars,
-                    max_beam=args.max_beam, max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms,
-                    batching=not args.no_batching, request_timeout=args.request_timeout)
+    limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)
+                            if "help" in f.metadata}, batching=not args.no_batching)
     serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8, args.device, _decode_overrides(args))
 
 
@@ -485,18 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
     _decode_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-batch-tokens", type=int, default=8192, help="source tokens x beam per decoding batch: "
-                   "the memory bound (default 8192)")
-    p.add_argument("--max-wait-ms", type=float, default=10.0, help="how long a request waits for others to "
-                   "batch with (default 10)")
     p.add_argument("--no-batching", action="store_true", help="decode one request at a time")
-    p.add_argument("--max-sentences", type=int, default=64, help="sentences per request (default 64)")
-    p.add_argument("--max-chars", type=int, default=1000, help="characters per sentence (default 1000)")
-    p.add_argument("--max-beam", type=int, default=16, help="largest beam a request may ask for (default 16)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
-    p.add_argument("--request-timeout", type=float, default=20.0, metavar="SECONDS", help="a request's headers "
-                   "and body must arrive within this time, else the connection is closed: slow or stalled clients "
-                   "cannot hold connections (default 20; idle keep-alive connections close after 5)")
+    for f in dataclasses.fields(ServeLimits):  # the limits' one source of defaults and help texts
+        if "help" in f.metadata:
+            p.add_argument("--" + f.name.replace("_", "-"), type=int if f.type == "int" else float, default=f.default,
+                           help=f"{f.metadata['help']} (default {f.default})")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("export", help="export a run's model to CTranslate2 (C++ inference)", epilog=EPILOG,

@@ -133,6 +133,38 @@ class DecodeConfig:
     constrained: bool = True
 
 
+def _limit(default: float | int, help: str) -> object:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one request to `transformer serve`, and all of them together, may cost; the defaults suit
+    a CPU server. The command line's --max-... options are these fields, with these defaults and help
+    texts (serve.py says what each bound does)."""
+
+    max_body_bytes: int = _limit(1 << 20, "request body limit in bytes")
+    max_sentences: int = _limit(64, "sentences per translation request")
+    max_chars: int = _limit(1000, "characters per sentence")
+    max_beam: int = _limit(16, "largest beam a request may ask for (the run's own beam is always allowed)")
+    max_batch_tokens: int = _limit(8192, "source tokens x beam per decoding batch: the memory bound")
+    max_wait_ms: float = _limit(10.0, "how long a request waits for others to batch with, in milliseconds")
+    max_queued: int = _limit(256, "sentences waiting to be decoded, all requests together; beyond, 503")
+    queue_timeout: float = _limit(30.0, "seconds a request may wait for its decoding to start; then 503")
+    max_attention_pieces: int = _limit(128, "pieces per side of an attention request (422 beyond)")
+    max_attention_queued: int = _limit(2, "attention requests in progress at once; beyond, 503")
+    max_connections: int = _limit(128, "connections served at once (uvicorn's limit; beyond, 503)")
+    request_timeout: float = _limit(20.0, "seconds for a request's headers and body to arrive, else the "
+                                          "connection is closed (slow or stalled clients hold nothing)")
+    batching: bool = True  # False: one request at a time (what the load benchmark compares against)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, bool) and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"--{f.name.replace('_', '-')} must be a positive number, got {value}")
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)

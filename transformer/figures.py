@@ -14,8 +14,10 @@ attention aligns with), a decoder self-attention column by the token that positi
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from .model import record_attention
 from .tokenizer import BOS_ID, EOS_ID
 
 KINDS = ("enc_self", "dec_self", "cross")
+SCALE = 1000  # attention weights travel as integers in thousandths (AttentionMaps.to_json)
 KIND_NAMES = {"enc-self": "enc_self", "dec-self": "dec_self", "cross": "cross"}  # CLI spelling -> key
 WEB = Path(__file__).parent / "web"
 
@@ -62,11 +65,15 @@ class AttentionMaps:
             weights[kind] = torch.stack([w[..., g, :].mean(-2) for g in rows], -2)  # mean over its query pieces
         return AttentionMaps(groups["src"][0], groups["tgt_in"][0], groups["tgt_out"][0], weights)
 
-    def to_json(self, decimals: int = 4) -> dict:
-        """Plain lists for the web page: {"src", "tgt_in", "tgt_out", "weights": {kind: [L][H][Tq][Tk]}}."""
-        scale = 10 ** decimals
-        return {"src": self.src, "tgt_in": self.tgt_in, "tgt_out": self.tgt_out,
-                "weights": {k: (torch.round(w * scale) / scale).tolist() for k, w in self.weights.items()}}
+    def to_json(self) -> dict:
+        """The compact form of the web page and the API: {"src", "tgt_in", "tgt_out", "scale": 1000,
+        "shape": {kind: [L, H, Tq, Tk]}, "weights": {kind: one flat list of integers}}, each weight in
+        thousandths (divide by "scale"), row-major over [layer, head, query, key]. Words are merged in
+        the page, not sent twice."""
+        return {"src": self.src, "tgt_in": self.tgt_in, "tgt_out": self.tgt_out, "scale": SCALE,
+                "shape": {k: list(w.shape) for k, w in self.weights.items()},
+                "weights": {k: torch.round(w * SCALE).to(torch.int32).flatten().tolist()
+                            for k, w in self.weights.items()}}
 
 
 def _word_groups(tokens: list[str]) -> tuple[list[str], list[list[int]]]:
@@ -167,21 +174,26 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
 
 def attention_html(maps: AttentionMaps, title: str = "attention") -> str:
     """A self-contained interactive page (no network): pick kind, layer, head, links or heatmaps,
-    pieces or words; hover a token to isolate its attention. Both piece and word maps are embedded."""
-    data = {"pieces": maps.to_json(), "words": maps.merged().to_json()}
-    payload = json.dumps(data).replace("</", "<\\/")  # no "</script>" inside the data
-    return web_page("attention.html", {"{{TITLE}}": title.replace("<", "&lt;"), "/*{{DATA}}*/null": payload})
+    pieces or words; hover a token to isolate its attention."""
+    return web_page("attention.html", {"{{TITLE}}": html.escape(title), "/*{{DATA}}*/null": script_json(maps.to_json())})
+
+
+def script_json(data: object) -> str:
+    """JSON that can sit inside a <script> element whatever its strings hold: <, > and & as \\u escapes,
+    so no "</script>", "<!--" or "]]>" of a user's sentence ends or changes the script."""
+    return json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def web_page(name: str, fields: dict[str, str]) -> str:
     """A page of ``web/`` with the attention viewer's style and script inlined (no network) and
-    ``fields`` filled in: the HTML figure and the server's page are built the same way."""
+    ``fields`` filled in, all in one pass: a value holding another field's placeholder stays as it
+    is. Values are inserted as given: the caller escapes them for where they go (``html.escape``,
+    ``script_json``). The HTML figure and the server's page are built the same way."""
     page = (WEB / name).read_text(encoding="utf-8")
     fields = {"/*{{STYLE}}*/": (WEB / "attention.css").read_text(encoding="utf-8"),
               "/*{{SCRIPT}}*/": (WEB / "attention.js").read_text(encoding="utf-8"), **fields}
-    for key, value in fields.items():
-        page = page.replace(key, value)
-    return page
+    pattern = re.compile("|".join(re.escape(key) for key in fields))
+    return pattern.sub(lambda m: fields[m.group(0)], page)
 
 
 def plot_training(metrics_path: Path, out: Path) -> list[str]:

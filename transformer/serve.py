@@ -3,22 +3,32 @@
 Requests from all clients are batched together: a request waits at most ``max_wait_ms`` for others
 to join it, and a batch holds at most ``max_batch_tokens`` source tokens x beam (the memory bound);
 one worker thread runs the model, so torch's own threads are never oversubscribed and a slow or
-bad request cannot stall the event loop. Limits answer with JSON errors: 413 body too large, 422
-too many sentences / too long a sentence / beam or alpha out of range / a wrong type or unknown key,
-400 malformed JSON. A
-request must arrive whole within ``request_timeout`` seconds, else its connection is closed, so slow
-or stalled clients (slowloris) cannot hold connections for ever; tests/reliability/test_server_abuse.py
-checks all of this against a real server.
+bad request cannot stall the event loop.
+
+No request can take the server down, and the work any one client can cause is bounded: at most
+``max_queued`` sentences wait for decoding (beyond, 503 with Retry-After at once), a request that has
+waited ``queue_timeout`` seconds without being decoded gets 503, a request whose client has gone is
+dropped before it is decoded, at most ``max_attention_queued`` attention requests are in progress
+(beyond, 503), an attention request holds at most ``max_attention_pieces`` pieces per side, and
+uvicorn serves at most ``max_connections`` connections (beyond, its own 503). If the decoding worker
+fails, the requests waiting for it get 500 and it is restarted; after ``MAX_RESTARTS`` failures the
+server answers 503 and /health says why. Other limits answer with JSON errors: 413 body too large,
+422 too many sentences / too long a sentence / beam or alpha out of range / a wrong type or unknown
+key, 400 malformed JSON. A request must arrive whole within ``request_timeout`` seconds, else its
+connection is closed, so slow or stalled clients (slowloris) cannot hold connections for ever;
+tests/reliability/test_server_abuse.py checks all of this against a real server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -28,26 +38,15 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from .config import ServeLimits as Limits
 from .figures import attention_maps, web_page
 from .translator import Translator
 
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for; the defaults suit a CPU server."""
-
-    max_body_bytes: int = 1 << 20
-    max_sentences: int = 64
-    max_chars: int = 1000
-    max_beam: int = 16
-    max_batch_tokens: int = 8192  # source tokens x beam per decoding batch: bounds memory
-    max_wait_ms: float = 10.0  # how long a request waits for others to batch with
-    batching: bool = True  # False: one request at a time (what the load benchmark compares against)
-    request_timeout: float = 20.0  # seconds for a request's headers and body to arrive (serve() only)
+MAX_RESTARTS = 3  # decoding worker failures after which the server stops decoding and says so
 
 
 class TranslateRequest(BaseModel):
@@ -71,9 +70,9 @@ class AttentionRequest(BaseModel):
 
 
 class LimitError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after: float | None = None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.retry_after = status, message, retry_after
 
 
 @dataclass
@@ -83,27 +82,70 @@ class _Pending:
     alpha: float
     tokens: int  # source tokens x beam
     future: asyncio.Future = field(repr=False)
+    started: bool = False  # taken into a batch: decoding it has begun
+    abandoned: bool = False  # its client went away or its wait timed out: never decoded
 
 
 class Batcher:
-    """Collects translation requests across clients and decodes them together (dynamic batching)."""
+    """Collects translation requests across clients and decodes them together (dynamic batching), with
+    bounded waiting: a full queue refuses at once, a long wait ends in a 503, a gone client's request
+    is dropped, and a failed worker is restarted (``supervise``)."""
 
     def __init__(self, translator: Translator, limits: Limits, executor: ThreadPoolExecutor):
         self.translator, self.limits, self.executor = translator, limits, executor
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self.batches = self.requests = 0
+        self.queued = 0  # sentences in the queue, abandoned ones included until the worker drops them
+        self.batches = self.requests = self.dropped = self.shed = self.timed_out = 0
+        self.failures: list[str] = []  # why the worker died, each time
+        self.alive = True  # False once supervise has given up restarting the worker
+        self.current: list[_Pending] = []  # taken from the queue by the worker, not yet answered
+        self.lock = threading.Lock()  # a request's started / abandoned flags, set from two threads
 
-    async def translate(self, lines: list[str], beam: int, alpha: float) -> list[str]:
+    async def translate(self, lines: list[str], beam: int, alpha: float,
+                        disconnected: asyncio.Future | None = None) -> list[str]:
+        """The translations of ``lines`` once decoded; LimitError (503) when the queue is full, the
+        wait for decoding passes ``queue_timeout``, or decoding has stopped. ``disconnected``
+        completes when the client goes away: the request is then dropped, not decoded."""
+        if not self.alive:
+            raise LimitError(503, f"decoding has stopped after {len(self.failures)} failures "
+                                  f"(last: {self.failures[-1] if self.failures else 'none'})")
+        if self.queued + len(lines) > self.limits.max_queued:
+            self.shed += 1
+            raise LimitError(503, f"busy: {self.queued} sentences are waiting to be decoded (the limit is "
+                                  f"{self.limits.max_queued}); try again shortly", retry_after=1)
         tokens = beam * sum(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
-        future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Pending(lines, beam, alpha, tokens, future))
-        return await future
+        pending = _Pending(lines, beam, alpha, tokens, asyncio.get_running_loop().create_future())
+        self.queued += len(lines)
+        await self.queue.put(pending)
+        watch = {pending.future} | ({disconnected} if disconnected else set())
+        done, _ = await asyncio.wait(watch, timeout=self.limits.queue_timeout, return_when=asyncio.FIRST_COMPLETED)
+        with self.lock:  # against the model thread starting it at this moment (_decode)
+            late = pending.future not in done and not pending.started
+            pending.abandoned = late
+        if late:
+            if disconnected is not None and disconnected in done:
+                raise LimitError(499, "the client went away")
+            self.timed_out += 1
+            raise LimitError(503, f"waited {self.limits.queue_timeout:g} s without being decoded (the server is "
+                                  "busy); try again shortly", retry_after=max(1, round(self.limits.queue_timeout)))
+        return await pending.future  # decoding had begun: a batch's time is bounded by its size
+
+    def _take(self, pending: _Pending) -> bool:
+        """Counts ``pending`` out of the queue; whether it is still to be decoded."""
+        self.queued -= len(pending.lines)
+        if pending.abandoned or pending.future.done():
+            self.dropped += 1
+            return False
+        return True
 
     async def run(self) -> None:
         held: _Pending | None = None  # a request that did not fit the previous batch
         while True:
             first = held or await self.queue.get()
+            if held is None and not self._take(first):
+                continue
             held, batch = None, [first]
+            self.current = [first]  # taken from the queue, not yet answered: failed if the worker dies
             budget = self.limits.max_batch_tokens - first.tokens
             deadline = time.monotonic() + self.limits.max_wait_ms / 1000
             while self.limits.batching:
@@ -111,38 +153,81 @@ class Batcher:
                     nxt = await asyncio.wait_for(self.queue.get(), max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
                     break
+                if not self._take(nxt):
+                    continue
+                self.current.append(nxt)
                 if (nxt.beam, nxt.alpha) != (first.beam, first.alpha) or nxt.tokens > budget:
                     held = nxt
                     break
                 batch.append(nxt)
                 budget -= nxt.tokens
-            await self._decode(batch)
+            batch = [p for p in batch if not p.abandoned]  # gone while the batch was filling
+            if batch:
+                await self._decode(batch)
+            self.current = [held] if held else []
 
     async def _decode(self, batch: list[_Pending]) -> None:
-        lines = [line for p in batch for line in p.lines]
         beam, alpha = batch[0].beam, batch[0].alpha
-        longest = max(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
-        batch_size = max(1, self.limits.max_batch_tokens // (beam * longest))
         self.batches += 1
-        self.requests += len(batch)
+
+        def job() -> tuple[list[_Pending], list[str]]:
+            """In the model thread: the requests still wanted when it gets to them are started and decoded."""
+            with self.lock:
+                live = [p for p in batch if not p.abandoned]
+                for p in live:
+                    p.started = True
+            lines = [line for p in live for line in p.lines]
+            if not lines:
+                return live, []
+            longest = max(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
+            batch_size = max(1, self.limits.max_batch_tokens // (beam * longest))
+            return live, self.translator.translate(lines, beam, alpha, None, batch_size)
+
         try:
-            outputs = await asyncio.get_running_loop().run_in_executor(
-                self.executor, lambda: self.translator.translate(lines, beam, alpha, None, batch_size))
+            live, outputs = await asyncio.get_running_loop().run_in_executor(self.executor, job)
         except Exception as e:  # noqa: BLE001  every waiting client gets the error, the server goes on
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(e)
             return
+        self.requests += len(live)
+        self.dropped += len(batch) - len(live)
         start = 0
-        for p in batch:
-            if not p.future.done():  # a client that went away has a cancelled future
+        for p in live:
+            if not p.future.done():
                 p.future.set_result(outputs[start: start + len(p.lines)])
             start += len(p.lines)
+
+    async def supervise(self) -> None:
+        """Runs the worker; when it fails, every request waiting for it gets a 500, and it is restarted,
+        at most MAX_RESTARTS times: then decoding stops and /health and every request say so."""
+        while True:
+            try:
+                await self.run()
+            except Exception as e:  # noqa: BLE001  a bug in the worker itself, not in one batch's decoding
+                self.failures.append(f"{type(e).__name__}: {e}")
+                failure = LimitError(500, f"the decoding worker failed ({self.failures[-1]}); it is restarted")
+                while not self.queue.empty():
+                    p = self.queue.get_nowait()
+                    self.queued -= len(p.lines)
+                    if not p.future.done():
+                        p.future.set_exception(failure)
+                for p in self.current:  # taken from the queue, never answered
+                    if not p.future.done():
+                        p.future.set_exception(failure)
+                self.current = []
+                if len(self.failures) > MAX_RESTARTS:
+                    self.alive = False
+                    return
+
+    def health(self) -> dict:
+        return {"queued_sentences": self.queued, "batches": self.batches, "requests": self.requests,
+                "dropped_gone_or_late": self.dropped, "refused_busy": self.shed, "timed_out": self.timed_out,
+                "worker_failures": self.failures}
 
 
 class BodyLimit:
     """ASGI middleware: refuses a body over ``limit`` bytes with 413, whether or not it says its length."""
-
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
 
@@ -188,11 +273,14 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     """The ASGI app; ``uvicorn`` serves it, tests call it in-process."""
     executor = ThreadPoolExecutor(1, thread_name_prefix="model")
     state: dict[str, Batcher] = {}
+    attention_slots = asyncio.Semaphore(limits.max_attention_queued)
+    decode = translator.cfg.decode
+    max_beam = max(limits.max_beam, decode.beam_size)  # the run's own beam (21 for parsing, §6.3) is allowed
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         state["batcher"] = batcher = Batcher(translator, limits, executor)
-        worker = asyncio.create_task(batcher.run())
+        worker = asyncio.create_task(batcher.supervise())
         yield
         worker.cancel()
         executor.shutdown(wait=False)
@@ -201,7 +289,6 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
                   description="Translation with the Transformer of 'Attention Is All You Need' (beam search, "
                               "§6.1) and its attention weights (appendix figures).")
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
-    decode = translator.cfg.decode
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -214,7 +301,8 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
 
     @app.exception_handler(LimitError)
     async def limited(request: Request, exc: LimitError) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        headers = {"Retry-After": str(round(exc.retry_after))} if exc.retry_after else None
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -227,46 +315,67 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
             raise LimitError(422, f"{where}: {len(text)} characters, more than the limit of {limits.max_chars}")
 
     @app.post("/v1/translate", response_model=TranslateResponse)
-    async def translate(req: TranslateRequest) -> TranslateResponse:
+    async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
         """Translate sentences with beam search; requests from all clients are decoded together."""
         if len(req.text) > limits.max_sentences:
             raise LimitError(422, f"text: {len(req.text)} sentences, more than the limit of {limits.max_sentences}")
         for i, line in enumerate(req.text):
             check_sentence(line, f"text[{i}]")
         beam = decode.beam_size if req.beam is None else req.beam
-        if not 1 <= beam <= limits.max_beam:
-            raise LimitError(422, f"beam: {beam} is outside 1..{limits.max_beam}")
+        if not 1 <= beam <= max_beam:
+            raise LimitError(422, f"beam: {beam} is outside 1..{max_beam}")
         lines = [" ".join(line.split()) for line in req.text]  # a sentence is one line
         todo = [line for line in lines if line]
-        outputs = iter(await state["batcher"].translate(todo, beam, decode.alpha if req.alpha is None else req.alpha)
-                       if todo else [])
-        return TranslateResponse(translations=[next(outputs) if line else "" for line in lines])
+        outputs: list[str] = []
+        if todo:
+            # once the body is read, the next message from the client is its leaving (http.disconnect)
+            gone = asyncio.ensure_future(request.receive())
+            try:
+                outputs = await state["batcher"].translate(todo, beam, decode.alpha if req.alpha is None
+                                                           else req.alpha, gone)
+            finally:
+                gone.cancel()
+        answers = iter(outputs)
+        return TranslateResponse(translations=[next(answers) if line else "" for line in lines])
 
     @app.post("/v1/attention")
-    async def attention(req: AttentionRequest) -> dict:
-        """Every layer's attention weights for one sentence pair, as the page draws them: {"translation",
-        "pieces": maps, "words": maps}, maps = {src, tgt_in, tgt_out, weights: {kind: [layer][head][query][key]}}."""
+    async def attention(req: AttentionRequest) -> Response:
+        """Every layer's attention weights for one sentence pair, in the compact form the page draws:
+        {"translation", "src", "tgt_in", "tgt_out", "scale", "shape": {kind: [L, H, Tq, Tk]},
+        "weights": {kind: flat integers}}; weight = integer / scale (figures.AttentionMaps.to_json)."""
         check_sentence(req.text, "text")
         if not req.text.strip():
             raise LimitError(422, "text: empty sentence")
         if req.translation is not None:
             check_sentence(req.translation, "translation")
+        for where, text in (("text", req.text), ("translation", req.translation)):
+            if text is not None and (n := len(translator.tokenizer.pieces(text.strip()))) + 1 > limits.max_attention_pieces:
+                raise LimitError(422, f"{where}: {n} pieces and EOS, more than the limit of "
+                                      f"{limits.max_attention_pieces} (--max-attention-pieces)")
+        if attention_slots.locked():
+            raise LimitError(503, f"busy: {limits.max_attention_queued} attention requests are in progress; "
+                                  "try again shortly", retry_after=1)
+        async with attention_slots:
+            def run() -> dict:
+                tgt = req.translation if req.translation is not None else translator.translate([req.text])[0]
+                if (n := len(translator.tokenizer.pieces(tgt.strip()))) + 1 > limits.max_attention_pieces:
+                    raise LimitError(422, f"the model's translation has {n} pieces and EOS, more than the limit "
+                                          f"of {limits.max_attention_pieces}: send a shorter text, or a translation")
+                return {"translation": tgt, **attention_maps(translator, req.text, tgt).to_json()}
 
-        def run() -> dict:
-            tgt = req.translation if req.translation is not None else translator.translate([req.text])[0]
-            maps = attention_maps(translator, req.text, tgt)
-            return {"translation": tgt, "pieces": maps.to_json(), "words": maps.merged().to_json()}
-
-        return await asyncio.get_running_loop().run_in_executor(executor, run)
+            maps = await asyncio.get_running_loop().run_in_executor(executor, run)
+            body = await asyncio.to_thread(lambda: json.dumps(maps).encode())  # MBs: not on the event loop
+        return Response(body, media_type="application/json")
 
     @app.get("/health")
-    async def health() -> dict:
+    async def health() -> JSONResponse:
         batcher = state.get("batcher")
-        return {"status": "ok", "model": name, "queued": batcher.queue.qsize() if batcher else 0,
-                "batches": batcher.batches if batcher else 0, "requests": batcher.requests if batcher else 0}
+        ok = batcher is not None and batcher.alive
+        return JSONResponse({"status": "ok" if ok else "error", "model": name, **(batcher.health() if batcher else {})},
+                            status_code=200 if ok else 503)
 
-    page = web_page("index.html", {"{{TITLE}}": name.replace("<", "&lt;"), "{{BEAM}}": str(decode.beam_size),
-                                   "{{ALPHA}}": str(decode.alpha)})
+    page = web_page("index.html", {"{{TITLE}}": html.escape(name), "{{BEAM}}": str(decode.beam_size),
+                                   "{{MAX_BEAM}}": str(max_beam), "{{ALPHA}}": str(decode.alpha)})
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:
@@ -334,7 +443,7 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
     app = create_app(translator, limits, name=Path(run_dir).resolve().name)
     print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", http=deadline_protocol(limits.request_timeout),
-                timeout_keep_alive=5)
+                timeout_keep_alive=5, limit_concurrency=limits.max_connections)
 
 
 def start_server(run_dir: Path, options: Sequence[str] = (), timeout: float = 120) -> tuple[subprocess.Popen, str]:

@@ -1,13 +1,17 @@
 // Attention viewer shared by `transformer attention --out FILE.html` and the page of `transformer serve`.
-// data = {pieces: maps, words: maps}; maps = {src, tgt_in, tgt_out, weights: {kind: [layer][head][query][key]}}.
+// maps = {src, tgt_in, tgt_out, scale, shape: {kind: [L, H, Tq, Tk]}, weights: {kind: flat integers}} (the
+// compact form of figures.AttentionMaps.to_json: weight = integer / scale, row-major over [layer][head][query][key]).
 // Links view: one colour per head, a line from each query token (left) to each key token (right), opacity =
 // weight (the paper's Figure 3). Heatmap view: one matrix per head (Figures 4-5). Hover a token to isolate it.
+// Words: a piece starting with ▁ (or a special token) starts a word; a word's weight as a key is the sum over
+// its pieces, as a query the mean (figures.AttentionMaps.merged, which draws the PNG figures, does the same).
 "use strict";
 
 const KINDS = {enc_self: "encoder self-attention", dec_self: "decoder self-attention", cross: "encoder-decoder attention"};
 const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                  "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"];
 const SVG = "http://www.w3.org/2000/svg";
+const ROWS = {enc_self: "src", dec_self: "tgt_out", cross: "tgt_out"}, COLS = {enc_self: "src", dec_self: "tgt_in", cross: "src"};
 
 function el(tag, attrs, parent, ns) {
   const node = ns ? document.createElementNS(ns, tag) : document.createElement(tag);
@@ -19,10 +23,51 @@ function el(tag, attrs, parent, ns) {
 }
 
 function axes(maps, kind) {
-  return {enc_self: [maps.src, maps.src], dec_self: [maps.tgt_out, maps.tgt_in], cross: [maps.tgt_out, maps.src]}[kind];
+  return [maps[ROWS[kind]], maps[COLS[kind]]];
 }
 
-function renderAttention(root, data) {
+// the compact maps as nested arrays of weights: weights[kind][layer][head][query][key]
+function unpack(maps) {
+  const out = {src: maps.src, tgt_in: maps.tgt_in, tgt_out: maps.tgt_out, weights: {}};
+  for (const [kind, flat] of Object.entries(maps.weights)) {
+    const [nL, nH, nQ, nK] = maps.shape[kind];
+    let i = 0;
+    out.weights[kind] = Array.from({length: nL}, () => Array.from({length: nH}, () => Array.from({length: nQ}, () =>
+      Array.from({length: nK}, () => flat[i++] / maps.scale))));
+  }
+  return out;
+}
+
+function wordGroups(tokens) {
+  const words = [], groups = [];
+  tokens.forEach((tok, i) => {
+    const special = tok === "<s>" || tok === "</s>";
+    if (!groups.length || special || tok.startsWith("\u2581") || ["<s>", "</s>"].includes(words[words.length - 1])) {
+      words.push(tok.replace(/^\u2581/, "") || tok);
+      groups.push([i]);
+    } else {
+      words[words.length - 1] += tok;
+      groups[groups.length - 1].push(i);
+    }
+  });
+  return [words, groups];
+}
+
+function mergeWords(maps) {
+  const groups = {};
+  for (const side of ["src", "tgt_in", "tgt_out"]) groups[side] = wordGroups(maps[side]);
+  const out = {src: groups.src[0], tgt_in: groups.tgt_in[0], tgt_out: groups.tgt_out[0], weights: {}};
+  for (const [kind, w] of Object.entries(maps.weights)) {
+    const rows = groups[ROWS[kind]][1], cols = groups[COLS[kind]][1];
+    out.weights[kind] = w.map(layer => layer.map(head => rows.map(r => cols.map(c =>
+      r.reduce((sum, q) => sum + c.reduce((s, k) => s + head[q][k], 0), 0) / r.length))));
+  }
+  return out;
+}
+
+function renderAttention(root, maps) {
+  const pieces = unpack(maps);
+  const data = {pieces: pieces, words: mergeWords(pieces)};
   root.innerHTML = "";
   root.classList.add("attn");
   const controls = el("div", {class: "attn-controls"}, root);
