@@ -76,3 +76,92 @@ def test_page_translates_and_shows_attention(server, browser):
     browser.find_element(By.ID, "beam").send_keys("99")
     browser.find_element(By.ID, "go").click()
     wait.until(lambda b: "beam: 99 is outside" in b.find_element(By.ID, "error").text)
+
+
+def test_words_view_merges_pieces_as_the_png_figures_do(server, browser, tiny_run):
+    """The page merges sub-words itself (the API sends pieces only): its word labels and weights are
+    figures.AttentionMaps.merged's, which draws the PNG figures."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from transformer.figures import attention_maps
+    from transformer.translator import Translator
+
+    source = "A dog runs on the beach with its owner."
+    browser.get(server + "/")
+    browser.find_element(By.ID, "source").send_keys(source)
+    browser.find_element(By.ID, "go").click()
+    WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#attention svg line"))
+    for option in ("select[name='unit'] option[value='words']", "select[name='style'] option[value='heatmap']",
+                   "select[name='kind'] option[value='cross']", "select[name='head'] option[value='0']"):
+        browser.find_element(By.CSS_SELECTOR, option).click()
+    translation = browser.find_element(By.ID, "translation").text
+    words = attention_maps(Translator(tiny_run, log=lambda m: None), source, translation).merged()
+    rows = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#attention text.attn-token[data-side='q']")]
+    assert rows == words.tgt_out
+    cells = [float(r.get_attribute("data-weight")) for r in browser.find_elements(By.CSS_SELECTOR, "#attention rect")]
+    expected = words.weights["cross"][0, 0].flatten().tolist()  # layer 1, head 1
+    assert len(cells) == len(expected) and max(abs(a - b) for a, b in zip(cells, expected)) < 2e-3
+
+
+HOSTILE = "</script><script>window.pwned = 1</script><!--<script> & &amp; /*{{DATA}}*/null {{TITLE}}"
+
+
+def test_hostile_text_shows_as_written_and_runs_nothing(server, browser, tiny_run, tmp_path):
+    """A sentence made to break out of its place, in the HTML figure (title and data) and through the
+    server's page: no script of its own runs, and the text shows as written."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from transformer.figures import attention_html, attention_maps
+    from transformer.translator import Translator
+
+    figure = tmp_path / "attention.html"
+    maps = attention_maps(Translator(tiny_run, log=lambda m: None), HOSTILE, HOSTILE)
+    figure.write_text(attention_html(maps, HOSTILE), encoding="utf-8")
+    browser.get(figure.as_uri())
+    assert browser.execute_script("return window.pwned") is None
+    assert browser.find_element(By.TAG_NAME, "h1").text == HOSTILE
+    assert browser.title == HOSTILE
+    assert browser.find_elements(By.CSS_SELECTOR, "#attention svg line")  # the viewer ran on the data
+
+    browser.get(server + "/")
+    browser.find_element(By.ID, "source").send_keys(HOSTILE)
+    browser.find_element(By.ID, "go").click()
+    WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#attention svg line")
+                                     or b.find_element(By.ID, "error").text)
+    assert browser.find_element(By.ID, "error").text == ""
+    assert browser.execute_script("return window.pwned") is None
+
+
+@pytest.fixture
+def parse_server(multi30k, tmp_path):
+    """A tiny parsing run (§6.3: beam 21, beyond the server's default --max-beam of 16) being served."""
+    from transformer.config import load_config
+    from transformer.serve import start_server
+    from transformer.train import train
+
+    cfg = load_config("configs/ptb_sample_parse.toml", [
+        "model.n_enc_layers=1", "model.n_dec_layers=1", "model.d_model=32", "model.d_ff=64", "data.vocab_size=800",
+        "train.max_steps=20", "train.max_minutes=0", "train.save_every=10", "train.threads=1", "train.eval_every=1000",
+        "decode.max_len_offset=40"])
+    train(cfg, tmp_path / "parse", quiet=True)
+    proc, url = start_server(tmp_path / "parse", timeout=60)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_the_page_serves_a_parsing_run_with_its_own_beam(parse_server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(parse_server + "/")
+    assert browser.find_element(By.ID, "beam").get_attribute("value") == "21"
+    browser.find_element(By.ID, "source").send_keys("The dog barked .")
+    browser.find_element(By.ID, "go").click()
+    WebDriverWait(browser, 120).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#attention svg line")
+                                      or b.find_element(By.ID, "error").text)
+    assert browser.find_element(By.ID, "error").text == ""
+    tree = browser.find_element(By.ID, "translation").text
+    assert tree.startswith("(") and all(word in tree for word in ("The", "dog", "barked"))

@@ -234,8 +234,8 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
     for path in reversed(list_checkpoints(run_dir)):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
-            train, state = record["config"]["train"], record["train_state"]
-            if newer is not None:
+            train, state = record.get("config", {}).get("train", {}), record.get("train_state")
+            if newer is not None and state is not None and train:
                 if train["save_every"]:
                     gap, interval = newer["step"] - state["step"], train["save_every"]
                 else:

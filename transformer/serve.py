@@ -9,8 +9,8 @@ No request can take the server down, and the work any one client can cause is bo
 ``max_queued`` sentences wait for decoding (beyond, 503 with Retry-After at once), a request that has
 waited ``queue_timeout`` seconds without being decoded gets 503, a request whose client has gone is
 dropped before it is decoded, at most ``max_attention_queued`` attention requests are in progress
-(beyond, 503), an attention request holds at most ``max_attention_pieces`` pieces per side, and
-uvicorn serves at most ``max_connections`` connections (beyond, its own 503). If the decoding worker
+(beyond, 503), an attention request holds at most ``max_attention_pieces`` pieces per side, and a
+connection opened while ``max_connections`` are open gets 503 for its request. If the decoding worker
 fails, the requests waiting for it get 500 and it is restarted; after ``MAX_RESTARTS`` failures the
 server answers 503 and /health says why. Other limits answer with JSON errors: 413 body too large,
 422 too many sentences / too long a sentence / beam or alpha out of range / a wrong type or unknown
@@ -384,13 +384,26 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     return app
 
 
-def deadline_protocol(seconds: float) -> type:
+async def _busy(scope, receive, send) -> None:
+    """The ASGI app that answers a connection over --max-connections: 503, try again in a second."""
+    body = json.dumps({"error": "busy: too many connections are open; try again shortly"}).encode()
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"retry-after", b"1"), (b"connection", b"close"),
+        (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def deadline_protocol(seconds: float, max_connections: int) -> type:
     """uvicorn's h11 protocol with a deadline: while the server waits for a request (from the connection's
     opening, or the end of the previous response, until the request's last body byte), at most ``seconds``
     may pass, else the connection is closed. uvicorn itself only closes keep-alive connections idle between
     requests: a client that trickles its headers or stalls mid-body (slowloris) would hold its connection
     and buffers for ever. Decoding time does not count. Always h11: uvicorn's httptools protocol, picked
-    when httptools is installed, would need its own version."""
+    when httptools is installed, would need its own version.
+
+    A connection opened while ``max_connections`` others are open gets 503 for its request (read whole,
+    so the client sees the answer) and is closed; the earlier ones are served. uvicorn's own
+    limit_concurrency counts at request time, so a burst of connections would refuse them all."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -401,6 +414,8 @@ def deadline_protocol(seconds: float) -> type:
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                self.app = _busy
             self._start()
 
         def on_response_complete(self) -> None:
@@ -442,8 +457,8 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
     translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode)
     app = create_app(translator, limits, name=Path(run_dir).resolve().name)
     print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", http=deadline_protocol(limits.request_timeout),
-                timeout_keep_alive=5, limit_concurrency=limits.max_connections)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,
+                http=deadline_protocol(limits.request_timeout, limits.max_connections))
 
 
 def start_server(run_dir: Path, options: Sequence[str] = (), timeout: float = 120) -> tuple[subprocess.Popen, str]:

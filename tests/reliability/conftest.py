@@ -37,9 +37,10 @@ class Ledger:
 
     faults: dict[str, list[bool]] = field(default_factory=dict)  # kind -> one outcome per time it was done
     foreign_files: dict[str, bool] = field(default_factory=dict)  # file (by name and content) -> refused
-    fuzzed: set[str] = field(default_factory=set)  # distinct generated inputs
+    fuzzed: set[str] = field(default_factory=set)  # distinct hostile inputs tried
     lines_lost: int = 0
     partial_checkpoints_seen: int = 0
+    measured: dict[str, float] = field(default_factory=dict)  # the server's worst cases (``measure``)
 
     def fault(self, kind: str, survived: bool) -> bool:
         self.faults.setdefault(kind, []).append(bool(survived))
@@ -60,13 +61,19 @@ class Ledger:
         self.foreign_files[key] = self.foreign_files.get(key, True) and bool(refused)
         return bool(refused)
 
-    def outputs(self, inputs: list[str], outputs: list[str], generated: bool = True) -> int:
-        """Counts the inputs (when generated, not fixed) and the lines lost on the way; returns the loss."""
-        if generated:
+    def outputs(self, inputs: list[str], outputs: list[str], hostile: bool = True) -> int:
+        """Counts the distinct hostile inputs (generated, or from the fixed corpus of nasty lines) and the
+        lines lost on the way; returns the loss."""
+        if hostile:
             self.fuzzed.update(inputs)
         lost = max(len(inputs) - len(outputs), 0)
         self.lines_lost += lost
         return lost
+
+    def measure(self, name: str, value: float, combine=max) -> float:
+        """Keeps the worst (``max``) or the total (``sum``) of a measurement over the run."""
+        self.measured[name] = combine([self.measured[name], value]) if name in self.measured else value
+        return value
 
     def checkpoints(self, run: Path) -> int:
         """Inspects every committed checkpoint of ``run`` (a JSON record names it) and counts those whose
@@ -87,7 +94,7 @@ class Ledger:
                 "faults_survived": sum(all(outcomes) for outcomes in self.faults.values()),
                 "lines_lost": self.lines_lost, "partial_checkpoints_seen": self.partial_checkpoints_seen,
                 "foreign_files_refused": sum(self.foreign_files.values()), "foreign_files": len(self.foreign_files),
-                "fuzz_inputs": len(self.fuzzed),
+                "fuzz_inputs": len(self.fuzzed), **{k: round(v, 1) for k, v in sorted(self.measured.items())},
                 "fault_kinds": {kind: {"done": len(o), "survived": sum(o)} for kind, o in sorted(self.faults.items())}}
 
 
@@ -168,7 +175,7 @@ def write_summary(results: Path, ledger: Ledger, passed: bool, failed: list[str]
                "versions": {"python": platform.python_version(), "torch": torch.__version__}}
     results.mkdir(parents=True, exist_ok=True)
     (results / "reliability.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    rows = "\n".join(f"| {k} | {summary[k]} |" for k in ("passed", *KEYS))
+    rows = "\n".join(f"| {k} | {summary[k]} |" for k in ("passed", *KEYS, *sorted(ledger.measured)))
     kinds = "\n".join(f"| {kind} | {v['done']} | {v['survived']} |" for kind, v in summary["fault_kinds"].items())
     (results / "reliability.md").write_text(
         f"# Reliability suite ({summary['tests']} tests, {summary['date']})\n\n`{command}` (run from the "

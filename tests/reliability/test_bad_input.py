@@ -90,6 +90,40 @@ def test_nul_crlf_and_unicode_separators_keep_pairs_aligned(tmp_path, ledger):
         assert proc.returncode == 0, proc.stderr[-1500:]
 
 
+def nasty_lines() -> list[str]:
+    """A fixed corpus of hostile lines, ~500: every control character, Unicode's separators, invisibles
+    and bidirectional controls, combining-mark floods, emoji sequences, astral and private-use code
+    points, a sample of every block of the Basic Multilingual Plane, long words and lines, and text
+    that means something to shells, SQL, HTML and format strings."""
+    lines = [f"a{chr(c)}b" for c in range(0x20) if c != 0x0A] + [f"a{chr(c)}b" for c in range(0x7F, 0xA0)]
+    lines += [f"x{ch}y z" for ch in "\u2028\u2029\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u3000\u00a0\u202f\u205f\u3164"]
+    lines += [f"{ch}abc def" for ch in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"]
+    lines += ["e" + "\u0301" * n for n in (1, 10, 100, 500)] + ["\u0301 start", "\ufeff", "\ufeff\ufeff a"]
+    lines += ["\U0001F469\u200d\U0001F469\u200d\U0001F467", "\U0001F44D\U0001F3FD", "\U0001F3F3\ufe0f\u200d\U0001F308",
+              "\U0001F600" * 200, "\U0001F1E9\U0001F1EA flags \U0001F1FA\U0001F1F8"]
+    lines += [chr(cp) * 3 for cp in (0x10000, 0x1D11E, 0x20000, 0x2A6D6, 0xE0001, 0xE0041, 0xF0000, 0x10FFFD, 0xFFFD)]
+    lines += [chr(block + i) * 2 + " " + "".join(chr(block + j) for j in range(8)) for block in range(0x100, 0xD800, 0x80)
+              for i in (0,)]
+    lines += ["x" * n for n in (1, 255, 256, 257, 999)] + [" ".join(["word"] * n) for n in (100, 300)]
+    lines += ["a" * 200 + " " + "b" * 200, "0" * 500, "1e309 -1e309 NaN Infinity", "3.14159" * 50]
+    lines += ["$(rm -rf /)", "`reboot`", "; DROP TABLE t; --", "' OR '1'='1", "../../../etc/passwd", "%s %d %n {0} {{x}}",
+              "<script>alert(1)</script>", "</script><!--", "&amp;&lt;&#0;", "]]><![CDATA[", "{{DATA}} /*{{SCRIPT}}*/",
+              "null", "None", "[]", "{}", '"', "'", "\\", "\\n", "\t\t\t", " leading", "trailing ", "  inner   spaces  "]
+    return list(dict.fromkeys(lines))
+
+
+NASTY = nasty_lines()
+
+
+def test_a_fixed_corpus_of_nasty_lines_translates_line_for_line(fuzz_translator, ledger):
+    for start in range(0, len(NASTY), 64):
+        inputs = NASTY[start: start + 64]
+        outputs = fuzz_translator.translate(inputs, beam_size=2)
+        assert ledger.outputs(inputs, outputs) == 0 and len(outputs) == len(inputs)
+        assert all("\n" not in o for o in outputs)
+        assert all(o == "" for t, o in zip(inputs, outputs) if not t.strip())
+
+
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=60)
 # arbitrary lines (no newline inside: a line is what the input file's reader gives), with emoji, RTL,
 # control characters, blank and very long lines drawn often; the server test draws from it too
@@ -97,7 +131,7 @@ LINES = st.lists(st.one_of(TEXT, st.sampled_from(["", "   ", "🙂🙂 👍", "�
                  min_size=1, max_size=6)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(LINES)
 def test_translation_never_loses_or_reorders_a_line(fuzz_translator, ledger, inputs):
     outputs = fuzz_translator.translate(inputs, beam_size=2)
@@ -125,5 +159,5 @@ def test_translate_command_keeps_every_line(tmp_path, fuzz_run, ledger):
     assert proc.returncode == 0, proc.stderr[-1500:]
     out = proc.stdout.split("\n")
     assert out[-1] == ""
-    assert ledger.outputs(inputs, out[:-1], generated=False) == 0 and len(out) - 1 == len(inputs)
+    assert ledger.outputs(inputs, out[:-1], hostile=False) == 0 and len(out) - 1 == len(inputs)
     assert out[1] == ""

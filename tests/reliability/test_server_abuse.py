@@ -49,7 +49,7 @@ def client(fuzz_translator: Translator) -> Iterator[TestClient]:
         yield c
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(SENTENCES)
 def test_server_never_loses_or_reorders_a_sentence(client, fuzz_translator, ledger, texts):
     """The documented contract: one translation per sentence, in order; a sentence's whitespace runs
