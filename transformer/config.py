@@ -74,7 +74,7 @@ class DataConfig:
     test_tok_ref: str = ""  # tokenized lowercased reference for the literature's BLEU (optional)
     vocab_size: int = 37000  # joint BPE vocabulary (§5.1: "about 37000 tokens" for EN-DE)
     spm_input_sentences: int = 2_000_000  # sentences sampled to train sentencepiece
-    max_len: int = 256  # training pairs longer than this on either side (in pieces) are skipped (A10)
+    max_len: int = 256  # a training pair with a side of more pieces than this, EOS included, is skipped (A10)
 
 
 @dataclass

@@ -187,8 +187,8 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
     Early stop: a sentence is done once its best finished score >= best alive raw log-prob /
     lp(max_len): log-probs only fall and, for α >= 0, lp is largest at max_len, so no continuation
     could score higher. Like the authors' code (TH ``stop_early``, A11), the best finished one is
-    compared, and EOS candidates anywhere in the top 2·beam are finished, so beam 1 can return a
-    shorter, better-scoring hypothesis than greedy search.
+    compared. Unlike it, only EOS candidates within the step's top ``beam`` are finished
+    (``beam_step``, a documented deviation), so beam 1 is exactly greedy search.
 
     ``constraint`` (not in the paper) keeps the tokens it does not allow at -inf at every step; EOS is
     forced at the length limit all the same.

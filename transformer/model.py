@@ -398,6 +398,8 @@ class Transformer(nn.Module):
 
     def final_norm(self, x: Tensor, name: str) -> Tensor:
         """The stack's closing LayerNorm under pre-norm; post-norm layers already end normalised."""
+        # DEVIATION(§3.1): pre-norm (model.norm = "pre") sums un-normalised residuals, so each stack
+        # ends with a LayerNorm of its own, as the authors' later code does (A0); post-norm has none
         return self._modules[name](x) if name in self._modules else x
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
