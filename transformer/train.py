@@ -143,13 +143,17 @@ def vocabulary_inputs(cfg: Config, src: Path, tgt: Path) -> dict[str, Any]:
             "task": d.task}
 
 
-def open_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Tokenizer:
+def open_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log, resuming: bool) -> Tokenizer:
     """The run folder's vocabulary: ``path`` when it was trained from what ``cfg`` asks for (the record
     beside it says), a new one when there is none. A vocabulary left by an earlier attempt with other
-    data or settings is refused with the differences, never reused for a model it does not fit."""
+    data or settings is refused with the differences, never reused for a model it does not fit.
+    ``resuming`` a run with checkpoints: its vocabulary is the checkpoints' (their records hold its
+    sha256), whatever changes --allow-config-change let through."""
     if not path.exists():
         return train_vocabulary(cfg, src, tgt, path, log)
     record = path.with_suffix(".json")
+    if resuming:
+        return Tokenizer(path)
     if not record.exists():
         log(f"{path}: no record of what it was trained from ({record.name}); using it as it is")
         return Tokenizer(path)
@@ -209,7 +213,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt)
-        tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log)
+        tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log, resuming=has_checkpoints)
         train, stats = encode_pairs(read_parallel(train_src, train_tgt), tokenizer, d.max_len)
         log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "
             f"side, {stats.skipped_long} longer than {d.max_len} pieces")
