@@ -91,7 +91,7 @@ def test_nul_crlf_and_unicode_separators_keep_pairs_aligned(tmp_path, ledger):
 
 
 def nasty_lines() -> list[str]:
-    """A fixed corpus of hostile lines, ~500: every control character, Unicode's separators, invisibles
+    """A fixed corpus of hostile lines, ~1,000: every control character, Unicode's separators, invisibles
     and bidirectional controls, combining-mark floods, emoji sequences, astral and private-use code
     points, a sample of every block of the Basic Multilingual Plane, long words and lines, and text
     that means something to shells, SQL, HTML and format strings."""
@@ -102,8 +102,8 @@ def nasty_lines() -> list[str]:
     lines += ["\U0001F469\u200d\U0001F469\u200d\U0001F467", "\U0001F44D\U0001F3FD", "\U0001F3F3\ufe0f\u200d\U0001F308",
               "\U0001F600" * 200, "\U0001F1E9\U0001F1EA flags \U0001F1FA\U0001F1F8"]
     lines += [chr(cp) * 3 for cp in (0x10000, 0x1D11E, 0x20000, 0x2A6D6, 0xE0001, 0xE0041, 0xF0000, 0x10FFFD, 0xFFFD)]
-    lines += [chr(block + i) * 2 + " " + "".join(chr(block + j) for j in range(8)) for block in range(0x100, 0xD800, 0x80)
-              for i in (0,)]
+    lines += [chr(block) * 2 + " " + "".join(chr(block + j) for j in range(half, half + 8))
+              for block in range(0x100, 0xD800, 0x80) for half in (0, 0x40)]  # two samples of every block
     lines += ["x" * n for n in (1, 255, 256, 257, 999)] + [" ".join(["word"] * n) for n in (100, 300)]
     lines += ["a" * 200 + " " + "b" * 200, "0" * 500, "1e309 -1e309 NaN Infinity", "3.14159" * 50]
     lines += ["$(rm -rf /)", "`reboot`", "; DROP TABLE t; --", "' OR '1'='1", "../../../etc/passwd", "%s %d %n {0} {{x}}",
