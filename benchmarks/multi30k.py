@@ -193,8 +193,10 @@ def main() -> None:
 
     # 2. the recipe val picks
     recipe_cfg = load_config(str(config))
-    picked = max(candidates, key=lambda c: c["val_tok_lc_bleu"])
-    recipe = recipe_values(recipe_cfg, list(picked["values"]))
+    keys = list(candidates[0]["values"])
+    # a tie keeps what the recipe has: a change must be better on val, not as good
+    picked = max(candidates, key=lambda c: (c["val_tok_lc_bleu"], c["values"] == recipe_values(recipe_cfg, keys)))
+    recipe = recipe_values(recipe_cfg, keys)
     if recipe != picked["values"]:
         sys.exit(f"val picks {picked['name']} ({picked['val_tok_lc_bleu']}): set {picked['values']} in {config} "
                  f"(it has {recipe}) and run again")
@@ -214,8 +216,8 @@ def main() -> None:
             decoding.append({"average_last": n, "beam": beam, "val_tok_lc_bleu": s["tok_lc_bleu"],
                              "val_sacrebleu": s["sacrebleu"], "weights": name})
             print(f"decoding on val: {decoding[-1]}", flush=True)
-    best = max(decoding, key=lambda c: c["val_tok_lc_bleu"])
     own = {"average_last": cfg.decode.average_last, "beam": cfg.decode.beam_size}
+    best = max(decoding, key=lambda c: (c["val_tok_lc_bleu"], {k: c[k] for k in own} == own))
     if {k: best[k] for k in own} != own:
         sys.exit(f"val picks decoding {best}: set decode.average_last = {best['average_last']} and "
                  f"decode.beam_size = {best['beam']} in {config} (it has {own}) and run again")
@@ -267,8 +269,8 @@ sacrebleu {r['versions']['sacrebleu']}
 | training | {r['steps']} updates ({r['train_minutes']} min wall time, {r['train_tokens_per_s']} target tokens/s) |
 | decoding | average of the last {r['averaged_checkpoints']} checkpoint(s), beam {r['beam']}, α {r['alpha']}: {r['translate_seconds']} s for {1000} sentences |
 
-Recipe candidates, each trained from scratch for the same number of updates, scored on val (tok. lc
-BLEU of the average of the last 5 checkpoints, beam 4); the recipe is the best:
+Recipe candidates, each trained from scratch for the same number of updates and scored on val (tok.
+lc BLEU with the recipe's decoding); the recipe is the best of them (a tie keeps the recipe):
 
 | candidate | settings | updates | valid ppl | val BLEU |
 |---|---|---|---|---|
