@@ -77,8 +77,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="preprocess-bench-") as work:
         work_dir = Path(work)
         src, tgt = write_corpus(work_dir, args.pairs)
-        tokenizer = Tokenizer.train([resolve_data_path("multi30k/train.en.gz"),
-                                     resolve_data_path("multi30k/train.de.gz")],
+        tokenizer = Tokenizer.train(read_lines(resolve_data_path("multi30k/train.en.gz"))
+                                    + read_lines(resolve_data_path("multi30k/train.de.gz")),
                                     work_dir / "spm.model", args.vocab_size, 100_000)
         out = work_dir / "store"
         command = [sys.executable, "-c", CHILD, str(src), str(tgt), str(tokenizer.path), str(out),

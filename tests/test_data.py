@@ -120,7 +120,7 @@ def test_encode_for_decoding_never_truncates() -> None:
 def test_real_pairs_encode(tmp_path: Path) -> None:
     pairs = read_parallel(multi30k("val.en.gz"), multi30k("val.de.gz"))
     en = [s for s, _ in pairs[:300]]
-    tok = Tokenizer.train([], tmp_path / "spm.model", 300, 10_000, texts=en + [t for _, t in pairs[:300]])
+    tok = Tokenizer.train(en + [t for _, t in pairs[:300]], tmp_path / "spm.model", 300, 10_000)
     examples, stats = encode_pairs(pairs, tok, max_len=20)
     assert stats.n_pairs == 1014 and stats.skipped_empty == 0 and 0 < stats.skipped_long < 1014
     assert len(examples) == stats.n_kept

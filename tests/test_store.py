@@ -28,7 +28,7 @@ def corpus(multi30k: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
         s.write("\nA dog .\n")
         t.write("\n \t \n")
     texts = src.read_text(encoding="utf-8").splitlines()[:1000] + tgt.read_text(encoding="utf-8").splitlines()[:1000]
-    tokenizer = Tokenizer.train([], folder / "spm.model", 400, 10_000, texts=texts)
+    tokenizer = Tokenizer.train(texts, folder / "spm.model", 400, 10_000)
     return src, tgt, tokenizer
 
 

@@ -27,9 +27,14 @@ def train_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [out / "en.gz", out / "de.txt"]
 
 
+def lines_of(files: list[Path]) -> list[str]:
+    """The training text of ``files``, as the trainer reads it (data.read_lines)."""
+    return [line for f in files for line in read_lines(f)]
+
+
 @pytest.fixture(scope="module")
 def tok(train_files: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    return Tokenizer.train(train_files, tmp_path_factory.mktemp("spm") / "spm.model",
+    return Tokenizer.train(lines_of(train_files), tmp_path_factory.mktemp("spm") / "spm.model",
                            vocab_size=1000, input_sentence_size=100_000)
 
 
@@ -70,7 +75,7 @@ def test_decode_drops_pad_and_stops_at_eos(tok: Tokenizer) -> None:
 
 def test_too_large_vocab_is_a_clear_error(train_files: list[Path], tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match=r"vocab_size 100000 is too large.*at most \d+") as e:
-        Tokenizer.train(train_files, tmp_path / "spm.model", vocab_size=100_000,
+        Tokenizer.train(lines_of(train_files), tmp_path / "spm.model", vocab_size=100_000,
                         input_sentence_size=100_000)
     assert "\n" not in str(e.value) and ".cc(" not in str(e.value)
     assert not (tmp_path / "spm.model").exists() and list(tmp_path.iterdir()) == []
@@ -102,35 +107,35 @@ def test_model_with_other_special_ids_is_refused(tmp_path: Path) -> None:
 
 
 def test_training_is_deterministic_per_seed(train_files: list[Path], tok: Tokenizer, tmp_path: Path) -> None:
-    same = Tokenizer.train(train_files, tmp_path / "a" / "spm.model", vocab_size=1000,
+    same = Tokenizer.train(lines_of(train_files), tmp_path / "a" / "spm.model", vocab_size=1000,
                            input_sentence_size=100_000)
     assert same.sha256 == tok.sha256  # the file path is not part of the model
     # Sampling fewer sentences than there are: the seed picks which, and it is honoured.
-    s1 = Tokenizer.train(train_files, tmp_path / "s1.model", 500, input_sentence_size=800, seed=1)
-    s1b = Tokenizer.train(train_files, tmp_path / "s1b.model", 500, input_sentence_size=800, seed=1)
-    s2 = Tokenizer.train(train_files, tmp_path / "s2.model", 500, input_sentence_size=800, seed=2)
+    s1 = Tokenizer.train(lines_of(train_files), tmp_path / "s1.model", 500, input_sentence_size=800, seed=1)
+    s1b = Tokenizer.train(lines_of(train_files), tmp_path / "s1b.model", 500, input_sentence_size=800, seed=1)
+    s2 = Tokenizer.train(lines_of(train_files), tmp_path / "s2.model", 500, input_sentence_size=800, seed=2)
     assert s1.sha256 == s1b.sha256 != s2.sha256
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "s1.model", "s1b.model", "s2.model"]
 
 
 def test_texts_train_the_same_model_as_files(train_files: list[Path], tok: Tokenizer, tmp_path: Path) -> None:
     texts = [line for f in train_files for line in read_lines(f)]
-    from_texts = Tokenizer.train([], tmp_path / "t.model", 1000, input_sentence_size=100_000, texts=texts)
+    from_texts = Tokenizer.train(texts, tmp_path / "t.model", 1000, input_sentence_size=100_000)
     assert from_texts.sha256 == tok.sha256
 
 
 def test_empty_training_text_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("\n\n", encoding="utf-8")
     with pytest.raises(TokenizerError, match="empty"):
-        Tokenizer.train([tmp_path / "empty.txt"], tmp_path / "spm.model", 100, 1000)
+        Tokenizer.train(lines_of([tmp_path / "empty.txt"]), tmp_path / "spm.model", 100, 1000)
 
 
 def test_symbols_are_kept_whole(tmp_path: Path) -> None:
     """The parsing task's brackets: one piece each, where plain BPE splits "(" from the label."""
     trees = ["(S (NP XX XX )NP (VP XX (NP XX )NP )VP XX )S", "(S (NP XX )NP (VP XX )VP XX )S"] * 50
     words = ["The dog saw a cat .", "It barked ."] * 50
-    plain = Tokenizer.train([], tmp_path / "plain.model", 60, 10_000, texts=trees + words)
-    whole = Tokenizer.train([], tmp_path / "whole.model", 60, 10_000, texts=trees + words,
+    plain = Tokenizer.train(trees + words, tmp_path / "plain.model", 60, 10_000)
+    whole = Tokenizer.train(trees + words, tmp_path / "whole.model", 60, 10_000,
                             symbols=["(S", ")S", "(NP", ")NP", "(VP", ")VP", "XX"])
     assert plain.pieces(trees[1])[:2] == ["▁(", "S"]
     assert whole.pieces(trees[1]) == ["▁" + t for t in trees[1].split()]

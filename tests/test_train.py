@@ -9,6 +9,7 @@ import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import load_config
+from transformer.data import read_lines
 from transformer.decode import translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
@@ -82,7 +83,7 @@ def test_tiny_model_overfits_twenty_pairs(tmp_path, multi30k):
     spm_src, spm_tgt = write_slice(multi30k, tmp_path, "train", 0, 2000)
     run = tmp_path / "run"
     run.mkdir()
-    Tokenizer.train([spm_src, spm_tgt], run / "spm.model", vocab_size=300, input_sentence_size=10000)
+    Tokenizer.train(read_lines(spm_src) + read_lines(spm_tgt), run / "spm.model", vocab_size=300, input_sentence_size=10000)
     cfg = load_config("tiny", [f'data.train_src="{src}"', f'data.train_tgt="{tgt}"', f'data.valid_src="{src}"',
                                f'data.valid_tgt="{tgt}"', "data.vocab_size=300", "model.p_drop=0.0",
                                "train.eps_ls=0.0", "train.max_steps=300", "train.warmup_steps=50",

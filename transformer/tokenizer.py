@@ -15,7 +15,7 @@ import hashlib
 import io
 import random
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -80,27 +80,19 @@ class Tokenizer:
         self._sha256 = hashlib.sha256(blob).hexdigest()
 
     @classmethod
-    def train(cls, files: Sequence[Path | str], model_path: Path, vocab_size: int,
-              input_sentence_size: int, seed: int = 1, *, texts: Iterable[str] = (),
-              symbols: Sequence[str] = ()) -> Tokenizer:
-        """Trains one joint BPE model (§5.1) on all lines of ``files`` (plain or gzip) plus ``texts``.
+    def train(cls, sentences: Iterable[str], model_path: Path, vocab_size: int, input_sentence_size: int,
+              seed: int = 1, *, symbols: Sequence[str] = ()) -> Tokenizer:
+        """Trains one joint BPE model (§5.1) on ``sentences`` (the lines of the training source and
+        target files: ``data.iter_lines`` reads them; blank ones are left out).
 
-        Each file entry is a path, never a sentence; in-memory sentences go in ``texts``. At most
-        ``input_sentence_size`` non-empty sentences are used, sampled with ``seed``, so the model is a
+        At most ``input_sentence_size`` non-empty sentences are used, sampled with ``seed``, so the model is a
         deterministic function of (data, vocab_size, input_sentence_size, seed). The model is
         written to a temporary file beside ``model_path`` and renamed, so a crash never leaves a
         half-written vocabulary that a later run would load. ``symbols`` are whitespace-delimited
         words kept whole, one piece each (the parsing task's brackets, which BPE would otherwise split
         at the change of script between "(" and the label).
         """
-        from .data import iter_lines  # data imports this module's ids: import late
-
-        def sentences() -> Iterator[str]:
-            for f in files:
-                yield from (s for s in iter_lines(Path(f)) if s.strip())
-            yield from (s for s in texts if s.strip())
-
-        sample = _sample(sentences(), input_sentence_size, seed)
+        sample = _sample((s for s in sentences if s.strip()), input_sentence_size, seed)
         if not sample:
             raise TokenizerError(f"cannot train a tokenizer for {model_path}: the training text is empty")
         spm.set_random_generator_seed(seed)

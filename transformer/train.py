@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import math
 import platform
@@ -128,7 +129,7 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
         symbols = tree_symbols(iter_lines(tgt))
     log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
         + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
-    tokenizer = Tokenizer.train([src, tgt], path, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed,
+    tokenizer = Tokenizer.train(itertools.chain(iter_lines(src), iter_lines(tgt)), path, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed,
                                 symbols=sorted(symbols))
     files.write_text(path.with_suffix(".json"), json.dumps(vocabulary_inputs(cfg, src, tgt), indent=2) + "\n")
     return tokenizer
