@@ -105,7 +105,8 @@ def main() -> None:
         "requests_per_s": batched["requests_per_s"], "p50_ms": batched["p50_ms"], "p99_ms": batched["p99_ms"],
         "batching_gain": round(batched["requests_per_s"] / single["requests_per_s"], 2),
         "batched": batched, "unbatched": single, "clients": args.clients, "requests_per_client": args.requests,
-        "max_wait_ms": args.max_wait_ms, "run": str(run), "beam": 4,
+        "max_wait_ms": args.max_wait_ms, "run": str(run), "beam": 4, "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
         "command": " ".join(["python", "benchmarks/serve_load.py", *sys.argv[1:]]),
         "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "fastapi": fastapi.__version__,
@@ -119,7 +120,8 @@ def main() -> None:
     (RESULTS / "serve_load.md").write_text(f"""# `transformer serve` under load ({result['date']})
 
 `{result['command']}`: {args.clients} concurrent clients on loopback, {args.requests} requests each, one test2016
-sentence per request, beam 4, α 0.6; model `{run.name}`. {result['machine']}; versions {result['versions']}.
+sentence per request, beam 4, α 0.6; model `{run.name}`; commit {result['commit']}. {result['machine']};
+versions {result['versions']}.
 
 | server | requests | errors | requests/s | p50 ms | p99 ms | decoding batches |
 | --- | ---: | ---: | ---: | ---: | ---: | ---: |
