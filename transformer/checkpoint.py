@@ -26,6 +26,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 from torch import Tensor
 
+from .errors import UserError
 from .files import atomic_path, file_sha256, write_text
 
 FORMAT = "transformer-checkpoint/1"
@@ -34,7 +35,7 @@ _STEP_JSON = re.compile(r"step_(\d{8,})\.json")
 _STEP_DATA = re.compile(r"step_(\d{8,})(\.state)?\.safetensors")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the one-line message names the file and the problem."""
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .config import EARLY_STOPS, ConfigError, ServeLimits
+from .errors import UserError
 
 EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
 
@@ -510,23 +511,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .checkpoint import CheckpointError
-    from .data import DataError
-    from .export import ExportError
-    from .figures import FigureError
-    from .tokenizer import TokenizerError
-    from .train import TrainError, TrainInterrupted
-    from .trees import TreeError
-
     try:
         args.func(args)
-    except TrainInterrupted as e:  # SIGTERM / SIGINT: the step finished and a checkpoint was written
-        print(f"stopped: {e}", file=sys.stderr)
-        return 128 + e.signum
-    except (ConfigError, DataError, CheckpointError, ExportError, FigureError, TokenizerError, TrainError,
-            TreeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
+        print(f"{e.label}: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

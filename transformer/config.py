@@ -20,8 +20,10 @@ from typing import Any, Literal
 
 import tomli_w
 
+from .errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A user error in a config file or override; the message names the file and the field."""
 
 

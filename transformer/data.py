@@ -29,6 +29,7 @@ import torch
 from numpy.typing import ArrayLike
 from tqdm import tqdm
 
+from .errors import UserError
 from .files import atomic_path
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -47,7 +48,7 @@ MULTI30K_SHA256 = {  # task 1 raw files, as listed in the shared data README
 _CHECKOUT = Path(__file__).resolve().parent.parent
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A user error in the data; a one-line message naming the file and line, or both files."""
 
 

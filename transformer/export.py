@@ -22,12 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .errors import UserError
 from .model import Transformer
 from .tokenizer import PAD_ID
 from .translator import Translator
 
 
-class ExportError(Exception):
+class ExportError(UserError):
     """An export that cannot be done (missing optional dependency, unsupported configuration)."""
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import UserError
 from .model import record_attention
 from .tokenizer import BOS_ID, EOS_ID
 
@@ -32,7 +33,7 @@ KIND_NAMES = {"enc-self": "enc_self", "dec-self": "dec_self", "cross": "cross"} 
 WEB = Path(__file__).parent / "web"
 
 
-class FigureError(ValueError):
+class FigureError(UserError, ValueError):
     """A figure request that cannot be drawn (unknown layer or head, bad output name)."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from .errors import UserError
 from .files import write_bytes
 
 PAD_ID = 0  # also the decoder's start symbol: targets are shifted right with a zero vector (A5)
@@ -32,7 +33,7 @@ UNK_ID = 2
 _SPM_THREADS = 16
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A user error with a tokenizer model or its training; the message names the file."""
 
 

@@ -34,6 +34,7 @@ from .checkpoint import latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, iter_lines, lengths,
                    make_batches, make_batches_from_lengths, padding_fraction, read_parallel, resolve_data_path)
+from .errors import UserError
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import cooldown, learning_rate, make_optimizer
@@ -42,7 +43,7 @@ from .store import TokenStore
 from .tokenizer import PAD_ID, Tokenizer
 
 
-class TrainError(RuntimeError):
+class TrainError(UserError, RuntimeError):
     """A user-facing problem with a run (its folder, its resume state); one-line message."""
 
 
@@ -50,9 +51,12 @@ class TrainInterrupted(TrainError):
     """SIGTERM or SIGINT: the current step finished and a checkpoint was written. The command line
     exits with 128 + the signal number (143 for SIGTERM, 130 for SIGINT), as shells do."""
 
+    label = "stopped"
+
     def __init__(self, signum: int, message: str):
         super().__init__(message)
         self.signum = signum
+        self.exit_code = 128 + signum
 
 
 class StopSignals:

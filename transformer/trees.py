@@ -35,6 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .errors import UserError
 from .files import write_text
 from .tokenizer import EOS_ID, PAD_ID
 
@@ -44,7 +45,7 @@ EQUAL_LABELS = {"PRT": "ADVP"}  # COLLINS.prm EQ_LABEL ADVP PRT
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 
 
-class TreeError(ValueError):
+class TreeError(UserError, ValueError):
     """A bracketed tree that cannot be read, with the file and tree number."""
 
 

@@ -1,0 +1,10 @@
+"""The one base of the errors a user can cause: the command line catches it and prints one line."""
+
+
+class UserError(Exception):
+    """A problem in what the user asked for or gave (a config, a data file, a run folder, a model file):
+    the message is one line naming the file, line or field; `transformer` prints "LABEL: message" and
+    exits with ``exit_code``, never a traceback."""
+
+    exit_code = 1
+    label = "error"
