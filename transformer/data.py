@@ -13,11 +13,9 @@ misalign a parallel corpus silently.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import itertools
 import os
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,10 +25,9 @@ from typing import Protocol
 import numpy as np
 import torch
 from numpy.typing import ArrayLike
-from tqdm import tqdm
 
 from .errors import UserError
-from .files import atomic_path
+from .files import DownloadError, download
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
@@ -72,25 +69,10 @@ def _download_multi30k(name: str) -> Path:
             "or set TRANSFORMER_DATA to a folder holding multi30k/")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with atomic_path(folder / name) as tmp:
-            digest = hashlib.sha256()
-            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-                size = int(response.headers.get("Content-Length") or 0) or None
-                with tqdm(total=size, unit="B", unit_scale=True, desc=f"multi30k/{name}", disable=None) as bar:
-                    while chunk := response.read(1 << 16):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        bar.update(len(chunk))
-            if digest.hexdigest() != MULTI30K_SHA256[name]:
-                raise DataError(f"multi30k/{name} downloaded from {url} has sha256 {digest.hexdigest()}, "
-                                f"expected {MULTI30K_SHA256[name]}; discarded it; {hint}")
-        return folder / name
-    except DataError:
-        raise
-    except Exception as e:  # offline, HTTP error, refused connection, disk full: all one message
-        reason = " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
-        raise DataError(f"multi30k/{name} is missing and could not be downloaded from {url} ({reason}); "
-                        f"{hint}") from None
+        download(url, folder / name, MULTI30K_SHA256[name])
+    except (DownloadError, OSError) as e:  # offline, HTTP error, refused, not the file, no folder: one message
+        raise DataError(f"multi30k/{name} is missing and could not be downloaded: {e}; {hint}") from None
+    return folder / name
 
 
 PTB_PARSE = "ptb-sample-parse"  # the parsing task's files (§6.3), built from ptb-sample/ on first use

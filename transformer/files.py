@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.client
 import os
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from tqdm import tqdm
+
+from .errors import UserError
 
 
 def umask() -> int:
@@ -63,6 +70,41 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
+
+
+class DownloadError(UserError):
+    """A download that failed or is not the file expected; nothing of it was kept."""
+
+
+def download(url: str, path: Path, sha256: str | None = None) -> str:
+    """``url`` to ``path``, written atomically with a progress bar; returns the file's sha256. A failed
+    or short read (fewer bytes than the Content-Length said) or, with ``sha256``, other bytes than
+    expected keep nothing and raise DownloadError naming the url and what went wrong."""
+    received, expected = 0, None
+    digest = hashlib.sha256()
+    try:
+        with atomic_path(path) as part:
+            with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
+                expected = int(response.headers.get("Content-Length") or 0) or None
+                with tqdm(total=expected, unit="B", unit_scale=True, desc=path.name, disable=None) as bar:
+                    while block := response.read(1 << 20):
+                        out.write(block)
+                        digest.update(block)
+                        received += len(block)
+                        bar.update(len(block))
+            if expected is not None and received != expected:
+                raise DownloadError(f"{url}: download cut short: received {received} bytes of {expected} "
+                                    "(Content-Length)")
+            if sha256 is not None and digest.hexdigest() != sha256:
+                raise DownloadError(f"{url}: the download has sha256 {digest.hexdigest()}, expected {sha256}; "
+                                    "discarded it")
+    except (OSError, http.client.HTTPException) as e:  # URLError, HTTPError, timeouts, IncompleteRead, disk full
+        reason = " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
+        if isinstance(e, urllib.error.HTTPError):
+            reason = f"HTTP {e.code} {reason}"
+        raise DownloadError(f"{url}: download failed after {received} bytes of {expected or 'an unknown size'} "
+                            f"({reason})") from None
+    return digest.hexdigest()
 
 
 def file_sha256(path: Path) -> str:

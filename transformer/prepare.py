@@ -14,13 +14,10 @@ sentence per line) and dest/MANIFEST.json (line counts and sha256 of every outpu
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import re
 import shutil
 import tarfile
-import urllib.error
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -29,7 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .data import DataError, iter_lines, iter_parallel
-from .files import atomic_path, write_text
+from .files import DownloadError, atomic_path, download, write_text
 
 BASE_URL = "https://www.statmt.org/"
 
@@ -159,25 +156,10 @@ def read_sgm(path: Path) -> Iterator[str]:
 
 def _download(url: str, path: Path) -> None:
     """``url`` to ``path``, atomically; a failure or a short read keeps nothing."""
-    received, expected = 0, None
     try:
-        with atomic_path(path) as part:
-            with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
-                expected = int(response.headers.get("Content-Length") or 0) or None
-                with tqdm(total=expected, unit="B", unit_scale=True, desc=path.name, disable=None) as bar:
-                    while block := response.read(1 << 20):
-                        out.write(block)
-                        received += len(block)
-                        bar.update(len(block))
-            if expected is not None and received != expected:
-                raise DataError(f"{url}: download cut short: received {received} bytes of {expected} "
-                                "(Content-Length); run prepare again to retry")
-    except (OSError, http.client.HTTPException) as e:  # URLError, HTTPError, timeouts, IncompleteRead
-        reason = " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
-        if isinstance(e, urllib.error.HTTPError):
-            reason = f"HTTP {e.code} {reason}"
-        raise DataError(f"{url}: download failed after {received} bytes of {expected or 'an unknown size'} "
-                        f"({reason}); run prepare again to retry, or pass a mirror") from None
+        download(url, path)
+    except DownloadError as e:
+        raise DataError(f"{e}; run prepare again to retry, or pass a mirror") from None
 
 
 def _extract(archive: Path, members: set[str], folder: Path) -> dict[str, Path]:
