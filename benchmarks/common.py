@@ -29,12 +29,11 @@ def train_or_reread(config: Path, out: Path, sets: list[str], minutes: float | N
 
 
 def finished_summary(run_dir: Path) -> dict:
-    """The summary `train` logged when the run in ``run_dir`` finished, for re-scoring it (--decode-only)."""
-    log_path = run_dir / "train.log"
-    done = [line for line in log_path.read_text().splitlines() if " done: " in line] if log_path.is_file() else []
-    if not done:
-        sys.exit(f"--decode-only: {log_path} records no finished training (run without --decode-only first)")
-    return json.loads(done[-1].split(" done: ", 1)[1])
+    """The summary `train` wrote when the run in ``run_dir`` finished (summary.json), for re-scoring it."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        sys.exit(f"{run_dir}: no summary.json, so no finished training (run without --decode-only first)")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def weight_candidates(run_dir: Path, averages: tuple[int, ...] = (5, 10)) -> dict[str, Path]:

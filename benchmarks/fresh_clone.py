@@ -60,8 +60,7 @@ def main() -> None:
         (base / "shared").symlink_to((ROOT.parent / "shared").resolve())
         print(f"quick start on a fresh clone of {commit} in {clone}", flush=True)
         quick_s, _ = timed(["bash", "scripts/quickstart.sh"], clone, base / "quickstart.log")
-        done = [line for line in (clone / "runs/quickstart/train.log").read_text().splitlines() if " done: " in line]
-        summary = json.loads(done[-1].split(" done: ", 1)[1])
+        summary = json.loads((clone / "runs/quickstart/summary.json").read_text())
         scores = json.loads((clone / "runs/quickstart/test2016.json").read_text())
         print("tests on the fresh clone", flush=True)
         test_s, out = timed(["bash", "scripts/test.sh"], clone, base / "test.log")

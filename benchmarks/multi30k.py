@@ -115,8 +115,7 @@ class Split:
 def train_candidate(cfg: Config, out: Path, decode_only: bool) -> dict:
     """Trains ``cfg`` into ``out`` (resuming an interrupted run there), or reads back the run that
     finished there; returns its training summary."""
-    log = out / "train.log"
-    if log.is_file() and " done: " in log.read_text(encoding="utf-8"):
+    if (out / "summary.json").is_file():
         return finished_summary(out)
     if decode_only:
         sys.exit(f"--decode-only: {out} holds no finished run to score")

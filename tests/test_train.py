@@ -251,3 +251,9 @@ def test_a_vocabulary_left_by_an_earlier_attempt_is_reused_only_for_the_same_inp
     Path(src).write_text(Path(src).read_text(encoding="utf-8").replace("dog", "cat"), encoding="utf-8")
     with pytest.raises(TrainError, match=r"train_src_sha256: '[0-9a-f]+' -> '[0-9a-f]+'"):
         train(load_config("tiny", first), run, quiet=True)
+
+
+def test_a_finished_run_writes_its_summary(tmp_path, tiny_overrides):
+    """summary.json is what `train` returned: the file benchmarks read a finished run's numbers from."""
+    summary = train(load_config("tiny", tiny_overrides + ["train.max_steps=3"]), tmp_path / "run", quiet=True)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary and summary["step"] == 3

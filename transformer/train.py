@@ -543,4 +543,5 @@ def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
         writer.close()
         summary.update(validate(raw, run.valid, t.max_tokens))
         log(f"done: {json.dumps(summary)}")
+        files.write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")  # what benchmarks read
     return summary
