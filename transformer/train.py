@@ -377,171 +377,209 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
 
 def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
            allow_config_change: bool) -> dict[str, Any]:
-    t = cfg.train
-    if dist.main:
-        out.mkdir(parents=True, exist_ok=True)
-        log = run_logger(out, quiet)
-        run = prepare_run(cfg, out, resume, log, allow_changes=allow_config_change)  # the others wait for it
-        distributed.barrier(dist)
-    else:
-        log = lambda msg: None  # noqa: E731
-        distributed.barrier(dist)
-        run = prepare_run(cfg, out, resume, log, write=False, allow_changes=True)
-    # every rank must train the same model on the same data
-    identity = f"{json.dumps(cfg.to_dict(), sort_keys=True)} vocab={run.tokenizer.sha256}"
-    if len(set(distributed.gather(dist, identity))) > 1:
-        raise TrainError("the ranks disagree on the config or the vocabulary (each rank must be started with the "
-                         "same command, config and run folder)")
-    torch.manual_seed(t.seed)
-    raw = Transformer(cfg.model, run.tokenizer.vocab_size).to(dist.device)
-    optimizer = make_optimizer(raw, t)
-    state = TrainState(world_size=dist.world)
-    meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": run.tokenizer.sha256,
-                 "model_hash": cfg.model_hash(), "vocab_size": run.tokenizer.vocab_size}
-    if dist.enabled:
-        torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
-    if resume:
-        ckpt = latest_checkpoint(out, warn=log)
-        if ckpt is None:
-            log(f"--resume: no checkpoint in {out}/checkpoints; starting from scratch")
+    return Trainer(cfg, out, resume, quiet, dist, allow_config_change).run()
+
+
+class Trainer:
+    """One rank's training run, in the pieces that make it: set-up (``__init__``), resume, the next
+    batch, a step, the log line with validation, a checkpoint, and the loop that calls them (``run``)."""
+
+    def __init__(self, cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
+                 allow_config_change: bool) -> None:
+        self.cfg, self.out, self.quiet, self.dist, t = cfg, out, quiet, dist, cfg.train
+        if dist.main:
+            out.mkdir(parents=True, exist_ok=True)
+            self.log = run_logger(out, quiet)
+            self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change)
+            distributed.barrier(dist)  # the others wait for rank 0's vocabulary and config
         else:
-            if ckpt.meta.get("vocab_sha256") != run.tokenizer.sha256:
-                raise TrainError(f"{ckpt.path}: trained with another vocabulary than {out / 'spm.model'}")
-            raw.load_state_dict(ckpt.weights)
-            load_optimizer_tensors(optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
-            state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
-            set_rng_state(dist, ckpt.state)
-            if state.world_size != dist.world:
-                # the step, the schedule and Adam's moments continue; the data order cannot
-                log(f"resuming a run trained on {state.world_size} rank(s) with {dist.world}: the position in "
-                    "the epoch is rescaled and the batch order and dropout masks differ from an uninterrupted run")
-                state.batch_in_epoch = state.batch_in_epoch * state.world_size // dist.world
-                state.world_size = dist.world
-            log(f"resumed from {ckpt.path.name} at step {state.step}")
-    raw.train()
-    model: torch.nn.Module = DistributedDataParallel(raw) if dist.enabled else raw
-    if t.compile:
-        model = torch.compile(model)
-    amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
-    scaler = torch.amp.GradScaler(dist.device.type) if t.precision == "fp16" else None
-    log(f"transformer {__version__}, torch {torch.__version__}, python {platform.python_version()}; seed {t.seed}; "
-        f"config sha256 {cfg.sha256()[:16]}; vocabulary sha256 {run.tokenizer.sha256[:16]}")
-    log(f"model: {count_parameters(raw):,} parameters; vocabulary {run.tokenizer.vocab_size}; {t.precision} on "
-        f"{dist.device.type}; per step at most {t.max_tokens} tokens per side x update_freq {t.update_freq} x "
-        f"{dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
+            self.log = lambda msg: None
+            distributed.barrier(dist)
+            self.run_data = prepare_run(cfg, out, resume, self.log, write=False, allow_changes=True)
+        tokenizer = self.run_data.tokenizer
+        # every rank must train the same model on the same data
+        identity = f"{json.dumps(cfg.to_dict(), sort_keys=True)} vocab={tokenizer.sha256}"
+        if len(set(distributed.gather(dist, identity))) > 1:
+            raise TrainError("the ranks disagree on the config or the vocabulary (each rank must be started with the "
+                             "same command, config and run folder)")
+        torch.manual_seed(t.seed)
+        self.raw = Transformer(cfg.model, tokenizer.vocab_size).to(dist.device)
+        self.optimizer = make_optimizer(self.raw, t)
+        self.state = TrainState(world_size=dist.world)
+        self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
+                          "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size}
+        if dist.enabled:
+            torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
+        if resume:
+            self.resume()
+        self.raw.train()
+        self.model: torch.nn.Module = DistributedDataParallel(self.raw) if dist.enabled else self.raw
+        if t.compile:
+            self.model = torch.compile(self.model)
+        self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
+        self.scaler = torch.amp.GradScaler(dist.device.type) if t.precision == "fp16" else None
+        self.log(f"transformer {__version__}, torch {torch.__version__}, python {platform.python_version()}; seed "
+                 f"{t.seed}; config sha256 {cfg.sha256()[:16]}; vocabulary sha256 {tokenizer.sha256[:16]}")
+        self.log(f"model: {count_parameters(self.raw):,} parameters; vocabulary {tokenizer.vocab_size}; "
+                 f"{t.precision} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x update_freq "
+                 f"{t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
+        self.order = BatchOrder(len(self.run_data.batches), t.seed, dist.rank, dist.world)
+        self.epoch_order = self.order.epoch_order(self.state.epoch)
+        self.bleu_pairs = functools.cache(lambda: read_parallel(resolve_data_path(cfg.data.valid_src),
+                                                                resolve_data_path(cfg.data.valid_tgt))[:t.bleu_sentences])
 
-    writer = None
-    if dist.main:
-        from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
-        writer = SummaryWriter(str(out / "tb"))
-    order = BatchOrder(len(run.batches), t.seed, dist.rank, dist.world)
-    epoch_order = order.epoch_order(state.epoch)
-
-    def next_batch() -> Batch:
-        nonlocal epoch_order
-        if state.batch_in_epoch >= len(epoch_order):
-            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-            epoch_order = order.epoch_order(state.epoch)
-        indices = run.batches[epoch_order[state.batch_in_epoch]]
-        state.batch_in_epoch += 1
-        return collate(run.train, indices)
-
-    def save() -> None:
-        rng_states = distributed.gather(dist, rng_state(dist))  # every rank takes part
-        if not dist.main:
+    def resume(self) -> None:
+        """Weights, optimizer moments, position in the data and random state from the newest intact checkpoint."""
+        ckpt = latest_checkpoint(self.out, warn=self.log)
+        if ckpt is None:
+            self.log(f"--resume: no checkpoint in {self.out}/checkpoints; starting from scratch")
             return
-        tensors, groups = optimizer_tensors(optimizer)
+        if ckpt.meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
+            raise TrainError(f"{ckpt.path}: trained with another vocabulary than {self.out / 'spm.model'}")
+        self.raw.load_state_dict(ckpt.weights)
+        load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
+        self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
+        set_rng_state(self.dist, ckpt.state)
+        if self.state.world_size != self.dist.world:
+            # the step, the schedule and Adam's moments continue; the data order cannot
+            self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: the position "
+                     "in the epoch is rescaled and the batch order and dropout masks differ from an uninterrupted run")
+            self.state.batch_in_epoch = self.state.batch_in_epoch * self.state.world_size // self.dist.world
+            self.state.world_size = self.dist.world
+        self.log(f"resumed from {ckpt.path.name} at step {self.state.step}")
+
+    def elapsed(self) -> float:
+        """Seconds of training, earlier attempts of a resumed run included."""
+        return self.state.elapsed_s + time.monotonic() - self.start
+
+    def next_batch(self) -> Batch:
+        state = self.state
+        if state.batch_in_epoch >= len(self.epoch_order):
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+            self.epoch_order = self.order.epoch_order(state.epoch)
+        indices = self.run_data.batches[self.epoch_order[state.batch_in_epoch]]
+        state.batch_in_epoch += 1
+        return collate(self.run_data.train, indices)
+
+    def save(self) -> None:
+        """A checkpoint of this moment: every rank's random state, rank 0's weights and optimizer."""
+        rng_states = distributed.gather(self.dist, rng_state(self.dist))  # every rank takes part
+        if not self.dist.main:
+            return
+        tensors, groups = optimizer_tensors(self.optimizer)
         for r, states in enumerate(rng_states):
             tensors.update({f"{name}.{r}" if r else name: state for name, state in states.items()})
-        meta = dict(meta_base, optim_param_groups=groups,
-                    train_state={**state.__dict__, "elapsed_s": elapsed()})
+        meta = dict(self.meta_base, optim_param_groups=groups,
+                    train_state={**self.state.__dict__, "elapsed_s": self.elapsed()})
         try:
-            save_checkpoint(out, state.step, raw.state_dict(), tensors, meta, t.keep_last)
+            save_checkpoint(self.out, self.state.step, self.raw.state_dict(), tensors, meta, self.cfg.train.keep_last)
         except OSError as e:  # disk full, folder gone or read-only: the earlier checkpoints are intact
-            raise TrainError(f"cannot write the checkpoint of step {state.step} in {out / 'checkpoints'}: "
+            raise TrainError(f"cannot write the checkpoint of step {self.state.step} in {self.out / 'checkpoints'}: "
                              f"{e.strerror or e}; earlier checkpoints are intact: make room and --resume") from None
 
-    start = time.monotonic()
-    elapsed = lambda: state.elapsed_s + time.monotonic() - start  # noqa: E731
-    last_save, window = time.monotonic(), {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
-    bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step", disable=quiet or not dist.main,
-               dynamic_ncols=True, mininterval=1.0)
-    metrics_path = out / "metrics.jsonl"
-    bleu_pairs = functools.cache(lambda: read_parallel(resolve_data_path(cfg.data.valid_src),
-                                                       resolve_data_path(cfg.data.valid_tgt))[:t.bleu_sentences])
-    bad_in_a_row = 0
-    stop = StopSignals()
-    try:
-        while state.step < t.max_steps:
-            # rank 0's clock decides, so that every rank stops after the same step; a signal on any rank
-            # stops them all
-            time_used = elapsed() / (60 * t.max_minutes) if dist.main and t.max_minutes else 0.0
-            out_of_time, stopped, time_used = distributed.all_sum(
-                dist, [float(time_used >= 1.0), float(stop.received is not None), time_used])
-            if out_of_time or stopped:
-                break
-            lr = learning_rate(state.step + 1, cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
-            if t.cooldown_fraction:  # rank 0's clock decides, so every rank takes the same rate
-                lr *= cooldown(max(state.step / t.max_steps, time_used), t.cooldown_fraction)
-            result = train_step(model, optimizer, [next_batch() for _ in range(t.update_freq)], t.eps_ls, lr,
-                                t.clip_norm, dist, scaler, amp_dtype)
-            if not result.applied:
-                state.skipped_steps += 1
-                bad_in_a_row += 1
-                log(f"step {state.step + 1}: gradients are not finite (loss {result.loss:.4g}); step skipped "
-                    f"({state.skipped_steps} so far)")
-                if bad_in_a_row >= t.max_bad_steps:
-                    raise TrainError(f"{bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
-                                     f"{state.step} (the newest checkpoint holds finite weights). Lower "
-                                     "train.lr_scale, or use fp32/bf16 instead of fp16")
-                continue
-            bad_in_a_row = 0
-            state.step += 1
-            state.tgt_tokens += result.n_tokens
-            window["loss"] += result.loss
-            window["tokens"] += result.n_tokens
-            bar.update(1)
-            if dist.enabled and state.step % t.check_every == 0:
-                sums = distributed.gather(dist, distributed.parameter_checksum(raw))
-                if any(abs(x - sums[0]) > 1e-6 * max(1.0, abs(sums[0])) for x in sums):
-                    raise TrainError(f"step {state.step}: the ranks' parameters drifted apart (checksums {sums})")
-            if dist.main and (state.step % t.log_every == 0 or state.step == t.max_steps):
-                dt = time.monotonic() - window["t0"]
-                # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
-                rec = {"step": state.step, "epoch": state.epoch, "minutes": elapsed() / 60, "lr": lr,
-                       "train_loss": window["loss"] * dist.world / window["tokens"],
-                       "tokens_per_s": window["tokens"] / dt}
-                bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
-                if state.step % t.eval_every == 0:
-                    rec.update(validate(raw, run.valid, t.max_tokens))
-                if t.bleu_every and state.step % t.bleu_every == 0 and cfg.data.task == "translate":
-                    rec["valid_bleu"] = dev_bleu(raw, run.tokenizer, bleu_pairs(), cfg)
-                for key, value in rec.items():
-                    if key not in ("step", "epoch"):
-                        writer.add_scalar(key, value, state.step)
-                with metrics_path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(rec) + "\n")
-                log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
-                window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
-            due = (t.save_every and state.step % t.save_every == 0) or (
-                t.save_minutes and time.monotonic() - last_save >= 60 * t.save_minutes)
-            if distributed.all_sum(dist, [float(bool(due))])[0]:  # rank 0's clock decides here too
-                save()
-                last_save = time.monotonic()
-    finally:
-        stop.restore()
-    bar.close()
-    save()
-    if stop.received is not None:
-        name = signal.Signals(stop.received).name
-        log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
-        raise TrainInterrupted(stop.received, f"{name}: training stopped after step {state.step} with its "
-                               f"checkpoint written to {out / 'checkpoints'}; continue with --resume")
-    summary = {"step": state.step, "train_minutes": elapsed() / 60, "tgt_tokens": state.tgt_tokens,
-               "tokens_per_s": state.tgt_tokens / max(elapsed(), 1e-9), "skipped_steps": state.skipped_steps}
-    if dist.main:
-        writer.close()
-        summary.update(validate(raw, run.valid, t.max_tokens))
-        log(f"done: {json.dumps(summary)}")
-        files.write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")  # what benchmarks read
-    return summary
+    def learning_rate(self, time_used: float) -> float:
+        """Eq. (3) for the next step, cooled down over the end of the budget when the config says so."""
+        t = self.cfg.train
+        lr = learning_rate(self.state.step + 1, self.cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
+        if t.cooldown_fraction:  # rank 0's clock decides, so every rank takes the same rate
+            lr *= cooldown(max(self.state.step / t.max_steps, time_used), t.cooldown_fraction)
+        return lr
+
+    def step(self, lr: float) -> bool:
+        """One optimizer step; False when it was skipped (gradients not finite)."""
+        t, state = self.cfg.train, self.state
+        result = train_step(self.model, self.optimizer, [self.next_batch() for _ in range(t.update_freq)], t.eps_ls,
+                            lr, t.clip_norm, self.dist, self.scaler, self.amp_dtype)
+        if not result.applied:
+            state.skipped_steps += 1
+            self.bad_in_a_row += 1
+            self.log(f"step {state.step + 1}: gradients are not finite (loss {result.loss:.4g}); step skipped "
+                     f"({state.skipped_steps} so far)")
+            if self.bad_in_a_row >= t.max_bad_steps:
+                raise TrainError(f"{self.bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
+                                 f"{state.step} (the newest checkpoint holds finite weights). Lower train.lr_scale, "
+                                 "or use fp32/bf16 instead of fp16")
+            return False
+        self.bad_in_a_row = 0
+        state.step += 1
+        state.tgt_tokens += result.n_tokens
+        self.window["loss"] += result.loss
+        self.window["tokens"] += result.n_tokens
+        if self.dist.enabled and state.step % t.check_every == 0:
+            sums = distributed.gather(self.dist, distributed.parameter_checksum(self.raw))
+            if any(abs(x - sums[0]) > 1e-6 * max(1.0, abs(sums[0])) for x in sums):
+                raise TrainError(f"step {state.step}: the ranks' parameters drifted apart (checksums {sums})")
+        return True
+
+    def report(self, lr: float, bar: tqdm) -> None:
+        """Rank 0's log line of this step (loss, rate, tokens/s; validation and dev BLEU when due): to the
+        progress bar, train.log, metrics.jsonl and TensorBoard."""
+        t, state, window = self.cfg.train, self.state, self.window
+        dt = time.monotonic() - window["t0"]
+        # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
+        rec = {"step": state.step, "epoch": state.epoch, "minutes": self.elapsed() / 60, "lr": lr,
+               "train_loss": window["loss"] * self.dist.world / window["tokens"],
+               "tokens_per_s": window["tokens"] / dt}
+        bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        if state.step % t.eval_every == 0:
+            rec.update(validate(self.raw, self.run_data.valid, t.max_tokens))
+        if t.bleu_every and state.step % t.bleu_every == 0 and self.cfg.data.task == "translate":
+            rec["valid_bleu"] = dev_bleu(self.raw, self.run_data.tokenizer, self.bleu_pairs(), self.cfg)
+        for key, value in rec.items():
+            if key not in ("step", "epoch"):
+                self.writer.add_scalar(key, value, state.step)
+        with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
+        self.window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
+
+    def run(self) -> dict[str, Any]:
+        """Steps until train.max_steps or train.max_minutes (or a signal), saving on the clock; then the
+        last checkpoint and the summary."""
+        t, dist, state = self.cfg.train, self.dist, self.state
+        if dist.main:
+            from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
+            self.writer = SummaryWriter(str(self.out / "tb"))
+        self.start = last_save = time.monotonic()
+        self.window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}  # what the next log line averages
+        bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step",
+                   disable=self.quiet or not dist.main, dynamic_ncols=True, mininterval=1.0)
+        self.bad_in_a_row = 0
+        stop = StopSignals()
+        try:
+            while state.step < t.max_steps:
+                # rank 0's clock decides, so that every rank stops after the same step; a signal on any rank
+                # stops them all
+                time_used = self.elapsed() / (60 * t.max_minutes) if dist.main and t.max_minutes else 0.0
+                out_of_time, stopped, time_used = distributed.all_sum(
+                    dist, [float(time_used >= 1.0), float(stop.received is not None), time_used])
+                if out_of_time or stopped:
+                    break
+                lr = self.learning_rate(time_used)
+                if not self.step(lr):
+                    continue
+                bar.update(1)
+                if dist.main and (state.step % t.log_every == 0 or state.step == t.max_steps):
+                    self.report(lr, bar)
+                due = (t.save_every and state.step % t.save_every == 0) or (
+                    t.save_minutes and time.monotonic() - last_save >= 60 * t.save_minutes)
+                if distributed.all_sum(dist, [float(bool(due))])[0]:  # rank 0's clock decides here too
+                    self.save()
+                    last_save = time.monotonic()
+        finally:
+            stop.restore()
+        bar.close()
+        self.save()
+        if stop.received is not None:
+            name = signal.Signals(stop.received).name
+            self.log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
+            raise TrainInterrupted(stop.received, f"{name}: training stopped after step {state.step} with its "
+                                   f"checkpoint written to {self.out / 'checkpoints'}; continue with --resume")
+        summary = {"step": state.step, "train_minutes": self.elapsed() / 60, "tgt_tokens": state.tgt_tokens,
+                   "tokens_per_s": state.tgt_tokens / max(self.elapsed(), 1e-9), "skipped_steps": state.skipped_steps}
+        if dist.main:
+            self.writer.close()
+            summary.update(validate(self.raw, self.run_data.valid, t.max_tokens))
+            self.log(f"done: {json.dumps(summary)}")
+            files.write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")  # what benchmarks read
+        return summary
