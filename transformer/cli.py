@@ -10,6 +10,8 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import EARLY_STOPS, ConfigError, ServeLimits
@@ -18,6 +20,49 @@ from .errors import UserError
 EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
 
 
+@dataclass(frozen=True)
+class Command:
+    """One `transformer` command: its --help texts, the function that adds its options, its handler."""
+
+    help: str
+    description: str
+    name: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], None]
+
+
+COMMANDS: list[Command] = []  # each registered beside its handler; --help lists them in this order
+
+
+def command(name: str, arguments: Callable[[argparse.ArgumentParser], None], help: str,
+            description: str) -> Callable[[Callable], Callable]:
+    """Registers the decorated handler as `transformer NAME`, with the options ``arguments`` adds."""
+    def register(run: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
+        COMMANDS.append(Command(help, description, name, arguments, run))
+        return run
+    return register
+
+
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...)")
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept a config that changes the model, data or optimisation (refused "
+                        "otherwise, with the list of fields); the changes are logged")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the terminal")
+    p.add_argument("--nproc", type=int, default=1, metavar="N",
+                   help="data-parallel processes on this machine (one per GPU; gloo on CPU): runs this command "
+                        "under torchrun. Many machines: torchrun --nnodes M --nproc-per-node G -m transformer "
+                        "train ... (§5.2). Tokens per step = train.max_tokens x update_freq x processes")
+
+
+@command("train", _train_arguments,
+         help="train a model (§5) into a run folder",
+         description="Train from a TOML config (a path or a preset name from configs/). "
+                     "Writes config.toml, spm.model, checkpoints/, train.log, metrics.jsonl, tb/.")
 def cmd_train(args: argparse.Namespace) -> None:
     import os
 
@@ -89,6 +134,15 @@ def _translate_lines(args: argparse.Namespace, translator, lines: list[str]) -> 
     return translator.translate(lines, progress=len(lines) > 100 and sys.stderr.isatty())
 
 
+def _translate_arguments(p: argparse.ArgumentParser) -> None:
+    _decode_options(p)
+    p.add_argument("--input", type=Path, help="input file, plain or .gz (default: stdin)")
+    p.add_argument("--output", type=Path, help="output file (default: stdout)")
+
+
+@command("translate", _translate_arguments,
+         help="translate lines with beam search (§6.1)",
+         description="One output line per input line, in order; an empty line gives an empty line.")
 def cmd_translate(args: argparse.Namespace) -> None:
     from .data import read_lines
 
@@ -106,6 +160,26 @@ def _write_lines(path: Path | None, lines: list) -> None:
         sys.stdout.write(text)
 
 
+def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
+    _decode_options(p)
+    _unconstrained_option(p)
+    p.add_argument("--src", type=Path, help="source sentences, plain or .gz; a path that does not "
+                   "exist is looked up under the data root ($TRANSFORMER_DATA, ...), e.g. multi30k/val.en.gz "
+                   "(default: the run's data.test_src)")
+    p.add_argument("--ref", type=Path, help="reference translations (raw text), or gold trees for a parsing run "
+                   "(default: the run's data.test_tgt)")
+    p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...)")
+    p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix)")
+    p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported (Table 2: "
+                   "Moses tokenizer and compound splitting, as the authors' get_ende_bleu.sh)")
+    p.add_argument("--json", type=Path, help='write {"bleu", "chrf", "signature", ...} to this file')
+    p.add_argument("--hyp-out", type=Path, help="also write the translations to this file")
+
+
+@command("evaluate", _evaluate_arguments,
+         help="translate a test set and score it with sacreBLEU and chrF",
+         description="Prints detokenized cased sacreBLEU with its signature and "
+                     "chrF; with --tok-ref also the Multi30k literature's tokenized lowercased BLEU.")
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from .data import read_lines, resolve_data_path
     from .evaluate import paper_bleu, sacrebleu_scores, tok_lc_bleu
@@ -115,7 +189,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     for name, default in (("src", d.test_src), ("ref", d.test_tgt)):
         if getattr(args, name) is None:
             if not default:
-                raise ConfigError(f"--{name} not given and the run's config has no data.test_{name.replace('ref', 'tgt')}")
+                field = "data.test_" + name.replace("ref", "tgt")
+                raise ConfigError(f"--{name} not given and the run's config has no {field}")
             setattr(args, name, default)
     args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
     src = read_lines(args.src)
@@ -162,6 +237,19 @@ def _parse_lines(args: argparse.Namespace, translator, lines: list[str]) -> list
     return [delinearize(out.split(), line.split())[0] for line, out in zip(lines, outputs)]
 
 
+def _parse_arguments(p: argparse.ArgumentParser) -> None:
+    _decode_options(p)
+    _unconstrained_option(p)
+    p.add_argument("--input", type=Path, help="input file (default: stdin)")
+    p.add_argument("--output", type=Path, help="output file (default: stdout)")
+
+
+@command("parse", _parse_arguments,
+         help="parse sentences into constituency trees with a parsing run (§6.3)",
+         description="Input: one sentence per line, words separated by spaces (Penn "
+                     "Treebank tokenization). Output: one bracketed tree per line, every sentence gets one "
+                     "(the beam writes only well-formed trees of the input; with --unconstrained, ill-formed "
+                     "outputs are repaired); part-of-speech nodes carry the placeholder XX.")
 def cmd_parse(args: argparse.Namespace) -> None:
     from .data import read_lines
 
@@ -173,6 +261,16 @@ def cmd_parse(args: argparse.Namespace) -> None:
     _write_lines(args.output, _parse_lines(args, translator, lines))
 
 
+def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gold", type=Path, required=True)
+    p.add_argument("--test", type=Path, required=True)
+    p.add_argument("--json", action="store_true")
+
+
+@command("evaluate-parse", _evaluate_parse_arguments,
+         help="labelled bracket precision / recall / F1 of parse trees (EVALB)",
+         description="Scores --test trees against --gold trees (bracketed, any "
+                     "layout; .mrg files work) as EVALB does with COLLINS.prm.")
 def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     from .trees import normalize, read_trees, score_trees
 
@@ -188,6 +286,16 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
           "ADVP = PRT, POS nodes not counted)")
 
 
+def _average_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--last", type=int, required=True, help="how many checkpoints (paper: 5 base, 20 big)")
+    p.add_argument("--out", type=Path, required=True, help="output .safetensors file (a .json is written beside)")
+
+
+@command("average", _average_arguments,
+         help="average the last N checkpoints (§6.1)",
+         description="Uniform mean in float64 of the last N checkpoints' weights; writes a "
+                     "model file usable with --checkpoint.")
 def cmd_average(args: argparse.Namespace) -> None:
     from .checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, load_checkpoint, write_model
 
@@ -203,6 +311,24 @@ def cmd_average(args: argparse.Namespace) -> None:
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.stem for p in paths)}) -> {args.out}")
 
 
+def _params_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("preset")
+    p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F} '
+                   '(with --cost: the whole report)')
+    p.add_argument("--cost", action="store_true", help="training cost of the config's run (train.max_steps x "
+                   "max_tokens x update_freq): total FLOPs against Table 2's estimate, step time, days and memory "
+                   "on H100s")
+    p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")], default=[1, 8, 64],
+                   help="device counts for --cost (default 1,8,64)")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost (default 0.4)")
+
+
+@command("params", _params_arguments,
+         help="parameter count and training FLOPs per token of a preset",
+         description="Counts parameters of a preset (base, big, A1..E, parse, "
+                     "or a config path) without allocating it.")
 def cmd_params(args: argparse.Namespace) -> None:
     import torch
 
@@ -251,6 +377,20 @@ def cmd_params(args: argparse.Namespace) -> None:
               f"{r['hours']:5.2f} | {r['memory_gib_per_device']:.1f}")
 
 
+def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="config file or preset name; its data section names the corpus")
+    p.add_argument("--out", type=Path, required=True, help="store folder to create (must be new or empty)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--spm", type=Path, help="sentencepiece model to use (e.g. RUN/spm.model); default: train one")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+
+
+@command("preprocess", _preprocess_arguments,
+         help="encode a training corpus once into a memory-mapped token store",
+         description="Encodes data.train_src/train_tgt of CONFIG with a sentencepiece "
+                     "model (--spm, or one trained as `train` would) into OUT, streaming in bounded memory; "
+                     "training reads it with --set data.train_store=OUT instead of the text (§5.1: millions of "
+                     "pairs).")
 def cmd_preprocess(args: argparse.Namespace) -> None:
     import shutil
     import tempfile
@@ -282,6 +422,16 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
           f"--set data.train_store={out}")
 
 
+def _prepare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=["wmt14-en-de", "wmt14-en-fr"])
+    p.add_argument("--dest", type=Path, required=True, help="output folder")
+    p.add_argument("--mirror", help="base URL or folder holding the same archives (a local copy)")
+
+
+@command("prepare", _prepare_arguments,
+         help="download and extract a paper's data set (WMT 2014)",
+         description="Downloads the §5.1 training corpora and newstest2013/2014 into DEST as line-"
+                     "aligned train/valid/test files with a MANIFEST.json of line counts and hashes.")
 def cmd_prepare(args: argparse.Namespace) -> None:
     from .prepare import prepare
 
@@ -289,6 +439,22 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in manifest.items() if k != "archives"}, indent=2))
 
 
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
+    p.add_argument("--format", choices=["ctranslate2"], default="ctranslate2", help="target format")
+    p.add_argument("--out", type=Path, required=True, help="output folder (must be empty or new)")
+    p.add_argument("--checkpoint", type=Path, help="weights file to export (default: the average of the last "
+                   "decode.average_last checkpoints, §6.1)")
+    p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
+                   help="store weights quantized (default: float32)")
+    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+
+
+@command("export", _export_arguments,
+         help="export a run's model to CTranslate2 (C++ inference)",
+         description="Writes the weights Translator uses (the average of the last checkpoints, "
+                     "or --checkpoint) as a CTranslate2 model folder with the run's spm.model beside it. "
+                     "Needs the optional dependency: pip install 'transformer[export]'.")
 def cmd_export(args: argparse.Namespace) -> None:
     from .export import export_ctranslate2
 
@@ -296,6 +462,26 @@ def cmd_export(args: argparse.Namespace) -> None:
                        log=lambda m: print(m, file=sys.stderr))
 
 
+def _attention_arguments(p: argparse.ArgumentParser) -> None:
+    _decode_options(p)
+    p.add_argument("--src", required=True, help="source sentence")
+    p.add_argument("--tgt", help="target sentence to teacher-force (default: the model's own translation)")
+    p.add_argument("--kind", choices=["enc-self", "dec-self", "cross"], default="enc-self",
+                   help="which attention (PNG only; the HTML holds all three)")
+    p.add_argument("--layer", type=int, default=1, help="layer, 1-based (PNG only; default 1)")
+    p.add_argument("--heads", default="all", help="'all' or a list such as 1,3 (PNG only)")
+    p.add_argument("--style", choices=["links", "heatmap", "both"], default="both", help="PNG drawing style")
+    p.add_argument("--words", action="store_true", help="PNG: merge sub-words into words (a word's weight is the "
+                   "sum over its pieces as keys, the mean over its pieces as queries); the HTML has a switch")
+    p.add_argument("--out", type=Path, required=True, help="FILE.png or FILE.html")
+
+
+@command("attention", _attention_arguments,
+         help="draw a run's attention weights for one sentence (appendix Figs. 3-5)",
+         description="Teacher-forces --tgt (or the model's own translation) and draws "
+                     "every head of one layer: coloured links per head (Figure 3) and per-head heatmaps "
+                     "(Figures 4-5) as a PNG, or an interactive self-contained HTML page with every layer, head "
+                     "and kind (hover a token to isolate its attention).")
 def cmd_attention(args: argparse.Namespace) -> None:
     from .figures import KIND_NAMES, FigureError, attention_html, attention_maps, draw_attention
 
@@ -320,6 +506,15 @@ def cmd_attention(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}", file=sys.stderr)
 
 
+def _plot_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--out", type=Path, help="PNG file (default RUN_DIR/training.png)")
+
+
+@command("plot", _plot_arguments,
+         help="plot a run's training curves from its log",
+         description="Training and validation loss, perplexity, learning rate and dev BLEU (when "
+                     "train.bleu_every is set) against updates and wall-clock minutes, from RUN_DIR/metrics.jsonl.")
 def cmd_plot(args: argparse.Namespace) -> None:
     from .figures import FigureError, plot_training
 
@@ -331,6 +526,22 @@ def cmd_plot(args: argparse.Namespace) -> None:
     print(f"wrote {out} ({', '.join(drawn)})", file=sys.stderr)
 
 
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    _decode_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--no-batching", action="store_true", help="decode one request at a time")
+    for f in dataclasses.fields(ServeLimits):  # the limits' one source of defaults and help texts
+        if "help" in f.metadata:
+            p.add_argument("--" + f.name.replace("_", "-"), type=int if f.type == "int" else float, default=f.default,
+                           help=f"{f.metadata['help']} (default {f.default})")
+
+
+@command("serve", _serve_arguments,
+         help="HTTP API and web page: translation and attention (FastAPI + uvicorn)",
+         description="POST /v1/translate {\"text\": [...], \"beam\": 4, \"alpha\": "
+                     "0.6}; POST /v1/attention {\"text\": \"...\"}; GET /health; GET / the web page; GET /docs the "
+                     "OpenAPI description. Requests from all clients are decoded together (dynamic batching).")
 def cmd_serve(args: argparse.Namespace) -> None:
     try:
         from .serve import serve
@@ -347,165 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="The Transformer of 'Attention Is All You Need': train, "
                                                  "translate, evaluate.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("train", help="train a model (§5) into a run folder", epilog=EPILOG,
-                       description="Train from a TOML config (a path or a preset name from configs/). "
-                                   "Writes config.toml, spm.model, checkpoints/, train.log, metrics.jsonl, tb/.")
-    p.add_argument("config", help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...)")
-    p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
-    p.add_argument("--allow-config-change", action="store_true",
-                   help="with --resume: accept a config that changes the model, data or optimisation (refused "
-                        "otherwise, with the list of fields); the changes are logged")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the terminal")
-    p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="data-parallel processes on this machine (one per GPU; gloo on CPU): runs this command "
-                        "under torchrun. Many machines: torchrun --nnodes M --nproc-per-node G -m transformer "
-                        "train ... (§5.2). Tokens per step = train.max_tokens x update_freq x processes")
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("translate", help="translate lines with beam search (§6.1)", epilog=EPILOG,
-                       description="One output line per input line, in order; an empty line gives an empty line.")
-    _decode_options(p)
-    p.add_argument("--input", type=Path, help="input file, plain or .gz (default: stdin)")
-    p.add_argument("--output", type=Path, help="output file (default: stdout)")
-    p.set_defaults(func=cmd_translate)
-
-    p = sub.add_parser("evaluate", help="translate a test set and score it with sacreBLEU and chrF",
-                       epilog=EPILOG, description="Prints detokenized cased sacreBLEU with its signature and "
-                       "chrF; with --tok-ref also the Multi30k literature's tokenized lowercased BLEU.")
-    _decode_options(p)
-    _unconstrained_option(p)
-    p.add_argument("--src", type=Path, help="source sentences, plain or .gz; a path that does not "
-                   "exist is looked up under the data root ($TRANSFORMER_DATA, ...), e.g. multi30k/val.en.gz "
-                   "(default: the run's data.test_src)")
-    p.add_argument("--ref", type=Path, help="reference translations (raw text), or gold trees for a parsing run "
-                   "(default: the run's data.test_tgt)")
-    p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...)")
-    p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix)")
-    p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported (Table 2: "
-                   "Moses tokenizer and compound splitting, as the authors' get_ende_bleu.sh)")
-    p.add_argument("--json", type=Path, help='write {"bleu", "chrf", "signature", ...} to this file')
-    p.add_argument("--hyp-out", type=Path, help="also write the translations to this file")
-    p.set_defaults(func=cmd_evaluate)
-
-    p = sub.add_parser("parse", help="parse sentences into constituency trees with a parsing run (§6.3)",
-                       epilog=EPILOG, description="Input: one sentence per line, words separated by spaces (Penn "
-                       "Treebank tokenization). Output: one bracketed tree per line, every sentence gets one "
-                       "(the beam writes only well-formed trees of the input; with --unconstrained, ill-formed "
-                       "outputs are repaired); part-of-speech nodes carry the placeholder XX.")
-    _decode_options(p)
-    _unconstrained_option(p)
-    p.add_argument("--input", type=Path, help="input file (default: stdin)")
-    p.add_argument("--output", type=Path, help="output file (default: stdout)")
-    p.set_defaults(func=cmd_parse)
-
-    p = sub.add_parser("evaluate-parse", help="labelled bracket precision / recall / F1 of parse trees (EVALB)",
-                       epilog=EPILOG, description="Scores --test trees against --gold trees (bracketed, any "
-                       "layout; .mrg files work) as EVALB does with COLLINS.prm.")
-    p.add_argument("--gold", type=Path, required=True)
-    p.add_argument("--test", type=Path, required=True)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_evaluate_parse)
-
-    p = sub.add_parser("average", help="average the last N checkpoints (§6.1)", epilog=EPILOG,
-                       description="Uniform mean in float64 of the last N checkpoints' weights; writes a "
-                                   "model file usable with --checkpoint.")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--last", type=int, required=True, help="how many checkpoints (paper: 5 base, 20 big)")
-    p.add_argument("--out", type=Path, required=True, help="output .safetensors file (a .json is written beside)")
-    p.set_defaults(func=cmd_average)
-
-    p = sub.add_parser("params", help="parameter count and training FLOPs per token of a preset",
-                       epilog=EPILOG, description="Counts parameters of a preset (base, big, A1..E, parse, "
-                       "or a config path) without allocating it.")
-    p.add_argument("preset")
-    p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F} '
-                   '(with --cost: the whole report)')
-    p.add_argument("--cost", action="store_true", help="training cost of the config's run (train.max_steps x "
-                   "max_tokens x update_freq): total FLOPs against Table 2's estimate, step time, days and memory "
-                   "on H100s")
-    p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")], default=[1, 8, 64],
-                   help="device counts for --cost (default 1,8,64)")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost (default 0.4)")
-    p.set_defaults(func=cmd_params)
-
-    p = sub.add_parser("preprocess", help="encode a training corpus once into a memory-mapped token store",
-                       epilog=EPILOG, description="Encodes data.train_src/train_tgt of CONFIG with a sentencepiece "
-                       "model (--spm, or one trained as `train` would) into OUT, streaming in bounded memory; "
-                       "training reads it with --set data.train_store=OUT instead of the text (§5.1: millions of "
-                       "pairs).")
-    p.add_argument("config", help="config file or preset name; its data section names the corpus")
-    p.add_argument("--out", type=Path, required=True, help="store folder to create (must be new or empty)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--spm", type=Path, help="sentencepiece model to use (e.g. RUN/spm.model); default: train one")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
-    p.set_defaults(func=cmd_preprocess)
-
-    p = sub.add_parser("prepare", help="download and extract a paper's data set (WMT 2014)", epilog=EPILOG,
-                       description="Downloads the §5.1 training corpora and newstest2013/2014 into DEST as line-"
-                       "aligned train/valid/test files with a MANIFEST.json of line counts and hashes.")
-    p.add_argument("name", choices=["wmt14-en-de", "wmt14-en-fr"])
-    p.add_argument("--dest", type=Path, required=True, help="output folder")
-    p.add_argument("--mirror", help="base URL or folder holding the same archives (a local copy)")
-    p.set_defaults(func=cmd_prepare)
-
-    p = sub.add_parser("attention", help="draw a run's attention weights for one sentence (appendix Figs. 3-5)",
-                       epilog=EPILOG, description="Teacher-forces --tgt (or the model's own translation) and draws "
-                       "every head of one layer: coloured links per head (Figure 3) and per-head heatmaps "
-                       "(Figures 4-5) as a PNG, or an interactive self-contained HTML page with every layer, head "
-                       "and kind (hover a token to isolate its attention).")
-    _decode_options(p)
-    p.add_argument("--src", required=True, help="source sentence")
-    p.add_argument("--tgt", help="target sentence to teacher-force (default: the model's own translation)")
-    p.add_argument("--kind", choices=["enc-self", "dec-self", "cross"], default="enc-self",
-                   help="which attention (PNG only; the HTML holds all three)")
-    p.add_argument("--layer", type=int, default=1, help="layer, 1-based (PNG only; default 1)")
-    p.add_argument("--heads", default="all", help="'all' or a list such as 1,3 (PNG only)")
-    p.add_argument("--style", choices=["links", "heatmap", "both"], default="both", help="PNG drawing style")
-    p.add_argument("--words", action="store_true", help="PNG: merge sub-words into words (a word's weight is the "
-                   "sum over its pieces as keys, the mean over its pieces as queries); the HTML has a switch")
-    p.add_argument("--out", type=Path, required=True, help="FILE.png or FILE.html")
-    p.set_defaults(func=cmd_attention)
-
-    p = sub.add_parser("plot", help="plot a run's training curves from its log", epilog=EPILOG,
-                       description="Training and validation loss, perplexity, learning rate and dev BLEU (when "
-                       "train.bleu_every is set) against updates and wall-clock minutes, from RUN_DIR/metrics.jsonl.")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--out", type=Path, help="PNG file (default RUN_DIR/training.png)")
-    p.set_defaults(func=cmd_plot)
-
-    p = sub.add_parser("serve", help="HTTP API and web page: translation and attention (FastAPI + uvicorn)",
-                       epilog=EPILOG, description="POST /v1/translate {\"text\": [...], \"beam\": 4, \"alpha\": "
-                       "0.6}; POST /v1/attention {\"text\": \"...\"}; GET /health; GET / the web page; GET /docs the "
-                       "OpenAPI description. Requests from all clients are decoded together (dynamic batching).")
-    _decode_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--no-batching", action="store_true", help="decode one request at a time")
-    for f in dataclasses.fields(ServeLimits):  # the limits' one source of defaults and help texts
-        if "help" in f.metadata:
-            p.add_argument("--" + f.name.replace("_", "-"), type=int if f.type == "int" else float, default=f.default,
-                           help=f"{f.metadata['help']} (default {f.default})")
-    p.set_defaults(func=cmd_serve)
-
-    p = sub.add_parser("export", help="export a run's model to CTranslate2 (C++ inference)", epilog=EPILOG,
-                       description="Writes the weights Translator uses (the average of the last checkpoints, "
-                       "or --checkpoint) as a CTranslate2 model folder with the run's spm.model beside it. "
-                       "Needs the optional dependency: pip install 'transformer[export]'.")
-    p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
-    p.add_argument("--format", choices=["ctranslate2"], default="ctranslate2", help="target format")
-    p.add_argument("--out", type=Path, required=True, help="output folder (must be empty or new)")
-    p.add_argument("--checkpoint", type=Path, help="weights file to export (default: the average of the last "
-                   "decode.average_last checkpoints, §6.1)")
-    p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
-                   help="store weights quantized (default: float32)")
-    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
-    p.set_defaults(func=cmd_export)
+    for c in COMMANDS:
+        c.arguments(sub.add_parser(c.name, help=c.help, description=c.description, epilog=EPILOG))
+        sub.choices[c.name].set_defaults(func=c.run)
     return parser
 
 
