@@ -269,6 +269,46 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def _check_pieces(translator: Translator, limits: Limits, text: str | None, where: str) -> None:
+    """422 for an empty source sentence, or a side of more pieces (with EOS) than --max-attention-pieces."""
+    if where == "text" and not text.strip():
+        raise LimitError(422, f"{where}: empty sentence")
+    if text is not None and (n := len(translator.tokenizer.pieces(text.strip()))) + 1 > limits.max_attention_pieces:
+        raise LimitError(422, f"{where}: {n} pieces and EOS, more than the limit of {limits.max_attention_pieces} "
+                              "(--max-attention-pieces): send a shorter text, or a shorter translation")
+
+
+def _attention(translator: Translator, limits: Limits, text: str, translation: str | None) -> dict:
+    """In the model thread: the maps of ``text`` and its translation (given, else the model's own)."""
+    _check_pieces(translator, limits, translation, "translation")
+    tgt = translation if translation is not None else translator.translate([text])[0]
+    _check_pieces(translator, limits, tgt, "the model's translation")
+    return {"translation": tgt, **attention_maps(translator, text, tgt).to_json()}
+
+
+def _answer_errors_in_json(app: FastAPI) -> None:
+    """Every error in one shape, {"error": ...}: invalid requests (422, or 400 for malformed JSON), our
+    limits (with Retry-After on a 503), and FastAPI's own (a body it cannot parse, 404, 405)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return JSONResponse({"error": "malformed JSON: " + errors[0].get("msg", "")}, status_code=400)
+        detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]), "problem": e.get("msg", "")}
+                  for e in errors]
+        return JSONResponse({"error": "invalid request", "detail": detail}, status_code=422)
+
+    @app.exception_handler(LimitError)
+    async def limited(request: Request, exc: LimitError) -> JSONResponse:
+        headers = {"Retry-After": str(round(exc.retry_after))} if exc.retry_after else None
+        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+
 def create_app(translator: Translator, limits: Limits = Limits(), name: str = "transformer") -> FastAPI:
     """The ASGI app; ``uvicorn`` serves it, tests call it in-process."""
     executor = ThreadPoolExecutor(1, thread_name_prefix="model")
@@ -290,25 +330,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
                               "§6.1) and its attention weights (appendix figures).")
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse({"error": "malformed JSON: " + errors[0].get("msg", "")}, status_code=400)
-        detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]), "problem": e.get("msg", "")}
-                  for e in errors]
-        return JSONResponse({"error": "invalid request", "detail": detail}, status_code=422)
-
-    @app.exception_handler(LimitError)
-    async def limited(request: Request, exc: LimitError) -> JSONResponse:
-        headers = {"Retry-After": str(round(exc.retry_after))} if exc.retry_after else None
-        return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        """FastAPI's own errors (a body it cannot parse, e.g. JSON nested too deep or invalid UTF-8 in a
-        string; 404; 405) in the same {"error": ...} shape as ours."""
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+    _answer_errors_in_json(app)
 
     def check_sentence(text: str, where: str) -> None:
         if len(text) > limits.max_chars:
@@ -344,26 +366,15 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         {"translation", "src", "tgt_in", "tgt_out", "scale", "shape": {kind: [L, H, Tq, Tk]},
         "weights": {kind: flat integers}}; weight = integer / scale (figures.AttentionMaps.to_json)."""
         check_sentence(req.text, "text")
-        if not req.text.strip():
-            raise LimitError(422, "text: empty sentence")
         if req.translation is not None:
             check_sentence(req.translation, "translation")
-        for where, text in (("text", req.text), ("translation", req.translation)):
-            if text is not None and (n := len(translator.tokenizer.pieces(text.strip()))) + 1 > limits.max_attention_pieces:
-                raise LimitError(422, f"{where}: {n} pieces and EOS, more than the limit of "
-                                      f"{limits.max_attention_pieces} (--max-attention-pieces)")
+        _check_pieces(translator, limits, req.text, "text")
         if attention_slots.locked():
             raise LimitError(503, f"busy: {limits.max_attention_queued} attention requests are in progress; "
                                   "try again shortly", retry_after=1)
         async with attention_slots:
-            def run() -> dict:
-                tgt = req.translation if req.translation is not None else translator.translate([req.text])[0]
-                if (n := len(translator.tokenizer.pieces(tgt.strip()))) + 1 > limits.max_attention_pieces:
-                    raise LimitError(422, f"the model's translation has {n} pieces and EOS, more than the limit "
-                                          f"of {limits.max_attention_pieces}: send a shorter text, or a translation")
-                return {"translation": tgt, **attention_maps(translator, req.text, tgt).to_json()}
-
-            maps = await asyncio.get_running_loop().run_in_executor(executor, run)
+            maps = await asyncio.get_running_loop().run_in_executor(
+                executor, lambda: _attention(translator, limits, req.text, req.translation))
             body = await asyncio.to_thread(lambda: json.dumps(maps).encode())  # MBs: not on the event loop
         return Response(body, media_type="application/json")
 
