@@ -41,7 +41,8 @@ import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import Config, load_config
-from transformer.data import read_lines, resolve_data_path
+from transformer.data import read_lines
+from transformer.prepare import resolve_data_path
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
 from transformer.train import train
 from transformer.translator import Translator

@@ -24,9 +24,12 @@ from pathlib import Path
 
 import torch
 
-from transformer.data import read_lines, resolve_data_path
+from transformer.data import read_lines
+
+from transformer.prepare import resolve_data_path
 from transformer.translator import Translator
-from transformer.trees import delinearize, read_trees, score_trees
+from transformer.evaluate import score_trees
+from transformer.trees import delinearize, read_trees
 
 from common import train_or_reread, weight_candidates
 
@@ -79,7 +82,7 @@ def main() -> None:
         "picked_on_dev": picked, "dev": dev, "test": test, "test_unconstrained": free,
         "decode": {"beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha, "max_len_offset": cfg.decode.max_len_offset,
                    "constrained": cfg.decode.constrained},
-        "scoring": "EVALB COLLINS.prm rules (transformer/trees.py): labelled brackets, punctuation by gold tag "
+        "scoring": "EVALB COLLINS.prm rules (transformer/evaluate.py): labelled brackets, punctuation by gold tag "
                    "removed, ADVP = PRT, POS nodes not counted, micro-averaged",
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
         "config": str(config.relative_to(ROOT)), "overrides": overrides, "date": datetime.date.today().isoformat(),

@@ -30,7 +30,9 @@ import numpy as np
 import sentencepiece
 import torch
 
-from transformer.data import make_batches_from_lengths, read_lines, resolve_data_path
+from transformer.data import make_batches_from_lengths, read_lines
+
+from transformer.prepare import resolve_data_path
 from transformer.store import TokenStore
 from transformer.tokenizer import Tokenizer
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from transformer.checkpoint import list_checkpoints
-from transformer.data import encode_for_decoding, read_lines, resolve_data_path
+from transformer.data import encode_for_decoding, read_lines
+from transformer.prepare import resolve_data_path
 from transformer.config import EARLY_STOPS
 from transformer.decode import translate_ids
 from transformer.evaluate import sacrebleu_scores

@@ -28,7 +28,9 @@ from pathlib import Path
 import httpx
 import torch
 
-from transformer.data import read_lines, resolve_data_path
+from transformer.data import read_lines
+
+from transformer.prepare import resolve_data_path
 from transformer.serve import start_server
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -62,7 +62,8 @@ import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import load_config
-from transformer.data import read_lines, resolve_data_path
+from transformer.data import read_lines
+from transformer.prepare import resolve_data_path
 from transformer.export import export_ctranslate2
 from transformer.model import flops_per_token, sinusoidal_positions
 from transformer.tokenizer import EOS_ID, UNK_ID, Tokenizer

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import gzip
-import hashlib
-import http.server
-import socket
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from transformer import data
-from transformer.data import (BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs,
-                              find_data_root, lengths, make_batches, padding_fraction, read_lines, read_parallel,
-                              resolve_data_path)
+from transformer.data import (BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, lengths,
+                              make_batches, padding_fraction, read_lines, read_parallel)
+from transformer.prepare import find_data_root
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 
@@ -194,117 +187,3 @@ def test_batch_order_is_deterministic_and_sharded() -> None:
         assert len(a) == len(b) == len(r0) == 50 and not set(a) & set(b)
     with pytest.raises(DataError, match="2 batches for 3 ranks"):
         BatchOrder(2, 0, rank=0, world_size=3)
-
-
-# --- finding and downloading data ------------------------------------------------------------------
-
-@pytest.fixture
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """No TRANSFORMER_DATA, an empty cwd and HOME in tmp_path, no proxies."""
-    for var in ("TRANSFORMER_DATA", "TRANSFORMER_MULTI30K_URL", "http_proxy", "HTTP_PROXY",
-                "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("no_proxy", "*")
-    (tmp_path / "home").mkdir()
-    (tmp_path / "cwd").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path / "cwd")
-    monkeypatch.setattr(data, "_CHECKOUT", tmp_path / "checkout" / "main")
-    return tmp_path
-
-
-def test_find_data_root_order(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert find_data_root() is None
-    home_cache = isolated / "home" / ".cache" / "transformer"
-    home_cache.mkdir(parents=True)
-    assert find_data_root() == home_cache
-    shared = isolated / "checkout" / "shared" / "data"
-    shared.mkdir(parents=True)
-    assert find_data_root() == shared
-    (isolated / "cwd" / "data").mkdir()
-    assert find_data_root() == isolated / "cwd" / "data"
-    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "missing"))
-    assert find_data_root() == isolated / "cwd" / "data"  # a missing env folder is skipped
-    (isolated / "env").mkdir()
-    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))
-    assert find_data_root() == isolated / "env"
-
-
-def test_resolve_data_path_searches_roots_in_order(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for root in ("env", "checkout/shared/data"):
-        (isolated / root / "multi30k").mkdir(parents=True)
-        (isolated / root / "multi30k" / "x.txt").write_text(root)
-    assert resolve_data_path("multi30k/x.txt") == isolated / "checkout/shared/data/multi30k/x.txt"
-    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))
-    assert resolve_data_path("multi30k/x.txt") == isolated / "env/multi30k/x.txt"
-    absolute = isolated / "checkout/shared/data/multi30k/x.txt"
-    assert resolve_data_path(str(absolute)) == absolute
-    with pytest.raises(DataError, match=r"not found: multi30k/y\.txt.*env"):
-        resolve_data_path("multi30k/y.txt")
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A local HTTP server on 127.0.0.1 serving tmp_path/served; never the internet."""
-    served = tmp_path / "served"
-    served.mkdir()
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                            functools.partial(_QuietHandler, directory=str(served)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/", served
-    httpd.shutdown()
-    httpd.server_close()
-
-
-FAKE = gzip.compress("Ein Hund.\nZwei Katzen.\n".encode())
-
-
-def test_download_success(isolated: Path, server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    url, served = server
-    (served / "fake.de.gz").write_bytes(FAKE)
-    monkeypatch.setattr(data, "MULTI30K_SHA256", {"fake.de.gz": hashlib.sha256(FAKE).hexdigest()})
-    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", url)
-    path = resolve_data_path("multi30k/fake.de.gz")
-    assert path == isolated / "home" / ".cache" / "transformer" / "multi30k" / "fake.de.gz"
-    assert read_lines(path) == ["Ein Hund.", "Zwei Katzen."]
-    assert [p.name for p in path.parent.iterdir()] == ["fake.de.gz"]  # no temp file left
-    (served / "fake.de.gz").unlink()
-    assert resolve_data_path("multi30k/fake.de.gz") == path  # found in the cache, not fetched again
-
-
-def test_download_sha_mismatch_keeps_nothing(isolated: Path, server: tuple[str, Path],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    url, served = server
-    (served / "fake.de.gz").write_bytes(FAKE)
-    monkeypatch.setattr(data, "MULTI30K_SHA256", {"fake.de.gz": "0" * 64})
-    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", url)
-    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))
-    with pytest.raises(DataError, match="sha256") as e:
-        resolve_data_path("multi30k/fake.de.gz")
-    assert "\n" not in str(e.value)
-    assert list((isolated / "env" / "multi30k").iterdir()) == []
-
-
-def test_download_unreachable_says_where_to_put_files(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as s:  # a port that was free a moment ago: connections are refused
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", f"http://127.0.0.1:{port}/")
-    with pytest.raises(DataError) as e:
-        resolve_data_path("multi30k/train.en.gz")
-    message = str(e.value)
-    folder = isolated / "home" / ".cache" / "transformer" / "multi30k"
-    assert "\n" not in message and "multi30k/train.en.gz" in message and str(folder) in message
-    assert list(folder.iterdir()) == []
-
-
-def test_only_known_multi30k_files_are_downloaded(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", "http://127.0.0.1:9/")
-    with pytest.raises(DataError, match="not found: multi30k/train.xx.gz"):
-        resolve_data_path("multi30k/train.xx.gz")

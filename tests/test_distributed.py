@@ -12,7 +12,8 @@ import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import load_config
-from transformer.data import BatchOrder, encode_pairs, make_batches, read_parallel, resolve_data_path
+from transformer.data import BatchOrder, encode_pairs, make_batches, read_parallel
+from transformer.prepare import resolve_data_path
 from transformer.tokenizer import Tokenizer
 from transformer.train import train
 

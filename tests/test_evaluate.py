@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from transformer.evaluate import (_split_compounds, moses_tokenize_lc, paper_bleu, sacrebleu_scores,
+from transformer.evaluate import (_split_compounds, moses_tokenize_lc, paper_bleu, sacrebleu_scores, score_trees,
                                   tok_lc_bleu)
+from transformer.trees import Tree, TreeError, parse_brackets
 
 DATA = Path(os.environ.get("TRANSFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 M30K = DATA / "multi30k"
@@ -89,3 +90,55 @@ def test_paper_bleu_splits_compounds() -> None:
     # Cased: the same sentence lowercased loses the capitalised tokens' matches.
     assert paper_bleu(REFS, REFS, "de") == pytest.approx(100.0)
     assert paper_bleu([h.lower() for h in REFS], REFS, "de") < 50
+
+
+# --- parse trees (§6.3) ------------------------------------------------------------------------------
+
+def tree(text: str) -> Tree:
+    (t,) = parse_brackets(text)
+    return t
+
+
+def f1(gold: str, test: str) -> tuple[float, float, float]:
+    s = score_trees([tree(gold)], [tree(test)])
+    return round(s.precision, 2), round(s.recall, 2), round(s.f1, 2)
+
+
+# EVALB (COLLINS.prm) by hand: brackets exclude POS nodes, punctuation is removed by its gold tag.
+def test_score_identical():
+    t = "(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))"
+    assert f1(t, t) == (100.0, 100.0, 100.0)
+
+
+def test_score_punctuation_attachment_does_not_count():
+    gold = "(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))"  # S(0,3) NP(0,2) VP(2,3)
+    test = "(S (NP (XX The) (XX dog)) (VP (XX barked) (XX .)))"  # the period inside VP: VP(2,3) all the same
+    assert f1(gold, test) == (100.0, 100.0, 100.0)
+
+
+def test_score_unary_chain_and_label_mismatch():
+    assert f1("(S (VP (VB Go)))", "(S (VP (XX Go)))") == (100.0, 100.0, 100.0)
+    assert f1("(S (VP (VB Go)))", "(S (NP (XX Go)))") == (50.0, 50.0, 50.0)  # S matches, NP != VP
+    assert f1("(S (VP (VB Go)))", "(S (XX Go))") == (100.0, 50.0, 66.67)  # the unary VP is missing
+
+
+def test_score_advp_equals_prt():
+    assert f1("(S (VP (VB give) (PRT (RP up))))", "(S (VP (XX give) (ADVP (XX up))))") == (100.0, 100.0, 100.0)
+
+
+def test_score_crossing_brackets():
+    gold = "(S (NP (A a) (B b)) (VP (C c) (D d)))"  # S(0,4) NP(0,2) VP(2,4)
+    test = "(S (X (A a) (B b) (C c)) (D d))"  # S(0,4) X(0,3): crosses VP
+    assert f1(gold, test) == (50.0, 33.33, 40.0)
+
+
+def test_score_duplicate_brackets_match_one_to_one_and_corpus_is_micro_averaged():
+    assert f1("(S (NP (NP (A a))))", "(S (NP (A a)))") == (100.0, 66.67, 80.0)
+    s = score_trees([tree("(S (A a) (B b))"), tree("(S (NP (A a) (B b)) (C c))")],
+                    [tree("(S (A a) (B b))"), tree("(S (A a) (VP (B b) (C c)))")])
+    assert (s.matched, s.gold, s.test) == (2, 3, 3)
+
+
+def test_score_refuses_different_words():
+    with pytest.raises(TreeError, match="words differ"):
+        score_trees([tree("(S (A a))")], [tree("(S (A b))")])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import http.server
 import io
 import json
+import socket
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -15,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from transformer.data import DataError, read_lines
-from transformer.prepare import ARCHIVES, DATASETS, Pinned, prepare, read_sgm
+from transformer import prepare as prepare_module
+from transformer.prepare import (ARCHIVES, DATASETS, Pinned, find_data_root, prepare, read_sgm,
+                                 resolve_data_path)
 
 EUROPARL_EN = ["Resumption of the session", "I declare resumed the session.", ""]
 EUROPARL_DE = ["Wiederaufnahme der Sitzungsperiode", "Ich erkläre die Sitzung für wiederaufgenommen.", ""]
@@ -233,3 +237,98 @@ def test_every_archive_is_pinned() -> None:
     archives = {c.archive for d in DATASETS.values() for c in (*d.train, d.valid, d.test)}
     assert archives == set(ARCHIVES)
     assert all(p.sha256 or p.md5 for p in ARCHIVES.values())
+
+
+# --- finding and downloading data ------------------------------------------------------------------
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No TRANSFORMER_DATA, an empty cwd and HOME in tmp_path, no proxies."""
+    for var in ("TRANSFORMER_DATA", "TRANSFORMER_MULTI30K_URL", "http_proxy", "HTTP_PROXY",
+                "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "*")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setattr(prepare_module, "_CHECKOUT", tmp_path / "checkout" / "main")
+    return tmp_path
+
+
+def test_find_data_root_order(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert find_data_root() is None
+    home_cache = isolated / "home" / ".cache" / "transformer"
+    home_cache.mkdir(parents=True)
+    assert find_data_root() == home_cache
+    shared = isolated / "checkout" / "shared" / "data"
+    shared.mkdir(parents=True)
+    assert find_data_root() == shared
+    (isolated / "cwd" / "data").mkdir()
+    assert find_data_root() == isolated / "cwd" / "data"
+    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "missing"))
+    assert find_data_root() == isolated / "cwd" / "data"  # a missing env folder is skipped
+    (isolated / "env").mkdir()
+    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))
+    assert find_data_root() == isolated / "env"
+
+
+def test_resolve_data_path_searches_roots_in_order(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for root in ("env", "checkout/shared/data"):
+        (isolated / root / "multi30k").mkdir(parents=True)
+        (isolated / root / "multi30k" / "x.txt").write_text(root)
+    assert resolve_data_path("multi30k/x.txt") == isolated / "checkout/shared/data/multi30k/x.txt"
+    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))
+    assert resolve_data_path("multi30k/x.txt") == isolated / "env/multi30k/x.txt"
+    absolute = isolated / "checkout/shared/data/multi30k/x.txt"
+    assert resolve_data_path(str(absolute)) == absolute
+    with pytest.raises(DataError, match=r"not found: multi30k/y\.txt.*env"):
+        resolve_data_path("multi30k/y.txt")
+
+
+FAKE = gzip.compress("Ein Hund.\nZwei Katzen.\n".encode())
+
+
+def test_download_success(isolated: Path, server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    url, served = server
+    (served / "fake.de.gz").write_bytes(FAKE)
+    monkeypatch.setattr(prepare_module, "MULTI30K_SHA256", {"fake.de.gz": hashlib.sha256(FAKE).hexdigest()})
+    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", url)
+    path = resolve_data_path("multi30k/fake.de.gz")
+    assert path == isolated / "home" / ".cache" / "transformer" / "multi30k" / "fake.de.gz"
+    assert read_lines(path) == ["Ein Hund.", "Zwei Katzen."]
+    assert [p.name for p in path.parent.iterdir()] == ["fake.de.gz"]  # no temp file left
+    (served / "fake.de.gz").unlink()
+    assert resolve_data_path("multi30k/fake.de.gz") == path  # found in the cache, not fetched again
+
+
+def test_download_sha_mismatch_keeps_nothing(isolated: Path, server: tuple[str, Path],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    url, served = server
+    (served / "fake.de.gz").write_bytes(FAKE)
+    monkeypatch.setattr(prepare_module, "MULTI30K_SHA256", {"fake.de.gz": "0" * 64})
+    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", url)
+    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))
+    with pytest.raises(DataError, match="sha256") as e:
+        resolve_data_path("multi30k/fake.de.gz")
+    assert "\n" not in str(e.value)
+    assert list((isolated / "env" / "multi30k").iterdir()) == []
+
+
+def test_download_unreachable_says_where_to_put_files(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as s:  # a port that was free a moment ago: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", f"http://127.0.0.1:{port}/")
+    with pytest.raises(DataError) as e:
+        resolve_data_path("multi30k/train.en.gz")
+    message = str(e.value)
+    folder = isolated / "home" / ".cache" / "transformer" / "multi30k"
+    assert "\n" not in message and "multi30k/train.en.gz" in message and str(folder) in message
+    assert list(folder.iterdir()) == []
+
+
+def test_only_known_multi30k_files_are_downloaded(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", "http://127.0.0.1:9/")
+    with pytest.raises(DataError, match="not found: multi30k/train.xx.gz"):
+        resolve_data_path("multi30k/train.xx.gz")

@@ -148,7 +148,8 @@ def decoded(translator, monkeypatch) -> list[str]:
     """Every line the translator is asked to decode, in order."""
     lines_seen: list[str] = []
     real = translator.translate
-    monkeypatch.setattr(translator, "translate", lambda lines, *a, **k: lines_seen.extend(lines) or real(lines, *a, **k))
+    monkeypatch.setattr(translator, "translate",
+                        lambda lines, *a, **k: lines_seen.extend(lines) or real(lines, *a, **k))
     return lines_seen
 
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from transformer.data import find_data_root, read_lines
+from transformer.data import read_lines
+
+from transformer.prepare import find_data_root
 from transformer.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerError
 
 N_LINES = 1000  # per language: ~2,000 training sentences keep training well under a second

@@ -83,7 +83,8 @@ def test_tiny_model_overfits_twenty_pairs(tmp_path, multi30k):
     spm_src, spm_tgt = write_slice(multi30k, tmp_path, "train", 0, 2000)
     run = tmp_path / "run"
     run.mkdir()
-    Tokenizer.train(read_lines(spm_src) + read_lines(spm_tgt), run / "spm.model", vocab_size=300, input_sentence_size=10000)
+    Tokenizer.train(read_lines(spm_src) + read_lines(spm_tgt), run / "spm.model", vocab_size=300,
+                    input_sentence_size=10000)
     cfg = load_config("tiny", [f'data.train_src="{src}"', f'data.train_tgt="{tgt}"', f'data.valid_src="{src}"',
                                f'data.valid_tgt="{tgt}"', "data.vocab_size=300", "model.p_drop=0.0",
                                "train.eps_ls=0.0", "train.max_steps=300", "train.warmup_steps=50",
@@ -209,7 +210,9 @@ def test_bf16_autocast_and_compile_train_like_fp32(tmp_path, tiny_overrides, opt
     runs = {}
     for name, extra in [("fp32", []), ("other", [option])]:
         dtypes = set()
-        record = lambda module, args, out: dtypes.add(out.dtype) if isinstance(module, torch.nn.Linear) else None  # noqa: E731
+        def record(module, args, out, dtypes=dtypes) -> None:
+            if isinstance(module, torch.nn.Linear):
+                dtypes.add(out.dtype)
         torch._dynamo.reset()
         counters.clear()
         # a global hook on a compiled module fires twice (torch warns): only the bf16 case needs it

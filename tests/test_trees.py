@@ -12,8 +12,9 @@ from transformer.config import ModelConfig
 from transformer.decode import beam_search
 from transformer.model import Transformer
 from transformer.tokenizer import EOS_ID
-from transformer.trees import (PTB_SPLITS, Tree, TreeConstraint, TreeError, delinearize, linearize, normalize,
-                               parse_brackets, read_trees, score_trees, tree_symbols, with_tags, write_ptb_splits)
+from transformer.prepare import PTB_SPLITS, write_ptb_splits
+from transformer.trees import (Tree, TreeConstraint, TreeError, delinearize, linearize, normalize, parse_brackets,
+                               read_trees, tree_symbols, with_tags)
 
 PTB = DATA / "ptb-sample"
 
@@ -21,11 +22,6 @@ PTB = DATA / "ptb-sample"
 def tree(text: str) -> Tree:
     (t,) = parse_brackets(text)
     return t
-
-
-def f1(gold: str, test: str) -> tuple[float, float, float]:
-    s = score_trees([tree(gold)], [tree(test)])
-    return round(s.precision, 2), round(s.recall, 2), round(s.f1, 2)
 
 
 def test_normalisation_removes_traces_function_tags_and_the_outer_bracket():
@@ -110,46 +106,6 @@ def test_linearize_with_words():
     assert " ".join(linearize(t)) == "(S (NP XX XX )NP (VP XX )VP XX )S"
     assert " ".join(linearize(t, words=True)) == "(S (NP The dog )NP (VP barked )VP . )S"
     assert tree_symbols([" ".join(linearize(t, words=True))]) == {"(S", ")S", "(NP", ")NP", "(VP", ")VP"}
-
-
-# EVALB (COLLINS.prm) by hand: brackets exclude POS nodes, punctuation is removed by its gold tag.
-def test_score_identical():
-    t = "(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))"
-    assert f1(t, t) == (100.0, 100.0, 100.0)
-
-
-def test_score_punctuation_attachment_does_not_count():
-    gold = "(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))"  # S(0,3) NP(0,2) VP(2,3)
-    test = "(S (NP (XX The) (XX dog)) (VP (XX barked) (XX .)))"  # the period inside VP: VP(2,3) all the same
-    assert f1(gold, test) == (100.0, 100.0, 100.0)
-
-
-def test_score_unary_chain_and_label_mismatch():
-    assert f1("(S (VP (VB Go)))", "(S (VP (XX Go)))") == (100.0, 100.0, 100.0)
-    assert f1("(S (VP (VB Go)))", "(S (NP (XX Go)))") == (50.0, 50.0, 50.0)  # S matches, NP != VP
-    assert f1("(S (VP (VB Go)))", "(S (XX Go))") == (100.0, 50.0, 66.67)  # the unary VP is missing
-
-
-def test_score_advp_equals_prt():
-    assert f1("(S (VP (VB give) (PRT (RP up))))", "(S (VP (XX give) (ADVP (XX up))))") == (100.0, 100.0, 100.0)
-
-
-def test_score_crossing_brackets():
-    gold = "(S (NP (A a) (B b)) (VP (C c) (D d)))"  # S(0,4) NP(0,2) VP(2,4)
-    test = "(S (X (A a) (B b) (C c)) (D d))"  # S(0,4) X(0,3): crosses VP
-    assert f1(gold, test) == (50.0, 33.33, 40.0)
-
-
-def test_score_duplicate_brackets_match_one_to_one_and_corpus_is_micro_averaged():
-    assert f1("(S (NP (NP (A a))))", "(S (NP (A a)))") == (100.0, 66.67, 80.0)
-    s = score_trees([tree("(S (A a) (B b))"), tree("(S (NP (A a) (B b)) (C c))")],
-                    [tree("(S (A a) (B b))"), tree("(S (A a) (VP (B b) (C c)))")])
-    assert (s.matched, s.gold, s.test) == (2, 3, 3)
-
-
-def test_score_refuses_different_words():
-    with pytest.raises(TreeError, match="words differ"):
-        score_trees([tree("(S (A a))")], [tree("(S (A b))")])
 
 
 def test_unbalanced_text_is_refused_with_its_place():

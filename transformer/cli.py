@@ -181,7 +181,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
          description="Prints detokenized cased sacreBLEU with its signature and "
                      "chrF; with --tok-ref also the Multi30k literature's tokenized lowercased BLEU.")
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    from .data import read_lines, resolve_data_path
+    from .data import read_lines
+    from .prepare import resolve_data_path
     from .evaluate import paper_bleu, sacrebleu_scores, tok_lc_bleu
 
     translator = _translator(args)
@@ -195,7 +196,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
     src = read_lines(args.src)
     if d.task == "parse":
-        from .trees import parse_brackets, score_trees
+        from .evaluate import score_trees
+        from .trees import parse_brackets
 
         gold = parse_brackets(args.ref.read_text(encoding="utf-8"), str(args.ref))
         if len(src) != len(gold):
@@ -272,7 +274,8 @@ def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:
          description="Scores --test trees against --gold trees (bracketed, any "
                      "layout; .mrg files work) as EVALB does with COLLINS.prm.")
 def cmd_evaluate_parse(args: argparse.Namespace) -> None:
-    from .trees import normalize, read_trees, score_trees
+    from .evaluate import score_trees
+    from .trees import normalize, read_trees
 
     gold = [normalize(t) for t in read_trees(args.gold)]
     test = [normalize(t) for t in read_trees(args.test)]
@@ -396,7 +399,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     import tempfile
 
     from .config import load_config
-    from .data import resolve_data_path
+    from .prepare import resolve_data_path
     from .store import write_store
     from .tokenizer import Tokenizer
     from .train import train_vocabulary

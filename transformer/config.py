@@ -65,7 +65,7 @@ class DataConfig:
     task: Literal["translate", "parse"] = "translate"  # parse: source words -> linearized tree (§6.3)
     src_lang: str = "en"
     tgt_lang: str = "de"
-    # Paths are absolute or relative to the data root (see data.find_data_root); "" = not given.
+    # Paths are absolute or relative to the data root (see prepare.find_data_root); "" = not given.
     train_src: str = ""
     train_tgt: str = ""
     train_store: str = ""  # a token store from `transformer preprocess`, read instead of train_src/train_tgt

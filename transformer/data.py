@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import io
 import itertools
-import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,93 +26,10 @@ import torch
 from numpy.typing import ArrayLike
 
 from .errors import UserError
-from .files import DownloadError, download
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
-MULTI30K_SHA256 = {  # task 1 raw files, as listed in the shared data README
-    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
-    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
-    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
-    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
-    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
-    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
-    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
-    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
-    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
-}
-_CHECKOUT = Path(__file__).resolve().parent.parent
-
 
 class DataError(UserError, ValueError):
     """A user error in the data; a one-line message naming the file and line, or both files."""
-
-
-def _candidate_roots() -> list[Path]:
-    env = os.environ.get("TRANSFORMER_DATA")
-    return ([Path(env).expanduser()] if env else []) + [
-        Path.cwd() / "data", _CHECKOUT.parent / "shared" / "data", Path.home() / ".cache" / "transformer"]
-
-
-def find_data_root() -> Path | None:
-    """First existing of $TRANSFORMER_DATA, ./data, <checkout>/../shared/data, ~/.cache/transformer."""
-    return next((root for root in _candidate_roots() if root.is_dir()), None)
-
-
-def _download_multi30k(name: str) -> Path:
-    """Fetches one Multi30k raw file into the cache, verified against its published sha256."""
-    env = os.environ.get("TRANSFORMER_DATA")
-    folder = (Path(env).expanduser() if env else Path.home() / ".cache" / "transformer") / "multi30k"
-    url = os.environ.get("TRANSFORMER_MULTI30K_URL", MULTI30K_URL).rstrip("/") + "/" + name
-    hint = (f"download the Multi30k task1 raw files ({MULTI30K_URL}) into {folder}, "
-            "or set TRANSFORMER_DATA to a folder holding multi30k/")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        download(url, folder / name, MULTI30K_SHA256[name])
-    except (DownloadError, OSError) as e:  # offline, HTTP error, refused, not the file, no folder: one message
-        raise DataError(f"multi30k/{name} is missing and could not be downloaded: {e}; {hint}") from None
-    return folder / name
-
-
-PTB_PARSE = "ptb-sample-parse"  # the parsing task's files (§6.3), built from ptb-sample/ on first use
-
-
-def _build_ptb_parse(name: str, roots: list[Path]) -> Path:
-    """Writes {train,valid,test}.{words,lin,gold} from the WSJ sample's .mrg files into the cache."""
-    from .trees import write_ptb_splits  # trees is only needed here
-
-    ptb = next((root / "ptb-sample" for root in roots if (root / "ptb-sample").is_dir()), None)
-    if ptb is None:
-        raise DataError(f"{PTB_PARSE}/{name}: built from ptb-sample/ (the Penn Treebank WSJ sample's .mrg files), "
-                        f"which is in none of {', '.join(map(str, roots))}; set TRANSFORMER_DATA")
-    folder = Path.home() / ".cache" / "transformer" / PTB_PARSE
-    write_ptb_splits(ptb, folder)
-    if not (folder / name).exists():
-        raise DataError(f"{PTB_PARSE}/{name}: not a file of the parsing task (train|valid|test . words|lin|wlin|gold)")
-    return folder / name
-
-
-def resolve_data_path(path: str) -> Path:
-    """A data file: absolute or existing as given, else under each data root in order.
-
-    A missing Multi30k raw file ("multi30k/<file>") is downloaded, so the recipes run from a fresh
-    checkout; anything else missing is an error that lists where it was looked for.
-    """
-    given = Path(path).expanduser()
-    if given.exists():
-        return given
-    if given.is_absolute():
-        raise DataError(f"data file not found: {given}")
-    roots = _candidate_roots()
-    for root in roots:
-        if (root / given).exists():
-            return root / given
-    if len(given.parts) == 2 and given.parts[0] == "multi30k" and given.name in MULTI30K_SHA256:
-        return _download_multi30k(given.name)
-    if len(given.parts) == 2 and given.parts[0] == PTB_PARSE:
-        return _build_ptb_parse(given.name, roots)
-    raise DataError(f"data file not found: {path} (searched ./ and {', '.join(map(str, roots))}; "
-                    "set TRANSFORMER_DATA to the folder that holds it)")
 
 
 def iter_lines(path: Path) -> Iterator[str]:

@@ -1,4 +1,5 @@
-"""Translation quality: sacreBLEU and chrF, and the two tokenized BLEUs others report (§6.1, A13).
+"""Scores: translation quality (sacreBLEU, chrF, and the two tokenized BLEUs others report; §6.1, A13)
+and parse quality (labelled bracket F1, §6.3).
 
 Three numbers that must never be mixed up, so each has its own function:
 - sacrebleu_scores: detokenized, cased sacreBLEU (and chrF) with its signature; comparable across papers.
@@ -7,15 +8,28 @@ Three numbers that must never be mixed up, so each has its own function:
 - paper_bleu: what the authors' get_ende_bleu.sh computed for Table 2 (Moses tokenization, ##AT##
   compound splitting, multi-bleu.perl).
 Tokenized BLEUs are scored like multi-bleu.perl: whitespace tokens, no smoothing.
+
+Parse trees (§6.3): ``score_trees`` is EVALB with COLLINS.prm, the standard for that task: labelled
+brackets (label, first word, last word) over all constituents except part-of-speech nodes; words
+whose gold tag is punctuation (``,`` ``:`` ``` `` ``` ``''`` ``.``) are removed before spans are
+counted; ADVP and PRT are the same label; brackets are matched one to one (unary chains count each
+bracket); precision, recall and F1 are summed over the corpus (micro-averaged). The model predicts
+no tags, so a parsed tree carries the placeholder, and scoring reads the gold tree's tags for
+punctuation, as EVALB reads both trees' tags with the same words (the gold tags are put in the
+parse's preterminals).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
+from dataclasses import dataclass
 from functools import lru_cache
 
 import sacrebleu
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+from .trees import Tree, TreeError, with_tags
 
 
 def _check_lengths(hyps: list[str], refs: list[str]) -> None:
@@ -82,3 +96,75 @@ def paper_bleu(hyps: list[str], refs: list[str], lang: str) -> float:
     tok = _tokenizer(lang)
     prep = [_split_compounds(tok.tokenize(x, escape=True, return_str=True)) for x in hyps]
     return _multi_bleu(prep, [_split_compounds(tok.tokenize(r, escape=True, return_str=True)) for r in refs])
+
+
+# -------------------------------------------------------------------------------------------- parse trees (§6.3)
+PUNCTUATION_TAGS = frozenset({",", ":", "``", "''", "."})  # COLLINS.prm DELETE_LABEL
+EQUAL_LABELS = {"PRT": "ADVP"}  # COLLINS.prm EQ_LABEL ADVP PRT
+
+
+def brackets(tree: Tree) -> Counter:
+    """EVALB's labelled brackets (label, start, end) of a tree whose tags are the gold tags."""
+    out: Counter = Counter()
+    position = 0
+
+    def walk(node: Tree) -> tuple[int, int]:
+        nonlocal position
+        if node.is_preterminal:
+            start = position
+            if node.label not in PUNCTUATION_TAGS and node.label != "-NONE-":
+                position += 1
+            return start, position
+        start = position
+        for child in node.children:
+            walk(child)
+        if position > start and node.label not in ("TOP", ""):
+            out[(EQUAL_LABELS.get(node.label, node.label), start, position)] += 1
+        return start, position
+    walk(tree)
+    return out
+
+
+@dataclass
+class ParseScore:
+    matched: int = 0
+    gold: int = 0
+    test: int = 0
+    sentences: int = 0
+
+    @property
+    def precision(self) -> float:
+        return 100.0 * self.matched / self.test if self.test else 0.0
+
+    @property
+    def recall(self) -> float:
+        return 100.0 * self.matched / self.gold if self.gold else 0.0
+
+    @property
+    def f1(self) -> float:
+        p, r = self.precision, self.recall
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+    def as_dict(self) -> dict:
+        return {"f1": round(self.f1, 2), "precision": round(self.precision, 2), "recall": round(self.recall, 2),
+                "matched": self.matched, "gold_brackets": self.gold, "test_brackets": self.test,
+                "sentences": self.sentences}
+
+
+def score_trees(gold: list[Tree], test: list[Tree]) -> ParseScore:
+    """Labelled bracket precision / recall / F1 as EVALB with COLLINS.prm (module docstring)."""
+    if len(gold) != len(test):
+        raise TreeError(f"{len(gold)} gold trees but {len(test)} test trees")
+    score = ParseScore()
+    for i, (g, t) in enumerate(zip(gold, test), 1):
+        if g.words() != t.words():
+            raise TreeError(f"tree {i}: the test tree's words differ from the gold tree's "
+                            f"({' '.join(t.words()[:8])} ... vs {' '.join(g.words()[:8])} ...)")
+        # DEVIATION(§6.3): the model writes no part-of-speech tags (Vinyals et al.'s placeholder XX, or
+        # the word itself), so the parse's preterminals take the gold tags before EVALB's rules read them
+        gb, tb = brackets(g), brackets(with_tags(t, g.tags()))
+        score.matched += sum((gb & tb).values())
+        score.gold += sum(gb.values())
+        score.test += sum(tb.values())
+        score.sentences += 1
+    return score

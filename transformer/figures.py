@@ -176,7 +176,8 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
 def attention_html(maps: AttentionMaps, title: str = "attention") -> str:
     """A self-contained interactive page (no network): pick kind, layer, head, links or heatmaps,
     pieces or words; hover a token to isolate its attention."""
-    return web_page("attention.html", {"{{TITLE}}": html.escape(title), "/*{{DATA}}*/null": script_json(maps.to_json())})
+    fields = {"{{TITLE}}": html.escape(title), "/*{{DATA}}*/null": script_json(maps.to_json())}
+    return web_page("attention.html", fields)
 
 
 def script_json(data: object) -> str:

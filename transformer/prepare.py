@@ -1,4 +1,10 @@
-"""`transformer prepare`: download and extract the paper's WMT 2014 data (§5.1) as plain parallel text.
+"""Where data come from: the data folders, the small data sets fetched or built on first use
+(Multi30k, downloaded and checked; the parsing task's files, built from the Penn Treebank sample),
+and `transformer prepare`, which downloads and extracts the paper's WMT 2014 data (§5.1) as plain
+parallel text.
+
+``resolve_data_path`` finds a data file: as given, else under each data root in order
+($TRANSFORMER_DATA, ./data, ../shared/data beside the checkout, ~/.cache/transformer).
 
 §5.1: "We trained on the standard WMT 2014 English-German dataset consisting of about 4.5 million
 sentence pairs ... For English-French, we used the significantly larger WMT 2014 English-French
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import tarfile
@@ -27,6 +34,116 @@ from tqdm import tqdm
 
 from .data import DataError, iter_lines, iter_parallel
 from .files import DownloadError, atomic_path, download, write_text
+from .trees import TreeError, linearize, normalize, read_trees
+
+# ---------------------------------------------------------------------------------------------- data folders
+MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
+MULTI30K_SHA256 = {  # task 1 raw files, as listed in the shared data README
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+}
+_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def _candidate_roots() -> list[Path]:
+    env = os.environ.get("TRANSFORMER_DATA")
+    return ([Path(env).expanduser()] if env else []) + [
+        Path.cwd() / "data", _CHECKOUT.parent / "shared" / "data", Path.home() / ".cache" / "transformer"]
+
+
+def find_data_root() -> Path | None:
+    """First existing of $TRANSFORMER_DATA, ./data, <checkout>/../shared/data, ~/.cache/transformer."""
+    return next((root for root in _candidate_roots() if root.is_dir()), None)
+
+
+def _download_multi30k(name: str) -> Path:
+    """Fetches one Multi30k raw file into the cache, verified against its published sha256."""
+    env = os.environ.get("TRANSFORMER_DATA")
+    folder = (Path(env).expanduser() if env else Path.home() / ".cache" / "transformer") / "multi30k"
+    url = os.environ.get("TRANSFORMER_MULTI30K_URL", MULTI30K_URL).rstrip("/") + "/" + name
+    hint = (f"download the Multi30k task1 raw files ({MULTI30K_URL}) into {folder}, "
+            "or set TRANSFORMER_DATA to a folder holding multi30k/")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        download(url, folder / name, MULTI30K_SHA256[name])
+    except (DownloadError, OSError) as e:  # offline, HTTP error, refused, not the file, no folder: one message
+        raise DataError(f"multi30k/{name} is missing and could not be downloaded: {e}; {hint}") from None
+    return folder / name
+
+
+PTB_PARSE = "ptb-sample-parse"  # the parsing task's files (§6.3), built from ptb-sample/ on first use
+
+
+def _build_ptb_parse(name: str, roots: list[Path]) -> Path:
+    """Writes {train,valid,test}.{words,lin,gold} from the WSJ sample's .mrg files into the cache."""
+    ptb = next((root / "ptb-sample" for root in roots if (root / "ptb-sample").is_dir()), None)
+    if ptb is None:
+        raise DataError(f"{PTB_PARSE}/{name}: built from ptb-sample/ (the Penn Treebank WSJ sample's .mrg files), "
+                        f"which is in none of {', '.join(map(str, roots))}; set TRANSFORMER_DATA")
+    folder = Path.home() / ".cache" / "transformer" / PTB_PARSE
+    write_ptb_splits(ptb, folder)
+    if not (folder / name).exists():
+        raise DataError(f"{PTB_PARSE}/{name}: not a file of the parsing task (train|valid|test . words|lin|wlin|gold)")
+    return folder / name
+
+
+PTB_SPLITS = {"train": (1, 159), "valid": (160, 174), "test": (175, 189)}  # by file, as WSJ sections
+
+
+def write_ptb_splits(ptb_dir: Path, dest: Path) -> dict[str, int]:
+    """The parsing task's files from the WSJ sample's .mrg files, split by file number:
+    ``{split}.words`` (source: words separated by spaces), ``{split}.lin`` (target: the linearized
+    tree), ``{split}.wlin`` (the same with the words in place of XX) and ``{split}.gold`` (the
+    normalised tree, PTB bracketing, one per line)."""
+    ptb_dir, dest = Path(ptb_dir), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for split, (first, last) in PTB_SPLITS.items():
+        trees = []
+        for number in range(first, last + 1):
+            path = ptb_dir / f"wsj_{number:04d}.mrg"
+            if not path.exists():
+                raise TreeError(f"{path}: missing (expected wsj_0001.mrg ... wsj_0189.mrg in {ptb_dir})")
+            trees.extend(t for t in map(normalize, read_trees(path)) if t is not None)
+        for suffix, lines in (("words", [" ".join(t.words()) for t in trees]),
+                              ("lin", [" ".join(linearize(t)) for t in trees]),
+                              ("wlin", [" ".join(linearize(t, words=True)) for t in trees]),
+                              ("gold", [str(t) for t in trees])):
+            write_text(dest / f"{split}.{suffix}", "".join(line + "\n" for line in lines))
+        counts[split] = len(trees)
+    return counts
+
+
+def resolve_data_path(path: str) -> Path:
+    """A data file: absolute or existing as given, else under each data root in order.
+
+    A missing Multi30k raw file ("multi30k/<file>") is downloaded, so the recipes run from a fresh
+    checkout; anything else missing is an error that lists where it was looked for.
+    """
+    given = Path(path).expanduser()
+    if given.exists():
+        return given
+    if given.is_absolute():
+        raise DataError(f"data file not found: {given}")
+    roots = _candidate_roots()
+    for root in roots:
+        if (root / given).exists():
+            return root / given
+    if len(given.parts) == 2 and given.parts[0] == "multi30k" and given.name in MULTI30K_SHA256:
+        return _download_multi30k(given.name)
+    if len(given.parts) == 2 and given.parts[0] == PTB_PARSE:
+        return _build_ptb_parse(given.name, roots)
+    raise DataError(f"data file not found: {path} (searched ./ and {', '.join(map(str, roots))}; "
+                    "set TRANSFORMER_DATA to the folder that holds it)")
+
+
 
 BASE_URL = "https://www.statmt.org/"
 
@@ -93,15 +210,25 @@ class Pinned:
 # published sha256 that we know of: their md5 is what is checked.
 ARCHIVES = {
     "wmt13/training-parallel-europarl-v7.tgz": Pinned(
-        657632379, "0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7", "c52404583294a1b609e56d45b2ed06f5"),
+        657632379,
+        "0224c7c710c8a063dfd893b0cc0830202d61f4c75c17eb8e31836103d27d96e7",
+        "c52404583294a1b609e56d45b2ed06f5"),
     "wmt13/training-parallel-commoncrawl.tgz": Pinned(
-        918311367, "c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5", "7e0acbe86b0d7816300e14650f5b2bd4"),
+        918311367,
+        "c7a74e2ea01ac6c920123108627e35278d4ccb5701e15428ffa34de86fa3a9e5",
+        "7e0acbe86b0d7816300e14650f5b2bd4"),
     "wmt14/training-parallel-nc-v9.tgz": Pinned(
-        80418416, "cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485", "92e42b68f9d3c2ae9722e6d1c2623e21"),
+        80418416,
+        "cb8953f292298e6877ae433c98912b927cb0766b303f4540512ddd286c748485",
+        "92e42b68f9d3c2ae9722e6d1c2623e21"),
     "wmt13/training-parallel-un.tgz": Pinned(
-        2365634246, "29141b5c1eba149a94f7a59d3b1a834b2e47fe0f8758d68dcd77a3d3f497ee47", "bb25a213ba9140023e4cc82c778bef53"),
+        2365634246,
+        "29141b5c1eba149a94f7a59d3b1a834b2e47fe0f8758d68dcd77a3d3f497ee47",
+        "bb25a213ba9140023e4cc82c778bef53"),
     "wmt10/training-giga-fren.tar": Pinned(
-        2595102720, "3ff8319f6919393520559bfbc7ad6a747ec81b3abc7be9993b338d4b017b4d9a", "0b12e20027d5b5f0dfcca290c72c8953"),
+        2595102720,
+        "3ff8319f6919393520559bfbc7ad6a747ec81b3abc7be9993b338d4b017b4d9a",
+        "0b12e20027d5b5f0dfcca290c72c8953"),
     "wmt14/dev.tgz": Pinned(None, None, "88ba3fc60b2278d59277122e1c7dd6e7"),
     "wmt14/test-full.tgz": Pinned(None, None, "a8cd784e006feb32ac6f3d9ec7eb389a"),
 }

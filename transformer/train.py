@@ -32,12 +32,13 @@ from .distributed import Dist
 
 from .checkpoint import latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict, dump_toml, read_toml
-from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, iter_lines, lengths,
-                   make_batches, make_batches_from_lengths, padding_fraction, read_parallel, resolve_data_path)
+from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, iter_lines,
+                   lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import UserError
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import cooldown, learning_rate, make_optimizer
+from .prepare import resolve_data_path
 from .runtime import keep_freed_memory
 from .store import TokenStore
 from .tokenizer import PAD_ID, Tokenizer
@@ -133,7 +134,8 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
         symbols = tree_symbols(iter_lines(tgt))
     log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
         + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
-    tokenizer = Tokenizer.train(itertools.chain(iter_lines(src), iter_lines(tgt)), path, d.vocab_size, d.spm_input_sentences, seed=cfg.train.seed,
+    tokenizer = Tokenizer.train(itertools.chain(iter_lines(src), iter_lines(tgt)), path, d.vocab_size,
+                                d.spm_input_sentences, seed=cfg.train.seed,
                                 symbols=sorted(symbols))
     files.write_text(path.with_suffix(".json"), json.dumps(vocabulary_inputs(cfg, src, tgt), indent=2) + "\n")
     return tokenizer
@@ -425,8 +427,8 @@ class Trainer:
                  f"{t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
         self.order = BatchOrder(len(self.run_data.batches), t.seed, dist.rank, dist.world)
         self.epoch_order = self.order.epoch_order(self.state.epoch)
-        self.bleu_pairs = functools.cache(lambda: read_parallel(resolve_data_path(cfg.data.valid_src),
-                                                                resolve_data_path(cfg.data.valid_tgt))[:t.bleu_sentences])
+        valid = (cfg.data.valid_src, cfg.data.valid_tgt)
+        self.bleu_pairs = functools.cache(lambda: read_parallel(*map(resolve_data_path, valid))[:t.bleu_sentences])
 
     def resume(self) -> None:
         """Weights, optimizer moments, position in the data and random state from the newest intact checkpoint."""

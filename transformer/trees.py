@@ -13,20 +13,14 @@ Normalisation of a treebank tree (documented, and undone by nothing: it defines 
   start with "-", such as the tags ``-LRB-`` and ``-RRB-``, are kept as they are);
 - the treebank's unlabelled outermost bracket ``( (S ...) )`` is dropped: the tree is its child.
 
-Scoring follows EVALB with COLLINS.prm, the standard for this task: labelled brackets (label, first
-word, last word) over all constituents except part-of-speech nodes; words whose gold tag is
-punctuation (``,`` ``:`` ``` `` ``` ``''`` ``.``) are removed before spans are counted; ADVP and PRT
-are the same label; brackets are matched one to one (unary chains count each bracket); precision,
-recall and F1 are summed over the corpus (micro-averaged). The model predicts no tags, so a parsed
-tree carries the placeholder, and scoring reads the gold tree's tags for punctuation, as EVALB reads
-both trees' tags with the same words (the gold tags are put in the parse's preterminals).
+Scoring these trees against gold ones is in evaluate.py (EVALB's rules); the task's files are
+built by prepare.py.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +30,9 @@ import torch
 from torch import Tensor
 
 from .errors import UserError
-from .files import write_text
 from .tokenizer import EOS_ID, PAD_ID
 
 PLACEHOLDER = "XX"  # every part-of-speech tag in the target sequence (Vinyals et al. 2015)
-PUNCTUATION_TAGS = frozenset({",", ":", "``", "''", "."})  # COLLINS.prm DELETE_LABEL
-EQUAL_LABELS = {"PRT": "ADVP"}  # COLLINS.prm EQ_LABEL ADVP PRT
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 
 
@@ -360,99 +351,3 @@ class TreeConstraint:
             # anything else is a dead row's filler (all its candidates were -inf): its state stays
             states.append(h)
         self.states, self.written = states, self.written + 1
-
-
-# -------------------------------------------------------------------------------------------- scoring
-def brackets(tree: Tree) -> Counter:
-    """EVALB's labelled brackets (label, start, end) of a tree whose tags are the gold tags."""
-    out: Counter = Counter()
-    position = 0
-
-    def walk(node: Tree) -> tuple[int, int]:
-        nonlocal position
-        if node.is_preterminal:
-            start = position
-            if node.label not in PUNCTUATION_TAGS and node.label != "-NONE-":
-                position += 1
-            return start, position
-        start = position
-        for child in node.children:
-            walk(child)
-        if position > start and node.label not in ("TOP", ""):
-            out[(EQUAL_LABELS.get(node.label, node.label), start, position)] += 1
-        return start, position
-    walk(tree)
-    return out
-
-
-@dataclass
-class ParseScore:
-    matched: int = 0
-    gold: int = 0
-    test: int = 0
-    sentences: int = 0
-
-    @property
-    def precision(self) -> float:
-        return 100.0 * self.matched / self.test if self.test else 0.0
-
-    @property
-    def recall(self) -> float:
-        return 100.0 * self.matched / self.gold if self.gold else 0.0
-
-    @property
-    def f1(self) -> float:
-        p, r = self.precision, self.recall
-        return 2 * p * r / (p + r) if p + r else 0.0
-
-    def as_dict(self) -> dict:
-        return {"f1": round(self.f1, 2), "precision": round(self.precision, 2), "recall": round(self.recall, 2),
-                "matched": self.matched, "gold_brackets": self.gold, "test_brackets": self.test,
-                "sentences": self.sentences}
-
-
-def score_trees(gold: list[Tree], test: list[Tree]) -> ParseScore:
-    """Labelled bracket precision / recall / F1 as EVALB with COLLINS.prm (module docstring)."""
-    if len(gold) != len(test):
-        raise TreeError(f"{len(gold)} gold trees but {len(test)} test trees")
-    score = ParseScore()
-    for i, (g, t) in enumerate(zip(gold, test), 1):
-        if g.words() != t.words():
-            raise TreeError(f"tree {i}: the test tree's words differ from the gold tree's "
-                            f"({' '.join(t.words()[:8])} ... vs {' '.join(g.words()[:8])} ...)")
-        # DEVIATION(§6.3): the model writes no part-of-speech tags (Vinyals et al.'s placeholder XX, or
-        # the word itself), so the parse's preterminals take the gold tags before EVALB's rules read them
-        gb, tb = brackets(g), brackets(with_tags(t, g.tags()))
-        score.matched += sum((gb & tb).values())
-        score.gold += sum(gb.values())
-        score.test += sum(tb.values())
-        score.sentences += 1
-    return score
-
-
-# -------------------------------------------------------------------------------------------- data
-PTB_SPLITS = {"train": (1, 159), "valid": (160, 174), "test": (175, 189)}  # by file, as WSJ sections
-
-
-def write_ptb_splits(ptb_dir: Path, dest: Path) -> dict[str, int]:
-    """The parsing task's files from the WSJ sample's .mrg files, split by file number:
-    ``{split}.words`` (source: words separated by spaces), ``{split}.lin`` (target: the linearized
-    tree), ``{split}.wlin`` (the same with the words in place of XX) and ``{split}.gold`` (the
-    normalised tree, PTB bracketing, one per line)."""
-    ptb_dir, dest = Path(ptb_dir), Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    counts = {}
-    for split, (first, last) in PTB_SPLITS.items():
-        trees = []
-        for number in range(first, last + 1):
-            path = ptb_dir / f"wsj_{number:04d}.mrg"
-            if not path.exists():
-                raise TreeError(f"{path}: missing (expected wsj_0001.mrg ... wsj_0189.mrg in {ptb_dir})")
-            trees.extend(t for t in map(normalize, read_trees(path)) if t is not None)
-        for suffix, lines in (("words", [" ".join(t.words()) for t in trees]),
-                              ("lin", [" ".join(linearize(t)) for t in trees]),
-                              ("wlin", [" ".join(linearize(t, words=True)) for t in trees]),
-                              ("gold", [str(t) for t in trees])):
-            write_text(dest / f"{split}.{suffix}", "".join(line + "\n" for line in lines))
-        counts[split] = len(trees)
-    return counts
