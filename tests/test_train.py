@@ -14,6 +14,7 @@ from transformer.decode import translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
 from transformer.train import TrainError, train, train_step
+from transformer.vocabulary import VocabularyError
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -248,11 +249,11 @@ def test_a_vocabulary_left_by_an_earlier_attempt_is_reused_only_for_the_same_inp
     assert (run / "spm.model").read_bytes() == vocabulary
     assert (run / "train.log").read_text().count("training a joint BPE vocabulary") == 1  # reused, not retrained
     shutil.rmtree(run / "checkpoints")
-    with pytest.raises(TrainError, match=r"spm.model was trained from other inputs .*vocab_size: 500 -> 400"):
+    with pytest.raises(VocabularyError, match=r"spm.model was trained from other inputs .*vocab_size: 500 -> 400"):
         train(load_config("tiny", first + ["data.vocab_size=400"]), run, quiet=True)
     src = next(o for o in tiny_overrides if o.startswith("data.train_src=")).split("=", 1)[1].strip('"')
     Path(src).write_text(Path(src).read_text(encoding="utf-8").replace("dog", "cat"), encoding="utf-8")
-    with pytest.raises(TrainError, match=r"train_src_sha256: '[0-9a-f]+' -> '[0-9a-f]+'"):
+    with pytest.raises(VocabularyError, match=r"train_src_sha256: '[0-9a-f]+' -> '[0-9a-f]+'"):
         train(load_config("tiny", first), run, quiet=True)
 
 

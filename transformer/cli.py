@@ -402,7 +402,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     from .prepare import resolve_data_path
     from .store import write_store
     from .tokenizer import Tokenizer
-    from .train import train_vocabulary
+    from .vocabulary import train_vocabulary
 
     cfg = load_config(args.config, args.set)
     d = cfg.data

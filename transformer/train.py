@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import json
 import math
 import platform
@@ -32,8 +31,8 @@ from .distributed import Dist
 
 from .checkpoint import latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_from_dict, dump_toml, read_toml
-from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, iter_lines,
-                   lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
+from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, lengths,
+                   make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import UserError
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
@@ -42,6 +41,7 @@ from .prepare import resolve_data_path
 from .runtime import keep_freed_memory
 from .store import TokenStore
 from .tokenizer import PAD_ID, Tokenizer
+from .vocabulary import open_vocabulary
 
 
 class TrainError(UserError, RuntimeError):
@@ -118,62 +118,6 @@ def run_logger(out: Path, quiet: bool = False):
         if not quiet:
             tqdm.write(msg)
     return log
-
-
-def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Tokenizer:
-    """§5.1: one joint BPE vocabulary of data.vocab_size pieces on the training source + target.
-
-    For parsing (§6.3) every bracket symbol of the training trees ("(NP", ")NP") and the tag
-    placeholder are single pieces, so one decision of the decoder is one symbol of the tree.
-    """
-    d = cfg.data
-    symbols: set[str] = set()
-    if d.task == "parse":
-        from .trees import tree_symbols  # only parsing needs trees
-
-        symbols = tree_symbols(iter_lines(tgt))
-    log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
-        + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
-    tokenizer = Tokenizer.train(itertools.chain(iter_lines(src), iter_lines(tgt)), path, d.vocab_size,
-                                d.spm_input_sentences, seed=cfg.train.seed,
-                                symbols=sorted(symbols))
-    files.write_text(path.with_suffix(".json"), json.dumps(vocabulary_inputs(cfg, src, tgt), indent=2) + "\n")
-    return tokenizer
-
-
-def vocabulary_inputs(cfg: Config, src: Path, tgt: Path) -> dict[str, Any]:
-    """What a vocabulary is a function of (``Tokenizer.train``): the training files' contents, the
-    size, the sentences sampled, the seed, and the task (parsing keeps its tree symbols whole)."""
-    d = cfg.data
-    return {"train_src_sha256": files.file_sha256(src), "train_tgt_sha256": files.file_sha256(tgt),
-            "vocab_size": d.vocab_size, "spm_input_sentences": d.spm_input_sentences, "seed": cfg.train.seed,
-            "task": d.task}
-
-
-def open_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log, resuming: bool) -> Tokenizer:
-    """The run folder's vocabulary: ``path`` when it was trained from what ``cfg`` asks for (the record
-    beside it says), a new one when there is none. A vocabulary left by an earlier attempt with other
-    data or settings is refused with the differences, never reused for a model it does not fit.
-    ``resuming`` a run with checkpoints: its vocabulary is the checkpoints' (their records hold its
-    sha256), whatever changes --allow-config-change let through."""
-    if not path.exists():
-        return train_vocabulary(cfg, src, tgt, path, log)
-    record = path.with_suffix(".json")
-    if resuming:
-        return Tokenizer(path)
-    if not record.exists():
-        log(f"{path}: no record of what it was trained from ({record.name}); using it as it is")
-        return Tokenizer(path)
-    try:
-        recorded = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise TrainError(f"{record}: unreadable ({e}); delete {path} and {record.name} to train a new vocabulary") \
-            from None
-    wanted = vocabulary_inputs(cfg, src, tgt)
-    if changed := [f"{k}: {recorded.get(k)!r} -> {v!r}" for k, v in wanted.items() if recorded.get(k) != v]:
-        raise TrainError(f"{path} was trained from other inputs than this config asks for ({'; '.join(changed)}): "
-                         f"choose another --out, or delete {path.name} and {record.name} to train a new one")
-    return Tokenizer(path)
 
 
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
