@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import EARLY_STOPS, ConfigError, ServeLimits
+from .config import EARLY_STOPS, ConfigError, DecodeConfig, ServeLimits
 from .errors import UserError
 
 EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
@@ -91,10 +91,14 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
     p.add_argument("--checkpoint", type=Path, help="weights file to use (default: average the run's last "
                    "decode.average_last checkpoints, §6.1)")
-    p.add_argument("--beam", type=int, help="beam size (default from the run's config: 4, §6.1); 1 = greedy")
-    p.add_argument("--alpha", type=float, help="GNMT length penalty α (default 0.6, §6.1)")
-    p.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default 50)")
-    p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default 64)")
+    paper = DecodeConfig()
+    p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam_size; §6.1: "
+                   f"{paper.beam_size}); 1 = greedy")
+    p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: the run's; §6.1: {paper.alpha})")
+    p.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default: the "
+                   f"run's; §6.1: {paper.max_len_offset})")
+    p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default: the run's, "
+                   f"{paper.batch_size} unless it says otherwise)")
     p.add_argument("--early-stop", choices=EARLY_STOPS, help="when beam search stops a sentence: bound "
                    "(default, §6.1): once no alive beam can beat its best finished one; top: also once the "
                    "step's best candidate ends (OpenNMT/CTranslate2's rule: fewer steps, not exact)")
@@ -130,7 +134,7 @@ def _translator(args: argparse.Namespace):
     return translator
 
 
-def _translate_lines(args: argparse.Namespace, translator, lines: list[str]) -> list[str]:
+def _translate_lines(translator, lines: list[str]) -> list[str]:
     return translator.translate(lines, progress=len(lines) > 100 and sys.stderr.isatty())
 
 
@@ -148,7 +152,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
 
     translator = _translator(args)
     lines = read_lines(args.input or Path("/dev/stdin"))
-    _write_lines(args.output, _translate_lines(args, translator, lines))
+    _write_lines(args.output, _translate_lines(translator, lines))
 
 
 def _write_lines(path: Path | None, lines: list) -> None:
@@ -212,7 +216,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         ref = read_lines(args.ref)
         if len(src) != len(ref):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
-        hyps = _translate_lines(args, translator, src)
+        hyps = _translate_lines(translator, src)
         scores = sacrebleu_scores(hyps, ref)
         print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
         print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
@@ -235,7 +239,7 @@ def _parse_lines(args: argparse.Namespace, translator, lines: list[str]) -> list
     """Trees for sentences of space-separated words (§6.3): decode, then rebuild with the input's words."""
     from .trees import delinearize
 
-    outputs = _translate_lines(args, translator, lines)
+    outputs = _translate_lines(translator, lines)
     return [delinearize(out.split(), line.split())[0] for line, out in zip(lines, outputs)]
 
 
@@ -494,7 +498,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
     translator = _translator(args)
     tgt = args.tgt
     if tgt is None:
-        tgt = _translate_lines(args, translator, [args.src])[0]
+        tgt = _translate_lines(translator, [args.src])[0]
         print(f"translation: {tgt}", file=sys.stderr)
     maps = attention_maps(translator, args.src, tgt)
     if suffix == ".html":  # holds sub-word and word maps both

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from .config import EARLY_STOPS, EarlyStop
+from .config import EARLY_STOPS, DecodeConfig, EarlyStop
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -116,8 +116,12 @@ class NextTokenLogits:
             self.cache.reorder(rows)
 
 
+PAPER = DecodeConfig()  # §6.1's settings: the searches' defaults come from the one config, not literals here
+
+
 @torch.inference_mode()
-def greedy_search(model, src: Tensor, max_len_offset: int = 50, use_cache: bool = True) -> list[list[int]]:
+def greedy_search(model, src: Tensor, max_len_offset: int = PAPER.max_len_offset,
+                  use_cache: bool = True) -> list[list[int]]:
     """Most probable next token at each step, until EOS. src [B, S] -> B outputs without BOS/EOS.
 
     Each output has at most len(src) + max_len_offset - 1 tokens (len(src) counting its EOS): the
@@ -176,9 +180,9 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
 
 
 @torch.inference_mode()
-def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_len_offset: int = 50,
-                use_cache: bool = True, constraint: Constraint | None = None,
-                early_stop: EarlyStop = "bound") -> list[list[int]]:
+def beam_search(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha: float = PAPER.alpha,
+                max_len_offset: int = PAPER.max_len_offset, use_cache: bool = True,
+                constraint: Constraint | None = None, early_stop: EarlyStop = PAPER.early_stop) -> list[list[int]]:
     """Beam search with GNMT length penalty and early stopping (§6.1, A11). src [B, S] -> B outputs
     (the best finished hypothesis by log P(Y) / lp(|Y|)), without BOS and EOS.
 
@@ -239,9 +243,10 @@ def beam_search(model, src: Tensor, beam_size: int = 4, alpha: float = 0.6, max_
     return outputs
 
 
-def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = 4, alpha: float = 0.6,
-                  max_len_offset: int = 50, batch_size: int = 64, progress: bool = False,
-                  constraint: Constraint | None = None, early_stop: EarlyStop = "bound") -> list[list[int]]:
+def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.beam_size,
+                  alpha: float = PAPER.alpha, max_len_offset: int = PAPER.max_len_offset,
+                  batch_size: int = PAPER.batch_size, progress: bool = False, constraint: Constraint | None = None,
+                  early_stop: EarlyStop = PAPER.early_stop) -> list[list[int]]:
     """Decode many sources (token ids, each ending with EOS): one output per input, in input order.
 
     Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded

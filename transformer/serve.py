@@ -181,7 +181,7 @@ class Batcher:
                 return live, []
             longest = max(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
             batch_size = max(1, self.limits.max_batch_tokens // (beam * longest))
-            return live, self.translator.translate(lines, beam, alpha, None, batch_size)
+            return live, self.translator.translate(lines, beam, alpha, batch_size)
 
         try:
             live, outputs = await asyncio.get_running_loop().run_in_executor(self.executor, job)

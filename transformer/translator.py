@@ -103,15 +103,15 @@ class Translator:
             self.constraint = TreeConstraint(self.tokenizer.vocabulary())
 
     def translate(self, lines: list[str], beam_size: int | None = None, alpha: float | None = None,
-                  max_len_offset: int | None = None, batch_size: int | None = None,
-                  progress: bool = False) -> list[str]:
-        """One output line per input line, in order; an empty line gives an empty line."""
+                  batch_size: int | None = None, progress: bool = False) -> list[str]:
+        """One output line per input line, in order; an empty line gives an empty line. The beam, α
+        and batch size given replace the config's for this call (the server's per-request values)."""
         d = self.cfg.decode
         sources = encode_for_decoding(lines, self.tokenizer)
         with torch.inference_mode():
             outputs = translate_ids(self.model, sources, beam_size or d.beam_size,
                                     d.alpha if alpha is None else alpha,
-                                    d.max_len_offset if max_len_offset is None else max_len_offset,
+                                    d.max_len_offset,
                                     batch_size or d.batch_size, progress, self.constraint,
                                     d.early_stop)
         return ["" if not line.strip() else self.tokenizer.decode(ids) for line, ids in zip(lines, outputs)]
