@@ -27,8 +27,8 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """Inverted dropout (§5.4): zero each element with probability p, scale the rest by 1/(1-p).
 
     On CPU the mask comes from 16-bit slices of 64-bit random words (p quantised to 1/65536):
-    ``bernoulli_`` draws one random number per element and was 14% of a CPU training step; this
-    draws one per four elements and is ~6× faster. Other devices use ``F.dropout``.
+    ``bernoulli_`` draws one random number per element, this one per four elements, and random
+    numbers are a dropout mask's whole cost. Other devices use ``F.dropout``.
     """
     if not training or p == 0.0:
         return x
@@ -223,7 +223,7 @@ class DecoderCache:
     The beams of a sentence attend to the same source, so its encoder-decoder keys and values are
     kept once per sentence (the beams are folded into the query axis, see ``DecoderLayer``): a beam
     reorder moves only the self-attention cache, and the source side moves only when sentences are
-    pruned. Measured on bench-small, reordering per-beam copies was a quarter of decoding time.
+    pruned; per-beam copies of the source side would be moved at every step for nothing.
     """
 
     layers: list[LayerCache]

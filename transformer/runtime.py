@@ -3,9 +3,9 @@
 PyTorch keeps no cache of freed memory on the CPU: every activation, gradient and logit block of a
 training step, and every decoding step's tensors, is a fresh ``malloc``. glibc serves blocks above its
 mmap threshold (128 KiB at first, raised only as far as the largest block freed so far) with new pages
-from the kernel and unmaps them on ``free``; the kernel zeroes each page again on first touch.
-Measured on 2 CPU cores: ~35k page faults and 60-90 ms of system time per bench-small training
-step (`configs/small.toml`, 4k-token batches); 1.2M page faults in 19 s of beam search.
+from the kernel and unmaps them on ``free``; the kernel zeroes each page again on first touch, so
+every step pays page faults and system time for memory it has just given back
+(tests/test_runtime.py counts the faults; benchmarks/speed.py measures training and decoding).
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ def keep_freed_memory() -> bool:
     """Make glibc's malloc keep freed memory for reuse instead of giving it back to the kernel.
 
     Blocks up to 1 GiB come from the heap, and up to 2 GiB of free heap is kept: after the first
-    step, tensors reuse pages that are already mapped. Measured on 2 CPU cores (interleaved runs):
-    a bench-small training step 3.5-6% faster in 4 of 5 pairs (system time 60-90 → 3 ms per
-    step); beam search to 65 tokens ~10% faster, at test2016's lengths within the machine's noise.
-    The price is a resident size that stays at its peak. Nothing happens off glibc,
+    step, tensors reuse pages that are already mapped. The price is a resident size that stays at
+    its peak. Nothing happens off glibc,
     or when the user already tunes malloc (``MALLOC_*`` variables, ``LD_PRELOAD``: jemalloc,
     tcmalloc). Returns whether the settings were applied.
     """
