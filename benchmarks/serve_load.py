@@ -31,9 +31,10 @@ import torch
 from transformer.data import read_lines
 
 from transformer.prepare import resolve_data_path
-from transformer.serve import start_server
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.conftest import start_server  # noqa: E402  (the tests' launcher of `transformer serve`)
 RESULTS = ROOT / "benchmarks" / "results"
 
 

@@ -1,6 +1,12 @@
 """Shared fixtures: real Multi30k slices (TRANSFORMER_DATA, default ../shared/data beside the checkout)."""
 
 import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -55,3 +61,26 @@ def tiny_run(multi30k: Path, tmp_path_factory) -> Path:
                                "train.bleu_every=15", "train.bleu_sentences=20"])
     train(cfg, tmp / "run", quiet=True)
     return tmp / "run"
+
+
+def start_server(run_dir: Path, options: Sequence[str] = (), timeout: float = 120) -> tuple[subprocess.Popen, str]:
+    """`transformer serve RUN_DIR` as a child process on a free loopback port, as a user runs it, returned
+    once GET /health answers: (process, base URL). For the tests and benchmarks/serve_load.py; the caller terminates it.
+    The server's warnings go to this process's stderr."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "serve", str(run_dir), "--port", str(port),
+                             *options], stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"`transformer serve {run_dir}` did not start (exit status {proc.wait()}; "
+                                   "its stderr is above)") from None
+            time.sleep(0.2)

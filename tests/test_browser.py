@@ -17,7 +17,7 @@ ARTIFACTS = Path(os.environ.get("TRANSFORMER_TEST_ARTIFACTS", Path(__file__).res
 def server(tiny_run):
     """The page served from the tiny test model, or from TRANSFORMER_PAGE_RUN: the README's screenshot is
     `TRANSFORMER_PAGE_RUN=runs/bench_en_de TRANSFORMER_TEST_ARTIFACTS=docs pytest tests/test_browser.py`."""
-    from transformer.serve import start_server
+    from tests.conftest import start_server
 
     proc, url = start_server(Path(os.environ.get("TRANSFORMER_PAGE_RUN", tiny_run)), timeout=60)
     yield url
@@ -138,7 +138,7 @@ def test_hostile_text_shows_as_written_and_runs_nothing(server, browser, tiny_ru
 def parse_server(multi30k, tmp_path):
     """A tiny parsing run (§6.3: beam 21, beyond the server's default --max-beam of 16) being served."""
     from transformer.config import load_config
-    from transformer.serve import start_server
+    from tests.conftest import start_server
     from transformer.train import train
 
     cfg = load_config("configs/ptb_sample_parse.toml", [

@@ -25,13 +25,8 @@ import asyncio
 import contextlib
 import html
 import json
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -470,26 +465,3 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
     print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,
                 http=deadline_protocol(limits.request_timeout, limits.max_connections))
-
-
-def start_server(run_dir: Path, options: Sequence[str] = (), timeout: float = 120) -> tuple[subprocess.Popen, str]:
-    """`transformer serve RUN_DIR` as a child process on a free loopback port, as a user runs it, returned
-    once GET /health answers: (process, base URL). For tests and benchmarks; the caller terminates it.
-    The server's warnings go to this process's stderr."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "transformer", "serve", str(run_dir), "--port", str(port),
-                             *options], stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"`transformer serve {run_dir}` did not start (exit status {proc.wait()}; "
-                                   "its stderr is above)") from None
-            time.sleep(0.2)

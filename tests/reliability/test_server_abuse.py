@@ -28,7 +28,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from tests.reliability.test_bad_input import LINES  # noqa: E402
 from transformer.data import read_lines  # noqa: E402
-from transformer.serve import Limits, create_app, start_server  # noqa: E402
+from tests.conftest import start_server  # noqa: E402
+from transformer.serve import Limits, create_app  # noqa: E402
 from transformer.translator import Translator  # noqa: E402
 
 REQUEST_TIMEOUT = 5.0  # --request-timeout of the server under test: short, so stalled clients are cut quickly

@@ -21,7 +21,7 @@ from tests.reliability.test_server_abuse import rss_mib
 from transformer.checkpoint import save_checkpoint
 from transformer.config import ServeLimits, load_config
 from transformer.model import Transformer
-from transformer.serve import start_server
+from tests.conftest import start_server
 from transformer.tokenizer import Tokenizer
 
 ATTENTION_BYTES_BOUND = 20_000_000  # a worst-case response of the base-sized model
