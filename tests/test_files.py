@@ -1,4 +1,4 @@
-"""Atomic writes: whole files or none, readable by others as the umask allows."""
+"""Atomic writes: whole files or none, readable by others as the umask allows; JSON records read whole or refused."""
 
 import os
 import stat
@@ -7,7 +7,8 @@ import pytest
 
 from transformer.checkpoint import list_checkpoints
 from transformer.config import load_config
-from transformer.files import atomic_path, umask, write_text
+from transformer.errors import UserError
+from transformer.files import atomic_path, read_record, umask, write_text
 from transformer.train import train
 
 
@@ -45,3 +46,19 @@ def test_a_run_folder_is_readable_by_other_accounts(tmp_path, tiny_overrides, ma
     files = [run / "spm.model", run / "config.toml", *(run / "checkpoints").iterdir()]
     assert len(list_checkpoints(run)) == 1 and len(files) == 5
     assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in files} == {p.name: 0o644 for p in files}
+
+
+@pytest.mark.parametrize("text, problem", [(None, "missing (no record here)"), ('{"format": "x/1"', "unreadable"),
+                                           ("[1, 2]", "not a JSON object but list"),
+                                           ('{"format": "y/1"}', "not a x/1 record (format: 'y/1')"),
+                                           (b"\xff\xfe", "unreadable")])
+def test_a_record_that_is_not_one_is_refused_naming_the_file(tmp_path, text, problem):
+    path = tmp_path / "r.json"
+    if text is not None:
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(UserError) as err:
+        read_record(path, UserError, "no record here", "x/1")
+    assert str(err.value) == f"{path}: {problem}" or (problem == "unreadable" and str(err.value).startswith(
+        f"{path}: unreadable ("))
+    path.write_text('{"format": "x/1", "a": 1}')
+    assert read_record(path, UserError, "", "x/1", label="r") == {"format": "x/1", "a": 1}

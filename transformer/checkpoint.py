@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from .errors import UserError
-from .files import atomic_path, file_sha256, write_text
+from .files import atomic_path, file_sha256, read_record, write_text
 
 FORMAT = "transformer-checkpoint/1"
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
@@ -192,16 +192,8 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
         raise CheckpointError(f"{path.name}: pickle files are refused (they can run code when loaded); "
                               "convert the weights to safetensors")
     json_path = _json_for(path)
-    try:
-        record = json.loads(json_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{json_path.name}: missing (tensor files without their JSON are an "
-                              "unfinished write, not a checkpoint)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{json_path.name}: unreadable checkpoint record ({e})") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        found = record.get("format") if isinstance(record, dict) else type(record).__name__
-        raise CheckpointError(f"{json_path.name}: not a {FORMAT} record (format: {found!r})")
+    record = read_record(json_path, CheckpointError, "tensor files without their JSON are an unfinished write, "
+                         "not a checkpoint", FORMAT, label=json_path.name)
     files = record.get("files")
     if not isinstance(files, dict) or "weights" not in files:
         raise CheckpointError(f"{json_path.name}: record lists no weights file")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -34,11 +35,15 @@ class Command:
 COMMANDS: list[Command] = []  # each registered beside its handler; --help lists them in this order
 
 
-def command(name: str, arguments: Callable[[argparse.ArgumentParser], None], help: str,
-            description: str) -> Callable[[Callable], Callable]:
-    """Registers the decorated handler as `transformer NAME`, with the options ``arguments`` adds."""
+def command(name: str, arguments: Callable[[argparse.ArgumentParser], None]) -> Callable[[Callable], Callable]:
+    """Registers the decorated handler as `transformer NAME`, with the options ``arguments`` adds. Its
+    docstring is its --help: the first line the one-line summary, the rest the description."""
     def register(run: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
-        COMMANDS.append(Command(help, description, name, arguments, run))
+        summary, _, description = inspect.cleandoc(run.__doc__ or "").partition("\n\n")
+        summary = summary.rstrip(".")
+        if summary[1:2].islower():  # "Train a model" is listed as "train a model"; "HTTP API" stays
+            summary = summary[0].lower() + summary[1:]
+        COMMANDS.append(Command(summary, " ".join(description.split()), name, arguments, run))
         return run
     return register
 
@@ -59,11 +64,13 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                         "train ... (§5.2). Tokens per step = train.max_tokens x update_freq x processes")
 
 
-@command("train", _train_arguments,
-         help="train a model (§5) into a run folder",
-         description="Train from a TOML config (a path or a preset name from configs/). "
-                     "Writes config.toml, spm.model, checkpoints/, train.log, metrics.jsonl, tb/.")
+@command("train", _train_arguments)
 def cmd_train(args: argparse.Namespace) -> None:
+    """Train a model (§5) into a run folder.
+
+    Train from a TOML config (a path or a preset name from configs/). Writes config.toml, spm.model,
+    checkpoints/, train.log, metrics.jsonl, tb/.
+    """
     import os
 
     from .config import load_config
@@ -144,10 +151,12 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", type=Path, help="output file (default: stdout)")
 
 
-@command("translate", _translate_arguments,
-         help="translate lines with beam search (§6.1)",
-         description="One output line per input line, in order; an empty line gives an empty line.")
+@command("translate", _translate_arguments)
 def cmd_translate(args: argparse.Namespace) -> None:
+    """Translate lines with beam search (§6.1).
+
+    One output line per input line, in order; an empty line gives an empty line.
+    """
     from .data import read_lines
 
     translator = _translator(args)
@@ -180,11 +189,13 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hyp-out", type=Path, help="also write the translations to this file")
 
 
-@command("evaluate", _evaluate_arguments,
-         help="translate a test set and score it with sacreBLEU and chrF",
-         description="Prints detokenized cased sacreBLEU with its signature and "
-                     "chrF; with --tok-ref also the Multi30k literature's tokenized lowercased BLEU.")
+@command("evaluate", _evaluate_arguments)
 def cmd_evaluate(args: argparse.Namespace) -> None:
+    """Translate a test set and score it with sacreBLEU and chrF.
+
+    Prints detokenized cased sacreBLEU with its signature and chrF; with --tok-ref also the Multi30k
+    literature's tokenized lowercased BLEU.
+    """
     from .data import read_lines
     from .prepare import resolve_data_path
     from .evaluate import paper_bleu, sacrebleu_scores, tok_lc_bleu
@@ -250,13 +261,14 @@ def _parse_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", type=Path, help="output file (default: stdout)")
 
 
-@command("parse", _parse_arguments,
-         help="parse sentences into constituency trees with a parsing run (§6.3)",
-         description="Input: one sentence per line, words separated by spaces (Penn "
-                     "Treebank tokenization). Output: one bracketed tree per line, every sentence gets one "
-                     "(the beam writes only well-formed trees of the input; with --unconstrained, ill-formed "
-                     "outputs are repaired); part-of-speech nodes carry the placeholder XX.")
+@command("parse", _parse_arguments)
 def cmd_parse(args: argparse.Namespace) -> None:
+    """Parse sentences into constituency trees with a parsing run (§6.3).
+
+    Input: one sentence per line, words separated by spaces (Penn Treebank tokenization). Output: one bracketed
+    tree per line, every sentence gets one (the beam writes only well-formed trees of the input; with
+    --unconstrained, ill-formed outputs are repaired); part-of-speech nodes carry the placeholder XX.
+    """
     from .data import read_lines
 
     translator = _translator(args)
@@ -273,11 +285,13 @@ def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
 
 
-@command("evaluate-parse", _evaluate_parse_arguments,
-         help="labelled bracket precision / recall / F1 of parse trees (EVALB)",
-         description="Scores --test trees against --gold trees (bracketed, any "
-                     "layout; .mrg files work) as EVALB does with COLLINS.prm.")
+@command("evaluate-parse", _evaluate_parse_arguments)
 def cmd_evaluate_parse(args: argparse.Namespace) -> None:
+    """Labelled bracket precision / recall / F1 of parse trees (EVALB).
+
+    Scores --test trees against --gold trees (bracketed, any layout; .mrg files work) as EVALB does with
+    COLLINS.prm.
+    """
     from .evaluate import score_trees
     from .trees import normalize, read_trees
 
@@ -299,11 +313,12 @@ def _average_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output .safetensors file (a .json is written beside)")
 
 
-@command("average", _average_arguments,
-         help="average the last N checkpoints (§6.1)",
-         description="Uniform mean in float64 of the last N checkpoints' weights; writes a "
-                     "model file usable with --checkpoint.")
+@command("average", _average_arguments)
 def cmd_average(args: argparse.Namespace) -> None:
+    """Average the last N checkpoints (§6.1).
+
+    Uniform mean in float64 of the last N checkpoints' weights; writes a model file usable with --checkpoint.
+    """
     from .checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, load_checkpoint, write_model
 
     if args.last < 1:
@@ -332,11 +347,12 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost (default 0.4)")
 
 
-@command("params", _params_arguments,
-         help="parameter count and training FLOPs per token of a preset",
-         description="Counts parameters of a preset (base, big, A1..E, parse, "
-                     "or a config path) without allocating it.")
+@command("params", _params_arguments)
 def cmd_params(args: argparse.Namespace) -> None:
+    """Parameter count and training FLOPs per token of a preset.
+
+    Counts parameters of a preset (base, big, A1..E, parse, or a config path) without allocating it.
+    """
     import torch
 
     from .config import load_config
@@ -392,13 +408,14 @@ def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
 
 
-@command("preprocess", _preprocess_arguments,
-         help="encode a training corpus once into a memory-mapped token store",
-         description="Encodes data.train_src/train_tgt of CONFIG with a sentencepiece "
-                     "model (--spm, or one trained as `train` would) into OUT, streaming in bounded memory; "
-                     "training reads it with --set data.train_store=OUT instead of the text (§5.1: millions of "
-                     "pairs).")
+@command("preprocess", _preprocess_arguments)
 def cmd_preprocess(args: argparse.Namespace) -> None:
+    """Encode a training corpus once into a memory-mapped token store.
+
+    Encodes data.train_src/train_tgt of CONFIG with a sentencepiece model (--spm, or one trained as `train`
+    would) into OUT, streaming in bounded memory; training reads it with --set data.train_store=OUT instead of
+    the text (§5.1: millions of pairs).
+    """
     import shutil
     import tempfile
 
@@ -435,11 +452,13 @@ def _prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mirror", help="base URL or folder holding the same archives (a local copy)")
 
 
-@command("prepare", _prepare_arguments,
-         help="download and extract a paper's data set (WMT 2014)",
-         description="Downloads the §5.1 training corpora and newstest2013/2014 into DEST as line-"
-                     "aligned train/valid/test files with a MANIFEST.json of line counts and hashes.")
+@command("prepare", _prepare_arguments)
 def cmd_prepare(args: argparse.Namespace) -> None:
+    """Download and extract a paper's data set (WMT 2014).
+
+    Downloads the §5.1 training corpora and newstest2013/2014 into DEST as line-aligned train/valid/test files
+    with a MANIFEST.json of line counts and hashes.
+    """
     from .prepare import prepare
 
     manifest = prepare(args.name, Path(args.dest), args.mirror, log=lambda m: print(m, file=sys.stderr))
@@ -457,12 +476,14 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
 
 
-@command("export", _export_arguments,
-         help="export a run's model to CTranslate2 (C++ inference)",
-         description="Writes the weights Translator uses (the average of the last checkpoints, "
-                     "or --checkpoint) as a CTranslate2 model folder with the run's spm.model beside it. "
-                     "Needs the optional dependency: pip install 'transformer[export]'.")
+@command("export", _export_arguments)
 def cmd_export(args: argparse.Namespace) -> None:
+    """Export a run's model to CTranslate2 (C++ inference).
+
+    Writes the weights Translator uses (the average of the last checkpoints, or --checkpoint) as a CTranslate2
+    model folder with the run's spm.model beside it. Needs the optional dependency: pip install
+    'transformer[export]'.
+    """
     from .export import export_ctranslate2
 
     export_ctranslate2(args.run_dir, args.out, args.checkpoint, args.quantization, args.force,
@@ -483,13 +504,14 @@ def _attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="FILE.png or FILE.html")
 
 
-@command("attention", _attention_arguments,
-         help="draw a run's attention weights for one sentence (appendix Figs. 3-5)",
-         description="Teacher-forces --tgt (or the model's own translation) and draws "
-                     "every head of one layer: coloured links per head (Figure 3) and per-head heatmaps "
-                     "(Figures 4-5) as a PNG, or an interactive self-contained HTML page with every layer, head "
-                     "and kind (hover a token to isolate its attention).")
+@command("attention", _attention_arguments)
 def cmd_attention(args: argparse.Namespace) -> None:
+    """Draw a run's attention weights for one sentence (appendix Figs. 3-5).
+
+    Teacher-forces --tgt (or the model's own translation) and draws every head of one layer: coloured links per
+    head (Figure 3) and per-head heatmaps (Figures 4-5) as a PNG, or an interactive self-contained HTML page
+    with every layer, head and kind (hover a token to isolate its attention).
+    """
     from .figures import KIND_NAMES, FigureError, attention_html, attention_maps, draw_attention
 
     suffix = args.out.suffix.lower()
@@ -518,11 +540,13 @@ def _plot_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="PNG file (default RUN_DIR/training.png)")
 
 
-@command("plot", _plot_arguments,
-         help="plot a run's training curves from its log",
-         description="Training and validation loss, perplexity, learning rate and dev BLEU (when "
-                     "train.bleu_every is set) against updates and wall-clock minutes, from RUN_DIR/metrics.jsonl.")
+@command("plot", _plot_arguments)
 def cmd_plot(args: argparse.Namespace) -> None:
+    """Plot a run's training curves from its log.
+
+    Training and validation loss, perplexity, learning rate and dev BLEU (when train.bleu_every is set) against
+    updates and wall-clock minutes, from RUN_DIR/metrics.jsonl.
+    """
     from .figures import FigureError, plot_training
 
     metrics = args.run_dir / "metrics.jsonl"
@@ -544,12 +568,14 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                            help=f"{f.metadata['help']} (default {f.default})")
 
 
-@command("serve", _serve_arguments,
-         help="HTTP API and web page: translation and attention (FastAPI + uvicorn)",
-         description="POST /v1/translate {\"text\": [...], \"beam\": 4, \"alpha\": "
-                     "0.6}; POST /v1/attention {\"text\": \"...\"}; GET /health; GET / the web page; GET /docs the "
-                     "OpenAPI description. Requests from all clients are decoded together (dynamic batching).")
+@command("serve", _serve_arguments)
 def cmd_serve(args: argparse.Namespace) -> None:
+    """HTTP API and web page: translation and attention (FastAPI + uvicorn).
+
+    POST /v1/translate {"text": [...], "beam": 4, "alpha": 0.6}; POST /v1/attention {"text": "..."}; GET
+    /health; GET / the web page; GET /docs the OpenAPI description. Requests from all clients are decoded
+    together (dynamic batching).
+    """
     try:
         from .serve import serve
     except ImportError as e:

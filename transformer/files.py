@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
+import json
 import os
 import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 from tqdm import tqdm
@@ -114,3 +116,23 @@ def file_sha256(path: Path) -> str:
         while block := f.read(1 << 22):
             digest.update(block)
     return digest.hexdigest()
+
+
+def read_record(path: Path, error: type[UserError], missing: str, fmt: str | None = None,
+                label: str | None = None) -> dict[str, Any]:
+    """The JSON object in ``path`` (a checkpoint record, a token store's meta), with
+    ``error`` naming the file when it is missing (``missing`` says what that means and what to do), unreadable,
+    not an object, or, given ``fmt``, a record of another format: a foreign file is refused, never half-read.
+    Errors start with ``label`` (default: the path)."""
+    label = label or str(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{label}: missing ({missing})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{label}: unreadable ({e})") from None
+    if not isinstance(record, dict):
+        raise error(f"{label}: not a JSON object but {type(record).__name__}")
+    if fmt is not None and record.get("format") != fmt:
+        raise error(f"{label}: not a {fmt} record (format: {record.get('format')!r})")
+    return record

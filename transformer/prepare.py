@@ -167,31 +167,33 @@ class Dataset:
     test: Corpus  # SGML (.sgm): the <seg> texts are extracted
 
 
+# The corpora both WMT 2014 pairs draw on: archive and member prefix, completed by the pair ("de-en").
+SHARED = {"europarl-v7": ("wmt13/training-parallel-europarl-v7.tgz", "training/europarl-v7"),
+          "commoncrawl": ("wmt13/training-parallel-commoncrawl.tgz", "commoncrawl"),
+          "news-commentary-v9": ("wmt14/training-parallel-nc-v9.tgz", "training/news-commentary-v9")}
+
+
+def _wmt14(lang: str, *train: str | Corpus) -> Dataset:
+    """English→``lang`` as WMT 2014 shipped it: the training corpora in order (a name from SHARED, or a
+    corpus of this pair alone), newstest2013 to validate, newstest2014 to test."""
+    pair = f"{lang}-en"
+    corpora = tuple(c if isinstance(c, Corpus) else Corpus(c, SHARED[c][0], f"{SHARED[c][1]}.{pair}.en",
+                                                           f"{SHARED[c][1]}.{pair}.{lang}") for c in train)
+    return Dataset("en", lang, train=corpora,
+                   valid=Corpus("newstest2013", "wmt14/dev.tgz", "dev/newstest2013.en", f"dev/newstest2013.{lang}"),
+                   test=Corpus("newstest2014", "wmt14/test-full.tgz", f"test-full/newstest2014-{lang}en-src.en.sgm",
+                               f"test-full/newstest2014-{lang}en-ref.{lang}.sgm"))
+
+
 DATASETS = {
-    "wmt14-en-de": Dataset("en", "de", train=(
-        Corpus("europarl-v7", "wmt13/training-parallel-europarl-v7.tgz",
-               "training/europarl-v7.de-en.en", "training/europarl-v7.de-en.de"),
-        Corpus("commoncrawl", "wmt13/training-parallel-commoncrawl.tgz",
-               "commoncrawl.de-en.en", "commoncrawl.de-en.de"),
-        Corpus("news-commentary-v9", "wmt14/training-parallel-nc-v9.tgz",
-               "training/news-commentary-v9.de-en.en", "training/news-commentary-v9.de-en.de"),
-    ), valid=Corpus("newstest2013", "wmt14/dev.tgz", "dev/newstest2013.en", "dev/newstest2013.de"),
-        test=Corpus("newstest2014", "wmt14/test-full.tgz", "test-full/newstest2014-deen-src.en.sgm",
-                    "test-full/newstest2014-deen-ref.de.sgm")),
+    "wmt14-en-de": _wmt14("de", "europarl-v7", "commoncrawl", "news-commentary-v9"),
     # The paper's 36M EN-FR pairs (§5.1); giga-fren's members are gzip files inside a plain tar.
-    "wmt14-en-fr": Dataset("en", "fr", train=(
-        Corpus("europarl-v7", "wmt13/training-parallel-europarl-v7.tgz",
-               "training/europarl-v7.fr-en.en", "training/europarl-v7.fr-en.fr"),
-        Corpus("commoncrawl", "wmt13/training-parallel-commoncrawl.tgz",
-               "commoncrawl.fr-en.en", "commoncrawl.fr-en.fr"),
-        Corpus("un", "wmt13/training-parallel-un.tgz", "un/undoc.2000.fr-en.en", "un/undoc.2000.fr-en.fr"),
-        Corpus("news-commentary-v9", "wmt14/training-parallel-nc-v9.tgz",
-               "training/news-commentary-v9.fr-en.en", "training/news-commentary-v9.fr-en.fr"),
-        Corpus("giga-fren", "wmt10/training-giga-fren.tar",
-               "giga-fren.release2.fixed.en.gz", "giga-fren.release2.fixed.fr.gz"),
-    ), valid=Corpus("newstest2013", "wmt14/dev.tgz", "dev/newstest2013.en", "dev/newstest2013.fr"),
-        test=Corpus("newstest2014", "wmt14/test-full.tgz", "test-full/newstest2014-fren-src.en.sgm",
-                    "test-full/newstest2014-fren-ref.fr.sgm")),
+    "wmt14-en-fr": _wmt14("fr", "europarl-v7", "commoncrawl",
+                          Corpus("un", "wmt13/training-parallel-un.tgz", "un/undoc.2000.fr-en.en",
+                                 "un/undoc.2000.fr-en.fr"),
+                          "news-commentary-v9",
+                          Corpus("giga-fren", "wmt10/training-giga-fren.tar", "giga-fren.release2.fixed.en.gz",
+                                 "giga-fren.release2.fixed.fr.gz")),
 }
 
 

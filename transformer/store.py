@@ -26,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .data import DataError, Example, encode_pairs, iter_parallel
+from .files import read_record
 from .tokenizer import Tokenizer
 
 FORMAT = "transformer-token-store"
@@ -115,15 +116,8 @@ class TokenStore:
     def __init__(self, path: Path, vocab_sha256: str | None = None) -> None:
         self.path = Path(path)
         meta_path = self.path / "meta.json"
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise DataError(f"{meta_path}: missing; {self.path} is not a token store "
-                            "(write one with `transformer preprocess`)") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DataError(f"{meta_path}: unreadable ({e}); rebuild the store") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise DataError(f"{meta_path}: not a {FORMAT} meta file")
+        meta = read_record(meta_path, DataError, f"{self.path} is not a token store; write one with "
+                           "`transformer preprocess`", FORMAT)
         if meta.get("version") != VERSION:
             raise DataError(f"{meta_path}: format version {meta.get('version')}, this code reads version "
                             f"{VERSION}; rebuild the store with `transformer preprocess`")
