@@ -264,6 +264,22 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def _check_chars(limits: Limits, text: str, where: str) -> None:
+    if len(text) > limits.max_chars:
+        raise LimitError(422, f"{where}: {len(text)} characters, more than the limit of {limits.max_chars}")
+
+
+def _check_translate(req: TranslateRequest, limits: Limits, beam: int, max_beam: int) -> int:
+    """422 for more sentences or characters than the limits, or a beam outside 1..max_beam; the beam."""
+    if len(req.text) > limits.max_sentences:
+        raise LimitError(422, f"text: {len(req.text)} sentences, more than the limit of {limits.max_sentences}")
+    for i, line in enumerate(req.text):
+        _check_chars(limits, line, f"text[{i}]")
+    if not 1 <= beam <= max_beam:
+        raise LimitError(422, f"beam: {beam} is outside 1..{max_beam}")
+    return beam
+
+
 def _check_pieces(translator: Translator, limits: Limits, text: str | None, where: str) -> None:
     """422 for an empty source sentence, or a side of more pieces (with EOS) than --max-attention-pieces."""
     if where == "text" and not text.strip():
@@ -327,20 +343,10 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
 
     _answer_errors_in_json(app)
 
-    def check_sentence(text: str, where: str) -> None:
-        if len(text) > limits.max_chars:
-            raise LimitError(422, f"{where}: {len(text)} characters, more than the limit of {limits.max_chars}")
-
     @app.post("/v1/translate", response_model=TranslateResponse)
     async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
         """Translate sentences with beam search; requests from all clients are decoded together."""
-        if len(req.text) > limits.max_sentences:
-            raise LimitError(422, f"text: {len(req.text)} sentences, more than the limit of {limits.max_sentences}")
-        for i, line in enumerate(req.text):
-            check_sentence(line, f"text[{i}]")
-        beam = decode.beam_size if req.beam is None else req.beam
-        if not 1 <= beam <= max_beam:
-            raise LimitError(422, f"beam: {beam} is outside 1..{max_beam}")
+        beam = _check_translate(req, limits, decode.beam_size if req.beam is None else req.beam, max_beam)
         lines = [" ".join(line.split()) for line in req.text]  # a sentence is one line
         todo = [line for line in lines if line]
         outputs: list[str] = []
@@ -360,9 +366,9 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         """Every layer's attention weights for one sentence pair, in the compact form the page draws:
         {"translation", "src", "tgt_in", "tgt_out", "scale", "shape": {kind: [L, H, Tq, Tk]},
         "weights": {kind: flat integers}}; weight = integer / scale (figures.AttentionMaps.to_json)."""
-        check_sentence(req.text, "text")
+        _check_chars(limits, req.text, "text")
         if req.translation is not None:
-            check_sentence(req.translation, "translation")
+            _check_chars(limits, req.translation, "translation")
         _check_pieces(translator, limits, req.text, "text")
         if attention_slots.locked():
             raise LimitError(503, f"busy: {limits.max_attention_queued} attention requests are in progress; "
