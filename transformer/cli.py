@@ -370,34 +370,10 @@ def cmd_params(args: argparse.Namespace) -> None:
         print(f"{args.preset}: {n:,} parameters ({n / 1e6:.2f}M) with a vocabulary of {vocab}; "
               f"{flops / 1e6:.1f} MFLOP per target token for training (source and target 30 tokens)")
         return
-    from .cost import H100_BF16_FLOPS, P100_FP32_FLOPS, PAPER_HOURS, training_cost
+    from .cost import cost_report, format_cost_report
 
-    rows = []
-    for devices in args.devices:
-        c = training_cost(cfg, vocab, devices)
-        rows.append({"devices": devices, "step_seconds": c.step_seconds(devices, mfu=args.mfu),
-                     "hours": 24 * c.days(devices, mfu=args.mfu),
-                     "memory_gib_per_device": (c.weights_bytes_per_device + c.activation_bytes_per_device) / 2**30})
-    report = {"preset": args.preset, "parameters": c.parameters, "vocab": vocab,
-              "flops_per_token": c.flops_per_token, "tokens_per_step": c.tokens_per_step, "steps": c.steps,
-              "flops_per_step": c.flops_per_token * c.tokens_per_step, "total_flops": c.total_flops,
-              "mfu": args.mfu, "peak_flops": H100_BF16_FLOPS, "per_devices": rows}
-    kind = "big" if cfg.model.d_model >= 1024 else "base"
-    paper = 8 * P100_FP32_FLOPS * PAPER_HOURS[kind] * 3600
-    report["table2"] = {"model": kind, "paper_flops": paper, "model_flops_share": c.total_flops / paper}
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    print(f"{args.preset}: {c.parameters / 1e6:.1f}M parameters (vocabulary {vocab}); "
-          f"{c.flops_per_token / 1e9:.3f} GFLOP per target token (training, 27-token sentences); "
-          f"{c.tokens_per_step:,} tokens per step x {c.steps:,} steps = {c.total_flops:.3g} FLOPs")
-    print(f"Table 2 ({kind}): 8 P100 x {PAPER_HOURS[kind]:g} h x 9.5 TFLOPS = {paper:.3g} FLOPs; "
-          f"the model's own FLOPs are {c.total_flops / paper:.0%} of that")
-    print(f"on H100 (bf16 dense peak {H100_BF16_FLOPS / 1e12:.0f} TFLOPS) at MFU {args.mfu:.0%}:")
-    print("devices | tokens per device | step (ms) | hours | memory per device (GiB, estimate)")
-    for r in rows:
-        print(f"{r['devices']:>7} | {c.tokens_per_step // r['devices']:>17,} | {1000 * r['step_seconds']:9.1f} | "
-              f"{r['hours']:5.2f} | {r['memory_gib_per_device']:.1f}")
+    report = cost_report(cfg, args.preset, vocab, args.devices, args.mfu)
+    print(json.dumps(report, indent=2) if args.json else format_cost_report(report))
 
 
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:

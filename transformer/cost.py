@@ -57,3 +57,36 @@ def training_cost(cfg: Config, vocab_size: int, devices: int = 1, src_len: float
     layers = m.n_enc_layers + 1.5 * m.n_dec_layers
     activations = tokens / devices * (per_token_layer * layers + 6 * vocab_size)
     return Cost(n, f, tokens, cfg.train.max_steps, f * tokens * cfg.train.max_steps, 16 * n, activations)
+
+
+def cost_report(cfg: Config, preset: str, vocab: int, devices: list[int], mfu: float) -> dict:
+    """What `transformer params --cost` reports: the run's FLOPs, its share of Table 2's estimate, and
+    for each device count the step time, hours and memory per H100 at ``mfu``."""
+    rows = []
+    for n in devices:
+        c = training_cost(cfg, vocab, n)
+        rows.append({"devices": n, "step_seconds": c.step_seconds(n, mfu=mfu), "hours": 24 * c.days(n, mfu=mfu),
+                     "memory_gib_per_device": (c.weights_bytes_per_device + c.activation_bytes_per_device) / 2**30})
+    report = {"preset": preset, "parameters": c.parameters, "vocab": vocab,
+              "flops_per_token": c.flops_per_token, "tokens_per_step": c.tokens_per_step, "steps": c.steps,
+              "flops_per_step": c.flops_per_token * c.tokens_per_step, "total_flops": c.total_flops,
+              "mfu": mfu, "peak_flops": H100_BF16_FLOPS, "per_devices": rows}
+    kind = "big" if cfg.model.d_model >= 1024 else "base"
+    paper = 8 * P100_FP32_FLOPS * PAPER_HOURS[kind] * 3600
+    report["table2"] = {"model": kind, "paper_flops": paper, "model_flops_share": c.total_flops / paper}
+    return report
+
+
+def format_cost_report(r: dict) -> str:
+    """``cost_report`` as the lines a terminal shows: a summary, Table 2's comparison, a table per device count."""
+    kind, paper = r["table2"]["model"], r["table2"]["paper_flops"]
+    lines = [f"{r['preset']}: {r['parameters'] / 1e6:.1f}M parameters (vocabulary {r['vocab']}); "
+             f"{r['flops_per_token'] / 1e9:.3f} GFLOP per target token (training, 27-token sentences); "
+             f"{r['tokens_per_step']:,} tokens per step x {r['steps']:,} steps = {r['total_flops']:.3g} FLOPs",
+             f"Table 2 ({kind}): 8 P100 x {PAPER_HOURS[kind]:g} h x 9.5 TFLOPS = {paper:.3g} FLOPs; "
+             f"the model's own FLOPs are {r['total_flops'] / paper:.0%} of that",
+             f"on H100 (bf16 dense peak {H100_BF16_FLOPS / 1e12:.0f} TFLOPS) at MFU {r['mfu']:.0%}:",
+             "devices | tokens per device | step (ms) | hours | memory per device (GiB, estimate)"]
+    lines += [f"{d['devices']:>7} | {r['tokens_per_step'] // d['devices']:>17,} | {1000 * d['step_seconds']:9.1f} | "
+              f"{d['hours']:5.2f} | {d['memory_gib_per_device']:.1f}" for d in r["per_devices"]]
+    return "\n".join(lines)
