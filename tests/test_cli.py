@@ -9,6 +9,8 @@ import torch
 
 from transformer.checkpoint import average_checkpoints, list_checkpoints, load_checkpoint
 from transformer.cli import main
+from transformer.data import encode_for_decoding
+from transformer.decode import decode_ids
 
 
 def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
@@ -124,3 +126,130 @@ def test_decoding_flags_are_checked_like_the_config(tiny_run, flag, value, messa
     result = run_cli("translate", str(tiny_run), flag, value, stdin="a dog runs .\n")
     assert result.returncode == 1 and message in result.stderr, result.stderr
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+
+
+SENTENCES = "a dog runs .\ntwo men are talking on a street .\n\na girl in a red coat .\n"
+
+
+def test_nbest_scores_and_score_agree(tiny_run, tmp_path):
+    """translate --nbest: Moses n-best lines, K per input, best first, the first being the plain
+    output; --scores gives the same first score; `score` of those outputs gives their scores back."""
+    plain = run_cli("translate", str(tiny_run), "--beam", "3", stdin=SENTENCES)
+    nbest = run_cli("translate", str(tiny_run), "--beam", "3", "--nbest", "3", stdin=SENTENCES)
+    scored = run_cli("translate", str(tiny_run), "--beam", "3", "--scores", stdin=SENTENCES)
+    assert plain.returncode == nbest.returncode == scored.returncode == 0, nbest.stderr
+    rows = [line.split(" ||| ") for line in nbest.stdout.splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 3, 3, 3]  # an empty line: one empty hypothesis
+    firsts = [r for i, r in enumerate(rows) if i == 0 or rows[i - 1][0] != r[0]]
+    assert [r[1] for r in firsts] == plain.stdout.splitlines()
+    for i in {r[0] for r in rows}:
+        scores = [float(r[2]) for r in rows if r[0] == i]
+        assert scores == sorted(scores, reverse=True)
+    assert [line.split("\t") for line in scored.stdout.splitlines()] == [[r[2], r[1]] for r in firsts]
+    src = tmp_path / "src.txt"
+    tgt = tmp_path / "tgt.txt"
+    keep = [r for r in rows if r[0] != "2"]  # not the empty input line
+    src.write_text("".join(SENTENCES.splitlines(keepends=True)[int(r[0])] for r in keep))
+    tgt.write_text("".join(r[1] + "\n" for r in keep))
+    result = run_cli("score", str(tiny_run), "--src", str(src), "--tgt", str(tgt))
+    assert result.returncode == 0, result.stderr
+    assert "perplexity" in result.stderr
+    # A search may write pieces that are not the vocabulary's own segmentation of their text ("." where
+    # re-encoding gives "▁", "."): `score` reads text, so only the hypotheses written in the canonical
+    # segmentation must score as the beam scored them (tests/test_decode.py checks every one, by ids).
+    from transformer.tokenizer import Tokenizer
+    from transformer.translator import Translator
+
+    translator = Translator(tiny_run, log=lambda m: None, decode={"beam_size": 3})
+    tok = Tokenizer(tiny_run / "spm.model")
+    lines = [line for line in SENTENCES.splitlines() if line]
+    ids = decode_ids(translator.model, encode_for_decoding(lines, tok), beam_size=3, nbest=3)
+    canonical = {tok.decode(h.tokens) for hyps in ids for h in hyps if tok.encode(tok.decode(h.tokens)) == h.tokens}
+    got = [float(line.split("\t")[0]) for line in result.stdout.splitlines()]
+    checked = [(g, float(r[2])) for g, r in zip(got, keep) if r[1] in canonical]
+    assert checked and max(abs(g - x) for g, x in checked) < 1e-4
+    stdin = run_cli("score", str(tiny_run), "--json", stdin="".join(
+        f"{a.strip()}\t{b.strip()}\n" for a, b in zip(src.read_text().splitlines(), tgt.read_text().splitlines())))
+    records = [json.loads(line) for line in stdin.stdout.splitlines()]
+    assert [round(r["score"], 6) for r in records] == [float(line.split("\t")[0]) for line in result.stdout.splitlines()]
+    assert all(len(r["tokens"]) == len(r["token_log_probs"]) and r["tokens"][-1] == "</s>" for r in records)
+    assert all(abs(sum(r["token_log_probs"]) - r["log_prob"]) < 1e-6 for r in records)
+
+
+def test_prefix_and_sampling_from_the_command_line(tiny_run, tmp_path):
+    prefixes = tmp_path / "prefix.txt"
+    prefixes.write_text("ein Hund\n\n\nzwei\n")
+    result = run_cli("translate", str(tiny_run), "--prefix", str(prefixes), "--nbest", "2", stdin=SENTENCES)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    assert all(r[1].startswith("ein Hund") for r in rows if r[0] == "0")
+    assert all(r[1].startswith("zwei") for r in rows if r[0] == "3")
+    runs = [run_cli("translate", str(tiny_run), "--sample", "--seed", seed, "--nbest", "4", stdin=SENTENCES)
+            for seed in ("1", "1", "2")]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout != runs[2].stdout
+    greedy = run_cli("translate", str(tiny_run), "--beam", "1", stdin=SENTENCES)
+    top1 = run_cli("translate", str(tiny_run), "--sample", "--topk", "1", "--seed", "3", stdin=SENTENCES)
+    assert top1.stdout == greedy.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nbest", "5"], "--nbest 5: more than the beam size 4"),
+    (["--nbest", "0"], "--nbest 0: must be at least 1"),
+    (["--topk", "3"], "--topk: only with --sample"),
+    (["--sample", "--topp", "1.5"], "--topp 1.5: must be in (0, 1]"),
+    (["--sample", "--temperature", "nan"], "--temperature nan: must be a positive number"),
+    (["--prefix", "{tmp}/two_lines.txt"], "2 lines for 4 input lines"),
+    (["--prefix", "{tmp}/long.txt", "--max-len-offset", "2"], "prefix of line 1:"),
+])
+def test_decoding_feature_errors_are_one_line(tiny_run, tmp_path, args, message):
+    (tmp_path / "two_lines.txt").write_text("a\nb\n")
+    (tmp_path / "long.txt").write_text("ein Hund läuft schnell über die grüne Wiese\n\n\n\n")
+    result = run_cli("translate", str(tiny_run), *[a.replace("{tmp}", str(tmp_path)) for a in args], stdin=SENTENCES)
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    # the options are checked before the weights load; the files once the input is read, after it
+    said = [line for line in result.stderr.strip().splitlines() if not line.startswith("averaging the last")]
+    assert result.stdout == "" and len(said) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert len(said) == len(result.stderr.strip().splitlines()) or "{tmp}" in " ".join(args)
+
+
+def test_score_errors_are_one_line(tiny_run, tmp_path):
+    (tmp_path / "a.txt").write_text("x\ny\n")
+    (tmp_path / "b.txt").write_text("x\n")
+    for args, stdin, message in [(["--src", str(tmp_path / "a.txt")], "", "give both --src and --tgt"),
+                                 (["--src", str(tmp_path / "a.txt"), "--tgt", str(tmp_path / "b.txt")], "",
+                                  "differ in length"),
+                                 ([], "no tab here\n", "stdin line 1: expected SOURCE<TAB>TARGET")]:
+        result = run_cli("score", str(tiny_run), *args, stdin=stdin)
+        assert result.returncode == 1 and message in result.stderr, result.stderr
+        said = [line for line in result.stderr.strip().splitlines() if not line.startswith("averaging the last")]
+        assert len(said) == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_alignment_lines_are_pharaoh_pairs_within_the_sentences(tiny_run):
+    result = run_cli("translate", str(tiny_run), "--alignment", stdin=SENTENCES)
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()
+    assert len(rows) == 4 and rows[2] == " ||| "  # the empty line: no output, no links
+    for source, row in zip(SENTENCES.splitlines(), rows):
+        text, links = row.split(" ||| ")
+        pairs = [tuple(map(int, p.split("-"))) for p in links.split()]
+        assert all(0 <= s < len(source.split()) and 0 <= t < len(text.split()) for s, t in pairs)
+        assert len({t for _, t in pairs}) == len(text.split())  # every target word is linked
+
+
+def test_constraints_appear_in_every_output(tiny_run, tmp_path):
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("Hund\tStrand\n\n\nroten Mantel\n")
+    result = run_cli("translate", str(tiny_run), "--constraints", str(constraints), "--beam", "5", "--nbest", "2",
+                     stdin=SENTENCES)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    wanted = {"0": ["Hund", "Strand"], "3": ["roten Mantel"]}
+    for i, text, _ in rows:
+        assert all(phrase in text for phrase in wanted.get(i, [])), (i, text)
+    (tmp_path / "three.txt").write_text("a\n\n\n")
+    bad = run_cli("translate", str(tiny_run), "--constraints", str(tmp_path / "three.txt"), stdin=SENTENCES)
+    assert bad.returncode == 1 and "3 lines for 4 input lines" in bad.stderr
+    sampled = run_cli("translate", str(tiny_run), "--constraints", str(constraints), "--sample", stdin=SENTENCES)
+    assert sampled.returncode == 1 and "not with sampling" in sampled.stderr

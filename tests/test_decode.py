@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from transformer.config import ModelConfig
-from transformer.decode import beam_search, beam_step, greedy_search, length_penalty, top_next_tokens, translate_ids
+from transformer.decode import (Ensemble, LexicalConstraints, PrefixConstraint, bank_order, Sampling, beam_hypotheses, beam_search, beam_step, decode_ids,
+                                greedy_hypotheses, greedy_search, length_penalty, score_ids, top_next_tokens,
+                                translate_ids)
 from transformer.model import Transformer
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -80,8 +82,9 @@ def test_beam_step_hand_computed():
     alive, origin, token, fin_score, fin_origin = beam_step(log_probs, tokens, scores, length=3, alpha=1.0)
     assert torch.allclose(alive, torch.tensor([[.26, .18]]).log())
     assert origin.tolist() == [[1, 0]] and token.tolist() == [[2, 2]]
-    assert torch.allclose(fin_score, torch.tensor([math.log(.30) / (8 / 6)]))  # lp(3) = (5 + 3) / 6
-    assert fin_origin.tolist() == [0]
+    # the finished candidates, best first: only beam 0's EOS is among the top 2 (beam 1's, .04, is not)
+    assert torch.allclose(fin_score[:, 0], torch.tensor([math.log(.30) / (8 / 6)]))  # lp(3) = (5 + 3) / 6
+    assert fin_origin[:, 0].tolist() == [0] and torch.isinf(fin_score[:, 1]).all()
 
 
 def test_top_next_tokens_are_the_best_log_probs_with_exclusions():
@@ -351,3 +354,176 @@ def test_translate_ids_keeps_order_and_every_input(copy_model, sources, beam_siz
     assert outputs == [search(copy_model, torch.tensor([s]), 10)[0] for s in inputs]
     with pytest.raises(ValueError):
         translate_ids(copy_model, [[5, EOS_ID], []], beam_size, 0.6, 10, 2)
+
+
+# --- after the paper: n-best lists, forced scoring, prefixes, sampling (all on the one search) ---
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_nbest_of_a_large_beam_is_the_exhaustive_top_k(tiny_model, alpha):
+    """With a beam larger than every prefix set, the n-best list is the k best outputs of all, in order,
+    with their scores; its first is the plain output."""
+    sources, vocab = [[3, EOS_ID], [4, 3, EOS_ID], [4, EOS_ID]], 5
+    lists = beam_hypotheses(tiny_model, pad(sources), beam_size=27, alpha=alpha, max_len_offset=1, nbest=5)
+    plain = beam_search(tiny_model, pad(sources), beam_size=27, alpha=alpha, max_len_offset=1)
+    for src, hyps, out in zip(sources, lists, plain):
+        every = [list(y) for k in range(len(src) + 1) for y in itertools.product(range(2, vocab), repeat=k)]
+        scores = penalised(tiny_model, src, every, alpha)
+        best = scores.topk(5)
+        assert [h.tokens for h in hyps] == [every[i] for i in best.indices.tolist()]
+        assert torch.allclose(torch.tensor([h.score for h in hyps]), best.values, atol=1e-5)
+        assert hyps[0].tokens == out
+
+
+def test_nbest_first_is_the_plain_output_and_scores_are_the_forced_scores(copy_model, sources):
+    src = pad(sources)
+    for beam in (2, 4):
+        plain = beam_search(copy_model, src, beam_size=beam, alpha=0.6)
+        lists = beam_hypotheses(copy_model, src, beam_size=beam, alpha=0.6, nbest=beam)
+        assert [hyps[0].tokens for hyps in lists] == plain
+        for s, hyps in zip(sources, lists):
+            assert len(hyps) == beam and len({tuple(h.tokens) for h in hyps}) == beam  # distinct
+            assert all(a.score >= b.score for a, b in zip(hyps, hyps[1:]))  # sorted
+            forced = score_ids(copy_model, [s] * len(hyps), [h.tokens for h in hyps], alpha=0.6)
+            assert max(abs(f.score - h.score) for f, h in zip(forced, hyps)) < 1e-4
+    with pytest.raises(ValueError, match="nbest"):
+        beam_hypotheses(copy_model, src, beam_size=2, nbest=3)
+
+
+def test_score_is_the_teacher_forced_log_probability(copy_model, sources):
+    """score_ids against log P(Y) computed by log_prob (a plain full forward, no decode.py), batched
+    by a small token budget and across unequal lengths, in input order."""
+    targets = [s[:-1][::-1] for s in sources] + [[]]  # reversed copies, and an empty output
+    srcs = sources + [sources[0]]
+    got = score_ids(copy_model, srcs, targets, alpha=0.6, max_tokens=7)
+    for src, tgt, r in zip(srcs, targets, got):
+        expected = log_prob(copy_model, src, [tgt])[0].detach()
+        assert abs(r.log_prob - expected.item()) < 1e-4 and len(r.token_log_probs) == len(tgt) + 1
+        assert abs(r.score - r.log_prob / ((5 + len(tgt) + 1) / 6) ** 0.6) < 1e-6
+    with pytest.raises(ValueError, match="targets"):
+        score_ids(copy_model, srcs, targets[:-1])
+
+
+def test_a_prefix_is_forced_and_the_search_goes_on_from_it():
+    # Unforced, the beam takes A then ends: [A] (.6 * .9). Forced to start with B, the best
+    # continuation of B is C (.7) then EOS: [B, C]; the scores stay the model's own.
+    model = ScriptedModel({(): {A: .6, B: .4}, (A,): {EOS_ID: .9, C: .1}, (B,): {C: .7, A: .3},
+                           (B, C): {EOS_ID: 1.0}, (B, A): {EOS_ID: 1.0}})
+    assert beam_search(model, SRC, beam_size=2, alpha=0.0) == [[A]]
+    hyps = beam_hypotheses(model, SRC, beam_size=2, alpha=0.0, nbest=2,
+                           constraint=PrefixConstraint([[B]], model.vocab))[0]
+    assert [h.tokens for h in hyps] == [[B, C], [B, A]]
+    assert math.isclose(hyps[0].score, math.log(.4 * .7), rel_tol=1e-5)
+    assert math.isclose(hyps[1].score, math.log(.4 * .3), rel_tol=1e-5)
+
+
+def test_prefixes_through_decode_ids_start_every_output(copy_model, sources):
+    prefixes = [[7, 8], [], [9], [7, 8, 9, 10], [11]]
+    lists = decode_ids(copy_model, sources, beam_size=3, alpha=0.6, max_len_offset=10, batch_size=2, nbest=3,
+                       prefixes=prefixes)
+    for prefix, hyps, src in zip(prefixes, lists, sources):
+        assert all(h.tokens[: len(prefix)] == prefix for h in hyps)
+        if not prefix:  # no prefix: the plain search
+            assert hyps[0].tokens == beam_search(copy_model, torch.tensor([src]), 3, 0.6, 10)[0]
+    with pytest.raises(ValueError, match="prefix"):
+        decode_ids(copy_model, [[5, EOS_ID]], 2, 0.6, 2, prefixes=[[5, 5, 5, 5]])  # |Y| <= 2 + 2, EOS included
+
+
+def test_sampling_repeats_with_its_seed_and_top_k_one_is_greedy(copy_model, sources):
+    random_model = make_model(7)  # flat distributions: draws differ
+    src = pad(sources)
+
+    def draw(model, seed, **kw):
+        return greedy_hypotheses(model, src, 10, 0.6, sampling=Sampling(torch.Generator().manual_seed(seed), **kw))
+
+    assert draw(random_model, 1) == draw(random_model, 1)
+    assert [h.tokens for h in draw(random_model, 1)] != [h.tokens for h in draw(random_model, 2)]
+    assert [h.tokens for h in draw(random_model, 3, topk=1)] == greedy_search(random_model, src, 10)
+    assert [h.tokens for h in draw(random_model, 3, topp=1e-6)] == greedy_search(random_model, src, 10)
+    drawn = draw(random_model, 4, temperature=0.7)
+    forced = score_ids(random_model, sources, [h.tokens for h in drawn], alpha=0.6)
+    assert max(abs(f.score - h.score) for f, h in zip(forced, drawn)) < 1e-4  # the model's own scores
+
+
+def test_top_k_and_top_p_keep_only_their_tokens():
+    log_probs = torch.tensor([[.5, .3, .15, .05]]).log().repeat(2000, 1)
+    for kw, allowed in [({"topk": 2}, {0, 1}), ({"topp": 0.7}, {0, 1}), ({"topp": 0.81}, {0, 1, 2}),
+                        ({"topk": 3, "topp": 0.5}, {0})]:
+        drawn = Sampling(torch.Generator().manual_seed(0), **kw).draw(log_probs)
+        assert set(drawn.tolist()) == allowed, kw
+    # temperature: a low one concentrates the draws on the best token
+    cold = Sampling(torch.Generator().manual_seed(0), temperature=0.1).draw(log_probs)
+    assert (cold == 0).float().mean() > 0.95
+
+
+def test_sampling_nbest_draws_per_input(sources):
+    random_model = make_model(8)
+    lists = decode_ids(random_model, sources, batch_size=2, nbest=3, sampling=Sampling(torch.Generator().manual_seed(5)))
+    assert all(len(hyps) == 3 and all(a.score >= b.score for a, b in zip(hyps, hyps[1:])) for hyps in lists)
+    assert any(len({tuple(h.tokens) for h in hyps}) > 1 for hyps in lists)
+    assert lists == decode_ids(random_model, sources, batch_size=2, nbest=3,
+                               sampling=Sampling(torch.Generator().manual_seed(5)))
+
+
+def test_an_ensemble_of_a_model_with_itself_is_the_model(copy_model, sources):
+    src = pad(sources)
+    pair = Ensemble([copy_model, copy_model])
+    assert beam_search(pair, src, beam_size=3) == beam_search(copy_model, src, beam_size=3)
+    assert greedy_search(pair, src) == greedy_search(copy_model, src)
+    alone = beam_hypotheses(copy_model, src, beam_size=3, nbest=2)
+    together = beam_hypotheses(pair, src, beam_size=3, nbest=2)
+    assert all(abs(a.score - b.score) < 1e-5 for x, y in zip(alone, together) for a, b in zip(x, y))
+
+
+def test_an_ensemble_averages_the_probabilities(copy_model, sources):
+    other = train_copy(make_model(9), steps=30, lr=3e-3, max_len=6, vocab=13)  # another model of the same data
+    src, pair = pad(sources), Ensemble([copy_model, other])
+    tgt_in = torch.cat([torch.full((len(sources), 1), BOS_ID), src[:, :3]], 1)
+    with torch.inference_mode():
+        mean = (copy_model(src, tgt_in).softmax(-1) + other(src, tgt_in).softmax(-1)) / 2
+        assert torch.allclose(pair(src, tgt_in), mean.log(), atol=1e-5)
+        # the cached steps: the same means, one position at a time
+        cache = pair.init_cache(*pair.encode(src))
+        for t in range(tgt_in.size(1)):
+            assert torch.allclose(pair.decode_step(tgt_in[:, t], cache), mean[:, t].log(), atol=1e-5)
+    outputs = [beam_search(m, src, beam_size=3) for m in (copy_model, other, pair)]
+    assert outputs[2] != outputs[0] and outputs[2] != outputs[1]
+
+
+def contains(tokens: list[int], phrase: list[int]) -> bool:
+    return any(tokens[i: i + len(phrase)] == phrase for i in range(len(tokens) - len(phrase) + 1))
+
+
+def test_bank_order_takes_the_best_of_every_bank_in_turn():
+    total = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, float("-inf")]])
+    banks = torch.tensor([[0, 0, 1, 0, 2, 2]])
+    # round 1: bank 2's best (-5), bank 1's (-3), bank 0's (-1); round 2: bank 0's second (-2); then -4; -inf last
+    assert bank_order(total, banks).tolist() == [[4, 2, 0, 1, 3, 5]]
+
+
+def test_a_constraint_is_written_although_it_scores_lower():
+    # Unconstrained: [A] (.6 * .9). With the constraint [C]: the beam keeps the hypothesis that has
+    # met C (bank 1) beside the better-scoring ones (bank 0), and EOS waits for the constraint: [A, C]
+    # (.6 * .1 * 1.0) beats [B, C] (.4 * .05 * 1.0); [C] alone (P 0) is impossible.
+    model = ScriptedModel({(): {A: .6, B: .4}, (A,): {EOS_ID: .9, C: .1}, (B,): {B: .95, C: .05},
+                           (A, C): {EOS_ID: 1.0}, (B, C): {EOS_ID: 1.0}, (B, B): {EOS_ID: 1.0}})
+    assert beam_search(model, SRC, beam_size=2, alpha=0.0) == [[A]]
+    out = beam_hypotheses(model, SRC, beam_size=2, alpha=0.0, constraint=LexicalConstraints([[[C]]], model.vocab))
+    assert [h.tokens for h in out[0]] == [[A, C]] and math.isclose(out[0][0].score, math.log(.06), rel_tol=1e-5)
+
+
+def test_every_constraint_appears_in_every_output(copy_model, sources):
+    g = torch.Generator().manual_seed(3)
+    phrases = [[torch.randint(3, 13, (int(torch.randint(1, 3, (1,), generator=g)),), generator=g).tolist()
+                for _ in range(int(torch.randint(0, 3, (1,), generator=g)))] for _ in sources]
+    phrases[0] = [[7, 8], [7, 9]]  # two phrases that start alike
+    lists = decode_ids(copy_model, sources, beam_size=4, alpha=0.6, max_len_offset=10, batch_size=2, nbest=2,
+                       constraints=phrases)
+    for ps, hyps, src in zip(phrases, lists, sources):
+        assert all(contains(h.tokens, p) for h in hyps for p in ps), (ps, hyps)
+        forced = score_ids(copy_model, [src] * len(hyps), [h.tokens for h in hyps], alpha=0.6)
+        assert max(abs(f.score - h.score) for f, h in zip(forced, hyps)) < 1e-4  # the model's own scores
+        if not ps:
+            assert hyps[0].tokens == beam_search(copy_model, torch.tensor([src]), 4, 0.6, 10)[0]
+    with pytest.raises(ValueError, match="do not fit"):
+        decode_ids(copy_model, [[5, EOS_ID]], 4, 0.6, 2, constraints=[[[5, 6], [7, 8]]])

@@ -115,3 +115,26 @@ def test_plot_draws_the_runs_own_log(tiny_run, tmp_path):
     with pytest.raises(FigureError, match=r"metrics.jsonl:2: not a JSON record"):
         plot_training(bad, tmp_path / "x.png")
     assert main(["plot", str(tmp_path / "nowhere")]) == 1
+
+
+def test_word_alignment_on_a_hand_built_case():
+    """Source "▁the ▁hou se </s>" (words 0, 1), target "▁das ▁Ha us </s>" (words 0, 1). The penultimate
+    of 3 layers decides (layer 1); the other layers point elsewhere, and EOS links to nothing."""
+    from transformer.figures import word_alignment
+
+    src, tgt_out = ["▁the", "▁hou", "se", "</s>"], ["▁das", "▁Ha", "us", "</s>"]
+    cross = torch.full((3, 2, 4, 4), 0.25)
+    # layer 1, averaged over its 2 heads: das -> the, Ha -> se (house), us -> hou (house), EOS -> EOS
+    cross[1, 0] = torch.tensor([[.7, .1, .1, .1], [.1, .2, .6, .1], [.1, .5, .3, .1], [0, 0, 0, 1.]])
+    cross[1, 1] = torch.tensor([[.5, .2, .2, .1], [.1, .3, .4, .2], [.2, .6, .1, .1], [0, 0, 0, 1.]])
+    cross[0, :, :, 3] = cross[2, :, :, 3] = 0.9  # the other layers look at EOS: ignored
+    maps = AttentionMaps(src, ["<s>", *tgt_out[:-1]], tgt_out, {"cross": cross})
+    assert word_alignment(maps) == [(0, 0), (1, 1)]
+    # a source word no piece attends to is unaligned; two target words can share a source word
+    cross[1, :, 1] = torch.tensor([.8, .1, .05, .05])
+    cross[1, :, 2] = torch.tensor([.8, .1, .05, .05])
+    assert word_alignment(maps) == [(0, 0), (0, 1)]
+    one_layer = AttentionMaps(src, ["<s>", *tgt_out[:-1]], tgt_out, {"cross": cross[1:2]})
+    assert word_alignment(one_layer) == [(0, 0), (0, 1)]
+    empty = AttentionMaps(src, ["<s>"], ["</s>"], {"cross": cross[:, :, :1]})
+    assert word_alignment(empty) == []

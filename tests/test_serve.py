@@ -80,6 +80,55 @@ def test_bad_requests_get_json_errors(client, body, status, message):
     assert r.status_code == status and message in r.json()["error"] + json.dumps(r.json().get("detail", ""))
 
 
+def test_nbest_scores_prefixes_and_sampling_through_the_api(client, translator):
+    r = client.post("/v1/translate", json={"text": LINES[:2] + [""], "beam": 3, "nbest": 3, "scores": True})
+    assert r.status_code == 200, r.json()
+    data = r.json()
+    expected = translator.hypotheses(LINES[:2], nbest=3, beam_size=3)
+    assert [[(h["text"], round(h["score"], 5)) for h in hyps] for hyps in data["nbest"][:2]] == \
+        [[(t, round(x, 5)) for t, x in hyps] for hyps in expected]
+    assert data["translations"] == [hyps[0]["text"] for hyps in data["nbest"]] and data["translations"][2] == ""
+    assert data["scores"][:2] == [hyps[0]["score"] for hyps in data["nbest"][:2]]
+    plain = client.post("/v1/translate", json={"text": LINES[:1]}).json()
+    assert set(plain) == {"translations"}  # nothing asked, nothing more answered
+    r = client.post("/v1/translate", json={"text": LINES[:2], "prefix": ["Ein Hund", ""]})
+    assert r.status_code == 200 and r.json()["translations"][0].startswith("Ein Hund")
+    assert r.json()["translations"][1] == translator.translate(LINES[1:2])[0]
+    r = client.post("/v1/translate", json={"text": LINES[:2], "constraints": [["Hund", "Strand"], []], "beam": 5})
+    assert r.status_code == 200 and all(w in r.json()["translations"][0] for w in ("Hund", "Strand"))
+    draws = [client.post("/v1/translate", json={"text": LINES, "sample": True, "seed": seed, "nbest": 2}).json()
+             for seed in (1, 1, 2)]
+    assert draws[0] == draws[1] != draws[2]
+
+
+def test_score_endpoint_equals_the_translator(client, translator):
+    body = {"text": LINES[:2], "translation": ["Ein Hund rennt.", "Zwei Männer reden."]}
+    r = client.post("/v1/score", json=body)
+    assert r.status_code == 200, r.json()
+    expected = translator.score(body["text"], body["translation"])
+    assert [round(x, 5) for x in r.json()["scores"]] == [round(e.score, 5) for e in expected]
+    assert [round(x, 5) for x in r.json()["log_probs"]] == [round(e.log_prob, 5) for e in expected]
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/v1/translate", {"text": ["a"], "beam": 2, "nbest": 3}, "nbest: 3 is more than the beam (2)"),
+    ("/v1/translate", {"text": ["a"], "nbest": 0}, "invalid request"),
+    ("/v1/translate", {"text": ["a", "b"], "prefix": ["x"]}, "prefix: 1 prefixes for 2 sentences"),
+    ("/v1/translate", {"text": ["a"], "sample": True}, "sample: give a seed"),
+    ("/v1/translate", {"text": ["a"], "topk": 3}, "topk: only with"),
+    ("/v1/translate", {"text": ["a"], "sample": True, "seed": 1, "topp": 1.5}, "invalid request"),
+    ("/v1/translate", {"text": ["a"], "sample": True, "seed": 1, "nbest": 17}, "limit of 16 draws"),
+    ("/v1/translate", {"text": ["a"], "constraints": [["x"], ["y"]]}, "constraints: 2 lists for 1 sentences"),
+    ("/v1/translate", {"text": ["a"], "constraints": [["x y z " * 30]]}, "constraints of line 1"),
+    ("/v1/translate", {"text": ["a"], "prefix": ["x y z " * 30]}, "prefix of line 1"),
+    ("/v1/score", {"text": ["a", "b"], "translation": ["x"]}, "translation: 1 sentences for 2"),
+    ("/v1/score", {"text": ["a"] * 5, "translation": ["x"] * 5}, "5 sentences, more than the limit of 4"),
+])
+def test_bad_feature_requests_get_json_errors(client, path, body, message):
+    r = client.post(path, json=body)
+    assert r.status_code == 422 and message in r.json()["error"] + json.dumps(r.json().get("detail", "")), r.json()
+
+
 def test_malformed_json_and_large_bodies(client):
     r = client.post("/v1/translate", content=b'{"text": ["a"', headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON")
@@ -147,8 +196,8 @@ def test_a_full_queue_refuses_at_once_with_retry_after(translator):
 def decoded(translator, monkeypatch) -> list[str]:
     """Every line the translator is asked to decode, in order."""
     lines_seen: list[str] = []
-    real = translator.translate
-    monkeypatch.setattr(translator, "translate",
+    real = translator.hypotheses  # what the server's worker calls (translate calls it too)
+    monkeypatch.setattr(translator, "hypotheses",
                         lambda lines, *a, **k: lines_seen.extend(lines) or real(lines, *a, **k))
     return lines_seen
 

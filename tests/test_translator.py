@@ -78,3 +78,14 @@ def test_gpu_decodes_like_the_cpu(run):
     gpu = Translator(run, device="cuda")
     assert next(gpu.model.parameters()).is_cuda
     assert gpu.translate(lines, beam_size=4) == cpu
+
+
+def test_an_ensemble_needs_one_vocabulary(run, tmp_path, tiny_overrides):
+    """A run with itself translates as the run alone; a run trained with another vocabulary is refused."""
+    lines = ["A dog runs.", "Two men talk on a street."]
+    alone = Translator(run, log=lambda m: None).translate(lines)
+    assert Translator(run, log=lambda m: None, ensemble=[run]).translate(lines) == alone
+    other = tmp_path / "other"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "data.vocab_size=400"]), other, quiet=True)
+    with pytest.raises(CheckpointError, match="another vocabulary"):
+        Translator(run, log=lambda m: None, ensemble=[other])

@@ -94,10 +94,18 @@ def cmd_train(args: argparse.Namespace) -> None:
     train(cfg, Path(args.out), resume=args.resume, quiet=args.quiet, allow_config_change=args.allow_config_change)
 
 
-def _decode_options(p: argparse.ArgumentParser) -> None:
+def _model_options(p: argparse.ArgumentParser) -> None:
+    """The run and the weights a decoding command uses, and where."""
     p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
     p.add_argument("--checkpoint", type=Path, help="weights file to use (default: average the run's last "
                    "decode.average_last checkpoints, §6.1)")
+    p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
+                   "on CPU, BLEU within a few tenths (benchmarks/results/speed.md)")
+    p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")
+
+
+def _decode_options(p: argparse.ArgumentParser) -> None:
+    _model_options(p)
     paper = DecodeConfig()
     p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam_size; §6.1: "
                    f"{paper.beam_size}); 1 = greedy")
@@ -109,9 +117,12 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--early-stop", choices=EARLY_STOPS, help="when beam search stops a sentence: bound "
                    "(default, §6.1): once no alive beam can beat its best finished one; top: also once the "
                    "step's best candidate ends (OpenNMT/CTranslate2's rule: fewer steps, not exact)")
-    p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
-                   "on CPU, BLEU within a few tenths (benchmarks/results/speed.md)")
-    p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")
+
+
+def _ensemble_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ensemble", type=Path, nargs="+", default=[], metavar="RUN_DIR", help="more run folders "
+                   "(same vocabulary) whose models decode together with RUN_DIR's: the mean of their "
+                   "probabilities at each step, each from its own averaged checkpoints (not in the paper)")
 
 
 def _unconstrained_option(p: argparse.ArgumentParser) -> None:
@@ -129,15 +140,21 @@ def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def _translator(args: argparse.Namespace):
-    """The run's model, checked before any input is read (errors come first, not after stdin)."""
+def _translator(args: argparse.Namespace, check: Callable | None = None):
+    """The run's model, checked before any input is read (errors come first, not after stdin); ``check``
+    (translator) -> None raises for options that need the run's settings, before anything is said."""
     from .translator import Translator
 
     overrides = _decode_overrides(args)
-    translator = Translator(args.run_dir, args.checkpoint, log=lambda m: print(m, file=sys.stderr), int8=args.int8,
-                            device=args.device, decode=overrides)
+    said: list[str] = []  # what loading says goes to stderr once every check has passed
+    translator = Translator(args.run_dir, args.checkpoint, log=said.append, int8=args.int8,
+                            device=args.device, decode=overrides, ensemble=getattr(args, "ensemble", ()))
     if getattr(args, "unconstrained", False):
         translator.constraint = None
+    if check is not None:
+        check(translator)
+    for message in said:
+        print(message, file=sys.stderr)
     return translator
 
 
@@ -147,21 +164,181 @@ def _translate_lines(translator, lines: list[str]) -> list[str]:
 
 def _translate_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
+    _ensemble_option(p)
     p.add_argument("--input", type=Path, help="input file, plain or .gz (default: stdin)")
     p.add_argument("--output", type=Path, help="output file (default: stdout)")
+    p.add_argument("--nbest", type=int, metavar="K", help="the K best hypotheses of each input (K <= beam), best "
+                   "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
+                   "beam's log P / lp(|Y|); the first of each list is the plain output")
+    p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' lines: each output with the "
+                   "beam's score, log P / lp(|Y|)")
+    p.add_argument("--prefix", type=Path, metavar="FILE", help="one target prefix per input line (empty: none): "
+                   "each output starts with it and the search continues from it (interactive translation)")
+    p.add_argument("--constraints", type=Path, metavar="FILE", help="per input line, the phrases its output must "
+                   "contain, separated by tabs (empty: none): lexically constrained beam search (dynamic beam "
+                   "allocation, Post & Vilar 2018); a beam of at least the constraints' pieces + 1 works best")
+    p.add_argument("--sample", action="store_true", help="draw each output token from the model's distribution "
+                   "instead of searching (not beam search: back-translation's decoding); with --nbest K, K draws")
+    p.add_argument("--topk", type=int, metavar="K", help="--sample: draw among the K most probable tokens only")
+    p.add_argument("--topp", type=float, metavar="P", help="--sample: draw among the most probable tokens whose "
+                   "probability together reaches P (nucleus sampling)")
+    p.add_argument("--temperature", type=float, metavar="T", help="--sample: divide the log-probabilities by T "
+                   "(< 1 sharper, > 1 flatter; default 1)")
+    p.add_argument("--seed", type=int, metavar="S", help="--sample: random seed (default 1); the same seed, input "
+                   "and batch size give the same outputs on the same machine")
+    p.add_argument("--alignment", action="store_true", help="append ' ||| ' and the word alignment of each output "
+                   "in Pharaoh form (0-based 'source-target' word pairs), from the cross-attention of the "
+                   "penultimate decoder layer averaged over heads")
+
+
+def _sampling(args: argparse.Namespace) -> dict | None:
+    """--sample's settings, checked, as ``decode.Sampling``'s fields (the seed for its generator); None
+    without --sample (where any of its options is an error)."""
+    given = [f"--{k}" for k in ("topk", "topp", "temperature", "seed") if getattr(args, k) is not None]
+    if not args.sample:
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with --sample")
+        return None
+    if args.topk is not None and args.topk < 1:
+        raise ConfigError(f"--topk {args.topk}: must be at least 1")
+    if args.topp is not None and not 0 < args.topp <= 1:
+        raise ConfigError(f"--topp {args.topp}: must be in (0, 1]")
+    if args.temperature is not None and not 0 < args.temperature < float("inf"):
+        raise ConfigError(f"--temperature {args.temperature}: must be a positive number")
+    return {"seed": 1 if args.seed is None else args.seed, "topk": args.topk or 0,
+            "topp": 1.0 if args.topp is None else args.topp,
+            "temperature": 1.0 if args.temperature is None else args.temperature}
 
 
 @command("translate", _translate_arguments)
 def cmd_translate(args: argparse.Namespace) -> None:
     """Translate lines with beam search (§6.1).
 
-    One output line per input line, in order; an empty line gives an empty line.
+    One output line per input line, in order; an empty line gives an empty line. --nbest K writes K
+    lines per input (Moses n-best form), --scores adds each output's score, --alignment its word
+    alignment, --prefix forces the start of each output, --constraints the phrases it must contain,
+    --sample draws outputs instead of searching, --ensemble decodes with several runs' models together.
     """
     from .data import read_lines
 
-    translator = _translator(args)
+    sampling = _sampling(args)
+    if args.nbest is not None and args.nbest < 1:
+        raise ConfigError(f"--nbest {args.nbest}: must be at least 1")
+
+    def check(translator) -> None:
+        beam = translator.cfg.decode.beam_size
+        if args.nbest is not None and sampling is None and args.nbest > beam:
+            raise ConfigError(f"--nbest {args.nbest}: more than the beam size {beam}; give --beam {args.nbest} or more")
+        if args.alignment and args.ensemble:
+            raise ConfigError("--alignment: not with --ensemble (whose attention would it be?)")
+
+    translator = _translator(args, check)
+    if sampling is not None:
+        import torch
+
+        from .decode import Sampling
+
+        seed = sampling.pop("seed")
+        sampling = Sampling(torch.Generator(translator.device).manual_seed(seed), **sampling)
     lines = read_lines(args.input or Path("/dev/stdin"))
-    _write_lines(args.output, _translate_lines(translator, lines))
+    prefixes = None
+    if args.prefix is not None:
+        prefixes = read_lines(args.prefix)
+        if len(prefixes) != len(lines):
+            raise ConfigError(f"--prefix {args.prefix}: {len(prefixes)} lines for {len(lines)} input lines")
+    constraints = None
+    if args.constraints is not None:
+        constraints = [line.split("\t") for line in read_lines(args.constraints)]
+        if len(constraints) != len(lines):
+            raise ConfigError(f"--constraints {args.constraints}: {len(constraints)} lines for {len(lines)} input lines")
+    if args.nbest is None and not (args.scores or args.alignment) and prefixes is None and sampling is None \
+            and constraints is None:
+        _write_lines(args.output, _translate_lines(translator, lines))
+        return
+    hyps = translator.hypotheses(lines, args.nbest or 1, prefixes, sampling,
+                                 progress=len(lines) > 100 and sys.stderr.isatty(), constraints=constraints)
+
+    def aligned(i: int, text: str) -> str:
+        if not args.alignment:
+            return ""
+        from .figures import attention_maps, word_alignment
+
+        pairs = word_alignment(attention_maps(translator, lines[i], text)) if lines[i].strip() else []
+        return " ||| " + " ".join(f"{s}-{t}" for s, t in pairs)
+
+    if args.nbest is not None:
+        rows = [f"{i} ||| {text} ||| {score:.6f}{aligned(i, text)}" for i, h in enumerate(hyps) for text, score in h]
+    else:
+        rows = [(f"{h[0][1]:.6f}\t{h[0][0]}" if args.scores else h[0][0]) + aligned(i, h[0][0])
+                for i, h in enumerate(hyps)]
+    _write_lines(args.output, rows)
+
+
+def _score_arguments(p: argparse.ArgumentParser) -> None:
+    _model_options(p)
+    _ensemble_option(p)
+    p.add_argument("--alpha", type=float, help="GNMT length penalty α of SCORE (default: the run's decode.alpha; "
+                   "§6.1: 0.6)")
+    p.set_defaults(beam=None, max_len_offset=None, batch_size=None, early_stop=None)
+    p.add_argument("--src", type=Path, help="source sentences, plain or .gz (with --tgt; default: stdin, one "
+                   "pair per line as SOURCE<TAB>TARGET)")
+    p.add_argument("--tgt", type=Path, help="the translations to score, line-aligned with --src")
+    p.add_argument("--output", type=Path, help="output file (default: stdout)")
+    p.add_argument("--json", action="store_true", help="one JSON object per pair instead: score, log_prob, tokens "
+                   "(pieces, EOS included) and token_log_probs")
+
+
+SCORE_CHUNK = 10_000  # pairs read, scored and written at a time: memory stays bounded on long files
+
+
+@command("score", _score_arguments)
+def cmd_score(args: argparse.Namespace) -> None:
+    """Score given translations with the model (forced decoding).
+
+    One line per pair, in order: SCORE<TAB>LOGPROB, SCORE being the beam's length-normalised score
+    log P / lp(|Y|) (so scoring the beam's own output gives the beam's score) and LOGPROB the summed
+    log-probability of the target's pieces and its EOS. The corpus perplexity per piece goes to stderr.
+    Translations are read as text and segmented by the run's vocabulary: a search output whose pieces
+    were not that segmentation (a model may write "." where the vocabulary has "▁" ".") scores lower.
+    """
+    import itertools
+    import math
+
+    from .data import DataError, iter_lines, iter_parallel
+
+    if (args.src is None) != (args.tgt is None):
+        raise ConfigError("give both --src and --tgt, or neither (pairs on stdin as SOURCE<TAB>TARGET)")
+    translator = _translator(args)
+    if args.src is not None:
+        pairs = iter_parallel(args.src, args.tgt)
+    else:
+        def stdin_pairs():
+            for n, line in enumerate(iter_lines(Path("/dev/stdin")), 1):
+                if line.count("\t") != 1:
+                    raise DataError(f"stdin line {n}: expected SOURCE<TAB>TARGET (one tab), found "
+                                    f"{line.count(chr(9))} tabs")
+                yield tuple(line.split("\t"))
+        pairs = stdin_pairs()
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    total, pieces, n = 0.0, 0, 0
+    try:
+        while chunk := list(itertools.islice(pairs, SCORE_CHUNK)):
+            src, tgt = [s for s, _ in chunk], [t for _, t in chunk]
+            for t, r in zip(tgt, translator.score(src, tgt)):
+                if args.json:
+                    out.write(json.dumps({"score": r.score, "log_prob": r.log_prob,
+                                          "tokens": translator.tokenizer.pieces(t.strip()) + ["</s>"],
+                                          "token_log_probs": r.token_log_probs}, ensure_ascii=False) + "\n")
+                else:
+                    out.write(f"{r.score:.6f}\t{r.log_prob:.6f}\n")
+                total, pieces = total + r.log_prob, pieces + len(r.token_log_probs)
+            n += len(chunk)
+    finally:
+        if args.output:
+            out.close()
+    if n:
+        print(f"{n} pairs, {pieces} pieces (EOS included): perplexity {math.exp(-total / pieces):.3f}",
+              file=sys.stderr)
 
 
 def _write_lines(path: Path | None, lines: list) -> None:
@@ -175,6 +352,7 @@ def _write_lines(path: Path | None, lines: list) -> None:
 
 def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
+    _ensemble_option(p)
     _unconstrained_option(p)
     p.add_argument("--src", type=Path, help="source sentences, plain or .gz; a path that does not "
                    "exist is looked up under the data root ($TRANSFORMER_DATA, ...), e.g. multi30k/val.en.gz "

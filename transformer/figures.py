@@ -110,6 +110,22 @@ def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
                          [*tok.pieces(tgt.strip()), "</s>"], weights)
 
 
+def word_alignment(maps: AttentionMaps) -> list[tuple[int, int]]:
+    """Word alignment from cross-attention (not in the paper; Marian's --alignment, fairseq's
+    --print-alignment): each target piece is linked to the source piece it attends to most in the
+    penultimate decoder layer, averaged over heads (Garg et al. 2019 found that layer's attention the
+    best aligned; the last layer of a 1-layer model), and the links are lifted to words, 0-based
+    (source, target) pairs in Pharaoh order. EOS is linked to nothing and nothing to EOS."""
+    cross = maps.weights["cross"]  # [L, H, T + 1, S + 1]
+    layer = max(cross.size(0) - 2, 0)
+    links = cross[layer].mean(0)[:-1, :-1]  # [T, S] without EOS on either side
+    if links.numel() == 0:
+        return []
+    src_word = [w for w, g in enumerate(_word_groups(maps.src[:-1])[1]) for _ in g]
+    tgt_word = [w for w, g in enumerate(_word_groups(maps.tgt_out[:-1])[1]) for _ in g]
+    return sorted({(src_word[s], tgt_word[t]) for t, s in enumerate(links.argmax(-1).tolist())})
+
+
 def _select(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None) -> tuple[torch.Tensor, list[int]]:
     n_layers, n_heads = maps.weights[kind].shape[:2]
     if not 1 <= layer <= n_layers:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import itertools
 import json
 import threading
 import time
@@ -31,13 +32,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
-from .config import ServeLimits as Limits
+from .config import ConfigError, ServeLimits as Limits
+from .decode import Sampling
 from .figures import attention_maps, web_page
 from .translator import Translator
 
@@ -50,10 +53,44 @@ class TranslateRequest(BaseModel):
     text: list[str] = Field(description="sentences to translate, one output per input")
     beam: int | None = Field(None, description="beam size (default: the run's, 4 in the paper §6.1); 1 = greedy")
     alpha: float | None = Field(None, ge=0.0, le=2.0, description="GNMT length penalty α (default 0.6, §6.1)")
+    nbest: int | None = Field(None, ge=1, description="also answer the nbest (<= beam) best hypotheses of each "
+                                                      "sentence with their scores, best first")
+    scores: bool = Field(False, description="also answer each translation's score, log P / lp(|Y|)")
+    prefix: list[str] | None = Field(None, description="one target prefix per sentence (\"\": none); each "
+                                                       "translation starts with its prefix")
+    constraints: list[list[str]] | None = Field(None, description="per sentence, the phrases its translation must "
+                                                                "contain (lexically constrained beam search)")
+    sample: bool = Field(False, description="draw the outputs from the model's distribution instead of "
+                                            "searching (with nbest: that many draws); needs seed")
+    seed: int | None = Field(None, ge=0, description="sample: the random seed (same seed, same outputs)")
+    topk: int | None = Field(None, ge=1, description="sample: among the topk most probable tokens only")
+    topp: float | None = Field(None, gt=0.0, le=1.0, description="sample: nucleus, the most probable tokens "
+                                                                 "whose probability reaches topp")
+    temperature: float | None = Field(None, gt=0.0, le=100.0, description="sample: divides the log-probs")
+
+
+class Hypothesis(BaseModel):
+    text: str
+    score: float
 
 
 class TranslateResponse(BaseModel):
     translations: list[str]
+    scores: list[float] | None = None
+    nbest: list[list[Hypothesis]] | None = None
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    text: list[str] = Field(description="source sentences")
+    translation: list[str] = Field(description="their translations to score, one per source sentence")
+    alpha: float | None = Field(None, ge=0.0, le=2.0, description="GNMT length penalty α of the score")
+
+
+class ScoreResponse(BaseModel):
+    scores: list[float] = Field(description="log P / lp(|Y|), as beam search ranks hypotheses")
+    log_probs: list[float] = Field(description="log P(translation | text), EOS included")
 
 
 class AttentionRequest(BaseModel):
@@ -70,11 +107,24 @@ class LimitError(Exception):
         self.status, self.message, self.retry_after = status, message, retry_after
 
 
+@dataclass(frozen=True)
+class Job:
+    """What a request asks of the model, beyond its sentences; requests with equal jobs are decoded
+    together. A sampling job carries its request's own number, so it is decoded alone and its seed
+    alone decides its draws."""
+
+    kind: str  # "translate" or "score"
+    beam: int
+    alpha: float
+    nbest: int = 1
+    sampling: tuple | None = None  # (request number, seed, topk, topp, temperature)
+
+
 @dataclass
 class _Pending:
     lines: list[str]
-    beam: int
-    alpha: float
+    extra: dict[str, list] | None  # per line: "prefix", "constraints" (translate) or "translation" (score)
+    job: Job
     tokens: int  # source tokens x beam
     future: asyncio.Future = field(repr=False)
     started: bool = False  # taken into a batch: decoding it has begun
@@ -98,7 +148,13 @@ class Batcher:
 
     async def translate(self, lines: list[str], beam: int, alpha: float,
                         disconnected: asyncio.Future | None = None) -> list[str]:
-        """The translations of ``lines`` once decoded; LimitError (503) when the queue is full, the
+        """The translations of ``lines`` (``submit`` of a plain translation job)."""
+        return [hyps[0][0] for hyps in await self.submit(lines, Job("translate", beam, alpha), None, disconnected)]
+
+    async def submit(self, lines: list[str], job: Job, extra: dict[str, list] | None = None,
+                     disconnected: asyncio.Future | None = None) -> list:
+        """What ``job`` gives for each of ``lines`` once decoded (translate: its hypotheses as (text,
+        score), best first; score: ``decode.Scored``); LimitError (503) when the queue is full, the
         wait for decoding passes ``queue_timeout``, or decoding has stopped. ``disconnected``
         completes when the client goes away: the request is then dropped, not decoded."""
         if not self.alive:
@@ -108,8 +164,10 @@ class Batcher:
             self.shed += 1
             raise LimitError(503, f"busy: {self.queued} sentences are waiting to be decoded (the limit is "
                                   f"{self.limits.max_queued}); try again shortly", retry_after=1)
-        tokens = beam * sum(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
-        pending = _Pending(lines, beam, alpha, tokens, asyncio.get_running_loop().create_future())
+        rows = job.nbest if job.sampling else job.beam  # decoder rows per sentence
+        texts = lines + [t for values in (extra or {}).values() for v in values for t in ([v] if isinstance(v, str) else v)]
+        tokens = rows * sum(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(texts))
+        pending = _Pending(lines, extra, job, tokens, asyncio.get_running_loop().create_future())
         self.queued += len(lines)
         await self.queue.put(pending)
         watch = {pending.future} | ({disconnected} if disconnected else set())
@@ -151,7 +209,7 @@ class Batcher:
                 if not self._take(nxt):
                     continue
                 self.current.append(nxt)
-                if (nxt.beam, nxt.alpha) != (first.beam, first.alpha) or nxt.tokens > budget:
+                if nxt.job != first.job or nxt.tokens > budget:
                     held = nxt
                     break
                 batch.append(nxt)
@@ -162,10 +220,10 @@ class Batcher:
             self.current = [held] if held else []
 
     async def _decode(self, batch: list[_Pending]) -> None:
-        beam, alpha = batch[0].beam, batch[0].alpha
+        job = batch[0].job
         self.batches += 1
 
-        def job() -> tuple[list[_Pending], list[str]]:
+        def work() -> tuple[list[_Pending], list]:
             """In the model thread: the requests still wanted when it gets to them are started and decoded."""
             with self.lock:
                 live = [p for p in batch if not p.abandoned]
@@ -174,12 +232,25 @@ class Batcher:
             lines = [line for p in live for line in p.lines]
             if not lines:
                 return live, []
+            def joined(key: str, empty: object) -> list | None:  # the requests' values, in line order
+                values = [x for p in live for x in (p.extra or {}).get(key) or [empty] * len(p.lines)]
+                return values if any(values) else None
+
+            if job.kind == "score":
+                return live, self.translator.score(lines, [t for p in live for t in p.extra["translation"]], job.alpha)
             longest = max(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
-            batch_size = max(1, self.limits.max_batch_tokens // (beam * longest))
-            return live, self.translator.translate(lines, beam, alpha, batch_size)
+            rows = job.nbest if job.sampling else job.beam
+            batch_size = max(1, self.limits.max_batch_tokens // (rows * longest))
+            sampling = None
+            if job.sampling:
+                _, seed, topk, topp, temperature = job.sampling
+                sampling = Sampling(torch.Generator(self.translator.device).manual_seed(seed), topk, topp, temperature)
+            return live, self.translator.hypotheses(lines, job.nbest, joined("prefix", ""), sampling,
+                                                    job.beam, job.alpha, batch_size,
+                                                    constraints=joined("constraints", []))
 
         try:
-            live, outputs = await asyncio.get_running_loop().run_in_executor(self.executor, job)
+            live, outputs = await asyncio.get_running_loop().run_in_executor(self.executor, work)
         except Exception as e:  # noqa: BLE001  every waiting client gets the error, the server goes on
             for p in batch:
                 if not p.future.done():
@@ -269,15 +340,54 @@ def _check_chars(limits: Limits, text: str, where: str) -> None:
         raise LimitError(422, f"{where}: {len(text)} characters, more than the limit of {limits.max_chars}")
 
 
+def _check_sentences(limits: Limits, lines: list[str], where: str) -> None:
+    if len(lines) > limits.max_sentences:
+        raise LimitError(422, f"{where}: {len(lines)} sentences, more than the limit of {limits.max_sentences}")
+    for i, line in enumerate(lines):
+        _check_chars(limits, line, f"{where}[{i}]")
+
+
 def _check_translate(req: TranslateRequest, limits: Limits, beam: int, max_beam: int) -> int:
-    """422 for more sentences or characters than the limits, or a beam outside 1..max_beam; the beam."""
-    if len(req.text) > limits.max_sentences:
-        raise LimitError(422, f"text: {len(req.text)} sentences, more than the limit of {limits.max_sentences}")
-    for i, line in enumerate(req.text):
-        _check_chars(limits, line, f"text[{i}]")
+    """422 for more sentences or characters than the limits, a beam outside 1..max_beam, an n-best
+    list longer than the beam, prefixes that do not match the sentences, or sampling options without
+    "sample"; the beam."""
+    _check_sentences(limits, req.text, "text")
     if not 1 <= beam <= max_beam:
         raise LimitError(422, f"beam: {beam} is outside 1..{max_beam}")
+    if req.nbest is not None and req.nbest > (max_beam if req.sample else beam):
+        raise LimitError(422, f"nbest: {req.nbest} is more than the " +
+                         (f"limit of {max_beam} draws" if req.sample else f"beam ({beam})"))
+    if req.prefix is not None:
+        if len(req.prefix) != len(req.text):
+            raise LimitError(422, f"prefix: {len(req.prefix)} prefixes for {len(req.text)} sentences")
+        for i, line in enumerate(req.prefix):
+            _check_chars(limits, line, f"prefix[{i}]")
+    if req.constraints is not None:
+        if len(req.constraints) != len(req.text):
+            raise LimitError(422, f"constraints: {len(req.constraints)} lists for {len(req.text)} sentences")
+        if req.sample:
+            raise LimitError(422, "constraints: not with sample (they need beam search)")
+        for i, phrases in enumerate(req.constraints):
+            _check_chars(limits, " ".join(phrases), f"constraints[{i}]")
+    given = [k for k in ("seed", "topk", "topp", "temperature") if getattr(req, k) is not None]
+    if req.sample and req.seed is None:
+        raise LimitError(422, "sample: give a seed, so that the draws can be repeated")
+    if given and not req.sample:
+        raise LimitError(422, f"{', '.join(given)}: only with \"sample\": true")
     return beam
+
+
+async def _queued(batcher: Batcher, request: Request, lines: list[str], job: Job,
+                  extra: dict[str, list] | None) -> list:
+    """``batcher``'s results for ``lines`` (none to decode: none), dropped if the client goes away first."""
+    if not lines:
+        return []
+    # once the body is read, the next message from the client is its leaving (http.disconnect)
+    gone = asyncio.ensure_future(request.receive())
+    try:
+        return await batcher.submit(lines, job, extra, gone)
+    finally:
+        gone.cancel()
 
 
 def _check_pieces(translator: Translator, limits: Limits, text: str | None, where: str) -> None:
@@ -327,6 +437,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     attention_slots = asyncio.Semaphore(limits.max_attention_queued)
     decode = translator.cfg.decode
     max_beam = max(limits.max_beam, decode.beam_size)  # the run's own beam (21 for parsing, §6.3) is allowed
+    numbers = itertools.count()  # sampling requests, each decoded on its own
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -343,23 +454,46 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
 
     _answer_errors_in_json(app)
 
-    @app.post("/v1/translate", response_model=TranslateResponse)
+    @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True)
     async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
-        """Translate sentences with beam search; requests from all clients are decoded together."""
+        """Translate sentences with beam search (or, with "sample", by drawing from the model); requests
+        from all clients with the same settings are decoded together."""
         beam = _check_translate(req, limits, decode.beam_size if req.beam is None else req.beam, max_beam)
         lines = [" ".join(line.split()) for line in req.text]  # a sentence is one line
-        todo = [line for line in lines if line]
-        outputs: list[str] = []
-        if todo:
-            # once the body is read, the next message from the client is its leaving (http.disconnect)
-            gone = asyncio.ensure_future(request.receive())
-            try:
-                outputs = await state["batcher"].translate(todo, beam, decode.alpha if req.alpha is None
-                                                           else req.alpha, gone)
-            finally:
-                gone.cancel()
-        answers = iter(outputs)
-        return TranslateResponse(translations=[next(answers) if line else "" for line in lines])
+        keep = [i for i, line in enumerate(lines) if line]
+        sampling = (next(numbers), req.seed, req.topk or 0, 1.0 if req.topp is None else req.topp,
+                    1.0 if req.temperature is None else req.temperature) if req.sample else None
+        job = Job("translate", beam, decode.alpha if req.alpha is None else req.alpha, req.nbest or 1, sampling)
+        extra = {}
+        if req.prefix is not None:
+            extra["prefix"] = [" ".join(req.prefix[i].split()) for i in keep]
+        if req.constraints is not None:
+            extra["constraints"] = [[" ".join(c.split()) for c in req.constraints[i]] for i in keep]
+        try:
+            translator.check([lines[i] for i in keep], extra.get("prefix"), extra.get("constraints"))
+        except ConfigError as e:
+            raise LimitError(422, str(e)) from None
+        outputs = await _queued(state["batcher"], request, [lines[i] for i in keep], job, extra or None)
+        found: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+        for i, hyps in zip(keep, outputs):
+            found[i] = hyps
+        return TranslateResponse(translations=[h[0][0] for h in found],
+                                 scores=[h[0][1] for h in found] if req.scores else None,
+                                 nbest=[[Hypothesis(text=t, score=x) for t, x in h] for h in found]
+                                 if req.nbest is not None else None)
+
+    @app.post("/v1/score", response_model=ScoreResponse)
+    async def score(req: ScoreRequest, request: Request) -> ScoreResponse:
+        """Score given translations (forced decoding): the beam's length-normalised score of each and
+        its log-probability; queued and batched like translations."""
+        if len(req.translation) != len(req.text):
+            raise LimitError(422, f"translation: {len(req.translation)} sentences for {len(req.text)} in text")
+        _check_sentences(limits, req.text, "text")
+        _check_sentences(limits, req.translation, "translation")
+        job = Job("score", 1, decode.alpha if req.alpha is None else req.alpha)
+        results = await _queued(state["batcher"], request, [" ".join(t.split()) for t in req.text], job,
+                                {"translation": [" ".join(t.split()) for t in req.translation]})
+        return ScoreResponse(scores=[r.score for r in results], log_probs=[r.log_prob for r in results])
 
     @app.post("/v1/attention")
     async def attention(req: AttentionRequest) -> Response:
