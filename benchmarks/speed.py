@@ -438,12 +438,14 @@ def main() -> None:
     bin_dir = None if args.no_peers else fairseq_venv()
     result["versions"] |= peer_versions(bin_dir)
     data_bin = work / "fairseq_bin"
-    if bin_dir and not (data_bin / "dict.en.txt").exists():
-        p = work / "pieces"
+    if bin_dir and not data_bin.is_dir():  # binarized into a temporary folder, renamed when whole
+        p, partial = work / "pieces", work / "fairseq_bin.partial"
+        shutil.rmtree(partial, ignore_errors=True)
         sh([str(bin_dir / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
             "--trainpref", str(p / "train"), "--validpref", str(p / "valid"), "--testpref", str(p / "test"),
-            "--destdir", str(data_bin), "--srcdict", str(p / "dict.txt"), "--joined-dictionary", "--workers", "2"],
+            "--destdir", str(partial), "--srcdict", str(p / "dict.txt"), "--joined-dictionary", "--workers", "2"],
            work / "fairseq_preprocess.log")
+        partial.rename(data_bin)
 
     result["train_runs"], result["train"] = train_speed(bin_dir, data_bin, work, args.train_runs,
                                                         args.train_updates, flops, peak)
