@@ -384,8 +384,10 @@ def peer_versions(bin_dir: Path | None) -> dict:
 
     versions = {"ctranslate2": ctranslate2.__version__}
     if bin_dir:
-        code = "import fairseq, torch; print(fairseq.__version__, torch.__version__)"
-        fairseq_version, fairseq_torch = sh([str(bin_dir / "python"), "-c", code]).split()[-2:]
+        # fairseq prints warnings on import: the versions are the line that starts with the marker
+        code = "import fairseq, torch; print('VERSIONS', fairseq.__version__, torch.__version__)"
+        line = [x for x in sh([str(bin_dir / "python"), "-c", code]).splitlines() if x.startswith("VERSIONS ")][-1]
+        fairseq_version, fairseq_torch = line.split()[1:]
         versions |= {"fairseq": fairseq_version, "fairseq_torch": fairseq_torch}
     return versions
 
@@ -405,7 +407,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     work = args.run / "speed"
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
     result: dict = {"date": datetime.date.today().isoformat(),
+                    "commit": git("rev-parse", "--short", "HEAD"),
+                    "uncommitted": git("status", "--porcelain", "--untracked-files=no").splitlines(),
                     "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
                     "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, 2 threads", "cpu_model": cpu_model(),
                     "process_settings": {**PROCESS_ENV, "flush_denormal": "ours, fairseq (Python processes)"},
