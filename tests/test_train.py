@@ -13,7 +13,8 @@ from transformer.data import read_lines
 from transformer.decode import translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
-from transformer.train import TrainError, train, train_step
+from transformer.train import TrainError, budget_used, train, train_step
+from transformer.errors import UserError
 from transformer.vocabulary import VocabularyError
 
 
@@ -57,6 +58,29 @@ def test_resume_refuses_another_model(tmp_path, tiny_overrides):
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
     with pytest.raises(TrainError, match="differs"):
         train(load_config("tiny", tiny_overrides + ["model.d_ff=96"]), run, resume=True, quiet=True)
+
+
+def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides):
+    """Continuing a finished run for longer is a budget change, not a config change: no flag needed, and
+    said in the log; anything else (the warmup here) is still refused."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.max_minutes=5"]), run, resume=True,
+          quiet=True)
+    assert load_checkpoint(list_checkpoints(run)[-1], with_state=False).meta["step"] == 4
+    log = (run / "train.log").read_text()
+    assert "resuming with another budget: train.max_steps: 2 -> 4; train.max_minutes: 0.0 -> 5.0" in log
+    with pytest.raises(TrainError, match="train.warmup_steps"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.warmup_steps=7"]), run, resume=True,
+              quiet=True)
+
+
+def test_the_progress_bar_counts_down_the_budget_that_ends_first():
+    # the quick start: 893 of 8,000 updates after 9 min 40 s of 10 minutes is 97% done, not 11%
+    assert budget_used(893, 8000, 580.0, 10.0) == 966
+    assert budget_used(893, 1000, 60.0, 10.0) == 893  # the updates end first
+    assert budget_used(500, 1000, 10_000.0, 0.0) == 500  # no minute budget
+    assert budget_used(1000, 1000, 700.0, 10.0) == 1000  # never past the end
 
 
 def test_accumulated_batches_normalise_by_all_tokens_of_the_step():
@@ -261,3 +285,96 @@ def test_a_finished_run_writes_its_summary(tmp_path, tiny_overrides):
     """summary.json is what `train` returned: the file benchmarks read a finished run's numbers from."""
     summary = train(load_config("tiny", tiny_overrides + ["train.max_steps=3"]), tmp_path / "run", quiet=True)
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary and summary["step"] == 3
+
+
+def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides):
+    """Fine-tuning: the new run's spm.model is the old one's bytes, its first weights the old run's
+    averaged ones, so before any update its validation loss on the old data is the old run's; a model
+    that does not fit, a missing run and a pickle are refused."""
+    from transformer.train import Trainer, validate
+    from transformer.translator import Translator
+
+    old = tmp_path / "old"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.save_every=2"]), old, quiet=True)
+    new = tmp_path / "new"
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.warmup_steps=50", "model.p_drop=0.2"])
+    from transformer import distributed
+    trainer = Trainer(cfg, new, False, True, distributed.setup(60.0), False, old)
+    assert (new / "spm.model").read_bytes() == (old / "spm.model").read_bytes()
+    averaged = Translator(old, log=lambda m: None).model  # the weights translate uses: the last checkpoints' mean
+    for name, tensor in averaged.state_dict().items():
+        assert torch.equal(trainer.raw.state_dict()[name], tensor), name
+    before = validate(trainer.raw, trainer.run_data.valid, 4096)["valid_nll"]
+    assert before == pytest.approx(validate(averaged, trainer.run_data.valid, 4096)["valid_nll"], rel=1e-6)
+    assert trainer.meta_base["init_from"]["weights"] == ["step_00000002", "step_00000004", "step_00000006"]
+    summary = train(cfg, tmp_path / "tuned", quiet=True, init_from=old)
+    assert summary["init_from"]["path"] == str(old) and summary["step"] == 2
+    log = (tmp_path / "tuned" / "train.log").read_text()
+    assert "starting from the weights of" in log and "model.p_drop: 0.1 -> 0.2" in log
+    one = train(cfg, tmp_path / "one", quiet=True, init_from=list_checkpoints(old)[0].with_suffix(".safetensors"))
+    assert one["init_from"]["weights"] == ["step_00000002"]
+    with pytest.raises(TrainError, match=r"does not fit this config \(.*model.d_ff: 128 -> 96"):
+        train(load_config("tiny", tiny_overrides + ["model.d_ff=96"]), tmp_path / "wide", quiet=True, init_from=old)
+    with pytest.raises(TrainError, match="no such run folder"):
+        train(cfg, tmp_path / "x", quiet=True, init_from=tmp_path / "missing")
+    (old / "model.pt").write_bytes(b"\x80\x04")
+    with pytest.raises(UserError, match="pickle files are refused"):
+        train(cfg, tmp_path / "y", quiet=True, init_from=old / "model.pt")
+
+
+SCRIPT = {2: 5.0, 4: 4.0, 6: 4.5, 8: 3.0, 10: 3.5, 12: 3.2, 14: 3.1, 16: 2.0}  # validation NLL by step
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """The validation loss at each evaluation comes from SCRIPT, by step."""
+    from transformer.train import Trainer
+
+    monkeypatch.setattr(Trainer, "evaluate", lambda self: {"valid_nll": SCRIPT[self.state.step], "valid_ppl": 1.0})
+
+
+def test_keep_best_keeps_the_best_and_patience_stops(tmp_path, tiny_overrides, scripted):
+    """Best 3.0 at step 8; then 3.5, 3.2, 3.1 are three evaluations without improvement: patience 3 stops
+    after step 14, before the 2.0 of step 16. Killed and resumed in between, the same happens."""
+    common = tiny_overrides + ["train.log_every=2", "train.eval_every=2", "train.save_every=2", "train.max_steps=16",
+                               'train.keep_best="valid_loss"', "train.patience=3"]
+    whole = train(load_config("tiny", common), tmp_path / "whole", quiet=True)
+    assert whole["step"] == 14 and whole["best"] == {"metric": "valid_loss", "step": 8, "value": 3.0,
+                                                     "stopped_by_patience": True}
+    best = load_checkpoint(tmp_path / "whole" / "best.safetensors", with_state=False)
+    assert best.meta["best"] == {"metric": "valid_loss", "step": 8, "value": 3.0}
+    eighth = load_checkpoint(tmp_path / "whole" / "checkpoints" / "step_00000008.json", with_state=False)
+    for name, tensor in eighth.weights.items():
+        assert torch.equal(best.weights[name], tensor), name
+    assert "stopping: 3 evaluations of valid_loss without improvement" in (tmp_path / "whole" / "train.log").read_text()
+    part = tmp_path / "part"
+    train(load_config("tiny", [*common, "train.max_steps=10"]), part, quiet=True)  # a budget that ends at step 10
+    resumed = train(load_config("tiny", common), part, resume=True, quiet=True)
+    assert resumed["step"] == 14 and resumed["best"] == whole["best"]
+    assert load_checkpoint(part / "best.safetensors", with_state=False).meta["best"]["step"] == 8
+    again = train(load_config("tiny", common), part, resume=True, quiet=True)  # patience is spent: no more steps
+    assert again["step"] == 14
+
+
+def test_translate_from_the_best_checkpoint(tmp_path, tiny_overrides, scripted):
+    from transformer.checkpoint import CheckpointError
+    from transformer.translator import Translator
+
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.log_every=2", "train.eval_every=2", "train.max_steps=4",
+                                                'train.keep_best="valid_loss"']), run, quiet=True)
+    assert Translator(run, "best", log=lambda m: None).translate(["A dog runs."])
+    plain = tmp_path / "plain"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), plain, quiet=True)
+    with pytest.raises(CheckpointError, match="no best.safetensors"):
+        Translator(plain, "best", log=lambda m: None)
+
+
+@pytest.mark.parametrize("sets, message", [(["train.patience=2"], "train.patience = 2"),
+                                           (['train.keep_best="dev_bleu"'], "needs train.bleu_every"),
+                                           (['train.keep_best="bleu"'], "keep_best")])
+def test_keep_best_settings_are_checked(sets, message):
+    from transformer.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_config("tiny", sets)

@@ -57,6 +57,10 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept a config that changes the model, data or optimisation (refused "
                         "otherwise, with the list of fields); the changes are logged")
+    p.add_argument("--init-from", type=Path, metavar="RUN_DIR|WEIGHTS", help="fine-tune: start from another run's "
+                   "weights (a run folder: the average of its last decode.average_last checkpoints, as translate "
+                   "uses; or a .safetensors weights file of a run) and take its spm.model unchanged; the optimizer "
+                   "and the schedule (warmup included) start afresh from this config")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the terminal")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="data-parallel processes on this machine (one per GPU; gloo on CPU): runs this command "
@@ -83,7 +87,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 
         argv = ["train", args.config, "--out", str(args.out), *[x for kv in args.set for x in ("--set", kv)],
                 *(["--resume"] if args.resume else []), *(["--quiet"] if args.quiet else []),
-                *(["--allow-config-change"] if args.allow_config_change else [])]
+                *(["--allow-config-change"] if args.allow_config_change else []),
+                *(["--init-from", str(args.init_from)] if args.init_from else [])]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
                "-m", "transformer", *argv]
         print(f"launching: {' '.join(cmd)}", file=sys.stderr)
@@ -91,14 +96,15 @@ def cmd_train(args: argparse.Namespace) -> None:
         if code:
             raise SystemExit(code)
         return
-    train(cfg, Path(args.out), resume=args.resume, quiet=args.quiet, allow_config_change=args.allow_config_change)
+    train(cfg, Path(args.out), resume=args.resume, quiet=args.quiet, allow_config_change=args.allow_config_change,
+          init_from=args.init_from)
 
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     """The run and the weights a decoding command uses, and where."""
     p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
-    p.add_argument("--checkpoint", type=Path, help="weights file to use (default: average the run's last "
-                   "decode.average_last checkpoints, §6.1)")
+    p.add_argument("--checkpoint", type=Path, help="weights file to use, or 'best' for the run's best.safetensors "
+                   "(train.keep_best) (default: average the run's last decode.average_last checkpoints, §6.1)")
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
                    "on CPU, BLEU within a few tenths (benchmarks/results/speed.md)")
     p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")

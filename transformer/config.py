@@ -106,6 +106,11 @@ class TrainConfig:
     save_every: int = 0  # steps between checkpoints; 0 = only by time
     save_minutes: float = 10.0  # minutes between checkpoints (§6.1: "written at 10-minute intervals")
     keep_last: int = 20  # checkpoints kept on disk (big averages the last 20; §6.1)
+    # not in the paper: keep the weights that score best on the validation set in best.safetensors
+    # ("valid_loss" at every eval_every, "dev_bleu" at every bleu_every), and with patience N > 0 stop
+    # after N such evaluations without improvement; decoding still averages the last checkpoints (§6.1)
+    keep_best: Literal["", "valid_loss", "dev_bleu"] = ""
+    patience: int = 0
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     # fp32; bf16 autocast (GPUs that support it); fp16 autocast with dynamic loss scaling
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -218,6 +223,11 @@ class Config:
             raise ConfigError("train.adam_eps and train.lr_scale must be positive")
         if not 0.0 <= t.cooldown_fraction <= 1.0:
             raise ConfigError(f"train.cooldown_fraction must be in [0, 1], got {t.cooldown_fraction}")
+        if t.patience < 0 or (t.patience and not t.keep_best):
+            raise ConfigError(f"train.patience = {t.patience}: must be >= 0, and counts evaluations of train.keep_best "
+                              "(set it too)")
+        if t.keep_best == "dev_bleu" and (not t.bleu_every or self.data.task != "translate"):
+            raise ConfigError("train.keep_best = \"dev_bleu\" needs train.bleu_every > 0 (a translation run)")
         if t.max_minutes < 0 or t.save_minutes < 0 or t.save_every < 0 or t.threads < 0:
             raise ConfigError("train.max_minutes, save_minutes, save_every and threads must be >= 0")
         if d.alpha < 0 or d.max_len_offset < 0:

@@ -253,7 +253,6 @@ class LexicalConstraints:
         rows = lambda x: x.to(dev).repeat_interleave(beam, 0)  # noqa: E731  sentence-major rows
         self.table = rows(table)  # [N, P, L] each row's phrases, -1 padded
         self.length = rows((table >= 0).sum(-1))  # [N, P] phrase lengths (0: no phrase)
-        self.total = self.length.sum(-1)  # [N] constraint tokens to meet
         self.done = self.length == 0  # [N, P] phrases written (padding counts as written)
         self.cur = torch.full((self.table.size(0),), -1, dtype=torch.long, device=dev)  # phrase in progress
         self.pos = torch.zeros_like(self.cur)  # tokens of it written so far
@@ -270,7 +269,7 @@ class LexicalConstraints:
 
     def allowed(self) -> Tensor:
         allowed = torch.ones(self.cur.numel(), self.vocab_size, dtype=torch.bool, device=self.cur.device)
-        allowed[:, EOS_ID] = self.done.all(-1)
+        allowed[:, EOS_ID] = self.complete()
         return allowed
 
     def candidates(self) -> Tensor:
@@ -301,7 +300,7 @@ class LexicalConstraints:
         return (done.long() * self.length[:, None, :]).sum(-1) + pos
 
     def advance(self, rows: Tensor, tokens: Tensor) -> None:
-        self.table, self.length, self.total = self.table[rows], self.length[rows], self.total[rows]
+        self.table, self.length = self.table[rows], self.length[rows]
         self.done, self.cur, self.pos = self.done[rows], self.cur[rows], self.pos[rows]
         done, cur, pos = self._after(tokens[:, None])
         self.done, self.cur, self.pos = done[:, 0], cur[:, 0], pos[:, 0]
@@ -486,8 +485,9 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     lp(max_len): log-probs only fall and, for α >= 0, lp is largest at max_len, so no continuation
     could score higher. Like the authors' code (TH ``stop_early``, A11), the best finished one is
     compared; for n-best lists, the nbest-th best, so that no hypothesis the list should hold is missed
-    (the first of the list is the 1-best output, whatever ``nbest``). Unlike it, only EOS candidates within the step's top ``beam`` are finished
-    (``beam_step``, a documented deviation), so beam 1 is exactly greedy search.
+    (the first of the list is the 1-best output, whatever ``nbest``). Unlike it, only EOS candidates
+    within the step's top ``beam`` are finished (``beam_step``, a documented deviation), so beam 1 is
+    exactly greedy search.
 
     ``constraint`` (not in the paper) keeps the tokens it does not allow at -inf at every step; EOS is
     forced at the length limit all the same.
@@ -517,34 +517,21 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     kth_score = torch.full((batch,), float("-inf"), device=dev)  # [B] nbest-th best finished (-inf: fewer)
     ranked: list[list[tuple[float, Hypothesis]]] = [[] for _ in range(batch)]  # (rank key, hypothesis), best first
     for step in range(int(max_len.max())):
-        allowed = constraint.allowed() if constraint is not None else None
-        banks = None
+        log_probs = next_log_probs(next_logits(prefix), step, max_len.repeat_interleave(beam_size),
+                                   constraint.allowed() if constraint is not None else None)
         if not banked:
-            log_probs, tokens = top_next_tokens(next_logits(prefix), 2 * beam_size, step,
-                                                max_len.repeat_interleave(beam_size), allowed)
+            banks, (log_probs, tokens) = None, log_probs.topk(min(2 * beam_size, log_probs.size(-1)), -1)
         else:
-            log_probs, tokens = with_proposals(next_log_probs(next_logits(prefix), step,
-                                                              max_len.repeat_interleave(beam_size), allowed),
-                                               2 * beam_size, constraint.candidates())
+            log_probs, tokens = with_proposals(log_probs, 2 * beam_size, constraint.candidates())
             banks = constraint.met(tokens)
         scores, origin, token, fin_scores, fin_origin = beam_step(log_probs, tokens, scores, step + 1, alpha, banks)
-        keys = fin_scores  # what the n-best lists are ranked by
-        if banked:  # a hypothesis that misses a constraint (EOS forced at the limit) ranks after all that do not
-            n = fin_scores.size(0)
-            complete = constraint.complete()[torch.arange(n, device=dev)[:, None] * beam_size + fin_origin]
-            keys, order = (fin_scores - INCOMPLETE * (~complete).float()).sort(1, descending=True)
-            fin_scores, fin_origin = fin_scores.gather(1, order), fin_origin.gather(1, order)
-        keys, fin_scores, fin_origin = keys[:, :nbest], fin_scores[:, :nbest], fin_origin[:, :nbest]
+        keys, fin_scores, fin_origin = rank_keys(fin_scores, fin_origin, constraint if banked else None, nbest)
         rows, cols = (keys > kth_score[sentence][:, None]).nonzero(as_tuple=True)  # entries of the lists
         if rows.numel():
             hyps = prefix[rows * beam_size + fin_origin[rows, cols], 1:]  # [k, t - 1]: the prefixes EOS ends
             for s, hyp, score, key in zip(sentence[rows].tolist(), hyps.tolist(), fin_scores[rows, cols].tolist(),
                                           keys[rows, cols].tolist()):
-                found = ranked[s]
-                found.insert(sum(1 for k, _ in found if k >= key), (key, Hypothesis(hyp, score)))
-                del found[nbest:]
-                if len(found) == nbest:
-                    kth_score[s] = found[-1][0]
+                kth_score[s] = keep_nbest(ranked[s], key, Hypothesis(hyp, score), nbest)
         best_alive = scores.max(1).values  # scores[:, 0], unless banks ordered the beam
         done = kth_score[sentence] >= best_alive / length_penalty(max_len, alpha)  # [n] GNMT early stop
         if early_stop == "top":  # this step's best candidate is EOS: it outscores every alive one
@@ -561,6 +548,28 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
         scores, sentence, max_len = scores[keep], sentence[keep], max_len[keep]
     # a list with hypotheses that meet every lexical constraint holds only those; else the best that do not
     return [[h for key, h in found if key > -INCOMPLETE / 2 or found[0][0] <= -INCOMPLETE / 2] for found in ranked]
+
+
+def rank_keys(fin_scores: Tensor, fin_origin: Tensor, lexical: Constraint | None,
+              nbest: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The step's finished candidates [n, beam] (``beam_step``) cut to the ``nbest`` that may enter the
+    n-best lists, with the keys they are ranked by: their scores, except that under ``lexical``
+    constraints one that misses a constraint (EOS forced at the limit) ranks after all that do not."""
+    keys = fin_scores
+    if lexical is not None:
+        beam = fin_scores.size(1)
+        rows = torch.arange(fin_scores.size(0), device=fin_scores.device)[:, None] * beam + fin_origin
+        keys, order = (fin_scores - INCOMPLETE * (~lexical.complete()[rows]).float()).sort(1, descending=True)
+        fin_scores, fin_origin = fin_scores.gather(1, order), fin_origin.gather(1, order)
+    return keys[:, :nbest], fin_scores[:, :nbest], fin_origin[:, :nbest]
+
+
+def keep_nbest(found: list[tuple[float, Hypothesis]], key: float, hyp: Hypothesis, nbest: int) -> float:
+    """Puts ``hyp`` into a sentence's n-best list ``found`` ((key, hypothesis), best first; on a tie the
+    earlier stays first) and cuts it to ``nbest``; returns the key a new entry must beat (-inf until full)."""
+    found.insert(sum(1 for k, _ in found if k >= key), (key, hyp))
+    del found[nbest:]
+    return found[-1][0] if len(found) == nbest else float("-inf")
 
 
 def beam_search(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha: float = PAPER.alpha,

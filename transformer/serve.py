@@ -347,6 +347,20 @@ def _check_sentences(limits: Limits, lines: list[str], where: str) -> None:
         _check_chars(limits, line, f"{where}[{i}]")
 
 
+def _check_score(req: ScoreRequest, limits: Limits) -> None:
+    if len(req.translation) != len(req.text):
+        raise LimitError(422, f"translation: {len(req.translation)} sentences for {len(req.text)} in text")
+    _check_sentences(limits, req.text, "text")
+    _check_sentences(limits, req.translation, "translation")
+
+
+def _health(batcher: Batcher | None, name: str) -> JSONResponse:
+    """200 while the decoding worker runs, 503 once it has stopped (or before it starts), with its counts."""
+    ok = batcher is not None and batcher.alive
+    return JSONResponse({"status": "ok" if ok else "error", "model": name, **(batcher.health() if batcher else {})},
+                        status_code=200 if ok else 503)
+
+
 def _check_translate(req: TranslateRequest, limits: Limits, beam: int, max_beam: int) -> int:
     """422 for more sentences or characters than the limits, a beam outside 1..max_beam, an n-best
     list longer than the beam, prefixes that do not match the sentences, or sampling options without
@@ -375,6 +389,29 @@ def _check_translate(req: TranslateRequest, limits: Limits, beam: int, max_beam:
     if given and not req.sample:
         raise LimitError(422, f"{', '.join(given)}: only with \"sample\": true")
     return beam
+
+
+def _job(req: TranslateRequest, beam: int, alpha: float, keep: list[int],
+         numbers: itertools.count) -> tuple[Job, dict[str, list]]:
+    """What a translation request asks of the model, and its per-sentence extras (for the sentences
+    ``keep``, the non-empty ones): prefixes and constraints, whitespace-normalised as the sentences."""
+    sampling = (next(numbers), req.seed, req.topk or 0, 1.0 if req.topp is None else req.topp,
+                1.0 if req.temperature is None else req.temperature) if req.sample else None
+    job = Job("translate", beam, alpha if req.alpha is None else req.alpha, req.nbest or 1, sampling)
+    extra: dict[str, list] = {}
+    if req.prefix is not None:
+        extra["prefix"] = [" ".join(req.prefix[i].split()) for i in keep]
+    if req.constraints is not None:
+        extra["constraints"] = [[" ".join(c.split()) for c in req.constraints[i]] for i in keep]
+    return job, extra
+
+
+def _answer(req: TranslateRequest, found: list[list[tuple[str, float]]]) -> TranslateResponse:
+    """The response: the translations, and the scores or n-best lists when the request asked for them."""
+    return TranslateResponse(translations=[h[0][0] for h in found],
+                             scores=[h[0][1] for h in found] if req.scores else None,
+                             nbest=[[Hypothesis(text=t, score=x) for t, x in h] for h in found]
+                             if req.nbest is not None else None)
 
 
 async def _queued(batcher: Batcher, request: Request, lines: list[str], job: Job,
@@ -461,14 +498,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         beam = _check_translate(req, limits, decode.beam_size if req.beam is None else req.beam, max_beam)
         lines = [" ".join(line.split()) for line in req.text]  # a sentence is one line
         keep = [i for i, line in enumerate(lines) if line]
-        sampling = (next(numbers), req.seed, req.topk or 0, 1.0 if req.topp is None else req.topp,
-                    1.0 if req.temperature is None else req.temperature) if req.sample else None
-        job = Job("translate", beam, decode.alpha if req.alpha is None else req.alpha, req.nbest or 1, sampling)
-        extra = {}
-        if req.prefix is not None:
-            extra["prefix"] = [" ".join(req.prefix[i].split()) for i in keep]
-        if req.constraints is not None:
-            extra["constraints"] = [[" ".join(c.split()) for c in req.constraints[i]] for i in keep]
+        job, extra = _job(req, beam, decode.alpha, keep, numbers)
         try:
             translator.check([lines[i] for i in keep], extra.get("prefix"), extra.get("constraints"))
         except ConfigError as e:
@@ -477,19 +507,13 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         found: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
         for i, hyps in zip(keep, outputs):
             found[i] = hyps
-        return TranslateResponse(translations=[h[0][0] for h in found],
-                                 scores=[h[0][1] for h in found] if req.scores else None,
-                                 nbest=[[Hypothesis(text=t, score=x) for t, x in h] for h in found]
-                                 if req.nbest is not None else None)
+        return _answer(req, found)
 
     @app.post("/v1/score", response_model=ScoreResponse)
     async def score(req: ScoreRequest, request: Request) -> ScoreResponse:
         """Score given translations (forced decoding): the beam's length-normalised score of each and
         its log-probability; queued and batched like translations."""
-        if len(req.translation) != len(req.text):
-            raise LimitError(422, f"translation: {len(req.translation)} sentences for {len(req.text)} in text")
-        _check_sentences(limits, req.text, "text")
-        _check_sentences(limits, req.translation, "translation")
+        _check_score(req, limits)
         job = Job("score", 1, decode.alpha if req.alpha is None else req.alpha)
         results = await _queued(state["batcher"], request, [" ".join(t.split()) for t in req.text], job,
                                 {"translation": [" ".join(t.split()) for t in req.translation]})
@@ -515,10 +539,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        batcher = state.get("batcher")
-        ok = batcher is not None and batcher.alive
-        return JSONResponse({"status": "ok" if ok else "error", "model": name, **(batcher.health() if batcher else {})},
-                            status_code=200 if ok else 503)
+        return _health(state.get("batcher"), name)
 
     page = web_page("index.html", {"{{TITLE}}": html.escape(name), "{{BEAM}}": str(decode.beam_size),
                                    "{{MAX_BEAM}}": str(max_beam), "{{ALPHA}}": str(decode.alpha)})

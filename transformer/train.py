@@ -10,6 +10,7 @@ epoch and the RNG state, so a resumed run reproduces an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -29,7 +30,8 @@ from tqdm import tqdm
 from . import __version__, distributed, files
 from .distributed import Dist
 
-from .checkpoint import latest_checkpoint, save_checkpoint
+from .checkpoint import (average_checkpoints, checkpoints_to_average, latest_checkpoint, list_checkpoints,
+                         load_checkpoint, save_checkpoint, write_model)
 from .config import Config, ConfigError, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, lengths,
                    make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
@@ -94,6 +96,9 @@ class TrainState:
     tgt_tokens: int = 0  # non-pad target tokens trained on (all ranks)
     skipped_steps: int = 0  # steps whose gradients were not finite: not applied, not counted in ``step``
     world_size: int = 1  # data-parallel ranks that trained up to here
+    best_value: float | None = None  # train.keep_best's best value so far, at step best_step
+    best_step: int = 0
+    evals_since_best: int = 0  # evaluations of it since (train.patience stops training at that many)
 
 
 @dataclass
@@ -121,12 +126,13 @@ def run_logger(out: Path, quiet: bool = False):
 
 
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
-                allow_changes: bool = False) -> Run:
+                allow_changes: bool = False, vocabulary_of: Path | None = None) -> Run:
     """Creates or re-opens the run folder, trains or loads the BPE vocabulary, reads the data.
 
     ``write=False`` (data-parallel ranks other than 0) only reads what rank 0 wrote. Resuming with
     a config that changes the model, the data or the optimisation is refused with the list of
-    fields, unless ``allow_changes`` (then the list is logged).
+    fields, unless ``allow_changes`` (then the list is logged). ``vocabulary_of``: a run folder whose
+    spm.model this run takes unchanged (fine-tuning) instead of training its own.
     """
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.toml"
@@ -140,6 +146,10 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 raise TrainError(f"--resume with a config that differs from {config_path} in: {'; '.join(changed)} "
                                  "(pass --allow-config-change to resume anyway)")
             log(f"resuming with changed config (--allow-config-change): {'; '.join(changed)}")
+        budget = [f"train.{k}: {getattr(saved.train, k)!r} -> {getattr(cfg.train, k)!r}"
+                  for k in ("max_steps", "max_minutes") if getattr(saved.train, k) != getattr(cfg.train, k)]
+        if budget:  # a budget is not part of what a run is: continuing a run for longer (or less) needs no flag
+            log(f"resuming with another budget: {'; '.join(budget)}")
     if write:
         files.write_text(config_path, dump_toml(cfg))
 
@@ -149,6 +159,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         if not getattr(d, name):
             raise ConfigError(f"data.{name} is not set")
     spm_path = out / "spm.model"
+    if vocabulary_of is not None:
+        inherit_vocabulary(vocabulary_of / "spm.model", spm_path, write)
     if d.train_store:  # encoded once by `transformer preprocess`, with its own vocabulary
         store_path = resolve_data_path(d.train_store)
         if not spm_path.exists():
@@ -164,7 +176,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt)
-        tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log, resuming=has_checkpoints)
+        tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log,
+                                    resuming=has_checkpoints or vocabulary_of is not None)
         train, stats = encode_pairs(read_parallel(train_src, train_tgt), tokenizer, d.max_len)
         log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "
             f"side, {stats.skipped_long} longer than {d.max_len} pieces")
@@ -177,6 +190,29 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     log(f"{len(batches)} batches of <= {cfg.train.max_tokens} tokens per side; "
         f"padding {100 * padding_fraction(src_lengths, tgt_lengths, batches):.1f}% of positions")
     return Run(cfg, out, tokenizer, train, valid, batches)
+
+
+def parent_run(init_from: Path) -> Path:
+    """The run folder ``--init-from`` names: itself, or the run a weights file lies in (beside its
+    spm.model, or in its checkpoints/)."""
+    if init_from.is_dir():
+        run = init_from
+    elif init_from.is_file():
+        run = init_from.parent.parent if init_from.parent.name == "checkpoints" else init_from.parent
+    else:
+        raise TrainError(f"--init-from {init_from}: no such run folder or weights file")
+    if not (run / "spm.model").is_file():
+        raise TrainError(f"--init-from {init_from}: {run} is not a run folder (no spm.model)")
+    return run
+
+
+def inherit_vocabulary(parent: Path, path: Path, write: bool) -> None:
+    """``path`` becomes a byte copy of the parent run's vocabulary; one already there must be that."""
+    if path.exists():
+        if files.file_sha256(path) != files.file_sha256(parent):
+            raise TrainError(f"{path} differs from {parent}, the vocabulary --init-from names: choose another --out")
+    elif write:
+        files.write_bytes(path, parent.read_bytes())
 
 
 def batch_loss(model: torch.nn.Module, batch: Batch, eps_ls: float) -> torch.Tensor:
@@ -301,8 +337,13 @@ def set_rng_state(dist: Dist, state: dict[str, torch.Tensor]) -> None:
 
 
 def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
-          allow_config_change: bool = False) -> dict[str, Any]:
+          allow_config_change: bool = False, init_from: Path | None = None) -> dict[str, Any]:
     """Trains until train.max_steps or train.max_minutes; returns a summary of the run.
+
+    ``init_from`` (fine-tuning; not in the paper): a run folder, or a weights file in one, whose
+    vocabulary the new run takes unchanged and whose weights it starts from (a run folder's: the
+    average of its last decode.average_last checkpoints, the weights `translate` uses), with a fresh
+    optimizer and schedule from ``cfg``.
 
     Under torchrun, every rank runs this function: rank r takes every world-th batch of one seeded
     order (``BatchOrder``), DDP averages gradients, and rank 0 alone writes the run folder.
@@ -316,14 +357,19 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     keep_freed_memory()
     dist = distributed.setup(t.dist_timeout_s)
     try:
-        return _train(cfg, Path(out), resume, quiet, dist, allow_config_change)
+        return Trainer(cfg, Path(out), resume, quiet, dist, allow_config_change,
+                       None if init_from is None else Path(init_from)).run()
     finally:
         distributed.teardown(dist)
 
 
-def _train(cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
-           allow_config_change: bool) -> dict[str, Any]:
-    return Trainer(cfg, out, resume, quiet, dist, allow_config_change).run()
+def budget_used(step: int, max_steps: int, elapsed_s: float, max_minutes: float) -> int:
+    """Thousandths of the training budget used: of the updates, or of the minutes when those run out
+    first, whichever is further along (what the progress bar shows)."""
+    used = step / max_steps
+    if max_minutes:
+        used = max(used, elapsed_s / (60 * max_minutes))
+    return min(1000, int(1000 * used))
 
 
 class Trainer:
@@ -331,17 +377,20 @@ class Trainer:
     batch, a step, the log line with validation, a checkpoint, and the loop that calls them (``run``)."""
 
     def __init__(self, cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
-                 allow_config_change: bool) -> None:
+                 allow_config_change: bool, init_from: Path | None = None) -> None:
         self.cfg, self.out, self.quiet, self.dist, t = cfg, out, quiet, dist, cfg.train
+        parent = None if init_from is None else parent_run(init_from)
         if dist.main:
             out.mkdir(parents=True, exist_ok=True)
             self.log = run_logger(out, quiet)
-            self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change)
+            self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change,
+                                        vocabulary_of=parent)
             distributed.barrier(dist)  # the others wait for rank 0's vocabulary and config
         else:
             self.log = lambda msg: None
             distributed.barrier(dist)
-            self.run_data = prepare_run(cfg, out, resume, self.log, write=False, allow_changes=True)
+            self.run_data = prepare_run(cfg, out, resume, self.log, write=False, allow_changes=True,
+                                        vocabulary_of=parent)
         tokenizer = self.run_data.tokenizer
         # every rank must train the same model on the same data
         identity = f"{json.dumps(cfg.to_dict(), sort_keys=True)} vocab={tokenizer.sha256}"
@@ -358,6 +407,8 @@ class Trainer:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         if resume:
             self.resume()
+        if init_from is not None and self.state.step == 0:  # a resumed run goes on from its own checkpoints
+            self.meta_base["init_from"] = self.start_from(init_from, parent)
         self.raw.train()
         self.model: torch.nn.Module = DistributedDataParallel(self.raw) if dist.enabled else self.raw
         if t.compile:
@@ -374,6 +425,34 @@ class Trainer:
         valid = (cfg.data.valid_src, cfg.data.valid_tgt)
         self.bleu_pairs = functools.cache(lambda: read_parallel(*map(resolve_data_path, valid))[:t.bleu_sentences])
 
+    def start_from(self, init_from: Path, parent: Path) -> dict[str, Any]:
+        """Loads the weights ``init_from`` names (fine-tuning); what the run's records say it started from."""
+        if init_from.is_dir():
+            paths = list_checkpoints(parent)
+            if not paths:
+                raise TrainError(f"--init-from {init_from}: no checkpoints in {parent / 'checkpoints'}")
+            meta = load_checkpoint(paths[-1], with_state=False).meta
+            average_last = config_from_dict(meta["config"], f"{paths[-1]} (config)").decode.average_last
+            chosen = checkpoints_to_average(parent, average_last)
+            weights = average_checkpoints(chosen) if len(chosen) > 1 else load_checkpoint(chosen[0]).weights
+        else:
+            ckpt = load_checkpoint(init_from, with_state=False)
+            meta, weights, chosen = ckpt.meta, ckpt.weights, [init_from]
+        if meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
+            raise TrainError(f"--init-from {init_from}: its weights were trained with another vocabulary than "
+                             f"{parent / 'spm.model'}")
+        theirs, ours = meta.get("config", {}).get("model", {}), dataclasses.asdict(self.cfg.model)
+        differ = [f"model.{k}: {theirs.get(k)!r} -> {v!r}" for k, v in ours.items() if theirs.get(k) != v]
+        try:
+            self.raw.load_state_dict(weights)
+        except RuntimeError:  # missing, unexpected or differently shaped tensors
+            raise TrainError(f"--init-from {init_from}: its model does not fit this config "
+                             f"({'; '.join(differ) or 'tensors differ'})") from None
+        names = [p.stem for p in chosen]
+        self.log(f"starting from the weights of {init_from} ({', '.join(names)}), with a fresh optimizer and "
+                 f"schedule" + (f"; model settings changed: {'; '.join(differ)}" if differ else ""))
+        return {"path": str(init_from), "weights": names, "vocab_sha256": meta.get("vocab_sha256")}
+
     def resume(self) -> None:
         """Weights, optimizer moments, position in the data and random state from the newest intact checkpoint."""
         ckpt = latest_checkpoint(self.out, warn=self.log)
@@ -383,6 +462,8 @@ class Trainer:
         if ckpt.meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
             raise TrainError(f"{ckpt.path}: trained with another vocabulary than {self.out / 'spm.model'}")
         self.raw.load_state_dict(ckpt.weights)
+        if "init_from" in ckpt.meta:  # where the run started, in every later record too
+            self.meta_base["init_from"] = ckpt.meta["init_from"]
         load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
         self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
         set_rng_state(self.dist, ckpt.state)
@@ -457,6 +538,28 @@ class Trainer:
                 raise TrainError(f"step {state.step}: the ranks' parameters drifted apart (checksums {sums})")
         return True
 
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss and perplexity of the model as it is now."""
+        return validate(self.raw, self.run_data.valid, self.cfg.train.max_tokens)
+
+    def keep_best(self, value: float) -> None:
+        """train.keep_best: a better value than any before writes best.safetensors (+ its JSON record with
+        the metric, step and value); with train.patience, that many evaluations without one end training."""
+        t, state = self.cfg.train, self.state
+        lower = t.keep_best == "valid_loss"
+        if state.best_value is None or (value < state.best_value if lower else value > state.best_value):
+            state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
+            write_model(self.out / "best.safetensors", self.raw.state_dict(),
+                        dict(self.meta_base, best={"metric": t.keep_best, "step": state.step, "value": value}))
+            self.log(f"best {t.keep_best} so far: {value:.4g} at step {state.step} (kept in best.safetensors)")
+            return
+        state.evals_since_best += 1
+        if t.patience and state.evals_since_best >= t.patience:
+            self.out_of_patience = True
+            self.log(f"stopping: {state.evals_since_best} evaluations of {t.keep_best} without improvement "
+                     f"(train.patience); the best, {state.best_value:.4g} at step {state.best_step}, is in "
+                     "best.safetensors")
+
     def report(self, lr: float, bar: tqdm) -> None:
         """Rank 0's log line of this step (loss, rate, tokens/s; validation and dev BLEU when due): to the
         progress bar, train.log, metrics.jsonl and TensorBoard."""
@@ -466,9 +569,10 @@ class Trainer:
         rec = {"step": state.step, "epoch": state.epoch, "minutes": self.elapsed() / 60, "lr": lr,
                "train_loss": window["loss"] * self.dist.world / window["tokens"],
                "tokens_per_s": window["tokens"] / dt}
-        bar.set_postfix(loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        budget = f"{state.step}/{t.max_steps}" + (f", {rec['minutes']:.1f}/{t.max_minutes:g} min" if t.max_minutes else "")
+        bar.set_postfix(step=budget, loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
         if state.step % t.eval_every == 0:
-            rec.update(validate(self.raw, self.run_data.valid, t.max_tokens))
+            rec.update(self.evaluate())
         if t.bleu_every and state.step % t.bleu_every == 0 and self.cfg.data.task == "translate":
             rec["valid_bleu"] = dev_bleu(self.raw, self.run_data.tokenizer, self.bleu_pairs(), self.cfg)
         for key, value in rec.items():
@@ -477,6 +581,9 @@ class Trainer:
         with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
         self.log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
+        metric = {"valid_loss": "valid_nll", "dev_bleu": "valid_bleu"}.get(t.keep_best)
+        if metric in rec:
+            self.keep_best(rec[metric])
         self.window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
 
     def run(self) -> dict[str, Any]:
@@ -488,23 +595,29 @@ class Trainer:
             self.writer = SummaryWriter(str(self.out / "tb"))
         self.start = last_save = time.monotonic()
         self.window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}  # what the next log line averages
-        bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step",
-                   disable=self.quiet or not dist.main, dynamic_ncols=True, mininterval=1.0)
+        # the bar counts down whichever budget ends first, updates or minutes (in thousandths of it)
+        bar = tqdm(total=1000, initial=budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes),
+                   desc="train", disable=self.quiet or not dist.main, dynamic_ncols=True, mininterval=1.0,
+                   bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
         self.bad_in_a_row = 0
+        # set by keep_best on rank 0 (every rank stops after the same step); a run resumed after its patience
+        # ran out stops at once, unless the new config allows more
+        self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
         stop = StopSignals()
         try:
             while state.step < t.max_steps:
                 # rank 0's clock decides, so that every rank stops after the same step; a signal on any rank
                 # stops them all
                 time_used = self.elapsed() / (60 * t.max_minutes) if dist.main and t.max_minutes else 0.0
-                out_of_time, stopped, time_used = distributed.all_sum(
-                    dist, [float(time_used >= 1.0), float(stop.received is not None), time_used])
-                if out_of_time or stopped:
+                out_of_time, stopped, patience, time_used = distributed.all_sum(
+                    dist, [float(time_used >= 1.0), float(stop.received is not None), float(self.out_of_patience),
+                           time_used])
+                if out_of_time or stopped or patience:
                     break
                 lr = self.learning_rate(time_used)
                 if not self.step(lr):
                     continue
-                bar.update(1)
+                bar.update(budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes) - bar.n)
                 if dist.main and (state.step % t.log_every == 0 or state.step == t.max_steps):
                     self.report(lr, bar)
                 due = (t.save_every and state.step % t.save_every == 0) or (
@@ -523,6 +636,11 @@ class Trainer:
                                    f"checkpoint written to {self.out / 'checkpoints'}; continue with --resume")
         summary = {"step": state.step, "train_minutes": self.elapsed() / 60, "tgt_tokens": state.tgt_tokens,
                    "tokens_per_s": state.tgt_tokens / max(self.elapsed(), 1e-9), "skipped_steps": state.skipped_steps}
+        if "init_from" in self.meta_base:
+            summary["init_from"] = self.meta_base["init_from"]
+        if t.keep_best:
+            summary["best"] = {"metric": t.keep_best, "step": state.best_step, "value": state.best_value,
+                               "stopped_by_patience": self.out_of_patience}
         if dist.main:
             self.writer.close()
             summary.update(validate(self.raw, self.run_data.valid, t.max_tokens))

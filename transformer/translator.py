@@ -149,6 +149,10 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
                 log: Callable[[str], None]) -> tuple[Config, Transformer]:
     """The run's config (with the ``decode`` overrides, validated) and its model in eval mode, with the
     weights of ``checkpoint`` or else the average of its last ``decode.average_last`` checkpoints (§6.1)."""
+    if checkpoint is not None and str(checkpoint) == "best":  # train.keep_best's weights
+        checkpoint = run_dir / "best.safetensors"
+        if not checkpoint.is_file():
+            raise CheckpointError(f"{run_dir}: no best.safetensors (the run was trained without train.keep_best)")
     if checkpoint is None:
         paths = list_checkpoints(run_dir)
         if not paths:
