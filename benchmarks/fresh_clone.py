@@ -64,7 +64,9 @@ def main() -> None:
         scores = json.loads((clone / "runs/quickstart/test2016.json").read_text())
         print("tests on the fresh clone", flush=True)
         test_s, out = timed(["bash", "scripts/test.sh"], clone, base / "test.log")
-        counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed|deselected)", out.splitlines()[-1])}
+        # pytest's summary line (pip may print notices after it)
+        summary_line = [line for line in out.splitlines() if re.search(r"\d+ passed", line)][-1]
+        counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed|deselected)", summary_line)}
     finally:
         if args.keep:
             print(f"kept: {base}")
