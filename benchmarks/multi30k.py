@@ -65,9 +65,14 @@ SEARCH: dict[str, dict[str, dict[str, object]]] = {
         "pre_ff256_wu": {"model.norm": "pre", "model.d_ff": 256, "train.lr_scale": 2.53, "train.warmup_steps": 2000},
         "post_ff256_lr0.5": {"model.norm": "post", "model.d_ff": 256, "train.lr_scale": 0.5,
                              "train.warmup_steps": 800},
+        # subword regularization (issue 27): BPE-dropout 0.1 (Provilkov et al., 2020's value) on the recipe
+        "pre_ff512_lr2_sw0.1": {"model.norm": "pre", "model.d_ff": 512, "train.lr_scale": 2.0,
+                                "train.warmup_steps": 800, "data.subword_alpha": 0.1},
     },
     "en_fr": {"recipe": {}},
 }
+# a key that some candidates set takes this value (the config's default) in the others
+DEFAULTS: dict[str, object] = {"data.subword_alpha": 0.0}
 AVERAGES = (1, 3, 5, 10)  # decoding candidates: the last checkpoint, or the average of the last N (§6.1)
 BEAMS = (4, 5)
 CURVE_EVERY = 1000  # updates between the single checkpoints of the val curve
@@ -193,11 +198,11 @@ def main() -> None:
 
     # 2. the recipe val picks
     recipe_cfg = load_config(str(config))
-    keys = list(candidates[0]["values"])
-    # a tie keeps what the recipe has: a change must be better on val, not as good
-    picked = max(candidates, key=lambda c: (c["val_tok_lc_bleu"], c["values"] == recipe_values(recipe_cfg, keys)))
+    keys = sorted({key for c in candidates for key in DEFAULTS | c["values"]})
     recipe = recipe_values(recipe_cfg, keys)
-    if recipe != picked["values"]:
+    # a tie keeps what the recipe has: a change must be better on val, not as good
+    picked = max(candidates, key=lambda c: (c["val_tok_lc_bleu"], DEFAULTS | c["values"] == recipe))
+    if recipe != DEFAULTS | picked["values"]:
         sys.exit(f"val picks {picked['name']} ({picked['val_tok_lc_bleu']}): set {picked['values']} in {config} "
                  f"(it has {recipe}) and run again")
 

@@ -187,3 +187,31 @@ def test_batch_order_is_deterministic_and_sharded() -> None:
         assert len(a) == len(b) == len(r0) == 50 and not set(a) & set(b)
     with pytest.raises(DataError, match="2 batches for 3 ranks"):
         BatchOrder(2, 0, rank=0, world_size=3)
+
+
+def test_subword_sampling_segments_each_epoch_anew_reproducibly(multi30k: Path, tmp_path: Path) -> None:
+    """Epochs differ from each other and from the deterministic segmentation; an epoch sampled in the
+    worker process equals the same epoch sampled here (the seed carries across processes); every
+    batch keeps its token budget."""
+    from conftest import write_slice
+    from transformer.data import SampledEpochs, read_parallel, sample_examples
+    from transformer.tokenizer import Tokenizer
+
+    src, tgt = write_slice(multi30k, tmp_path, "train", 0, 300)
+    pairs = read_parallel(src, tgt)
+    tok = Tokenizer.train([s for p in pairs for s in p], tmp_path / "spm.model", 400, 10_000)
+    plain, _ = encode_pairs(pairs, tok, 256)
+    dropout = tok.dropout()
+    e0, e1 = (sample_examples(pairs, dropout, 0.1, 7, epoch, 256) for epoch in (0, 1))
+    assert len(e0) == len(e1) == len(plain) == 300
+    assert [e.src for e in e0] != [e.src for e in e1] and [e.tgt for e in e0] != [e.tgt for e in plain]
+    assert [tok.decode(e.tgt) for e in e1] == [tok.decode(e.tgt) for e in plain]
+    sampler = SampledEpochs(src, tgt, tok.path, 0.1, 7, 256, 512)
+    try:
+        examples, batches = sampler(1)
+    finally:
+        sampler.close()
+    assert examples == e1
+    assert sorted(i for b in batches for i in b) == list(range(len(e1)))
+    for b in batches:
+        assert len(b) * max(max(len(examples[i].src), len(examples[i].tgt)) for i in b) <= 512 or len(b) == 1

@@ -142,3 +142,23 @@ def test_symbols_are_kept_whole(tmp_path: Path) -> None:
     assert plain.pieces(trees[1])[:2] == ["▁(", "S"]
     assert whole.pieces(trees[1]) == ["▁" + t for t in trees[1].split()]
     assert whole.decode(whole.encode(trees[0])) == trees[0]
+
+
+def test_bpe_dropout_at_zero_is_sentencepieces_segmentation(tok: Tokenizer, train_files: list[Path]) -> None:
+    """The re-implemented merge order is sentencepiece's own: alpha 0 gives its ids on every sentence."""
+    import random
+
+    texts = lines_of(train_files) + ["Ein  Mann\u00a0fährt ﬁ ☃ 😀 ", "", "   x"]  # normalization, unknown characters
+    assert tok.dropout().encode_batch(texts, 0.0, random.Random(1)) == tok.encode_batch(texts)
+
+
+def test_bpe_dropout_samples_other_segmentations_of_the_same_text(tok: Tokenizer, train_files: list[Path]) -> None:
+    import random
+
+    texts = lines_of(train_files)[:200]
+    dropout = tok.dropout()
+    a, b = (dropout.encode_batch(texts, 0.1, random.Random(seed)) for seed in (1, 2))
+    assert a == dropout.encode_batch(texts, 0.1, random.Random(1))  # a function of the generator's state
+    assert a != b and a != tok.encode_batch(texts)
+    assert sum(map(len, a)) > sum(map(len, tok.encode_batch(texts)))  # dropped merges leave more pieces
+    assert [tok.decode(ids) for ids in a] == [tok.decode(ids) for ids in tok.encode_batch(texts)]  # same text

@@ -378,3 +378,42 @@ def test_keep_best_settings_are_checked(sets, message):
 
     with pytest.raises(ConfigError, match=message):
         load_config("tiny", sets)
+
+
+def test_subword_sampling_trains_and_resumes_exactly(tmp_path, tiny_overrides):
+    """With data.subword_alpha, a run stopped and resumed across epochs equals an uninterrupted one, and
+    differs from a run on the deterministic segmentation; validation uses the deterministic pieces."""
+    common = tiny_overrides + ["train.log_every=5", "train.eval_every=1000", "train.save_every=10",
+                               "data.subword_alpha=0.1"]
+    full, part, plain = tmp_path / "full", tmp_path / "part", tmp_path / "plain"
+    train(load_config("tiny", common + ["train.max_steps=30"]), full, quiet=True)
+    train(load_config("tiny", common + ["train.max_steps=10"]), part, quiet=True)
+    train(load_config("tiny", common + ["train.max_steps=30"]), part, resume=True, quiet=True)
+    assert losses(part) == losses(full)
+    assert load_checkpoint(list_checkpoints(full)[-1]).meta["train_state"]["epoch"] >= 1  # crossed an epoch
+    train(load_config("tiny", tiny_overrides + ["train.log_every=5", "train.eval_every=1000", "train.max_steps=30"]),
+          plain, quiet=True)
+    assert losses(plain)[5] != losses(full)[5]
+    assert "subword regularization" in (full / "train.log").read_text()
+    # validation keeps the deterministic pieces, so its loss compares across runs with and without sampling
+    from transformer.data import encode_pairs, read_parallel
+    from transformer.train import prepare_run
+
+    cfg = load_config("tiny", common + ["train.max_steps=30"])
+    run = prepare_run(cfg, full, resume=True, log=lambda msg: None, write=False)
+    valid = read_parallel(Path(cfg.data.valid_src), Path(cfg.data.valid_tgt))
+    try:
+        assert run.valid == encode_pairs(valid, run.tokenizer, 10**9)[0]
+        assert run.sampled is not None and run.sampled(0)[0] != run.train
+    finally:
+        run.sampled.close()
+
+
+@pytest.mark.parametrize("sets, message", [(["data.subword_alpha=1.0"], "subword_alpha must be in"),
+                                           (["data.subword_alpha=-0.1"], "subword_alpha must be in"),
+                                           (["data.subword_alpha=0.1", 'data.train_store="x"'], "train_store")])
+def test_subword_settings_are_checked(sets, message):
+    from transformer.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_config("tiny", sets)

@@ -77,6 +77,11 @@ class DataConfig:
     vocab_size: int = 37000  # joint BPE vocabulary (§5.1: "about 37000 tokens" for EN-DE)
     spm_input_sentences: int = 2_000_000  # sentences sampled to train sentencepiece
     max_len: int = 256  # a training pair with a side of more pieces than this, EOS included, is skipped (A10)
+    # DEVIATION(§5.1), off by default: subword regularization. > 0: every epoch segments the training
+    # sentences anew by BPE-dropout (Provilkov et al., 2020) with this merge-dropout probability
+    # (sentencepiece's `alpha`; its sample size `nbest_size` applies to unigram models only, and the
+    # vocabulary here is BPE). Validation, test and decoding keep the deterministic segmentation.
+    subword_alpha: float = 0.0
 
 
 @dataclass
@@ -226,6 +231,11 @@ class Config:
         if t.patience < 0 or (t.patience and not t.keep_best):
             raise ConfigError(f"train.patience = {t.patience}: must be >= 0, and counts evaluations of train.keep_best "
                               "(set it too)")
+        if not 0.0 <= self.data.subword_alpha < 1.0:
+            raise ConfigError(f"data.subword_alpha must be in [0, 1), got {self.data.subword_alpha}")
+        if self.data.subword_alpha and (self.data.train_store or self.data.task != "translate"):
+            raise ConfigError("data.subword_alpha needs the training text (train_src/train_tgt, not train_store) of "
+                              "a translation task (the parse task's bracket symbols are kept whole)")
         if t.keep_best == "dev_bleu" and (not t.bleu_every or self.data.task != "translate"):
             raise ConfigError("train.keep_best = \"dev_bleu\" needs train.bleu_every > 0 (a translation run)")
         if t.max_minutes < 0 or t.save_minutes < 0 or t.save_every < 0 or t.threads < 0:

@@ -15,8 +15,11 @@ from __future__ import annotations
 import gzip
 import io
 import itertools
+import multiprocessing
+import random
 import zlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -26,7 +29,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from .errors import UserError
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, BPEDropout, Tokenizer
 
 class DataError(UserError, ValueError):
     """A user error in the data; a one-line message naming the file and line, or both files."""
@@ -262,3 +265,64 @@ class BatchOrder:
         generator = torch.Generator().manual_seed(self.seed + epoch)
         order = torch.randperm(self.n_batches, generator=generator).tolist()
         return order[:len(self) * self.world_size][self.rank::self.world_size]
+
+
+class SampledEpochs:
+    """The training pairs segmented anew for every epoch by BPE-dropout (subword regularization).
+
+    DEVIATION(§5.1): the paper encodes the corpus once. With ``alpha`` > 0 every epoch e gets its own
+    segmentation of every training sentence (source and target), drawn with a generator seeded by
+    (seed, e) alone, so a resumed run replays its epochs exactly; the epoch's batches are built after
+    sampling, so token budgets hold for the longer sampled sequences; a pair whose sample is longer
+    than ``max_len`` is left out of that epoch. Epoch e + 1 is sampled in a worker process while epoch
+    e trains, off the training loop's path. Validation and decoding keep the deterministic segmentation.
+    """
+
+    def __init__(self, src: Path, tgt: Path, spm_model: Path, alpha: float, seed: int, max_len: int,
+                 max_tokens: int) -> None:
+        self.seed = seed
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_start_sampler,
+                                         initargs=(src, tgt, spm_model, alpha, max_len, max_tokens))
+        self._ahead: dict[int, Future] = {}
+
+    def __call__(self, epoch: int) -> tuple[list[Example], list[list[int]]]:
+        """Epoch ``epoch``'s examples and batches (waiting only if they are not ready); starts the next."""
+        future = self._ahead.pop(epoch, None) or self._pool.submit(_sample_epoch, self.seed, epoch)
+        self._ahead = {epoch + 1: self._pool.submit(_sample_epoch, self.seed, epoch + 1)}
+        return future.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+_sampler: dict = {}  # the worker process's state: its training text, dropout and settings
+
+
+def _start_sampler(src: Path, tgt: Path, spm_model: Path, alpha: float, max_len: int, max_tokens: int) -> None:
+    _sampler.update(pairs=read_parallel(src, tgt), dropout=Tokenizer(spm_model).dropout(), alpha=alpha,
+                    max_len=max_len, max_tokens=max_tokens)
+
+
+def _sample_epoch(seed: int, epoch: int) -> tuple[list[Example], list[list[int]]]:
+    examples = sample_examples(_sampler["pairs"], _sampler["dropout"], _sampler["alpha"], seed, epoch,
+                               _sampler["max_len"])
+    return examples, make_batches(examples, _sampler["max_tokens"])
+
+
+def sample_examples(pairs: list[tuple[str, str]], dropout: BPEDropout, alpha: float, seed: int, epoch: int,
+                    max_len: int) -> list[Example]:
+    """``encode_pairs`` with every side segmented by BPE-dropout, the draws seeded by (seed, epoch)."""
+    return encode_pairs(pairs, _Sampled(dropout, alpha, random.Random(seed * 1_000_003 + epoch)), max_len)[0]
+
+
+@dataclass
+class _Sampled:
+    """A BPE-dropout sampler in the shape ``encode_pairs`` takes."""
+
+    dropout: BPEDropout
+    alpha: float
+    rng: random.Random
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.dropout.encode_batch(texts, self.alpha, self.rng)

@@ -152,3 +152,67 @@ class Tokenizer:
     def pieces(self, text: str) -> list[str]:
         """Sub-word strings of one sentence (labels for attention figures)."""
         return self._sp.encode(text, out_type=str)
+
+    def dropout(self) -> BPEDropout:
+        """A sampler of this vocabulary's segmentations (subword regularization in training)."""
+        return BPEDropout(self._sp)
+
+
+class BPEDropout:
+    """BPE-dropout (Provilkov et al., 2020) with this project's own seeded random numbers.
+
+    sentencepiece samples segmentations too (``encode(enable_sampling=True)``), but its seed does not
+    carry across processes (sentencepiece 0.2.3: ``set_random_generator_seed(5)`` gives another
+    segmentation in every new process), so a resumed run could not replay its epochs. Here the words
+    come from sentencepiece's own segmentation (its normalization and whitespace handling included) and
+    are merged again as sentencepiece's BPE merges them: repeatedly the adjacent pair whose joined piece
+    scores highest (the leftmost on ties), except that each chosen merge is dropped with probability
+    ``alpha`` and never made at that place again. ``alpha`` = 0 gives sentencepiece's segmentation.
+    """
+
+    def __init__(self, sp: spm.SentencePieceProcessor) -> None:
+        normal = [i for i in range(sp.get_piece_size())
+                  if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))]
+        self._ids = {sp.id_to_piece(i): i for i in normal}
+        self._score = {sp.id_to_piece(i): sp.get_score(i) for i in normal}
+        self._sp = sp
+
+    def encode_batch(self, texts: list[str], alpha: float, rng: random.Random) -> list[list[int]]:
+        """Sampled piece ids of each sentence; the draws come from ``rng`` in order, so the result is a
+        function of (texts, alpha, the state of rng)."""
+        out = []
+        for pieces in self._sp.encode(list(texts), out_type=str):
+            ids: list[int] = []
+            for word in _words(pieces):
+                ids.extend(self._ids.get(p, UNK_ID) for p in self._merge(word, alpha, rng))
+            out.append(ids)
+        return out
+
+    def _merge(self, word: str, alpha: float, rng: random.Random) -> list[str]:
+        symbols, starts = list(word), list(range(len(word)))
+        dropped: set[tuple[int, int, int]] = set()  # (start, length of the left symbol, joined length)
+        while True:
+            best, best_score = -1, 0.0
+            for i in range(len(symbols) - 1):
+                score = self._score.get(symbols[i] + symbols[i + 1])
+                if score is not None and (best < 0 or score > best_score) and \
+                        (starts[i], len(symbols[i]), len(symbols[i]) + len(symbols[i + 1])) not in dropped:
+                    best, best_score = i, score
+            if best < 0:
+                return symbols
+            if alpha and rng.random() < alpha:
+                dropped.add((starts[best], len(symbols[best]), len(symbols[best]) + len(symbols[best + 1])))
+                continue
+            symbols[best:best + 2] = [symbols[best] + symbols[best + 1]]
+            del starts[best + 1]
+
+
+def _words(pieces: list[str]) -> list[str]:
+    """The whitespace-delimited words of a segmented sentence, each with its leading "\u2581"."""
+    words: list[str] = []
+    for piece in pieces:
+        if piece.startswith("\u2581") or not words:
+            words.append(piece)
+        else:
+            words[-1] += piece
+    return words

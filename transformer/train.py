@@ -33,8 +33,8 @@ from .distributed import Dist
 from .checkpoint import (average_checkpoints, checkpoints_to_average, latest_checkpoint, list_checkpoints,
                          load_checkpoint, save_checkpoint, write_model)
 from .config import Config, ConfigError, config_from_dict, dump_toml, read_toml
-from .data import (Batch, BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, lengths,
-                   make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
+from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, collate, encode_for_decoding, encode_pairs,
+                   lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import UserError
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
@@ -111,6 +111,7 @@ class Run:
     train: list[Example] | TokenStore  # anything indexable by example, giving an Example
     valid: list[Example]
     batches: list[list[int]]
+    sampled: SampledEpochs | None = None  # data.subword_alpha > 0: each epoch's own examples and batches
 
 
 def run_logger(out: Path, quiet: bool = False):
@@ -189,7 +190,13 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     batches = make_batches_from_lengths(src_lengths, tgt_lengths, cfg.train.max_tokens)
     log(f"{len(batches)} batches of <= {cfg.train.max_tokens} tokens per side; "
         f"padding {100 * padding_fraction(src_lengths, tgt_lengths, batches):.1f}% of positions")
-    return Run(cfg, out, tokenizer, train, valid, batches)
+    sampled = None
+    if d.subword_alpha:
+        log(f"subword regularization: every epoch segments the training text anew (BPE-dropout, alpha "
+            f"{d.subword_alpha}) and is batched again; the batches above are those of the deterministic segmentation")
+        sampled = SampledEpochs(train_src, train_tgt, tokenizer.path, d.subword_alpha, cfg.train.seed, d.max_len,
+                                cfg.train.max_tokens)
+    return Run(cfg, out, tokenizer, train, valid, batches, sampled)
 
 
 def parent_run(init_from: Path) -> Path:
@@ -420,8 +427,7 @@ class Trainer:
         self.log(f"model: {count_parameters(self.raw):,} parameters; vocabulary {tokenizer.vocab_size}; "
                  f"{t.precision} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x update_freq "
                  f"{t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
-        self.order = BatchOrder(len(self.run_data.batches), t.seed, dist.rank, dist.world)
-        self.epoch_order = self.order.epoch_order(self.state.epoch)
+        BatchOrder(len(self.run_data.batches), t.seed, dist.rank, dist.world)  # enough batches for every rank
         valid = (cfg.data.valid_src, cfg.data.valid_tgt)
         self.bleu_pairs = functools.cache(lambda: read_parallel(*map(resolve_data_path, valid))[:t.bleu_sentences])
 
@@ -479,14 +485,20 @@ class Trainer:
         """Seconds of training, earlier attempts of a resumed run included."""
         return self.state.elapsed_s + time.monotonic() - self.start
 
+    def start_epoch(self, epoch: int) -> None:
+        """The examples, batches and batch order of ``epoch`` (its own segmentation with subword sampling)."""
+        run, t = self.run_data, self.cfg.train
+        self.examples, self.batches = run.sampled(epoch) if run.sampled else (run.train, run.batches)
+        self.epoch_order = BatchOrder(len(self.batches), t.seed, self.dist.rank, self.dist.world).epoch_order(epoch)
+
     def next_batch(self) -> Batch:
         state = self.state
         if state.batch_in_epoch >= len(self.epoch_order):
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
-            self.epoch_order = self.order.epoch_order(state.epoch)
-        indices = self.run_data.batches[self.epoch_order[state.batch_in_epoch]]
+            self.start_epoch(state.epoch)
+        indices = self.batches[self.epoch_order[state.batch_in_epoch]]
         state.batch_in_epoch += 1
-        return collate(self.run_data.train, indices)
+        return collate(self.examples, indices)
 
     def save(self) -> None:
         """A checkpoint of this moment: every rank's random state, rank 0's weights and optimizer."""
@@ -605,6 +617,7 @@ class Trainer:
         self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
         stop = StopSignals()
         try:
+            self.start_epoch(state.epoch)
             while state.step < t.max_steps:
                 # rank 0's clock decides, so that every rank stops after the same step; a signal on any rank
                 # stops them all
@@ -627,6 +640,8 @@ class Trainer:
                     last_save = time.monotonic()
         finally:
             stop.restore()
+            if self.run_data.sampled:
+                self.run_data.sampled.close()
         bar.close()
         self.save()
         if stop.received is not None:
