@@ -69,7 +69,13 @@ SEARCH: dict[str, dict[str, dict[str, object]]] = {
         "pre_ff512_lr2_sw0.1": {"model.norm": "pre", "model.d_ff": 512, "train.lr_scale": 2.0,
                                 "train.warmup_steps": 800, "data.subword_alpha": 0.1},
     },
-    "en_fr": {"recipe": {}},
+    # EN→FR: its post-norm recipe against the EN→DE recipe's pre-norm settings, both at 8,600 updates
+    "en_fr": {
+        "post_ff256_lr0.5": {"model.norm": "post", "model.d_ff": 256, "train.lr_scale": 0.5,
+                             "train.cooldown_fraction": 0.0, "train.max_steps": 8600},
+        "pre_ff512_lr2": {"model.norm": "pre", "model.d_ff": 512, "train.lr_scale": 2.0,
+                          "train.cooldown_fraction": 0.25, "train.max_steps": 8600},
+    },
 }
 # a key that some candidates set takes this value (the config's default) in the others
 DEFAULTS: dict[str, object] = {"data.subword_alpha": 0.0}

@@ -42,7 +42,7 @@ def assert_bit_equal(a: dict, b: dict) -> None:
 
 KILLER = """
 import os, signal, sys
-import transformer.checkpoint as C
+import transformer.files as F
 import transformer.train as T
 from transformer.cli import main
 mode, at, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
@@ -59,14 +59,15 @@ if mode == "step":
         return step(*a, **k)
     T.train_step = train_step
 elif mode == "write":  # dies inside a checkpoint write: after the temp file, before its rename
-    replace = C.os.replace
+    replace = F.os.replace
     class Os:
         def __getattr__(self, name):
             return getattr(os, name)
         def replace(self, src, dst):
-            count()
+            if "checkpoints" in str(dst) or os.path.basename(dst).startswith("best."):
+                count()
             return replace(src, dst)
-    C.os = Os()
+    F.os = Os()  # every atomic write goes through files.atomic_path
 sys.exit(main(argv))
 """
 
@@ -104,6 +105,39 @@ def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, overrides,
     assert [p for _, p in kills] == [0] * len(kills) and partial_at_end == 0
     assert final.meta["train_state"]["step"] == 12
     assert_bit_equal(final.weights, weights(reference))
+
+
+def test_keep_best_survives_sigkill_and_resume(tmp_path, overrides):
+    """SIGKILL (in a step, or inside a write: best.safetensors is written the same way) and resume, four
+    times: the best weights, their record and the patience count equal an uninterrupted run's."""
+    ov = overrides + ["train.max_steps=12", "train.save_every=3", "train.keep_last=10", 'train.keep_best="valid_loss"',
+                      "train.eval_every=2", "train.patience=100"]
+    reference = tmp_path / "reference"
+    train(load_config("tiny", ov), reference, quiet=True)
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    run, rng, kills = tmp_path / "run", random.Random(5), 0
+    argv = ["train", "tiny", "--out", str(run), "--quiet", "--resume", *sets(ov)]
+    for attempt in range(4):
+        mode = rng.choice(["step", "write"])
+        proc = subprocess.run([sys.executable, str(script), mode, str(rng.randint(2, 8)), *argv], env=ENV,
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+        kills += 1
+    else:
+        proc = subprocess.run([sys.executable, "-m", "transformer", *argv], env=ENV, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert kills >= 2 and (run / "best.safetensors").is_file()
+    ours, theirs = load_checkpoint(run / "best.safetensors"), load_checkpoint(reference / "best.safetensors")
+    assert ours.meta["best"] == theirs.meta["best"]
+    assert_bit_equal(ours.weights, theirs.weights)
+    assert json.loads((run / "summary.json").read_text())["best"] == json.loads((reference / "summary.json").read_text())["best"]
+    final = load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]
+    expected = load_checkpoint(list_checkpoints(reference)[-1]).meta["train_state"]
+    assert (final["best_step"], final["evals_since_best"]) == (expected["best_step"], expected["evals_since_best"])
 
 
 def bit_equal(a: dict, b: dict) -> bool:
