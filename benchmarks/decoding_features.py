@@ -52,6 +52,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
 def bleu(hyps: list[str], refs: list[str], tok_refs: list[str]) -> dict:
     return {"tok_lc_bleu": round(tok_lc_bleu(hyps, tok_refs, "de"), 2),
             "sacrebleu": round(sacrebleu_scores(hyps, refs)["bleu"], 2)}
@@ -97,6 +101,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs", help="where the ensemble's two runs go")
     parser.add_argument("--ensemble-steps", type=int, default=1100, help="updates of each quick-recipe run")
     args = parser.parse_args()
+    # the code that runs is the code at the start: later commits during the run must not be recorded
+    commit = git("rev-parse", "--short", "HEAD")
+    uncommitted = git("status", "--porcelain", "--untracked-files=no").splitlines()
     if not list_checkpoints(args.run):
         sys.exit(f"{args.run}: no checkpoints; run benchmarks/multi30k.py first (or give --run)")
 
@@ -145,8 +152,8 @@ def main() -> None:
 
     result.update({
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                 text=True).stdout.strip(),
+        "commit": commit,
+        "uncommitted": uncommitted,
         "date": datetime.date.today().isoformat(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "sacrebleu": sacrebleu.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
