@@ -16,6 +16,7 @@ import gzip
 import io
 import itertools
 import multiprocessing
+import os
 import random
 import zlib
 from collections.abc import Callable, Iterator
@@ -300,6 +301,7 @@ _sampler: dict = {}  # the worker process's state: its training text, dropout an
 
 
 def _start_sampler(src: Path, tgt: Path, spm_model: Path, alpha: float, max_len: int, max_tokens: int) -> None:
+    os.nice(10)  # the next epoch is due in minutes: the training processes come first
     _sampler.update(pairs=read_parallel(src, tgt), dropout=Tokenizer(spm_model).dropout(), alpha=alpha,
                     max_len=max_len, max_tokens=max_tokens)
 

@@ -175,6 +175,7 @@ class BPEDropout:
                   if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))]
         self._ids = {sp.id_to_piece(i): i for i in normal}
         self._score = {sp.id_to_piece(i): sp.get_score(i) for i in normal}
+        self._paths: dict[str, list[tuple[tuple[str, ...], tuple[int, ...], int]]] = {}
         self._sp = sp
 
     def encode_batch(self, texts: list[str], alpha: float, rng: random.Random) -> list[list[int]]:
@@ -189,22 +190,54 @@ class BPEDropout:
         return out
 
     def _merge(self, word: str, alpha: float, rng: random.Random) -> list[str]:
-        symbols, starts = list(word), list(range(len(word)))
-        dropped: set[tuple[int, int, int]] = set()  # (start, length of the left symbol, joined length)
-        while True:
-            best, best_score = -1, 0.0
-            for i in range(len(symbols) - 1):
-                score = self._score.get(symbols[i] + symbols[i + 1])
-                if score is not None and (best < 0 or score > best_score) and \
-                        (starts[i], len(symbols[i]), len(symbols[i]) + len(symbols[i + 1])) not in dropped:
-                    best, best_score = i, score
-            if best < 0:
-                return symbols
+        path = self._paths.get(word)
+        if path is None:
+            path = self._path(word)
+            if len(self._paths) < _MAX_CACHED_WORDS:
+                self._paths[word] = path
+        *steps, final = path
+        for symbols, starts, best in steps:  # sentencepiece's merges, as long as none is dropped
+            if alpha and rng.random() < alpha:
+                dropped = {(starts[best], len(symbols[best]), len(symbols[best]) + len(symbols[best + 1]))}
+                return self._merge_from(list(symbols), list(starts), dropped, alpha, rng)
+        return list(final[0])
+
+    def _path(self, word: str) -> list[tuple[tuple[str, ...], tuple[int, ...], int]]:
+        """The deterministic merges of ``word``: (symbols, their start offsets, the pair merged) before
+        each, then the final symbols. Replaying it while no merge is dropped draws exactly what
+        ``_merge_from`` would, so the cache changes the speed, never the result."""
+        symbols, starts, path = list(word), list(range(len(word))), []
+        while (best := self._best(symbols, starts, set())) >= 0:
+            path.append((tuple(symbols), tuple(starts), best))
+            symbols[best:best + 2] = [symbols[best] + symbols[best + 1]]
+            del starts[best + 1]
+        path.append((tuple(symbols), tuple(starts), -1))
+        return path
+
+    def _merge_from(self, symbols: list[str], starts: list[int], dropped: set[tuple[int, int, int]], alpha: float,
+                    rng: random.Random) -> list[str]:
+        """BPE-dropout from a state: each chosen merge is dropped with probability alpha, for good."""
+        while (best := self._best(symbols, starts, dropped)) >= 0:
             if alpha and rng.random() < alpha:
                 dropped.add((starts[best], len(symbols[best]), len(symbols[best]) + len(symbols[best + 1])))
                 continue
             symbols[best:best + 2] = [symbols[best] + symbols[best + 1]]
             del starts[best + 1]
+        return symbols
+
+    def _best(self, symbols: list[str], starts: list[int], dropped: set[tuple[int, int, int]]) -> int:
+        """The adjacent pair sentencepiece merges next: its joined piece scores highest, the leftmost on
+        ties, among those not dropped (-1: none left)."""
+        best, best_score = -1, 0.0
+        for i in range(len(symbols) - 1):
+            score = self._score.get(symbols[i] + symbols[i + 1])
+            if score is not None and (best < 0 or score > best_score) and \
+                    (starts[i], len(symbols[i]), len(symbols[i]) + len(symbols[i + 1])) not in dropped:
+                best, best_score = i, score
+        return best
+
+
+_MAX_CACHED_WORDS = 1_000_000  # word types whose merges BPEDropout keeps (a few hundred bytes each)
 
 
 def _words(pieces: list[str]) -> list[str]:

@@ -428,6 +428,7 @@ class Trainer:
                  f"{t.precision} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x update_freq "
                  f"{t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
         BatchOrder(len(self.run_data.batches), t.seed, dist.rank, dist.world)  # enough batches for every rank
+        self.start_epoch(self.state.epoch)  # with subword sampling, its first segmentation: data preparation, off the clock
         valid = (cfg.data.valid_src, cfg.data.valid_tgt)
         self.bleu_pairs = functools.cache(lambda: read_parallel(*map(resolve_data_path, valid))[:t.bleu_sentences])
 
@@ -617,7 +618,6 @@ class Trainer:
         self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
         stop = StopSignals()
         try:
-            self.start_epoch(state.epoch)
             while state.step < t.max_steps:
                 # rank 0's clock decides, so that every rank stops after the same step; a signal on any rank
                 # stops them all
