@@ -193,11 +193,12 @@ def test_subword_sampling_segments_each_epoch_anew_reproducibly(multi30k: Path, 
     """Epochs differ from each other and from the deterministic segmentation; an epoch sampled in the
     worker process equals the same epoch sampled here (the seed carries across processes); every
     batch keeps its token budget."""
-    from conftest import write_slice
-    from transformer.data import SampledEpochs, read_parallel, sample_examples
+    from transformer.data import SampledEpochs, read_lines, read_parallel, sample_examples
     from transformer.tokenizer import Tokenizer
 
-    src, tgt = write_slice(multi30k, tmp_path, "train", 0, 300)
+    src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+    for path, lang in ((src, "en"), (tgt, "de")):
+        path.write_text("\n".join(read_lines(multi30k / f"train.{lang}.gz")[:300]) + "\n", encoding="utf-8")
     pairs = read_parallel(src, tgt)
     tok = Tokenizer.train([s for p in pairs for s in p], tmp_path / "spm.model", 400, 10_000)
     plain, _ = encode_pairs(pairs, tok, 256)
