@@ -75,28 +75,36 @@ sys.exit(main(argv))
 KINDS = {"step": "SIGKILL during a training step", "write": "SIGKILL inside a checkpoint write"}
 
 
+def kill_and_resume(tmp_path: Path, run: Path, ov: list[str], rng: random.Random, nth: tuple[int, int],
+                    killed) -> None:
+    """Trains ``run`` with --resume under KILLER up to four times, each dying at a random moment (a
+    step, or inside a checkpoint write; the nth such call, nth drawn from the range), calling
+    ``killed(mode)`` after each death; then once more without it if it never finished."""
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    argv = ["train", "tiny", "--out", str(run), "--quiet", "--resume", *sets(ov)]
+    for attempt in range(4):
+        mode = rng.choice(["step", "write"])
+        proc = subprocess.run([sys.executable, str(script), mode, str(rng.randint(*nth)), *argv], env=ENV,
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode == 0:
+            return
+        assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+        killed(mode)
+    proc = subprocess.run([sys.executable, "-m", "transformer", *argv], env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, overrides, seed, ledger):
     ov = overrides + ["train.max_steps=12", "train.save_every=3", "train.keep_last=10"]
     reference = tmp_path / "reference"
     train(load_config("tiny", ov), reference, quiet=True)
-    script = tmp_path / "killer.py"
-    script.write_text(KILLER)
-    run, rng = tmp_path / "run", random.Random(seed)
-    argv = ["train", "tiny", "--out", str(run), "--quiet", "--resume", *sets(ov)]
+    run = tmp_path / "run"
     kills = []  # (kind, partial checkpoints found on disk after that kill)
-    for attempt in range(4):
-        mode = rng.choice(["step", "write"])
-        proc = subprocess.run([sys.executable, str(script), mode, str(rng.randint(1, 7)), *argv], env=ENV,
-                              capture_output=True, text=True, timeout=300)
-        if proc.returncode == 0:
-            break
-        assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-        kills.append((KINDS[mode], ledger.checkpoints(run)))
-    else:
-        proc = subprocess.run([sys.executable, "-m", "transformer", *argv], env=ENV, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    kill_and_resume(tmp_path, run, ov, random.Random(seed), (1, 7),
+                    lambda mode: kills.append((KINDS[mode], ledger.checkpoints(run))))
     partial_at_end = ledger.checkpoints(run)
     final = load_checkpoint(list_checkpoints(run)[-1])
     exact = final.meta["train_state"]["step"] == 12 and bit_equal(final.weights, weights(reference))
@@ -114,23 +122,9 @@ def test_keep_best_survives_sigkill_and_resume(tmp_path, overrides):
                       "train.eval_every=2", "train.patience=100"]
     reference = tmp_path / "reference"
     train(load_config("tiny", ov), reference, quiet=True)
-    script = tmp_path / "killer.py"
-    script.write_text(KILLER)
-    run, rng, kills = tmp_path / "run", random.Random(5), 0
-    argv = ["train", "tiny", "--out", str(run), "--quiet", "--resume", *sets(ov)]
-    for attempt in range(4):
-        mode = rng.choice(["step", "write"])
-        proc = subprocess.run([sys.executable, str(script), mode, str(rng.randint(2, 8)), *argv], env=ENV,
-                              capture_output=True, text=True, timeout=300)
-        if proc.returncode == 0:
-            break
-        assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-        kills += 1
-    else:
-        proc = subprocess.run([sys.executable, "-m", "transformer", *argv], env=ENV, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    assert kills >= 2 and (run / "best.safetensors").is_file()
+    run, kills = tmp_path / "run", []
+    kill_and_resume(tmp_path, run, ov, random.Random(5), (2, 8), kills.append)
+    assert len(kills) >= 2 and (run / "best.safetensors").is_file()
     ours, theirs = load_checkpoint(run / "best.safetensors"), load_checkpoint(reference / "best.safetensors")
     assert ours.meta["best"] == theirs.meta["best"]
     assert_bit_equal(ours.weights, theirs.weights)
