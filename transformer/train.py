@@ -427,7 +427,6 @@ class Trainer:
         self.log(f"model: {count_parameters(self.raw):,} parameters; vocabulary {tokenizer.vocab_size}; "
                  f"{t.precision} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x update_freq "
                  f"{t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
-        BatchOrder(len(self.run_data.batches), t.seed, dist.rank, dist.world)  # enough batches for every rank
         self.start_epoch(self.state.epoch)  # with subword sampling, its first segmentation: data preparation, off the clock
         valid = (cfg.data.valid_src, cfg.data.valid_tgt)
         self.bleu_pairs = functools.cache(lambda: read_parallel(*map(resolve_data_path, valid))[:t.bleu_sentences])
@@ -441,7 +440,7 @@ class Trainer:
             meta = load_checkpoint(paths[-1], with_state=False).meta
             average_last = config_from_dict(meta["config"], f"{paths[-1]} (config)").decode.average_last
             chosen = checkpoints_to_average(parent, average_last)
-            weights = average_checkpoints(chosen) if len(chosen) > 1 else load_checkpoint(chosen[0]).weights
+            weights = average_checkpoints(chosen)
         else:
             ckpt = load_checkpoint(init_from, with_state=False)
             meta, weights, chosen = ckpt.meta, ckpt.weights, [init_from]

@@ -169,7 +169,7 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
     if checkpoint is None:
         paths = checkpoints_to_average(run_dir, cfg.decode.average_last)
         log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
-        weights = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0]).weights
+        weights = average_checkpoints(paths)  # one path: its weights exactly, without the optimizer state
     else:
         weights = ckpt.weights
     model = Transformer(cfg.model, tokenizer.vocab_size)
