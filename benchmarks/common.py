@@ -3,14 +3,31 @@ to pick among on dev."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from transformer.checkpoint import (average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
                                     write_model)
 from transformer.config import Config, load_config
+from transformer.data import read_lines
+from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
+from transformer.prepare import resolve_data_path
 from transformer.train import train
+from transformer.translator import Translator
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git(*args: str) -> str:
+    """A git command's output in this checkout (e.g. ``git("rev-parse", "--short", "HEAD")``), "" without git."""
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
 
 
 def train_or_reread(config: Path, out: Path, sets: list[str], minutes: float | None,
@@ -50,3 +67,43 @@ def weight_candidates(run_dir: Path, averages: tuple[int, ...] = (5, 10)) -> dic
             write_model(path, average_checkpoints(paths), keep | {"averaged": [p.name for p in paths]})
             candidates[f"average_last{n}"] = path
     return candidates
+
+
+def train_or_resume(cfg: Config, out: Path, decode_only: bool = False) -> dict:
+    """Trains ``cfg`` into ``out`` (resuming an interrupted run there), or reads back the run that
+    finished there; returns its training summary."""
+    if (out / "summary.json").is_file():
+        return finished_summary(out)
+    if decode_only:
+        sys.exit(f"--decode-only: {out} holds no finished run to score")
+    return train(cfg, out, resume=bool(list_checkpoints(out)) if out.is_dir() else False)
+
+
+def config_key(cfg: Config) -> str:
+    """What a step-bounded run's result is keyed by: its config's sha256, whatever the thread count."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=0)).sha256()
+
+
+class Split:
+    """One side of Multi30k to score on: sources, references and the tokenized lowercased references
+    (Moses lc+norm+tok, as the Multi30k literature reports); ``limit``: its first N sentences only."""
+
+    def __init__(self, cfg: Config, name: str, limit: int | None = None) -> None:
+        d = cfg.data
+        if name == "val":
+            src, ref, tok = d.valid_src, d.valid_tgt, f"multi30k/tok/val.lc.norm.tok.{d.tgt_lang}.gz"
+        else:
+            src, ref, tok = d.test_src, d.test_tgt, d.test_tok_ref
+        self.name, self.lang = name, d.tgt_lang
+        self.src, self.ref, self.tok_ref = (read_lines(resolve_data_path(p))[:limit] for p in (src, ref, tok))
+
+    def score(self, translator: Translator, beam: int | None = None) -> dict:
+        """Tokenized lowercased BLEU, sacreBLEU (detokenized, cased) with its signature, chrF, the
+        decoding's seconds and the hypotheses."""
+        start = time.monotonic()
+        hyps = translator.translate(self.src, beam_size=beam)
+        seconds = time.monotonic() - start
+        scores = sacrebleu_scores(hyps, self.ref)
+        return {"tok_lc_bleu": round(tok_lc_bleu(hyps, self.tok_ref, self.lang), 2),
+                "sacrebleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
+                "signature": scores["signature"], "translate_seconds": round(seconds, 1), "hyps": hyps}

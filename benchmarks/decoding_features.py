@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,12 +47,9 @@ from transformer.prepare import resolve_data_path
 from transformer.train import train
 from transformer.translator import Translator
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, git
+
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 def bleu(hyps: list[str], refs: list[str], tok_refs: list[str]) -> dict:

@@ -26,14 +26,11 @@ benchmarks/speed.py). The training curve (single checkpoints) is scored on val, 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import sacrebleu
@@ -41,15 +38,10 @@ import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import Config, load_config
-from transformer.data import read_lines
-from transformer.prepare import resolve_data_path
-from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
-from transformer.train import train
 from transformer.translator import Translator
 
-from common import finished_summary, weight_candidates
+from common import ROOT, Split, config_key, git, train_or_resume, weight_candidates
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 # The settings the EN→DE recipe is chosen among: the sweep that first picked it on a GPU (scored on
@@ -84,59 +76,8 @@ BEAMS = (4, 5)
 CURVE_EVERY = 1000  # updates between the single checkpoints of the val curve
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def overrides_of(values: dict[str, object]) -> list[str]:
     return [f"{key}={json.dumps(value)}" for key, value in values.items()]
-
-
-def score(translator: Translator, src: list[str], ref: list[str], tok_ref: list[str], lang: str,
-          beam: int | None = None) -> dict:
-    start = time.monotonic()
-    hyps = translator.translate(src, beam_size=beam)
-    seconds = time.monotonic() - start
-    scores = sacrebleu_scores(hyps, ref)
-    return {"tok_lc_bleu": round(tok_lc_bleu(hyps, tok_ref, lang), 2), "sacrebleu": round(scores["bleu"], 2),
-            "chrf": round(scores["chrf"], 2), "signature": scores["signature"],
-            "translate_seconds": round(seconds, 1), "hyps": hyps}
-
-
-class Split:
-    """One side of Multi30k to score on: sources, references and the tokenized lowercased references."""
-
-    def __init__(self, cfg: Config, name: str) -> None:
-        d = cfg.data
-        if name == "val":
-            src, ref, tok = d.valid_src, d.valid_tgt, f"multi30k/tok/val.lc.norm.tok.{d.tgt_lang}.gz"
-        else:
-            src, ref, tok = d.test_src, d.test_tgt, d.test_tok_ref
-        self.name, self.lang = name, d.tgt_lang
-        self.src, self.ref = read_lines(resolve_data_path(src)), read_lines(resolve_data_path(ref))
-        self.tok_ref = read_lines(resolve_data_path(tok))
-
-    def score(self, translator: Translator, beam: int | None = None) -> dict:
-        return score(translator, self.src, self.ref, self.tok_ref, self.lang, beam)
-
-
-def train_candidate(cfg: Config, out: Path, decode_only: bool) -> dict:
-    """Trains ``cfg`` into ``out`` (resuming an interrupted run there), or reads back the run that
-    finished there; returns its training summary."""
-    if (out / "summary.json").is_file():
-        return finished_summary(out)
-    if decode_only:
-        sys.exit(f"--decode-only: {out} holds no finished run to score")
-    return train(cfg, out, resume=bool(list_checkpoints(out)) if out.is_dir() else False)
-
-
-def config_key(cfg: Config) -> str:
-    """What a candidate's result is keyed by: its config's sha256, whatever the thread count."""
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=0)).sha256()
 
 
 def run_candidate(pair: str, name: str, values: dict[str, object], config: Path, runs: Path,
@@ -152,7 +93,7 @@ def run_candidate(pair: str, name: str, values: dict[str, object], config: Path,
             print(f"{name}: read back from {path.relative_to(ROOT)} (val tok. lc BLEU {done['val_tok_lc_bleu']})")
             return done
     out = runs / f"select_{pair}" / name
-    summary = train_candidate(cfg, out, decode_only)
+    summary = train_or_resume(cfg, out, decode_only)
     val = Split(cfg, "val")
     curve = []
     for meta, ckpt in [(load_checkpoint(p, with_state=False).meta, p) for p in list_checkpoints(out)]:
@@ -169,7 +110,7 @@ def run_candidate(pair: str, name: str, values: dict[str, object], config: Path,
         "decode": {"average_last": cfg.decode.average_last, "beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha},
         "train_minutes": round(summary["train_minutes"], 1), "train_tokens_per_s": round(summary["tokens_per_s"]),
         "wall_time_note": "step-bounded: the minutes may include other work sharing the machine",
-        "val_curve": curve, "run": os.path.relpath(out, ROOT), "commit": git_commit(), "date": datetime.date.today().isoformat(),
+        "val_curve": curve, "run": os.path.relpath(out, ROOT), "commit": git("rev-parse", "--short", "HEAD"), "date": datetime.date.today().isoformat(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
@@ -215,7 +156,7 @@ def main() -> None:
     # 3. the decoding val picks, on the picked run
     out = args.out / f"select_{args.pair}" / picked["name"]
     cfg = load_config(str(config), picked["overrides"])
-    train_candidate(cfg, out, args.decode_only)  # the run folder is gone: train the picked candidate again
+    train_or_resume(cfg, out, args.decode_only)  # the run folder is gone: train the picked candidate again
     val, test = Split(cfg, "val"), Split(cfg, "test")
     weights = weight_candidates(out, tuple(n for n in AVERAGES if n > 1))
     decoding = []
@@ -246,7 +187,7 @@ def main() -> None:
         "steps": picked["steps"], "valid_ppl": picked["valid_ppl"], "train_minutes": picked["train_minutes"],
         "train_tokens_per_s": picked["train_tokens_per_s"], "averaged_checkpoints": best["average_last"],
         "beam": best["beam"], "alpha": cfg.decode.alpha, "translate_seconds": final["translate_seconds"],
-        "val_curve": picked["val_curve"], "commit": git_commit(),
+        "val_curve": picked["val_curve"], "commit": git("rev-parse", "--short", "HEAD"),
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
         "config": str(config.relative_to(ROOT)), "overrides": picked["overrides"],
         "date": datetime.date.today().isoformat(),

@@ -69,7 +69,8 @@ from transformer.model import flops_per_token, sinusoidal_positions
 from transformer.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from transformer.train import train
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, git
+
 HERE = Path(__file__).resolve().parent
 RESULTS = ROOT / "benchmarks" / "results"
 PEER_VENV = Path(os.environ.get("TRANSFORMER_PEER_VENV", Path.home() / ".cache" / "transformer-bench" / "fairseq"))
@@ -407,7 +408,6 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     work = args.run / "speed"
-    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # noqa: E731
     result: dict = {"date": datetime.date.today().isoformat(),
                     "commit": git("rev-parse", "--short", "HEAD"),
                     "uncommitted": git("status", "--porcelain", "--untracked-files=no").splitlines(),

@@ -21,7 +21,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,13 +29,10 @@ import torch
 from transformer.config import load_config
 from transformer.train import train
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, git
+
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "multi30k_en_de.toml"
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
 def one_run(out: Path, alpha: float, steps: int) -> dict:

@@ -1,0 +1,375 @@
+"""Table 3 of the paper (§6.2) reproduced: every model variation trained the same way on Multi30k EN→DE
+and scored on the validation set, beside the paper's numbers.
+
+Every row is the paper's row (configs/base.toml, configs/table3/A1.toml ... E.toml, configs/big.toml)
+under one rule, not tuned row by row:
+- the widths d_model, d_ff, d_k and d_v divided by one common FACTOR; N, h, P_drop, ε_ls and the
+  positional encoding as the row says;
+- the same data, vocabulary (the EN→DE recipe's 10k joint BPE of configs/multi30k_en_de.toml; each
+  row trains it anew, and the table refuses rows whose vocabularies differ), token budget per update,
+  seed, and eq. (3)'s schedule with one warmup for all rows; the same number of updates for every
+  row, big three times as many (300K against 100K in the paper);
+- scored as Table 3's caption says: per-piece validation perplexity (no label smoothing) and BLEU
+  with beam 4, α 0.6 and no checkpoint averaging (§6.2), on the 1,014 val sentences (tokenized
+  lowercased BLEU as every Multi30k result here, with sacreBLEU beside it).
+The base row is trained with BASE_SEEDS: their spread is the noise band every difference is read
+against. NORM and the budget come from the pilot (`--pilot`): see SCALE_WHY.
+
+Rows are step-bounded, so two lanes may share the machine (`--rows ... --threads 1` twice); a
+finished row's result (benchmarks/results/table3/ROW_seedS.json, keyed by its config's sha256) is
+read back, never trained again; an interrupted row resumes from its newest checkpoint (runs/table3/).
+Each invocation then writes what is finished: table3.json, table3.md and docs/table3.png.
+
+    python benchmarks/table3.py                      # the whole table (hours)
+    python benchmarks/table3.py --rows A1,A2 --threads 1
+    python benchmarks/table3.py --device cuda --factor 1 --set train.precision='"bf16"'
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from transformer.checkpoint import list_checkpoints, load_checkpoint
+from transformer.config import Config, load_config
+from transformer.model import Transformer, count_parameters
+from transformer.translator import Translator
+
+from common import ROOT, Split, config_key, git, train_or_resume
+
+# Table 3 as printed: PPL (dev), BLEU (dev), params ×10^6 (None where the paper prints no count; the
+# copy in ../shared/paper shows 4/16/32/16 in rows (A)'s params cells, which cannot be counts: those
+# rows keep h·d_k = 512 and so the base's 65M; IMPLEMENTATION-NOTES A15 fits only B, C, base and big).
+PAPER: dict[str, tuple[float, float, int | None]] = {
+    "base": (4.92, 25.8, 65),
+    "A1": (5.29, 24.9, None), "A2": (5.00, 25.5, None), "A3": (4.91, 25.8, None), "A4": (5.01, 25.4, None),
+    "B1": (5.16, 25.1, 58), "B2": (5.01, 25.4, 60),
+    "C1": (6.11, 23.7, 36), "C2": (5.19, 25.3, 50), "C3": (4.88, 25.5, 80), "C4": (5.75, 24.5, 28),
+    "C5": (4.66, 26.0, 168), "C6": (5.12, 25.4, 53), "C7": (4.75, 26.2, 90),
+    "D1": (5.77, 24.6, None), "D2": (4.95, 25.5, None), "D3": (4.67, 25.3, None), "D4": (5.47, 25.7, None),
+    "E": (4.92, 25.7, None),
+    "big": (4.33, 26.4, 213),
+}
+ROWS = tuple(PAPER)
+BASE_SEEDS = (1, 2, 3)
+RECIPE = ROOT / "configs" / "multi30k_en_de.toml"  # the data and the vocabulary every row shares
+FACTOR = 4  # the paper's widths / 4: base d_model 128, the EN→DE recipe's width
+UPDATES = 1600  # per row; big trains BIG_TIMES as many
+BIG_TIMES = 3
+WARMUP = 400
+NORM = "pre"
+# eq. (3) times LR_SCALE, by norm: peaks near those the Multi30k recipes train at (pre-norm 6.2e-3 at
+# d_model 128, as the EN→DE recipe; post-norm 1.55e-3, as the EN→FR recipe's post-norm)
+LR_SCALE = {"pre": 1.4, "post": 0.35}
+PILOT_UPDATES, PILOT_EVERY = 2400, 400
+SCALE_WHY = "to be written from the pilot"
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """The one rule every row follows (module constants; flags change them for pilots and tests)."""
+
+    factor: int = FACTOR
+    updates: int = UPDATES
+    warmup: int = WARMUP
+    norm: str = NORM
+    lr_scale: float = LR_SCALE[NORM]
+    max_tokens: int = 4096
+    save_every: int = 400
+    keep_last: int = 2
+
+
+def paper_config(row: str) -> Config:
+    """The paper's own row, unscaled: the preset named after it."""
+    return load_config(row)
+
+
+def row_config(row: str, seed: int, scale: Scale, sets: list[str], threads: int | None) -> Config:
+    """The row's config at this scale: the recipe's data and vocabulary, the paper row's model divided
+    by the factor, the common schedule, Table 3's decoding (beam 4, α 0.6, no averaging)."""
+    paper = paper_config(row)
+    model = dataclasses.asdict(paper.model)
+    for key in ("d_model", "d_ff", "d_k", "d_v"):  # 0 (d_k, d_v = d_model / h) stays 0, which scales itself
+        if model[key] % scale.factor:
+            sys.exit(f"--factor {scale.factor}: row {row}'s {key} {model[key]} is not divisible by it")
+        model[key] //= scale.factor
+    model["norm"] = scale.norm
+    updates = scale.updates * (BIG_TIMES if row == "big" else 1)
+    train = {"eps_ls": paper.train.eps_ls, "seed": seed, "max_steps": updates, "max_minutes": 0,
+             "warmup_steps": scale.warmup, "lr_scale": scale.lr_scale, "cooldown_fraction": 0.0,
+             "max_tokens": scale.max_tokens, "update_freq": 1, "save_every": scale.save_every, "save_minutes": 0,
+             "keep_last": scale.keep_last, "eval_every": scale.save_every, "bleu_every": 0, "keep_best": "",
+             "patience": 0}
+    if threads:
+        train["threads"] = threads
+    decode = {"beam_size": 4, "alpha": 0.6, "average_last": 1}
+    overrides = [f"{section}.{key}={json.dumps(value)}"
+                 for section, values in (("model", model), ("train", train), ("decode", decode))
+                 for key, value in values.items()]
+    return load_config(str(RECIPE), overrides + sets)
+
+
+def row_id(row: str, seed: int) -> str:
+    return f"{row}_seed{seed}"
+
+
+def hyperparameters(cfg: Config, steps: int) -> dict:
+    m = cfg.model
+    d_k, d_v = m.head_dims
+    return {"N": m.n_enc_layers, "d_model": m.d_model, "d_ff": m.d_ff, "h": m.n_heads, "d_k": d_k, "d_v": d_v,
+            "P_drop": m.p_drop, "eps_ls": cfg.train.eps_ls, "positional": m.positional, "train_steps": steps}
+
+
+def run_row(row: str, seed: int, scale: Scale, sets: list[str], args: argparse.Namespace, rows_dir: Path) -> dict:
+    """The row's result: read back when its file was made from the same config, otherwise trained
+    (or resumed, or re-read when its run finished) and scored on val."""
+    cfg = row_config(row, seed, scale, sets, args.threads)
+    path = rows_dir / f"{row_id(row, seed)}.json"
+    if path.is_file():
+        done = json.loads(path.read_text(encoding="utf-8"))
+        if done.get("config_sha256") == config_key(cfg):
+            print(f"{row_id(row, seed)}: read back from {path} (dev BLEU {done['dev_bleu']}, ppl {done['dev_ppl']})")
+            return done
+    out = args.runs / args.tag / row_id(row, seed)
+    print(f"{row_id(row, seed)}: training into {out}", flush=True)
+    summary = train_or_resume(cfg, out)
+    val = Split(cfg, "val", args.val_sentences)
+    scored = val.score(Translator(out, log=lambda m: None, device=args.device))
+    vocab = load_checkpoint(list_checkpoints(out)[-1], with_state=False).meta
+    with torch.device("meta"):
+        params = count_parameters(Transformer(cfg.model, vocab["vocab_size"]))
+    ppl, bleu, paper_params = PAPER[row]
+    paper = paper_config(row)
+    done = {
+        "row": row, "seed": seed, "hyperparameters": hyperparameters(cfg, summary["step"]),
+        "paper_hyperparameters": hyperparameters(paper, paper.train.max_steps),
+        "params": params, "paper_params": None if paper_params is None else paper_params * 10**6,
+        "updates": summary["step"], "dev_ppl": round(summary["valid_ppl"], 3), "dev_bleu": scored["tok_lc_bleu"],
+        "dev_sacrebleu": scored["sacrebleu"], "paper_ppl": ppl, "paper_bleu": bleu,
+        "val_sentences": len(val.src), "train_minutes": round(summary["train_minutes"], 1),
+        "wall_time_note": "step-bounded: the minutes include whatever else shared the machine",
+        "translate_seconds": scored["translate_seconds"], "vocab_sha256": vocab["vocab_sha256"],
+        "config_sha256": config_key(cfg), "run": os.path.relpath(out, ROOT), "device": args.device,
+        "commit": git("rev-parse", "--short", "HEAD"), "date": datetime.date.today().isoformat(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
+    print(f"{row_id(row, seed)}: dev BLEU {done['dev_bleu']} (paper {bleu}), dev ppl {done['dev_ppl']} (paper {ppl})",
+          flush=True)
+    return done
+
+
+def collect(rows_dir: Path, scale: Scale, sets: list[str], threads: int | None) -> tuple[list[dict], list[str]]:
+    """Every finished row of this scale, in the paper's order (base seeds first), and the ids missing."""
+    found, missing = [], []
+    for row in ROWS:
+        for seed in (BASE_SEEDS if row == "base" else BASE_SEEDS[:1]):
+            path = rows_dir / f"{row_id(row, seed)}.json"
+            done = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+            if done and done["config_sha256"] == config_key(row_config(row, seed, scale, sets, threads)):
+                found.append(done)
+            else:
+                missing.append(row_id(row, seed))
+    if len({r["vocab_sha256"] for r in found}) > 1:
+        sys.exit(f"{rows_dir}: the rows were trained with different vocabularies; delete the odd ones' results")
+    return found, missing
+
+
+def base_band(rows: list[dict]) -> dict:
+    """Mean and spread of the base seeds: what every other row's difference is read against."""
+    base = [r for r in rows if r["row"] == "base"]
+    out = {"seeds": [r["seed"] for r in base]}
+    for key in ("dev_ppl", "dev_bleu"):
+        values = [r[key] for r in base]
+        out[key] = {"mean": round(statistics.fmean(values), 3), "min": min(values), "max": max(values)} if values else None
+    return out
+
+
+def write_results(rows: list[dict], missing: list[str], scale: Scale, args: argparse.Namespace) -> dict:
+    result = {
+        "rows": rows, "missing": missing, "complete": not missing, "base_band": base_band(rows),
+        "scale": dataclasses.asdict(scale) | {"big_updates": scale.updates * BIG_TIMES, "why": SCALE_WHY},
+        "recipe": os.path.relpath(RECIPE, ROOT), "sets": args.set, "device": args.device,
+        "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+        "commit": git("rev-parse", "--short", "HEAD"), "date": datetime.date.today().isoformat(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+        "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}"
+                   + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""),
+    }
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / f"{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (args.results / f"{args.tag}.md").write_text(markdown(result), encoding="utf-8")
+    if rows:
+        draw(result, args.figure)
+    return result
+
+
+def markdown(r: dict) -> str:
+    def cell(value: object) -> str:
+        return "" if value is None else str(value)
+
+    lines = []
+    for row in r["rows"]:
+        p, h = row["paper_hyperparameters"], row["hyperparameters"]
+        paper_params = cell(row["paper_params"] and round(row["paper_params"] / 1e6))
+        lines.append(f"| {row['row']} | {row['seed']} | {p['N']} | {p['d_model']} | {p['d_ff']} | {p['h']} | {p['d_k']} | "
+                     f"{p['d_v']} | {p['P_drop']} | {p['eps_ls']} | {p['positional']} | {row['paper_ppl']} | "
+                     f"{row['paper_bleu']} | {paper_params} | {h['d_model']}/{h['d_ff']}/{h['d_k']}/{h['d_v']} | "
+                     f"{row['updates']} | **{row['dev_ppl']}** | **{row['dev_bleu']}** | {row['params'] / 1e6:.2f} |")
+    band = r["base_band"]
+    noise = ("" if not band["dev_bleu"] else
+             f"Base over seeds {band['seeds']}: dev BLEU {band['dev_bleu']['min']}–{band['dev_bleu']['max']} (mean "
+             f"{band['dev_bleu']['mean']}), dev ppl {band['dev_ppl']['min']}–{band['dev_ppl']['max']}: differences "
+             "inside these ranges are noise.\n")
+    s = r["scale"]
+    sentences = ", ".join(sorted({f"{row['val_sentences']:,}" for row in r["rows"]}))
+    missing = f"\nNot finished yet: {', '.join(r['missing'])}.\n" if r["missing"] else ""
+    return f"""# Table 3 (§6.2) on Multi30k EN→DE, beside the paper's
+
+`{r['command']}` — {r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions']['torch']}
+
+Every row is the paper's row with the widths (d_model, d_ff, d_k, d_v) divided by {s['factor']}, N, h,
+P_drop, ε_ls as the row says, {s['norm']}-norm, eq. (3) × {s['lr_scale']} with warmup {s['warmup']},
+{s['max_tokens']} tokens per side per update, {s['updates']} updates ({s['big_updates']} for big), seed 1
+(base: seeds {', '.join(map(str, BASE_SEEDS))}). Dev = Multi30k val ({sentences} sentences): per-piece
+perplexity without label smoothing, tokenized lowercased BLEU, beam 4, α 0.6, the last checkpoint (no
+averaging, as Table 3). The paper's dev set is newstest2013 with a 37k vocabulary: compare the
+differences between rows, not the absolute numbers.
+
+Why this scale: {s['why']}
+
+| row | seed | N | d_model | d_ff | h | d_k | d_v | P_drop | ε_ls | positions | paper PPL | paper BLEU | paper params (M) | our widths | updates | our PPL | our BLEU | our params (M) |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{chr(10).join(lines)}
+
+{noise}{missing}"""
+
+
+def draw(r: dict, path: Path) -> None:
+    """Each row's change from base in perplexity and BLEU, ours beside the paper's; the base seeds'
+    spread around their mean as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    band = r["base_band"]
+    if not band["dev_bleu"]:
+        return
+    rows = [row for row in r["rows"] if row["row"] != "base"]
+    names = [row["row"] for row in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.32 * len(rows) + 1.8), sharey=True)
+    y = range(len(rows))
+    for ax, key, paper_key, paper_base, label in ((axes[0], "dev_ppl", "paper_ppl", PAPER["base"][0], "Δ PPL (dev)"),
+                                                    (axes[1], "dev_bleu", "paper_bleu", PAPER["base"][1], "Δ BLEU (dev)")):
+        mean = band[key]["mean"]
+        ax.axvspan(band[key]["min"] - mean, band[key]["max"] - mean, color="0.85", label="base seeds' spread")
+        ax.barh([i - 0.2 for i in y], [row[key] - mean for row in rows], height=0.4, label="ours", color="tab:blue")
+        ax.barh([i + 0.2 for i in y], [row[paper_key] - paper_base for row in rows], height=0.4, label="paper",
+                color="tab:orange")
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_xlabel(label + " vs base")
+    axes[0].set_yticks(list(y), names)
+    axes[0].invert_yaxis()
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"Table 3 variations vs base: Multi30k EN→DE at widths / {r['scale']['factor']} (ours) "
+                 "and newstest2013 (paper)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def pilot(args: argparse.Namespace) -> None:
+    """The base row under each norm at PILOT_UPDATES, every PILOT_EVERY-th checkpoint scored on val:
+    the evidence NORM and UPDATES were picked from (benchmarks/results/table3_pilot.json)."""
+    curves = {}
+    for norm in ("post", "pre"):
+        scale = Scale(factor=args.factor, updates=PILOT_UPDATES, warmup=args.warmup, norm=norm,
+                      lr_scale=LR_SCALE[norm], save_every=PILOT_EVERY, keep_last=100)
+        cfg = row_config("base", 1, scale, args.set, args.threads)
+        out = args.runs / "table3_pilot" / norm
+        summary = train_or_resume(cfg, out)
+        val = Split(cfg, "val", args.val_sentences)
+        curve = []
+        for ckpt in list_checkpoints(out):
+            step = int(ckpt.stem.split("_")[1])
+            s = val.score(Translator(out, ckpt, log=lambda m: None, device=args.device))
+            curve.append({"step": step, "dev_bleu": s["tok_lc_bleu"]})
+            print(f"pilot {norm}: {curve[-1]}", flush=True)
+        valid = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+        ppl = {rec["step"]: round(rec["valid_ppl"], 3) for rec in valid if "valid_ppl" in rec}
+        for point in curve:
+            point["dev_ppl"] = ppl.get(point["step"])
+        curves[norm] = {"lr_scale": scale.lr_scale, "config_sha256": config_key(cfg), "curve": curve,
+                        "train_minutes": round(summary["train_minutes"], 1)}
+    result = {"curves": curves, "factor": args.factor, "warmup": args.warmup,
+              "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+              "commit": git("rev-parse", "--short", "HEAD"), "date": datetime.date.today().isoformat()}
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "table3_pilot.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", help=f"comma-separated rows to train or read back (default all: {','.join(ROWS)}); "
+                        "the table files are written from every finished row either way")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="train and decode here (default cpu)")
+    parser.add_argument("--threads", type=int, help="torch threads per row (default: the recipe's 2); two lanes of "
+                        "--threads 1 share 2 cores")
+    parser.add_argument("--factor", type=int, default=FACTOR, help=f"the paper's widths are divided by this (default "
+                        f"{FACTOR}; on a GPU, 2 or 1)")
+    parser.add_argument("--updates", type=int, default=UPDATES, help=f"updates per row, big {BIG_TIMES}x (default "
+                        f"{UPDATES})")
+    parser.add_argument("--warmup", type=int, default=WARMUP, help=f"eq. (3)'s warmup for every row (default {WARMUP})")
+    parser.add_argument("--base-seeds", type=int, default=len(BASE_SEEDS), choices=range(1, len(BASE_SEEDS) + 1),
+                        help="how many of the base seeds to train (default all)")
+    parser.add_argument("--val-sentences", type=int, help="score BLEU on the first N val sentences only (quick looks)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a config override for every row (e.g. data paths, train.precision)")
+    parser.add_argument("--tag", help="result name (default table3 on cpu, table3_gpu on cuda)")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where TAG.json, "
+                        "TAG.md and the rows' files (TAG/) go")
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs", help="where the run folders go (RUNS/TAG/ROW_seedS)")
+    parser.add_argument("--figure", type=Path, help="the figure's path (default docs/TAG.png)")
+    parser.add_argument("--pilot", action="store_true", help="train the base row post-norm and pre-norm for "
+                        f"{PILOT_UPDATES} updates and score every {PILOT_EVERY}th checkpoint: the evidence for the scale")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"--device cuda: no CUDA GPU is visible to torch {torch.__version__}")
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # training takes a GPU when it sees one
+    args.tag = args.tag or ("table3" if args.device == "cpu" else "table3_gpu")
+    args.figure = args.figure or ROOT / "docs" / f"{args.tag}.png"
+    if args.pilot:
+        return pilot(args)
+    rows = ROWS if not args.rows else tuple(args.rows.split(","))
+    if unknown := [r for r in rows if r not in PAPER]:
+        sys.exit(f"--rows: no row {', '.join(unknown)} in Table 3; rows: {', '.join(ROWS)}")
+    scale = Scale(factor=args.factor, updates=args.updates, warmup=args.warmup)
+    seeds = BASE_SEEDS[:args.base_seeds]
+    rows_dir = args.results / args.tag
+    for row in rows:
+        for seed in (seeds if row == "base" else seeds[:1]):
+            run_row(row, seed, scale, args.set, args, rows_dir)
+    found, missing = collect(rows_dir, scale, args.set, args.threads)
+    if args.base_seeds < len(BASE_SEEDS):
+        missing = [m for m in missing if m not in {row_id("base", s) for s in BASE_SEEDS[args.base_seeds:]}]
+    result = write_results(found, missing, scale, args)
+    print(f"{len(found)} rows finished, {len(missing)} missing; {args.results / args.tag}.json, .md, {args.figure}")
+    if result["complete"]:
+        print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""benchmarks/table3.py: the paper's Table 3 values as copied, each row's scaled config, and the script
+end to end at a tiny scale (trained rows are read back, not trained again)."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_slice
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import table3  # noqa: E402
+
+PAPER_TEXT = ROOT.parent / "shared" / "paper" / "attention-is-all-you-need.md"
+
+
+def printed_table() -> list[list[str]]:
+    """The cells of Table 3's rows in the paper's text (header row dropped), tags stripped."""
+    text = PAPER_TEXT.read_text(encoding="utf-8")
+    start = text.index("<table>", text.index("6.2 Model Variations"))
+    body = text[start:text.index("</table>", start)]
+    rows = [[re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)]
+            for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+    return rows[1:]
+
+
+def test_paper_values_are_the_papers():
+    printed = printed_table()
+    assert len(printed) == len(table3.ROWS) == 20
+    for name, cells in zip(table3.ROWS, printed):
+        ppl, bleu, params = cells[-3:]
+        assert (float(ppl), float(bleu)) == table3.PAPER[name][:2], name
+        if table3.PAPER[name][2] is not None:
+            assert int(params) == table3.PAPER[name][2], name
+        elif not name.startswith("A"):  # rows (A) print stray numbers there (see table3.PAPER)
+            assert params == "", name
+    assert printed[0][:1] == ["base"] and printed[-1][:1] == ["big"]
+
+
+def test_rows_are_the_papers_scaled_by_one_factor():
+    scale = table3.Scale(factor=4, updates=100)
+    for row in table3.ROWS:
+        ours, paper = table3.row_config(row, 1, scale, [], None), table3.paper_config(row)
+        (dk, dv), (pdk, pdv) = ours.model.head_dims, paper.model.head_dims
+        assert (ours.model.d_model * 4, ours.model.d_ff * 4, dk * 4, dv * 4) == (paper.model.d_model, paper.model.d_ff,
+                                                                                 pdk, pdv), row
+        for key in ("n_enc_layers", "n_dec_layers", "n_heads", "p_drop", "positional"):
+            assert getattr(ours.model, key) == getattr(paper.model, key), (row, key)
+        assert ours.train.eps_ls == paper.train.eps_ls
+        assert ours.train.max_steps == (300 if row == "big" else 100)
+        assert (ours.decode.beam_size, ours.decode.alpha, ours.decode.average_last) == (4, 0.6, 1)
+        assert ours.model.norm == table3.NORM and ours.train.warmup_steps == table3.WARMUP
+    assert table3.row_config("A1", 1, scale, [], None).model.head_dims == (128, 128)
+    assert table3.row_config("D3", 1, scale, [], None).train.eps_ls == 0.0
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "table3.py"), *args], capture_output=True,
+                          text=True, env=env, timeout=600)
+
+
+@pytest.mark.slow
+def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path):
+    src, tgt = write_slice(multi30k, tmp_path, "train", 0, 400)
+    args = ["--rows", "base,D3", "--factor", "32", "--updates", "6", "--base-seeds", "1", "--val-sentences", "8",
+            "--threads", "1", "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"),
+            "--figure", str(tmp_path / "table3.png"), "--set", f'data.train_src="{src}"',
+            "--set", f'data.train_tgt="{tgt}"', "--set", "data.vocab_size=400"]
+    first = run_script(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    result = json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))
+    assert [(r["row"], r["seed"]) for r in result["rows"]] == [("base", 1), ("D3", 1)]
+    for row in result["rows"]:
+        for key in ("params", "paper_params", "updates", "dev_ppl", "dev_bleu", "paper_ppl", "paper_bleu", "seed",
+                    "hyperparameters"):
+            assert key in row, key
+        assert row["updates"] == 6 and row["dev_ppl"] > 1 and 0 <= row["dev_bleu"] <= 100
+        assert row["hyperparameters"]["d_model"] == 16 and row["paper_hyperparameters"]["d_model"] == 512
+    base, d3 = result["rows"]
+    assert (base["paper_ppl"], base["paper_bleu"], base["paper_params"]) == (4.92, 25.8, 65_000_000)
+    assert d3["hyperparameters"]["eps_ls"] == 0.0 and d3["paper_params"] is None
+    assert not result["complete"] and "A1_seed1" in result["missing"] and "base_seed2" not in result["missing"]
+    assert (tmp_path / "table3.png").stat().st_size > 0
+    assert "| D3 | 1 |" in (tmp_path / "results" / "table3.md").read_text(encoding="utf-8")
+
+    shutil.rmtree(tmp_path / "runs")  # a second run must not need them: finished rows are read back
+    second = run_script(*args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stdout.count("read back") == 2 and "training into" not in second.stdout
+    assert not (tmp_path / "runs").exists()
+    assert json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))["rows"] == result["rows"]
