@@ -96,3 +96,13 @@ def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path):
     assert second.stdout.count("read back") == 2 and "training into" not in second.stdout
     assert not (tmp_path / "runs").exists()
     assert json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))["rows"] == result["rows"]
+
+
+def test_bad_requests_are_refused_by_name():
+    bad_row = run_script("--rows", "base,A9")
+    assert bad_row.returncode != 0 and "no row A9" in bad_row.stderr
+    bad_factor = run_script("--rows", "base", "--factor", "3")
+    assert bad_factor.returncode != 0 and "not divisible" in bad_factor.stderr
+    if not table3.torch.cuda.is_available():
+        no_gpu = run_script("--device", "cuda")
+        assert no_gpu.returncode != 0 and "no CUDA GPU" in no_gpu.stderr
