@@ -154,7 +154,8 @@ def run_row(row: str, seed: int, scale: Scale, sets: list[str], args: argparse.N
             print(f"{row_id(row, seed)}: read back from {path} (dev BLEU {done['dev_bleu']}, ppl {done['dev_ppl']})")
             return done
     out = args.runs / args.tag / row_id(row, seed)
-    print(f"{row_id(row, seed)}: training into {out}", flush=True)
+    finished = (out / "summary.json").is_file()
+    print(f"{row_id(row, seed)}: {'scoring the finished run in' if finished else 'training into'} {out}", flush=True)
     summary = train_or_resume(cfg, out)
     val = Split(cfg, "val", args.val_sentences)
     scored = val.score(Translator(out, log=lambda m: None, device=args.device))
@@ -285,9 +286,9 @@ def draw(r: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     band = r["base_band"]
-    if not band["dev_bleu"]:
-        return
     rows = [row for row in r["rows"] if row["row"] != "base"]
+    if not band["dev_bleu"] or not rows:
+        return
     names = [row["row"] for row in rows]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.32 * len(rows) + 1.8), sharey=True)
     y = range(len(rows))
