@@ -105,7 +105,8 @@ def run_candidate(pair: str, name: str, values: dict[str, object], config: Path,
     final = val.score(Translator(out, log=lambda m: None))  # the recipe's decoding: average of the last N
     done = {
         "name": name, "pair": pair, "values": values, "overrides": overrides, "config": str(config.relative_to(ROOT)),
-        "config_sha256": config_key(cfg), "threads": cfg.train.threads, "steps": summary["step"], "valid_ppl": round(summary["valid_ppl"], 3),
+        "config_sha256": config_key(cfg), "steps": summary["step"], "valid_ppl": round(summary["valid_ppl"], 3),
+        "threads": load_config(str(out / "config.toml")).train.threads,  # the run's, not this scoring's
         "val_tok_lc_bleu": final["tok_lc_bleu"], "val_sacrebleu": final["sacrebleu"],
         "decode": {"average_last": cfg.decode.average_last, "beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha},
         "train_minutes": round(summary["train_minutes"], 1), "train_tokens_per_s": round(summary["tokens_per_s"]),
