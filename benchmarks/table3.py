@@ -143,16 +143,22 @@ def hyperparameters(cfg: Config, steps: int) -> dict:
             "P_drop": m.p_drop, "eps_ls": cfg.train.eps_ls, "positional": m.positional, "train_steps": steps}
 
 
+def finished_row(path: Path, cfg: Config, val_limit: int | None) -> dict | None:
+    """The row's result file when it was made from this config and scored on the same val sentences."""
+    if not path.is_file():
+        return None
+    done = json.loads(path.read_text(encoding="utf-8"))
+    return done if (done.get("config_sha256"), done.get("val_limit")) == (config_key(cfg), val_limit) else None
+
+
 def run_row(row: str, seed: int, scale: Scale, sets: list[str], args: argparse.Namespace, rows_dir: Path) -> dict:
     """The row's result: read back when its file was made from the same config, otherwise trained
     (or resumed, or re-read when its run finished) and scored on val."""
     cfg = row_config(row, seed, scale, sets, args.threads)
     path = rows_dir / f"{row_id(row, seed)}.json"
-    if path.is_file():
-        done = json.loads(path.read_text(encoding="utf-8"))
-        if done.get("config_sha256") == config_key(cfg):
-            print(f"{row_id(row, seed)}: read back from {path} (dev BLEU {done['dev_bleu']}, ppl {done['dev_ppl']})")
-            return done
+    if done := finished_row(path, cfg, args.val_sentences):
+        print(f"{row_id(row, seed)}: read back from {path} (dev BLEU {done['dev_bleu']}, ppl {done['dev_ppl']})")
+        return done
     out = args.runs / args.tag / row_id(row, seed)
     finished = (out / "summary.json").is_file()
     print(f"{row_id(row, seed)}: {'scoring the finished run in' if finished else 'training into'} {out}", flush=True)
@@ -170,7 +176,7 @@ def run_row(row: str, seed: int, scale: Scale, sets: list[str], args: argparse.N
         "params": params, "paper_params": None if paper_params is None else paper_params * 10**6,
         "updates": summary["step"], "dev_ppl": round(summary["valid_ppl"], 3), "dev_bleu": scored["tok_lc_bleu"],
         "dev_sacrebleu": scored["sacrebleu"], "paper_ppl": ppl, "paper_bleu": bleu,
-        "val_sentences": len(val.src), "train_minutes": round(summary["train_minutes"], 1),
+        "val_sentences": len(val.src), "val_limit": args.val_sentences, "train_minutes": round(summary["train_minutes"], 1),
         "wall_time_note": "step-bounded: the minutes include whatever else shared the machine",
         "translate_seconds": scored["translate_seconds"], "vocab_sha256": vocab["vocab_sha256"],
         "config_sha256": config_key(cfg), "run": os.path.relpath(out, ROOT), "device": args.device,
@@ -183,14 +189,15 @@ def run_row(row: str, seed: int, scale: Scale, sets: list[str], args: argparse.N
     return done
 
 
-def collect(rows_dir: Path, scale: Scale, sets: list[str], threads: int | None) -> tuple[list[dict], list[str]]:
+def collect(rows_dir: Path, scale: Scale, args: argparse.Namespace) -> tuple[list[dict], list[str]]:
     """Every finished row of this scale, in the paper's order (base seeds first), and the ids missing."""
     found, missing = [], []
     for row in ROWS:
         for seed in (BASE_SEEDS if row == "base" else BASE_SEEDS[:1]):
             path = rows_dir / f"{row_id(row, seed)}.json"
-            done = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-            if done and done["config_sha256"] == config_key(row_config(row, seed, scale, sets, threads)):
+            # (a row that has no file is not configured: a --factor may suit only the rows run with it)
+            if path.is_file() and (done := finished_row(path, row_config(row, seed, scale, args.set, args.threads),
+                                                        args.val_sentences)):
                 found.append(done)
             else:
                 missing.append(row_id(row, seed))
@@ -385,7 +392,7 @@ def main() -> None:
     for row in rows:
         for seed in (seeds if row == "base" else seeds[:1]):
             run_row(row, seed, scale, args.set, args, rows_dir)
-    found, missing = collect(rows_dir, scale, args.set, args.threads)
+    found, missing = collect(rows_dir, scale, args)
     if args.base_seeds < len(BASE_SEEDS):
         missing = [m for m in missing if m not in {row_id("base", s) for s in BASE_SEEDS[args.base_seeds:]}]
     result = write_results(found, missing, scale, args)
