@@ -43,7 +43,7 @@ import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import Config, load_config
-from transformer.model import Transformer, count_parameters
+from transformer.model import count_parameters
 from transformer.translator import Translator
 
 from common import ROOT, Split, config_key, git, train_or_resume
@@ -164,10 +164,8 @@ def run_row(row: str, seed: int, scale: Scale, sets: list[str], args: argparse.N
     print(f"{row_id(row, seed)}: {'scoring the finished run in' if finished else 'training into'} {out}", flush=True)
     summary = train_or_resume(cfg, out)
     val = Split(cfg, "val", args.val_sentences)
-    scored = val.score(Translator(out, log=lambda m: None, device=args.device))
-    vocab = load_checkpoint(list_checkpoints(out)[-1], with_state=False).meta
-    with torch.device("meta"):
-        params = count_parameters(Transformer(cfg.model, vocab["vocab_size"]))
+    translator = Translator(out, log=lambda m: None, device=args.device)
+    scored, params = val.score(translator), count_parameters(translator.model)
     ppl, bleu, paper_params = PAPER[row]
     paper = paper_config(row)
     done = {
@@ -178,7 +176,7 @@ def run_row(row: str, seed: int, scale: Scale, sets: list[str], args: argparse.N
         "dev_sacrebleu": scored["sacrebleu"], "paper_ppl": ppl, "paper_bleu": bleu,
         "val_sentences": len(val.src), "val_limit": args.val_sentences, "train_minutes": round(summary["train_minutes"], 1),
         "wall_time_note": "step-bounded: the minutes include whatever else shared the machine",
-        "translate_seconds": scored["translate_seconds"], "vocab_sha256": vocab["vocab_sha256"],
+        "translate_seconds": scored["translate_seconds"], "vocab_sha256": translator.tokenizer.sha256,
         "config_sha256": config_key(cfg), "run": os.path.relpath(out, ROOT), "device": args.device,
         "commit": git("rev-parse", "--short", "HEAD"), "date": datetime.date.today().isoformat(),
     }
