@@ -30,6 +30,13 @@ def git(*args: str) -> str:
         return ""
 
 
+def recipe_run(pair: str = "en_de") -> Path:
+    """The run folder of the Multi30k recipe as committed (step 3 of benchmarks/multi30k.py, named in its
+    result file): the model the other benchmarks measure as the one users train."""
+    result = ROOT / "benchmarks" / "results" / f"multi30k_{pair}.json"
+    return ROOT / json.loads(result.read_text(encoding="utf-8"))["run"]
+
+
 def train_or_reread(config: Path, out: Path, sets: list[str], minutes: float | None,
                     decode_only: bool) -> tuple[Config, dict, list[str]]:
     """Trains ``config`` into the new run folder ``out`` with every checkpoint kept (curves and

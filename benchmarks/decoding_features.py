@@ -2,7 +2,7 @@
 
     python benchmarks/decoding_features.py [--run RUN_DIR] [--out runs] [--ensemble-steps 1100]
 
-1. n-best: the recipe's run (--run, default the EN→DE selection's recipe run) decodes test2016 with
+1. n-best: the recipe's run (--run, default the EN→DE recipe's own run of benchmarks/multi30k.py) decodes test2016 with
    beam 4 and --nbest 4; `nbest_matches_plain` is the fraction of sentences whose first hypothesis is
    the plain 1-best output, token for token.
 2. Scoring: every hypothesis of those lists is scored again by forced decoding (`decode.score_ids`, the
@@ -47,7 +47,7 @@ from transformer.prepare import resolve_data_path
 from transformer.train import train
 from transformer.translator import Translator
 
-from common import ROOT, git
+from common import ROOT, git, recipe_run
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -92,14 +92,15 @@ def quick_run(out: Path, seed: int, steps: int) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, default=ROOT / "runs" / "select_en_de" / "pre_ff512_lr2",
-                        help="the EN→DE run to decode (default: the recipe's run of benchmarks/multi30k.py)")
+    parser.add_argument("--run", type=Path, help="the EN→DE run to decode (default: the recipe's own run of "
+                        "benchmarks/multi30k.py, as multi30k_en_de.json names it)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs", help="where the ensemble's two runs go")
     parser.add_argument("--ensemble-steps", type=int, default=1100, help="updates of each quick-recipe run")
     args = parser.parse_args()
     # the code that runs is the code at the start: later commits during the run must not be recorded
     commit = git("rev-parse", "--short", "HEAD")
     uncommitted = git("status", "--porcelain", "--untracked-files=no").splitlines()
+    args.run = args.run or recipe_run()
     if not list_checkpoints(args.run):
         sys.exit(f"{args.run}: no checkpoints; run benchmarks/multi30k.py first (or give --run)")
 

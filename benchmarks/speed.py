@@ -69,7 +69,7 @@ from transformer.model import flops_per_token, sinusoidal_positions
 from transformer.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from transformer.train import train
 
-from common import ROOT, git
+from common import ROOT, git, recipe_run
 
 HERE = Path(__file__).resolve().parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -402,8 +402,8 @@ def main() -> None:
     parser.add_argument("--train-updates", type=int, default=250, help="updates in each timed training run")
     parser.add_argument("--b1-sentences", type=int, default=200, help="sentences translated at batch 1")
     parser.add_argument("--repeat", type=int, default=3, help="timings per translation setting (best kept)")
-    parser.add_argument("--user-run", type=Path, help="the EN→DE recipe's run folder (default: the one "
-                        "benchmarks/multi30k.py picked, runs/select_en_de/NAME)")
+    parser.add_argument("--user-run", type=Path, help="the EN→DE recipe's run folder (default: the recipe's "
+                        "own run of benchmarks/multi30k.py, as multi30k_en_de.json names it)")
     parser.add_argument("--no-peers", action="store_true", help="measure ours and CTranslate2 only (no fairseq)")
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -418,8 +418,7 @@ def main() -> None:
                                  "sacrebleu": sacrebleu.__version__}}
     user_run = args.user_run
     if user_run is None:
-        picked = json.loads((RESULTS / "multi30k_en_de.json").read_text(encoding="utf-8")).get("picked")
-        user_run = ROOT / "runs" / "select_en_de" / str(picked)
+        user_run = recipe_run()
     if not (user_run / "config.toml").is_file():
         sys.exit(f"--user-run {user_run}: no finished run there (python benchmarks/multi30k.py trains it)")
 
