@@ -5,10 +5,10 @@
 1. Every candidate setting in SEARCH[pair] (the recipe's own values among them) is trained from
    scratch, step-bounded at the recipe's update budget, and scored on the validation set (1,014
    sentences): tokenized lowercased BLEU of the paper's decoding (average of the last 5
-   checkpoints, beam 4, α 0.6, whatever the recipe's [decode]) and validation perplexity. Each finished candidate is written to
-   benchmarks/results/selection/multi30k_{pair}/{name}.json and read back on later runs (keyed by
-   its config's sha256), so the search can be spread over several sittings; an interrupted
-   candidate resumes from its newest checkpoint.
+   checkpoints, beam 4, α 0.6, whatever the recipe's [decode]) and validation perplexity. Each
+   finished candidate is written to benchmarks/results/selection/multi30k_{pair}/{name}.json and
+   read back on later runs (keyed by its config's sha256), so the search can be spread over several
+   sittings; an interrupted candidate resumes from its newest checkpoint.
 2. Val picks the best candidate. If that is not what configs/multi30k_{pair}.toml says, the script
    stops and says which values to commit: the recipe is what val picked, never what test picked.
 3. The committed config is trained once more as a user runs it (its own thread count, into
