@@ -3,8 +3,8 @@
     python benchmarks/decoding_features.py [--run RUN_DIR] [--out runs] [--ensemble-steps 1100]
 
 1. n-best: the recipe's run (--run, default the EN→DE recipe's own run of benchmarks/multi30k.py)
-   decodes test2016 with beam 4 and --nbest 4; `nbest_matches_plain` is the fraction of sentences whose first hypothesis is
-   the plain 1-best output, token for token.
+   decodes test2016 with beam 4 and --nbest 4; `nbest_matches_plain` is the fraction of sentences
+   whose first hypothesis is the plain 1-best output, token for token.
 2. Scoring: every hypothesis of those lists is scored again by forced decoding (`decode.score_ids`, the
    same ids); `score_matches_beam` is the largest difference from the beam's own score.
 3. Constraints: per sentence, one word of its reference (the longest of those the plain output does not
