@@ -78,7 +78,12 @@ def weight_candidates(run_dir: Path, averages: tuple[int, ...] = (5, 10)) -> dic
 
 def train_or_resume(cfg: Config, out: Path, decode_only: bool = False) -> dict:
     """Trains ``cfg`` into ``out`` (resuming an interrupted run there), or reads back the run that
-    finished there; returns its training summary."""
+    finished there; returns its training summary. A run there of another training config (its [decode]
+    and threads aside) is refused, never read back as this one."""
+    if (out / "config.toml").is_file():
+        trained = load_config(str(out / "config.toml"))
+        if config_key(dataclasses.replace(trained, decode=cfg.decode)) != config_key(cfg):
+            sys.exit(f"{out} holds a run of another config: move it away and run again")
     if (out / "summary.json").is_file():
         return finished_summary(out)
     if decode_only:

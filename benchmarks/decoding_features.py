@@ -44,10 +44,9 @@ from transformer.data import encode_for_decoding, read_lines
 from transformer.decode import decode_ids, score_ids
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
 from transformer.prepare import resolve_data_path
-from transformer.train import train
 from transformer.translator import Translator
 
-from common import ROOT, git, recipe_run
+from common import ROOT, git, recipe_run, train_or_resume
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -83,10 +82,8 @@ def reference_constraints(hyps: list[str], refs: list[str], seed: int = 1) -> li
 def quick_run(out: Path, seed: int, steps: int) -> Path:
     """The quick recipe with ``seed``, step-bounded at ``steps`` updates, trained or read back."""
     run = out / f"features_quick_seed{seed}"
-    if not (run / "summary.json").is_file():
-        cfg = load_config(str(ROOT / "configs" / "multi30k_en_de_quick.toml"),
-                          [f"train.seed={seed}", f"train.max_steps={steps}", "train.max_minutes=0"])
-        train(cfg, run, resume=bool(list_checkpoints(run)) if run.is_dir() else False)
+    train_or_resume(load_config(str(ROOT / "configs" / "multi30k_en_de_quick.toml"),
+                                [f"train.seed={seed}", f"train.max_steps={steps}", "train.max_minutes=0"]), run)
     return run
 
 

@@ -29,7 +29,6 @@ bounded by minutes, and so are its candidates: every one of its runs is timed an
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -181,10 +180,6 @@ def main() -> None:
     # is picked on val on this run
     out = args.out / f"recipe_{args.pair}"
     cfg = load_config(str(config))
-    if (out / "config.toml").is_file():  # a run of the same training, whatever its [decode]
-        trained = load_config(str(out / "config.toml"))
-        if config_key(dataclasses.replace(trained, decode=cfg.decode)) != config_key(cfg):
-            sys.exit(f"{out} holds a run of another config than {config}: move it away and run again")
     print(f"training {config.relative_to(ROOT)} as committed into {out}: its wall time is the benchmark's "
           "training time, so nothing else should run on the machine now", flush=True)
     run = train_or_resume(cfg, out, args.decode_only)

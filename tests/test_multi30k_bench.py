@@ -24,3 +24,17 @@ def test_candidates_load_and_differ(pair: str) -> None:
         assert got == multi30k.DEFAULTS | values, name
         seen.add(tuple(sorted(got.items())))
     assert len(seen) == len(multi30k.SEARCH[pair]), f"{pair}: two candidates are the same setting"
+
+
+def test_a_run_of_another_config_is_refused_not_read_back(tmp_path: Path) -> None:
+    import common
+    from transformer.config import dump_toml
+
+    config = str(ROOT / "configs" / "multi30k_en_de_quick.toml")
+    (tmp_path / "config.toml").write_text(dump_toml(load_config(config, ["model.d_ff=512"])), encoding="utf-8")
+    (tmp_path / "summary.json").write_text('{"step": 5}', encoding="utf-8")
+    with pytest.raises(SystemExit, match="another config"):
+        common.train_or_resume(load_config(config, ["model.d_ff=256"]), tmp_path)
+    # the same training with another [decode] and thread count is read back
+    same = load_config(config, ["model.d_ff=512", "decode.beam_size=5", "train.threads=1"])
+    assert common.train_or_resume(same, tmp_path) == {"step": 5}
