@@ -234,7 +234,8 @@ def write_markdown(r: dict) -> None:
                       f"{c['valid_ppl']} | {c['val_tok_lc_bleu']} |" for c in r["candidates"])
     dec = "\n".join(f"| {c['average_last']} | {c['beam']} | {c['val_tok_lc_bleu']} |" for c in r["decoding_candidates"])
     curve = "\n".join(f"| {c['step']} | {c['minutes']} | {c['val_tok_lc_bleu']} |" for c in r["picked_val_curve"])
-    pair = r["pair"].replace("_", "→").upper()
+    src, tgt, *quick = r["pair"].split("_")
+    pair = f"{src.upper()}→{tgt.upper()}" + (" (the quick start's 10-minute config)" if quick else "")
     (RESULTS / f"multi30k_{r['pair']}.md").write_text(f"""# Multi30k {pair}: recipe and decoding picked on val, test2016 scored once
 
 `{r['command']}` — {r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions']['torch']},
