@@ -72,7 +72,7 @@ BIG_TIMES = 3
 # DEVIATION(§5.3): warmup 400, not 4000, and eq. (3) × LR_SCALE: a 1,200-update budget would otherwise
 # end inside the warmup. The multipliers give peaks near those the Multi30k recipes' candidates train at
 # (pre-norm 6.2e-3 at d_model 128, between the EN→DE candidates' 6.25e-3 and 5e-3; post-norm 1.55e-3 as
-# the EN→FR recipe's post-norm).
+# the earlier EN→FR recipe's post-norm).
 WARMUP = 400
 LR_SCALE = {"pre": 1.4, "post": 0.35}
 # DEVIATION(§3.1): pre-norm for every row, because the paper's post-norm base does not train to a
