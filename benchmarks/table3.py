@@ -215,6 +215,35 @@ def base_band(rows: list[dict]) -> dict:
     return out
 
 
+def reading(ours: float, band: tuple[float, float], paper: float) -> str:
+    """How one row's change from base reads against the paper's change: a change inside the base
+    seeds' spread (band, as offsets from their mean) is noise; outside it, its sign is compared with
+    the paper's."""
+    if band[0] <= ours <= band[1]:
+        return "no change, as the paper" if paper == 0 else "inside the noise"
+    if paper == 0:
+        return "changes; the paper: none"
+    return "as the paper" if (ours > 0) == (paper > 0) else "against the paper"
+
+
+def readings(rows: list[dict], band: dict) -> list[dict]:
+    """Every variant's change from the base mean in dev perplexity and BLEU, ours beside the paper's
+    change from its base, each read against the base seeds' spread (reading)."""
+    if not band["dev_bleu"]:
+        return []
+    out = []
+    for row in (r for r in rows if r["row"] != "base"):
+        entry = {"row": row["row"]}
+        for key, paper_key, paper_base in (("dev_ppl", "paper_ppl", PAPER["base"][0]),
+                                           ("dev_bleu", "paper_bleu", PAPER["base"][1])):
+            mean, ours, paper = band[key]["mean"], row[key], row[paper_key]
+            delta, paper_delta = round(ours - mean, 3), round(paper - paper_base, 3)
+            entry[f"{key}_delta"], entry[f"paper_{key.removeprefix('dev_')}_delta"] = delta, paper_delta
+            entry[f"{key}_reading"] = reading(delta, (band[key]["min"] - mean, band[key]["max"] - mean), paper_delta)
+        out.append(entry)
+    return out
+
+
 def write_results(rows: list[dict], missing: list[str], scale: Scale, args: argparse.Namespace) -> dict:
     pilot_path = args.results / f"{args.tag}_pilot.json"
     pilot = None
@@ -222,7 +251,8 @@ def write_results(rows: list[dict], missing: list[str], scale: Scale, args: argp
         curves = json.loads(pilot_path.read_text(encoding="utf-8"))["curves"]
         pilot = {norm: c["curve"][-1] for norm, c in curves.items() if c["curve"]}
     result = {
-        "rows": rows, "missing": missing, "complete": not missing, "base_band": base_band(rows), "pilot": pilot,
+        "rows": rows, "missing": missing, "complete": not missing, "base_band": base_band(rows),
+        "readings": readings(rows, base_band(rows)), "pilot": pilot,
         "scale": dataclasses.asdict(scale) | {"big_updates": scale.updates * BIG_TIMES, "why": SCALE_WHY},
         "tag": args.tag, "recipe": os.path.relpath(RECIPE, ROOT), "sets": args.set, "device": args.device,
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
@@ -256,6 +286,18 @@ def markdown(r: dict) -> str:
              f"Base over seeds {band['seeds']}: dev BLEU {band['dev_bleu']['min']}–{band['dev_bleu']['max']} (mean "
              f"{band['dev_bleu']['mean']}), dev ppl {band['dev_ppl']['min']}–{band['dev_ppl']['max']}: differences "
              "inside these ranges are noise.\n")
+    diffs = "".join(f"| {d['row']} | {d['dev_ppl_delta']:+} | {d['paper_ppl_delta']:+} | {d['dev_ppl_reading']} | "
+                    f"{d['dev_bleu_delta']:+} | {d['paper_bleu_delta']:+} | {d['dev_bleu_reading']} |\n"
+                    for d in r["readings"])
+    if diffs:
+        counts = {}
+        for d in r["readings"]:
+            counts[d["dev_bleu_reading"]] = counts.get(d["dev_bleu_reading"], 0) + 1
+        diffs = ("\nEach variant against the base mean, beside the paper's change from its base; a change inside "
+                 "the base seeds' spread reads as noise, one outside it as the paper or against it by its sign "
+                 "(BLEU: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "):\n\n"
+                 "| row | Δ PPL (ours) | Δ PPL (paper) | PPL reads | Δ BLEU (ours) | Δ BLEU (paper) | BLEU reads |\n"
+                 "|---|---|---|---|---|---|---|\n" + diffs)
     s = r["scale"]
     pilot = "" if not r["pilot"] else "\nPilot, the base row at this budget ({}_pilot.json): {}.\n".format(
         r["tag"], "; ".join(f"{norm}-norm val BLEU {p['dev_bleu']}, ppl {p['dev_ppl']} after {p['step']} updates"
@@ -280,7 +322,7 @@ Why this scale: {s['why']}
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(lines)}
 
-{noise}{missing}"""
+{noise}{diffs}{missing}"""
 
 
 def draw(r: dict, path: Path) -> None:

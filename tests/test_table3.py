@@ -60,6 +60,25 @@ def test_rows_are_the_papers_scaled_by_one_factor():
     assert table3.row_config("D3", 1, scale, [], None).train.eps_ls == 0.0
 
 
+def test_each_variant_is_read_against_the_base_seeds_spread():
+    band = table3.base_band([{"row": "base", "seed": s, "dev_ppl": p, "dev_bleu": b}
+                             for s, p, b in ((1, 8.0, 33.0), (2, 8.2, 33.4), (3, 8.4, 32.6))])
+    assert band["dev_bleu"] == {"mean": 33.0, "min": 32.6, "max": 33.4}
+    rows = [{"row": "A1", "dev_ppl": 8.9, "dev_bleu": 32.0, "paper_ppl": 5.29, "paper_bleu": 24.9},   # as the paper
+            {"row": "C1", "dev_ppl": 7.5, "dev_bleu": 34.5, "paper_ppl": 6.11, "paper_bleu": 23.7},   # against it
+            {"row": "E", "dev_ppl": 8.3, "dev_bleu": 33.3, "paper_ppl": 4.92, "paper_bleu": 25.7},    # noise
+            {"row": "A3", "dev_ppl": 8.1, "dev_bleu": 35.0, "paper_ppl": 4.91, "paper_bleu": 25.8}]   # paper: no change
+    got = {r["row"]: r for r in table3.readings(rows, band)}
+    assert got["A1"]["dev_bleu_delta"] == -1.0 and got["A1"]["paper_bleu_delta"] == -0.9
+    assert got["A1"]["dev_bleu_reading"] == got["A1"]["dev_ppl_reading"] == "as the paper"
+    assert got["C1"]["dev_bleu_reading"] == got["C1"]["dev_ppl_reading"] == "against the paper"
+    assert got["E"]["dev_bleu_reading"] == "inside the noise"
+    assert got["E"]["dev_ppl_reading"] == "no change, as the paper"  # the paper's E has the base's 4.92
+    assert got["A3"]["dev_bleu_reading"] == "changes; the paper: none" and got["A3"]["dev_ppl_reading"] == "inside the noise"
+    assert table3.reading(0.1, (-0.2, 0.2), 0.0) == "no change, as the paper"
+    assert table3.readings(rows, table3.base_band([])) == []
+
+
 def run_script(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "table3.py"), *args], capture_output=True,
@@ -88,7 +107,10 @@ def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path):
     assert d3["hyperparameters"]["eps_ls"] == 0.0 and d3["paper_params"] is None
     assert not result["complete"] and "A1_seed1" in result["missing"] and "base_seed2" not in result["missing"]
     assert (tmp_path / "table3.png").stat().st_size > 0
-    assert "| D3 | 1 |" in (tmp_path / "results" / "table3.md").read_text(encoding="utf-8")
+    assert [d["row"] for d in result["readings"]] == ["D3"]
+    assert result["readings"][0]["dev_bleu_delta"] == round(d3["dev_bleu"] - base["dev_bleu"], 3)
+    md = (tmp_path / "results" / "table3.md").read_text(encoding="utf-8")
+    assert "| D3 | 1 |" in md and "| D3 | " + f"{result['readings'][0]['dev_ppl_delta']:+}" in md
 
     shutil.rmtree(tmp_path / "runs")  # a second run must not need them: finished rows are read back
     second = run_script(*args)
