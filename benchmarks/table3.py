@@ -30,6 +30,7 @@ Each invocation then writes what is finished: table3.json, table3.md and docs/ta
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime
 import json
@@ -250,9 +251,10 @@ def write_results(rows: list[dict], missing: list[str], scale: Scale, args: argp
     if pilot_path.is_file():
         curves = json.loads(pilot_path.read_text(encoding="utf-8"))["curves"]
         pilot = {norm: c["curve"][-1] for norm, c in curves.items() if c["curve"]}
+    band = base_band(rows)
     result = {
-        "rows": rows, "missing": missing, "complete": not missing, "base_band": base_band(rows),
-        "readings": readings(rows, base_band(rows)), "pilot": pilot,
+        "rows": rows, "missing": missing, "complete": not missing, "base_band": band,
+        "readings": readings(rows, band), "pilot": pilot,
         "scale": dataclasses.asdict(scale) | {"big_updates": scale.updates * BIG_TIMES, "why": SCALE_WHY},
         "tag": args.tag, "recipe": os.path.relpath(RECIPE, ROOT), "sets": args.set, "device": args.device,
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
@@ -290,9 +292,7 @@ def markdown(r: dict) -> str:
                     f"{d['dev_bleu_delta']:+} | {d['paper_bleu_delta']:+} | {d['dev_bleu_reading']} |\n"
                     for d in r["readings"])
     if diffs:
-        counts = {}
-        for d in r["readings"]:
-            counts[d["dev_bleu_reading"]] = counts.get(d["dev_bleu_reading"], 0) + 1
+        counts = collections.Counter(d["dev_bleu_reading"] for d in r["readings"])
         diffs = ("\nEach variant against the base mean, beside the paper's change from its base; a change inside "
                  "the base seeds' spread reads as noise, one outside it as the paper or against it by its sign "
                  "(BLEU: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "):\n\n"
