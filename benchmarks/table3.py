@@ -333,19 +333,18 @@ def draw(r: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    band = r["base_band"]
-    rows = [row for row in r["rows"] if row["row"] != "base"]
-    if not band["dev_bleu"] or not rows:
+    band, rows = r["base_band"], r["readings"]
+    if not rows:
         return
     names = [row["row"] for row in rows]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.32 * len(rows) + 1.8), sharey=True)
     y = range(len(rows))
-    for ax, key, paper_key, paper_base, label in ((axes[0], "dev_ppl", "paper_ppl", PAPER["base"][0], "Δ PPL (dev)"),
-                                                    (axes[1], "dev_bleu", "paper_bleu", PAPER["base"][1], "Δ BLEU (dev)")):
+    for ax, key, paper_key, label in ((axes[0], "dev_ppl", "paper_ppl", "Δ PPL (dev)"),
+                                      (axes[1], "dev_bleu", "paper_bleu", "Δ BLEU (dev)")):
         mean = band[key]["mean"]
         ax.axvspan(band[key]["min"] - mean, band[key]["max"] - mean, color="0.85", label="base seeds' spread")
-        ax.barh([i - 0.2 for i in y], [row[key] - mean for row in rows], height=0.4, label="ours", color="tab:blue")
-        ax.barh([i + 0.2 for i in y], [row[paper_key] - paper_base for row in rows], height=0.4, label="paper",
+        ax.barh([i - 0.2 for i in y], [row[f"{key}_delta"] for row in rows], height=0.4, label="ours", color="tab:blue")
+        ax.barh([i + 0.2 for i in y], [row[f"{paper_key}_delta"] for row in rows], height=0.4, label="paper",
                 color="tab:orange")
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_xlabel(label + " vs base")
