@@ -216,13 +216,16 @@ def base_band(rows: list[dict]) -> dict:
     return out
 
 
-def reading(ours: float, band: tuple[float, float], paper: float) -> str:
+def reading(ours: float, band: tuple[float, float], paper: float, unit: float) -> str:
     """How one row's change from base reads against the paper's change: a change inside the base
     seeds' spread (band, as offsets from their mean) is noise; outside it, its sign is compared with
-    the paper's."""
+    the paper's. The paper prints one run per row, rounded to `unit` (0.01 ppl, 0.1 BLEU): a change of
+    at most one unit is the paper's "no change" (its A3 at 4.91 against 4.92, its E at 25.7 against
+    25.8, which §6.2 calls "nearly identical")."""
+    paper_none = abs(paper) <= unit * 1.001
     if band[0] <= ours <= band[1]:
-        return "no change, as the paper" if paper == 0 else "inside the noise"
-    if paper == 0:
+        return "no change, as the paper" if paper_none else "inside the noise"
+    if paper_none:
         return "changes; the paper: none"
     return "as the paper" if (ours > 0) == (paper > 0) else "against the paper"
 
@@ -235,12 +238,13 @@ def readings(rows: list[dict], band: dict) -> list[dict]:
     out = []
     for row in (r for r in rows if r["row"] != "base"):
         entry = {"row": row["row"]}
-        for key, paper_key, paper_base in (("dev_ppl", "paper_ppl", PAPER["base"][0]),
-                                           ("dev_bleu", "paper_bleu", PAPER["base"][1])):
+        for key, paper_key, paper_base, unit in (("dev_ppl", "paper_ppl", PAPER["base"][0], 0.01),
+                                                 ("dev_bleu", "paper_bleu", PAPER["base"][1], 0.1)):
             mean, ours, paper = band[key]["mean"], row[key], row[paper_key]
             delta, paper_delta = round(ours - mean, 3), round(paper - paper_base, 3)
             entry[f"{key}_delta"], entry[f"paper_{key.removeprefix('dev_')}_delta"] = delta, paper_delta
-            entry[f"{key}_reading"] = reading(delta, (band[key]["min"] - mean, band[key]["max"] - mean), paper_delta)
+            entry[f"{key}_reading"] = reading(delta, (band[key]["min"] - mean, band[key]["max"] - mean), paper_delta,
+                                              unit)
         out.append(entry)
     return out
 
@@ -294,8 +298,9 @@ def markdown(r: dict) -> str:
     if diffs:
         counts = collections.Counter(d["dev_bleu_reading"] for d in r["readings"])
         diffs = ("\nEach variant against the base mean, beside the paper's change from its base; a change inside "
-                 "the base seeds' spread reads as noise, one outside it as the paper or against it by its sign "
-                 "(BLEU: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "):\n\n"
+                 "the base seeds' spread reads as noise, one outside it as the paper or against it by its sign; the "
+                 "paper's own change counts as none when it is at most its last printed digit (0.01 ppl, 0.1 BLEU). "
+                 "BLEU: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + ".\n\n"
                  "| row | Δ PPL (ours) | Δ PPL (paper) | PPL reads | Δ BLEU (ours) | Δ BLEU (paper) | BLEU reads |\n"
                  "|---|---|---|---|---|---|---|\n" + diffs)
     s = r["scale"]

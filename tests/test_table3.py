@@ -66,16 +66,22 @@ def test_each_variant_is_read_against_the_base_seeds_spread():
     assert band["dev_bleu"] == {"mean": 33.0, "min": 32.6, "max": 33.4}
     rows = [{"row": "A1", "dev_ppl": 8.9, "dev_bleu": 32.0, "paper_ppl": 5.29, "paper_bleu": 24.9},   # as the paper
             {"row": "C1", "dev_ppl": 7.5, "dev_bleu": 34.5, "paper_ppl": 6.11, "paper_bleu": 23.7},   # against it
-            {"row": "E", "dev_ppl": 8.3, "dev_bleu": 33.3, "paper_ppl": 4.92, "paper_bleu": 25.7},    # noise
-            {"row": "A3", "dev_ppl": 8.1, "dev_bleu": 35.0, "paper_ppl": 4.91, "paper_bleu": 25.8}]   # paper: no change
+            {"row": "E", "dev_ppl": 8.3, "dev_bleu": 33.3, "paper_ppl": 4.92, "paper_bleu": 25.7},    # paper: ~none
+            {"row": "A3", "dev_ppl": 8.1, "dev_bleu": 35.0, "paper_ppl": 4.91, "paper_bleu": 25.8},   # paper: no change
+            {"row": "A2", "dev_ppl": 8.3, "dev_bleu": 33.2, "paper_ppl": 5.00, "paper_bleu": 25.5}]  # noise
     got = {r["row"]: r for r in table3.readings(rows, band)}
     assert got["A1"]["dev_bleu_delta"] == -1.0 and got["A1"]["paper_bleu_delta"] == -0.9
     assert got["A1"]["dev_bleu_reading"] == got["A1"]["dev_ppl_reading"] == "as the paper"
     assert got["C1"]["dev_bleu_reading"] == got["C1"]["dev_ppl_reading"] == "against the paper"
-    assert got["E"]["dev_bleu_reading"] == "inside the noise"
+    assert got["A2"]["dev_bleu_reading"] == got["A2"]["dev_ppl_reading"] == "inside the noise"
     assert got["E"]["dev_ppl_reading"] == "no change, as the paper"  # the paper's E has the base's 4.92
-    assert got["A3"]["dev_bleu_reading"] == "changes; the paper: none" and got["A3"]["dev_ppl_reading"] == "inside the noise"
-    assert table3.reading(0.1, (-0.2, 0.2), 0.0) == "no change, as the paper"
+    assert got["A3"]["dev_bleu_reading"] == "changes; the paper: none"
+    assert got["A3"]["dev_ppl_reading"] == "no change, as the paper"  # the paper's 4.91 against 4.92: one unit
+    # one printed unit (0.01 ppl, 0.1 BLEU) is the paper's "no change" (its E: 25.7 against 25.8); two are a change
+    assert got["E"]["paper_bleu_delta"] == -0.1 and got["E"]["dev_bleu_reading"] == "no change, as the paper"
+    assert table3.reading(0.1, (-0.2, 0.2), 0.0, 0.1) == "no change, as the paper"
+    assert table3.reading(0.5, (-0.2, 0.2), -0.01, 0.01) == "changes; the paper: none"
+    assert table3.reading(0.5, (-0.2, 0.2), -0.02, 0.01) == "against the paper"
     assert table3.readings(rows, table3.base_band([])) == []
 
 
