@@ -14,6 +14,7 @@ from transformer.checkpoint import (average_checkpoints, checkpoints_to_average,
                                     write_model)
 from transformer.config import Config, load_config
 from transformer.data import read_lines
+from transformer.errors import UserError
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
 from transformer.prepare import resolve_data_path
 from transformer.train import train
@@ -88,7 +89,11 @@ def train_or_resume(cfg: Config, out: Path, decode_only: bool = False) -> dict:
         return finished_summary(out)
     if decode_only:
         sys.exit(f"--decode-only: {out} holds no finished run to score")
-    return train(cfg, out, resume=bool(list_checkpoints(out)) if out.is_dir() else False)
+    try:
+        return train(cfg, out, resume=bool(list_checkpoints(out)) if out.is_dir() else False)
+    except UserError as e:  # as `transformer train` ends: one line, 143 after SIGTERM (its checkpoint written)
+        print(f"{e.label}: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 def config_key(cfg: Config) -> str:

@@ -5,8 +5,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +126,32 @@ def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path):
     assert second.stdout.count("read back") == 2 and "training into" not in second.stdout
     assert not (tmp_path / "runs").exists()
     assert json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))["rows"] == result["rows"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_row_in_one_line_and_running_again_resumes_it(multi30k: Path, tmp_path: Path):
+    src, tgt = write_slice(multi30k, tmp_path, "train", 0, 400)
+    args = [str(ROOT / "benchmarks" / "table3.py"), "--rows", "D3", "--factor", "32", "--updates", "100",
+            "--val-sentences", "4", "--threads", "1", "--results", str(tmp_path / "results"), "--runs",
+            str(tmp_path / "runs"), "--figure", str(tmp_path / "table3.png"), "--set", f'data.train_src="{src}"',
+            "--set", f'data.train_tgt="{tgt}"', "--set", "data.vocab_size=400", "--set", "train.log_every=1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
+    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "runs" / "table3" / "D3_seed1" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-2000:]
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("stopped: SIGTERM"), stderr[-2000:]
+    assert not (tmp_path / "results" / "table3" / "D3_seed1.json").exists()
+
+    again = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from step_" in again.stderr + again.stdout
+    assert json.loads((tmp_path / "results" / "table3" / "D3_seed1.json").read_text(encoding="utf-8"))["updates"] == 100
 
 
 def test_bad_requests_are_refused_by_name():
