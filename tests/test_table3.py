@@ -60,6 +60,10 @@ def test_rows_are_the_papers_scaled_by_one_factor():
         assert ours.model.norm == table3.NORM and ours.train.warmup_steps == table3.WARMUP
     assert table3.row_config("A1", 1, scale, [], None).model.head_dims == (128, 128)
     assert table3.row_config("D3", 1, scale, [], None).train.eps_ls == 0.0
+    # the rule's reasons are recorded for the rule only: a table at another scale does not claim them
+    assert table3.scale_why(table3.Scale()) == table3.SCALE_WHY
+    assert table3.scale_why(table3.Scale(factor=2)) != table3.SCALE_WHY
+    assert "--pilot" in table3.scale_why(table3.Scale(updates=3600))
 
 
 def test_each_variant_is_read_against_the_base_seeds_spread():
