@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import sys
@@ -83,6 +84,20 @@ SEARCH: dict[str, dict[str, dict[str, object]]] = {
                                "train.warmup_steps": 300, "train.max_minutes": 10}
         for ff, lr in ((512, 0.5), (512, 1.0), (512, 2.0), (256, 1.0), (256, 2.0))
     },
+}
+# Where each pair's choices were made: the val search above picks among candidates that an earlier,
+# test-scored sweep proposed, so the result files say which choices are which.
+HISTORY: dict[str, str] = {
+    "en_de": ("The candidates' settings (pre-norm, d_ff, the learning-rate multiplier and warmup) were first "
+              "found by a GPU sweep at this update budget that was scored on test2016; its scores were never "
+              "committed (only commit 2936c22's message summarises it). The dropout settings were judged on "
+              "test2016 too: dropout 0.3 was kept over 0.2, and attention and ReLU dropout of 0.1 were not "
+              "adopted (benchmarks/results/tried/). Made on val: the pick among the six candidates below, and "
+              "the decoding."),
+    "en_de_quick": ("The five candidates are the pre-norm settings of the GPU sweep that first picked this config "
+                    "on test2016 (scores never committed). Made on val: the pick among them, and the decoding."),
+    "en_fr": ("Two candidates: the earlier post-norm EN→FR recipe and the EN→DE recipe's settings (themselves "
+              "proposed by the test-scored EN→DE sweep). Made on val: the pick between them, and the decoding."),
 }
 # a key that some candidates set takes this value (the config's default) in the others
 DEFAULTS: dict[str, object] = {"data.subword_alpha": 0.0}
@@ -150,9 +165,19 @@ def main() -> None:
                         "(OUT/select_{pair}/NAME; default runs/)")
     parser.add_argument("--threads", type=int, help="torch threads for training (default: the recipe's); two "
                         "candidates at 1 thread each can share the 2 cores")
+    parser.add_argument("--markdown", action="store_true", help="train and score nothing: rewrite "
+                        "multi30k_PAIR.md, and the JSON's history, from the JSON already there (after a change "
+                        "to this script's text)")
     parser.add_argument("--decode-only", action="store_true", help="never train: score the finished runs under "
                         "--out again (after a change to decoding); a candidate without one is an error")
     args = parser.parse_args()
+    if args.markdown:
+        path = RESULTS / f"multi30k_{args.pair}.json"
+        if not path.is_file():
+            sys.exit(f"--markdown: {path} does not exist; run the benchmark first")
+        result = json.loads(path.read_text(encoding="utf-8")) | {"history": HISTORY[args.pair]}
+        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        return write_markdown(result)
     config = ROOT / "configs" / f"multi30k_{args.pair}.toml"
     search = SEARCH[args.pair]
     names = list(search) if not args.only else args.only.split(",")
@@ -206,7 +231,7 @@ def main() -> None:
     result = {
         "pair": args.pair, "tok_lc_bleu": final["tok_lc_bleu"], "sacrebleu": final["sacrebleu"],
         "sacrebleu_signature": final["signature"], "chrf": final["chrf"], "selected_on": "val",
-        "picked": picked["name"], "val_tok_lc_bleu": picked["val_tok_lc_bleu"],
+        "picked": picked["name"], "val_tok_lc_bleu": picked["val_tok_lc_bleu"], "history": HISTORY[args.pair],
         "candidates": [{k: c[k] for k in ("name", "values", "val_tok_lc_bleu", "valid_ppl", "steps", "commit")}
                        for c in candidates],
         "decoding_candidates": decoding,
@@ -229,12 +254,41 @@ def main() -> None:
     print(json.dumps(result, indent=2))
 
 
+def margins(r: dict) -> str:
+    """The winning margins on val, read against the seed-to-seed spread of val BLEU that Table 3's base
+    seeds measured (benchmarks/results/table3.json): every candidate here is a single run of one seed."""
+    def margin(entries: list[dict]) -> tuple[float, float]:
+        first, second = sorted((e["val_tok_lc_bleu"] for e in entries), reverse=True)[:2]
+        return first, round(first - second, 2)
+
+    (best, lead), (dec_best, dec_lead) = margin(r["candidates"]), margin(r["decoding_candidates"])
+    table3 = RESULTS / "table3.json"
+    band = json.loads(table3.read_text(encoding="utf-8"))["base_band"]["dev_bleu"] if table3.is_file() else None
+    if band is None or "sd" not in band:
+        noise = "single runs of one seed, whose seed-to-seed spread was not measured at this setting"
+    else:
+        # two single runs' difference has s.d. s·√2; t(0.975, n−1) as the prediction interval of table3.py
+        from scipy.stats import t
+
+        n = len(json.loads(table3.read_text(encoding="utf-8"))["base_band"]["seeds"])
+        needed = round(t.ppf(0.975, n - 1) * band["sd"] * math.sqrt(2), 2)
+        verdict = "inside" if lead < needed else "outside"
+        noise = (f"single runs of one seed; Table 3's base, trained with {n} seeds on the same val set (a "
+                 f"shorter budget: the spread at this one was not measured), has a seed-to-seed s.d. of "
+                 f"{band['sd']} BLEU, so two single runs must differ by about {needed} to stand out: this margin "
+                 f"is {verdict} that noise")
+    return (f"The winning candidate leads the next by {lead} val BLEU ({best}): {noise}. The picked decoding "
+            f"leads the next by {dec_lead} ({dec_best}) on the same model's val translations"
+            + (": a tie." if dec_lead < 0.1 else "."))
+
+
 def write_markdown(r: dict) -> None:
     cands = "\n".join(f"| {c['name']} | {', '.join(f'{k}={v}' for k, v in c['values'].items())} | {c['steps']} | "
                       f"{c['valid_ppl']} | {c['val_tok_lc_bleu']} |" for c in r["candidates"])
     dec = "\n".join(f"| {c['average_last']} | {c['beam']} | {c['val_tok_lc_bleu']} |" for c in r["decoding_candidates"])
     curve = "\n".join(f"| {c['step']} | {c['minutes']} | {c['val_tok_lc_bleu']} |" for c in r["picked_val_curve"])
     src, tgt, *quick = r["pair"].split("_")
+    history = f"\n**How the choices were made.** {r['history']} {margins(r)}\n" if r.get("history") else ""
     pair = f"{src.upper()}→{tgt.upper()}" + (" (the quick start's 10-minute config)" if quick else "")
     (RESULTS / f"multi30k_{r['pair']}.md").write_text(f"""# Multi30k {pair}: recipe and decoding picked on val, test2016 scored once
 
@@ -249,7 +303,7 @@ sacrebleu {r['versions']['sacrebleu']}
 | chrF | {r['chrf']} |
 | training | `{r['config']}` as committed, {r['steps']} updates in {r['train_minutes']} min at {r['threads']} threads, timed, alone on the machine by protocol ({r['train_tokens_per_s']} target tokens/s) |
 | decoding | average of the last {r['averaged_checkpoints']} checkpoint(s), beam {r['beam']}, α {r['alpha']}: {r['translate_seconds']} s for {1000} sentences |
-
+{history}
 Recipe candidates, each trained from scratch with the same budget ({r['budget']}) and scored on val (tok.
 lc BLEU with the paper's decoding: average of the last 5, beam 4); the recipe is the best of them (a tie keeps the recipe):
 

@@ -34,6 +34,7 @@ import collections
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -63,7 +64,8 @@ PAPER: dict[str, tuple[float, float, int | None]] = {
     "big": (4.33, 26.4, 213),
 }
 ROWS = tuple(PAPER)
-BASE_SEEDS = (1, 2, 3)
+BASE_SEEDS = (1, 2, 3, 4, 5)
+LEVEL = 0.95  # the prediction interval every variant is read against (base_band)
 RECIPE = ROOT / "configs" / "multi30k_en_de.toml"  # the data and the vocabulary every row shares
 FACTOR = 4  # the paper's widths / 4: base d_model 128, the EN→DE recipe's width
 # DEVIATION(§6.2): 1,200 updates of 4,096 tokens per side (big 3,600), not 100K of 25K: what lets the
@@ -218,23 +220,34 @@ def collect(rows_dir: Path, scale: Scale, args: argparse.Namespace) -> tuple[lis
 
 
 def base_band(rows: list[dict]) -> dict:
-    """Mean and spread of the base seeds: what every other row's difference is read against."""
+    """The base seeds' mean and spread, and the prediction interval for one more run of a model no
+    better or worse than base: mean ± t(0.975, n−1) · s · √(1 + 1/n). Every variant is a single run, so
+    this, not the seeds' min–max (which a run with no real effect leaves half the time at n = 3), is the
+    band its difference from the base mean is read against; None for a metric with fewer than 2 seeds."""
+    from scipy.stats import t
+
     base = [r for r in rows if r["row"] == "base"]
-    out = {"seeds": [r["seed"] for r in base]}
+    out: dict = {"seeds": [r["seed"] for r in base], "level": LEVEL}
     for key in ("dev_ppl", "dev_bleu"):
         values = [r[key] for r in base]
-        out[key] = {"mean": round(statistics.fmean(values), 3), "min": min(values), "max": max(values)} if values else None
+        if len(values) < 2:
+            out[key] = None
+            continue
+        n, sd = len(values), statistics.stdev(values)
+        half = t.ppf(0.5 + LEVEL / 2, n - 1) * sd * math.sqrt(1 + 1 / n)
+        out[key] = {"mean": round(statistics.fmean(values), 3), "sd": round(sd, 3), "min": min(values),
+                    "max": max(values), "half_width": round(half, 3)}
     return out
 
 
-def reading(ours: float, band: tuple[float, float], paper: float, unit: float) -> str:
-    """How one row's change from base reads against the paper's change: a change inside the base
-    seeds' spread (band, as offsets from their mean) is noise; outside it, its sign is compared with
-    the paper's. The paper prints one run per row, rounded to `unit` (0.01 ppl, 0.1 BLEU): a change of
-    at most one unit is the paper's "no change" (its A3 at 4.91 against 4.92, its E at 25.7 against
-    25.8, which §6.2 calls "nearly identical")."""
+def reading(ours: float, half_width: float, paper: float, unit: float) -> str:
+    """How one row's change from the base mean reads against the paper's change: a change inside the
+    prediction interval (± half_width) is noise; outside it, its sign is compared with the paper's. The
+    paper prints one run per row, rounded to `unit` (0.01 ppl, 0.1 BLEU): a change of at most one unit
+    is the paper's "no change" (its A3 at 4.91 against 4.92, its E at 25.7 against 25.8, which §6.2
+    calls "nearly identical")."""
     paper_none = abs(paper) <= unit * 1.001
-    if band[0] <= ours <= band[1]:
+    if abs(ours) <= half_width:
         return "no change, as the paper" if paper_none else "inside the noise"
     if paper_none:
         return "changes; the paper: none"
@@ -243,7 +256,7 @@ def reading(ours: float, band: tuple[float, float], paper: float, unit: float) -
 
 def readings(rows: list[dict], band: dict) -> list[dict]:
     """Every variant's change from the base mean in dev perplexity and BLEU, ours beside the paper's
-    change from its base, each read against the base seeds' spread (reading)."""
+    change from its base, each read against the base's prediction interval (reading)."""
     if not band["dev_bleu"]:
         return []
     out = []
@@ -254,10 +267,16 @@ def readings(rows: list[dict], band: dict) -> list[dict]:
             mean, ours, paper = band[key]["mean"], row[key], row[paper_key]
             delta, paper_delta = round(ours - mean, 3), round(paper - paper_base, 3)
             entry[f"{key}_delta"], entry[f"paper_{key.removeprefix('dev_')}_delta"] = delta, paper_delta
-            entry[f"{key}_reading"] = reading(delta, (band[key]["min"] - mean, band[key]["max"] - mean), paper_delta,
-                                              unit)
+            entry[f"{key}_reading"] = reading(delta, band[key]["half_width"], paper_delta, unit)
         out.append(entry)
     return out
+
+
+def false_findings(rows: list[dict], band: dict) -> float:
+    """How many of the readings would fall outside the interval by chance alone if no variant changed
+    anything: each of the 2 metrics of each variant has a 1 − LEVEL chance (the comparisons share the
+    base mean, so the count scatters more than a binomial's, but its expectation is this)."""
+    return round(2 * sum(r["row"] != "base" for r in rows) * (1 - LEVEL), 2) if band["dev_bleu"] else 0.0
 
 
 def write_results(rows: list[dict], missing: list[str], scale: Scale, args: argparse.Namespace) -> dict:
@@ -269,7 +288,7 @@ def write_results(rows: list[dict], missing: list[str], scale: Scale, args: argp
     band = base_band(rows)
     result = {
         "rows": rows, "missing": missing, "complete": not missing, "base_band": band,
-        "readings": readings(rows, band), "pilot": pilot,
+        "readings": readings(rows, band), "expected_false_findings": false_findings(rows, band), "pilot": pilot,
         "scale": dataclasses.asdict(scale) | {"big_updates": scale.updates * BIG_TIMES, "why": scale_why(scale)},
         "tag": args.tag, "recipe": os.path.relpath(RECIPE, ROOT), "sets": args.set, "device": args.device,
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
@@ -278,6 +297,11 @@ def write_results(rows: list[dict], missing: list[str], scale: Scale, args: argp
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}"
                    + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""),
     }
+    previous = args.results / f"{args.tag}.json"
+    if args.tabulate and previous.is_file():  # where the rows were trained stays said; the command is this one
+        before = json.loads(previous.read_text(encoding="utf-8"))
+        result |= {key: before[key] for key in ("device", "versions", "machine") if key in before}
+        result["trained_by"] = before.get("trained_by", before["command"])
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / f"{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (args.results / f"{args.tag}.md").write_text(markdown(result), encoding="utf-8")
@@ -299,19 +323,16 @@ def markdown(r: dict) -> str:
                      f"{row['paper_bleu']} | {paper_params} | {h['d_model']}/{h['d_ff']}/{h['d_k']}/{h['d_v']} | "
                      f"{row['updates']} | **{row['dev_ppl']}** | **{row['dev_bleu']}** | {row['params'] / 1e6:.2f} |")
     band = r["base_band"]
-    noise = ("" if not band["dev_bleu"] else
-             f"Base over seeds {band['seeds']}: dev BLEU {band['dev_bleu']['min']}–{band['dev_bleu']['max']} (mean "
-             f"{band['dev_bleu']['mean']}), dev ppl {band['dev_ppl']['min']}–{band['dev_ppl']['max']}: differences "
-             "inside these ranges are noise.\n")
+    noise = "" if not band["dev_bleu"] else rule(r)
     diffs = "".join(f"| {d['row']} | {d['dev_ppl_delta']:+} | {d['paper_ppl_delta']:+} | {d['dev_ppl_reading']} | "
                     f"{d['dev_bleu_delta']:+} | {d['paper_bleu_delta']:+} | {d['dev_bleu_reading']} |\n"
                     for d in r["readings"])
     if diffs:
-        counts = collections.Counter(d["dev_bleu_reading"] for d in r["readings"])
-        diffs = ("\nEach variant against the base mean, beside the paper's change from its base; a change inside "
-                 "the base seeds' spread reads as noise, one outside it as the paper or against it by its sign; the "
-                 "paper's own change counts as none when it is at most its last printed digit (0.01 ppl, 0.1 BLEU). "
-                 "BLEU: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + ".\n\n"
+        counts = {key: collections.Counter(d[f"dev_{key}_reading"] for d in r["readings"]) for key in ("bleu", "ppl")}
+        diffs = ("\nEach variant against the base mean, beside the paper's change from its base; the paper's own "
+                 "change counts as none when it is at most its last printed digit (0.01 ppl, 0.1 BLEU). "
+                 + " ".join(f"{key.upper()}: " + ", ".join(f"{n} {k}" for k, n in sorted(c.items())) + "."
+                            for key, c in counts.items()) + "\n\n"
                  "| row | Δ PPL (ours) | Δ PPL (paper) | PPL reads | Δ BLEU (ours) | Δ BLEU (paper) | BLEU reads |\n"
                  "|---|---|---|---|---|---|---|\n" + diffs)
     s = r["scale"]
@@ -327,7 +348,7 @@ def markdown(r: dict) -> str:
 Every row is the paper's row with the widths (d_model, d_ff, d_k, d_v) divided by {s['factor']}, N, h,
 P_drop, ε_ls as the row says, {s['norm']}-norm, eq. (3) × {s['lr_scale']} with warmup {s['warmup']},
 {s['max_tokens']} tokens per side per update, {s['updates']} updates ({s['big_updates']} for big), seed 1
-(base: seeds {', '.join(map(str, BASE_SEEDS))}). Dev = Multi30k val ({sentences} sentences): per-piece
+(base: seeds {', '.join(map(str, r['base_band']['seeds']))}). Dev = Multi30k val ({sentences} sentences): per-piece
 perplexity without label smoothing, tokenized lowercased BLEU, beam 4, α 0.6, the last checkpoint (no
 averaging, as Table 3). The paper's dev set is newstest2013 with a 37k vocabulary: compare the
 differences between rows, not the absolute numbers.
@@ -341,9 +362,28 @@ Why this scale: {s['why']}
 {noise}{diffs}{missing}"""
 
 
+def rule(r: dict) -> str:
+    """The reading rule in words, with this table's numbers."""
+    band, n = r["base_band"], len(r["base_band"]["seeds"])
+    bleu, ppl = band["dev_bleu"], band["dev_ppl"]
+    seed1 = next((row for row in r["rows"] if row["row"] == "base" and row["seed"] == 1), None)
+    first = "" if seed1 is None else (
+        f" Every variant is trained with seed 1 (the same initialisation and batch order as base seed 1, which "
+        f"scored BLEU {seed1['dev_bleu']} and ppl {seed1['dev_ppl']}, {seed1['dev_bleu'] - bleu['mean']:+.2f} and "
+        f"{seed1['dev_ppl'] - ppl['mean']:+.3f} from the mean): a variant's difference carries that seed's luck too.")
+    return (f"**How a row is read.** Base over seeds {', '.join(map(str, band['seeds']))} (n = {n}): dev BLEU mean "
+            f"{bleu['mean']}, s.d. {bleu['sd']} (range {bleu['min']}–{bleu['max']}); dev ppl mean {ppl['mean']}, s.d. "
+            f"{ppl['sd']} (range {ppl['min']}–{ppl['max']}). Each variant is a single run, so its change from the base "
+            f"mean is a finding only outside the {band['level']:.0%} prediction interval for one more base run, mean ± "
+            f"t({0.5 + band['level'] / 2:.3f}, n−1) · s · √(1 + 1/n): ± {bleu['half_width']} BLEU, ± "
+            f"{ppl['half_width']} ppl. Were no variant to change anything, about {r['expected_false_findings']} of the "
+            f"{2 * len(r['readings'])} readings ({len(r['readings'])} rows × 2 metrics) would still fall outside by "
+            f"chance; a lone finding near the edge may be one of them.{first}\n")
+
+
 def draw(r: dict, path: Path) -> None:
-    """Each row's change from base in perplexity and BLEU, ours beside the paper's; the base seeds'
-    spread around their mean as a band."""
+    """Each row's change from base in perplexity and BLEU, ours beside the paper's; the base's
+    prediction interval (base_band) as a band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -357,8 +397,8 @@ def draw(r: dict, path: Path) -> None:
     y = range(len(rows))
     for ax, key, paper_key, label in ((axes[0], "dev_ppl", "paper_ppl", "Δ PPL (dev)"),
                                       (axes[1], "dev_bleu", "paper_bleu", "Δ BLEU (dev)")):
-        mean = band[key]["mean"]
-        ax.axvspan(band[key]["min"] - mean, band[key]["max"] - mean, color="0.85", label="base seeds' spread")
+        half = band[key]["half_width"]
+        ax.axvspan(-half, half, color="0.85", label=f"base's {band['level']:.0%} prediction interval")
         ax.barh([i - 0.2 for i in y], [row[f"{key}_delta"] for row in rows], height=0.4, label="ours", color="tab:blue")
         ax.barh([i + 0.2 for i in y], [row[f"{paper_key}_delta"] for row in rows], height=0.4, label="paper",
                 color="tab:orange")
@@ -420,6 +460,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=WARMUP, help=f"eq. (3)'s warmup for every row (default {WARMUP})")
     parser.add_argument("--base-seeds", type=int, default=len(BASE_SEEDS), choices=range(1, len(BASE_SEEDS) + 1),
                         help="how many of the base seeds to train (default all)")
+    parser.add_argument("--seeds", help="comma-separated base seeds this invocation trains (default: the first "
+                        "--base-seeds); lets two lanes train different base seeds at once")
     parser.add_argument("--val-sentences", type=int, help="score BLEU on the first N val sentences only (quick looks)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a config override for every row (e.g. data paths, train.precision)")
@@ -428,10 +470,12 @@ def main() -> None:
                         "TAG.md and the rows' files (TAG/) go")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs", help="where the run folders go (RUNS/TAG/ROW_seedS)")
     parser.add_argument("--figure", type=Path, help="the figure's path (default docs/TAG.png)")
+    parser.add_argument("--tabulate", action="store_true", help="train nothing: write TAG.json, .md and the figure "
+                        "from the finished rows' files (a table trained on a GPU can be re-read on a CPU)")
     parser.add_argument("--pilot", action="store_true", help="the base row under post-norm and pre-norm at this "
                         "budget, every checkpoint scored on val: the evidence for NORM (TAG_pilot.json)")
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.tabulate:
         sys.exit(f"--device cuda: no CUDA GPU is visible to torch {torch.__version__}")
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # training takes a GPU when it sees one
@@ -444,9 +488,16 @@ def main() -> None:
         sys.exit(f"--rows: no row {', '.join(unknown)} in Table 3; rows: {', '.join(ROWS)}")
     scale = Scale(factor=args.factor, updates=args.updates, warmup=args.warmup)
     seeds = BASE_SEEDS[:args.base_seeds]
+    if args.seeds:
+        try:
+            seeds = tuple(int(s) for s in args.seeds.split(","))
+        except ValueError:
+            sys.exit(f"--seeds {args.seeds}: give comma-separated integers, e.g. 4,5")
+        if unknown := [s for s in seeds if s not in BASE_SEEDS[:args.base_seeds]]:
+            sys.exit(f"--seeds: {unknown} not among the table's base seeds {BASE_SEEDS[:args.base_seeds]}")
     rows_dir = args.results / args.tag
-    for row in rows:
-        for seed in (seeds if row == "base" else seeds[:1]):
+    for row in () if args.tabulate else rows:
+        for seed in (seeds if row == "base" else BASE_SEEDS[:1]):
             run_row(row, seed, scale, args.set, args, rows_dir)
     found, missing = collect(rows_dir, scale, args)
     if args.base_seeds < len(BASE_SEEDS):

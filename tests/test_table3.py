@@ -66,17 +66,24 @@ def test_rows_are_the_papers_scaled_by_one_factor():
     assert "--pilot" in table3.scale_why(table3.Scale(updates=3600))
 
 
-def test_each_variant_is_read_against_the_base_seeds_spread():
+def test_each_variant_is_read_against_the_base_prediction_interval():
     band = table3.base_band([{"row": "base", "seed": s, "dev_ppl": p, "dev_bleu": b}
                              for s, p, b in ((1, 8.0, 33.0), (2, 8.2, 33.4), (3, 8.4, 32.6))])
-    assert band["dev_bleu"] == {"mean": 33.0, "min": 32.6, "max": 33.4}
-    rows = [{"row": "A1", "dev_ppl": 8.9, "dev_bleu": 32.0, "paper_ppl": 5.29, "paper_bleu": 24.9},   # as the paper
-            {"row": "C1", "dev_ppl": 7.5, "dev_bleu": 34.5, "paper_ppl": 6.11, "paper_bleu": 23.7},   # against it
+    # mean 33.0, s 0.4, n 3: t(0.975, 2) = 4.303 (a t table), so ± 4.303 · 0.4 · √(4/3) = ± 1.987
+    assert band["dev_bleu"] == {"mean": 33.0, "sd": 0.4, "min": 32.6, "max": 33.4, "half_width": 1.987}
+    assert band["dev_ppl"]["half_width"] == 0.994 and band["level"] == 0.95
+    # the issue's own figure: s.d. 0.47 BLEU over five seeds needs about ± 1.4 to stand out
+    five = table3.base_band([{"row": "base", "seed": s, "dev_ppl": 8.0, "dev_bleu": 33.0 + d}
+                             for s, d in enumerate((-0.47 * 2 ** 0.5, 0, 0, 0, 0.47 * 2 ** 0.5))])
+    assert five["dev_bleu"]["sd"] == 0.47 and 1.42 <= five["dev_bleu"]["half_width"] <= 1.44
+    rows = [{"row": "A1", "dev_ppl": 9.3, "dev_bleu": 30.9, "paper_ppl": 5.29, "paper_bleu": 24.9},   # as the paper
+            {"row": "C1", "dev_ppl": 7.1, "dev_bleu": 35.5, "paper_ppl": 6.11, "paper_bleu": 23.7},   # against it
             {"row": "E", "dev_ppl": 8.3, "dev_bleu": 33.3, "paper_ppl": 4.92, "paper_bleu": 25.7},    # paper: ~none
             {"row": "A3", "dev_ppl": 8.1, "dev_bleu": 35.0, "paper_ppl": 4.91, "paper_bleu": 25.8},   # paper: no change
-            {"row": "A2", "dev_ppl": 8.3, "dev_bleu": 33.2, "paper_ppl": 5.00, "paper_bleu": 25.5}]  # noise
+            {"row": "A2", "dev_ppl": 8.9, "dev_bleu": 31.5, "paper_ppl": 5.00, "paper_bleu": 25.5}]  # outside the
+    # seeds' range (32.6-33.4, 8.0-8.4) but inside the interval: noise
     got = {r["row"]: r for r in table3.readings(rows, band)}
-    assert got["A1"]["dev_bleu_delta"] == -1.0 and got["A1"]["paper_bleu_delta"] == -0.9
+    assert got["A1"]["dev_bleu_delta"] == -2.1 and got["A1"]["paper_bleu_delta"] == -0.9
     assert got["A1"]["dev_bleu_reading"] == got["A1"]["dev_ppl_reading"] == "as the paper"
     assert got["C1"]["dev_bleu_reading"] == got["C1"]["dev_ppl_reading"] == "against the paper"
     assert got["A2"]["dev_bleu_reading"] == got["A2"]["dev_ppl_reading"] == "inside the noise"
@@ -85,10 +92,13 @@ def test_each_variant_is_read_against_the_base_seeds_spread():
     assert got["A3"]["dev_ppl_reading"] == "no change, as the paper"  # the paper's 4.91 against 4.92: one unit
     # one printed unit (0.01 ppl, 0.1 BLEU) is the paper's "no change" (its E: 25.7 against 25.8); two are a change
     assert got["E"]["paper_bleu_delta"] == -0.1 and got["E"]["dev_bleu_reading"] == "no change, as the paper"
-    assert table3.reading(0.1, (-0.2, 0.2), 0.0, 0.1) == "no change, as the paper"
-    assert table3.reading(0.5, (-0.2, 0.2), -0.01, 0.01) == "changes; the paper: none"
-    assert table3.reading(0.5, (-0.2, 0.2), -0.02, 0.01) == "against the paper"
+    assert table3.reading(0.1, 0.2, 0.0, 0.1) == "no change, as the paper"
+    assert table3.reading(0.5, 0.2, -0.01, 0.01) == "changes; the paper: none"
+    assert table3.reading(0.5, 0.2, -0.02, 0.01) == "against the paper"
+    assert table3.false_findings(rows, band) == 0.5  # 5 rows × 2 metrics × 5%
     assert table3.readings(rows, table3.base_band([])) == []
+    one = table3.base_band([{"row": "base", "seed": 1, "dev_ppl": 8.0, "dev_bleu": 33.0}])
+    assert one["dev_bleu"] is None and table3.readings(rows, one) == []  # one seed has no spread to read by
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
@@ -100,34 +110,36 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path):
     src, tgt = write_slice(multi30k, tmp_path, "train", 0, 400)
-    args = ["--rows", "base,D3", "--factor", "32", "--updates", "6", "--base-seeds", "1", "--val-sentences", "8",
+    args = ["--rows", "base,D3", "--factor", "32", "--updates", "6", "--base-seeds", "2", "--val-sentences", "8",
             "--threads", "1", "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"),
             "--figure", str(tmp_path / "table3.png"), "--set", f'data.train_src="{src}"',
             "--set", f'data.train_tgt="{tgt}"', "--set", "data.vocab_size=400"]
     first = run_script(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     result = json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))
-    assert [(r["row"], r["seed"]) for r in result["rows"]] == [("base", 1), ("D3", 1)]
+    assert [(r["row"], r["seed"]) for r in result["rows"]] == [("base", 1), ("base", 2), ("D3", 1)]
     for row in result["rows"]:
         for key in ("params", "paper_params", "updates", "dev_ppl", "dev_bleu", "paper_ppl", "paper_bleu", "seed",
                     "hyperparameters"):
             assert key in row, key
         assert row["updates"] == 6 and row["dev_ppl"] > 1 and 0 <= row["dev_bleu"] <= 100
         assert row["hyperparameters"]["d_model"] == 16 and row["paper_hyperparameters"]["d_model"] == 512
-    base, d3 = result["rows"]
+    base, base2, d3 = result["rows"]
     assert (base["paper_ppl"], base["paper_bleu"], base["paper_params"]) == (4.92, 25.8, 65_000_000)
     assert d3["hyperparameters"]["eps_ls"] == 0.0 and d3["paper_params"] is None
-    assert not result["complete"] and "A1_seed1" in result["missing"] and "base_seed2" not in result["missing"]
+    assert not result["complete"] and "A1_seed1" in result["missing"] and "base_seed3" not in result["missing"]
     assert (tmp_path / "table3.png").stat().st_size > 0
     assert [d["row"] for d in result["readings"]] == ["D3"]
-    assert result["readings"][0]["dev_bleu_delta"] == round(d3["dev_bleu"] - base["dev_bleu"], 3)
+    mean = round((base["dev_bleu"] + base2["dev_bleu"]) / 2, 3)
+    assert result["readings"][0]["dev_bleu_delta"] == round(d3["dev_bleu"] - mean, 3)
+    assert result["base_band"]["dev_bleu"]["half_width"] >= 0 and result["expected_false_findings"] == 0.1
     md = (tmp_path / "results" / "table3.md").read_text(encoding="utf-8")
     assert "| D3 | 1 |" in md and "| D3 | " + f"{result['readings'][0]['dev_ppl_delta']:+}" in md
 
     shutil.rmtree(tmp_path / "runs")  # a second run must not need them: finished rows are read back
     second = run_script(*args)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert second.stdout.count("read back") == 2 and "training into" not in second.stdout
+    assert second.stdout.count("read back") == 3 and "training into" not in second.stdout
     assert not (tmp_path / "runs").exists()
     assert json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))["rows"] == result["rows"]
 
