@@ -31,6 +31,13 @@ def git(*args: str) -> str:
         return ""
 
 
+def code_state() -> dict:
+    """The code a benchmark runs, read when it starts: the commit, and the uncommitted changes to the
+    package, the benchmarks and the configs (changes to docs or results do not change what ran)."""
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "uncommitted": git("status", "--porcelain", "--", "transformer", "benchmarks/*.py", "configs").splitlines()}
+
+
 def recipe_run(pair: str = "en_de") -> Path:
     """The run folder of the Multi30k recipe as committed (step 3 of benchmarks/multi30k.py, named in its
     result file): the model the other benchmarks measure as the one users train."""

@@ -34,7 +34,7 @@ from transformer.export import export_ctranslate2
 from transformer.prepare import resolve_data_path
 from transformer.tokenizer import Tokenizer
 
-from common import ROOT, git
+from common import ROOT, code_state
 from speed import DECODE, cpu_model, log, worker
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -117,14 +117,14 @@ def main() -> None:
     if not list_checkpoints(args.run):
         sys.exit(f"--run {args.run}: no checkpoint there")
     args.work.mkdir(parents=True, exist_ok=True)
+    code = code_state()
     runs = measure(args.run, args.b1_sentences, args.repeat, args.work)
     ratio = {b: round(runs[f"{b}_int8_b1"]["sents_per_s"] / runs[f"{b}_float32_b1"]["sents_per_s"], 2)
              for b in BACKENDS}
     result = {"runs": runs, "int8_over_fp32_b1": ratio, "run": os.path.relpath(args.run.resolve(), ROOT),
               "sentences": runs["picked_float32_b64"]["sentences"], "b1_sentences": args.b1_sentences,
               "repeat": args.repeat, "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-              "commit": git("rev-parse", "--short", "HEAD"),
-              "uncommitted": git("status", "--porcelain", "--untracked-files=no").splitlines(),
+              **code,
               "date": datetime.date.today().isoformat(), "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
               "cpu_model": cpu_model(), "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                                      "ctranslate2": ctranslate2.__version__}}

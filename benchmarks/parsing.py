@@ -31,7 +31,7 @@ from transformer.translator import Translator
 from transformer.evaluate import score_trees
 from transformer.trees import delinearize, read_trees
 
-from common import train_or_reread, weight_candidates
+from common import code_state, train_or_reread, weight_candidates
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -58,6 +58,7 @@ def main() -> None:
     parser.add_argument("--decode-only", action="store_true", help="do not train: pick and score the checkpoints "
                         "of the finished run in --out again (after a change to decoding or tree repair)")
     args = parser.parse_args()
+    code = code_state()
     config = ROOT / "configs" / "ptb_sample_parse.toml"
     cfg, summary, overrides = train_or_reread(config, args.out, args.set, args.minutes, args.decode_only)
     d = cfg.data
@@ -85,7 +86,8 @@ def main() -> None:
         "scoring": "EVALB COLLINS.prm rules (transformer/evaluate.py): labelled brackets, punctuation by gold tag "
                    "removed, ADVP = PRT, POS nodes not counted, micro-averaged",
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-        "config": str(config.relative_to(ROOT)), "overrides": overrides, "date": datetime.date.today().isoformat(),
+        "config": str(config.relative_to(ROOT)), "overrides": overrides, **code,
+        "date": datetime.date.today().isoformat(),
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     }
@@ -95,7 +97,7 @@ def main() -> None:
                          for name, v in dev.items())
     (RESULTS / "parsing.md").write_text(f"""# Constituency parsing, Penn Treebank WSJ sample (§6.3)
 
-`{result['command']}` — {result['date']}, {result['machine']}; torch {torch.__version__}
+`{result['command']}` — {result['date']}, commit {result['commit']}{' (with uncommitted changes)' if result['uncommitted'] else ''}, {result['machine']}; torch {torch.__version__}
 
 Trained on wsj_0001-0159 for {result['train_minutes']} min ({result['steps']} steps); picked on
 wsj_0160-0174 ({picked}); tested on wsj_0175-0189. Beam {cfg.decode.beam_size}, α {cfg.decode.alpha},

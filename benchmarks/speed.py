@@ -69,7 +69,7 @@ from transformer.model import flops_per_token, sinusoidal_positions
 from transformer.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from transformer.train import train
 
-from common import ROOT, git, recipe_run
+from common import ROOT, code_state, recipe_run
 
 HERE = Path(__file__).resolve().parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -408,9 +408,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     work = args.run / "speed"
-    result: dict = {"date": datetime.date.today().isoformat(),
-                    "commit": git("rev-parse", "--short", "HEAD"),
-                    "uncommitted": git("status", "--porcelain", "--untracked-files=no").splitlines(),
+    result: dict = {"date": datetime.date.today().isoformat(), **code_state(),
                     "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
                     "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, 2 threads", "cpu_model": cpu_model(),
                     "process_settings": {**PROCESS_ENV, "flush_denormal": "ours, fairseq (Python processes)"},
