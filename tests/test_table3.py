@@ -143,6 +143,13 @@ def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path):
     assert not (tmp_path / "runs").exists()
     assert json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))["rows"] == result["rows"]
 
+    # --tabulate trains nothing and keeps saying where the rows were trained
+    tabulated = run_script(*args, "--tabulate", "--rows", "A1")
+    assert tabulated.returncode == 0 and "training into" not in tabulated.stdout, tabulated.stderr[-3000:]
+    table = json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))
+    assert table["rows"] == result["rows"] and table["trained_by"] == result["command"]
+    assert "--tabulate" in table["command"] and not (tmp_path / "runs").exists()
+
 
 @pytest.mark.slow
 def test_sigterm_stops_a_row_in_one_line_and_running_again_resumes_it(multi30k: Path, tmp_path: Path):
