@@ -75,7 +75,7 @@ def test_tokenization_matches_multi30k_files(split: str, lang: str) -> None:
     mismatches = [(i, a, b) for i, (a, b) in enumerate(zip(mine, tok)) if a != b]
     assert not mismatches, mismatches[:3]
     if split == "test_2016_flickr" and lang == "de":
-        assert sum(len(t.split()) for t in tok) == 12_103  # the README's reference length
+        assert sum(len(t.split()) for t in tok) == 12_103  # Wu et al.'s reflen (benchmarks/results/published.json)
         assert tok_lc_bleu(raw, tok, lang) == pytest.approx(100.0)
         assert tok_lc_bleu(raw[1:] + raw[:1], tok, lang) < 5  # misaligned lines score near zero
 

@@ -118,8 +118,9 @@ NASTY = nasty_lines()
 def test_a_fixed_corpus_of_nasty_lines_translates_line_for_line(fuzz_translator, ledger):
     for start in range(0, len(NASTY), 64):
         inputs = NASTY[start: start + 64]
-        outputs = fuzz_translator.translate(inputs, beam_size=2)
-        assert ledger.outputs(inputs, outputs) == 0 and len(outputs) == len(inputs)
+        with ledger.translation(inputs) as outputs:
+            outputs.extend(fuzz_translator.translate(inputs, beam_size=2))
+        assert len(outputs) == len(inputs)
         assert all("\n" not in o for o in outputs)
         assert all(o == "" for t, o in zip(inputs, outputs) if not t.strip())
 
@@ -134,8 +135,9 @@ LINES = st.lists(st.one_of(TEXT, st.sampled_from(["", "   ", "🙂🙂 👍", "�
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(LINES)
 def test_translation_never_loses_or_reorders_a_line(fuzz_translator, ledger, inputs):
-    outputs = fuzz_translator.translate(inputs, beam_size=2)
-    assert ledger.outputs(inputs, outputs) == 0 and len(outputs) == len(inputs)
+    with ledger.translation(inputs) as outputs:
+        outputs.extend(fuzz_translator.translate(inputs, beam_size=2))
+    assert len(outputs) == len(inputs)
     assert all("\n" not in o for o in outputs)  # one output line per input line
     for text, out in zip(inputs, outputs):
         if not text.strip():
@@ -153,11 +155,11 @@ def test_a_sentence_longer_than_any_seen_in_training_still_decodes(fuzz_translat
 def test_translate_command_keeps_every_line(tmp_path, fuzz_run, ledger):
     inputs = ["a dog .", "", "\u2028 odd \x85 separators", "🙂", "x" * 300, "last line"]
     path = write(tmp_path / "in.txt", lines(inputs))
-    proc = subprocess.run([sys.executable, "-m", "transformer", "translate", str(fuzz_run),
-                           "--input", str(path), "--beam", "2"], env=ENV, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-1500:]
-    out = proc.stdout.split("\n")
-    assert out[-1] == ""
-    assert ledger.outputs(inputs, out[:-1], hostile=False) == 0 and len(out) - 1 == len(inputs)
+    with ledger.translation(inputs, hostile=False) as out:  # a failed run, or output cut mid-line: all lost
+        proc = subprocess.run([sys.executable, "-m", "transformer", "translate", str(fuzz_run),
+                               "--input", str(path), "--beam", "2"], env=ENV, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0 and proc.stdout.endswith("\n"), proc.stderr[-1500:]
+        out.extend(proc.stdout.split("\n")[:-1])
+    assert len(out) == len(inputs)
     assert out[1] == ""

@@ -1,5 +1,6 @@
 """Nothing lost, nothing let in: training, checkpoints and model files under real damage."""
 
+import contextlib
 import json
 import os
 import pickle
@@ -8,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.reliability.conftest import Ledger
 from transformer.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, write_model
 from transformer.config import load_config
 from transformer.train import TrainError, train
@@ -75,67 +78,67 @@ sys.exit(main(argv))
 KINDS = {"step": "SIGKILL during a training step", "write": "SIGKILL inside a checkpoint write"}
 
 
-def kill_and_resume(tmp_path: Path, run: Path, ov: list[str], rng: random.Random, nth: tuple[int, int],
-                    killed) -> None:
+@contextlib.contextmanager
+def killed_and_resumed(tmp_path: Path, run: Path, ov: list[str], rng: random.Random, nth: tuple[int, int],
+                       ledger: Ledger) -> Iterator[list[int]]:
     """Trains ``run`` with --resume under KILLER up to four times, each dying at a random moment (a
-    step, or inside a checkpoint write; the nth such call, nth drawn from the range), calling
-    ``killed(mode)`` after each death; then once more without it if it never finished."""
+    step, or inside a checkpoint write; the nth such call, nth drawn from the range), then once more
+    without it if it never finished. Each death is a fault of its kind, open until the block ends:
+    survived only if every later resume and every check in the block pass. A run under KILLER that
+    exits otherwise (a crash) is a fault not survived. Yields the partial checkpoints found after each kill."""
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     argv = ["train", "tiny", "--out", str(run), "--quiet", "--resume", *sets(ov)]
-    for attempt in range(4):
-        mode = rng.choice(["step", "write"])
-        proc = subprocess.run([sys.executable, str(script), mode, str(rng.randint(*nth)), *argv], env=ENV,
-                              capture_output=True, text=True, timeout=300)
-        if proc.returncode == 0:
-            return
-        assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-        killed(mode)
-    proc = subprocess.run([sys.executable, "-m", "transformer", *argv], env=ENV, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    partial: list[int] = []
+    with contextlib.ExitStack() as faults:
+        for _ in range(4):
+            mode = rng.choice(["step", "write"])
+            proc = subprocess.run([sys.executable, str(script), mode, str(rng.randint(*nth)), *argv], env=ENV,
+                                  capture_output=True, text=True, timeout=300)
+            if proc.returncode == 0:
+                break
+            faults.enter_context(ledger.damage(KINDS[mode]))
+            assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+            partial.append(ledger.checkpoints(run))
+        else:
+            proc = subprocess.run([sys.executable, "-m", "transformer", *argv], env=ENV, capture_output=True,
+                                  text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+        yield partial
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_sigkill_at_random_moments_then_resume_is_bit_exact(tmp_path, overrides, seed, ledger):
+    """Each kill survived: nothing partial on disk after it or at the end, and the run ends bit-exact."""
     ov = overrides + ["train.max_steps=12", "train.save_every=3", "train.keep_last=10"]
     reference = tmp_path / "reference"
     train(load_config("tiny", ov), reference, quiet=True)
     run = tmp_path / "run"
-    kills = []  # (kind, partial checkpoints found on disk after that kill)
-    kill_and_resume(tmp_path, run, ov, random.Random(seed), (1, 7),
-                    lambda mode: kills.append((KINDS[mode], ledger.checkpoints(run))))
-    partial_at_end = ledger.checkpoints(run)
-    final = load_checkpoint(list_checkpoints(run)[-1])
-    exact = final.meta["train_state"]["step"] == 12 and bit_equal(final.weights, weights(reference))
-    for kind, partial in kills:  # survived: nothing partial after it, and the run still ends bit-exact
-        ledger.fault(kind, partial == 0 and partial_at_end == 0 and exact)
-    assert [p for _, p in kills] == [0] * len(kills) and partial_at_end == 0
-    assert final.meta["train_state"]["step"] == 12
-    assert_bit_equal(final.weights, weights(reference))
+    with killed_and_resumed(tmp_path, run, ov, random.Random(seed), (1, 7), ledger) as partial:
+        assert partial == [0] * len(partial) and ledger.checkpoints(run) == 0
+        final = load_checkpoint(list_checkpoints(run)[-1])
+        assert final.meta["train_state"]["step"] == 12
+        assert_bit_equal(final.weights, weights(reference))
 
 
-def test_keep_best_survives_sigkill_and_resume(tmp_path, overrides):
+def test_keep_best_survives_sigkill_and_resume(tmp_path, overrides, ledger):
     """SIGKILL (in a step, or inside a write: best.safetensors is written the same way) and resume, four
     times: the best weights, their record and the patience count equal an uninterrupted run's."""
     ov = overrides + ["train.max_steps=12", "train.save_every=3", "train.keep_last=10", 'train.keep_best="valid_loss"',
                       "train.eval_every=2", "train.patience=100"]
     reference = tmp_path / "reference"
     train(load_config("tiny", ov), reference, quiet=True)
-    run, kills = tmp_path / "run", []
-    kill_and_resume(tmp_path, run, ov, random.Random(5), (2, 8), kills.append)
-    assert len(kills) >= 2 and (run / "best.safetensors").is_file()
-    ours, theirs = load_checkpoint(run / "best.safetensors"), load_checkpoint(reference / "best.safetensors")
-    assert ours.meta["best"] == theirs.meta["best"]
-    assert_bit_equal(ours.weights, theirs.weights)
-    assert json.loads((run / "summary.json").read_text())["best"] == json.loads((reference / "summary.json").read_text())["best"]
-    final = load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]
-    expected = load_checkpoint(list_checkpoints(reference)[-1]).meta["train_state"]
-    assert (final["best_step"], final["evals_since_best"]) == (expected["best_step"], expected["evals_since_best"])
-
-
-def bit_equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    run = tmp_path / "run"
+    with killed_and_resumed(tmp_path, run, ov, random.Random(5), (2, 8), ledger) as partial:
+        assert len(partial) >= 2 and partial == [0] * len(partial) and (run / "best.safetensors").is_file()
+        ours, theirs = load_checkpoint(run / "best.safetensors"), load_checkpoint(reference / "best.safetensors")
+        assert ours.meta["best"] == theirs.meta["best"]
+        assert_bit_equal(ours.weights, theirs.weights)
+        best = json.loads((run / "summary.json").read_text())["best"]
+        assert best == json.loads((reference / "summary.json").read_text())["best"]
+        final = load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]
+        expected = load_checkpoint(list_checkpoints(reference)[-1]).meta["train_state"]
+        assert (final["best_step"], final["evals_since_best"]) == (expected["best_step"], expected["evals_since_best"])
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -221,16 +224,14 @@ def test_pickle_files_are_refused_and_never_run(tmp_path, overrides, suffix, led
     proof = tmp_path / "pwned"
     evil = tmp_path / f"model{suffix}"
     evil.write_bytes(pickle.dumps({"weights": _WritesAFile(str(proof))}))
-    try:
-        Translator(run, evil)
-        message = None
-    except CheckpointError as e:
-        message = str(e)
-    proc = subprocess.run([sys.executable, "-m", "transformer", "translate", str(run), "--checkpoint", str(evil)],
-                          input="a dog\n", env=ENV, capture_output=True, text=True, timeout=120)
-    cli_refused = proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert ledger.foreign(evil, message is not None and cli_refused and not proof.exists())
-    assert evil.name in message or "model.json" in message
+    with ledger.foreign(evil):  # refused by the loader and by the command, and its code never ran
+        with pytest.raises(CheckpointError) as refused:
+            Translator(run, evil)
+        proc = subprocess.run([sys.executable, "-m", "transformer", "translate", str(run), "--checkpoint",
+                               str(evil)], input="a dog\n", env=ENV, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+        assert not proof.exists()
+    assert evil.name in str(refused.value) or "model.json" in str(refused.value)
 
 
 def test_safetensors_that_do_not_fit_the_config_are_refused(tmp_path, overrides, ledger):
@@ -241,12 +242,8 @@ def test_safetensors_that_do_not_fit_the_config_are_refused(tmp_path, overrides,
     wrong = dict(ckpt.weights)
     wrong["encoder.0.ffn.w1.weight"] = torch.zeros(3, 3)
     write_model(tmp_path / "wrong.safetensors", wrong, meta)
-    try:
+    with ledger.foreign(tmp_path / "wrong.safetensors"), pytest.raises(CheckpointError, match="do not fit the config"):
         Translator(run, tmp_path / "wrong.safetensors")
-        message = ""
-    except CheckpointError as e:
-        message = str(e)
-    assert ledger.foreign(tmp_path / "wrong.safetensors", "do not fit the config" in message), message
 
 
 FULL_DISK = """

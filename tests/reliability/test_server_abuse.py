@@ -26,6 +26,7 @@ pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
+from tests.reliability.conftest import rss_mib  # noqa: E402
 from tests.reliability.test_bad_input import LINES  # noqa: E402
 from transformer.data import read_lines  # noqa: E402
 from tests.conftest import start_server  # noqa: E402
@@ -50,16 +51,22 @@ def client(fuzz_translator: Translator) -> Iterator[TestClient]:
         yield c
 
 
+def answered(r: httpx.Response) -> list[str]:
+    """The translations in a server's answer; an error status or a malformed body raises, so that every
+    line of the request counts as lost."""
+    assert r.status_code == 200 and isinstance(r.json().get("translations"), list), r.text
+    return r.json()["translations"]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(SENTENCES)
 def test_server_never_loses_or_reorders_a_sentence(client, fuzz_translator, ledger, texts):
     """The documented contract: one translation per sentence, in order; a sentence's whitespace runs
     (newlines included) count as one space, so it is what `translate` gives for that one line, and a
     blank sentence gives an empty translation."""
-    r = client.post("/v1/translate", json={"text": texts, "beam": BEAM})
-    assert r.status_code == 200, r.text
-    translations = r.json()["translations"]
-    assert ledger.outputs(texts, translations) == 0 and len(translations) == len(texts)
+    with ledger.translation(texts) as translations:
+        translations.extend(answered(client.post("/v1/translate", json={"text": texts, "beam": BEAM})))
+    assert len(translations) == len(texts)
     assert translations == fuzz_translator.translate([" ".join(t.split()) for t in texts], beam_size=BEAM)
     assert all(out == "" for t, out in zip(texts, translations) if not t.strip())
     assert all("\n" not in out for out in translations)
@@ -75,14 +82,6 @@ class Server:
     rss_before_mib: float
     probe: list[str]  # sentences whose translations must never change
     expected: list[str]
-
-
-def rss_mib(pid: int) -> float:
-    """Resident memory of a process, from Linux's /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import asyncio
 import json
 import resource
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,6 @@ import httpx
 import pytest
 import torch
 
-from tests.reliability.test_server_abuse import rss_mib
 from transformer.checkpoint import save_checkpoint
 from transformer.config import ServeLimits, load_config
 from transformer.model import Transformer
@@ -43,30 +41,6 @@ def base_run(tmp_path_factory, fuzz_run: Path) -> Path:
             "vocab_size": tokenizer.vocab_size, "train_state": {"step": 0, "elapsed_s": 0.0}}
     save_checkpoint(run, 0, model.state_dict(), {}, meta, keep_last=1)
     return run
-
-
-class RssPeak:
-    """Samples a process's resident memory every 20 ms while in use: the peak above where it started."""
-
-    def __init__(self, pid: int):
-        self.pid, self.start, self.peak, self.done = pid, rss_mib(pid), 0.0, threading.Event()
-
-    def __enter__(self) -> RssPeak:
-        def sample() -> None:
-            while not self.done.is_set():
-                self.peak = max(self.peak, rss_mib(self.pid))
-                time.sleep(0.02)
-        self.thread = threading.Thread(target=sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        self.thread.join()
-
-    @property
-    def growth(self) -> float:
-        return max(0.0, self.peak - self.start)
 
 
 def longest_allowed(tokenizer: Tokenizer, word: str, pieces: int) -> str:
@@ -106,21 +80,21 @@ def test_worst_case_attention_requests_cost_a_bounded_amount(base_run, ledger):
                 normal = await http.post("/v1/translate", json={"text": ["a a a"]})
                 return await asyncio.gather(*attention), normal
 
-        with ledger.damage("20 concurrent worst-case attention requests (base model)"), RssPeak(proc.pid) as rss:
+        kind = "20 concurrent worst-case attention requests (base model)"
+        with ledger.server_damage(kind, proc, RSS_GROWTH_BOUND_MIB) as rss:  # and memory bounded, server alive
             responses, normal = asyncio.run(flood())
             statuses = [r.status_code for r in responses]
-            biggest = max(len(r.content) for r in responses if r.status_code == 200)
+            biggest = max((len(r.content) for r in responses if r.status_code == 200), default=0)
+            ledger.measure("attention_requests", len(responses), sum)
+            ledger.measure("attention_requests_shed_503", statuses.count(503), sum)
             ledger.measure("attention_worst_response_bytes", biggest)
-            ledger.measure("requests_shed_503", statuses.count(503), sum)
             assert set(statuses) <= {200, 503} and statuses.count(200) >= 2, statuses
             assert all(r.headers.get("retry-after") for r in responses if r.status_code == 503)
             assert normal.status_code == 200
             data = next(r.json() for r in responses if r.status_code == 200)
             assert data["shape"]["cross"] == [6, 8, cap, cap] and biggest <= ATTENTION_BYTES_BOUND
-        ledger.measure("server_peak_rss_growth_mb", rss.growth)
         print(f"attention: {statuses.count(200)} answered, {statuses.count(503)} shed, largest {biggest:,} bytes, "
               f"server RSS +{rss.growth:.0f} MiB at peak")
-        assert rss.growth < RSS_GROWTH_BOUND_MIB and proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(30)
@@ -152,20 +126,19 @@ def test_a_flood_of_requests_is_shed_at_once_and_nobody_waits_past_the_deadline(
         async def flood() -> list[tuple[int, float]]:
             return await asyncio.gather(*(post(port, body) for body in bodies))
 
-        with ledger.damage("1,000 translation requests at once"), RssPeak(proc.pid) as rss:
+        with ledger.server_damage("1,000 translation requests at once", proc, RSS_GROWTH_BOUND_MIB) as rss:
             results = asyncio.run(flood())
             shed = [t for status, t in results if status == 503]
             answered = [t for status, t in results if status == 200]
-            ledger.measure("requests_shed_503", len(shed), sum)
+            ledger.measure("flood_requests", len(results), sum)
+            ledger.measure("flood_requests_shed_503", len(shed), sum)
             assert len(shed) + len(answered) == 1000 and shed and answered
             assert max(shed) < 1.0 + deadline  # refused at once, or when their deadline passed
             assert sorted(shed)[len(shed) // 2] < 1.0  # most of them at once
             assert max(answered) < deadline + 10  # nobody answered long after the deadline
             assert httpx.post(url + "/v1/translate", json={"text": ["A dog."]}, timeout=60).status_code == 200
-        ledger.measure("server_peak_rss_growth_mb", rss.growth)
         print(f"flood: {len(answered)} answered (slowest {max(answered):.1f} s), {len(shed)} shed "
               f"(median {sorted(shed)[len(shed) // 2]:.2f} s), server RSS +{rss.growth:.0f} MiB at peak")
-        assert rss.growth < RSS_GROWTH_BOUND_MIB
     finally:
         proc.terminate()
         proc.wait(30)
