@@ -9,7 +9,8 @@ carries both). Weight packing (CT2_PACKED_GEMM) exists only under MKL. This scri
 same test2016 sentences with the run's weights exported to CTranslate2 fp32 and int8, at batch 64
 and batch 1, once with the backend CTranslate2 picks here and once with MKL forced, each in a warm
 process of its own with speed.py's process settings (speed_worker.py), and records the backend each
-process reported (CT2_VERBOSE=1) beside its sentences/s.
+process reported (CT2_VERBOSE=1) beside its sentences/s; and, with the backend it picks, batch 1 on
+one thread (intra_threads=1) against speed.py's two.
 
 Writes benchmarks/results/ct2_backend.json and .md. Run it alone on the machine.
 """
@@ -63,30 +64,31 @@ def measure(run: Path, b1: int, repeat: int, work: Path) -> dict:
         export_ctranslate2(run, models[q], last, None if q == "float32" else "int8", force=True, log=log)
     python = Path(sys.executable)
     runs = {}
-    for backend, env in BACKENDS.items():
-        for q, model in models.items():
-            for batch, n in ((64, len(sources)), (1, b1)):
-                name = f"{backend}_{q}_b{batch}"
-                saved = dict(os.environ)
-                os.environ.update({"CT2_VERBOSE": "1", **env})
-                try:
-                    r = worker((python, "speed_worker.py", "ctranslate2", {"model": str(model)}), name,
-                               {"batch": batch, "repeat": repeat, "sources": sources[:n]}, work)
-                finally:
-                    os.environ.clear()
-                    os.environ.update(saved)
-                logged = (work / f"worker_{name}_b{batch}_beam{DECODE['beam']}.log").read_text(encoding="utf-8")
-                runs[name] = {"backend": backend, "compute_type": q, "batch": batch, "sentences": n,
-                              "seconds": round(r["seconds"], 3), "sents_per_s": round(n / r["seconds"], 2),
-                              "reported": reported(logged)}
-                log(f"{name}: {runs[name]['sents_per_s']} sentences/s, {runs[name]['reported']}")
+    settings = [(backend, q, batch, 2) for backend in BACKENDS for q in models for batch in (64, 1)]
+    settings += [("picked", q, 1, 1) for q in models]  # the same search on one thread
+    for backend, q, batch, threads in settings:
+        env, model, n = BACKENDS[backend], models[q], len(sources) if batch == 64 else b1
+        name = f"{backend}_{q}_b{batch}" + ("_t1" if threads == 1 else "")
+        saved = dict(os.environ)
+        os.environ.update({"CT2_VERBOSE": "1", **env})
+        try:
+            r = worker((python, "speed_worker.py", "ctranslate2", {"model": str(model), "threads": threads}),
+                       name, {"batch": batch, "repeat": repeat, "sources": sources[:n]}, work)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        logged = (work / f"worker_{name}_b{batch}_beam{DECODE['beam']}.log").read_text(encoding="utf-8")
+        runs[name] = {"backend": backend, "compute_type": q, "batch": batch, "threads": threads, "sentences": n,
+                      "seconds": round(r["seconds"], 3), "sents_per_s": round(n / r["seconds"], 2),
+                      "reported": reported(logged)}
+        log(f"{name}: {runs[name]['sents_per_s']} sentences/s, {runs[name]['reported']}")
     return runs
 
 
 def markdown(r: dict) -> str:
     rows = "\n".join(f"| {v['backend']} | {v['reported'].get('SGEMM backend', '?')} / "
                      f"{v['reported'].get('GEMM_S8 backend', '?')} | {v['compute_type']} | {v['batch']} | "
-                     f"{v['sents_per_s']} |" for v in r["runs"].values())
+                     f"{v['threads']} | {v['sents_per_s']} |" for v in r["runs"].values())
     cpu = next(iter(r["runs"].values()))["reported"]
     return f"""# CTranslate2's CPU backend on this machine, fp32 and int8
 
@@ -98,12 +100,13 @@ def markdown(r: dict) -> str:
 CTranslate2 reports: CPU {cpu.get('CPU', '?')}, ISA {cpu.get('Selected ISA', '?')}, Intel MKL
 {cpu.get('Use Intel MKL', '?')} when it picks for itself.
 
-| backend | SGEMM / GEMM_S8 (as reported) | compute type | batch | sentences/s |
-|---|---|---|---|---|
+| backend | SGEMM / GEMM_S8 (as reported) | compute type | batch | threads | sentences/s |
+|---|---|---|---|---|---|
 {rows}
 
 int8 ÷ fp32 at batch 1: {r['int8_over_fp32_b1']['picked']} with the backend CTranslate2 picks here,
-{r['int8_over_fp32_b1']['mkl_forced']} with MKL forced.
+{r['int8_over_fp32_b1']['mkl_forced']} with MKL forced, {r['int8_over_fp32_b1']['picked_one_thread']} on one thread.
+int8 at batch 1, one thread ÷ two: {r['int8_b1_one_over_two_threads']}.
 """
 
 
@@ -119,9 +122,13 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     code = code_state()
     runs = measure(args.run, args.b1_sentences, args.repeat, args.work)
-    ratio = {b: round(runs[f"{b}_int8_b1"]["sents_per_s"] / runs[f"{b}_float32_b1"]["sents_per_s"], 2)
-             for b in BACKENDS}
-    result = {"runs": runs, "int8_over_fp32_b1": ratio, "run": os.path.relpath(args.run.resolve(), ROOT),
+    def rate(name: str) -> float:
+        return runs[name]["sents_per_s"]
+
+    ratio = {b: round(rate(f"{b}_int8_b1") / rate(f"{b}_float32_b1"), 2) for b in BACKENDS}
+    ratio["picked_one_thread"] = round(rate("picked_int8_b1_t1") / rate("picked_float32_b1_t1"), 2)
+    result = {"runs": runs, "int8_over_fp32_b1": ratio,
+              "int8_b1_one_over_two_threads": round(rate("picked_int8_b1_t1") / rate("picked_int8_b1"), 1), "run": os.path.relpath(args.run.resolve(), ROOT),
               "sentences": runs["picked_float32_b64"]["sentences"], "b1_sentences": args.b1_sentences,
               "repeat": args.repeat, "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
               **code,

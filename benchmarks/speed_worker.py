@@ -59,7 +59,7 @@ def ours(job: dict, int8: bool) -> tuple[float, list[list[str]]]:
 def ctranslate2(job: dict) -> tuple[float, list[list[str]]]:
     import ctranslate2
 
-    engine = ctranslate2.Translator(job["model"], device="cpu", intra_threads=2, inter_threads=1)
+    engine = ctranslate2.Translator(job["model"], device="cpu", intra_threads=job.get("threads", 2), inter_threads=1)
     sources, batch = job["sources"], job["batch"]
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # length-sorted batches, as ours
     chunks = [order[i:i + batch] for i in range(0, len(order), batch)]
