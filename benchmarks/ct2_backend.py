@@ -128,7 +128,8 @@ def main() -> None:
     ratio = {b: round(rate(f"{b}_int8_b1") / rate(f"{b}_float32_b1"), 2) for b in BACKENDS}
     ratio["picked_one_thread"] = round(rate("picked_int8_b1_t1") / rate("picked_float32_b1_t1"), 2)
     result = {"runs": runs, "int8_over_fp32_b1": ratio,
-              "int8_b1_one_over_two_threads": round(rate("picked_int8_b1_t1") / rate("picked_int8_b1"), 1), "run": os.path.relpath(args.run.resolve(), ROOT),
+              "int8_b1_one_over_two_threads": round(rate("picked_int8_b1_t1") / rate("picked_int8_b1"), 1),
+              "run": os.path.relpath(args.run.resolve(), ROOT),
               "sentences": runs["picked_float32_b64"]["sentences"], "b1_sentences": args.b1_sentences,
               "repeat": args.repeat, "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
               **code,

@@ -405,7 +405,12 @@ def main() -> None:
     parser.add_argument("--user-run", type=Path, help="the EN→DE recipe's run folder (default: the recipe's "
                         "own run of benchmarks/multi30k.py, as multi30k_en_de.json names it)")
     parser.add_argument("--no-peers", action="store_true", help="measure ours and CTranslate2 only (no fairseq)")
+    parser.add_argument("--markdown", action="store_true", help="measure nothing: rewrite speed.md from speed.json "
+                        "(and ct2_backend.json, when there) after a change to this script's text")
     args = parser.parse_args()
+    if args.markdown:
+        return (RESULTS / "speed.md").write_text(markdown(json.loads((RESULTS / "speed.json").read_text(
+            encoding="utf-8"))), encoding="utf-8")
     torch.set_num_threads(2)
     work = args.run / "speed"
     result: dict = {"date": datetime.date.today().isoformat(), **code_state(),
@@ -520,7 +525,7 @@ def markdown(r: dict) -> str:
     user_rows = "\n".join(f"| {name} | {s['median']} ({s['min']}–{s['max']}) |" for name, s in u["seconds"].items())
     return f"""# Speed: ours vs fairseq and CTranslate2 (bench-small, Multi30k EN→DE, CPU)
 
-`{r['command']}` — {r['date']}, {r['machine']}, {r['cpu_model']}; torch {r['versions']['torch']},
+`{r['command']}` — {r['date']}, commit {r.get('commit', '–')}, {r['machine']}, {r['cpu_model']}; torch {r['versions']['torch']},
 fairseq {r['versions'].get('fairseq', '–')} (torch {r['versions'].get('fairseq_torch', '–')}), CTranslate2
 {r['versions']['ctranslate2']}. fp32 matmul peak {r['matmul_peak_gflops']} GFLOP/s;
 {r['flops_per_tgt_token'] / 1e6:.2f} MFLOP per target token. Every measured process had
@@ -564,6 +569,27 @@ script: sentencepiece, `translate_batch` with beam 4, length penalty 0.6, batche
 {user_rows}
 
 BLEU {json.dumps(u['bleu'])}; ours ÷ CTranslate2 (sentences/s): {json.dumps(u['ratios'])}.
+{ct2_threads()}"""
+
+
+def ct2_threads() -> str:
+    """What ct2_backend.py found about CTranslate2's int8 at batch 1, when it has run: the reason the
+    table's ctranslate2_int8_b1 is slow here."""
+    path = RESULTS / "ct2_backend.json"
+    if not path.is_file():
+        return ""
+    c = json.loads(path.read_text(encoding="utf-8"))
+    picked = c["runs"]["picked_int8_b1"]["reported"]
+    return f"""
+## CTranslate2's int8 at batch 1 ([ct2_backend.md](ct2_backend.md), commit {c['commit']}, another model)
+
+On this CPU CTranslate2 picks {picked.get('GEMM_S8 backend', '?')} for int8 and ISA {picked.get('Selected ISA', '?')}.
+With speed.py's two threads its int8 runs {c['int8_over_fp32_b1']['picked']}x its fp32 at batch 1; on one
+thread {c['int8_over_fp32_b1']['picked_one_thread']}x, and {c['int8_b1_one_over_two_threads']}x its own
+two-thread rate. Forcing MKL (CT2_USE_MKL=1) makes it slower, not faster ({c['int8_over_fp32_b1']['mkl_forced']}x
+fp32, both slower than with oneDNN). So `ctranslate2_int8_b1` above measures CTranslate2's two-thread
+int8 path at batch 1, not int8 arithmetic on this CPU: a user translating one sentence at a time in
+int8 here should give CTranslate2 one thread.
 """
 
 

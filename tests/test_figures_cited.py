@@ -1,0 +1,310 @@
+"""Every figure the README and the results pages of docs/ quote is the one in its result file.
+
+FIGURES maps each number printed in a checked section to a result file under benchmarks/results/, a
+path into its JSON and the rounding it is printed with (the printed digits, after ``scale``). A number in
+a checked section that FIGURES does not map, and that is not one of the section's SETTINGS (a printed
+setting, reference or name, not a measurement), fails the test: a new figure cannot be added unchecked,
+and a result file rewritten by a later run fails every figure that no longer matches it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One printed number: ``text`` as printed in ``page``'s ``section`` (a heading; "" for the whole page),
+    equal to the value at ``path`` in ``file`` times ``scale``, rounded to the decimals ``text`` prints.
+    ``path``: keys and list indices joined by slashes; ``key=value`` (``&`` between several) picks the list
+    item whose keys have these values."""
+
+    page: str
+    section: str
+    text: str
+    file: str
+    path: str
+    scale: float = 1.0
+
+
+# the sections whose numbers are checked: page -> headings ("" = the whole page)
+CHECKED = {
+    "README.md": ("Results",),
+    "docs/results.md": ("",),
+    "docs/decoding.md": ("Speed", "`translate`"),
+    "docs/serving.md": ("Load",),
+    "docs/parsing.md": ("Result",),
+    "docs/table3.md": ("",),
+    "docs/reliability.md": ("",),
+}
+
+# numbers in checked sections that are settings, references or names, not measurements: (page, regular
+# expression); "*" for every page. A page's own phrases must still be printed there.
+SETTINGS: list[tuple[str, str]] = [
+    ("*", r"\d+\s+CPU\s+cores"), ("*", r"\d+\s+threads"), ("*", r"beam\s+\d+"), ("*", r"batch\s+\d+"),
+    ("*", r"α\s+\d\.\d"), ("*", r"d_model\s+\d+"), ("*", r"d_ff\s+\d+"), ("*", r"\d\+\d\s+layers"),
+    ("*", r"Table\s+\d"), ("*", r"eq\.\s+\(\d\)"), ("*", r"et\s+al\.,?\s+\(?\d{4}"), ("*", r"test20\d\d"),
+    ("*", r"wsj_\d+(–\d+)?"), ("*", r"[A-E]\d\b"), ("*", r"(average\s+of\s+)?the\s+last\s+\d+(\s+checkpoints)?"),
+    ("*", r"\d+\s+minutes"), ("*", r"\d+-minute"), ("*", r"[\d,]+-token\s+batches"),
+    ("*", r"[Dd]ropout(\s+of)?\s+\d\.\d"), ("*", r"smoothing\s+\d\.\d"), ("*", r"seed\s+\d\b"), ("*", r"UTF-8"),
+    ("*", r"AVX2"),
+    ("docs/decoding.md", r"\+\s+50\s+pieces"), ("docs/decoding.md", r"0-based"), ("docs/decoding.md", r"\d-best"),
+    ("docs/decoding.md", r"Vilar\s+2018"),
+    ("docs/table3.md", r"t\(0\.975,\s+n−1\)\s+·\s+s\s+·\s+√\(1\s+\+\s+1/n\)"),
+    ("docs/table3.md", r"n\s+=\s+5\s+seeds"),
+    ("docs/table3.md", r"19\s+rows\s+×\s+2\s+metrics\s+=\s+38\s+readings"), ("docs/table3.md", r"256-wide"),
+    ("docs/reliability.md", r"with\s+503"),
+]
+
+def figures(page: str, section: str, file: str, *printed: tuple[str, str], scale: float = 1.0) -> list[Figure]:
+    """The figures of one result file printed in one section: (text, path) pairs."""
+    return [Figure(page, section, text, file, path, scale) for text, path in printed]
+
+
+def quality_table(page: str, section: str) -> list[Figure]:
+    """The Multi30k results table, as the README and docs/results.md print it."""
+    return (figures(page, section, "multi30k_en_de.json", ("40.03", "tok_lc_bleu"), ("39.61", "sacrebleu"),
+                    ("64.1", "chrf"), ("79.1", "train_minutes"), ("8,600", "steps"))
+            + figures(page, section, "multi30k_en_de_quick.json", ("33.09", "tok_lc_bleu"), ("32.72", "sacrebleu"),
+                      ("56.0", "chrf"), ("10.0", "train_minutes"), ("1,098", "steps"))
+            + figures(page, section, "multi30k_en_fr.json", ("61.27", "tok_lc_bleu"), ("60.29", "sacrebleu"),
+                      ("75.75", "chrf"), ("61.6", "train_minutes"), ("8,600", "steps"))
+            + figures(page, section, "published.json",
+                      ("41.02", "wu2021_transformer_tiny_multi30k_en_de_test2016/tok_lc_bleu")))
+
+
+SPEED = (("1.16", "ratios/train_vs_fairseq"), ("1.08", "ratios/translate_b64_vs_fairseq"),
+         ("0.65", "ratios/translate_b64_vs_ctranslate2"), ("0.14", "ratios/translate_b1_vs_ctranslate2"))
+
+FIGURES: list[Figure] = [
+    *quality_table("README.md", "Results"),
+    *figures("README.md", "Results", "speed.json", *SPEED, ("1.11", "ratios/train_vs_fairseq_min_max/0"),
+             ("1.32", "ratios/train_vs_fairseq_min_max/1")),
+    *quality_table("docs/results.md", ""),
+    *figures("docs/results.md", "", "table3.json", ("0.86", "base_band/dev_bleu/sd")),
+    *figures("docs/results.md", "", "multi30k_en_de.json", ("8,600", "candidates/name=pre_ff256_wu/steps")),
+    *figures("docs/results.md", "", "multi30k_en_fr.json", ("8,600", "candidates/name=pre_ff256_wu/steps")),
+    *figures("docs/results.md", "", "tried/multi30k_en_de_p_drop_0.2.json", ("39.74", "tok_lc_bleu")),
+    *figures("docs/results.md", "", "tried/multi30k_en_de_p_drop_attn_relu_0.1.json", ("40.22", "tok_lc_bleu")),
+    *figures("docs/results.md", "", "tried/multi30k_en_de_p_drop_attn_relu_0.1_run2.json", ("40.3", "tok_lc_bleu")),
+    *figures("docs/results.md", "", "multi30k_en_de.json",
+             ("41.19", "candidates/name=pre_ff256_wu/val_tok_lc_bleu"),
+             ("40.97", "candidates/name=pre_ff512_lr2/val_tok_lc_bleu"),
+             ("37.55", "candidates/name=post_ff256_lr0.5/val_tok_lc_bleu"),
+             ("37.03", "candidates/name=pre_ff512_lr2_sw0.1/val_tok_lc_bleu"),
+             ("41.43", "decoding_candidates/average_last=3&beam=5/val_tok_lc_bleu"),
+             ("41.42", "decoding_candidates/average_last=3&beam=4/val_tok_lc_bleu")),
+    *figures("docs/results.md", "", "multi30k_en_de_quick.json",
+             ("30.16", "candidates/name=pre_ff256_lr1.0/val_tok_lc_bleu"),
+             ("27.53", "candidates/name=pre_ff512_lr1.0/val_tok_lc_bleu"),
+             ("31.54", "decoding_candidates/average_last=1&beam=4/val_tok_lc_bleu"),
+             ("30.19", "decoding_candidates/average_last=5&beam=4/val_tok_lc_bleu")),
+    *figures("docs/results.md", "", "multi30k_en_fr.json",
+             ("59.56", "candidates/name=pre_ff256_wu/val_tok_lc_bleu"),
+             ("52.58", "candidates/name=post_ff256_lr0.5/val_tok_lc_bleu"),
+             ("59.74", "decoding_candidates/average_last=3&beam=5/val_tok_lc_bleu")),
+    *figures("docs/decoding.md", "`translate`", "decoding_features.json",
+             ("6e-6", "score_matches_beam"), ("888", "constraints"), ("7.12", "constraints_bleu_delta"),
+             ("146.7", "constrained_sents_per_s"), ("210.8", "plain_sents_per_s"), ("1,100", "ensemble_runs/steps"),
+             ("33.42", "ensemble_bleu"), ("33.38", "single_bleus/0/tok_lc_bleu"),
+             ("32.5", "single_bleus/1/tok_lc_bleu")),
+    *figures("docs/decoding.md", "Speed", "speed.json", *SPEED,
+             ("2,926", "train/ours/tokens_per_s"), ("2,827", "train/ours/min"), ("3,067", "train/ours/max"),
+             ("2,518", "train/fairseq/tokens_per_s"), ("2,329", "train/fairseq/min"),
+             ("2,541", "train/fairseq/max"), ("3", "train/ours/runs"),
+             ("94.43", "translate/ours_b64/sents_per_s"), ("87.09", "translate/fairseq_b64/sents_per_s"),
+             ("145.47", "translate/ctranslate2_b64/sents_per_s"), ("11.14", "translate/ours_b1/sents_per_s"),
+             ("10.18", "translate/fairseq_b1/sents_per_s"), ("81.12", "translate/ctranslate2_b1/sents_per_s"),
+             ("147.55", "translate/ours_int8_b64/sents_per_s"), ("17.44", "translate/ours_int8_b1/sents_per_s"),
+             ("159.67", "translate/ctranslate2_int8_b64/sents_per_s"),
+             ("13.13", "translate/ctranslate2_int8_b1/sents_per_s"),
+             ("1.11", "ratios/train_vs_fairseq_min_max/0"), ("1.32", "ratios/train_vs_fairseq_min_max/1"),
+             ("6.35", "user_model/seconds/ours/median"), ("3.28", "user_model/seconds/ctranslate2/median"),
+             ("0.52", "user_model/ratios/exact_vs_ctranslate2"), ("1.39", "user_model/startup_s/ours"),
+             ("0.1", "user_model/startup_s/ctranslate2"), ("5.67", "user_model/seconds/ours_top_stop/median"),
+             ("0.58", "user_model/ratios/top_stop_vs_ctranslate2"), ("39.66", "user_model/bleu/ours_top_stop"),
+             ("39.53", "user_model/bleu/ours"), ("1.18", "top_stop/b64_vs_bound"),
+             ("27.58", "translate/ours_top_stop_b64/bleu"), ("27.64", "translate/ours_b64/bleu"),
+             ("982", "greedy_agreement/ctranslate2_identical"), ("973", "greedy_agreement/fairseq_identical"),
+             ("1,000", "greedy_agreement/sentences")),
+    *figures("docs/decoding.md", "Speed", "speed.json", ("13.13", "translate/ctranslate2_int8_b1/sents_per_s"),
+             ("81.12", "translate/ctranslate2_b1/sents_per_s")),
+    *figures("docs/decoding.md", "Speed", "ct2_backend.json", ("0.09", "int8_over_fp32_b1/picked"),
+             ("229.05", "runs/picked_int8_b1_t1/sents_per_s"), ("11.9", "int8_b1_one_over_two_threads"),
+             ("1.46", "int8_over_fp32_b1/picked_one_thread"), ("4.87", "runs/mkl_forced_int8_b1/sents_per_s")),
+    *figures("docs/decoding.md", "Speed", "speed.json", ("75", "train/ours/mfu"), ("65", "train/fairseq/mfu"),
+             scale=100),
+    *figures("README.md", "Results", "reliability.json", ("47", "faults_survived"), ("47", "faults_injected"),
+             ("0", "lines_lost"), ("4", "foreign_files_refused"), ("4", "foreign_files")),
+    *figures("docs/reliability.md", "", "reliability.json", ("47", "faults_survived"), ("47", "faults_injected"),
+             ("0", "lines_lost"), ("0", "partial_checkpoints_seen"), ("4", "foreign_files_refused"),
+             ("4", "foreign_files"), ("1,155", "fuzz_inputs"), ("998", "flood_requests_shed_503"),
+             ("1,000", "flood_requests"), ("18", "attention_requests_shed_503"), ("20", "attention_requests"),
+             ("7,430,394", "attention_worst_response_bytes"), ("75.2", "server_peak_rss_growth_mib")),
+    *figures("README.md", "Results", "table3.json", ("2.6", "base_band/dev_bleu/half_width"),
+             ("0.52", "base_band/dev_ppl/half_width"), ("1,200", "scale/updates")),
+    *figures("docs/table3.md", "", "table3.json", ("1,200", "scale/updates"), ("3,600", "scale/big_updates"),
+             ("4", "scale/factor"), ("31.37", "base_band/dev_bleu/min"), ("33.62", "base_band/dev_bleu/max"),
+             ("0.86", "base_band/dev_bleu/sd"), ("7.869", "base_band/dev_ppl/min"), ("8.266", "base_band/dev_ppl/max"),
+             ("0.17", "base_band/dev_ppl/sd"), ("2.6", "base_band/dev_bleu/half_width"),
+             ("0.52", "base_band/dev_ppl/half_width"), ("1.9", "expected_false_findings"),
+             ("32.68", "rows/row=base&seed=1/dev_bleu"),
+             ("1.48", "readings/row=C4/dev_ppl_delta"),
+             ("1.476", "readings/row=D1/dev_ppl_delta"), ("0.741", "readings/row=D4/dev_ppl_delta"),
+             ("1.692", "readings/row=C5/dev_ppl_delta"),
+             ("0.759", "readings/row=C3/dev_ppl_delta"), ("0.596", "readings/row=D3/dev_ppl_delta")),
+    # printed as a size ("worse by 2.81") or with a typographic minus sign (−1.391): the value is negative
+    *figures("docs/table3.md", "", "table3.json", ("2.81", "readings/row=C4/dev_bleu_delta"),
+             ("0.705", "readings/row=big/dev_ppl_delta"), ("0.59", "readings/row=big/paper_ppl_delta"),
+             ("3.32", "readings/row=C5/dev_bleu_delta"), scale=-1),
+    *figures("docs/table3.md", "", "table3_gpu.json", ("18.877", "readings/row=C5/dev_bleu_delta"),
+             ("15.757", "readings/row=A1/dev_bleu_delta"), ("1.391", "readings/row=C4/dev_ppl_delta"),
+             ("0.131", "readings/row=D1/dev_ppl_delta"), scale=-1),
+    *figures("docs/table3.md", "", "table3.json", ("95", "base_band/level"), scale=100),
+    # printed twice: in the rule and where a reading is set against it, or in the GPU comparison
+    *figures("docs/table3.md", "", "table3.json", ("4", "scale/factor"), ("2.6", "base_band/dev_bleu/half_width"),
+             ("1,200", "scale/updates"), ("0.596", "readings/row=D3/dev_ppl_delta"),
+             ("0.52", "base_band/dev_ppl/half_width"), ("1.48", "readings/row=C4/dev_ppl_delta")),
+    *figures("docs/table3.md", "", "table3.json", ("2.81", "readings/row=C4/dev_bleu_delta"),
+             ("0.705", "readings/row=big/dev_ppl_delta"), scale=-1),
+    *figures("docs/table3.md", "", "table3_gpu.json", ("2", "scale/factor"), ("2", "scale/factor")),
+    *figures("docs/table3.md", "", "table3_pilot.json", ("32.68", "curves/pre/curve/2/dev_bleu"),
+             ("11.65", "curves/post/curve/2/dev_bleu"), ("1.4", "curves/pre/lr_scale"),
+             ("0.35", "curves/post/lr_scale"), ("1,200", "updates")),
+    *figures("docs/table3.md", "", "table3_gpu.json", ("28.847", "base_band/dev_bleu/mean"),
+             ("2.205", "readings/row=C3/dev_ppl_delta"), ("0.75", "readings/row=D3/dev_ppl_delta"),
+             ("0.89", "readings/row=D4/dev_ppl_delta"), ("3.703", "readings/row=C4/dev_bleu_delta"),
+             ("3.537", "readings/row=big/dev_ppl_delta"),
+             ("2", "scale/factor")),
+    *figures("docs/serving.md", "Load", "serve_load.json", ("1,000", "requests"), ("50", "clients"),
+             ("63.61", "batched/requests_per_s"), ("7.79", "unbatched/requests_per_s"), ("8.17", "batching_gain"),
+             ("770", "batched/p50_ms"), ("1,201", "batched/p99_ms")),
+]
+
+
+def read_path(data: object, path: str) -> object:
+    for part in path.split("/"):
+        if isinstance(data, list):
+            if "=" in part:
+                wanted = dict(term.split("=", 1) for term in part.split("&"))
+                data = next(item for item in data if all(str(item.get(k)) == v for k, v in wanted.items()))
+            else:
+                data = data[int(part)]
+        else:
+            data = data[part]
+    return data
+
+
+@cache
+def result(file: str) -> dict:
+    return json.loads((RESULTS / file).read_text(encoding="utf-8"))
+
+
+def section_text(page_text: str, heading: str) -> str:
+    """The text under ``heading`` (any level) up to the next heading of the same or a higher level, with
+    code blocks, inline code, link targets and images removed: numbers there are commands and paths."""
+    if heading:
+        match = re.search(rf"^(#+) {re.escape(heading)}\s*$", page_text, re.M)
+        assert match, f"no heading {heading!r}"
+        level = len(match.group(1))
+        end = re.compile(rf"^#{{1,{level}}} ", re.M).search(page_text, match.end())
+        page_text = page_text[match.end():end.start() if end else len(page_text)]
+    text = re.sub(r"```.*?```", " ", page_text, flags=re.S)
+    text = re.sub(r"!\[[^\]]*\]\([^)]*\)", " ", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = re.sub(r"^\s*\d+\.\s", " ", text, flags=re.M)  # list numbering
+    return re.sub(r"`[^`]*`", " ", text)
+
+
+# a number: not part of a word, a version (0.12.3.1) or a section reference (§6.1)
+NUMBER = re.compile(r"(?<![\w.§])\d[\d,]*(?:\.\d+)?(?:e-?\d+)?(?![\w]|\.\d)")
+
+
+def numbers(text: str) -> list[tuple[int, int, str]]:
+    found = [(m.start(), m.group().rstrip(",")) for m in NUMBER.finditer(text)]  # "4," in "beam 4, batch 64"
+    return [(start, start + len(number), number) for start, number in found]
+
+
+def unmapped(text: str, figures: list[str], settings: list[str]) -> list[str]:
+    """The numbers in ``text`` that are neither inside one of the setting phrases nor a mapped figure;
+    each entry of ``figures`` maps one occurrence of its text, so a number printed twice needs two."""
+    covered = [(m.start(), m.end()) for pattern in settings for m in re.finditer(pattern, text)]
+    left = collections.Counter(figures)
+    out = []
+    for start, end, number in numbers(text):
+        if any(a <= start and end <= b for a, b in covered):
+            continue
+        if left[number]:
+            left[number] -= 1
+        else:
+            out.append(number)
+    return out
+
+
+def printed_value(figure: Figure) -> float:
+    return float(figure.text.replace(",", ""))
+
+
+def matches(figure: Figure) -> tuple[bool, object]:
+    value = read_path(result(figure.file), figure.path)
+    mantissa, _, exponent = figure.text.partition("e")
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    if exponent:  # printed in scientific notation: compare as many significant digits
+        return float(f"{float(value) * figure.scale:.{decimals}e}") == printed_value(figure), value
+    return round(float(value) * figure.scale, decimals) == printed_value(figure), value
+
+
+def page_text(page: str) -> str:
+    return (ROOT / page).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("figure", FIGURES, ids=lambda f: f"{f.page}:{f.text}:{f.file}:{f.path}")
+def test_each_figure_is_its_result_files(figure: Figure):
+    assert figure.section in CHECKED[figure.page], f"{figure.page}: section {figure.section!r} is not checked"
+    assert figure.text in [n for _, _, n in numbers(section_text(page_text(figure.page), figure.section))], \
+        f"{figure.page} ({figure.section or 'page'}) no longer prints {figure.text}: remove its FIGURES entry"
+    ok, value = matches(figure)
+    assert ok, f"{figure.page} prints {figure.text}, {figure.file} {figure.path} holds {value} (× {figure.scale})"
+
+
+@pytest.mark.parametrize("page", sorted(CHECKED))
+def test_every_number_in_a_checked_section_is_mapped(page: str):
+    text = page_text(page)
+    for section in CHECKED[page]:
+        body = section_text(text, section)
+        figures = [f.text for f in FIGURES if (f.page, f.section) == (page, section)]
+        settings = [pattern for p, pattern in SETTINGS if p in (page, "*")]
+        left = unmapped(body, figures, settings)
+        assert not left, (f"{page} ({section or 'page'}): {left} are not in tests/test_figures_cited.py's FIGURES "
+                          "(a measured figure: map it to its result file) or SETTINGS (a setting or a name)")
+
+
+def test_every_setting_phrase_is_still_printed():
+    for page, pattern in SETTINGS:
+        if page != "*":
+            body = " ".join(section_text(page_text(page), s) for s in CHECKED[page])
+            assert re.search(pattern, body), f"{page} no longer prints {pattern!r}: remove it from SETTINGS"
+
+
+def test_a_wrong_or_unmapped_figure_is_caught():
+    """The checks can fail: a number not in the table, a figure that differs from its file in its last
+    digit, and a setting phrase that covers only its own span."""
+    text = "Training is 1.16× fairseq; beam 4 and 2.5 sentences/s."
+    assert unmapped(text, ["1.16"], [r"beam \d+"]) == ["2.5"]
+    assert unmapped(text, ["1.16", "2.5"], []) == ["4"]
+    assert unmapped(text + " 1.16 again", ["1.16", "2.5"], [r"beam \d+"]) == ["1.16"]  # printed twice, mapped once
+    good = Figure("README.md", "Results", "1.16", "speed.json", "ratios/train_vs_fairseq")
+    assert matches(good)[0]
+    assert not matches(Figure("README.md", "Results", "1.17", "speed.json", "ratios/train_vs_fairseq"))[0]
+    assert read_path({"rows": [{"row": "A1", "x": 3}, {"row": "A1", "x": 4, "y": 1}]}, "rows/row=A1&y=1/x") == 4
+    assert section_text("# A\none 1\n## B\ntwo `2` [x](y3.md)\n# C\nthree 3\n", "A") == "\none 1\n## B\ntwo   [x]\n"
