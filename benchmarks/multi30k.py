@@ -261,6 +261,8 @@ def margins(r: dict) -> str:
         first, second = sorted((e["val_tok_lc_bleu"] for e in entries), reverse=True)[:2]
         return first, round(first - second, 2)
 
+    if min(len(r["candidates"]), len(r["decoding_candidates"])) < 2:
+        return ""
     (best, lead), (dec_best, dec_lead) = margin(r["candidates"]), margin(r["decoding_candidates"])
     table3 = RESULTS / "table3.json"
     band = json.loads(table3.read_text(encoding="utf-8"))["base_band"]["dev_bleu"] if table3.is_file() else None

@@ -308,3 +308,14 @@ def test_a_wrong_or_unmapped_figure_is_caught():
     assert not matches(Figure("README.md", "Results", "1.17", "speed.json", "ratios/train_vs_fairseq"))[0]
     assert read_path({"rows": [{"row": "A1", "x": 3}, {"row": "A1", "x": 4, "y": 1}]}, "rows/row=A1&y=1/x") == 4
     assert section_text("# A\none 1\n## B\ntwo `2` [x](y3.md)\n# C\nthree 3\n", "A") == "\none 1\n## B\ntwo   [x]\n"
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
+def test_every_relative_link_resolves(page: str):
+    """The README and docs/ link each other and the result files: a moved or renamed file breaks no link."""
+    text = re.sub(r"```.*?```", " ", page_text(page), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (ROOT / page).parent / target.split("#")[0]
+        assert path.exists(), f"{page} links {target}, which does not exist"

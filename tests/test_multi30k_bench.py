@@ -38,3 +38,20 @@ def test_a_run_of_another_config_is_refused_not_read_back(tmp_path: Path) -> Non
     # the same training with another [decode] and thread count is read back
     same = load_config(config, ["model.d_ff=512", "decode.beam_size=5", "train.threads=1"])
     assert common.train_or_resume(same, tmp_path) == {"step": 5}
+
+
+def test_every_pair_says_where_its_choices_were_made_and_reads_its_margins() -> None:
+    from scipy.stats import t
+
+    assert set(multi30k.HISTORY) == set(multi30k.SEARCH)
+    result = {"candidates": [{"val_tok_lc_bleu": b} for b in (40.0, 41.0, 37.0)],
+              "decoding_candidates": [{"val_tok_lc_bleu": b} for b in (41.05, 41.0)]}
+    text = multi30k.margins(result)
+    band = multi30k.json.loads((multi30k.RESULTS / "table3.json").read_text(encoding="utf-8"))["base_band"]
+    sd, n = band["dev_bleu"]["sd"], len(band["seeds"])
+    assert "leads the next by 1.0 val BLEU (41.0)" in text and f"s.d. of {sd} BLEU" in text
+    assert ("inside that noise" in text) == (1.0 < t.ppf(0.975, n - 1) * sd * 2 ** 0.5)
+    assert text.endswith("leads the next by 0.05 (41.05) on the same model's val translations: a tie.")
+    wide = multi30k.margins(result | {"candidates": [{"val_tok_lc_bleu": b} for b in (30.0, 41.0)]})
+    assert "11.0 val BLEU" in wide and "outside that noise" in wide
+    assert multi30k.margins(result | {"candidates": result["candidates"][:1]}) == ""
