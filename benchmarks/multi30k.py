@@ -272,11 +272,12 @@ def margins(r: dict) -> str:
         # two single runs' difference has s.d. s·√2; t(0.975, n−1) as the prediction interval of table3.py
         from scipy.stats import t
 
-        n = len(json.loads(table3.read_text(encoding="utf-8"))["base_band"]["seeds"])
+        table = json.loads(table3.read_text(encoding="utf-8"))
+        n, updates = len(table["base_band"]["seeds"]), table["scale"]["updates"]
         needed = round(t.ppf(0.975, n - 1) * band["sd"] * math.sqrt(2), 2)
         verdict = "inside" if lead < needed else "outside"
-        noise = (f"single runs of one seed; Table 3's base, trained with {n} seeds on the same val set (a "
-                 f"shorter budget: the spread at this one was not measured), has a seed-to-seed s.d. of "
+        noise = (f"single runs of one seed; Table 3's base, trained with {n} seeds on the same val set "
+                 f"(at {updates:,} updates: the spread at this budget was not measured), has a seed-to-seed s.d. of "
                  f"{band['sd']} BLEU, so two single runs must differ by about {needed} to stand out: this margin "
                  f"is {verdict} that noise")
     return (f"The winning candidate leads the next by {lead} val BLEU ({best}): {noise}. The picked decoding "
@@ -306,7 +307,7 @@ sacrebleu {r['versions']['sacrebleu']}
 | training | `{r['config']}` as committed, {r['steps']} updates in {r['train_minutes']} min at {r['threads']} threads, timed, alone on the machine by protocol ({r['train_tokens_per_s']} target tokens/s) |
 | decoding | average of the last {r['averaged_checkpoints']} checkpoint(s), beam {r['beam']}, α {r['alpha']}: {r['translate_seconds']} s for {1000} sentences |
 {history}
-Recipe candidates, each trained from scratch with the same budget ({r['budget']}) and scored on val (tok.
+Recipe candidates, each trained from scratch with the same budget ({r.get('budget') or f"{r['steps']} updates"}) and scored on val (tok.
 lc BLEU with the paper's decoding: average of the last 5, beam 4); the recipe is the best of them (a tie keeps the recipe):
 
 | candidate | settings | updates | valid ppl | val BLEU |
