@@ -429,6 +429,17 @@ def test_prefixes_through_decode_ids_start_every_output(copy_model, sources):
         decode_ids(copy_model, [[5, EOS_ID]], 2, 0.6, 2, prefixes=[[5, 5, 5, 5]])  # |Y| <= 2 + 2, EOS included
 
 
+def test_prefixes_and_constraints_together_are_both_kept(copy_model, sources):
+    """A prefix wraps the lexical constraints, it does not replace them (both asked of one batch)."""
+    prefixes = [[7, 8], [], [9], [], [11]]
+    phrases = [[[10]], [[9, 10]], [], [[12]], [[3], [4]]]
+    lists = decode_ids(copy_model, sources, beam_size=4, alpha=0.6, max_len_offset=10, batch_size=5, nbest=2,
+                       prefixes=prefixes, constraints=phrases)
+    for prefix, ps, hyps in zip(prefixes, phrases, lists):
+        assert all(h.tokens[: len(prefix)] == prefix for h in hyps), (prefix, hyps)
+        assert all(contains(h.tokens, p) for h in hyps for p in ps), (ps, hyps)
+
+
 def test_sampling_repeats_with_its_seed_and_top_k_one_is_greedy(copy_model, sources):
     random_model = make_model(7)  # flat distributions: draws differ
     src = pad(sources)

@@ -57,6 +57,9 @@ def test_int8_quantizes_every_linear_layer_and_stays_close(run):
     assert not torch.equal(a, b)  # it is quantized ...
     torch.testing.assert_close(b.log_softmax(-1), a.log_softmax(-1), atol=0.1, rtol=0.05)  # ... and close
     assert len(int8.translate(["A dog runs.", ""], beam_size=2)) == 2
+    # the quantized output layer has no weight tensor: prefixes and constraints still work on it
+    hyps = int8.hypotheses(["A dog runs.", "A cat."], beam_size=4, prefixes=["Ein", ""], constraints=[["Hund"], []])
+    assert len(hyps) == 2 and all(hyps)
 
 
 def test_device_choice_is_checked(run):

@@ -341,6 +341,10 @@ class Ensemble(torch.nn.Module):
     def output_weight(self) -> Tensor:
         return self.models[0].output_weight
 
+    @property
+    def vocab_size(self) -> int:
+        return self.models[0].vocab_size
+
     def _mean(self, logits: list[Tensor]) -> Tensor:
         log_probs = torch.stack([x.float().log_softmax(-1) for x in logits])  # [M, ..., V]
         return log_probs.logsumexp(0) - math.log(len(logits))
@@ -621,10 +625,9 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
         draws = nbest if sampling is not None else 1  # sampling: nbest rows per sentence, one per draw
         forced = constraint
         if constraints is not None and any(constraints[i] for i in chunk):
-            forced = LexicalConstraints([constraints[i] for i in chunk], model.output_weight.size(0))
-        if prefixes is not None and any(prefixes[i] for i in chunk):
-            forced = PrefixConstraint([prefixes[i] for i in chunk for _ in range(draws)],
-                                      model.output_weight.size(0), constraint)
+            forced = LexicalConstraints([constraints[i] for i in chunk], model.vocab_size)
+        if prefixes is not None and any(prefixes[i] for i in chunk):  # the prefix first, then what else applies
+            forced = PrefixConstraint([prefixes[i] for i in chunk for _ in range(draws)], model.vocab_size, forced)
         if sampling is not None:
             drawn = greedy_hypotheses(model, src.repeat_interleave(nbest, 0), max_len_offset, alpha,
                                       sampling=sampling, constraint=forced)
