@@ -69,14 +69,8 @@ def measure(run: Path, b1: int, repeat: int, work: Path) -> dict:
     for backend, q, batch, threads in settings:
         env, model, n = BACKENDS[backend], models[q], len(sources) if batch == 64 else b1
         name = f"{backend}_{q}_b{batch}" + ("_t1" if threads == 1 else "")
-        saved = dict(os.environ)
-        os.environ.update({"CT2_VERBOSE": "1", **env})
-        try:
-            r = worker((python, "speed_worker.py", "ctranslate2", {"model": str(model), "threads": threads}),
-                       name, {"batch": batch, "repeat": repeat, "sources": sources[:n]}, work)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        r = worker((python, "speed_worker.py", "ctranslate2", {"model": str(model), "threads": threads}),
+                   name, {"batch": batch, "repeat": repeat, "sources": sources[:n]}, work, {"CT2_VERBOSE": "1", **env})
         logged = (work / f"worker_{name}_b{batch}_beam{DECODE['beam']}.log").read_text(encoding="utf-8")
         runs[name] = {"backend": backend, "compute_type": q, "batch": batch, "threads": threads, "sentences": n,
                       "seconds": round(r["seconds"], 3), "sents_per_s": round(n / r["seconds"], 2),
@@ -122,6 +116,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     code = code_state()
     runs = measure(args.run, args.b1_sentences, args.repeat, args.work)
+
     def rate(name: str) -> float:
         return runs[name]["sents_per_s"]
 

@@ -171,6 +171,8 @@ def main() -> None:
     parser.add_argument("--decode-only", action="store_true", help="never train: score the finished runs under "
                         "--out again (after a change to decoding); a candidate without one is an error")
     args = parser.parse_args()
+    if args.markdown and (args.only or args.decode_only or args.threads):
+        sys.exit("--markdown trains and scores nothing: it cannot go with --only, --decode-only or --threads")
     if args.markdown:
         path = RESULTS / f"multi30k_{args.pair}.json"
         if not path.is_file():
@@ -265,14 +267,14 @@ def margins(r: dict) -> str:
         return ""
     (best, lead), (dec_best, dec_lead) = margin(r["candidates"]), margin(r["decoding_candidates"])
     table3 = RESULTS / "table3.json"
-    band = json.loads(table3.read_text(encoding="utf-8"))["base_band"]["dev_bleu"] if table3.is_file() else None
+    table = json.loads(table3.read_text(encoding="utf-8")) if table3.is_file() else None
+    band = table["base_band"]["dev_bleu"] if table else None
     if band is None or "sd" not in band:
         noise = "single runs of one seed, whose seed-to-seed spread was not measured at this setting"
     else:
         # two single runs' difference has s.d. s·√2; t(0.975, n−1) as the prediction interval of table3.py
         from scipy.stats import t
 
-        table = json.loads(table3.read_text(encoding="utf-8"))
         n, updates = len(table["base_band"]["seeds"]), table["scale"]["updates"]
         needed = round(t.ppf(0.975, n - 1) * band["sd"] * math.sqrt(2), 2)
         verdict = "inside" if lead < needed else "outside"

@@ -287,9 +287,10 @@ def fairseq_checkpoint(bin_dir: Path, data_bin: Path, weights: dict[str, torch.T
 
 
 # ---------------------------------------------------------------------------------------------- translation
-def worker(system: tuple[Path, str, str, dict], name: str, job: dict, work: Path) -> dict:
+def worker(system: tuple[Path, str, str, dict], name: str, job: dict, work: Path, env: dict | None = None) -> dict:
     """One system's warm-process timing (speed_worker.py / fairseq_worker.py); checks the sentence count.
-    ``system``: (python, script, its first argument, what the job adds)."""
+    ``system``: (python, script, its first argument, what the job adds); ``env``: variables the process
+    gets besides the measured processes' settings."""
     python, script, kind, extra = system
     job = {**DECODE, **extra, **job}
     path = work / f"job_{name}.json"
@@ -297,7 +298,8 @@ def worker(system: tuple[Path, str, str, dict], name: str, job: dict, work: Path
     text = sh([str(python), str(HERE / script), kind, str(path)],
               work / f"worker_{name}_b{job['batch']}_beam{job['beam']}.log",
               # the converted fairseq checkpoint is our own file, just written: fairseq's loader unpickles it
-              env={"PYTHONPATH": str(ROOT)} if script == "speed_worker.py" else {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+              env=(env or {}) | ({"PYTHONPATH": str(ROOT)} if script == "speed_worker.py"
+                                 else {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}))
     result = json.loads(next(line for line in reversed(text.splitlines()) if line.startswith('{"seconds"')))
     if result["sentences"] != len(job["sources"]):
         raise RuntimeError(f"{name} translated {result['sentences']} of {len(job['sources'])} sentences")

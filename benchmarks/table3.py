@@ -85,8 +85,9 @@ NORM = "pre"
 PILOT_EVERY = 400  # the pilot scores every checkpoint; rows save (and validate) this often
 SCALE_WHY = ("The base row must become a model worth comparing (>= 30 val BLEU) and the whole table (20 rows, "
              "2 more base seeds, big at 3x the updates: about 31 base-row trainings, the wider rows costing "
-             "more; 2 further base seeds came later, for the reading rule) must train in at most ~10 hours on 2 CPU cores, as two step-bounded lanes of one thread "
-             "each. Widths / 4 keeps every row's d_k whole (A4, B1: 4) and puts the base at the EN->DE "
+             "more; 2 further base seeds came later, for the reading rule) must train in at most ~10 hours on "
+             "2 CPU cores, as two step-bounded lanes of one thread each. Widths / 4 keeps every row's d_k "
+             "whole (A4, B1: 4) and puts the base at the EN->DE "
              "recipe's width; 1,200 updates is what that time allows. The pilot trained the base row at this "
              "budget under both norms, post-norm at one rate only (eq. (3) x 0.35), and kept the norm that got "
              "further (numbers under 'pilot'). At 1,200 updates "
@@ -482,6 +483,8 @@ def main() -> None:
     parser.add_argument("--pilot", action="store_true", help="the base row under post-norm and pre-norm at this "
                         "budget, every checkpoint scored on val: the evidence for NORM (TAG_pilot.json)")
     args = parser.parse_args()
+    if args.tabulate and (args.pilot or args.seeds):
+        sys.exit(f"--tabulate trains nothing: it cannot go with {'--pilot' if args.pilot else '--seeds'}")
     if args.device == "cuda" and not torch.cuda.is_available() and not args.tabulate:
         sys.exit(f"--device cuda: no CUDA GPU is visible to torch {torch.__version__}")
     if args.device == "cpu":

@@ -180,6 +180,11 @@ def test_sigterm_stops_a_row_in_one_line_and_running_again_resumes_it(multi30k: 
 def test_bad_requests_are_refused_by_name():
     bad_row = run_script("--rows", "base,A9")
     assert bad_row.returncode != 0 and "no row A9" in bad_row.stderr
+    for clash in (["--pilot"], ["--seeds", "4"]):
+        refused = run_script("--tabulate", *clash)
+        assert refused.returncode != 0 and f"cannot go with {clash[0]}" in refused.stderr
+    bad_seeds = run_script("--rows", "base", "--seeds", "four")
+    assert bad_seeds.returncode != 0 and "comma-separated integers" in bad_seeds.stderr
     bad_factor = run_script("--rows", "base", "--factor", "3")
     assert bad_factor.returncode != 0 and "not divisible" in bad_factor.stderr
     if not table3.torch.cuda.is_available():
