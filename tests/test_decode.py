@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from transformer.config import ModelConfig
-from transformer.decode import (Ensemble, LexicalConstraints, PrefixConstraint, bank_order, Sampling, beam_hypotheses, beam_search, beam_step, decode_ids,
-                                greedy_hypotheses, greedy_search, length_penalty, score_ids, top_next_tokens,
-                                translate_ids)
+from transformer.constraints import LexicalConstraints, PrefixConstraint, bank_order
+from transformer.decode import decode_ids, score_ids, translate_ids
+from transformer.ensemble import Ensemble
+from transformer.sampling import Sampling
+from transformer.search import (beam_hypotheses, beam_search, beam_step, greedy_hypotheses, greedy_search,
+                                length_penalty, top_next_tokens)
 from transformer.model import Transformer
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 

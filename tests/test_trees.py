@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tests.conftest import DATA
 from transformer.cli import main
 from transformer.config import ModelConfig
-from transformer.decode import beam_search
+from transformer.search import beam_search
 from transformer.model import Transformer
 from transformer.tokenizer import EOS_ID
 from transformer.prepare import PTB_SPLITS, write_ptb_splits

@@ -202,7 +202,7 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling(args: argparse.Namespace) -> dict | None:
-    """--sample's settings, checked, as ``decode.Sampling``'s fields (the seed for its generator); None
+    """--sample's settings, checked, as ``sampling.Sampling``'s fields (the seed for its generator); None
     without --sample (where any of its options is an error)."""
     given = [f"--{k}" for k in ("topk", "topp", "temperature", "seed") if getattr(args, k) is not None]
     if not args.sample:
@@ -246,7 +246,7 @@ def cmd_translate(args: argparse.Namespace) -> None:
     if sampling is not None:
         import torch
 
-        from .decode import Sampling
+        from .sampling import Sampling
 
         seed = sampling.pop("seed")
         sampling = Sampling(torch.Generator(translator.device).manual_seed(seed), **sampling)

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from .config import ConfigError, ServeLimits as Limits
-from .decode import Sampling
+from .sampling import Sampling
 from .figures import attention_maps, web_page
 from .translator import Translator
 

@@ -16,9 +16,11 @@ import torch
 from .checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint
 from .config import Config, ConfigError, config_from_dict
 from .data import encode_for_decoding
-from .decode import Ensemble, Sampling, Scored, decode_ids, score_ids
+from .decode import Scored, decode_ids, score_ids
+from .ensemble import Ensemble
 from .model import Transformer
 from .runtime import keep_freed_memory
+from .sampling import Sampling
 from .tokenizer import Tokenizer
 
 
@@ -48,7 +50,7 @@ class Translator:
         """``device``: where the model decodes ("cpu", "cuda", "cuda:1"); default a GPU when there is
         one. int8 quantization runs on the CPU only. ``decode``: ``decode.*`` fields that replace the
         run's own (the command line's --beam, --early-stop, ...). ``ensemble``: more run folders whose
-        models decode together with this one (``decode.Ensemble``), each from its own averaged weights;
+        models decode together with this one (``ensemble.Ensemble``), each from its own averaged weights;
         they must have been trained with the same vocabulary. The decoding settings are this run's."""
         run_dir = Path(run_dir)
         keep_freed_memory()

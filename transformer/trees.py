@@ -263,7 +263,7 @@ class _Hypothesis(NamedTuple):
 
 
 class TreeConstraint:
-    """Lets beam search (``decode.Constraint``) write only well-formed linearized trees of its input.
+    """Lets beam search (``constraints.Constraint``) write only well-formed linearized trees of its input.
 
     DEVIATION(§6.3): the paper decodes freely and a tree that does not close, mislabels a closing bracket or
     skips a word has to be repaired afterwards (``delinearize``). Here, at each step a hypothesis may

@@ -1,0 +1,196 @@
+"""What may be written next, beside the model's choice (not in the paper): a target prefix, lexical
+constraints (terminology), and the protocol they share with the parse constraint (``trees.TreeConstraint``).
+
+Each follows every row of the search (``search.beam_hypotheses``): the same pruning and beam reordering
+as the prefixes, then the row's new token. Scores stay the model's own: a constraint only removes
+tokens (-inf) or, for lexical constraints, proposes candidates and orders the beam by banks.
+
+Shape legend as in ``search``: N rows (n sentences × beam), V vocabulary, P phrases, L phrase length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from .tokenizer import EOS_ID
+
+INCOMPLETE = 1e6  # rank penalty of a finished hypothesis that misses a lexical constraint
+
+
+class Constraint(Protocol):
+    """What beam search asks of a constraint on its outputs (e.g. ``trees.TreeConstraint``: only
+    well-formed trees of the input). It follows every row of the search: the same pruning and beam
+    reordering as the prefixes, then the row's new token."""
+
+    def begin(self, src: Tensor, beam: int, max_len: Tensor) -> None:
+        """Start ``beam`` rows per sentence of src [B, S] (sentence-major), each with an empty output;
+        max_len [B] is each sentence's largest |Y|, EOS included (``max_lengths``)."""
+
+    def allowed(self) -> Tensor:
+        """[N, V] bool: the tokens each current row may write next."""
+
+    def advance(self, rows: Tensor, tokens: Tensor) -> None:
+        """Rows ``rows`` [N'] of the previous step continue (repeats allowed), each with ``tokens`` [N']."""
+
+
+class PrefixConstraint:
+    """Forces each output to start with given tokens (target prefixes: interactive translation, where a
+    translator types the start and the model completes it; not in the paper). A row whose output is
+    shorter than its sentence's prefix may write only the prefix's next token; after it, anything.
+    Scores stay the model's own. ``inner`` (e.g. the parse constraint) applies as well."""
+
+    def __init__(self, prefixes: Sequence[Sequence[int]], vocab_size: int, inner: Constraint | None = None) -> None:
+        self.prefixes, self.vocab_size, self.inner = [list(p) for p in prefixes], vocab_size, inner
+        self.banked = getattr(inner, "banked", False)  # lexical constraints inside: theirs are the banks
+
+    def candidates(self) -> Tensor:
+        return self.inner.candidates()
+
+    def met(self, tokens: Tensor) -> Tensor:
+        return self.inner.met(tokens)
+
+    def complete(self) -> Tensor:
+        return self.inner.complete()
+
+    def begin(self, src: Tensor, beam: int, max_len: Tensor) -> None:
+        if self.inner is not None:
+            self.inner.begin(src, beam, max_len)
+        longest = max(len(p) for p in self.prefixes)
+        too_long = [i for i, p in enumerate(self.prefixes) if len(p) >= int(max_len[i])]
+        if too_long:
+            i = too_long[0]
+            raise ValueError(f"a prefix of {len(self.prefixes[i])} tokens does not fit the maximum output length "
+                             f"({int(max_len[i])} with EOS: input length + max_len_offset)")
+        table = torch.full((len(self.prefixes), longest + 1), -1, dtype=torch.long)  # -1: free
+        for i, p in enumerate(self.prefixes):
+            table[i, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        self.forced = table.to(src.device).repeat_interleave(beam, 0)  # [N, longest + 1]: each row's prefix
+        self.step = 0
+
+    def allowed(self) -> Tensor:
+        token = self.forced[:, min(self.step, self.forced.size(1) - 1)]  # [N] the forced token, -1: free
+        allowed = (token < 0)[:, None].expand(-1, self.vocab_size).clone()  # [N, V]
+        forced = (token >= 0).nonzero().flatten()
+        allowed[forced, token[forced]] = True
+        return allowed if self.inner is None else allowed & self.inner.allowed()
+
+    def advance(self, rows: Tensor, tokens: Tensor) -> None:
+        self.forced, self.step = self.forced[rows], self.step + 1
+        if self.inner is not None:
+            self.inner.advance(rows, tokens)
+
+
+class LexicalConstraints:
+    """Outputs that must contain given phrases (terminology; not in the paper): Post & Vilar (2018)'s
+    dynamic beam allocation, vectorised after Hu et al. (2019). Each row tracks the phrases it has
+    written and its progress inside the one it is writing (a phrase counts only when written whole and
+    in one piece; leaving it midway loses the progress). At each step every row also proposes the
+    tokens that advance its constraints, and the beam is divided among hypotheses by how many
+    constraint tokens they have met (``banks``): the best of each bank first, the fullest bank first,
+    so hypotheses that have met more are kept although they score lower. EOS is allowed only once
+    every phrase is written (at the length limit it is forced all the same). Scores stay the model's
+    own. ``phrases``: per sentence, its phrases as token ids."""
+
+    banked = True  # beam search divides its beam by ``met`` and adds ``candidates`` (see ``beam_hypotheses``)
+
+    def __init__(self, phrases: Sequence[Sequence[Sequence[int]]], vocab_size: int) -> None:
+        self.phrases, self.vocab_size = [[list(p) for p in ps if p] for ps in phrases], vocab_size
+
+    def begin(self, src: Tensor, beam: int, max_len: Tensor) -> None:
+        n, dev = len(self.phrases), src.device
+        p_max = max(1, max(len(ps) for ps in self.phrases))
+        l_max = max(1, max((len(p) for ps in self.phrases for p in ps), default=1))
+        table = torch.full((n, p_max, l_max), -1, dtype=torch.long)
+        for i, ps in enumerate(self.phrases):
+            if sum(len(p) for p in ps) >= int(max_len[i]):
+                raise ValueError(f"constraints of {sum(len(p) for p in ps)} tokens do not fit the maximum output "
+                                 f"length ({int(max_len[i])} with EOS: input length + max_len_offset)")
+            for j, p in enumerate(ps):
+                table[i, j, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        rows = lambda x: x.to(dev).repeat_interleave(beam, 0)  # noqa: E731  sentence-major rows
+        self.table = rows(table)  # [N, P, L] each row's phrases, -1 padded
+        self.length = rows((table >= 0).sum(-1))  # [N, P] phrase lengths (0: no phrase)
+        self.done = self.length == 0  # [N, P] phrases written (padding counts as written)
+        self.cur = torch.full((self.table.size(0),), -1, dtype=torch.long, device=dev)  # phrase in progress
+        self.pos = torch.zeros_like(self.cur)  # tokens of it written so far
+
+    def _next_in_phrase(self) -> Tensor:
+        """[N] the token that continues each row's phrase in progress (-1: none)."""
+        rows = torch.arange(self.cur.numel(), device=self.cur.device)
+        nxt = self.table[rows, self.cur.clamp(min=0), self.pos.clamp(max=self.table.size(2) - 1)]
+        return torch.where(self.cur >= 0, nxt, -1)
+
+    def complete(self) -> Tensor:
+        """[N] whether each row has written every phrase."""
+        return self.done.all(-1)
+
+    def allowed(self) -> Tensor:
+        allowed = torch.ones(self.cur.numel(), self.vocab_size, dtype=torch.bool, device=self.cur.device)
+        allowed[:, EOS_ID] = self.complete()
+        return allowed
+
+    def candidates(self) -> Tensor:
+        """[N, P + 1] tokens each row proposes besides its best ones (-1: none): the next token of its
+        phrase in progress and the first token of every phrase it has not written."""
+        firsts = torch.where(self.done, -1, self.table[:, :, 0])
+        return torch.cat([self._next_in_phrase()[:, None], firsts], 1)
+
+    def _after(self, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's state after writing each of ``tokens`` [N, K]: (done [N, K, P], cur [N, K], pos [N, K])."""
+        n, k = tokens.shape
+        continues = (tokens == self._next_in_phrase()[:, None]) & (self.cur[:, None] >= 0)  # [N, K]
+        starts = (tokens[:, :, None] == self.table[:, None, :, 0]) & ~self.done[:, None, :]  # [N, K, P]
+        first = starts.float().argmax(-1)  # the first unwritten phrase this token starts
+        cur = torch.where(continues, self.cur[:, None], torch.where(starts.any(-1), first, -1))
+        pos = torch.where(continues, self.pos[:, None] + 1, (cur >= 0).long())
+        length = self.length.gather(1, cur.clamp(min=0))  # [N, K]
+        complete = (cur >= 0) & (pos == length)
+        index = cur.clamp(min=0)[:, :, None]
+        done = self.done[:, None, :].expand(n, k, -1).clone()
+        done.scatter_(2, index, done.gather(2, index) | complete[:, :, None])
+        return done, torch.where(complete, -1, cur), torch.where(complete, 0, pos)
+
+    def met(self, tokens: Tensor) -> Tensor:
+        """[N, K] constraint tokens each row has met after writing each of ``tokens`` [N, K]: whole
+        phrases written, plus its progress in the one in progress (its bank)."""
+        done, _, pos = self._after(tokens)
+        return (done.long() * self.length[:, None, :]).sum(-1) + pos
+
+    def advance(self, rows: Tensor, tokens: Tensor) -> None:
+        self.table, self.length = self.table[rows], self.length[rows]
+        self.done, self.cur, self.pos = self.done[rows], self.cur[rows], self.pos[rows]
+        done, cur, pos = self._after(tokens[:, None])
+        self.done, self.cur, self.pos = done[:, 0], cur[:, 0], pos[:, 0]
+
+
+def with_proposals(log_probs: Tensor, k: int, proposals: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's k best tokens (``top_next_tokens``) and the tokens its constraints propose
+    (proposals [N, E], -1: none), with their log-probs: [N, k + E] each. A proposal already among the
+    k best, or proposed twice, or not allowed, gets -inf, so no candidate is counted twice."""
+    values, tokens = log_probs.topk(min(k, log_probs.size(-1)), -1)
+    e = proposals.size(1)
+    earlier = torch.ones(e, e, dtype=torch.bool, device=proposals.device).tril(-1)  # j < i
+    repeated = ((proposals[:, :, None] == proposals[:, None, :]) & earlier).any(-1)
+    dup = (proposals[:, :, None] == tokens[:, None, :]).any(-1) | repeated | (proposals < 0)
+    extra = log_probs.gather(1, proposals.clamp(min=0)).masked_fill(dup, float("-inf"))
+    return torch.cat([values, extra], 1), torch.cat([tokens, proposals.clamp(min=0)], 1)
+
+
+def bank_order(total: Tensor, banks: Tensor) -> Tensor:
+    """Dynamic beam allocation (Post & Vilar 2018), vectorised after Hu et al. (2019): candidates
+    total [n, M] (scores) with banks [n, M] (constraint tokens met) -> candidate indices [n, M] in the
+    order the beam takes them: the best of every bank first (fuller banks first), then the second best
+    of every bank, and so on; impossible candidates (-inf) last. A bank with too few candidates leaves
+    its places to the others, so the beam stays full."""
+    by_score = total.sort(dim=1, descending=True, stable=True).indices  # [n, M]
+    bank = banks.gather(1, by_score)
+    width = int(banks.max()) + 1
+    one_hot = torch.nn.functional.one_hot(bank, width)  # [n, M, banks]
+    rank = (one_hot.cumsum(1) * one_hot).sum(-1) - 1  # place within its bank, by score
+    key = (rank * width + (width - 1 - bank)).masked_fill(total.gather(1, by_score) == float("-inf"),
+                                                          total.size(1) * width)
+    return by_score.gather(1, key.sort(dim=1, stable=True).indices)

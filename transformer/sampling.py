@@ -1,0 +1,36 @@
+"""Sampling instead of searching (not in the paper): back-translation's usual decoding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Sampling:
+    """Drawing each next token from the model's distribution instead of searching (not in the paper;
+    back-translation's usual decoding): the log-probs divided by ``temperature``, then cut to the
+    ``topk`` most probable tokens (0: all) and to the smallest set whose probability reaches ``topp``
+    (1.0: all). ``generator`` makes the draws repeatable: the same seed, inputs and batch size give the
+    same outputs on the same machine."""
+
+    generator: torch.Generator
+    topk: int = 0
+    topp: float = 1.0
+    temperature: float = 1.0
+
+    def draw(self, log_probs: Tensor) -> Tensor:
+        """log_probs [N, V] (``next_log_probs``: excluded tokens at -inf) -> one token per row [N]."""
+        logits = log_probs / self.temperature
+        if 0 < self.topk < logits.size(-1):
+            kth = logits.topk(self.topk, -1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.topp < 1.0:
+            sorted_logits, order = logits.sort(-1, descending=True)
+            probs = sorted_logits.softmax(-1)
+            beyond = probs.cumsum(-1) - probs >= self.topp  # the tokens before it already reach topp
+            cut = torch.zeros_like(beyond).scatter(-1, order, beyond)  # back to vocabulary order
+            logits = logits.masked_fill(cut, float("-inf"))  # the most probable token always stays
+        return torch.multinomial(logits.softmax(-1), 1, generator=self.generator).flatten()
