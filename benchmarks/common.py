@@ -17,6 +17,7 @@ from transformer.data import read_lines
 from transformer.errors import UserError
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
 from transformer.prepare import resolve_data_path
+from transformer.request import DecodeRequest
 from transformer.train import train
 from transformer.translator import Translator
 
@@ -125,7 +126,7 @@ class Split:
         """Tokenized lowercased BLEU, sacreBLEU (detokenized, cased) with its signature, chrF, the
         decoding's seconds and the hypotheses."""
         start = time.monotonic()
-        hyps = translator.translate(self.src, beam_size=beam)
+        hyps = translator.translate(self.src, DecodeRequest(beam_size=beam))
         seconds = time.monotonic() - start
         scores = sacrebleu_scores(hyps, self.ref)
         return {"tok_lc_bleu": round(tok_lc_bleu(hyps, self.tok_ref, self.lang), 2),

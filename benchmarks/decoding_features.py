@@ -44,6 +44,7 @@ from transformer.data import encode_for_decoding, read_lines
 from transformer.decode import decode_ids, score_ids
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
 from transformer.prepare import resolve_data_path
+from transformer.request import DecodeRequest
 from transformer.translator import Translator
 
 from common import ROOT, git, recipe_run, train_or_resume
@@ -123,7 +124,7 @@ def main() -> None:
 
     # 3. constraints from the references
     constraints = reference_constraints(plain, refs)
-    cons_s, constrained = timed(lambda: [h[0][0] for h in translator.hypotheses(src, constraints=constraints)])
+    cons_s, constrained = timed(lambda: [h[0][0] for h in translator.decode(src, DecodeRequest(constraints=constraints))])
     wanted = [(c, out) for cs, out in zip(constraints, constrained) for c in cs]
     result["constraints"] = len(wanted)
     result["constraint_coverage"] = sum(c in out for c, out in wanted) / max(1, len(wanted))

@@ -117,12 +117,14 @@ def test_every_command_has_help():
         assert result.returncode == 0 and "usage:" in result.stdout, command
 
 
-@pytest.mark.parametrize("flag, value, message", [("--alpha", "nan", "decode.alpha must be a finite number"),
-                                                  ("--alpha", "inf", "decode.alpha must be a finite number"),
-                                                  ("--alpha", "-0.5", "decode.alpha and decode.max_len_offset must be"),
-                                                  ("--beam", "0", "decode.beam_size must be positive")])
-def test_decoding_flags_are_checked_like_the_config(tiny_run, flag, value, message):
-    """A flag's value passes the same checks as the run's config: NaN is not a length penalty."""
+@pytest.mark.parametrize("flag, value, message", [("--alpha", "nan", "--alpha nan: must be a finite number >= 0"),
+                                                  ("--alpha", "inf", "--alpha inf: must be a finite number >= 0"),
+                                                  ("--alpha", "-0.5", "--alpha -0.5: must be a finite number >= 0"),
+                                                  ("--beam", "0", "--beam 0: must be at least 1"),
+                                                  ("--max-len-offset", "-1", "--max-len-offset -1: must be >= 0"),
+                                                  ("--batch-size", "0", "--batch-size 0: must be at least 1")])
+def test_decoding_flags_are_checked_as_the_request(tiny_run, flag, value, message):
+    """A flag's value is checked with the request (``DecodeRequest.verify``): NaN is not a length penalty."""
     result = run_cli("translate", str(tiny_run), flag, value, stdin="a dog runs .\n")
     assert result.returncode == 1 and message in result.stderr, result.stderr
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
@@ -194,12 +196,17 @@ def test_prefix_and_sampling_from_the_command_line(tiny_run, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--nbest", "5"], "--nbest 5: more than the beam size 4"),
+    (["--nbest", "5"], "--nbest 5 with the run's beam size 4: an n-best list holds at most the beam's hypotheses"),
     (["--nbest", "0"], "--nbest 0: must be at least 1"),
-    (["--topk", "3"], "--topk: only with --sample"),
+    (["--topk", "3"], "--topk without --sample: a setting of sampling"),
     (["--sample", "--topp", "1.5"], "--topp 1.5: must be in (0, 1]"),
-    (["--sample", "--temperature", "nan"], "--temperature nan: must be a positive number"),
-    (["--prefix", "{tmp}/two_lines.txt"], "2 lines for 4 input lines"),
+    (["--sample", "--topp", "0"], "--topp 0.0: must be in (0, 1]"),
+    (["--sample", "--topk", "-1"], "--topk -1: must be >= 0"),
+    (["--sample", "--temperature", "nan"], "--temperature nan: must be a positive finite number"),
+    (["--sample", "--temperature", "0"], "--temperature 0.0: must be a positive finite number"),
+    (["--sample", "--seed", str(2**64)], f"--seed {2**64}: must be in 0 .. 2^64 - 1"),
+    (["--sample", "--seed", "-1"], "--seed -1: must be in 0 .. 2^64 - 1"),
+    (["--prefix", "{tmp}/two_lines.txt"], "--prefix: 2 given for 4 input lines"),
     (["--prefix", "{tmp}/long.txt", "--max-len-offset", "2"], "prefix of line 1:"),
 ])
 def test_decoding_feature_errors_are_one_line(tiny_run, tmp_path, args, message):
@@ -250,6 +257,4 @@ def test_constraints_appear_in_every_output(tiny_run, tmp_path):
         assert all(phrase in text for phrase in wanted.get(i, [])), (i, text)
     (tmp_path / "three.txt").write_text("a\n\n\n")
     bad = run_cli("translate", str(tiny_run), "--constraints", str(tmp_path / "three.txt"), stdin=SENTENCES)
-    assert bad.returncode == 1 and "3 lines for 4 input lines" in bad.stderr
-    sampled = run_cli("translate", str(tiny_run), "--constraints", str(constraints), "--sample", stdin=SENTENCES)
-    assert sampled.returncode == 1 and "not with sampling" in sampled.stderr
+    assert bad.returncode == 1 and "--constraints: 3 given for 4 input lines" in bad.stderr

@@ -5,6 +5,7 @@ import pytest
 from transformer.config import load_config
 from transformer.data import encode_for_decoding, read_lines
 from transformer.export import ExportError, export_ctranslate2
+from transformer.request import DecodeRequest
 from transformer.train import train
 from transformer.translator import Translator
 
@@ -46,7 +47,7 @@ def test_exported_model_translates_as_ours_greedy(run, tmp_path, multi30k):
     out = export_ctranslate2(run, tmp_path / "ct2", log=lambda m: None)
     assert (out / "model.bin").is_file() and (out / "spm.model").is_file()
     translator = Translator(run, log=lambda m: None)
-    ours = translator.translate(lines, beam_size=1)
+    ours = translator.translate(lines, DecodeRequest(beam_size=1))
     # not vacuous: the model stops on its own on some sentences and runs to the length limit on others
     assert len({len(o) for o in ours}) > 5
     assert ctranslate2_outputs(out, translator, lines, beam=1) == ours
@@ -62,7 +63,7 @@ def test_exported_model_translates_as_ours_beam4(tmp_path, tiny_overrides, multi
     lines = read_lines(multi30k / "val.en.gz")[:40]
     out = export_ctranslate2(run, tmp_path / "ct2", log=lambda m: None)
     translator = Translator(run, log=lambda m: None)
-    ours = translator.translate(lines, beam_size=4, alpha=0.6)
+    ours = translator.translate(lines, DecodeRequest(beam_size=4, alpha=0.6))
     assert len({len(o) for o in ours}) > 5  # not vacuous: outputs of many lengths
     theirs = ctranslate2_outputs(out, translator, lines, beam=4, length_penalty=0.6)
     differ = sum(a != b for a, b in zip(ours, theirs, strict=True))

@@ -13,11 +13,13 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from transformer.figures import attention_maps  # noqa: E402
+from transformer.request import DecodeRequest  # noqa: E402
 from transformer.config import ConfigError  # noqa: E402
 from transformer.serve import MAX_RESTARTS, Batcher, LimitError, Limits, create_app  # noqa: E402
 from transformer.translator import Translator  # noqa: E402
 
 LINES = ["A dog runs on the beach.", "Two men are talking.", "A girl in a red dress is jumping."]
+BEAM2 = DecodeRequest(beam_size=2, alpha=0.6)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def client(translator):
 def test_translate_equals_the_translator(client, translator):
     r = client.post("/v1/translate", json={"text": LINES + [""], "beam": 2, "alpha": 0.6})
     assert r.status_code == 200
-    assert r.json()["translations"] == translator.translate(LINES, beam_size=2, alpha=0.6) + [""]
+    assert r.json()["translations"] == translator.translate(LINES, DecodeRequest(beam_size=2, alpha=0.6)) + [""]
     default = client.post("/v1/translate", json={"text": LINES[:1]}).json()["translations"]
     assert default == translator.translate(LINES[:1])  # the run's beam 4 and alpha 0.6 (§6.1)
 
@@ -43,35 +45,35 @@ def test_requests_from_many_clients_are_decoded_together(translator):
     async def scenario():
         batcher = Batcher(translator, Limits(max_wait_ms=200), ThreadPoolExecutor(1))
         worker = asyncio.create_task(batcher.run())
-        results = await asyncio.gather(*(batcher.translate([line], 2, 0.6) for line in LINES))
+        results = await asyncio.gather(*(batcher.translate([line], BEAM2) for line in LINES))
         worker.cancel()
         return batcher, results
 
     batcher, results = asyncio.run(scenario())
     assert batcher.requests == 3 and batcher.batches == 1
-    assert [r[0] for r in results] == translator.translate(LINES, beam_size=2)  # each gets its own answer
+    assert [r[0] for r in results] == translator.translate(LINES, BEAM2)  # each gets its own answer
 
 
 def test_batches_respect_the_token_bound_and_beam(translator):
     async def scenario():
         batcher = Batcher(translator, Limits(max_wait_ms=200, max_batch_tokens=40), ThreadPoolExecutor(1))
         worker = asyncio.create_task(batcher.run())
-        results = await asyncio.gather(batcher.translate(LINES[:1], 2, 0.6), batcher.translate(LINES[1:2], 3, 0.6),
-                                       *(batcher.translate([line], 2, 0.6) for line in LINES))
+        results = await asyncio.gather(batcher.translate(LINES[:1], BEAM2), batcher.translate(LINES[1:2], DecodeRequest(beam_size=3)),
+                                       *(batcher.translate([line], BEAM2) for line in LINES))
         worker.cancel()
         return batcher, results
 
     batcher, results = asyncio.run(scenario())
     assert batcher.requests == 5 and batcher.batches >= 3  # another beam, or over 40 tokens: a new batch
-    assert results[1] == translator.translate(LINES[1:2], beam_size=3)
+    assert results[1] == translator.translate(LINES[1:2], DecodeRequest(beam_size=3))
 
 
 @pytest.mark.parametrize("body, status, message", [
     ({"text": ["a"] * 5}, 422, "5 sentences, more than the limit of 4"),
     ({"text": ["a" * 201]}, 422, "text[0]: 201 characters"),
-    ({"text": ["a"], "beam": 0}, 422, "beam: 0 is outside 1..16"),
-    ({"text": ["a"], "beam": 17}, 422, "beam: 17 is outside"),
-    ({"text": ["a"], "alpha": -1}, 422, "invalid request"),
+    ({"text": ["a"], "beam": 0}, 422, "beam 0: must be at least 1"),
+    ({"text": ["a"], "beam": 17}, 422, "beam: 17, more than the limit of 16 (--max-beam)"),
+    ({"text": ["a"], "alpha": -1.0}, 422, "alpha -1.0: must be a finite number >= 0"),
     ({"text": "not a list"}, 422, "invalid request"),
     ({"beam": 4}, 422, "invalid request"),
 ])
@@ -81,14 +83,16 @@ def test_bad_requests_get_json_errors(client, body, status, message):
 
 
 def test_nbest_scores_prefixes_and_sampling_through_the_api(client, translator):
-    r = client.post("/v1/translate", json={"text": LINES[:2] + [""], "beam": 3, "nbest": 3, "scores": True})
+    r = client.post("/v1/translate", json={"text": LINES[:2] + [""], "beam": 3, "nbest": 3})
     assert r.status_code == 200, r.json()
     data = r.json()
-    expected = translator.hypotheses(LINES[:2], nbest=3, beam_size=3)
+    expected = translator.decode(LINES[:2], DecodeRequest(nbest=3, beam_size=3))
     assert [[(h["text"], round(h["score"], 5)) for h in hyps] for hyps in data["nbest"][:2]] == \
         [[(t, round(x, 5)) for t, x in hyps] for hyps in expected]
     assert data["translations"] == [hyps[0]["text"] for hyps in data["nbest"]] and data["translations"][2] == ""
-    assert data["scores"][:2] == [hyps[0]["score"] for hyps in data["nbest"][:2]]
+    scored = client.post("/v1/translate", json={"text": LINES[:2] + [""], "beam": 3, "scores": True}).json()
+    assert scored["translations"] == data["translations"] and "nbest" not in scored
+    assert scored["scores"][:2] == [hyps[0]["score"] for hyps in data["nbest"][:2]]
     plain = client.post("/v1/translate", json={"text": LINES[:1]}).json()
     assert set(plain) == {"translations"}  # nothing asked, nothing more answered
     r = client.post("/v1/translate", json={"text": LINES[:2], "prefix": ["Ein Hund", ""]})
@@ -111,18 +115,23 @@ def test_score_endpoint_equals_the_translator(client, translator):
 
 
 @pytest.mark.parametrize("path, body, message", [
-    ("/v1/translate", {"text": ["a"], "beam": 2, "nbest": 3}, "nbest: 3 is more than the beam (2)"),
-    ("/v1/translate", {"text": ["a"], "nbest": 0}, "invalid request"),
-    ("/v1/translate", {"text": ["a", "b"], "prefix": ["x"]}, "prefix: 1 prefixes for 2 sentences"),
-    ("/v1/translate", {"text": ["a"], "sample": True}, "sample: give a seed"),
-    ("/v1/translate", {"text": ["a"], "topk": 3}, "topk: only with"),
-    ("/v1/translate", {"text": ["a"], "sample": True, "seed": 1, "topp": 1.5}, "invalid request"),
-    ("/v1/translate", {"text": ["a"], "sample": True, "seed": 1, "nbest": 17}, "limit of 16 draws"),
-    ("/v1/translate", {"text": ["a"], "constraints": [["x"], ["y"]]}, "constraints: 2 lists for 1 sentences"),
+    ("/v1/translate", {"text": ["a"], "beam": 2, "nbest": 3}, "nbest 3 with beam 2: an n-best list holds at most"),
+    ("/v1/translate", {"text": ["a"], "nbest": 0}, "nbest 0: must be at least 1"),
+    ("/v1/translate", {"text": ["a", "b"], "prefix": ["x"]}, "prefix: 1 given for 2 input lines"),
+    ("/v1/translate", {"text": ["a"], "topk": 3}, "topk without sample: a setting of sampling"),
+    ("/v1/translate", {"text": ["a"], "sample": True, "seed": 1, "topp": 1.5}, "topp 1.5: must be in (0, 1]"),
+    ("/v1/translate", {"text": ["a"], "sample": True, "seed": 2**64}, "seed 18446744073709551616: must be in 0"),
+    ("/v1/translate", {"text": ["a"], "sample": True, "seed": 1, "nbest": 17}, "nbest: 17 draws, more than the limit of 16"),
+    ("/v1/translate", {"text": ["a"], "sample": True, "beam": 2}, "sample with beam: sampling draws each token"),
+    ("/v1/translate", {"text": ["a"], "nbest": 2, "scores": True}, "scores with nbest: n-best lists carry the score"),
+    ("/v1/translate", {"text": ["a"], "sample": True, "constraints": [["x"]]},
+     "sample with constraints: lexical constraints need beam search"),
+    ("/v1/translate", {"text": ["a"], "constraints": [["x"], ["y"]]}, "constraints: 2 given for 1 input lines"),
     ("/v1/translate", {"text": ["a"], "constraints": [["x y z " * 30]]}, "constraints of line 1"),
     ("/v1/translate", {"text": ["a"], "prefix": ["x y z " * 30]}, "prefix of line 1"),
     ("/v1/score", {"text": ["a", "b"], "translation": ["x"]}, "translation: 1 sentences for 2"),
     ("/v1/score", {"text": ["a"] * 5, "translation": ["x"] * 5}, "5 sentences, more than the limit of 4"),
+    ("/v1/score", {"text": ["a"], "translation": ["x"], "alpha": -0.5}, "alpha -0.5: must be a finite number >= 0"),
 ])
 def test_bad_feature_requests_get_json_errors(client, path, body, message):
     r = client.post(path, json=body)
@@ -196,8 +205,8 @@ def test_a_full_queue_refuses_at_once_with_retry_after(translator):
 def decoded(translator, monkeypatch) -> list[str]:
     """Every line the translator is asked to decode, in order."""
     lines_seen: list[str] = []
-    real = translator.hypotheses  # what the server's worker calls (translate calls it too)
-    monkeypatch.setattr(translator, "hypotheses",
+    real = translator.decode  # what the server's worker calls (translate calls it too)
+    monkeypatch.setattr(translator, "decode",
                         lambda lines, *a, **k: lines_seen.extend(lines) or real(lines, *a, **k))
     return lines_seen
 
@@ -208,16 +217,16 @@ def test_a_request_not_decoded_within_its_deadline_gets_503_and_is_never_decoded
         batcher.executor.submit(gate.wait)  # the model thread is busy with something else
         started = time.monotonic()
         with pytest.raises(LimitError) as e:
-            await batcher.translate(["A late dog."], 2, 0.6)
+            await batcher.translate(["A late dog."], BEAM2)
         waited = time.monotonic() - started
         gate.set()
-        ok = await batcher.translate(["A dog."], 2, 0.6)
+        ok = await batcher.translate(["A dog."], BEAM2)
         return e.value, waited, ok
 
     batcher, (error, waited, ok) = run_batcher(translator, Limits(queue_timeout=0.3), scenario)
     assert error.status == 503 and error.retry_after and 0.3 <= waited < 2
     assert decoded == ["A dog."]  # the late one was dropped, never decoded
-    assert ok == translator.translate(["A dog."], 2, 0.6)
+    assert ok == translator.translate(["A dog."], BEAM2)
     assert batcher.timed_out == 1 and batcher.dropped == 1
 
 
@@ -226,13 +235,13 @@ def test_a_request_whose_client_left_is_dropped_before_decoding(translator, deco
         gate = threading.Event()
         batcher.executor.submit(gate.wait)
         gone = asyncio.get_running_loop().create_future()
-        waiting = asyncio.create_task(batcher.translate(["A gone dog."], 2, 0.6, gone))
+        waiting = asyncio.create_task(batcher.translate(["A gone dog."], BEAM2, gone))
         await asyncio.sleep(0.05)
         gone.set_result("http.disconnect")
         with pytest.raises(LimitError):
             await waiting
         gate.set()
-        return await batcher.translate(["A dog."], 2, 0.6)
+        return await batcher.translate(["A dog."], BEAM2)
 
     batcher, _ = run_batcher(translator, Limits(), scenario)
     assert decoded == ["A dog."] and batcher.dropped == 1
@@ -248,7 +257,7 @@ def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(tra
         errors = []
         for _ in range(MAX_RESTARTS + 2):
             with pytest.raises(LimitError) as e:
-                await batcher.translate(["A dog."], 2, 0.6)
+                await batcher.translate(["A dog."], BEAM2)
             errors.append(e.value)
             await asyncio.sleep(0.01)
         return errors

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from transformer.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, write_model
-from transformer.config import load_config
+from transformer.config import ConfigError, load_config
+from transformer.request import DecodeRequest
 from transformer.train import train
 from transformer.translator import Translator
 
@@ -22,7 +23,7 @@ def test_default_is_the_average_of_the_last_checkpoints(run):
     assert "averaging the last 3 checkpoint(s)" in messages[0]  # 3 exist, average_last is 5
     weights = [load_checkpoint(p).weights["embed.weight"] for p in list_checkpoints(run)]
     torch.testing.assert_close(translator.model.embed.weight.detach().cpu(), torch.stack(weights).mean(0))
-    outputs = translator.translate(["A dog runs.", "", "   "], beam_size=2)
+    outputs = translator.translate(["A dog runs.", "", "   "], DecodeRequest(beam_size=2))
     assert len(outputs) == 3 and outputs[1] == "" and outputs[2] == ""
 
 
@@ -56,16 +57,16 @@ def test_int8_quantizes_every_linear_layer_and_stays_close(run):
         a, b = fp32.model(src, tgt), int8.model(src, tgt)
     assert not torch.equal(a, b)  # it is quantized ...
     torch.testing.assert_close(b.log_softmax(-1), a.log_softmax(-1), atol=0.1, rtol=0.05)  # ... and close
-    assert len(int8.translate(["A dog runs.", ""], beam_size=2)) == 2
+    assert len(int8.translate(["A dog runs.", ""], DecodeRequest(beam_size=2))) == 2
     # the quantized output layer has no weight tensor: prefixes and constraints still work on it
-    hyps = int8.hypotheses(["A dog runs.", "A cat."], beam_size=4, prefixes=["Ein", ""], constraints=[["Hund"], []])
+    hyps = int8.decode(["A dog runs.", "A cat."], DecodeRequest(beam_size=4, prefixes=["Ein", ""], constraints=[["Hund"], []]))
     assert len(hyps) == 2 and all(hyps)
 
 
 def test_device_choice_is_checked(run):
     assert Translator(run, device="cpu").device == torch.device("cpu")
     assert Translator(run, int8=True).device == torch.device("cpu")  # int8 decodes on the CPU, GPU or not
-    with pytest.raises(CheckpointError, match="CPU only"):
+    with pytest.raises(ConfigError, match="--int8 with --device cuda: int8 kernels run on the CPU only"):
         Translator(run, int8=True, device="cuda")
     with pytest.raises(CheckpointError, match="--device 'gpu0'"):
         Translator(run, device="gpu0")
@@ -77,10 +78,10 @@ def test_device_choice_is_checked(run):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_decodes_like_the_cpu(run):
     lines = ["A dog runs.", "Two men are talking on a bench.", ""]
-    cpu = Translator(run, device="cpu").translate(lines, beam_size=4)
+    cpu = Translator(run, device="cpu").translate(lines, DecodeRequest(beam_size=4))
     gpu = Translator(run, device="cuda")
     assert next(gpu.model.parameters()).is_cuda
-    assert gpu.translate(lines, beam_size=4) == cpu
+    assert gpu.translate(lines, DecodeRequest(beam_size=4)) == cpu
 
 
 def test_an_ensemble_needs_one_vocabulary(run, tmp_path, tiny_overrides):

@@ -142,34 +142,50 @@ def _unconstrained_option(p: argparse.ArgumentParser) -> None:
 
 
 def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
-    """The decoding options given on the command line as ``decode.*`` config fields: they replace the
-    run's own for this command (for `serve`, the defaults of requests that do not say), and are
-    checked with them (``Config.validate``, in ``Translator``)."""
+    """`serve`'s decoding options as ``decode.*`` config fields: they replace the run's own as the
+    defaults of requests that do not say, and are checked with them (``Config.validate``, in
+    ``Translator``)."""
     given = {"beam_size": args.beam, "alpha": args.alpha, "max_len_offset": args.max_len_offset,
              "batch_size": args.batch_size, "early_stop": args.early_stop}
     return {k: v for k, v in given.items() if v is not None}
 
 
-def _translator(args: argparse.Namespace, check: Callable | None = None):
-    """The run's model, checked before any input is read (errors come first, not after stdin); ``check``
-    (translator) -> None raises for options that need the run's settings, before anything is said."""
+def _request(args: argparse.Namespace):
+    """The command's decoding options as the one request every decoding command makes
+    (``request.DecodeRequest``: what is not given is the run's own). The files of prefixes and
+    constraints are read here, before any input."""
+    from .data import read_lines
+    from .request import DecodeRequest
+
+    def given(name: str):
+        return getattr(args, name, None)
+
+    prefixes = None if given("prefix") is None else read_lines(args.prefix)
+    constraints = None if given("constraints") is None else [line.split("\t") for line in read_lines(args.constraints)]
+    return DecodeRequest(beam_size=given("beam"), alpha=given("alpha"), max_len_offset=given("max_len_offset"),
+                         early_stop=given("early_stop"), batch_size=given("batch_size"), nbest=given("nbest"),
+                         scores=bool(given("scores")), alignment=bool(given("alignment")), prefixes=prefixes,
+                         constraints=constraints, sample=bool(given("sample")), topk=given("topk"),
+                         topp=given("topp"), temperature=given("temperature"), seed=given("seed"))
+
+
+def _translator(args: argparse.Namespace, request):
+    """The run's model, with ``request`` checked against it (``Translator.check``) before any input is
+    read: errors come first, not after stdin, and alone (what loading says is printed after them)."""
     from .translator import Translator
 
-    overrides = _decode_overrides(args)
-    said: list[str] = []  # what loading says goes to stderr once every check has passed
-    translator = Translator(args.run_dir, args.checkpoint, log=said.append, int8=args.int8,
-                            device=args.device, decode=overrides, ensemble=getattr(args, "ensemble", ()))
-    if getattr(args, "unconstrained", False):
-        translator.constraint = None
-    if check is not None:
-        check(translator)
+    said: list[str] = []
+    translator = Translator(args.run_dir, args.checkpoint, log=said.append, int8=args.int8, device=args.device,
+                            decode={"constrained": False} if getattr(args, "unconstrained", False) else None,
+                            ensemble=getattr(args, "ensemble", ()))
+    translator.check(request)
     for message in said:
         print(message, file=sys.stderr)
     return translator
 
 
-def _translate_lines(translator, lines: list[str]) -> list[str]:
-    return translator.translate(lines, progress=len(lines) > 100 and sys.stderr.isatty())
+def _translate_lines(translator, lines: list[str], request) -> list[str]:
+    return translator.translate(lines, request, progress=len(lines) > 100 and sys.stderr.isatty())
 
 
 def _translate_arguments(p: argparse.ArgumentParser) -> None:
@@ -181,7 +197,7 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
                    "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
                    "beam's log P / lp(|Y|); the first of each list is the plain output")
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' lines: each output with the "
-                   "beam's score, log P / lp(|Y|)")
+                   "beam's score, log P / lp(|Y|) (--nbest lines carry it already)")
     p.add_argument("--prefix", type=Path, metavar="FILE", help="one target prefix per input line (empty: none): "
                    "each output starts with it and the search continues from it (interactive translation)")
     p.add_argument("--constraints", type=Path, metavar="FILE", help="per input line, the phrases its output must "
@@ -189,7 +205,8 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
                    "allocation, Post & Vilar 2018); a beam of at least the constraints' pieces + 1 works best")
     p.add_argument("--sample", action="store_true", help="draw each output token from the model's distribution "
                    "instead of searching (not beam search: back-translation's decoding); with --nbest K, K draws")
-    p.add_argument("--topk", type=int, metavar="K", help="--sample: draw among the K most probable tokens only")
+    p.add_argument("--topk", type=int, metavar="K", help="--sample: draw among the K most probable tokens only "
+                   "(default 0: all)")
     p.add_argument("--topp", type=float, metavar="P", help="--sample: draw among the most probable tokens whose "
                    "probability together reaches P (nucleus sampling)")
     p.add_argument("--temperature", type=float, metavar="T", help="--sample: divide the log-probabilities by T "
@@ -201,25 +218,6 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
                    "penultimate decoder layer averaged over heads")
 
 
-def _sampling(args: argparse.Namespace) -> dict | None:
-    """--sample's settings, checked, as ``sampling.Sampling``'s fields (the seed for its generator); None
-    without --sample (where any of its options is an error)."""
-    given = [f"--{k}" for k in ("topk", "topp", "temperature", "seed") if getattr(args, k) is not None]
-    if not args.sample:
-        if given:
-            raise ConfigError(f"{', '.join(given)}: only with --sample")
-        return None
-    if args.topk is not None and args.topk < 1:
-        raise ConfigError(f"--topk {args.topk}: must be at least 1")
-    if args.topp is not None and not 0 < args.topp <= 1:
-        raise ConfigError(f"--topp {args.topp}: must be in (0, 1]")
-    if args.temperature is not None and not 0 < args.temperature < float("inf"):
-        raise ConfigError(f"--temperature {args.temperature}: must be a positive number")
-    return {"seed": 1 if args.seed is None else args.seed, "topk": args.topk or 0,
-            "topp": 1.0 if args.topp is None else args.topp,
-            "temperature": 1.0 if args.temperature is None else args.temperature}
-
-
 @command("translate", _translate_arguments)
 def cmd_translate(args: argparse.Namespace) -> None:
     """Translate lines with beam search (§6.1).
@@ -228,58 +226,28 @@ def cmd_translate(args: argparse.Namespace) -> None:
     lines per input (Moses n-best form), --scores adds each output's score, --alignment its word
     alignment, --prefix forces the start of each output, --constraints the phrases it must contain,
     --sample draws outputs instead of searching, --ensemble decodes with several runs' models together.
+    Options that do not combine are refused in one line before any decoding (the table:
+    docs/decoding.md).
     """
     from .data import read_lines
 
-    sampling = _sampling(args)
-    if args.nbest is not None and args.nbest < 1:
-        raise ConfigError(f"--nbest {args.nbest}: must be at least 1")
-
-    def check(translator) -> None:
-        beam = translator.cfg.decode.beam_size
-        if args.nbest is not None and sampling is None and args.nbest > beam:
-            raise ConfigError(f"--nbest {args.nbest}: more than the beam size {beam}; give --beam {args.nbest} or more")
-        if args.alignment and args.ensemble:
-            raise ConfigError("--alignment: not with --ensemble (whose attention would it be?)")
-
-    translator = _translator(args, check)
-    if sampling is not None:
-        import torch
-
-        from .sampling import Sampling
-
-        seed = sampling.pop("seed")
-        sampling = Sampling(torch.Generator(translator.device).manual_seed(seed), **sampling)
+    request = _request(args)
+    translator = _translator(args, request)
     lines = read_lines(args.input or Path("/dev/stdin"))
-    prefixes = None
-    if args.prefix is not None:
-        prefixes = read_lines(args.prefix)
-        if len(prefixes) != len(lines):
-            raise ConfigError(f"--prefix {args.prefix}: {len(prefixes)} lines for {len(lines)} input lines")
-    constraints = None
-    if args.constraints is not None:
-        constraints = [line.split("\t") for line in read_lines(args.constraints)]
-        if len(constraints) != len(lines):
-            raise ConfigError(f"--constraints {args.constraints}: {len(constraints)} lines for {len(lines)} input lines")
-    if args.nbest is None and not (args.scores or args.alignment) and prefixes is None and sampling is None \
-            and constraints is None:
-        _write_lines(args.output, _translate_lines(translator, lines))
-        return
-    hyps = translator.hypotheses(lines, args.nbest or 1, prefixes, sampling,
-                                 progress=len(lines) > 100 and sys.stderr.isatty(), constraints=constraints)
+    hyps = translator.decode(lines, request, progress=len(lines) > 100 and sys.stderr.isatty())
 
     def aligned(i: int, text: str) -> str:
-        if not args.alignment:
+        if not request.alignment:
             return ""
         from .figures import attention_maps, word_alignment
 
         pairs = word_alignment(attention_maps(translator, lines[i], text)) if lines[i].strip() else []
         return " ||| " + " ".join(f"{s}-{t}" for s, t in pairs)
 
-    if args.nbest is not None:
+    if request.nbest is not None:
         rows = [f"{i} ||| {text} ||| {score:.6f}{aligned(i, text)}" for i, h in enumerate(hyps) for text, score in h]
     else:
-        rows = [(f"{h[0][1]:.6f}\t{h[0][0]}" if args.scores else h[0][0]) + aligned(i, h[0][0])
+        rows = [(f"{h[0][1]:.6f}\t{h[0][0]}" if request.scores else h[0][0]) + aligned(i, h[0][0])
                 for i, h in enumerate(hyps)]
     _write_lines(args.output, rows)
 
@@ -289,7 +257,6 @@ def _score_arguments(p: argparse.ArgumentParser) -> None:
     _ensemble_option(p)
     p.add_argument("--alpha", type=float, help="GNMT length penalty α of SCORE (default: the run's decode.alpha; "
                    "§6.1: 0.6)")
-    p.set_defaults(beam=None, max_len_offset=None, batch_size=None, early_stop=None)
     p.add_argument("--src", type=Path, help="source sentences, plain or .gz (with --tgt; default: stdin, one "
                    "pair per line as SOURCE<TAB>TARGET)")
     p.add_argument("--tgt", type=Path, help="the translations to score, line-aligned with --src")
@@ -316,9 +283,11 @@ def cmd_score(args: argparse.Namespace) -> None:
 
     from .data import DataError, iter_lines, iter_parallel
 
+    from .request import DecodeRequest
+
     if (args.src is None) != (args.tgt is None):
         raise ConfigError("give both --src and --tgt, or neither (pairs on stdin as SOURCE<TAB>TARGET)")
-    translator = _translator(args)
+    translator = _translator(args, DecodeRequest(alpha=args.alpha))
     if args.src is not None:
         pairs = iter_parallel(args.src, args.tgt)
     else:
@@ -334,7 +303,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     try:
         while chunk := list(itertools.islice(pairs, SCORE_CHUNK)):
             src, tgt = [s for s, _ in chunk], [t for _, t in chunk]
-            for t, r in zip(tgt, translator.score(src, tgt)):
+            for t, r in zip(tgt, translator.score(src, tgt, args.alpha)):
                 if args.json:
                     out.write(json.dumps({"score": r.score, "log_prob": r.log_prob,
                                           "tokens": translator.tokenizer.pieces(t.strip()) + ["</s>"],
@@ -388,7 +357,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .prepare import resolve_data_path
     from .evaluate import paper_bleu, sacrebleu_scores, tok_lc_bleu
 
-    translator = _translator(args)
+    request = _request(args)
+    translator = _translator(args, request)
     d = translator.cfg.data
     for name, default in (("src", d.test_src), ("ref", d.test_tgt)):
         if getattr(args, name) is None:
@@ -405,7 +375,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         gold = parse_brackets(args.ref.read_text(encoding="utf-8"), str(args.ref))
         if len(src) != len(gold):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(gold)} trees")
-        trees = _parse_lines(args, translator, src)
+        trees = _parse_lines(translator, src, request)
         scores = score_trees(gold, trees).as_dict()
         print(f"F1 = {scores['f1']:.2f}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
               f"({scores['matched']} of {scores['gold_brackets']} gold / {scores['test_brackets']} test brackets, "
@@ -415,7 +385,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         ref = read_lines(args.ref)
         if len(src) != len(ref):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
-        hyps = _translate_lines(translator, src)
+        hyps = _translate_lines(translator, src, request)
         scores = sacrebleu_scores(hyps, ref)
         print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
         print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
@@ -434,11 +404,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         args.json.write_text(json.dumps(scores, indent=2) + "\n", encoding="utf-8")
 
 
-def _parse_lines(args: argparse.Namespace, translator, lines: list[str]) -> list:
+def _parse_lines(translator, lines: list[str], request) -> list:
     """Trees for sentences of space-separated words (§6.3): decode, then rebuild with the input's words."""
     from .trees import delinearize
 
-    outputs = _translate_lines(translator, lines)
+    outputs = _translate_lines(translator, lines, request)
     return [delinearize(out.split(), line.split())[0] for line, out in zip(lines, outputs)]
 
 
@@ -459,12 +429,13 @@ def cmd_parse(args: argparse.Namespace) -> None:
     """
     from .data import read_lines
 
-    translator = _translator(args)
+    request = _request(args)
+    translator = _translator(args, request)
     if translator.cfg.data.task != "parse":
         raise ConfigError(f"{args.run_dir}: a translation run (data.task = {translator.cfg.data.task!r}); "
                           "use `transformer translate`")
     lines = read_lines(args.input or Path("/dev/stdin"))
-    _write_lines(args.output, _parse_lines(args, translator, lines))
+    _write_lines(args.output, _parse_lines(translator, lines, request))
 
 
 def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:
@@ -681,10 +652,11 @@ def cmd_attention(args: argparse.Namespace) -> None:
     suffix = args.out.suffix.lower()
     if suffix not in (".png", ".html"):
         raise FigureError(f"--out {args.out}: give a .png or .html file")
-    translator = _translator(args)
+    request = _request(args)
+    translator = _translator(args, request)
     tgt = args.tgt
     if tgt is None:
-        tgt = _translate_lines(translator, [args.src])[0]
+        tgt = _translate_lines(translator, [args.src], request)[0]
         print(f"translation: {tgt}", file=sys.stderr)
     maps = attention_maps(translator, args.src, tgt)
     if suffix == ".html":  # holds sub-word and word maps both

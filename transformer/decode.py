@@ -2,7 +2,7 @@
 constraints, put the outputs back in input order; and scoring given outputs (forced decoding).
 
 The searches themselves are in ``search.py``; what constrains them in ``constraints.py``; sampling in
-``sampling.py``.
+``sampling.py``; which options a request may combine in ``request.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     source, token ids, [] for none) are forced as each output's first tokens (``PrefixConstraint``);
     ``sampling`` draws each token instead of searching, ``nbest`` independent draws per input;
     ``constraints`` (per source, phrases as token ids) must each appear in its outputs
-    (``LexicalConstraints``; beam search only).
+    (``LexicalConstraints``, in ``constraint``'s place). Which of these combine is decided before, in
+    one place (``request.DecodeRequest.verify``, which refuses lexical constraints with sampling or
+    with a ``constraint``); this driver runs what it is given.
     ``progress`` shows a bar of sentences (on stderr). No input is dropped or truncated; an empty
     source is refused, since attention over no key at all is undefined.
     """
@@ -43,11 +45,8 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
         raise ValueError("empty source: every source needs at least its EOS token")
     if prefixes is not None and len(prefixes) != len(sources):
         raise ValueError(f"{len(prefixes)} prefixes for {len(sources)} sources")
-    if constraints is not None:
-        if len(constraints) != len(sources):
-            raise ValueError(f"{len(constraints)} constraint lists for {len(sources)} sources")
-        if sampling is not None or constraint is not None:
-            raise ValueError("lexical constraints need beam search of a translation run (not sampling, not parsing)")
+    if constraints is not None and len(constraints) != len(sources):
+        raise ValueError(f"{len(constraints)} constraint lists for {len(sources)} sources")
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     outputs: list[list[Hypothesis]] = [[] for _ in sources]

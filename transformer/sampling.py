@@ -22,8 +22,13 @@ class Sampling:
     temperature: float = 1.0
 
     def draw(self, log_probs: Tensor) -> Tensor:
-        """log_probs [N, V] (``next_log_probs``: excluded tokens at -inf) -> one token per row [N]."""
-        logits = log_probs / self.temperature
+        """log_probs [N, V] (``next_log_probs``: excluded tokens at -inf) -> one token per row [N].
+
+        The row's best log-prob is subtracted before dividing by the temperature: the best token's logit
+        is then 0 at any temperature, where a tiny one (1e-40) would otherwise overflow every logit to
+        -inf and leave nothing to draw; as the temperature falls to 0 the draw becomes the greedy choice.
+        """
+        logits = (log_probs - log_probs.max(-1, keepdim=True).values) / self.temperature
         if 0 < self.topk < logits.size(-1):
             kth = logits.topk(self.topk, -1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -10,11 +10,13 @@ No request can take the server down, and the work any one client can cause is bo
 waited ``queue_timeout`` seconds without being decoded gets 503, a request whose client has gone is
 dropped before it is decoded, at most ``max_attention_queued`` attention requests are in progress
 (beyond, 503), an attention request holds at most ``max_attention_pieces`` pieces per side, and a
-connection opened while ``max_connections`` are open gets 503 for its request. If the decoding worker
-fails, the requests waiting for it get 500 and it is restarted; after ``MAX_RESTARTS`` failures the
-server answers 503 and /health says why. Other limits answer with JSON errors: 413 body too large,
-422 too many sentences / too long a sentence / beam or alpha out of range / a wrong type or unknown
-key, 400 malformed JSON. A request must arrive whole within ``request_timeout`` seconds, else its
+connection opened while ``max_connections`` are open gets 503 for its request. If decoding a batch
+raises, its requests get 500 and the server goes on; if the decoding worker itself fails, the requests
+waiting for it get 500 and it is restarted; after ``MAX_RESTARTS`` failures the server answers 503 and
+/health says why. Every error is JSON, {"error": one line}: 413 body too large, 422 too many sentences
+/ too long a sentence / a beam over the limit / options that do not combine or a value out of range
+(``request.DecodeRequest.verify``, the same table as the command line's) / a wrong type or unknown
+key, 400 malformed JSON, 500 anything that fails while answering. A request must arrive whole within ``request_timeout`` seconds, else its
 connection is closed, so slow or stalled clients (slowloris) cannot hold connections for ever;
 tests/reliability/test_server_abuse.py checks all of this against a real server.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import html
 import itertools
 import json
@@ -32,7 +35,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -40,8 +42,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from .config import ConfigError, ServeLimits as Limits
-from .sampling import Sampling
+from .errors import UserError
 from .figures import attention_maps, web_page
+from .request import API, DecodeRequest
 from .translator import Translator
 
 MAX_RESTARTS = 3  # decoding worker failures after which the server stops decoding and says so
@@ -50,23 +53,26 @@ MAX_RESTARTS = 3  # decoding worker failures after which the server stops decodi
 class TranslateRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")  # "beam": true or "4", or a misspelt key: 422
 
+    # the fields of a request.DecodeRequest, checked there (its table of options, spelt as the API spells them)
     text: list[str] = Field(description="sentences to translate, one output per input")
     beam: int | None = Field(None, description="beam size (default: the run's, 4 in the paper §6.1); 1 = greedy")
-    alpha: float | None = Field(None, ge=0.0, le=2.0, description="GNMT length penalty α (default 0.6, §6.1)")
-    nbest: int | None = Field(None, ge=1, description="also answer the nbest (<= beam) best hypotheses of each "
-                                                      "sentence with their scores, best first")
-    scores: bool = Field(False, description="also answer each translation's score, log P / lp(|Y|)")
+    alpha: float | None = Field(None, description="GNMT length penalty α >= 0 (default: the run's, 0.6 in §6.1)")
+    nbest: int | None = Field(None, description="also answer the nbest (<= beam) best hypotheses of each "
+                                                "sentence with their scores, best first")
+    scores: bool = Field(False, description="also answer each translation's score, log P / lp(|Y|) (not with "
+                                            "nbest, whose hypotheses carry theirs)")
     prefix: list[str] | None = Field(None, description="one target prefix per sentence (\"\": none); each "
                                                        "translation starts with its prefix")
     constraints: list[list[str]] | None = Field(None, description="per sentence, the phrases its translation must "
                                                                 "contain (lexically constrained beam search)")
     sample: bool = Field(False, description="draw the outputs from the model's distribution instead of "
-                                            "searching (with nbest: that many draws); needs seed")
-    seed: int | None = Field(None, ge=0, description="sample: the random seed (same seed, same outputs)")
-    topk: int | None = Field(None, ge=1, description="sample: among the topk most probable tokens only")
-    topp: float | None = Field(None, gt=0.0, le=1.0, description="sample: nucleus, the most probable tokens "
-                                                                 "whose probability reaches topp")
-    temperature: float | None = Field(None, gt=0.0, le=100.0, description="sample: divides the log-probs")
+                                            "searching (with nbest: that many draws); not with beam")
+    seed: int | None = Field(None, description="sample: the random seed, 0 .. 2^64 - 1 (default 1; same seed, "
+                                               "same outputs)")
+    topk: int | None = Field(None, description="sample: among the topk most probable tokens only (0: all)")
+    topp: float | None = Field(None, description="sample: nucleus, the most probable tokens whose probability "
+                                                 "reaches topp, in (0, 1]")
+    temperature: float | None = Field(None, description="sample: divides the log-probs (> 0)")
 
 
 class Hypothesis(BaseModel):
@@ -85,7 +91,7 @@ class ScoreRequest(BaseModel):
 
     text: list[str] = Field(description="source sentences")
     translation: list[str] = Field(description="their translations to score, one per source sentence")
-    alpha: float | None = Field(None, ge=0.0, le=2.0, description="GNMT length penalty α of the score")
+    alpha: float | None = Field(None, description="GNMT length penalty α >= 0 of the score")
 
 
 class ScoreResponse(BaseModel):
@@ -114,10 +120,13 @@ class Job:
     alone decides its draws."""
 
     kind: str  # "translate" or "score"
-    beam: int
-    alpha: float
-    nbest: int = 1
-    sampling: tuple | None = None  # (request number, seed, topk, topp, temperature)
+    request: DecodeRequest  # checked, the run's defaults in, without its per-sentence prefixes and constraints
+    number: int | None = None  # sampling: the request's own number
+
+    @property
+    def rows(self) -> int:
+        """Decoder rows per sentence: the beam, or the number of draws (scoring: one)."""
+        return (self.request.nbest or 1) if self.request.sample else self.request.beam_size or 1
 
 
 @dataclass
@@ -146,10 +155,11 @@ class Batcher:
         self.current: list[_Pending] = []  # taken from the queue by the worker, not yet answered
         self.lock = threading.Lock()  # a request's started / abandoned flags, set from two threads
 
-    async def translate(self, lines: list[str], beam: int, alpha: float,
+    async def translate(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
                         disconnected: asyncio.Future | None = None) -> list[str]:
-        """The translations of ``lines`` (``submit`` of a plain translation job)."""
-        return [hyps[0][0] for hyps in await self.submit(lines, Job("translate", beam, alpha), None, disconnected)]
+        """The translations of ``lines`` (``submit`` of a translation job without per-sentence options)."""
+        job = Job("translate", self.translator.check(request))
+        return [hyps[0][0] for hyps in await self.submit(lines, job, None, disconnected)]
 
     async def submit(self, lines: list[str], job: Job, extra: dict[str, list] | None = None,
                      disconnected: asyncio.Future | None = None) -> list:
@@ -164,9 +174,8 @@ class Batcher:
             self.shed += 1
             raise LimitError(503, f"busy: {self.queued} sentences are waiting to be decoded (the limit is "
                                   f"{self.limits.max_queued}); try again shortly", retry_after=1)
-        rows = job.nbest if job.sampling else job.beam  # decoder rows per sentence
         texts = lines + [t for values in (extra or {}).values() for v in values for t in ([v] if isinstance(v, str) else v)]
-        tokens = rows * sum(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(texts))
+        tokens = job.rows * sum(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(texts))
         pending = _Pending(lines, extra, job, tokens, asyncio.get_running_loop().create_future())
         self.queued += len(lines)
         await self.queue.put(pending)
@@ -237,24 +246,20 @@ class Batcher:
                 return values if any(values) else None
 
             if job.kind == "score":
-                return live, self.translator.score(lines, [t for p in live for t in p.extra["translation"]], job.alpha)
+                return live, self.translator.score(lines, [t for p in live for t in p.extra["translation"]],
+                                                   job.request.alpha, self.limits.max_batch_tokens)
             longest = max(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
-            rows = job.nbest if job.sampling else job.beam
-            batch_size = max(1, self.limits.max_batch_tokens // (rows * longest))
-            sampling = None
-            if job.sampling:
-                _, seed, topk, topp, temperature = job.sampling
-                sampling = Sampling(torch.Generator(self.translator.device).manual_seed(seed), topk, topp, temperature)
-            return live, self.translator.hypotheses(lines, job.nbest, joined("prefix", ""), sampling,
-                                                    job.beam, job.alpha, batch_size,
-                                                    constraints=joined("constraints", []))
+            request = dataclasses.replace(job.request, prefixes=joined("prefix", ""),
+                                          constraints=joined("constraints", []),
+                                          batch_size=max(1, self.limits.max_batch_tokens // (job.rows * longest)))
+            return live, self.translator.decode(lines, request)
 
         try:
             live, outputs = await asyncio.get_running_loop().run_in_executor(self.executor, work)
         except Exception as e:  # noqa: BLE001  every waiting client gets the error, the server goes on
             for p in batch:
                 if not p.future.done():
-                    p.future.set_exception(e)
+                    p.future.set_exception(_answerable(e))
             return
         self.requests += len(live)
         self.dropped += len(batch) - len(live)
@@ -335,6 +340,18 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def _answerable(e: Exception, doing: str = "decoding") -> LimitError:
+    """What clients get for an exception raised while answering them (in the decoding thread, say): a
+    LimitError as it is; a user error the checks before queueing let through, 422; anything else, 500
+    "``doing`` failed"; the message one line, as every error of the API."""
+    if isinstance(e, LimitError):
+        return e
+    first = (str(e).splitlines() or [""])[0]
+    if isinstance(e, UserError):
+        return LimitError(422, first)
+    return LimitError(500, f"{doing} failed: {type(e).__name__}: {first}")
+
+
 def _check_chars(limits: Limits, text: str, where: str) -> None:
     if len(text) > limits.max_chars:
         raise LimitError(422, f"{where}: {len(text)} characters, more than the limit of {limits.max_chars}")
@@ -361,49 +378,36 @@ def _health(batcher: Batcher | None, name: str) -> JSONResponse:
                         status_code=200 if ok else 503)
 
 
-def _check_translate(req: TranslateRequest, limits: Limits, beam: int, max_beam: int) -> int:
-    """422 for more sentences or characters than the limits, a beam outside 1..max_beam, an n-best
-    list longer than the beam, prefixes that do not match the sentences, or sampling options without
-    "sample"; the beam."""
+def _check_translate(req: TranslateRequest, limits: Limits) -> None:
+    """422 for more sentences, or longer ones, prefixes or constraints, than the limits."""
     _check_sentences(limits, req.text, "text")
-    if not 1 <= beam <= max_beam:
-        raise LimitError(422, f"beam: {beam} is outside 1..{max_beam}")
-    if req.nbest is not None and req.nbest > (max_beam if req.sample else beam):
-        raise LimitError(422, f"nbest: {req.nbest} is more than the " +
-                         (f"limit of {max_beam} draws" if req.sample else f"beam ({beam})"))
-    if req.prefix is not None:
-        if len(req.prefix) != len(req.text):
-            raise LimitError(422, f"prefix: {len(req.prefix)} prefixes for {len(req.text)} sentences")
-        for i, line in enumerate(req.prefix):
-            _check_chars(limits, line, f"prefix[{i}]")
-    if req.constraints is not None:
-        if len(req.constraints) != len(req.text):
-            raise LimitError(422, f"constraints: {len(req.constraints)} lists for {len(req.text)} sentences")
-        if req.sample:
-            raise LimitError(422, "constraints: not with sample (they need beam search)")
-        for i, phrases in enumerate(req.constraints):
-            _check_chars(limits, " ".join(phrases), f"constraints[{i}]")
-    given = [k for k in ("seed", "topk", "topp", "temperature") if getattr(req, k) is not None]
-    if req.sample and req.seed is None:
-        raise LimitError(422, "sample: give a seed, so that the draws can be repeated")
-    if given and not req.sample:
-        raise LimitError(422, f"{', '.join(given)}: only with \"sample\": true")
-    return beam
+    for i, line in enumerate(req.prefix or []):
+        _check_chars(limits, line, f"prefix[{i}]")
+    for i, phrases in enumerate(req.constraints or []):
+        _check_chars(limits, " ".join(phrases), f"constraints[{i}]")
 
 
-def _job(req: TranslateRequest, beam: int, alpha: float, keep: list[int],
-         numbers: itertools.count) -> tuple[Job, dict[str, list]]:
-    """What a translation request asks of the model, and its per-sentence extras (for the sentences
-    ``keep``, the non-empty ones): prefixes and constraints, whitespace-normalised as the sentences."""
-    sampling = (next(numbers), req.seed, req.topk or 0, 1.0 if req.topp is None else req.topp,
-                1.0 if req.temperature is None else req.temperature) if req.sample else None
-    job = Job("translate", beam, alpha if req.alpha is None else req.alpha, req.nbest or 1, sampling)
-    extra: dict[str, list] = {}
-    if req.prefix is not None:
-        extra["prefix"] = [" ".join(req.prefix[i].split()) for i in keep]
-    if req.constraints is not None:
-        extra["constraints"] = [[" ".join(c.split()) for c in req.constraints[i]] for i in keep]
-    return job, extra
+def _decode_request(req: TranslateRequest, translator: Translator, lines: list[str], max_beam: int) -> DecodeRequest:
+    """The request's options as a ``DecodeRequest`` for ``lines`` (its sentences, whitespace-normalised),
+    checked by the translator (422 with its one line, options spelt as the API spells them) and against
+    the beam limit; the run's defaults filled in."""
+    def normal(text: str) -> str:
+        return " ".join(text.split())
+
+    asked = DecodeRequest(beam_size=req.beam, alpha=req.alpha, nbest=req.nbest, scores=req.scores,
+                          prefixes=None if req.prefix is None else [normal(p) for p in req.prefix],
+                          constraints=None if req.constraints is None else [[normal(c) for c in cs]
+                                                                           for cs in req.constraints],
+                          sample=req.sample, topk=req.topk, topp=req.topp, temperature=req.temperature, seed=req.seed)
+    try:
+        asked = translator.check(asked, lines, API)
+    except ConfigError as e:
+        raise LimitError(422, str(e)) from None
+    if asked.sample and (asked.nbest or 1) > max_beam:
+        raise LimitError(422, f"nbest: {asked.nbest} draws, more than the limit of {max_beam} (--max-beam)")
+    if not asked.sample and asked.beam_size > max_beam:
+        raise LimitError(422, f"beam: {asked.beam_size}, more than the limit of {max_beam} (--max-beam)")
+    return asked
 
 
 def _answer(req: TranslateRequest, found: list[list[tuple[str, float]]]) -> TranslateResponse:
@@ -466,6 +470,10 @@ def _answer_errors_in_json(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception) -> JSONResponse:  # a bug: still JSON, still one line
+        return JSONResponse({"error": _answerable(exc, "answering").message}, status_code=500)
+
 
 def create_app(translator: Translator, limits: Limits = Limits(), name: str = "transformer") -> FastAPI:
     """The ASGI app; ``uvicorn`` serves it, tests call it in-process."""
@@ -495,14 +503,14 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
         """Translate sentences with beam search (or, with "sample", by drawing from the model); requests
         from all clients with the same settings are decoded together."""
-        beam = _check_translate(req, limits, decode.beam_size if req.beam is None else req.beam, max_beam)
+        _check_translate(req, limits)
         lines = [" ".join(line.split()) for line in req.text]  # a sentence is one line
+        asked = _decode_request(req, translator, lines, max_beam)
         keep = [i for i, line in enumerate(lines) if line]
-        job, extra = _job(req, beam, decode.alpha, keep, numbers)
-        try:
-            translator.check([lines[i] for i in keep], extra.get("prefix"), extra.get("constraints"))
-        except ConfigError as e:
-            raise LimitError(422, str(e)) from None
+        extra = {key: [values[i] for i in keep] for key, values in (("prefix", asked.prefixes),
+                                                                     ("constraints", asked.constraints)) if values}
+        job = Job("translate", dataclasses.replace(asked, prefixes=None, constraints=None, scores=False),
+                  next(numbers) if asked.sample else None)
         outputs = await _queued(state["batcher"], request, [lines[i] for i in keep], job, extra or None)
         found: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
         for i, hyps in zip(keep, outputs):
@@ -514,7 +522,11 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         """Score given translations (forced decoding): the beam's length-normalised score of each and
         its log-probability; queued and batched like translations."""
         _check_score(req, limits)
-        job = Job("score", 1, decode.alpha if req.alpha is None else req.alpha)
+        try:
+            alpha = translator.check(DecodeRequest(alpha=req.alpha), names=API).alpha
+        except ConfigError as e:
+            raise LimitError(422, str(e)) from None
+        job = Job("score", DecodeRequest(alpha=alpha))
         results = await _queued(state["batcher"], request, [" ".join(t.split()) for t in req.text], job,
                                 {"translation": [" ".join(t.split()) for t in req.translation]})
         return ScoreResponse(scores=[r.score for r in results], log_probs=[r.log_prob for r in results])

@@ -33,7 +33,7 @@ from .distributed import Dist
 from .checkpoint import (average_checkpoints, checkpoints_to_average, latest_checkpoint, list_checkpoints,
                          load_checkpoint, save_checkpoint, write_model)
 from .config import Config, ConfigError, config_from_dict, dump_toml, read_toml
-from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, collate, encode_for_decoding, encode_pairs,
+from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, collate, encode_pairs,
                    lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import UserError
 from .loss import label_smoothed_loss
@@ -295,17 +295,16 @@ def validate(model: Transformer, examples: list[Example], max_tokens: int) -> di
 
 
 def dev_bleu(model: Transformer, tokenizer: Tokenizer, pairs: list[tuple[str, str]], cfg: Config) -> float:
-    """sacreBLEU of the model's beam-search translations (decode settings, §6.1) of ``pairs``."""
-    from .decode import translate_ids
+    """sacreBLEU of the model's beam-search translations (the run's decode settings, §6.1) of ``pairs``:
+    the request `translate` makes by default, answered as a loaded run would answer it."""
     from .evaluate import sacrebleu_scores
+    from .request import DecodeRequest
+    from .translator import Translator
 
     model.eval()
-    d = cfg.decode
-    with torch.inference_mode():
-        ids = translate_ids(model, encode_for_decoding([s for s, _ in pairs], tokenizer), d.beam_size, d.alpha,
-                            d.max_len_offset, d.batch_size, early_stop=d.early_stop)
+    hyps = Translator.of_model(model, tokenizer, cfg).translate([s for s, _ in pairs], DecodeRequest())
     model.train()
-    return sacrebleu_scores([tokenizer.decode(x) for x in ids], [t for _, t in pairs])["bleu"]
+    return sacrebleu_scores(hyps, [t for _, t in pairs])["bleu"]
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:

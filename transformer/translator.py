@@ -8,7 +8,7 @@ the paper decodes (§6.1: last 5 for base, last 20 for big); ``checkpoint`` pick
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -19,8 +19,8 @@ from .data import encode_for_decoding
 from .decode import Scored, decode_ids, score_ids
 from .ensemble import Ensemble
 from .model import Transformer
+from .request import CLI, DecodeRequest, Setup, refuse_pairs
 from .runtime import keep_freed_memory
-from .sampling import Sampling
 from .tokenizer import Tokenizer
 
 
@@ -42,102 +42,130 @@ def quantize_int8(model: Transformer) -> Transformer:
 
 
 class Translator:
-    """Model + vocabulary + decoding settings; ``translate`` maps lines to lines, one for one."""
+    """Model + vocabulary + the run's decoding defaults, and what was fixed when loading them (int8, an
+    ensemble, the device, a parsing run's tree constraint: ``setup``); ``decode`` answers a
+    ``request.DecodeRequest`` for lines, ``translate`` maps lines to lines, one for one."""
 
     def __init__(self, run_dir: Path, checkpoint: Path | None = None, log: Callable[[str], None] = print,
                  int8: bool = False, device: str | None = None, decode: dict[str, object] | None = None,
                  ensemble: Sequence[Path] = ()):
         """``device``: where the model decodes ("cpu", "cuda", "cuda:1"); default a GPU when there is
         one. int8 quantization runs on the CPU only. ``decode``: ``decode.*`` fields that replace the
-        run's own (the command line's --beam, --early-stop, ...). ``ensemble``: more run folders whose
-        models decode together with this one (``ensemble.Ensemble``), each from its own averaged weights;
-        they must have been trained with the same vocabulary. The decoding settings are this run's."""
+        run's own (the server's --beam, --alpha, ...: the defaults of its requests; --unconstrained).
+        ``ensemble``: more run folders whose models decode together with this one (``ensemble.Ensemble``),
+        each from its own averaged weights; they must have been trained with the same vocabulary. The
+        decoding defaults are this run's."""
         run_dir = Path(run_dir)
         keep_freed_memory()
         if device is None:
             device = "cuda" if torch.cuda.is_available() and not int8 else "cpu"
         try:
-            self.device = torch.device(device)
+            torch_device = torch.device(device)
         except RuntimeError as e:
             raise CheckpointError(f"--device {device!r}: {e}") from None
-        if int8 and self.device.type != "cpu":
-            raise CheckpointError(f"--int8 runs on the CPU only; got --device {device}")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
+        refuse_pairs(Setup(int8, bool(ensemble), device=device).options(), CLI | {"device": f"--device {device}"})
+        if torch_device.type == "cuda" and not torch.cuda.is_available():
             raise CheckpointError(f"--device {device}: no CUDA GPU is visible to torch {torch.__version__}")
-        self.tokenizer = _tokenizer(run_dir)
-        self.cfg, model = _load_model(run_dir, checkpoint, self.tokenizer, decode, log)
+        tokenizer = _tokenizer(run_dir)
+        cfg, model = _load_model(run_dir, checkpoint, tokenizer, decode, log)
         models = [model]
         for other in map(Path, ensemble):
-            if _tokenizer(other).sha256 != self.tokenizer.sha256:
+            if _tokenizer(other).sha256 != tokenizer.sha256:
                 raise CheckpointError(f"--ensemble {other}: trained with another vocabulary than {run_dir} "
                                       "(spm.model differs); an ensemble's models must share theirs")
-            models.append(_load_model(other, None, self.tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))[1])
+            models.append(_load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))[1])
         if int8:
             models = [quantize_int8(m) for m in models]
-        self.model = (models[0] if len(models) == 1 else Ensemble(models)).to(self.device)
+        self._hold(models[0] if len(models) == 1 else Ensemble(models), tokenizer, cfg, torch_device, int8)
+
+    @classmethod
+    def of_model(cls, model: Transformer, tokenizer: Tokenizer, cfg: Config) -> Translator:
+        """A model in memory with its run's vocabulary and config (training's dev BLEU): it decodes
+        requests as the run's folder, loaded, would."""
+        translator = cls.__new__(cls)
+        translator._hold(model, tokenizer, cfg, next(model.parameters()).device, int8=False)
+        return translator
+
+    def _hold(self, model: torch.nn.Module, tokenizer: Tokenizer, cfg: Config, device: torch.device,
+              int8: bool) -> None:
+        self.model, self.tokenizer, self.cfg, self.device = model.to(device), tokenizer, cfg, device
         self.constraint = None
-        if self.cfg.data.task == "parse" and self.cfg.decode.constrained:
+        if cfg.data.task == "parse" and cfg.decode.constrained:
             from .trees import TreeConstraint
 
-            self.constraint = TreeConstraint(self.tokenizer.vocabulary())
+            self.constraint = TreeConstraint(tokenizer.vocabulary())
+        self.setup = Setup(int8, isinstance(model, Ensemble), self.constraint is not None, str(device))
 
-    def translate(self, lines: list[str], beam_size: int | None = None, alpha: float | None = None,
-                  batch_size: int | None = None, progress: bool = False) -> list[str]:
-        """One output line per input line, in order; an empty line gives an empty line. The beam, α
-        and batch size given replace the config's for this call (the server's per-request values)."""
-        return [hyps[0][0] for hyps in self.hypotheses(lines, beam_size=beam_size, alpha=alpha,
-                                                       batch_size=batch_size, progress=progress)]
+    def translate(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
+                  progress: bool = False) -> list[str]:
+        """One output line per input line, in order (``decode``'s first output of each); an empty line
+        gives an empty line."""
+        return [hyps[0][0] for hyps in self.decode(lines, request, progress)]
 
-    def hypotheses(self, lines: list[str], nbest: int = 1, prefixes: list[str] | None = None,
-                   sampling: Sampling | None = None, beam_size: int | None = None, alpha: float | None = None,
-                   batch_size: int | None = None, progress: bool = False,
-                   constraints: list[list[str]] | None = None) -> list[list[tuple[str, float]]]:
-        """For each input line, in order, its ``nbest`` outputs with their scores (log P / lp(|Y|), as
-        the beam ranks them), best first; the first is what ``translate`` gives. ``prefixes``: one
-        target prefix per line ("" for none) that each output starts with; ``sampling``: draw outputs
-        instead of searching (``nbest`` draws); ``constraints``: per line, the phrases every output
-        must contain. An empty line gives [("", 0.0)]."""
-        d = self.cfg.decode
-        sources, forced, phrases = self._encode(lines, prefixes, constraints)
-        if phrases is not None and (sampling is not None or self.constraint is not None):
-            raise ConfigError("constraints need beam search of a translation run: not with sampling or parsing")
+    def decode(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
+               progress: bool = False) -> list[list[tuple[str, float]]]:
+        """For each input line, in order, its outputs with their scores (log P / lp(|Y|), as the beam
+        ranks them), best first: ``request.nbest`` of them (one without), by beam search (greedy at beam
+        1) or, with ``request.sample``, drawn; each starts with its line's prefix and holds its line's
+        constraints. The request is checked first (``check``). An empty line gives [("", 0.0)].
+        ``progress`` shows a bar of sentences on stderr."""
+        request, (sources, prefixes, phrases) = self._checked(request, lines, CLI)  # type: ignore[misc]
+        search = {} if request.sample else {"beam_size": request.beam_size, "early_stop": request.early_stop}
         with torch.inference_mode():
-            outputs = decode_ids(self.model, sources, beam_size or d.beam_size, d.alpha if alpha is None else alpha,
-                                 d.max_len_offset, batch_size or d.batch_size, progress, self.constraint,
-                                 d.early_stop, nbest, forced, sampling, phrases)
+            outputs = decode_ids(self.model, sources, alpha=request.alpha, max_len_offset=request.max_len_offset,
+                                 batch_size=request.batch_size, progress=progress, constraint=self.constraint,
+                                 nbest=request.nbest or 1, prefixes=prefixes, sampling=request.sampling(self.device),
+                                 constraints=phrases, **search)
         return [[("", 0.0)] if not line.strip() else [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
                 for line, hyps in zip(lines, outputs)]
 
-    def _encode(self, lines: list[str], prefixes: list[str] | None = None, constraints: list[list[str]] | None = None
+    def check(self, request: DecodeRequest, lines: list[str] | None = None,
+              names: Mapping[str, str] = CLI) -> DecodeRequest:
+        """ConfigError (one line, options spelt as ``names`` spells them) for what ``decode`` would refuse,
+        before any decoding: the request against the table of options with this translator's ``setup``
+        (``DecodeRequest.verify``) and, given ``lines``, its prefixes and constraints against them.
+        Returns the request with the run's defaults filled in (``DecodeRequest.resolve``)."""
+        return self._checked(request, lines, names)[0]
+
+    def _checked(self, request: DecodeRequest, lines: list[str] | None, names: Mapping[str, str]
+                 ) -> tuple[DecodeRequest, tuple[list[list[int]], list[list[int]] | None,
+                                                 list[list[list[int]]] | None] | None]:
+        """``check``, and the lines encoded (``_encode``) when given."""
+        request.verify(self.setup, self.cfg.decode, None if lines is None else len(lines), names)
+        request = request.resolve(self.cfg.decode)
+        return request, None if lines is None else self._encode(lines, request)
+
+    def _encode(self, lines: list[str], request: DecodeRequest
                 ) -> tuple[list[list[int]], list[list[int]] | None, list[list[list[int]]] | None]:
         """Sources (with EOS), prefixes and constraint phrases as piece ids, checked to fit the outputs'
-        maximum length (input length + max_len_offset, EOS included): ConfigError naming the line."""
+        maximum length (input length + max_len_offset, EOS included) and, on a parsing run, each prefix
+        to start a tree of its input: ConfigError naming the line."""
         sources = encode_for_decoding(lines, self.tokenizer)
-        forced = None if prefixes is None else [self.tokenizer.encode(p.strip()) for p in prefixes]
-        phrases = None if constraints is None else [[self.tokenizer.encode(c.strip()) for c in cs if c.strip()]
-                                                    for cs in constraints]
+        forced = None if request.prefixes is None else [self.tokenizer.encode(p.strip()) for p in request.prefixes]
+        phrases = None if request.constraints is None else [
+            [self.tokenizer.encode(c.strip()) for c in cs if c.strip()] for cs in request.constraints]
         for i, src in enumerate(sources):  # room for the EOS is needed too
-            room = len(src) + self.cfg.decode.max_len_offset - 1
+            room = len(src) + request.max_len_offset - 1
             if forced is not None and len(forced[i]) > room:
                 raise ConfigError(f"prefix of line {i + 1}: {len(forced[i])} pieces, but outputs of this input hold "
                                   f"at most {room} (input length + max_len_offset)")
             if phrases is not None and sum(map(len, phrases[i])) > room:
                 raise ConfigError(f"constraints of line {i + 1}: {sum(map(len, phrases[i]))} pieces together, but "
                                   f"outputs of this input hold at most {room} (input length + max_len_offset)")
+            if forced is not None and forced[i] and self.constraint is not None and lines[i].strip():
+                why = self.constraint.refuses(src, forced[i], room + 1)
+                if why is not None:
+                    raise ConfigError(f"prefix of line {i + 1} on a parsing run: {why}")
         return sources, forced, phrases
 
-    def check(self, lines: list[str], prefixes: list[str] | None = None,
-              constraints: list[list[str]] | None = None) -> None:
-        """ConfigError if a prefix or the constraints of a line cannot fit its output (what ``hypotheses``
-        would refuse), before any decoding: the server checks a request with it before queueing it."""
-        self._encode(lines, prefixes, constraints)
-
-    def score(self, sources: list[str], targets: list[str], alpha: float | None = None) -> list[Scored]:
+    def score(self, sources: list[str], targets: list[str], alpha: float | None = None,
+              max_tokens: int = 8192) -> list[Scored]:
         """How the model scores given translations (forced decoding), pair by pair: ``Scored`` with the
-        beam's length-normalised score, log P(target | source) and each piece's log-prob (EOS last)."""
+        beam's length-normalised score, log P(target | source) and each piece's log-prob (EOS last);
+        ``max_tokens`` target positions at most per batch (``decode.score_ids``)."""
         ids = encode_for_decoding(sources, self.tokenizer)
         return score_ids(self.model, ids, [self.tokenizer.encode(t.strip()) for t in targets],
-                         self.cfg.decode.alpha if alpha is None else alpha)
+                         self.cfg.decode.alpha if alpha is None else alpha, max_tokens)
 
 
 def _tokenizer(run_dir: Path) -> Tokenizer:

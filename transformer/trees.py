@@ -19,6 +19,7 @@ built by prepare.py.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 from collections.abc import Iterable
@@ -351,3 +352,17 @@ class TreeConstraint:
             # anything else is a dead row's filler (all its candidates were -inf): its state stays
             states.append(h)
         self.states, self.written = states, self.written + 1
+
+    def refuses(self, source: list[int], prefix: list[int], max_len: int) -> str | None:
+        """Why ``prefix`` (target piece ids) cannot start a tree of ``source`` (piece ids, EOS last) whose
+        output holds at most ``max_len`` tokens, EOS included; None if it can. A search forced into such a
+        prefix would find no allowed token and no hypothesis at all, so it is refused before decoding.
+        Walked on a copy: a search that uses this constraint meanwhile is not disturbed."""
+        walker = copy.copy(self)
+        walker.begin(torch.tensor([source]), 1, torch.tensor([max_len]))
+        for k, token in enumerate(prefix):
+            if not walker.allowed()[0, token]:
+                return (f"piece {k + 1} cannot continue a tree of the input (a tree starts with an opening "
+                        "bracket, holds the input's words in order, closes what it opens, and fits the length limit)")
+            walker.advance(torch.tensor([0]), torch.tensor([token]))
+        return None

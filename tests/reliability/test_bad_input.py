@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from transformer.data import read_parallel
+from transformer.request import DecodeRequest
 
 ENV = os.environ | {"OMP_NUM_THREADS": "1"}
 GOOD = ["a dog runs .", "two men sit on a bench .", "a girl in red plays .", "people walk in a park ."] * 30
@@ -119,7 +120,7 @@ def test_a_fixed_corpus_of_nasty_lines_translates_line_for_line(fuzz_translator,
     for start in range(0, len(NASTY), 64):
         inputs = NASTY[start: start + 64]
         with ledger.translation(inputs) as outputs:
-            outputs.extend(fuzz_translator.translate(inputs, beam_size=2))
+            outputs.extend(fuzz_translator.translate(inputs, DecodeRequest(beam_size=2)))
         assert len(outputs) == len(inputs)
         assert all("\n" not in o for o in outputs)
         assert all(o == "" for t, o in zip(inputs, outputs) if not t.strip())
@@ -136,19 +137,19 @@ LINES = st.lists(st.one_of(TEXT, st.sampled_from(["", "   ", "🙂🙂 👍", "�
 @given(LINES)
 def test_translation_never_loses_or_reorders_a_line(fuzz_translator, ledger, inputs):
     with ledger.translation(inputs) as outputs:
-        outputs.extend(fuzz_translator.translate(inputs, beam_size=2))
+        outputs.extend(fuzz_translator.translate(inputs, DecodeRequest(beam_size=2)))
     assert len(outputs) == len(inputs)
     assert all("\n" not in o for o in outputs)  # one output line per input line
     for text, out in zip(inputs, outputs):
         if not text.strip():
             assert out == ""
     # in order: each sentence alone gives what it gave in the batch
-    assert [fuzz_translator.translate([t], beam_size=2)[0] for t in inputs] == outputs
+    assert [fuzz_translator.translate([t], DecodeRequest(beam_size=2))[0] for t in inputs] == outputs
 
 
 def test_a_sentence_longer_than_any_seen_in_training_still_decodes(fuzz_translator):
     very_long = " ".join(["a dog runs in the park"] * 80)  # ~480 words, positions far past training
-    (out,) = fuzz_translator.translate([very_long], beam_size=1)
+    (out,) = fuzz_translator.translate([very_long], DecodeRequest(beam_size=1))
     assert isinstance(out, str)
 
 

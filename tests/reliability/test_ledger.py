@@ -19,6 +19,7 @@ from tests.reliability.test_server_abuse import answered
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import load_config
 from transformer.data import BatchOrder
+from transformer.request import DecodeRequest
 from transformer.serve import Limits, create_app
 from transformer.train import train
 
@@ -119,7 +120,7 @@ def test_lines_are_lost_on_every_error_path(tmp_path, fuzz_translator):
             out.extend(answered(client.post("/v1/translate", json={"text": lines[:2]})))
         assert book.lines_lost == 6 and len(out) == 2
     with pytest.raises(AssertionError, match="1 of 3 lines lost"), book.translation(lines) as out:
-        out.extend(fuzz_translator.translate(lines, beam_size=1)[:2])
+        out.extend(fuzz_translator.translate(lines, DecodeRequest(beam_size=1))[:2])
     assert book.summary()["lines_lost"] == 7
     assert book.summary()["fuzz_inputs"] == 3
 

@@ -29,6 +29,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from tests.reliability.conftest import rss_mib  # noqa: E402
 from tests.reliability.test_bad_input import LINES  # noqa: E402
 from transformer.data import read_lines  # noqa: E402
+from transformer.request import DecodeRequest  # noqa: E402
 from tests.conftest import start_server  # noqa: E402
 from transformer.serve import Limits, create_app  # noqa: E402
 from transformer.translator import Translator  # noqa: E402
@@ -67,7 +68,7 @@ def test_server_never_loses_or_reorders_a_sentence(client, fuzz_translator, ledg
     with ledger.translation(texts) as translations:
         translations.extend(answered(client.post("/v1/translate", json={"text": texts, "beam": BEAM})))
     assert len(translations) == len(texts)
-    assert translations == fuzz_translator.translate([" ".join(t.split()) for t in texts], beam_size=BEAM)
+    assert translations == fuzz_translator.translate([" ".join(t.split()) for t in texts], DecodeRequest(beam_size=BEAM))
     assert all(out == "" for t, out in zip(texts, translations) if not t.strip())
     assert all("\n" not in out for out in translations)
 
@@ -91,7 +92,7 @@ def server(fuzz_run: Path, fuzz_translator: Translator) -> Iterator[Server]:
     proc, url = start_server(fuzz_run, ["--request-timeout", str(REQUEST_TIMEOUT)])
     try:
         probe = ["A dog runs on the beach.", "", "Two men are talking to each other in a park."]
-        expected = fuzz_translator.translate(probe, beam_size=BEAM)
+        expected = fuzz_translator.translate(probe, DecodeRequest(beam_size=BEAM))
         for _ in range(3):  # warm up: the first batches allocate what decoding keeps
             assert httpx.post(url + "/v1/translate", json={"text": probe, "beam": BEAM}, timeout=60).status_code == 200
         yield Server(proc, url, int(url.rsplit(":", 1)[1]), rss_mib(proc.pid), probe, expected)
@@ -290,7 +291,7 @@ def test_a_hundred_concurrent_clients_each_get_their_own_translation(server, mul
     """100 clients at once, one sentence each: all 200, each with its own sentence's translation
     (decoded in shared batches on the server, one by one in the expectation)."""
     sentences = read_lines(multi30k / "test_2016_flickr.en.gz")[:100]
-    expected = [fuzz_translator.translate([s], beam_size=BEAM)[0] for s in sentences]
+    expected = [fuzz_translator.translate([s], DecodeRequest(beam_size=BEAM))[0] for s in sentences]
     assert len(set(expected)) >= 20  # different answers, so a mix-up between clients would show
     assert [r.json()["translations"] for r in hundred_clients(server, sentences)] == [[e] for e in expected]
     assert_still_correct(server)
