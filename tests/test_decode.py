@@ -24,14 +24,11 @@ A, B, C = 3, 4, 5  # ordinary tokens of the scripted model (2 is UNK)
 class ScriptedCache:
     """The scripted model's whole state is the prefix decoded so far."""
 
-    def __init__(self, batch: int):
-        self.prefix = torch.zeros(batch, 0, dtype=torch.long)
+    def __init__(self, rows: int):
+        self.prefix = torch.zeros(rows, 0, dtype=torch.long)
         self.length = 0
 
-    def expand(self, beam: int) -> None:
-        self.prefix = self.prefix.repeat_interleave(beam, 0)
-
-    def reorder(self, index: torch.Tensor) -> None:
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
         self.prefix = self.prefix.index_select(0, index)
 
 
@@ -52,8 +49,8 @@ class ScriptedModel:
     def encode(self, src):
         return src, src != PAD_ID
 
-    def init_cache(self, memory, src_mask):
-        return ScriptedCache(memory.size(0))
+    def init_cache(self, memory, src_mask, beam=1, max_len=1024):
+        return ScriptedCache(memory.size(0) * beam)
 
     def decode_step(self, tokens, cache):
         self.rows.append(tokens.numel())

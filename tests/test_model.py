@@ -158,7 +158,7 @@ def test_cached_decoding_equals_full_decoding(norm):
     tgt = torch.tensor([[PAD_ID, 11, 12, 13], [PAD_ID, 14, 15, 16]])
     full = model(src, tgt)
     memory, mask = model.encode(src)
-    cache = model.init_cache(memory, mask)
+    cache = model.init_cache(memory, mask, max_len=tgt.size(1))
     steps = torch.stack([model.decode_step(tgt[:, i], cache) for i in range(tgt.size(1))], 1)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 

@@ -10,7 +10,7 @@ from torch import Tensor
 
 
 class EnsembleCache:
-    """The caches of an ensemble's models, reordered and expanded together."""
+    """The caches of an ensemble's models, reordered together."""
 
     def __init__(self, caches: list) -> None:
         self.caches = caches
@@ -19,13 +19,9 @@ class EnsembleCache:
     def length(self) -> int:
         return self.caches[0].length
 
-    def expand(self, beam: int) -> None:
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         for c in self.caches:
-            c.expand(beam)
-
-    def reorder(self, rows: Tensor) -> None:
-        for c in self.caches:
-            c.reorder(rows)
+            c.reorder(rows, sentences)
 
 
 class Ensemble(torch.nn.Module):
@@ -56,8 +52,8 @@ class Ensemble(torch.nn.Module):
         encoded = [m.encode(src) for m in self.models]
         return [e[0] for e in encoded], [e[1] for e in encoded]
 
-    def init_cache(self, memories: list[Tensor], masks: list[Tensor]) -> EnsembleCache:
-        return EnsembleCache([m.init_cache(z, mask) for m, z, mask in zip(self.models, memories, masks)])
+    def init_cache(self, memories: list[Tensor], masks: list[Tensor], beam: int = 1, max_len: int = 1024) -> EnsembleCache:
+        return EnsembleCache([m.init_cache(z, mask, beam, max_len) for m, z, mask in zip(self.models, memories, masks)])
 
     def decode_step(self, tokens: Tensor, cache: EnsembleCache) -> Tensor:
         return self._mean([m.decode_step(tokens, c) for m, c in zip(self.models, cache.caches)])

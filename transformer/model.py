@@ -54,6 +54,33 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
+ONEDNN_MIN_MACS = 1 << 19  # products smaller than this stay on torch's default BLAS (lower per-call cost)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
+    """x Wᵀ + b (then max(0, ·) with ``relu``). Without gradients on a CPU, products of at least
+    ``ONEDNN_MIN_MACS`` multiply-adds go through oneDNN (PyTorch's own mkldnn operator, the library
+    CTranslate2 picks on this CPU) instead of the default BLAS, whose fp32 kernels are much slower on
+    AMD processors; tiny products stay on the BLAS, whose per-call cost is lower. The measurement
+    behind both choices: benchmarks/linear_kernels.py. Gradients always take ``F.linear``."""
+    if (not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32 and _ONEDNN
+            and x.numel() * weight.size(0) >= ONEDNN_MIN_MACS):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "relu" if relu else "none", [], "")
+    y = F.linear(x, weight, bias)
+    return F.relu(y) if relu else y
+
+
+def apply(layer: nn.Module, x: Tensor, relu: bool = False) -> Tensor:
+    """A projection of the model applied to x: ``linear`` for a float linear layer, the layer's own
+    forward for anything else (an int8 copy's quantized layer)."""
+    if type(layer) is nn.Linear:
+        return linear(x, layer.weight, layer.bias, relu)
+    return F.relu(layer(x)) if relu else layer(x)
+
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 def padding_mask(tokens: Tensor) -> Tensor:
     """[B, S] ids -> [B, 1, 1, S] bool, True where a key is a real token (broadcast over heads, queries)."""
     return (tokens != PAD_ID)[:, None, None, :]
@@ -68,9 +95,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_ca
     memory-efficient kernels). The explicit path computes eq. (1) as written and also returns the
     weights [B, H, Tq, Tk] (figures and tests need them); on CPU it is the faster one at translation
     lengths (a Multi30k training step: 0.58 s against 0.67 s through SDPA's CPU kernel; a tie at
-    60 tokens), so CPU always takes it.
+    60 tokens), so CPU takes it, except for the single query of a decoding step's self-attention,
+    where SDPA's one call beats the explicit path's five (benchmarks/linear_kernels.py measures both).
     """
-    if not need_weights and q.device.type != "cpu":
+    if not need_weights and (q.device.type != "cpu" or q.size(-2) == 1):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # eq. (1): QKᵀ/√d_k
@@ -115,7 +143,7 @@ class MultiHeadAttention(nn.Module):
             fused = F.linear(x, torch.cat([m.weight for m in projections]), bias)
             outputs = fused.split([m.out_features for m in projections], -1)
         else:
-            outputs = [m(x) for m in projections]
+            outputs = [apply(m, x) for m in projections]
         return [self.split_heads(y, d) for y, d in zip(outputs, dims)]
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -128,10 +156,32 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self._project(x, (self.q_proj, self.k_proj, self.v_proj), (self.d_k, self.d_k, self.d_v))
         return q, k, v
 
+    def step_self(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, t: int,
+                  qkv: tuple[Tensor, Tensor | None] | None) -> Tensor:
+        """Self-attention of the newest position, x [R, D] at position t: its key and value are written
+        into the caches [R_max, H, T, d] at t, and it attends to positions 0..t of its row -> [R, D].
+        ``qkv``: the three projections' weights side by side (one matmul instead of three), when the
+        projections are plain linear layers (an int8 copy's are not)."""
+        r = x.size(0)
+        if qkv is None:
+            q, k, v = apply(self.q_proj, x), apply(self.k_proj, x), apply(self.v_proj, x)
+        else:
+            q, k, v = linear(x, *qkv).split([self.n_heads * self.d_k] * 2 + [self.n_heads * self.d_v], -1)
+        k_cache[:r, :, t] = k.view(r, self.n_heads, self.d_k)
+        v_cache[:r, :, t] = v.view(r, self.n_heads, self.d_v)
+        q = q.view(r, self.n_heads, 1, self.d_k)
+        return self.attend(q, k_cache[:r, :, : t + 1], v_cache[:r, :, : t + 1])[:, 0]
+
+    def step_cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor, beam: int) -> Tensor:
+        """Encoder-decoder attention of the newest position, x [n*beam, D], against each sentence's
+        keys and values k, v [n, H, S, d]: a sentence's beams are ``beam`` queries of one source."""
+        q = self.split_heads(apply(self.q_proj, x).view(-1, beam, self.n_heads * self.d_k), self.d_k)  # [n, H, beam, d_k]
+        return self.attend(q, k, v, mask).view_as(x)
+
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
         """x [B, Tq, D] queries; k, v already projected and split (``project_kv``) -> [B, Tq, D]."""
-        return self.attend(self.split_heads(self.q_proj(x), self.d_k), k, v, mask, is_causal)
+        return self.attend(self.split_heads(apply(self.q_proj, x), self.d_k), k, v, mask, is_causal)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                is_causal: bool = False) -> Tensor:
@@ -140,7 +190,7 @@ class MultiHeadAttention(nn.Module):
         out, weights = attention(q, k, v, mask, is_causal, p, need_weights=self.record is not None)
         if self.record is not None:
             self.record.append(weights.detach())
-        return self.out_proj(out.transpose(1, 2).flatten(2))  # [B, H, Tq, d_v] -> [B, Tq, H*d_v] -> [B, Tq, D]
+        return apply(self.out_proj, out.transpose(1, 2).flatten(2))  # [B, H, Tq, d_v] -> [B, Tq, H*d_v] -> [B, Tq, D]
 
 
 class FeedForward(nn.Module):
@@ -153,7 +203,7 @@ class FeedForward(nn.Module):
         self.p_drop_relu = p_drop_relu
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(dropout(F.relu(self.w1(x)), self.p_drop_relu, self.training))  # eq. (2)
+        return apply(self.w2, dropout(apply(self.w1, x, relu=True), self.p_drop_relu, self.training))  # eq. (2)
 
 
 def residual(x: Tensor, norm: nn.LayerNorm, drop: Dropout, pre: bool,
@@ -186,69 +236,48 @@ class EncoderLayer(nn.Module):
 
 
 @dataclass
-class LayerCache:
-    """One decoder layer's incremental-decoding state (a small explicit object, as torchtune's)."""
-
-    self_k: Tensor  # [n*beam, H, t, d_k] keys of the target prefixes, grown by one per step
-    self_v: Tensor  # [n*beam, H, t, d_v]
-    cross_k: Tensor  # [n, H, S, d_k] encoder-decoder keys, projected once per sentence, shared by its beams
-    cross_v: Tensor  # [n, H, S, d_v]
-    rows: Tensor | None = None  # rows of self_k/self_v that continue (a reorder not yet carried out)
-
-    def append(self, k: Tensor, v: Tensor) -> None:
-        """Continue the prefixes' keys and values with the newest position's k, v [n*beam, H, 1, d].
-
-        A pending reorder and the append are one copy: the kept rows are gathered straight into the
-        longer tensor. (Reordering, then concatenating, copied the whole cache twice per step: a
-        fifth of beam search's time on long outputs.)
-        """
-        self.self_k, self.self_v = (self._extend(cached, new) for cached, new in ((self.self_k, k), (self.self_v, v)))
-        self.rows = None
-
-    def _extend(self, cached: Tensor, new: Tensor) -> Tensor:
-        t = cached.size(2)
-        out = new.new_empty(new.size(0), new.size(1), t + 1, new.size(3))
-        if self.rows is None:
-            out[:, :, :t] = cached
-        else:
-            torch.index_select(cached, 0, self.rows, out=out[:, :, :t])
-        out[:, :, t:] = new
-        return out
-
-
-@dataclass
 class DecoderCache:
-    """State of incremental decoding for n sentences with ``beam`` prefixes (rows) each, sentence-major.
+    """Incremental-decoding state of n sentences with ``beam`` rows each, sentence-major (torchtune's
+    KVCache: a small explicit object, allocated once per batch and written in place).
 
-    The beams of a sentence attend to the same source, so its encoder-decoder keys and values are
-    kept once per sentence (the beams are folded into the query axis, see ``DecoderLayer``): a beam
-    reorder moves only the self-attention cache, and the source side moves only when sentences are
-    pruned; per-beam copies of the source side would be moved at every step for nothing.
+    Self-attention keys and values of every layer live in one tensor each, sized for the longest output
+    of the batch: a step writes its position in place, a beam reorder is one gather over all layers
+    (only the positions written, into a spare buffer), and nothing is allocated per step. (Growing the cache by
+    concatenation copied it in every layer at every step: a cost quadratic in the output length.)
+    The beams of a sentence attend to the same source, so its encoder-decoder keys and values are kept
+    once per sentence (the beams are folded into the query axis, see ``DecoderLayer.step``): they move
+    only when sentences are pruned. Rows and sentences in use are the first ``rows`` / ``n``.
     """
 
-    layers: list[LayerCache]
+    self_k: Tensor  # [L, R, H, T, d_k] keys of the target prefixes; positions < length are written
+    self_v: Tensor  # [L, R, H, T, d_v]
+    cross_k: Tensor  # [L, n, H, S, d_k] encoder-decoder keys, projected once per sentence
+    cross_v: Tensor  # [L, n, H, S, d_v]
     src_mask: Tensor  # [n, 1, 1, S]
-    length: int = 0  # target positions decoded so far
+    qkv: list[tuple[Tensor, Tensor | None] | None]  # per layer, its Q/K/V weights side by side (one matmul)
+    spare_k: Tensor  # the buffers a reorder gathers into, shaped as self_k and self_v
+    spare_v: Tensor
     beam: int = 1  # rows per sentence
+    length: int = 0  # target positions decoded so far
 
-    def expand(self, beam: int) -> None:
-        """Give each sentence ``beam`` rows (before the first step of beam search)."""
-        for c in self.layers:
-            c.self_k, c.self_v = c.self_k.repeat_interleave(beam, 0), c.self_v.repeat_interleave(beam, 0)
-        self.beam *= beam
+    @property
+    def rows(self) -> int:
+        return self.src_mask.size(0) * self.beam
 
-    def reorder(self, rows: Tensor) -> None:
-        """Continue rows ``rows`` [n' * beam] (repeats allowed), given sentence by sentence: the
-        ``beam`` entries of each sentence are rows of one sentence (beam reordering, pruning)."""
-        for c in self.layers:  # carried out by the next append (LayerCache.append)
-            c.rows = rows if c.rows is None else c.rows.index_select(0, rows)
-        sentences = rows[:: self.beam] // self.beam  # [n']
-        if sentences.numel() == self.src_mask.size(0) and bool((sentences == torch.arange(
-                sentences.numel(), device=sentences.device)).all()):
-            return  # no sentence was pruned: the source side stays as it is
-        for c in self.layers:
-            c.cross_k, c.cross_v = c.cross_k.index_select(0, sentences), c.cross_v.index_select(0, sentences)
-        self.src_mask = self.src_mask.index_select(0, sentences)
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Continue rows ``rows`` [n' * beam] (repeats allowed), the beams of each sentence together
+        (beam reordering); ``sentences`` [n'] the sentences they belong to, when some were pruned.
+
+        The kept rows' written positions are gathered, for all layers at once, into a second buffer
+        of the same size, and the two swap roles: one copy per step, nothing allocated. (Gathering in
+        place needs a temporary and a slower indexing kernel.)"""
+        t, r = self.length, rows.numel()
+        torch.index_select(self.self_k[:, :, :, :t], 1, rows, out=self.spare_k[:, :r, :, :t])
+        torch.index_select(self.self_v[:, :, :, :t], 1, rows, out=self.spare_v[:, :r, :, :t])
+        self.self_k, self.spare_k, self.self_v, self.spare_v = self.spare_k, self.self_k, self.spare_v, self.self_v
+        if sentences is not None:
+            self.cross_k, self.cross_v = self.cross_k[:, sentences], self.cross_v[:, sentences]
+            self.src_mask = self.src_mask[sentences]
 
 
 class DecoderLayer(nn.Module):
@@ -266,27 +295,28 @@ class DecoderLayer(nn.Module):
         self.drop = Dropout(cfg.p_drop)
         self.pre = cfg.norm == "pre"
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, cache: LayerCache | None = None,
-                beam: int = 1) -> Tensor:
-        """x [B, T, D]. Without a cache: the whole prefix, causally masked (§3.2.3). With one: x is
-        the newest position [n*beam, 1, D], attending to the cached prefix and itself; the cross-
-        attention sees a sentence's ``beam`` rows as ``beam`` queries [n, beam, D] of one source."""
-        if cache is None:
-            x = residual(x, self.norm1, self.drop, self.pre,
-                         lambda h: self.self_attn.attend(*self.self_attn.project_qkv(h), is_causal=True))
-            x = residual(x, self.norm2, self.drop, self.pre,
-                         lambda h: self.cross_attn(h, *self.cross_attn.project_kv(memory), mask=src_mask))
-        else:
-            def self_attn(h: Tensor) -> Tensor:
-                cache.append(*self.self_attn.project_kv(h))
-                return self.self_attn(h, cache.self_k, cache.self_v)
-
-            def cross_attn(h: Tensor) -> Tensor:  # a sentence's beams as queries [n, beam, D]
-                return self.cross_attn(h.view(-1, beam, h.size(-1)), cache.cross_k, cache.cross_v,
-                                       mask=src_mask).view_as(h)
-            x = residual(x, self.norm1, self.drop, self.pre, self_attn)
-            x = residual(x, self.norm2, self.drop, self.pre, cross_attn)
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
+        """x [B, T, D], the whole prefix, causally masked (§3.2.3) -> [B, T, D]."""
+        x = residual(x, self.norm1, self.drop, self.pre,
+                     lambda h: self.self_attn.attend(*self.self_attn.project_qkv(h), is_causal=True))
+        x = residual(x, self.norm2, self.drop, self.pre,
+                     lambda h: self.cross_attn(h, *self.cross_attn.project_kv(memory), mask=src_mask))
         return residual(x, self.norm3, self.drop, self.pre, self.ffn)
+
+    def step(self, x: Tensor, cache: DecoderCache, i: int) -> Tensor:
+        """The newest position of every row, x [R, D] -> [R, D], as ``forward`` computes it for that
+        position: it attends to its row's cached prefix and itself, and the cross-attention sees a
+        sentence's ``beam`` rows as ``beam`` queries of one source. Inference only (no dropout), written
+        out without per-call closures: at batch 1 a step is dozens of small operator calls, and the
+        Python between them is most of its time. This layer is layer ``i`` of the cache."""
+        h = self.norm1(x) if self.pre else x
+        h = self.self_attn.step_self(h, cache.self_k[i], cache.self_v[i], cache.length, cache.qkv[i])
+        x = x + h if self.pre else self.norm1(x + h)
+        h = self.norm2(x) if self.pre else x
+        h = self.cross_attn.step_cross(h, cache.cross_k[i], cache.cross_v[i], cache.src_mask, cache.beam)
+        x = x + h if self.pre else self.norm2(x + h)
+        h = self.ffn(self.norm3(x) if self.pre else x)
+        return x + h if self.pre else self.norm3(x + h)
 
 
 def sinusoidal_positions(length: int, d_model: int, offset: int = 0, device: torch.device | None = None) -> Tensor:
@@ -413,8 +443,8 @@ class Transformer(nn.Module):
     def project(self, hidden: Tensor) -> Tensor:
         """Pre-softmax linear transformation (§3.4): [..., D] -> logits [..., V]; no bias."""
         if "output_proj" in self._modules:  # untied, or a quantized copy of the tied weights
-            return self.output_proj(hidden)
-        return F.linear(hidden, self.target_embedding.weight)
+            return apply(self.output_proj, hidden)
+        return linear(hidden, self.target_embedding.weight)
 
     @property
     def output_weight(self) -> Tensor:
@@ -431,23 +461,40 @@ class Transformer(nn.Module):
         hidden = hidden if positions is None else hidden[positions]
         return self.project(hidden) if logits else hidden
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
-        """Projects the encoder-decoder keys/values once per sentence, for every decoder layer."""
-        layers = []
-        for layer in self.decoder:
-            ck, cv = layer.cross_attn.project_kv(memory)
-            empty_k = memory.new_zeros(memory.size(0), layer.self_attn.n_heads, 0, layer.self_attn.d_k)
-            empty_v = memory.new_zeros(memory.size(0), layer.self_attn.n_heads, 0, layer.self_attn.d_v)
-            layers.append(LayerCache(empty_k, empty_v, ck, cv))
-        return DecoderCache(layers, src_mask)
+    def init_cache(self, memory: Tensor, src_mask: Tensor, beam: int = 1, max_len: int = 1024) -> DecoderCache:
+        """The decoding state of memory [n, S, D]'s sentences, ``beam`` rows each, for outputs of at most
+        ``max_len`` positions: every layer's encoder-decoder keys/values projected once per sentence,
+        the self-attention caches allocated once. The fused Q/K/V weights are made here, once per batch,
+        and kept in the cache, not on the model: a model in training changes them at every update."""
+        n, layers = memory.size(0), list(self.decoder)
+        attn = layers[0].self_attn
+        self_k = memory.new_empty(len(layers), n * beam, attn.n_heads, max_len, attn.d_k)
+        self_v = memory.new_empty(len(layers), n * beam, attn.n_heads, max_len, attn.d_v)
+        cross = [layer.cross_attn.project_kv(memory) for layer in layers]
+        return DecoderCache(self_k, self_v, torch.stack([k for k, _ in cross]), torch.stack([v for _, v in cross]),
+                            src_mask, [_fused_qkv(layer.self_attn) for layer in layers],
+                            torch.empty_like(self_k), torch.empty_like(self_v), beam)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
-        """tokens [B] at position cache.length -> logits [B, V]; the cache grows by one position."""
-        x = self.target_embedding(tokens[:, None]) + self.positions(1, cache.length, "tgt_pos", tokens.device)
-        for layer, layer_cache in zip(self.decoder, cache.layers):
-            x = layer(x, None, cache.src_mask, layer_cache, cache.beam)
+        """tokens [R] (the cache's rows in use) at position cache.length -> logits [R, V]; the cache
+        holds one more position. The same function as ``forward`` at that position (§3.2.3's mask is
+        the cache: a row sees only what it has written)."""
+        pos = self.positions(1, cache.length, "tgt_pos", tokens.device)  # [1, D]
+        x = self.target_embedding(tokens) + pos  # [R, D]
+        for i, layer in enumerate(self.decoder):
+            x = layer.step(x, cache, i)
         cache.length += 1
-        return self.project(self.final_norm(x[:, 0], "dec_norm"))
+        return self.project(self.final_norm(x, "dec_norm"))
+
+
+def _fused_qkv(attn: MultiHeadAttention) -> tuple[Tensor, Tensor | None] | None:
+    """A self-attention's Q, K and V weights (and biases) side by side, for one matmul per decoding step;
+    None when they are not plain linear layers (an int8 copy holds no float weights to join)."""
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if not all(type(m) is nn.Linear for m in projections):
+        return None
+    bias = None if attn.q_proj.bias is None else torch.cat([m.bias for m in projections])
+    return torch.cat([m.weight for m in projections]), bias
 
 
 @contextlib.contextmanager

@@ -64,14 +64,14 @@ def next_log_probs(logits: Tensor, step: int, max_len: Tensor, allowed: Tensor |
     hypotheses, unpenalised, when none had finished (A11). Forcing keeps one scoring rule for all.
     """
     log_probs = logits.float().log_softmax(-1)
-    at_limit = (step + 1 >= max_len).nonzero().flatten()  # rows whose next token is the max_len-th
-    eos = log_probs[at_limit, EOS_ID]  # a copy, taken before any masking
+    at_limit = (step + 1 >= max_len)[:, None]  # [N, 1] rows whose next token is the max_len-th
+    eos = log_probs[:, EOS_ID:EOS_ID + 1].clone()  # [N, 1] taken before any masking
     if allowed is not None:
         log_probs.masked_fill_(~allowed, float("-inf"))
     log_probs[:, PAD_ID] = float("-inf")  # the start symbol is never an output
-    if at_limit.numel():
-        log_probs[at_limit] = float("-inf")
-        log_probs[at_limit, EOS_ID] = eos
+    # at the limit only EOS, with its own log-prob; without a host sync (``nonzero``) for the rare rows
+    log_probs.masked_fill_(at_limit, float("-inf"))
+    log_probs[:, EOS_ID:EOS_ID + 1] = torch.where(at_limit, eos, log_probs[:, EOS_ID:EOS_ID + 1])
     return log_probs
 
 
@@ -94,11 +94,13 @@ class NextTokenLogits:
     With the cache, one ``decode_step`` per token (cross-attention keys/values projected once per
     sentence). Without it, the whole prefix is run again through ``model(src, tgt_in)``: quadratic,
     but independent of the cache, so it serves as the reference the cache is tested against.
+    ``beam`` rows per sentence of src [n, S], sentence-major; outputs of at most ``max_len`` positions.
     """
 
-    def __init__(self, model, src: Tensor, use_cache: bool = True):
-        self.model, self.src = model, src
-        self.cache = model.init_cache(*model.encode(src)) if use_cache else None
+    def __init__(self, model, src: Tensor, beam: int, max_len: int, use_cache: bool = True):
+        self.model = model
+        self.src = src.repeat_interleave(beam, 0) if not use_cache and beam > 1 else src
+        self.cache = model.init_cache(*model.encode(src), beam, max_len) if use_cache else None
 
     def __call__(self, prefix: Tensor) -> Tensor:
         """prefix [N, t] (starts with BOS; the cache holds positions < t - 1) -> logits [N, V]."""
@@ -106,20 +108,13 @@ class NextTokenLogits:
             return self.model(self.src, prefix)[:, -1]
         return self.model.decode_step(prefix[:, -1], self.cache)
 
-    def expand(self, beam: int) -> None:
-        """Each sentence gets ``beam`` rows, sentence-major (before the first step of beam search)."""
-        if self.cache is None:
-            self.src = self.src.repeat_interleave(beam, 0)
-        else:
-            self.cache.expand(beam)
-
-    def reorder(self, rows: Tensor) -> None:
-        """Continue rows ``rows`` [N'] (repeats allowed), the beams of each sentence together:
-        beam reordering and pruning of finished sentences."""
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Continue rows ``rows`` [N'] (repeats allowed), the beams of each sentence together: beam
+        reordering; ``sentences`` [n']: the sentences kept, when finished ones were pruned."""
         if self.cache is None:
             self.src = self.src.index_select(0, rows)
         else:
-            self.cache.reorder(rows)
+            self.cache.reorder(rows, sentences)
 
 
 PAPER = DecodeConfig()  # §6.1's settings: the searches' defaults come from the one config, not literals here
@@ -136,8 +131,8 @@ def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_of
     Each output has at most len(src) + max_len_offset - 1 tokens (len(src) counting its EOS): the
     limit counts the output's EOS, which is forced at the last position (see ``max_lengths``).
     """
-    next_logits = NextTokenLogits(model, src, use_cache)
     max_len = max_lengths(src, max_len_offset)
+    next_logits = NextTokenLogits(model, src, 1, int(max_len.max()), use_cache)
     prefix = src.new_full((src.size(0), 1), BOS_ID)  # [n, t]
     sentence = torch.arange(src.size(0), device=src.device)  # [n] index into the batch
     log_p = torch.zeros(src.size(0), device=src.device)  # [n] log P(prefix)
@@ -150,17 +145,19 @@ def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_of
         log_p += log_probs.gather(1, token[:, None]).squeeze(1)
         prefix = torch.cat([prefix, token[:, None]], 1)
         done = token == EOS_ID
-        scores = (log_p[done] / length_penalty(step + 1, alpha)).tolist()
-        for s, hyp, score in zip(sentence[done].tolist(), prefix[done, 1:-1].tolist(), scores):
-            outputs[s] = Hypothesis(hyp, score)
-        if done.all():
-            break
-        keep = (~done).nonzero().flatten()
+        ended = done.nonzero().flatten()  # the step's one host sync
+        rows = None  # every row continues
+        if ended.numel():
+            scores = (log_p[ended] / length_penalty(step + 1, alpha)).tolist()
+            for s, hyp, score in zip(sentence[ended].tolist(), prefix[ended, 1:-1].tolist(), scores):
+                outputs[s] = Hypothesis(hyp, score)
+            if ended.numel() == token.numel():
+                break
+            rows = (~done).nonzero().flatten()  # prune finished sentences so no step is spent on them
+            next_logits.reorder(rows, rows)
+            prefix, sentence, max_len, log_p, token = prefix[rows], sentence[rows], max_len[rows], log_p[rows], token[rows]
         if constraint is not None:
-            constraint.advance(keep, token[keep])
-        if done.any():  # prune finished sentences so no step is spent on them
-            next_logits.reorder(keep)
-            prefix, sentence, max_len, log_p = prefix[keep], sentence[keep], max_len[keep], log_p[keep]
+            constraint.advance(torch.arange(token.numel(), device=token.device) if rows is None else rows, token)
     return outputs
 
 
@@ -250,9 +247,8 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest = {nbest}: expected 1..beam size ({beam_size})")
     batch, dev = src.size(0), src.device
-    next_logits = NextTokenLogits(model, src, use_cache)
-    next_logits.expand(beam_size)  # B -> B*beam rows
     max_len = max_lengths(src, max_len_offset)  # [n]
+    next_logits = NextTokenLogits(model, src, beam_size, int(max_len.max()), use_cache)  # B*beam rows
     if constraint is not None:
         constraint.begin(src, beam_size, max_len)
     banked = getattr(constraint, "banked", False)  # lexical constraints: dynamic beam allocation
@@ -262,8 +258,10 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     scores[:, 0] = 0.0  # one live beam at step 0, so the beams do not start as copies
     kth_score = torch.full((batch,), float("-inf"), device=dev)  # [B] nbest-th best finished (-inf: fewer)
     ranked: list[list[tuple[float, Hypothesis]]] = [[] for _ in range(batch)]  # (rank key, hypothesis), best first
+    row_max_len = max_len.repeat_interleave(beam_size)  # [n*beam]
+    first_rows = torch.arange(batch, device=dev)[:, None] * beam_size  # [n, 1] each sentence's first row
     for step in range(int(max_len.max())):
-        log_probs = next_log_probs(next_logits(prefix), step, max_len.repeat_interleave(beam_size),
+        log_probs = next_log_probs(next_logits(prefix), step, row_max_len,
                                    constraint.allowed() if constraint is not None else None)
         if not banked:
             banks, (log_probs, tokens) = None, log_probs.topk(min(2 * beam_size, log_probs.size(-1)), -1)
@@ -283,15 +281,20 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
         if early_stop == "top":  # this step's best candidate is EOS: it outscores every alive one
             top = fin_scores[:, 0] * length_penalty(step + 1, alpha) >= best_alive
             done |= top & (kth_score[sentence] > float("-inf"))  # and the n-best list is full
-        if done.all():
+        keep = (~done).nonzero().flatten()  # the step's one host sync when no hypothesis finished
+        if keep.numel() == 0:
             break
-        keep = (~done).nonzero().flatten()  # prune finished sentences with the beam reorder
-        rows = (keep[:, None] * beam_size + origin[keep]).flatten()  # [n'*beam] previous rows to continue
-        next_logits.reorder(rows)
-        prefix = torch.cat([prefix[rows], token[keep].flatten()[:, None]], 1)
+        pruned = keep.numel() < sentence.numel()  # prune finished sentences with the beam reorder
+        if pruned:
+            origin, token, scores, sentence, max_len = origin[keep], token[keep], scores[keep], sentence[keep], max_len[keep]
+            first_rows, row_max_len = first_rows[: keep.numel()], max_len.repeat_interleave(beam_size)
+            rows = (keep[:, None] * beam_size + origin).flatten()  # [n'*beam] previous rows to continue
+        else:
+            rows = (first_rows + origin).flatten()
+        next_logits.reorder(rows, keep if pruned else None)
+        prefix = torch.cat([prefix[rows], token.flatten()[:, None]], 1)
         if constraint is not None:
-            constraint.advance(rows, token[keep].flatten())
-        scores, sentence, max_len = scores[keep], sentence[keep], max_len[keep]
+            constraint.advance(rows, token.flatten())
     # a list with hypotheses that meet every lexical constraint holds only those; else the best that do not
     return [[h for key, h in found if key > -INCOMPLETE / 2 or found[0][0] <= -INCOMPLETE / 2] for found in ranked]
 
