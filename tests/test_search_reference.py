@@ -31,9 +31,11 @@ def reference() -> dict:
     return json.loads((RUN / "test2016.json").read_text(encoding="utf-8"))
 
 
-@pytest.fixture(scope="module")
-def translator() -> Translator:
-    return Translator(RUN, list_checkpoints(RUN)[-1], log=lambda m: None, device="cpu")
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+def translator(request) -> Translator:
+    """The reference run on the CPU, and on a GPU where there is one (the GPU test of issue 43)."""
+    return Translator(RUN, list_checkpoints(RUN)[-1], log=lambda m: None, device=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +46,11 @@ def sources(multi30k: Path, translator: Translator) -> list[list[int]]:
 
 def prefix_log_probs(model, src: list[int], tokens: list[int]) -> list[float]:
     """Cumulative log P(y_1..y_i | x) for each i (teacher-forced, one pass)."""
+    device = next(model.parameters()).device
     with torch.inference_mode():
         y = tokens + [EOS_ID]
-        logits = model(torch.tensor([src]), torch.tensor([[BOS_ID] + y[:-1]]))[0]
-        lp = logits.float().log_softmax(-1).gather(1, torch.tensor(y)[:, None]).flatten()
+        logits = model(torch.tensor([src], device=device), torch.tensor([[BOS_ID] + y[:-1]], device=device))[0]
+        lp = logits.float().log_softmax(-1).gather(1, torch.tensor(y, device=device)[:, None]).flatten()
     return lp.cumsum(0).tolist()
 
 

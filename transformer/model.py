@@ -54,7 +54,7 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
-ONEDNN_MIN_MACS = 1 << 19  # products smaller than this stay on torch's default BLAS (lower per-call cost)
+ONEDNN_MIN_MACS = 1 << 20  # products smaller than this stay on torch's default BLAS (lower per-call cost)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
@@ -95,10 +95,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_ca
     memory-efficient kernels). The explicit path computes eq. (1) as written and also returns the
     weights [B, H, Tq, Tk] (figures and tests need them); on CPU it is the faster one at translation
     lengths (a Multi30k training step: 0.58 s against 0.67 s through SDPA's CPU kernel; a tie at
-    60 tokens), so CPU takes it, except for the single query of a decoding step's self-attention,
-    where SDPA's one call beats the explicit path's five (benchmarks/linear_kernels.py measures both).
+    60 tokens), so CPU takes it, except for the single query of a decoding step's self-attention in
+    small batches (batch × heads <= 64), where SDPA's one call beats the explicit path's five
+    (benchmarks/linear_kernels.py measures both).
     """
-    if not need_weights and (q.device.type != "cpu" or q.size(-2) == 1):
+    if not need_weights and (q.device.type != "cpu" or (q.size(-2) == 1 and q.shape[:2].numel() <= 64)):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # eq. (1): QKᵀ/√d_k
@@ -240,16 +241,16 @@ class DecoderCache:
     """Incremental-decoding state of n sentences with ``beam`` rows each, sentence-major (torchtune's
     KVCache: a small explicit object, allocated once per batch and written in place).
 
-    Self-attention keys and values of every layer live in one tensor each, sized for the longest output
-    of the batch: a step writes its position in place, a beam reorder is one gather over all layers
-    (only the positions written, into a spare buffer), and nothing is allocated per step. (Growing the cache by
+    Self-attention keys and values of every layer live in one tensor each, grown by doubling up to the
+    longest output of the batch: a step writes its position in place, a beam reorder is one gather over
+    all layers (only the positions written, into a spare buffer), and a step allocates nothing. (Growing the cache by
     concatenation copied it in every layer at every step: a cost quadratic in the output length.)
     The beams of a sentence attend to the same source, so its encoder-decoder keys and values are kept
     once per sentence (the beams are folded into the query axis, see ``DecoderLayer.step``): they move
     only when sentences are pruned. Rows and sentences in use are the first ``rows`` / ``n``.
     """
 
-    self_k: Tensor  # [L, R, H, T, d_k] keys of the target prefixes; positions < length are written
+    self_k: Tensor  # [L, R, H, T', d_k] keys of the target prefixes; positions < length are written
     self_v: Tensor  # [L, R, H, T, d_v]
     cross_k: Tensor  # [L, n, H, S, d_k] encoder-decoder keys, projected once per sentence
     cross_v: Tensor  # [L, n, H, S, d_v]
@@ -260,9 +261,19 @@ class DecoderCache:
     beam: int = 1  # rows per sentence
     length: int = 0  # target positions decoded so far
 
-    @property
-    def rows(self) -> int:
-        return self.src_mask.size(0) * self.beam
+    max_len: int = 1024  # positions the outputs may take; the buffers hold fewer until needed
+
+    def make_room(self) -> None:
+        """Room for position ``length``: the buffers start small and double, up to ``max_len``.
+        (Most outputs end far before their limit, input + 50; buffers sized for it at once would be
+        mostly memory never written, and each batch would pay the operating system for its pages.)"""
+        room = self.self_k.size(3)
+        if self.length < room:
+            return
+        grown = [t.new_empty(*t.shape[:3], min(2 * room, self.max_len), t.size(4))
+                 for t in (self.self_k, self.self_v, self.spare_k, self.spare_v)]
+        grown[0][:, :, :, :room], grown[1][:, :, :, :room] = self.self_k, self.self_v
+        self.self_k, self.self_v, self.spare_k, self.spare_v = grown
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         """Continue rows ``rows`` [n' * beam] (repeats allowed), the beams of each sentence together
@@ -468,17 +479,19 @@ class Transformer(nn.Module):
         and kept in the cache, not on the model: a model in training changes them at every update."""
         n, layers = memory.size(0), list(self.decoder)
         attn = layers[0].self_attn
-        self_k = memory.new_empty(len(layers), n * beam, attn.n_heads, max_len, attn.d_k)
-        self_v = memory.new_empty(len(layers), n * beam, attn.n_heads, max_len, attn.d_v)
+        room = min(max_len, 16)  # grown by make_room
+        self_k = memory.new_empty(len(layers), n * beam, attn.n_heads, room, attn.d_k)
+        self_v = memory.new_empty(len(layers), n * beam, attn.n_heads, room, attn.d_v)
         cross = [layer.cross_attn.project_kv(memory) for layer in layers]
         return DecoderCache(self_k, self_v, torch.stack([k for k, _ in cross]), torch.stack([v for _, v in cross]),
                             src_mask, [_fused_qkv(layer.self_attn) for layer in layers],
-                            torch.empty_like(self_k), torch.empty_like(self_v), beam)
+                            torch.empty_like(self_k), torch.empty_like(self_v), beam, max_len=max_len)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens [R] (the cache's rows in use) at position cache.length -> logits [R, V]; the cache
         holds one more position. The same function as ``forward`` at that position (§3.2.3's mask is
         the cache: a row sees only what it has written)."""
+        cache.make_room()
         pos = self.positions(1, cache.length, "tgt_pos", tokens.device)  # [1, D]
         x = self.target_embedding(tokens) + pos  # [R, D]
         for i, layer in enumerate(self.decoder):

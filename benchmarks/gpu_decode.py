@@ -1,0 +1,127 @@
+"""Decoding speed before and after the decoder-step rewrite (issue 43), measured in one run on one device:
+the quick-start model and bench-small on test2016, beam 4, α 0.6, input + 50, the paper's exact stop.
+
+    python benchmarks/gpu_decode.py --before DIR [--device cuda] [--runs quick=RUN small=RUN]
+
+``--before`` is a folder holding the package as it was (``git archive 979b027 transformer | tar -x -C DIR``);
+the package of this checkout is "after". Every (code, model, batch size) is timed in a process of its
+own: the model loaded and one batch decoded untimed, then test2016's sentences (at batch 1 the first
+``--b1-sentences``) decoded ``--repeat`` times, the best kept; sentences/s counts sentences over the
+decoding alone (sorting, batching and the search included; encoding the text and loading excluded).
+Both codes must give the same number of outputs; how many outputs differ between them is counted
+(near-ties can flip: the two do their sums in different orders).
+
+Writes benchmarks/results/gpu_decode.json and .md for cuda (cpu_decode.* for --device cpu).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BATCHES = (1, 64, 512)
+
+
+def worker(run: str, batch: int, sentences: int, repeat: int, device: str, data: str) -> dict:
+    """Runs in a process whose PYTHONPATH holds the code measured; prints its result as JSON."""
+    import torch
+
+    from transformer.checkpoint import list_checkpoints
+    from transformer.data import encode_for_decoding, read_lines
+    from transformer.decode import decode_ids
+    from transformer.translator import Translator
+
+    translator = Translator(Path(run), list_checkpoints(Path(run))[-1], log=lambda m: None, device=device)
+    lines = read_lines(Path(data))[:sentences]
+    sources = encode_for_decoding(lines, translator.tokenizer)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    best, outputs = float("inf"), None
+    with torch.inference_mode():
+        decode_ids(translator.model, sources[:batch], batch_size=batch)  # warm-up: kernels, allocator
+        for _ in range(repeat):
+            sync()
+            start = time.perf_counter()
+            outputs = decode_ids(translator.model, sources, batch_size=batch)
+            sync()
+            best = min(best, time.perf_counter() - start)
+    import transformer
+
+    return {"code": str(Path(transformer.__file__).parent), "sentences": len(sources), "seconds": round(best, 4), "sentences_per_s": round(len(sources) / best, 1),
+            "outputs": [h[0].tokens for h in outputs]}
+
+
+def measure(code: Path, run: str, batch: int, args) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", run, str(batch),
+           str(args.b1_sentences if batch == 1 else 1_000_000), str(args.repeat), args.device, args.data]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"{code} {run} batch {batch} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", type=Path, help="folder holding the old transformer/ package (required)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--runs", nargs="+", default=["quick=runs/gpu/quick", "small=runs/gpu/small"],
+                        help="NAME=RUN_DIR of each model measured")
+    parser.add_argument("--data", default="runs/gpu/data/multi30k/test_2016_flickr.en.gz", help="test2016's English side")
+    parser.add_argument("--b1-sentences", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        run, batch, sentences, repeat, device, data = args.worker
+        print(json.dumps(worker(run, int(batch), int(sentences), int(repeat), device, data)))
+        return
+    if args.before is None:
+        parser.error("--before DIR is required")
+    import torch
+
+    name = "gpu_decode" if args.device.startswith("cuda") else "cpu_decode"
+    result = {"date": datetime.date.today().isoformat(),
+              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                       text=True).stdout.strip() or "unknown (no git where it ran)",
+              "before": "979b027 (the search and step before issue 43's rewrite)",
+              "command": "python benchmarks/gpu_decode.py " + " ".join(sys.argv[1:]),
+              "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "models": {}}
+    for spec in args.runs:
+        label, run = spec.split("=", 1)
+        rows = {}
+        for batch in args.batches:
+            before, after = measure(args.before.resolve(), run, batch, args), measure(ROOT, run, batch, args)
+            differ = sum(a != b for a, b in zip(before.pop("outputs"), after.pop("outputs")))
+            assert before.pop("code") != after.pop("code"), "both processes imported the same package"
+            rows[str(batch)] = {"before": before, "after": after, "speedup": round(before["seconds"] / after["seconds"], 2),
+                                "outputs_differing": differ}
+            print(label, batch, rows[str(batch)], flush=True)
+        result["models"][label] = {"run": run, "batches": rows}
+    out = ROOT / "benchmarks" / "results"
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    lines = [f"# Decoding before and after the step rewrite: {result['device']} ({result['date']}, commit "
+             f"{result['commit']}, torch {result['torch']})", "", f"`{result['command']}`", "",
+             f"Before: {result['before']}. test2016, beam 4, α 0.6, input + 50, the exact stop; sentences/s over "
+             "the decoding alone, best of the repeats, each setting in a process of its own.", "",
+             "| model | batch | sentences | before (sent/s) | after (sent/s) | speed-up | outputs differing |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for label, m in result["models"].items():
+        for batch, r in m["batches"].items():
+            lines.append(f"| {label} | {batch} | {r['after']['sentences']} | {r['before']['sentences_per_s']} | "
+                         f"{r['after']['sentences_per_s']} | {r['speedup']}× | {r['outputs_differing']} |")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
