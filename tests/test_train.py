@@ -34,8 +34,12 @@ def deterministic(monkeypatch):
     torch.use_deterministic_algorithms(False)
 
 
-def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_overrides, deterministic):
-    common = tiny_overrides + ["train.log_every=5", "train.eval_every=1000", "train.save_every=10"]
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_overrides, deterministic, precision):
+    """Weights, optimizer state, losses and (fp16) the loss scaler's state: equal after a resume, on the
+    CPU and, where there is one, on a GPU."""
+    common = tiny_overrides + ["train.log_every=5", "train.eval_every=1000", "train.save_every=10",
+                               f"train.precision={precision!r}".replace("'", '"')]
     full = tmp_path / "full"
     train(load_config("tiny", common + ["train.max_steps=30"]), full, quiet=True)
     part = tmp_path / "part"
@@ -46,6 +50,9 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_overrides, determ
     assert losses(part) == losses(full)
     a, b = load_checkpoint(list_checkpoints(full)[-1]), load_checkpoint(list_checkpoints(part)[-1])
     assert a.meta["step"] == b.meta["step"] == 30
+    assert a.meta["scaler"] == b.meta["scaler"] and (a.meta["scaler"] is None) == (precision == "fp32")
+    if precision == "fp16" and not a.meta["train_state"]["skipped_steps"]:  # steps since the last overflow:
+        assert a.meta["scaler"]["_growth_tracker"] == 30  # the resumed run went on counting from step 10
     for name, tensor in a.weights.items():
         assert torch.equal(tensor, b.weights[name]), name
     for name, tensor in a.state.items():

@@ -407,6 +407,7 @@ class Trainer:
         self.raw = Transformer(cfg.model, tokenizer.vocab_size).to(dist.device)
         self.optimizer = make_optimizer(self.raw, t)
         self.state = TrainState(world_size=dist.world)
+        self.scaler = torch.amp.GradScaler(dist.device.type) if t.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
                           "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size}
         if dist.enabled:
@@ -420,7 +421,6 @@ class Trainer:
         if t.compile:
             self.model = torch.compile(self.model)
         self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
-        self.scaler = torch.amp.GradScaler(dist.device.type) if t.precision == "fp16" else None
         self.log(f"transformer {__version__}, torch {torch.__version__}, python {platform.python_version()}; seed "
                  f"{t.seed}; config sha256 {cfg.sha256()[:16]}; vocabulary sha256 {tokenizer.sha256[:16]}")
         self.log(f"model: {count_parameters(self.raw):,} parameters; vocabulary {tokenizer.vocab_size}; "
@@ -470,6 +470,8 @@ class Trainer:
         if "init_from" in ckpt.meta:  # where the run started, in every later record too
             self.meta_base["init_from"] = ckpt.meta["init_from"]
         load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
+        if self.scaler and ckpt.meta.get("scaler"):  # checkpoints before the scaler was saved restart it
+            self.scaler.load_state_dict(ckpt.meta["scaler"])
         self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
         set_rng_state(self.dist, ckpt.state)
         if self.state.world_size != self.dist.world:
@@ -508,7 +510,9 @@ class Trainer:
         for r, states in enumerate(rng_states):
             tensors.update({f"{name}.{r}" if r else name: state for name, state in states.items()})
         meta = dict(self.meta_base, optim_param_groups=groups,
-                    train_state={**self.state.__dict__, "elapsed_s": self.elapsed()})
+                    train_state={**self.state.__dict__, "elapsed_s": self.elapsed()},
+                    # fp16's loss scale and its steps since the last overflow: a resumed step scales as this one would
+                    scaler=self.scaler.state_dict() if self.scaler else None)
         try:
             save_checkpoint(self.out, self.state.step, self.raw.state_dict(), tensors, meta, self.cfg.train.keep_last)
         except OSError as e:  # disk full, folder gone or read-only: the earlier checkpoints are intact
