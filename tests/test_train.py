@@ -363,6 +363,35 @@ def test_keep_best_keeps_the_best_and_patience_stops(tmp_path, tiny_overrides, s
     assert again["step"] == 14
 
 
+def test_the_best_moves_with_the_checkpoints(tmp_path, tiny_overrides, scripted, monkeypatch):
+    """Evaluations every 2 steps, checkpoints every 4: best.safetensors is written with the checkpoint
+    whose record holds it. Killed between the two writes (best.safetensors of step 8 on disk, checkpoint
+    8 not), the run resumes from checkpoint 4; an evaluation after the resume that is worse than the
+    best on disk (3.5 against 3.0) but better than checkpoint 4 knew (4.0) must not replace it."""
+    from transformer.train import Trainer
+
+    common = tiny_overrides + ["train.log_every=2", "train.eval_every=2", "train.save_every=4",
+                               'train.keep_best="valid_loss"']
+    run = tmp_path / "run"
+    train(load_config("tiny", common + ["train.max_steps=10"]), run, quiet=True)
+    assert load_checkpoint(run / "best.safetensors", with_state=False).meta["best"] == {
+        "metric": "valid_loss", "step": 8, "value": 3.0}
+    assert load_checkpoint(run / "checkpoints" / "step_00000008.json", with_state=False).meta["train_state"][
+        "best_value"] == 3.0
+    for step in (8, 10):
+        for path in (run / "checkpoints").glob(f"step_{step:08d}*"):
+            path.unlink()
+    best = load_checkpoint(run / "best.safetensors", with_state=False).weights
+    monkeypatch.setattr(Trainer, "evaluate", lambda self: {"valid_nll": {8: 3.5}.get(self.state.step, 9.0),
+                                                           "valid_ppl": 1.0})
+    resumed = train(load_config("tiny", common + ["train.max_steps=12"]), run, resume=True, quiet=True)
+    assert resumed["best"]["step"] == 8 and resumed["best"]["value"] == 3.0
+    after = load_checkpoint(run / "best.safetensors", with_state=False)
+    assert after.meta["best"] == {"metric": "valid_loss", "step": 8, "value": 3.0}
+    for name, tensor in best.items():
+        assert torch.equal(after.weights[name], tensor), name
+
+
 def test_translate_from_the_best_checkpoint(tmp_path, tiny_overrides, scripted):
     from transformer.checkpoint import CheckpointError
     from transformer.translator import Translator

@@ -407,6 +407,7 @@ class Trainer:
         self.raw = Transformer(cfg.model, tokenizer.vocab_size).to(dist.device)
         self.optimizer = make_optimizer(self.raw, t)
         self.state = TrainState(world_size=dist.world)
+        self.pending_best: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # keep_best's, for save()
         self.scaler = torch.amp.GradScaler(dist.device.type) if t.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
                           "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size}
@@ -473,6 +474,7 @@ class Trainer:
         if self.scaler and ckpt.meta.get("scaler"):  # checkpoints before the scaler was saved restart it
             self.scaler.load_state_dict(ckpt.meta["scaler"])
         self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
+        self.reconcile_best()
         set_rng_state(self.dist, ckpt.state)
         if self.state.world_size != self.dist.world:
             # the step, the schedule and Adam's moments continue; the data order cannot
@@ -481,6 +483,21 @@ class Trainer:
             self.state.batch_in_epoch = self.state.batch_in_epoch * self.state.world_size // self.dist.world
             self.state.world_size = self.dist.world
         self.log(f"resumed from {ckpt.path.name} at step {self.state.step}")
+
+    def reconcile_best(self) -> None:
+        """A best.safetensors newer than the checkpoint resumed from (killed between the two writes of
+        ``save``): its value and step are the best so far, so no worse model can replace it."""
+        best, state = self.out / "best.safetensors", self.state
+        if not self.cfg.train.keep_best or not best.with_suffix(".json").is_file():
+            return
+        record = load_checkpoint(best, with_state=False).meta.get("best", {})
+        lower = self.cfg.train.keep_best == "valid_loss"
+        value = record.get("value")
+        if record.get("metric") == self.cfg.train.keep_best and value is not None and (
+                state.best_value is None or (value < state.best_value if lower else value > state.best_value)):
+            state.best_value, state.best_step, state.evals_since_best = value, record["step"], 0
+            self.log(f"best {record['metric']} {value:.4g} at step {record['step']} taken from best.safetensors "
+                     "(newer than the checkpoint)")
 
     def elapsed(self) -> float:
         """Seconds of training, earlier attempts of a resumed run included."""
@@ -514,6 +531,9 @@ class Trainer:
                     # fp16's loss scale and its steps since the last overflow: a resumed step scales as this one would
                     scaler=self.scaler.state_dict() if self.scaler else None)
         try:
+            if self.pending_best is not None:  # before the checkpoint that records it (resume() reconciles a crash between)
+                write_model(self.out / "best.safetensors", *self.pending_best)
+                self.pending_best = None
             save_checkpoint(self.out, self.state.step, self.raw.state_dict(), tensors, meta, self.cfg.train.keep_last)
         except OSError as e:  # disk full, folder gone or read-only: the earlier checkpoints are intact
             raise TrainError(f"cannot write the checkpoint of step {self.state.step} in {self.out / 'checkpoints'}: "
@@ -564,9 +584,11 @@ class Trainer:
         lower = t.keep_best == "valid_loss"
         if state.best_value is None or (value < state.best_value if lower else value > state.best_value):
             state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
-            write_model(self.out / "best.safetensors", self.raw.state_dict(),
-                        dict(self.meta_base, best={"metric": t.keep_best, "step": state.step, "value": value}))
-            self.log(f"best {t.keep_best} so far: {value:.4g} at step {state.step} (kept in best.safetensors)")
+            # written with the next checkpoint, whose record holds this best: a resume never rewinds it
+            self.pending_best = ({k: v.detach().to("cpu", copy=True) for k, v in self.raw.state_dict().items()},
+                                 dict(self.meta_base, best={"metric": t.keep_best, "step": state.step, "value": value}))
+            self.log(f"best {t.keep_best} so far: {value:.4g} at step {state.step} (kept in best.safetensors "
+                     "with the next checkpoint)")
             return
         state.evals_since_best += 1
         if t.patience and state.evals_since_best >= t.patience:
