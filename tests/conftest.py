@@ -63,6 +63,28 @@ def tiny_run(multi30k: Path, tmp_path_factory) -> Path:
     return tmp / "run"
 
 
+@pytest.fixture(scope="session")
+def tiny_parse_run(tmp_path_factory) -> Path:
+    """A parsing run (§6.3) trained for 4 steps on the WSJ sample, beam 4 and outputs of at most the
+    input + 20 pieces: untrained, but its beam writes only trees of the input (trees.TreeConstraint)."""
+    from transformer.config import load_config
+    from transformer.prepare import write_ptb_splits
+    from transformer.train import train
+
+    if not (DATA / "ptb-sample").is_dir():
+        pytest.skip(f"ptb-sample not found under {DATA} (set TRANSFORMER_DATA)")
+    tmp = tmp_path_factory.mktemp("tiny_parse_run")
+    write_ptb_splits(DATA / "ptb-sample", tmp)
+    data = [f'data.{split}_{side}="{tmp}/{split}.{suffix}"' for split in ("train", "valid")
+            for side, suffix in (("src", "words"), ("tgt", "wlin"))]
+    cfg = load_config("configs/ptb_sample_parse.toml", data + [
+        "data.vocab_size=1000", "model.n_enc_layers=1", "model.n_dec_layers=1", "model.d_model=32", "model.d_ff=64",
+        "train.max_steps=4", "train.max_minutes=0", "train.save_every=2", "train.eval_every=2", "train.log_every=2",
+        "train.threads=1", "decode.beam_size=4", "decode.max_len_offset=20"])
+    train(cfg, tmp / "run", quiet=True)
+    return tmp / "run"
+
+
 def start_server(run_dir: Path, options: Sequence[str] = (), timeout: float = 120) -> tuple[subprocess.Popen, str]:
     """`transformer serve RUN_DIR` as a child process on a free loopback port, as a user runs it, returned
     once GET /health answers: (process, base URL). For the tests and benchmarks/serve_load.py; the caller terminates it.

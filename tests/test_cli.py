@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,8 +203,8 @@ def test_prefix_and_sampling_from_the_command_line(tiny_run, tmp_path):
     (["--sample", "--topp", "1.5"], "--topp 1.5: must be in (0, 1]"),
     (["--sample", "--topp", "0"], "--topp 0.0: must be in (0, 1]"),
     (["--sample", "--topk", "-1"], "--topk -1: must be >= 0"),
-    (["--sample", "--temperature", "nan"], "--temperature nan: must be a positive finite number"),
-    (["--sample", "--temperature", "0"], "--temperature 0.0: must be a positive finite number"),
+    (["--sample", "--temperature", "nan"], "--temperature nan: must be a finite number >= 1.2e-38"),
+    (["--sample", "--temperature", "1e-40"], "--temperature 1e-40: must be a finite number >= 1.2e-38"),
     (["--sample", "--seed", str(2**64)], f"--seed {2**64}: must be in 0 .. 2^64 - 1"),
     (["--sample", "--seed", "-1"], "--seed -1: must be in 0 .. 2^64 - 1"),
     (["--prefix", "{tmp}/two_lines.txt"], "--prefix: 2 given for 4 input lines"),
@@ -258,3 +259,176 @@ def test_constraints_appear_in_every_output(tiny_run, tmp_path):
     (tmp_path / "three.txt").write_text("a\n\n\n")
     bad = run_cli("translate", str(tiny_run), "--constraints", str(tmp_path / "three.txt"), stdin=SENTENCES)
     assert bad.returncode == 1 and "--constraints: 3 given for 4 input lines" in bad.stderr
+
+
+# --- which options combine: the pair matrix, generated from the one table (request.REFUSED) ----------
+
+# a run trained 3,000 steps (tests/test_search_reference.py's): its outputs are German sentences
+REFERENCE_RUN = Path(__file__).resolve().parent / "data" / "decode_reference"
+MATRIX_LINES = {"translate": ["a dog runs on the beach .", "two men are talking on a street ."],
+                "parse": ["The dog barked .", "Stocks fell sharply yesterday ."]}
+PREFIX = {"translate": "Ein Mann", "parse": "(S (NP"}  # for line 0; line 1 has none
+PHRASES = ["Wiese", "Gehweg"]  # one per line, in none of the reference run's own outputs of MATRIX_LINES
+
+
+def option_args(option: str, run: Path, kind: str, tmp_path: Path) -> list[str]:
+    """The flags that give ``option`` (``request.OPTIONS``) to `translate` on ``run``, a ``kind`` run."""
+    (tmp_path / "prefix.txt").write_text(f"{PREFIX[kind]}\n\n")
+    (tmp_path / "constraints.txt").write_text("".join(p + "\n" for p in PHRASES))
+    return {"beam": ["--beam", "3"], "early_stop": ["--early-stop", "top"], "nbest": ["--nbest", "2"],
+            "scores": ["--scores"], "alignment": ["--alignment"], "prefix": ["--prefix", str(tmp_path / "prefix.txt")],
+            "constraints": ["--constraints", str(tmp_path / "constraints.txt")],
+            "sample": ["--sample", "--seed", "3", "--temperature", "0.7"], "int8": ["--int8"],
+            "ensemble": ["--ensemble", str(run)], "parse": [], "device": ["--device", "cuda"]}[option]
+
+
+def read_rows(out: str, given: set[str]) -> list[tuple[int, str, float | None, str | None]]:
+    """`translate`'s output lines as (input line, text, score or None, alignment or None)."""
+    rows = []
+    for i, line in enumerate(out.splitlines()):
+        fields = line.split(" ||| ")
+        if "nbest" in given:
+            index, text, score, *links = int(fields[0]), fields[1], float(fields[2]), *fields[3:]
+        elif "scores" in given:
+            (score, text), index, links = fields[0].split("\t"), i, fields[1:]
+            score = float(score)
+        else:
+            index, text, score, links = i, fields[0], None, fields[1:]
+        rows.append((index, text, score, links[0] if links else None))
+    return rows
+
+
+def took_effect(option: str, rows: list, call: dict, lines: list[str]) -> bool:
+    """Whether ``option`` shows in `translate`'s output ``rows`` or in what reached the decoding driver
+    (``call``: the arguments `Translator.decode` gave ``decode.decode_ids``)."""
+    from transformer.ensemble import Ensemble
+    from transformer.sampling import Sampling
+    from transformer.trees import TreeConstraint, delinearize
+
+    kind = "parse" if isinstance(call["constraint"], TreeConstraint) else "translate"
+    if option == "beam":
+        return call["beam_size"] == 3
+    if option == "early_stop":
+        return call["early_stop"] == "top"
+    if option == "nbest":
+        return call["nbest"] == 2 and [i for i, *_ in rows] == [0, 0, 1, 1]
+    if option == "scores":
+        return all(isinstance(score, float) for _, _, score, _ in rows)
+    if option == "alignment":  # every output word linked to a word of its input
+        links = [[tuple(map(int, p.split("-"))) for p in (a or "").split()] for *_, a in rows]
+        return all({t for _, t in pairs} == set(range(len(text.split())))
+                   and all(0 <= s < len(lines[i].split()) for s, _ in pairs)
+                   for (i, text, _, _), pairs in zip(rows, links))
+    if option == "prefix":
+        return all(text.startswith(PREFIX[kind]) for i, text, _, _ in rows if i == 0)
+    if option == "constraints":
+        return all(PHRASES[i] in text for i, text, _, _ in rows)
+    if option == "sample":
+        s = call["sampling"]
+        return isinstance(s, Sampling) and s.generator.initial_seed() == 3 and s.temperature == 0.7
+    if option == "int8":
+        return any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in call["model"].modules())
+    if option == "ensemble":
+        return isinstance(call["model"], Ensemble) and len(call["model"].models) == 2
+    if option == "parse":
+        return kind == "parse" and all(delinearize(text.split(), lines[i].split())[1] for i, text, _, _ in rows)
+    if option == "device":
+        return next(call["model"].parameters()).is_cuda
+    raise AssertionError(f"no check for {option}: a new option needs one here")
+
+
+@pytest.fixture
+def engine(monkeypatch) -> list[dict]:
+    """What each `Translator.decode` hands the decoding driver (``decode_ids``): model, constraint, options."""
+    import transformer.translator
+
+    calls: list[dict] = []
+    real = transformer.translator.decode_ids
+
+    def spy(model, sources, **options):
+        calls.append({"model": model, **options})
+        return real(model, sources, **options)
+
+    monkeypatch.setattr(transformer.translator, "decode_ids", spy)
+    return calls
+
+
+def translate_pair(pair: tuple[str, str], tiny_parse_run: Path, tmp_path: Path, capsys) -> tuple[int, str, str, list]:
+    """`transformer translate` with both options of ``pair``, in this process: (exit status, stdout,
+    stderr, the input lines)."""
+    kind = "parse" if "parse" in pair else "translate"
+    run, lines = tiny_parse_run if kind == "parse" else REFERENCE_RUN, MATRIX_LINES[kind]
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
+    args = [a for option in pair for a in option_args(option, run, kind, tmp_path)]
+    capsys.readouterr()
+    code = main(["translate", str(run), "--input", str(tmp_path / "in.txt"), *args])
+    out, err = capsys.readouterr()
+    return code, out, err, lines
+
+
+def matrix(accepted: bool, device: bool) -> list[tuple[str, str]]:
+    """The pairs of ``request.OPTIONS`` the table accepts (or refuses), with --device cuda (or without)."""
+    from transformer.request import OPTIONS, REFUSED
+
+    refused = {frozenset((a, b)) for a, b, _ in REFUSED}
+    return [(a, b) for i, a in enumerate(OPTIONS) for b in OPTIONS[i + 1:]
+            if (frozenset((a, b)) not in refused) == accepted and ("device" in (a, b)) == device]
+
+
+@pytest.mark.parametrize("pair", matrix(accepted=True, device=False), ids="+".join)
+def test_each_accepted_pair_of_options_works_and_both_take_effect(pair, tiny_parse_run, tmp_path, capsys, engine):
+    """Every pair the table (request.REFUSED) does not refuse decodes, and both of its options show: in
+    the output (every output starts with its prefix and holds its line's constraint, n lines per
+    input, scores, alignments, trees of the input) or in what reached the search (beam, early stop,
+    sampling, the int8 or ensemble model)."""
+    code, out, err, lines = translate_pair(pair, tiny_parse_run, tmp_path, capsys)
+    assert code == 0, err
+    rows = read_rows(out, set(pair))
+    assert {i for i, *_ in rows} == {0, 1} and engine
+    for option in pair:
+        assert took_effect(option, rows, engine[0], lines), (option, out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_each_accepted_pair_with_a_gpu_works_and_both_take_effect(tiny_parse_run, tmp_path, capsys, engine):
+    """As the CPU matrix, for the pairs with --device cuda (one test: one skip on a machine without a GPU)."""
+    for pair in matrix(accepted=True, device=True):
+        engine.clear()
+        code, out, err, lines = translate_pair(pair, tiny_parse_run, tmp_path, capsys)
+        assert code == 0, (pair, err)
+        rows = read_rows(out, set(pair))
+        assert all(took_effect(option, rows, engine[0], lines) for option in pair), (pair, out)
+
+
+@pytest.mark.parametrize("pair", matrix(accepted=False, device=False) + matrix(accepted=False, device=True),
+                         ids="+".join)
+def test_each_refused_pair_of_options_gives_its_one_line_before_decoding(pair, tiny_parse_run, tmp_path, capsys,
+                                                                         engine):
+    from transformer.request import CLI, REFUSED
+
+    (a, b, why), = [r for r in REFUSED if {r[0], r[1]} == set(pair)]
+    code, out, err, _ = translate_pair(pair, tiny_parse_run, tmp_path, capsys)
+    assert code == 1 and out == "" and not engine, err
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {CLI[a]} with {CLI[b]}") and why in err, err
+
+
+def test_a_parse_prefix_that_cannot_start_a_tree_exits_1_with_one_line(tiny_parse_run, tmp_path):
+    (tmp_path / "prefix.txt").write_text("The dog\n")
+    result = run_cli("translate", str(tiny_parse_run), "--prefix", str(tmp_path / "prefix.txt"),
+                     stdin="The dog barked .\n")
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    said = [line for line in result.stderr.splitlines() if not line.startswith("averaging the last")]
+    assert said == ["error: prefix of line 1 on a parsing run: its piece 1, 'The', cannot continue a tree of the "
+                    "input (a tree starts with an opening bracket, holds the input's words in order, closes what it "
+                    "opens, and fits the length limit)"]
+
+
+def test_the_smallest_temperature_samples_the_greedy_output(tmp_path, capsys):
+    """A tiny --temperature overflowed every logit to -inf and the draw to NaN before; now each draw is
+    the most probable token: greedy search."""
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in MATRIX_LINES["translate"]))
+    outputs = []
+    for args in (["--beam", "1"], ["--sample", "--temperature", "1.2e-38"]):
+        assert main(["translate", str(REFERENCE_RUN), "--input", str(tmp_path / "in.txt"), "--scores", *args]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].count("\n") == 2

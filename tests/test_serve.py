@@ -288,3 +288,65 @@ def test_health_is_503_once_decoding_has_stopped(translator, monkeypatch):
 def test_limits_must_be_positive_and_finite(field, value):
     with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')} must be a positive number"):
         Limits(**{field: value})
+
+
+def test_an_error_in_the_decoding_thread_answers_json_and_the_server_goes_on(translator, monkeypatch):
+    """What decoding raises reaches the client as {"error": one line}: 500 for a failure, 422 for a user
+    error the checks before queueing let through; the worker is not restarted, the next request is served."""
+    real = translator.decode
+
+    def decode(lines, request=DecodeRequest(), progress=False):
+        if lines == ["A broken dog."]:
+            raise RuntimeError("a bug in decoding\nand its second line")
+        if lines == ["A refused dog."]:
+            raise ConfigError("a rule no check saw")
+        return real(lines, request, progress)
+
+    monkeypatch.setattr(translator, "decode", decode)
+    with TestClient(create_app(translator, Limits())) as c:
+        r = c.post("/v1/translate", json={"text": ["A broken dog."]})
+        assert r.status_code == 500 and r.json() == {"error": "decoding failed: RuntimeError: a bug in decoding"}
+        r = c.post("/v1/translate", json={"text": ["A refused dog."]})
+        assert r.status_code == 422 and r.json() == {"error": "a rule no check saw"}
+        assert c.post("/v1/translate", json={"text": ["A dog."]}).status_code == 200
+        health = c.get("/health")
+        assert health.status_code == 200 and health.json()["worker_failures"] == []
+
+
+def test_any_other_failure_answers_json_too(translator, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no maps")
+
+    monkeypatch.setattr("transformer.serve._attention", broken)
+    with TestClient(create_app(translator, Limits()), raise_server_exceptions=False) as c:
+        r = c.post("/v1/attention", json={"text": "A dog."})
+        assert r.status_code == 500 and r.json() == {"error": "answering failed: RuntimeError: no maps"}
+
+
+@pytest.mark.parametrize("max_batch_tokens", [8192, 8])
+def test_score_batches_hold_at_most_max_batch_tokens(translator, max_batch_tokens):
+    """/v1/score is bounded by --max-batch-tokens (target pieces per forward pass), as translation is;
+    one pair alone may exceed it (it is never cut)."""
+    targets = ["Ein Hund rennt am Strand.", "Zwei Männer reden laut miteinander.", "Ein Mädchen springt hoch."]
+    shapes = []
+    hook = translator.model.register_forward_hook(lambda module, args, out: shapes.append(args[1].shape))
+    try:
+        with TestClient(create_app(translator, Limits(max_batch_tokens=max_batch_tokens))) as c:
+            r = c.post("/v1/score", json={"text": LINES, "translation": targets})
+    finally:
+        hook.remove()
+    assert r.status_code == 200, r.json()
+    assert len(shapes) == (1 if max_batch_tokens == 8192 else 3)
+    assert all(rows == 1 or rows * length <= max_batch_tokens for rows, length in shapes)
+    expected = translator.score(LINES, targets)
+    assert [round(x, 5) for x in r.json()["scores"]] == [round(e.score, 5) for e in expected]
+
+
+def test_a_parse_prefix_that_cannot_start_a_tree_gets_422(tiny_parse_run):
+    parser = Translator(tiny_parse_run, log=lambda m: None)
+    with TestClient(create_app(parser, Limits())) as c:
+        r = c.post("/v1/translate", json={"text": ["The dog barked ."], "prefix": ["The dog"]})
+        assert r.status_code == 422 and r.json()["error"].startswith(
+            "prefix of line 1 on a parsing run: its piece 1, 'The', cannot continue a tree of the input"), r.json()
+        r = c.post("/v1/translate", json={"text": ["The dog barked ."], "prefix": ["(S (NP"]})
+        assert r.status_code == 200 and r.json()["translations"][0].startswith("(S (NP")

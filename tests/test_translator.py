@@ -93,3 +93,27 @@ def test_an_ensemble_needs_one_vocabulary(run, tmp_path, tiny_overrides):
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "data.vocab_size=400"]), other, quiet=True)
     with pytest.raises(CheckpointError, match="another vocabulary"):
         Translator(run, log=lambda m: None, ensemble=[other])
+
+
+def test_a_parse_prefix_that_cannot_start_a_tree_is_refused_before_decoding(tiny_parse_run):
+    """The tree constraint would leave such a prefix no token to continue with (an empty n-best list, an
+    IndexError): it is refused up front, naming the line and the piece. Unconstrained, it is decoded."""
+    from transformer.trees import delinearize
+
+    parser = Translator(tiny_parse_run, log=lambda m: None)
+    lines = ["The dog barked .", "Stocks fell ."]
+    for prefix, piece in (["The dog", r"1, 'The'"], [")S", r"1, '\)S'"], ["(S Stocks )S", r"\d+, '\)S'"],
+                          ["(S fell", r"2, '\w+'"]):  # "fell" may be more than one piece
+        with pytest.raises(ConfigError, match=f"^prefix of line 2 on a parsing run: its piece {piece}, cannot continue"):
+            parser.decode(lines, DecodeRequest(prefixes=["", prefix]))
+    outputs = parser.decode(lines, DecodeRequest(prefixes=["(S (NP The", ""], nbest=2))
+    assert all(text.startswith("(S (NP The") and delinearize(text.split(), lines[0].split())[1]
+               for text, _ in outputs[0])
+    free = Translator(tiny_parse_run, log=lambda m: None, decode={"constrained": False})
+    assert free.setup.parse is False
+    assert free.translate(lines, DecodeRequest(prefixes=["The dog", ""]))[0].startswith("The dog")
+
+
+def test_the_translator_says_what_was_fixed_at_load(run):
+    assert Translator(run, log=lambda m: None).setup.options() == set()
+    assert Translator(run, log=lambda m: None, int8=True, ensemble=[run]).setup.options() == {"int8", "ensemble"}

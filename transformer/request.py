@@ -40,6 +40,11 @@ REFUSED: list[tuple[str, str, str]] = [
 
 SAMPLING_SETTINGS = ("topk", "topp", "temperature", "seed")  # each only with sample
 SEED = 1  # sample's seed when none is given: the same draws every time, as any other seed
+# The smallest temperature: the smallest normal float32. The log-probs are divided by it, and a
+# subnormal divisor is 0 where subnormals are flushed to zero (training turns that on for the whole
+# process: train.py), which would make every draw 0/0. Above it, sampling.Sampling.draw never
+# overflows to NaN, and a temperature this small draws the greedy choice.
+MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
 
 # How each option and value is spelt on the command line, and in the server's JSON (API).
 CLI: dict[str, str] = {
@@ -145,8 +150,10 @@ class DecodeRequest:
             raise bad("topk", self.topk, "must be >= 0 (0: every token)")
         if self.topp is not None and not 0 < self.topp <= 1:
             raise bad("topp", self.topp, "must be in (0, 1]")
-        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise bad("temperature", self.temperature, "must be a positive finite number")
+        if self.temperature is not None and not (math.isfinite(self.temperature)
+                                                 and self.temperature >= MIN_TEMPERATURE):
+            raise bad("temperature", self.temperature, f"must be a finite number >= {MIN_TEMPERATURE:.2g} (the "
+                                                       "smallest normal float32: the log-probs are divided by it)")
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise bad("seed", self.seed, "must be in 0 .. 2^64 - 1 (a seed of torch's generator)")
         for key, values in (("prefix", self.prefixes), ("constraints", self.constraints)):

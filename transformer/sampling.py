@@ -25,8 +25,9 @@ class Sampling:
         """log_probs [N, V] (``next_log_probs``: excluded tokens at -inf) -> one token per row [N].
 
         The row's best log-prob is subtracted before dividing by the temperature: the best token's logit
-        is then 0 at any temperature, where a tiny one (1e-40) would otherwise overflow every logit to
-        -inf and leave nothing to draw; as the temperature falls to 0 the draw becomes the greedy choice.
+        is then 0 at any temperature, where a small one would otherwise overflow every logit of the row
+        to -inf (1e-38 takes a best log-prob of -5 past float32's range) and leave nothing to draw; as
+        the temperature falls, the draw becomes the greedy choice. ``request.MIN_TEMPERATURE`` bounds it.
         """
         logits = (log_probs - log_probs.max(-1, keepdim=True).values) / self.temperature
         if 0 < self.topk < logits.size(-1):

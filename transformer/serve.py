@@ -72,7 +72,7 @@ class TranslateRequest(BaseModel):
     topk: int | None = Field(None, description="sample: among the topk most probable tokens only (0: all)")
     topp: float | None = Field(None, description="sample: nucleus, the most probable tokens whose probability "
                                                  "reaches topp, in (0, 1]")
-    temperature: float | None = Field(None, description="sample: divides the log-probs (> 0)")
+    temperature: float | None = Field(None, description="sample: divides the log-probs (>= 1.2e-38)")
 
 
 class Hypothesis(BaseModel):

@@ -292,6 +292,7 @@ class TreeConstraint:
         self.open_ids = torch.tensor(sorted(self.close_of))
         self.leaf_id = ids.get("\u2581" + PLACEHOLDER)
         self.starts_word = [p.startswith("\u2581") for p in vocabulary]
+        self.pieces = vocabulary
 
     def begin(self, src: Tensor, beam: int, max_len: Tensor) -> None:
         self.device = src.device
@@ -362,7 +363,8 @@ class TreeConstraint:
         walker.begin(torch.tensor([source]), 1, torch.tensor([max_len]))
         for k, token in enumerate(prefix):
             if not walker.allowed()[0, token]:
-                return (f"piece {k + 1} cannot continue a tree of the input (a tree starts with an opening "
-                        "bracket, holds the input's words in order, closes what it opens, and fits the length limit)")
+                return (f"its piece {k + 1}, {self.pieces[token].replace(chr(0x2581), '')!r}, cannot continue a tree of "
+                        "the input (a tree starts with an opening bracket, holds the input's words in order, closes "
+                        "what it opens, and fits the length limit)")
             walker.advance(torch.tensor([0]), torch.tensor([token]))
         return None
