@@ -110,3 +110,29 @@ def test_a_killed_rank_stops_the_job_and_the_run_resumes(tmp_path, tiny_override
     resumed = launch(["train", "tiny", "--out", str(run), "--nproc", "2", "--resume", "--quiet", *sets(overrides)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 8
+
+
+def test_rank_zeros_slow_preparation_and_validation_do_not_time_out(tmp_path, tiny_overrides):
+    """Rank 0 alone trains the vocabulary, encodes the corpus and validates; the other ranks wait for it
+    outside the collectives' timeout (3 s here): made slower than that (8 s of preparation, 4 s per
+    validation), the job still finishes. A rank that dies is still caught (the test above)."""
+    run = tmp_path / "run"
+    overrides = tiny_overrides + ["train.max_steps=4", "train.eval_every=2", "train.log_every=2", "train.threads=1",
+                                  "train.dist_timeout_s=3"]
+    proc, _ = torchrun_script(tmp_path, f"""
+        import os, time
+        import transformer.train as T
+        from transformer.config import load_config
+        slow = os.environ["RANK"] == "0"
+        prepare, evaluate = T.prepare_run, T.Trainer.evaluate
+        def slow_prepare(*args, **kwargs):
+            time.sleep(8 if slow else 0)
+            return prepare(*args, **kwargs)
+        def slow_evaluate(self):
+            time.sleep(4)
+            return evaluate(self)
+        T.prepare_run, T.Trainer.evaluate = slow_prepare, slow_evaluate
+        T.train(load_config("tiny", {overrides!r}), {str(run)!r}, quiet=True)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 4
