@@ -4,7 +4,8 @@
 trains a replica on its own batches and DistributedDataParallel averages the gradients. NCCL on
 GPUs, gloo on CPUs. Every collective has a timeout (``train.dist_timeout_s``): a rank that dies or
 hangs makes the others fail with an error instead of waiting for ever, and torchrun then stops the
-whole job.
+whole job. Work that rank 0 does alone (the vocabulary, encoding the corpus, validation, writing a
+checkpoint) is waited for apart from that timeout (``wait_for_rank0``): it may take longer.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    waits: object = None  # the CPU process group of ``wait_for_rank0``
 
     @property
     def enabled(self) -> bool:
@@ -54,7 +56,21 @@ def setup(timeout_s: float) -> Dist:
     if not torch_dist.is_initialized():
         torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                       timeout=datetime.timedelta(seconds=timeout_s))
-    return Dist(torch_dist.get_rank(), world, local_rank, device)
+    waits = torch_dist.new_group(backend="gloo", timeout=RANK0_WAIT)
+    return Dist(torch_dist.get_rank(), world, local_rank, device, waits)
+
+
+# How long the other ranks wait for rank 0's own work (vocabulary, encoding, validation, checkpoints):
+# outside the collectives' timeout, which catches a dead rank in a step; a rank that dies while the others
+# wait here is caught by torchrun, which stops the whole job.
+RANK0_WAIT = datetime.timedelta(hours=24)
+
+
+def wait_for_rank0(d: Dist) -> None:
+    """Every rank waits here until rank 0 arrives, on a CPU group of its own whose timeout is
+    ``RANK0_WAIT``: rank 0's preparation or validation may take longer than a collective may wait."""
+    if d.enabled:
+        torch_dist.barrier(group=d.waits)
 
 
 def teardown(d: Dist) -> None:
@@ -78,11 +94,6 @@ def gather(d: Dist, value):
     values = [None] * d.world
     torch_dist.all_gather_object(values, value)
     return values
-
-
-def barrier(d: Dist) -> None:
-    if d.enabled:
-        torch_dist.barrier()
 
 
 def parameter_checksum(model: torch.nn.Module) -> float:

@@ -391,10 +391,10 @@ class Trainer:
             self.log = run_logger(out, quiet)
             self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change,
                                         vocabulary_of=parent)
-            distributed.barrier(dist)  # the others wait for rank 0's vocabulary and config
+            distributed.wait_for_rank0(dist)  # the others wait for rank 0's vocabulary and config
         else:
             self.log = lambda msg: None
-            distributed.barrier(dist)
+            distributed.wait_for_rank0(dist)
             self.run_data = prepare_run(cfg, out, resume, self.log, write=False, allow_changes=True,
                                         vocabulary_of=parent)
         tokenizer = self.run_data.tokenizer
@@ -597,6 +597,14 @@ class Trainer:
                      f"(train.patience); the best, {state.best_value:.4g} at step {state.best_step}, is in "
                      "best.safetensors")
 
+    def bleu_due(self, step: int) -> bool:
+        t = self.cfg.train
+        return bool(t.bleu_every) and step % t.bleu_every == 0 and self.cfg.data.task == "translate"
+
+    def evaluates(self, step: int) -> bool:
+        """Whether rank 0's log line of ``step`` validates or translates (work the other ranks wait for)."""
+        return step % self.cfg.train.eval_every == 0 or self.bleu_due(step)
+
     def report(self, lr: float, bar: tqdm) -> None:
         """Rank 0's log line of this step (loss, rate, tokens/s; validation and dev BLEU when due): to the
         progress bar, train.log, metrics.jsonl and TensorBoard."""
@@ -610,7 +618,7 @@ class Trainer:
         bar.set_postfix(step=budget, loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
         if state.step % t.eval_every == 0:
             rec.update(self.evaluate())
-        if t.bleu_every and state.step % t.bleu_every == 0 and self.cfg.data.task == "translate":
+        if self.bleu_due(state.step):
             rec["valid_bleu"] = dev_bleu(self.raw, self.run_data.tokenizer, self.bleu_pairs(), self.cfg)
         for key, value in rec.items():
             if key not in ("step", "epoch"):
@@ -655,12 +663,16 @@ class Trainer:
                 if not self.step(lr):
                     continue
                 bar.update(budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes) - bar.n)
-                if dist.main and (state.step % t.log_every == 0 or state.step == t.max_steps):
+                logged = state.step % t.log_every == 0 or state.step == t.max_steps
+                if dist.main and logged:
                     self.report(lr, bar)
+                if logged and self.evaluates(state.step):  # rank 0 validated: the others wait for it apart
+                    distributed.wait_for_rank0(dist)
                 due = (t.save_every and state.step % t.save_every == 0) or (
                     t.save_minutes and time.monotonic() - last_save >= 60 * t.save_minutes)
                 if distributed.all_sum(dist, [float(bool(due))])[0]:  # rank 0's clock decides here too
                     self.save()
+                    distributed.wait_for_rank0(dist)  # while rank 0 writes it
                     last_save = time.monotonic()
         finally:
             stop.restore()
