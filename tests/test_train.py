@@ -453,3 +453,16 @@ def test_subword_settings_are_checked(sets, message):
 
     with pytest.raises(ConfigError, match=message):
         load_config("tiny", sets)
+
+
+def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(tmp_path, tiny_overrides):
+    """--allow-config-change accepts model changes that keep every weight's shape (dropout here) and refuses,
+    naming the fields, those that do not (d_ff): the checkpoint's weights could not be loaded into them."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
+    with pytest.raises(TrainError, match=r"--allow-config-change cannot resume .*model\.d_ff: 128 -> 96"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.d_ff=96"]), run, resume=True,
+              quiet=True, allow_config_change=True)
+    done = train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.p_drop=0.2"]), run, resume=True,
+                 quiet=True, allow_config_change=True)
+    assert done["step"] == 4
