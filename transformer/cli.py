@@ -55,8 +55,9 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
     p.add_argument("--allow-config-change", action="store_true",
-                   help="with --resume: accept a config that changes the model, data or optimisation (refused "
-                        "otherwise, with the list of fields); the changes are logged")
+                   help="with --resume: accept a config that changes the data, the optimisation or the model "
+                        "where every weight keeps its shape (dropout, say; refused otherwise, with the list of "
+                        "fields); the changes are logged")
     p.add_argument("--init-from", type=Path, metavar="RUN_DIR|WEIGHTS", help="fine-tune: start from another run's "
                    "weights (a run folder: the average of its last decode.average_last checkpoints, as translate "
                    "uses; or a .safetensors weights file of a run) and take its spm.model unchanged; the optimizer "

@@ -32,7 +32,7 @@ from .distributed import Dist
 
 from .checkpoint import (average_checkpoints, checkpoints_to_average, latest_checkpoint, list_checkpoints,
                          load_checkpoint, save_checkpoint, write_model)
-from .config import Config, ConfigError, config_from_dict, dump_toml, read_toml
+from .config import Config, ConfigError, ModelConfig, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, collate, encode_pairs,
                    lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import UserError
@@ -126,13 +126,20 @@ def run_logger(out: Path, quiet: bool = False):
     return log
 
 
+def weight_shapes(model: ModelConfig, vocab_size: int) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every weight of that model (built on the meta device: nothing allocated)."""
+    with torch.device("meta"):
+        return {name: tuple(w.shape) for name, w in Transformer(model, vocab_size).state_dict().items()}
+
+
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 allow_changes: bool = False, vocabulary_of: Path | None = None) -> Run:
     """Creates or re-opens the run folder, trains or loads the BPE vocabulary, reads the data.
 
     ``write=False`` (data-parallel ranks other than 0) only reads what rank 0 wrote. Resuming with
     a config that changes the model, the data or the optimisation is refused with the list of
-    fields, unless ``allow_changes`` (then the list is logged). ``vocabulary_of``: a run folder whose
+    fields, unless ``allow_changes`` (then the list is logged; model changes only where every weight
+    keeps its name and shape, e.g. dropout, since the checkpoint's weights are loaded as they are). ``vocabulary_of``: a run folder whose
     spm.model this run takes unchanged (fine-tuning) instead of training its own.
     """
     out.mkdir(parents=True, exist_ok=True)
@@ -146,6 +153,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             if not allow_changes:
                 raise TrainError(f"--resume with a config that differs from {config_path} in: {'; '.join(changed)} "
                                  "(pass --allow-config-change to resume anyway)")
+            model = [c for c in changed if c.startswith("model.")]
+            if model and weight_shapes(saved.model, saved.data.vocab_size) != weight_shapes(cfg.model, saved.data.vocab_size):
+                raise TrainError(f"--allow-config-change cannot resume with model changes that change the weights' "
+                                 f"shapes: {'; '.join(model)} (the checkpoint's weights would not fit; start a new "
+                                 "run from them with --init-from instead)")
             log(f"resuming with changed config (--allow-config-change): {'; '.join(changed)}")
         budget = [f"train.{k}: {getattr(saved.train, k)!r} -> {getattr(cfg.train, k)!r}"
                   for k in ("max_steps", "max_minutes") if getattr(saved.train, k) != getattr(cfg.train, k)]
