@@ -75,7 +75,7 @@ def test_page_translates_and_shows_attention(server, browser):
     browser.find_element(By.ID, "beam").clear()
     browser.find_element(By.ID, "beam").send_keys("99")
     browser.find_element(By.ID, "go").click()
-    wait.until(lambda b: "beam: 99 is outside" in b.find_element(By.ID, "error").text)
+    wait.until(lambda b: "beam: 99, more than the limit of 16" in b.find_element(By.ID, "error").text)
 
 
 def test_words_view_merges_pieces_as_the_png_figures_do(server, browser, tiny_run):
