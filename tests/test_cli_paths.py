@@ -1,0 +1,46 @@
+"""Commands under bad paths (issue 44): an output path that cannot be written is refused in one line
+before any work, so a finished translation is never lost to it; a missing input is named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from transformer.cli import main
+
+RUN = Path(__file__).parent / "data" / "decode_reference"
+
+
+def refused(capsys, argv: list[str], message: str) -> None:
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+def test_outputs_are_checked_before_the_work(tmp_path, capsys, multi30k):
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\n")
+    gone = tmp_path / "missing" / "out.txt"
+    refused(capsys, ["translate", str(RUN), "--input", str(src), "--output", str(gone)],
+            f"--output {gone}: the folder {gone.parent} does not exist")
+    refused(capsys, ["translate", str(RUN), "--input", str(src), "--output", str(tmp_path)],
+            f"--output {tmp_path}: is a folder")
+    for option in ("--hyp-out", "--json"):
+        refused(capsys, ["evaluate", str(RUN), "--src", str(src), "--ref", str(src), option, str(gone)],
+                f"{option} {gone}: the folder")
+    refused(capsys, ["average", str(RUN), "--last", "1", "--out", str(tmp_path / "avg.pt")], "give a .safetensors file")
+    refused(capsys, ["train", "tiny", "--out", str(src / "run")], f"{src} is a file; give a folder")
+
+
+def test_a_missing_sentencepiece_model_is_named(tmp_path, capsys, multi30k):
+    refused(capsys, ["preprocess", "tiny", "--out", str(tmp_path / "store"), "--spm", str(tmp_path / "no.model"),
+                     "--set", f'data.train_src="{multi30k / "val.en.gz"}"', "--set",
+                     f'data.train_tgt="{multi30k / "val.de.gz"}"'], f"--spm {tmp_path / 'no.model'}: no such file")
+
+
+def test_a_translation_written_to_a_file_is_whole(tmp_path, capsys):
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("A dog runs.\nTwo men.\n")
+    assert main(["translate", str(RUN), "--input", str(src), "--output", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 2 and not list(tmp_path.glob(".out.txt.*"))
