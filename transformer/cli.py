@@ -17,6 +17,8 @@ from pathlib import Path
 
 from .config import EARLY_STOPS, ConfigError, DecodeConfig, ServeLimits
 from .errors import UserError
+from . import files
+from .files import check_output
 
 EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
 
@@ -50,7 +52,7 @@ def command(name: str, arguments: Callable[[argparse.ArgumentParser], None]) -> 
 
 def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...)")
-    p.add_argument("--out", required=True, help="run folder")
+    _output(p, "--out", folder=True, required=True, help="run folder")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
@@ -193,7 +195,7 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
     _ensemble_option(p)
     p.add_argument("--input", type=Path, help="input file, plain or .gz (default: stdin)")
-    p.add_argument("--output", type=Path, help="output file (default: stdout)")
+    _output(p, "--output", help="output file (default: stdout)")
     p.add_argument("--nbest", type=int, metavar="K", help="the K best hypotheses of each input (K <= beam), best "
                    "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
                    "beam's log P / lp(|Y|); the first of each list is the plain output")
@@ -261,7 +263,7 @@ def _score_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", type=Path, help="source sentences, plain or .gz (with --tgt; default: stdin, one "
                    "pair per line as SOURCE<TAB>TARGET)")
     p.add_argument("--tgt", type=Path, help="the translations to score, line-aligned with --src")
-    p.add_argument("--output", type=Path, help="output file (default: stdout)")
+    _output(p, "--output", help="output file (default: stdout)")
     p.add_argument("--json", action="store_true", help="one JSON object per pair instead: score, log_prob, tokens "
                    "(pieces, EOS included) and token_log_probs")
 
@@ -325,7 +327,7 @@ def _write_lines(path: Path | None, lines: list) -> None:
     """One line per item, to ``path`` or stdout."""
     text = "".join(f"{line}\n" for line in lines)
     if path:
-        path.write_text(text, encoding="utf-8")
+        files.write_text(path, text)  # whole or not at all
     else:
         sys.stdout.write(text)
 
@@ -343,8 +345,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported (Table 2: "
                    "Moses tokenizer and compound splitting, as the authors' get_ende_bleu.sh)")
-    p.add_argument("--json", type=Path, help='write {"bleu", "chrf", "signature", ...} to this file')
-    p.add_argument("--hyp-out", type=Path, help="also write the translations to this file")
+    _output(p, "--json", help='write {"bleu", "chrf", "signature", ...} to this file')
+    _output(p, "--hyp-out", help="also write the translations to this file")
 
 
 @command("evaluate", _evaluate_arguments)
@@ -400,9 +402,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
             print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")
     if args.hyp_out:
-        args.hyp_out.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        files.write_text(args.hyp_out, "".join(h + "\n" for h in hyps))
     if args.json:
-        args.json.write_text(json.dumps(scores, indent=2) + "\n", encoding="utf-8")
+        files.write_text(args.json, json.dumps(scores, indent=2) + "\n")
 
 
 def _parse_lines(translator, lines: list[str], request) -> list:
@@ -417,7 +419,7 @@ def _parse_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
     _unconstrained_option(p)
     p.add_argument("--input", type=Path, help="input file (default: stdin)")
-    p.add_argument("--output", type=Path, help="output file (default: stdout)")
+    _output(p, "--output", help="output file (default: stdout)")
 
 
 @command("parse", _parse_arguments)
@@ -470,7 +472,8 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
 def _average_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--last", type=int, required=True, help="how many checkpoints (paper: 5 base, 20 big)")
-    p.add_argument("--out", type=Path, required=True, help="output .safetensors file (a .json is written beside)")
+    _output(p, "--out", suffixes=(".safetensors",), required=True,
+            help="output .safetensors file (a .json is written beside)")
 
 
 @command("average", _average_arguments)
@@ -538,7 +541,7 @@ def cmd_params(args: argparse.Namespace) -> None:
 
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="config file or preset name; its data section names the corpus")
-    p.add_argument("--out", type=Path, required=True, help="store folder to create (must be new or empty)")
+    _output(p, "--out", folder=True, required=True, help="store folder to create (must be new or empty)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--spm", type=Path, help="sentencepiece model to use (e.g. RUN/spm.model); default: train one")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
@@ -565,6 +568,8 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     d = cfg.data
     if not d.train_src or not d.train_tgt:
         raise ConfigError("data.train_src and data.train_tgt must be set (the corpus to encode)")
+    if args.spm is not None and not args.spm.is_file():
+        raise ConfigError(f"--spm {args.spm}: no such file (a sentencepiece model, e.g. RUN/spm.model)")
     src, tgt, out = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt), Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
@@ -584,7 +589,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
 
 def _prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=["wmt14-en-de", "wmt14-en-fr"])
-    p.add_argument("--dest", type=Path, required=True, help="output folder")
+    _output(p, "--dest", folder=True, required=True, help="output folder")
     p.add_argument("--mirror", help="base URL or folder holding the same archives (a local copy)")
 
 
@@ -604,7 +609,7 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
     p.add_argument("--format", choices=["ctranslate2"], default="ctranslate2", help="target format")
-    p.add_argument("--out", type=Path, required=True, help="output folder (must be empty or new)")
+    _output(p, "--out", folder=True, required=True, help="output folder (must be empty or new)")
     p.add_argument("--checkpoint", type=Path, help="weights file to export (default: the average of the last "
                    "decode.average_last checkpoints, §6.1)")
     p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
@@ -637,7 +642,7 @@ def _attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--style", choices=["links", "heatmap", "both"], default="both", help="PNG drawing style")
     p.add_argument("--words", action="store_true", help="PNG: merge sub-words into words (a word's weight is the "
                    "sum over its pieces as keys, the mean over its pieces as queries); the HTML has a switch")
-    p.add_argument("--out", type=Path, required=True, help="FILE.png or FILE.html")
+    _output(p, "--out", suffixes=(".png", ".html"), required=True, help="FILE.png or FILE.html")
 
 
 @command("attention", _attention_arguments)
@@ -674,7 +679,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 def _plot_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--out", type=Path, help="PNG file (default RUN_DIR/training.png)")
+    _output(p, "--out", suffixes=(".png",), help="PNG file (default RUN_DIR/training.png)")
 
 
 @command("plot", _plot_arguments)
@@ -723,6 +728,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8, args.device, _decode_overrides(args))
 
 
+def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,
+            **kwargs) -> None:
+    """An option naming where a command writes: ``main`` checks it (``files.check_output``) before the
+    command starts, so no finished work is lost to a path that cannot take it."""
+    action = p.add_argument(option, type=Path, **kwargs)
+    p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder)})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer", epilog=EPILOG,
                                      description="The Transformer of 'Attention Is All You Need': train, "
@@ -737,6 +750,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        for dest, (option, suffixes, folder) in (getattr(args, "outputs", None) or {}).items():
+            if getattr(args, dest) is not None:
+                check_output(getattr(args, dest), option, suffixes, folder)
         args.func(args)
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
         print(f"{e.label}: {e}", file=sys.stderr)

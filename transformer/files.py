@@ -74,6 +74,34 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+class OutputError(UserError):
+    """An output path the command could not write: refused before the work that would fill it."""
+
+
+def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder: bool = False) -> Path:
+    """``path`` checked before a command starts the work whose result goes there, so that nothing
+    finished is lost to a path that cannot be written: its folder exists and is writable, the path is
+    not a folder (a file is asked for; ``folder``: a folder is, existing or not), and its suffix is one
+    of ``suffixes`` when given. OutputError names ``option`` and the path otherwise."""
+    path = Path(path)
+    parent = path.parent
+    if folder:  # made with its missing parents: the nearest folder that exists must take it
+        parent = next(p for p in (path, *path.parents) if p.exists()) if not path.is_dir() else path
+        if not parent.is_dir():
+            raise OutputError(f"{option} {path}: {parent} is a file; give a folder")
+    if not parent.is_dir():
+        raise OutputError(f"{option} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{option} {path}: the folder {parent} is not writable")
+    if not folder and path.is_dir():
+        raise OutputError(f"{option} {path}: is a folder; give a file name")
+    if not folder and path.exists() and not os.access(path, os.W_OK):
+        raise OutputError(f"{option} {path}: the file is not writable")
+    if suffixes and not path.name.lower().endswith(suffixes):
+        raise OutputError(f"{option} {path}: give a {' or '.join(suffixes)} file")
+    return path
+
+
 class DownloadError(UserError):
     """A download that failed or is not the file expected; nothing of it was kept."""
 
