@@ -59,7 +59,8 @@ def worker(run: str, batch: int, sentences: int, repeat: int, device: str, data:
 
 
 def measure(code: Path, run: str, batch: int, args) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", run, str(batch),
            str(args.b1_sentences if batch == 1 else 1_000_000), str(args.repeat), args.device, args.data]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)

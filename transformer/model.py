@@ -71,9 +71,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = F
 
 
 def apply(layer: nn.Module, x: Tensor, relu: bool = False) -> Tensor:
-    """A projection of the model applied to x: ``linear`` for a float linear layer, the layer's own
-    forward for anything else (an int8 copy's quantized layer)."""
-    if type(layer) is nn.Linear:
+    """A projection of the model applied to x: ``linear`` for a float linear layer at inference, the
+    layer's own forward otherwise (training, where hooks may watch it; an int8 copy's quantized layer)."""
+    if type(layer) is nn.Linear and not torch.is_grad_enabled():  # with gradients: the module, hooks and all
         return linear(x, layer.weight, layer.bias, relu)
     return F.relu(layer(x)) if relu else layer(x)
 
