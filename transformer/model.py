@@ -54,20 +54,33 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
-ONEDNN_MIN_MACS = 1 << 20  # products smaller than this stay on torch's default BLAS (lower per-call cost)
+ONEDNN_MIN_MACS = 1 << 19  # products smaller than this stay on torch's default BLAS (lower per-call cost)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
     """x Wᵀ + b (then max(0, ·) with ``relu``). Without gradients on a CPU, products of at least
     ``ONEDNN_MIN_MACS`` multiply-adds go through oneDNN (PyTorch's own mkldnn operator, the library
-    CTranslate2 picks on this CPU) instead of the default BLAS, whose fp32 kernels are much slower on
-    AMD processors; tiny products stay on the BLAS, whose per-call cost is lower. The measurement
-    behind both choices: benchmarks/linear_kernels.py. Gradients always take ``F.linear``."""
+    CTranslate2 picks on this CPU) with the weight reordered once into its blocked layout
+    (``packed``), instead of the default BLAS, whose fp32 kernels are much slower on AMD processors;
+    tiny products stay on the BLAS, whose per-call cost is lower. The measurements behind both
+    choices: benchmarks/linear_kernels.py. Gradients always take ``F.linear``."""
     if (not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32 and _ONEDNN
             and x.numel() * weight.size(0) >= ONEDNN_MIN_MACS):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "relu" if relu else "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, packed(weight), bias, "relu" if relu else "none", [], "")
     y = F.linear(x, weight, bias)
     return F.relu(y) if relu else y
+
+
+def packed(weight: Tensor) -> Tensor:
+    """oneDNN's blocked copy of ``weight`` for ``linear``, made on first use and again whenever the
+    weight changes in place (its version counter moves: a model in training, decoded for dev BLEU, or
+    new weights loaded). Kept on the weight itself, so it lives as long as the weight: it doubles the
+    memory of the weights decoded."""
+    version = 0 if weight.is_inference() else weight._version  # inference tensors cannot change outside it
+    hit = getattr(weight, "_onednn", None)
+    if hit is None or hit[0] != version:
+        hit = weight._onednn = (version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
+    return hit[1]
 
 
 def apply(layer: nn.Module, x: Tensor, relu: bool = False) -> Tensor:
@@ -78,7 +91,7 @@ def apply(layer: nn.Module, x: Tensor, relu: bool = False) -> Tensor:
     return F.relu(layer(x)) if relu else layer(x)
 
 
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 def padding_mask(tokens: Tensor) -> Tensor:
