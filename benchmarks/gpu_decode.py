@@ -11,7 +11,9 @@ decoding alone (sorting, batching and the search included; encoding the text and
 Both codes must give the same number of outputs; how many outputs differ between them is counted
 (near-ties can flip: the two do their sums in different orders).
 
-Writes benchmarks/results/gpu_decode.json and .md for cuda (cpu_decode.* for --device cpu).
+Writes benchmarks/results/gpu_decode.json and .md for cuda (cpu_decode.* for --device cpu, where
+``--ctranslate2`` adds CTranslate2 fp32/int8 and our int8 on the same sentences, through speed.py's
+workers). Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -58,6 +60,38 @@ def worker(run: str, batch: int, sentences: int, repeat: int, device: str, data:
             "outputs": [h[0].tokens for h in outputs]}
 
 
+def against_ctranslate2(run: Path, args) -> dict:
+    """Ours (fp32, int8) and CTranslate2 (fp32, int8; ``transformer export`` of the same checkpoint) at
+    batch 1 and 64 through benchmarks/speed.py's warm-process workers, with its process settings; the
+    ratios speed.json reports (ours over CTranslate2's sentences/s)."""
+    from speed import translation
+    from transformer.checkpoint import list_checkpoints
+    from transformer.data import read_lines
+    from transformer.export import export_ctranslate2
+    from transformer.prepare import resolve_data_path
+    from transformer.tokenizer import Tokenizer
+
+    work, last = ROOT / "runs" / "gpu_decode_cpu" / run.name, list_checkpoints(run)[-1]
+    work.mkdir(parents=True, exist_ok=True)
+    for q in ("float32", "int8"):
+        export_ctranslate2(run, work / f"ct2_{q}", last, None if q == "float32" else "int8", force=True,
+                           log=lambda m: None)
+    ours, py = {"run": str(run), "checkpoint": str(last)}, Path(sys.executable)
+    systems = {"ours": (py, "speed_worker.py", "ours", ours), "ours_int8": (py, "speed_worker.py", "ours_int8", ours),
+               "ctranslate2": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_float32")}),
+               "ctranslate2_int8": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_int8")})}
+    tok = Tokenizer(run / "spm.model")
+    lines = read_lines(Path(args.data))
+    refs = read_lines(resolve_data_path("multi30k/test_2016_flickr.de.gz"))
+    vocab = tok.vocabulary()
+    pieces = [[vocab[i] for i in ids] for ids in tok.encode_batch(lines)]
+    runs = translation(systems, pieces, args.b1_sentences, args.repeat, tok, refs, work)
+    ratio = lambda a, b: round(runs[a]["sents_per_s"] / runs[b]["sents_per_s"], 3)  # noqa: E731
+    return {"runs": runs, "ratios": {"translate_b64_vs_ctranslate2": ratio("ours_b64", "ctranslate2_b64"),
+                                     "translate_b1_vs_ctranslate2": ratio("ours_b1", "ctranslate2_b1"),
+                                     "int8_b64_vs_ctranslate2_int8": ratio("ours_int8_b64", "ctranslate2_int8_b64")}}
+
+
 def measure(code: Path, run: str, batch: int, args) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "PYTHONUNBUFFERED": "1"}
@@ -79,6 +113,9 @@ def main() -> None:
     parser.add_argument("--b1-sentences", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--ctranslate2", action="store_true",
+                        help="CPU only: also CTranslate2 fp32 and int8 (and ours int8) on the same sentences, in "
+                             "speed.py's workers and process settings, after the before/after pairs")
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -93,6 +130,8 @@ def main() -> None:
     result = {"date": datetime.date.today().isoformat(),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                        text=True).stdout.strip() or "unknown (no git where it ran)",
+              "uncommitted": subprocess.run(["git", "status", "--porcelain", "--", "transformer", "benchmarks/*.py"],
+                                            cwd=ROOT, capture_output=True, text=True).stdout.splitlines(),
               "before": "979b027 (the search and step before issue 43's rewrite)",
               "command": "python benchmarks/gpu_decode.py " + " ".join(sys.argv[1:]),
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
@@ -108,6 +147,9 @@ def main() -> None:
                                 "outputs_differing": differ}
             print(label, batch, rows[str(batch)], flush=True)
         result["models"][label] = {"run": run, "batches": rows}
+        if args.ctranslate2:
+            result["models"][label]["ctranslate2"] = against_ctranslate2(Path(run), args)
+            print(label, result["models"][label]["ctranslate2"], flush=True)
     out = ROOT / "benchmarks" / "results"
     (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     lines = [f"# Decoding before and after the step rewrite: {result['device']} ({result['date']}, commit "
@@ -120,6 +162,17 @@ def main() -> None:
         for batch, r in m["batches"].items():
             lines.append(f"| {label} | {batch} | {r['after']['sentences']} | {r['before']['sentences_per_s']} | "
                          f"{r['after']['sentences_per_s']} | {r['speedup']}× | {r['outputs_differing']} |")
+    for label, m in result["models"].items():
+        if "ctranslate2" in m:
+            c = m["ctranslate2"]
+            lines += ["", f"{label} against CTranslate2 {c['runs']['ctranslate2_b64'].get('version', '')}(speed.py's workers, "
+                      "same sentences): sentences/s", "", "| batch | ours | ours int8 | CTranslate2 | CTranslate2 int8 |",
+                      "|---:|---:|---:|---:|---:|"]
+            for b in (1, 64):
+                r = c["runs"]
+                lines.append(f"| {b} | {r[f'ours_b{b}']['sents_per_s']} | {r[f'ours_int8_b{b}']['sents_per_s']} | "
+                             f"{r[f'ctranslate2_b{b}']['sents_per_s']} | {r[f'ctranslate2_int8_b{b}']['sents_per_s']} |")
+            lines += ["", "Ratios: " + ", ".join(f"{k} {v}" for k, v in c["ratios"].items())]
     (out / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 

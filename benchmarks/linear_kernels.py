@@ -1,5 +1,6 @@
 """Which kernel a decoding step's small products should take on this CPU: torch's default BLAS (MKL)
-against oneDNN (`torch.ops.mkldnn._linear_pointwise`, the library CTranslate2 picks here), and SDPA
+against oneDNN (`torch.ops.mkldnn._linear_pointwise` with the weight reordered once into oneDNN's
+blocked layout, as `transformer.model.linear` runs it; the library CTranslate2 picks here), and SDPA
 against the explicit softmax(QKᵀ/√d)V, at the shapes translation runs (rows = batch × beam).
 
     python benchmarks/linear_kernels.py [--threads 2]
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from common import ROOT, code_state
-from transformer.model import ONEDNN_MIN_MACS
+from transformer.model import ONEDNN_MIN_MACS, packed
 
 OUT = ROOT / "benchmarks" / "results"
 # (in, out) of the projections of the models measured: the recipe (d 128, d_ff 256/512, V 10k) and
@@ -68,7 +69,7 @@ def main() -> None:
             for m in ROWS:
                 x = torch.randn(m, k)
                 blas = median_us(lambda: F.linear(x, w, b))
-                onednn = median_us(lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""))
+                onednn = median_us(lambda: torch.ops.mkldnn._linear_pointwise(x, packed(w), b, "none", [], ""))
                 linears.append({"rows": m, "in": k, "out": n, "macs": m * k * n, "blas_us": round(blas, 1),
                                 "onednn_us": round(onednn, 1), "onednn_faster": onednn < blas,
                                 "model_picks": "onednn" if m * k * n >= ONEDNN_MIN_MACS else "blas"})
@@ -90,7 +91,7 @@ def main() -> None:
              "per call, fp32. The model sends a product to oneDNN when rows × in × out ≥ "
              f"{ONEDNN_MIN_MACS:,} and no gradient is needed; that rule picks the faster kernel in "
              f"{result['rule_picks_faster']} shapes below.", "",
-             "| rows | in | out | BLAS (MKL) | oneDNN | rule picks |", "|---:|---:|---:|---:|---:|---|"]
+             "| rows | in | out | BLAS (MKL) | oneDNN (packed) | rule picks |", "|---:|---:|---:|---:|---:|---|"]
     lines += [f"| {r['rows']} | {r['in']} | {r['out']} | {r['blas_us']} | {r['onednn_us']} | {r['model_picks']} |"
               for r in linears]
     lines += ["", "Attention (d = 32 per head): SDPA's one call against the explicit path's five.", "",
