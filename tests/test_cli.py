@@ -1,8 +1,10 @@
 """The command line end to end: train → average → translate → evaluate on real Multi30k pairs."""
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,22 @@ def test_user_errors_exit_1_with_one_line(tmp_path, args, message):
 def test_usage_errors_exit_2():
     assert run_cli("train").returncode == 2
     assert run_cli("frobnicate").returncode == 2
+
+
+def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tmp_path, capsys, monkeypatch):
+    """A bug is told apart from the user's errors: exit 70, one line that says so and where the
+    traceback went, and the traceback (with the command) in that file."""
+    def bug(path):
+        raise RuntimeError("an unforeseen\nfailure")
+
+    monkeypatch.setattr("transformer.trees.read_trees", bug)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 70
+    log = tmp_path / f"transformer-error-{os.getpid()}.log"
+    assert capsys.readouterr().err == ("internal error: RuntimeError: an unforeseen failure — please report it "
+                                       f"with the traceback in {log}\n")
+    text = log.read_text()
+    assert text.startswith("transformer evaluate-parse --gold g.mrg") and "Traceback" in text and "in bug" in text
 
 
 def test_decoding_options_replace_the_runs_own():
