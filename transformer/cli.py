@@ -1,6 +1,7 @@
 """`transformer <command>`: a thin command line; each command loads a config and calls one function.
 
 Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a usage error,
+70 an internal error (a bug: one line on stderr, the traceback in a log file to report),
 130 / 143 training stopped by SIGINT / SIGTERM after finishing its step and writing a checkpoint.
 """
 
@@ -10,7 +11,10 @@ import argparse
 import dataclasses
 import inspect
 import json
+import os
 import sys
+import tempfile
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,8 +86,6 @@ def cmd_train(args: argparse.Namespace) -> None:
     evaluations without improvement, data.subword_alpha = 0.1 samples a new BPE-dropout segmentation
     of the training text every epoch.
     """
-    import os
-
     from .config import load_config
     from .train import train
 
@@ -747,7 +749,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERNAL_ERROR = 70  # sysexits.h's EX_SOFTWARE: the program failed, not what it was given
+
+
+def internal_error(error: Exception, argv: list[str]) -> int:
+    """An exception no check foresaw is a bug, kept apart from the user's errors: one line that says so
+    on stderr, the traceback in transformer-error-PID.log under the system's temporary folder (where the
+    user can attach it to a report without a screenful of it in the way), and INTERNAL_ERROR."""
+    text = "".join(traceback.format_exception(error))
+    log = Path(tempfile.gettempdir()) / f"transformer-error-{os.getpid()}.log"
+    try:
+        log.write_text(f"transformer {' '.join(argv)}\n\n{text}", encoding="utf-8")
+        where = f"with the traceback in {log}"
+    except OSError:  # no writable temporary folder: the traceback goes where the user can see it
+        sys.stderr.write(text)
+        where = "with the traceback above"
+    message = " ".join(str(error).split())
+    print(f"internal error: {type(error).__name__}: {message} — please report it {where}", file=sys.stderr)
+    return INTERNAL_ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
         for dest, (option, suffixes, folder) in (getattr(args, "outputs", None) or {}).items():
@@ -760,4 +783,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # not a UserError: a bug, told apart (internal_error)
+        return internal_error(e, argv)
     return 0
