@@ -201,8 +201,8 @@ FIGURES: list[Figure] = [
     *figures("docs/parsing.md", "Result", "parsing.json", ("42.7", "test_unconstrained/well_formed_before_repair"),
              scale=100),
     *figures("docs/serving.md", "Load", "serve_load.json", ("1,000", "requests"), ("50", "clients"),
-             ("63.61", "batched/requests_per_s"), ("7.79", "unbatched/requests_per_s"), ("8.17", "batching_gain"),
-             ("770", "batched/p50_ms"), ("1,201", "batched/p99_ms")),
+             ("91.45", "batched/requests_per_s"), ("16.17", "unbatched/requests_per_s"), ("5.66", "batching_gain"),
+             ("500", "batched/p50_ms"), ("883", "batched/p99_ms")),
 ]
 
 
