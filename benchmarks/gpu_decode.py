@@ -13,7 +13,7 @@ Both codes must give the same number of outputs; how many outputs differ between
 
 Writes benchmarks/results/gpu_decode.json and .md for cuda (cpu_decode.* for --device cpu, where
 ``--ctranslate2`` adds CTranslate2 fp32/int8 and our int8 on the same sentences, through speed.py's
-workers). Run it alone on the machine.
+workers, and the start-up of `translate` on one sentence beside `import torch`'s). Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -92,6 +92,29 @@ def against_ctranslate2(run: Path, args) -> dict:
                                      "int8_b64_vs_ctranslate2_int8": ratio("ours_int8_b64", "ctranslate2_int8_b64")}}
 
 
+def startup(run: Path, repeat: int = 5) -> dict:
+    """Whole-process seconds, median of ``repeat``: ``python -c "import torch"`` and ``transformer translate
+    RUN`` on one sentence (loading, the first step included), and what translating adds to the import."""
+    import statistics
+    import tempfile
+
+    def seconds(cmd: list[str], stdin: str = "") -> float:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=True, cwd=ROOT)
+            times.append(time.perf_counter() - start)
+        return round(statistics.median(times), 3)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        one = Path(tmp) / "one.txt"
+        one.write_text("A dog runs through the grass.\n", encoding="utf-8")
+        torch_s = seconds([sys.executable, "-c", "import torch"])
+        translate_s = seconds([sys.executable, "-m", "transformer", "translate", str(run), "--input", str(one)])
+    return {"import_torch_s": torch_s, "translate_one_sentence_s": translate_s,
+            "added_s": round(translate_s - torch_s, 3)}
+
+
 def measure(code: Path, run: str, batch: int, args) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "PYTHONUNBUFFERED": "1"}
@@ -148,6 +171,7 @@ def main() -> None:
             print(label, batch, rows[str(batch)], flush=True)
         result["models"][label] = {"run": run, "batches": rows}
         if args.ctranslate2:
+            result["models"][label]["startup"] = startup(Path(run))
             result["models"][label]["ctranslate2"] = against_ctranslate2(Path(run), args)
             print(label, result["models"][label]["ctranslate2"], flush=True)
     out = ROOT / "benchmarks" / "results"
@@ -173,6 +197,10 @@ def main() -> None:
                 lines.append(f"| {b} | {r[f'ours_b{b}']['sents_per_s']} | {r[f'ours_int8_b{b}']['sents_per_s']} | "
                              f"{r[f'ctranslate2_b{b}']['sents_per_s']} | {r[f'ctranslate2_int8_b{b}']['sents_per_s']} |")
             lines += ["", "Ratios: " + ", ".join(f"{k} {v}" for k, v in c["ratios"].items())]
+            st = m["startup"]
+            lines += ["", f"Start-up (whole processes, median of 5): `import torch` {st['import_torch_s']} s, "
+                      f"`transformer translate` on one sentence {st['translate_one_sentence_s']} s: "
+                      f"+{st['added_s']} s."]
     (out / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 
