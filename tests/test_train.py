@@ -466,3 +466,23 @@ def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(t
     done = train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.p_drop=0.2"]), run, resume=True,
                  quiet=True, allow_config_change=True)
     assert done["step"] == 4
+
+
+def test_validation_during_training_scores_the_weights_as_they_are(tmp_path, tiny_overrides):
+    """The validation loss logged at a step equals the loss of that step's checkpoint validated afresh:
+    nothing computed for inference (packed weight copies, say) may outlive an update of the weights."""
+    from transformer.data import encode_pairs, read_parallel
+    from transformer.train import validate
+
+    run = tmp_path / "run"
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=30", "train.eval_every=10", "train.log_every=10",
+                                                "train.save_every=10", "model.d_model=128", "model.d_ff=512"])
+    train(cfg, run, quiet=True)
+    logged = {r["step"]: r["valid_nll"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+              if "valid_nll" in r}
+    ckpt = load_checkpoint(run / "checkpoints" / "step_00000030.json", with_state=False)
+    model = Transformer(cfg.model, Tokenizer(run / "spm.model").vocab_size)
+    model.load_state_dict(ckpt.weights)
+    valid, _ = encode_pairs(read_parallel(cfg.data.valid_src, cfg.data.valid_tgt), Tokenizer(run / "spm.model"),
+                            cfg.data.max_len)
+    assert validate(model, valid, cfg.train.max_tokens)["valid_nll"] == pytest.approx(logged[30], rel=1e-4)
