@@ -1,6 +1,6 @@
 """Which kernel a decoding step's small products should take on this CPU: torch's default BLAS (MKL)
 against oneDNN (`torch.ops.mkldnn._linear_pointwise` with the weight reordered once into oneDNN's
-blocked layout, as `transformer.model.linear` runs it; the library CTranslate2 picks here), and SDPA
+blocked layout, as `transformer.model.pack_for_inference` leaves it; the library CTranslate2 picks here), and SDPA
 against the explicit softmax(QKᵀ/√d)V, at the shapes translation runs (rows = batch × beam).
 
     python benchmarks/linear_kernels.py [--threads 2]
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from common import ROOT, code_state
-from transformer.model import ONEDNN_MIN_MACS, packed
+from transformer.model import ONEDNN_MIN_MACS
 
 OUT = ROOT / "benchmarks" / "results"
 # (in, out) of the projections of the models measured: the recipe (d 128, d_ff 256/512, V 10k) and
@@ -66,10 +66,11 @@ def main() -> None:
     with torch.inference_mode():
         for k, n in LINEARS:
             w, b = torch.randn(n, k), torch.randn(n)
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, None)  # as model.pack_for_inference
             for m in ROWS:
                 x = torch.randn(m, k)
                 blas = median_us(lambda: F.linear(x, w, b))
-                onednn = median_us(lambda: torch.ops.mkldnn._linear_pointwise(x, packed(w), b, "none", [], ""))
+                onednn = median_us(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], ""))
                 linears.append({"rows": m, "in": k, "out": n, "macs": m * k * n, "blas_us": round(blas, 1),
                                 "onednn_us": round(onednn, 1), "onednn_faster": onednn < blas,
                                 "model_picks": "onednn" if m * k * n >= ONEDNN_MIN_MACS else "blas"})

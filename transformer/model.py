@@ -60,27 +60,31 @@ ONEDNN_MIN_MACS = 1 << 19  # products smaller than this stay on torch's default 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
     """x Wᵀ + b (then max(0, ·) with ``relu``). Without gradients on a CPU, products of at least
     ``ONEDNN_MIN_MACS`` multiply-adds go through oneDNN (PyTorch's own mkldnn operator, the library
-    CTranslate2 picks on this CPU) with the weight reordered once into its blocked layout
-    (``packed``), instead of the default BLAS, whose fp32 kernels are much slower on AMD processors;
-    tiny products stay on the BLAS, whose per-call cost is lower. The measurements behind both
-    choices: benchmarks/linear_kernels.py. Gradients always take ``F.linear``."""
+    CTranslate2 picks on this CPU) instead of the default BLAS, whose fp32 kernels are much slower on
+    AMD processors; tiny products stay on the BLAS, whose per-call cost is lower. A weight that
+    ``pack_for_inference`` reordered into oneDNN's blocked layout is read from that copy. The
+    measurements behind these choices: benchmarks/linear_kernels.py. Gradients always take ``F.linear``."""
     if (not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32 and _ONEDNN
             and x.numel() * weight.size(0) >= ONEDNN_MIN_MACS):
-        return torch.ops.mkldnn._linear_pointwise(x, packed(weight), bias, "relu" if relu else "none", [], "")
+        w = getattr(weight, "_onednn", weight)
+        return torch.ops.mkldnn._linear_pointwise(x, w, bias, "relu" if relu else "none", [], "")
     y = F.linear(x, weight, bias)
     return F.relu(y) if relu else y
 
 
-def packed(weight: Tensor) -> Tensor:
-    """oneDNN's blocked copy of ``weight`` for ``linear``, made on first use and again whenever the
-    weight changes in place (its version counter moves: a model in training, decoded for dev BLEU, or
-    new weights loaded). Kept on the weight itself, so it lives as long as the weight: it doubles the
-    memory of the weights decoded."""
-    version = 0 if weight.is_inference() else weight._version  # inference tensors cannot change outside it
-    hit = getattr(weight, "_onednn", None)
-    if hit is None or hit[0] != version:
-        hit = weight._onednn = (version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
-    return hit[1]
+def pack_for_inference(model: nn.Module) -> None:
+    """Each float linear weight of ``model`` (and a tied output projection's embedding) gets a copy in
+    oneDNN's blocked layout that ``linear`` reads: the reorder is paid once instead of at every call.
+    Only for a model that is decoded and never trained again, as ``Translator`` loads it: the copies
+    would not follow an update of the weights (a model in training validates without them)."""
+    if not _ONEDNN:
+        return
+    weights = [m.weight for m in model.modules() if type(m) is nn.Linear and m.weight.dtype == torch.float32
+               and m.weight.device.type == "cpu"]
+    weights += [m.output_weight for m in model.modules() if isinstance(m, Transformer) and "output_proj" not in m._modules
+                and m.output_weight.device.type == "cpu"]  # tied: the embedding is the projection
+    for w in weights:
+        w._onednn = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
 
 
 def apply(layer: nn.Module, x: Tensor, relu: bool = False) -> Tensor:

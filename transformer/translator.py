@@ -18,7 +18,7 @@ from .config import Config, ConfigError, config_from_dict
 from .data import encode_for_decoding
 from .decode import Scored, decode_ids, score_ids
 from .ensemble import Ensemble
-from .model import Transformer
+from .model import Transformer, pack_for_inference
 from .request import CLI, DecodeRequest, Setup, refuse_pairs
 from .runtime import keep_freed_memory
 from .tokenizer import Tokenizer
@@ -76,6 +76,9 @@ class Translator:
             models.append(_load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))[1])
         if int8:
             models = [quantize_int8(m) for m in models]
+        elif torch_device.type == "cpu":  # loaded to decode, never trained: the weights can be packed once
+            for m in models:
+                pack_for_inference(m)
         self._hold(models[0] if len(models) == 1 else Ensemble(models), tokenizer, cfg, torch_device, int8)
 
     @classmethod
