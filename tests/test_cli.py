@@ -105,17 +105,17 @@ def test_usage_errors_exit_2():
 
 
 def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tmp_path, capsys, monkeypatch):
-    """A bug is told apart from the user's errors: exit 70, one line that says so and where the
-    traceback went, and the traceback (with the command) in that file."""
+    """A bug is told apart from the user's errors: exit 70, one line that says so (with the first line of
+    the error's message) and where the traceback went, and the traceback (with the command) in that file."""
     def bug(path):
-        raise RuntimeError("an unforeseen\nfailure")
+        raise RuntimeError("an unforeseen failure\n" + "frame #0: ...\n" * 100)
 
     monkeypatch.setattr("transformer.trees.read_trees", bug)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 70
     log = tmp_path / f"transformer-error-{os.getpid()}.log"
     assert capsys.readouterr().err == ("internal error: RuntimeError: an unforeseen failure — please report it "
-                                       f"with the traceback in {log}\n")
+                                       f"with the traceback in {log}\n")  # the message's first line
     text = log.read_text()
     assert text.startswith("transformer evaluate-parse --gold g.mrg") and "Traceback" in text and "in bug" in text
 

@@ -764,7 +764,8 @@ def internal_error(error: Exception, argv: list[str]) -> int:
     except OSError:  # no writable temporary folder: the traceback goes where the user can see it
         sys.stderr.write(text)
         where = "with the traceback above"
-    message = " ".join(str(error).split())
+    message = next(iter(str(error).strip().splitlines()), "")  # the first line: torch's C++ errors run to pages
+    message = message if len(message) <= 200 else message[:199] + "…"
     print(f"internal error: {type(error).__name__}: {message} — please report it {where}", file=sys.stderr)
     return INTERNAL_ERROR
 
