@@ -45,6 +45,8 @@ ROWS = (  # reliability.md: (key in reliability.json, the counter in plain words
     ("attention_worst_response_bytes", "largest attention answer (base model), bytes", None),
     ("flood_requests_shed_503", "flood requests shed with 503", "flood_requests"),
     ("server_peak_rss_growth_mib", "server memory growth at peak, MiB", None),
+    ("cli_tracebacks", "command-line runs with a bad value that ended in a traceback or an internal error",
+     "cli_cases"),
 )
 
 
@@ -95,6 +97,8 @@ class Ledger:
     lines_lost: int = 0
     partial_checkpoints_seen: int = 0
     measured: dict[str, float] = field(default_factory=dict)  # the server's worst cases (``measure``)
+    cli_cases: int = 0  # commands run with a bad value (``command``)
+    cli_tracebacks: int = 0  # of them, those that let an exception out, printed a traceback or exited 70
 
     def fault(self, kind: str, survived: bool) -> bool:
         self.faults.setdefault(kind, []).append(bool(survived))
@@ -139,6 +143,21 @@ class Ledger:
             self.foreign_files[key] = self.foreign_files.get(key, True) and refused
 
     @contextlib.contextmanager
+    def command(self) -> Iterator[dict]:
+        """One command run with a bad value: the block runs it and puts its exit ``status`` and its
+        ``stderr`` in the dict it is given. Counted in cli_cases, and in cli_tracebacks when the block
+        raised before a status was known (the command let an exception out), the status is the
+        internal error's or stderr holds a traceback."""
+        from transformer.cli import INTERNAL_ERROR
+
+        ran: dict = {}
+        try:
+            yield ran
+        finally:
+            self.cli_cases += 1
+            self.cli_tracebacks += ran.get("status") in (None, INTERNAL_ERROR) or "Traceback" in ran.get("stderr", "")
+
+    @contextlib.contextmanager
     def translation(self, inputs: list[str], hostile: bool = True) -> Iterator[list[str]]:
         """One call that must give a line back for every line in: the block extends the list it is given
         with what the call delivered. If the block raises (the call crashed, the server answered an error
@@ -180,7 +199,8 @@ class Ledger:
                 "faults_survived": sum(all(outcomes) for outcomes in self.faults.values()),
                 "lines_lost": self.lines_lost, "partial_checkpoints_seen": self.partial_checkpoints_seen,
                 "foreign_files_refused": sum(self.foreign_files.values()), "foreign_files": len(self.foreign_files),
-                "fuzz_inputs": len(self.fuzzed), **{k: round(v, 1) for k, v in sorted(self.measured.items())},
+                "fuzz_inputs": len(self.fuzzed), "cli_cases": self.cli_cases, "cli_tracebacks": self.cli_tracebacks,
+                **{k: round(v, 1) for k, v in sorted(self.measured.items())},
                 "fault_kinds": {kind: {"done": len(o), "survived": sum(o)} for kind, o in sorted(self.faults.items())}}
 
 

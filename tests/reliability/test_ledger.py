@@ -6,6 +6,7 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from fastapi.testclient import TestClient
 import tests.reliability.test_faults as faults
 import transformer.train
 from tests.reliability.conftest import REPO, Ledger, git_state, write_summary
+from tests.reliability.test_cli_matrix import run
 from tests.reliability.test_server_abuse import answered
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import load_config
@@ -196,3 +198,27 @@ def test_the_summary_records_the_commit_and_a_dirty_tree(tmp_path):
     (repo / "transformer" / "model.py").write_text("changed\n")
     assert git_state(repo) == clean | {"dirty": True}
     assert git_state(tmp_path) == {"commit": None, "dirty": None}
+
+
+def test_a_command_that_crashes_counts_as_a_traceback(tmp_path, capsys, monkeypatch):
+    """The command matrix's counters: a refusal counts as a case; a command that exits 70 (an internal
+    error), one that prints a traceback and one that lets an exception out count as tracebacks too."""
+    book = Ledger()
+    assert run(["average", str(tmp_path), "--last", "1", "--out", str(tmp_path / "a.pt")], capsys, book)[0] == 1
+    assert (book.cli_cases, book.cli_tracebacks) == (1, 0)
+
+    def bug(path):
+        raise RuntimeError("an unforeseen failure")
+
+    monkeypatch.setattr("transformer.trees.read_trees", bug)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert run(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"], capsys, book)[0] == 70
+    assert (book.cli_cases, book.cli_tracebacks) == (2, 1)
+    with book.command() as ran:
+        ran.update(status=1, stderr="Traceback (most recent call last):\n  ...\nValueError: x\n")
+    with pytest.raises(RuntimeError), book.command():
+        raise RuntimeError("let out of main")
+    summary = write_summary(tmp_path, book, passed=False, failed=["test_x"], tests=1, command="pytest")
+    assert (summary["cli_cases"], summary["cli_tracebacks"]) == (4, 3)
+    assert ("| command-line runs with a bad value that ended in a traceback or an internal error | 3 of 4 |"
+            in (tmp_path / "reliability.md").read_text())
