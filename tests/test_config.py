@@ -96,7 +96,7 @@ FIELDS = {
     "data.train_src": TEXT, "data.valid_src": TEXT, "data.src_lang": TEXT, "data.tgt_lang": TEXT,
     "model.p_drop": NUMBER(0.0, 0.99), "model.ln_eps": NUMBER(1e-12, 1.0), "train.lr_scale": NUMBER(1e-6, 1e6),
     "train.cooldown_fraction": NUMBER(0.0, 1.0), "train.adam_eps": NUMBER(1e-30, 1.0),
-    "train.max_minutes": NUMBER(0.0, 1e9), "decode.alpha": NUMBER(0.0, 1e3),
+    "train.max_minutes": NUMBER(0.0, 1e9), "decode.alpha": NUMBER(0.0, 10.0),
     "train.max_steps": st.integers(1, 2**62), "train.seed": st.integers(-2**62, 2**62), "model.bias": st.booleans(),
 }
 

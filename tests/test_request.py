@@ -55,6 +55,8 @@ def test_the_table_refuses_its_pairs_in_one_line_and_accepts_every_other(names):
     ({"beam_size": 0}, "--beam 0: must be at least 1"),
     ({"alpha": float("nan")}, "--alpha nan: must be a finite number >= 0"),
     ({"alpha": -0.1}, "--alpha -0.1: must be a finite number >= 0"),
+    ({"alpha": 1e30}, "--alpha 1e+30: must be a finite number >= 0 (the early stop's bound needs α >= 0) and <= 10 "
+                      "(beyond, the length penalty overflows)"),
     ({"max_len_offset": -1}, "--max-len-offset -1: must be >= 0"),
     ({"batch_size": 0}, "--batch-size 0: must be at least 1"),
     ({"early_stop": "first"}, "--early-stop first: must be one of bound, top"),

@@ -148,8 +148,7 @@ def _unconstrained_option(p: argparse.ArgumentParser) -> None:
 
 def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
     """`serve`'s decoding options as ``decode.*`` config fields: they replace the run's own as the
-    defaults of requests that do not say, and are checked with them (``Config.validate``, in
-    ``Translator``)."""
+    defaults of requests that do not say, and are checked as a request's options (``serve.serve``)."""
     given = {"beam_size": args.beam, "alpha": args.alpha, "max_len_offset": args.max_len_offset,
              "batch_size": args.batch_size, "early_stop": args.early_stop}
     return {k: v for k, v in given.items() if v is not None}

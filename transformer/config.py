@@ -134,7 +134,7 @@ class DecodeConfig:
     """Beam search (§6.1)."""
 
     beam_size: int = 4
-    alpha: float = 0.6  # GNMT length penalty exponent
+    alpha: float = 0.6  # GNMT length penalty exponent, 0 .. MAX_ALPHA
     max_len_offset: int = 50  # maximum output length = input length + 50
     # "bound": stop a sentence once no alive beam can beat its best finished one (§6.1, A11);
     # DEVIATION(§6.1) "top", opt-in: also once the step's best candidate is EOS (OpenNMT, CTranslate2)
@@ -143,6 +143,11 @@ class DecodeConfig:
     average_last: int = 5  # checkpoints averaged before evaluation (base: 5, big: 20)
     # DEVIATION(§6.3): parse runs' beam writes only well-formed trees of the input (trees.TreeConstraint)
     constrained: bool = True
+
+
+# GNMT tunes α in [0, 1] (Wu et al. 2016, §7); lp(|Y|) = ((5 + |Y|) / 6)^α overflows a float for α in the
+# hundreds, so larger values are refused rather than left to fail inside the search
+MAX_ALPHA = 10.0
 
 
 def _limit(default: float | int, help: str) -> object:
@@ -175,6 +180,10 @@ class ServeLimits:
             value = getattr(self, f.name)
             if not isinstance(value, bool) and not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"--{f.name.replace('_', '-')} must be a positive number, got {value}")
+        if self.batching and self.max_wait_ms >= 1000 * self.queue_timeout:
+            raise ConfigError(f"--max-wait-ms {self.max_wait_ms:g} must be less than --queue-timeout "
+                              f"({self.queue_timeout:g} s): a request waiting that long for others to batch with "
+                              "would time out")
 
 
 @dataclass
@@ -240,8 +249,8 @@ class Config:
             raise ConfigError("train.keep_best = \"dev_bleu\" needs train.bleu_every > 0 (a translation run)")
         if t.max_minutes < 0 or t.save_minutes < 0 or t.save_every < 0 or t.threads < 0:
             raise ConfigError("train.max_minutes, save_minutes, save_every and threads must be >= 0")
-        if d.alpha < 0 or d.max_len_offset < 0:
-            raise ConfigError("decode.alpha and decode.max_len_offset must be >= 0")
+        if not 0 <= d.alpha <= MAX_ALPHA or d.max_len_offset < 0:
+            raise ConfigError(f"decode.alpha must be in [0, {MAX_ALPHA:g}] and decode.max_len_offset >= 0")
         return self
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import EARLY_STOPS, ConfigError, DecodeConfig, EarlyStop
+from .config import EARLY_STOPS, MAX_ALPHA, ConfigError, DecodeConfig, EarlyStop
 from .sampling import Sampling
 
 # The options that can meet in one decoding, in the table's order: a request's, then the Translator's.
@@ -131,8 +131,9 @@ class DecodeRequest:
 
         if self.beam_size is not None and self.beam_size < 1:
             raise bad("beam", self.beam_size, "must be at least 1")
-        if self.alpha is not None and not (math.isfinite(self.alpha) and self.alpha >= 0):
-            raise bad("alpha", self.alpha, "must be a finite number >= 0 (the early stop's bound needs α >= 0)")
+        if self.alpha is not None and not (math.isfinite(self.alpha) and 0 <= self.alpha <= MAX_ALPHA):
+            raise bad("alpha", self.alpha, f"must be a finite number >= 0 (the early stop's bound needs α >= 0) and "
+                                           f"<= {MAX_ALPHA:g} (beyond, the length penalty overflows)")
         if self.max_len_offset is not None and self.max_len_offset < 0:
             raise bad("max_len_offset", self.max_len_offset, "must be >= 0")
         if self.batch_size is not None and self.batch_size < 1:

@@ -630,10 +630,15 @@ def deadline_protocol(seconds: float, max_connections: int) -> type:
 def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path | None = None,
           int8: bool = False, device: str | None = None, decode: dict[str, object] | None = None) -> None:
     """``decode``: ``decode.*`` fields replacing the run's own (the command line's --beam, --alpha, ...),
-    the defaults of requests that do not give them."""
+    the defaults of requests that do not give them. Every option is checked before the port is bound."""
     import uvicorn
 
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port {port}: give a TCP port, 1 .. 65535")
+    defaults = DecodeRequest(**(decode or {}))  # checked as a request's options, naming them, before loading
+    defaults.verify()
     translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode)
+    translator.check(defaults)  # and against the model
     app = create_app(translator, limits, name=Path(run_dir).resolve().name)
     print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,

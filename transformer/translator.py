@@ -133,8 +133,17 @@ class Translator:
     def _checked(self, request: DecodeRequest, lines: list[str] | None, names: Mapping[str, str]
                  ) -> tuple[DecodeRequest, tuple[list[list[int]], list[list[int]] | None,
                                                  list[list[list[int]]] | None] | None]:
-        """``check``, and the lines encoded (``_encode``) when given."""
+        """``check``, and the lines encoded (``_encode``) when given. Beyond ``DecodeRequest.verify``, what
+        the model bounds: a beam no wider than the vocabulary (all that the first step can offer: a wider one
+        only costs), outputs no longer than the model's positions beyond their input."""
         request.verify(self.setup, self.cfg.decode, None if lines is None else len(lines), names)
+        vocab, positions = self.tokenizer.vocab_size, self.cfg.model.max_positions
+        if request.beam_size is not None and request.beam_size > vocab:
+            raise ConfigError(f"{names['beam']} {request.beam_size}: wider than the vocabulary ({vocab} pieces), "
+                              "all that the first step can offer")
+        if request.max_len_offset is not None and request.max_len_offset > positions:
+            raise ConfigError(f"{names['max_len_offset']} {request.max_len_offset}: more than the model's "
+                              f"{positions} positions (model.max_positions)")
         request = request.resolve(self.cfg.decode)
         return request, None if lines is None else self._encode(lines, request)
 
