@@ -201,7 +201,10 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
             raise CheckpointError(f"{run_dir}/checkpoints: no checkpoints to translate with")
         meta = load_checkpoint(paths[-1], with_state=False).meta
     else:
-        ckpt = load_checkpoint(Path(checkpoint), with_state=False)
+        try:
+            ckpt = load_checkpoint(Path(checkpoint), with_state=False)
+        except CheckpointError as e:  # its messages name the file alone: say which option gave it
+            raise CheckpointError(f"--checkpoint {checkpoint}: {e}") from None
         meta = ckpt.meta
     if meta.get("vocab_sha256") not in (None, tokenizer.sha256):
         raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {run_dir / 'spm.model'}")
