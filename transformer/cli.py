@@ -173,19 +173,25 @@ def _request(args: argparse.Namespace):
                          topp=given("topp"), temperature=given("temperature"), seed=given("seed"))
 
 
-def _translator(args: argparse.Namespace, request):
-    """The run's model, with ``request`` checked against it (``Translator.check``) before any input is
-    read: errors come first, not after stdin, and alone (what loading says is printed after them)."""
+def _translator(args: argparse.Namespace, request, lines: list[str] | None = None):
+    """The run's model, with ``request`` checked against it (``Translator.check``; with the input's
+    ``lines`` too when they were read from a file first) before stdin is read, and what loading it said.
+    The command prints that (``_tell``) once its own checks have passed: an error comes first, not
+    after stdin, and alone."""
     from .translator import Translator
 
     said: list[str] = []
     translator = Translator(args.run_dir, args.checkpoint, log=said.append, int8=args.int8, device=args.device,
                             decode={"constrained": False} if getattr(args, "unconstrained", False) else None,
                             ensemble=getattr(args, "ensemble", ()))
-    translator.check(request)
+    translator.check(request, lines)
+    return translator, said
+
+
+def _tell(said: list[str]) -> None:
+    """What loading the model said (``_translator``), on stderr."""
     for message in said:
         print(message, file=sys.stderr)
-    return translator
 
 
 def _translate_lines(translator, lines: list[str], request) -> list[str]:
@@ -236,8 +242,10 @@ def cmd_translate(args: argparse.Namespace) -> None:
     from .data import read_lines
 
     request = _request(args)
-    translator = _translator(args, request)
-    lines = read_lines(args.input or Path("/dev/stdin"))
+    lines = None if args.input is None else read_lines(args.input)  # a file: read before the model loads
+    translator, said = _translator(args, request, lines)
+    _tell(said)
+    lines = read_lines(Path("/dev/stdin")) if lines is None else lines
     hyps = translator.decode(lines, request, progress=len(lines) > 100 and sys.stderr.isatty())
 
     def aligned(i: int, text: str) -> str:
@@ -291,7 +299,7 @@ def cmd_score(args: argparse.Namespace) -> None:
 
     if (args.src is None) != (args.tgt is None):
         raise ConfigError("give both --src and --tgt, or neither (pairs on stdin as SOURCE<TAB>TARGET)")
-    translator = _translator(args, DecodeRequest(alpha=args.alpha))
+    translator, said = _translator(args, DecodeRequest(alpha=args.alpha))
     if args.src is not None:
         pairs = iter_parallel(args.src, args.tgt)
     else:
@@ -319,6 +327,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     finally:
         if args.output:
             out.close()
+    _tell(said)  # at the end: a pair may be refused (a tab too many, a file shorter) whenever it is read
     if n:
         print(f"{n} pairs, {pieces} pieces (EOS included): perplexity {math.exp(-total / pieces):.3f}",
               file=sys.stderr)
@@ -362,7 +371,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .evaluate import paper_bleu, sacrebleu_scores, tok_lc_bleu
 
     request = _request(args)
-    translator = _translator(args, request)
+    translator, said = _translator(args, request)
     d = translator.cfg.data
     for name, default in (("src", d.test_src), ("ref", d.test_tgt)):
         if getattr(args, name) is None:
@@ -374,11 +383,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     src = read_lines(args.src)
     if d.task == "parse":
         from .evaluate import score_trees
-        from .trees import parse_brackets
+        from .trees import read_trees
 
-        gold = parse_brackets(args.ref.read_text(encoding="utf-8"), str(args.ref))
+        gold = read_trees(args.ref)
         if len(src) != len(gold):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(gold)} trees")
+        _tell(said)
         trees = _parse_lines(translator, src, request)
         scores = score_trees(gold, trees).as_dict()
         print(f"F1 = {scores['f1']:.2f}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
@@ -389,6 +399,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         ref = read_lines(args.ref)
         if len(src) != len(ref):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
+        tok_ref = None if args.tok_ref is None else read_lines(resolve_data_path(str(args.tok_ref)))
+        if tok_ref is not None and len(tok_ref) != len(ref):
+            raise ConfigError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but --ref {args.ref} has {len(ref)}")
+        _tell(said)
         hyps = _translate_lines(translator, src, request)
         scores = sacrebleu_scores(hyps, ref)
         print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
@@ -398,8 +412,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             scores["paper_bleu"] = paper_bleu(hyps, ref, lang)
             print(f"tokenized BLEU = {scores['paper_bleu']:.2f}  (as Table 2: Moses tokenizer, ##AT## compound "
                   f"splitting, cased, multi-bleu; {lang})")
-        if args.tok_ref:
-            tok_ref = read_lines(resolve_data_path(str(args.tok_ref)))
+        if tok_ref is not None:
             scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
             print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")
     if args.hyp_out:
@@ -434,11 +447,13 @@ def cmd_parse(args: argparse.Namespace) -> None:
     from .data import read_lines
 
     request = _request(args)
-    translator = _translator(args, request)
+    lines = None if args.input is None else read_lines(args.input)  # a file: read before the model loads
+    translator, said = _translator(args, request, lines)
     if translator.cfg.data.task != "parse":
         raise ConfigError(f"{args.run_dir}: a translation run (data.task = {translator.cfg.data.task!r}); "
                           "use `transformer translate`")
-    lines = read_lines(args.input or Path("/dev/stdin"))
+    _tell(said)
+    lines = read_lines(Path("/dev/stdin")) if lines is None else lines
     _write_lines(args.output, _parse_lines(translator, lines, request))
 
 
@@ -456,10 +471,12 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     COLLINS.prm.
     """
     from .evaluate import score_trees
-    from .trees import normalize, read_trees
+    from .trees import TreeError, normalize, read_trees
 
     gold = [normalize(t) for t in read_trees(args.gold)]
     test = [normalize(t) for t in read_trees(args.test)]
+    if len(gold) != len(test):
+        raise TreeError(f"--gold {args.gold} has {len(gold)} trees but --test {args.test} has {len(test)}")
     scores = score_trees([g for g in gold if g], [t for t in test if t]).as_dict()
     if args.json:
         print(json.dumps(scores))
@@ -656,25 +673,23 @@ def cmd_attention(args: argparse.Namespace) -> None:
     """
     from .figures import KIND_NAMES, FigureError, attention_html, attention_maps, draw_attention
 
-    suffix = args.out.suffix.lower()
-    if suffix not in (".png", ".html"):
-        raise FigureError(f"--out {args.out}: give a .png or .html file")
+    try:
+        heads = None if args.heads == "all" else [int(h) for h in args.heads.split(",")]
+    except ValueError:
+        raise FigureError(f"--heads {args.heads!r}: give 'all' or head numbers such as 1,3") from None
     request = _request(args)
-    translator = _translator(args, request)
+    translator, said = _translator(args, request)
     tgt = args.tgt
     if tgt is None:
         tgt = _translate_lines(translator, [args.src], request)[0]
         print(f"translation: {tgt}", file=sys.stderr)
     maps = attention_maps(translator, args.src, tgt)
-    if suffix == ".html":  # holds sub-word and word maps both
+    if args.out.suffix.lower() == ".html":  # holds sub-word and word maps both
         args.out.write_text(attention_html(maps, f"attention: {args.src}"), encoding="utf-8")
-    else:
-        try:
-            heads = None if args.heads == "all" else [int(h) for h in args.heads.split(",")]
-        except ValueError:
-            raise FigureError(f"--heads {args.heads!r}: give 'all' or head numbers such as 1,3") from None
+    else:  # --layer and --heads are checked against the model here
         draw_attention(maps.merged() if args.words else maps, KIND_NAMES[args.kind], args.layer, heads, args.out,
                        args.style)
+    _tell(said)
     print(f"wrote {args.out}", file=sys.stderr)
 
 

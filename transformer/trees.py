@@ -96,8 +96,15 @@ def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
 
 
 def read_trees(path: Path) -> list[Tree]:
+    """The bracketed trees in a file; one that cannot be read is a TreeError naming it."""
     path = Path(path)
-    return parse_brackets(path.read_text(encoding="utf-8"), str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TreeError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise TreeError(f"{path}: invalid UTF-8 at byte {e.start}; the file must be UTF-8 text") from None
+    return parse_brackets(text, str(path))
 
 
 def _strip_label(label: str) -> str:
