@@ -145,13 +145,13 @@ class Translator:
             raise ConfigError(f"{names['max_len_offset']} {request.max_len_offset}: more than the model's "
                               f"{positions} positions (model.max_positions)")
         request = request.resolve(self.cfg.decode)
-        return request, None if lines is None else self._encode(lines, request)
+        return request, None if lines is None else self._encode(lines, request, names)
 
-    def _encode(self, lines: list[str], request: DecodeRequest
+    def _encode(self, lines: list[str], request: DecodeRequest, names: Mapping[str, str]
                 ) -> tuple[list[list[int]], list[list[int]] | None, list[list[list[int]]] | None]:
         """Sources (with EOS), prefixes and constraint phrases as piece ids, checked to fit the outputs'
-        maximum length (input length + max_len_offset, EOS included) and, on a parsing run, each prefix
-        to start a tree of its input: ConfigError naming the line."""
+        maximum length (input length + max_len_offset, EOS included) and, on a parsing run, each line's
+        tree (after its prefix) to fit it: ConfigError naming the line."""
         sources = encode_for_decoding(lines, self.tokenizer)
         forced = None if request.prefixes is None else [self.tokenizer.encode(p.strip()) for p in request.prefixes]
         phrases = None if request.constraints is None else [
@@ -164,10 +164,14 @@ class Translator:
             if phrases is not None and sum(map(len, phrases[i])) > room:
                 raise ConfigError(f"constraints of line {i + 1}: {sum(map(len, phrases[i]))} pieces together, but "
                                   f"outputs of this input hold at most {room} (input length + max_len_offset)")
-            if forced is not None and forced[i] and self.constraint is not None and lines[i].strip():
-                why = self.constraint.refuses(src, forced[i], room + 1)
-                if why is not None:
+            if self.constraint is not None and lines[i].strip():
+                prefix = [] if forced is None else forced[i]
+                why = self.constraint.refuses(src, prefix, room + 1)
+                if why is not None and prefix:
                     raise ConfigError(f"prefix of line {i + 1} on a parsing run: {why}")
+                if why is not None:
+                    raise ConfigError(f"line {i + 1} on a parsing run: {why}, {room + 1} pieces with EOS (its input's "
+                                      f"length + {names['max_len_offset']} {request.max_len_offset})")
         return sources, forced, phrases
 
     def score(self, sources: list[str], targets: list[str], alpha: float | None = None,

@@ -362,10 +362,11 @@ class TreeConstraint:
         self.states, self.written = states, self.written + 1
 
     def refuses(self, source: list[int], prefix: list[int], max_len: int) -> str | None:
-        """Why ``prefix`` (target piece ids) cannot start a tree of ``source`` (piece ids, EOS last) whose
-        output holds at most ``max_len`` tokens, EOS included; None if it can. A search forced into such a
-        prefix would find no allowed token and no hypothesis at all, so it is refused before decoding.
-        Walked on a copy: a search that uses this constraint meanwhile is not disturbed."""
+        """Why ``prefix`` (target piece ids, possibly none) cannot start a tree of ``source`` (piece ids,
+        EOS last) whose output holds at most ``max_len`` tokens, EOS included; None if it can. A search
+        forced into such a prefix, or given a limit no tree fits in, would find no allowed token and no
+        hypothesis at all, so it is refused before decoding. Walked on a copy: a search that uses this
+        constraint meanwhile is not disturbed."""
         walker = copy.copy(self)
         walker.begin(torch.tensor([source]), 1, torch.tensor([max_len]))
         for k, token in enumerate(prefix):
@@ -374,4 +375,6 @@ class TreeConstraint:
                         "the input (a tree starts with an opening bracket, holds the input's words in order, closes "
                         "what it opens, and fits the length limit)")
             walker.advance(torch.tensor([0]), torch.tensor([token]))
+        if not walker.allowed()[0].any():
+            return "no tree of the input fits the length limit"
         return None
