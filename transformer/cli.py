@@ -536,11 +536,13 @@ def cmd_params(args: argparse.Namespace) -> None:
     """
     import torch
 
-    from .config import load_config
+    from .config import MAX_VOCAB, load_config
     from .model import Transformer, count_parameters, flops_per_token
 
     cfg = load_config(args.preset, args.set)
-    vocab = args.vocab or cfg.data.vocab_size
+    if args.vocab is not None and not 1 <= args.vocab <= MAX_VOCAB:
+        raise ConfigError(f"--vocab {args.vocab}: must be in 1 .. {MAX_VOCAB:,} (piece ids are int32)")
+    vocab = cfg.data.vocab_size if args.vocab is None else args.vocab
     with torch.device("meta"):  # no memory is allocated: big models count instantly
         model = Transformer(cfg.model, vocab)
     n, flops = count_parameters(model), flops_per_token(cfg.model, vocab)
@@ -553,6 +555,12 @@ def cmd_params(args: argparse.Namespace) -> None:
         return
     from .cost import cost_report, format_cost_report
 
+    tokens = cfg.train.max_tokens * cfg.train.update_freq
+    if not 0 < args.mfu <= 1:
+        raise ConfigError(f"--mfu {args.mfu}: must be in (0, 1], a share of the devices' peak FLOPs")
+    if bad := [n for n in args.devices if not 1 <= n <= tokens]:
+        raise ConfigError(f"--devices {bad[0]}: each count must be in 1 .. {tokens:,}, the tokens of a step "
+                          "(train.max_tokens x update_freq) shared among them")
     report = cost_report(cfg, args.preset, vocab, args.devices, args.mfu)
     print(json.dumps(report, indent=2) if args.json else format_cost_report(report))
 

@@ -145,6 +145,7 @@ class DecodeConfig:
     constrained: bool = True
 
 
+MAX_VOCAB = 2**31 - 1  # piece ids are int32 in sentencepiece and in the token store (store.py)
 # GNMT tunes α in [0, 1] (Wu et al. 2016, §7); lp(|Y|) = ((5 + |Y|) / 6)^α overflows a float for α in the
 # hundreds, so larger values are refused rather than left to fail inside the search
 MAX_ALPHA = 10.0
@@ -216,6 +217,9 @@ class Config:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
+        if self.data.vocab_size > MAX_VOCAB:
+            raise ConfigError(f"data.vocab_size must be at most {MAX_VOCAB:,} (piece ids are int32), got "
+                              f"{self.data.vocab_size}")
         for name, every in (("train.eval_every", t.eval_every), ("train.bleu_every", t.bleu_every)):
             if every % t.log_every:  # both are computed on a logging step
                 raise ConfigError(f"{name} ({every}) must be a multiple of train.log_every ({t.log_every})")
