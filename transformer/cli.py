@@ -86,10 +86,17 @@ def cmd_train(args: argparse.Namespace) -> None:
     evaluations without improvement, data.subword_alpha = 0.1 samples a new BPE-dropout segmentation
     of the training text every epoch.
     """
+    import torch
+
     from .config import load_config
     from .train import train
 
     cfg = load_config(args.config, args.set)  # errors in the config show before any process starts
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    slots = gpus or os.cpu_count() or 1
+    if not 1 <= args.nproc <= slots:
+        raise ConfigError(f"--nproc {args.nproc}: give 1 .. {slots}, one process per "
+                          f"{'GPU' if gpus else 'CPU core'} of this machine")
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         # one node, N processes: the same command under torchrun (many nodes: call torchrun directly)
         import subprocess
