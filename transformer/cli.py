@@ -603,14 +603,12 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
         raise ConfigError("data.train_src and data.train_tgt must be set (the corpus to encode)")
     if args.spm is not None and not args.spm.is_file():
         raise ConfigError(f"--spm {args.spm}: no such file (a sentencepiece model, e.g. RUN/spm.model)")
+    tokenizer = None if args.spm is None else Tokenizer(args.spm)  # read where it was given: its errors name it
     src, tgt, out = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt), Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        spm = Path(tmp) / "spm.model"
-        if args.spm:
-            shutil.copyfile(args.spm, spm)
-            tokenizer = Tokenizer(spm)
-        else:
+        spm = args.spm or Path(tmp) / "spm.model"
+        if tokenizer is None:
             tokenizer = train_vocabulary(cfg, src, tgt, spm, log=lambda m: print(m, file=sys.stderr))
         meta = write_store(src, tgt, tokenizer, out, d.max_len, progress=sys.stderr.isatty(),
                            overwrite=args.overwrite)
