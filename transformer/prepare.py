@@ -356,7 +356,10 @@ def prepare(name: str, dest: Path, mirror: str | None = None, log: Callable[[str
     dataset, dest = DATASETS[name], Path(dest)
     base = mirror or BASE_URL
     if "://" not in base:
-        base = Path(base).expanduser().resolve().as_uri()
+        folder = Path(base).expanduser().resolve()
+        if not folder.is_dir():  # found before any download, not as the first archive missing from it
+            raise DataError(f"--mirror {mirror}: no such folder (give a folder or a URL holding wmt13/, wmt14/, ...)")
+        base = folder.as_uri()
     base = base.rstrip("/") + "/"
     corpora = (*dataset.train, dataset.valid, dataset.test)
     (dest / "downloads").mkdir(parents=True, exist_ok=True)
