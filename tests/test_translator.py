@@ -1,5 +1,7 @@
 """Translating from a run folder: averaging by default, refusing weights that do not fit."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -73,6 +75,14 @@ def test_device_choice_is_checked(run):
     if not torch.cuda.is_available():
         with pytest.raises(CheckpointError, match="no CUDA GPU"):
             Translator(run, device="cuda")
+
+
+def test_a_gpu_that_is_not_there_is_refused_before_loading(monkeypatch):
+    """--device cuda:3 where torch sees one GPU is named in one line, not a failure inside .to()."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(CheckpointError, match=r"^--device cuda:3: torch sees 1 CUDA GPU \(cuda:0\)$"):
+        Translator(Path(__file__).parent / "data" / "decode_reference", device="cuda:3", log=lambda m: None)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
