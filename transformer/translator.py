@@ -64,8 +64,12 @@ class Translator:
         except RuntimeError as e:
             raise CheckpointError(f"--device {device!r}: {e}") from None
         refuse_pairs(Setup(int8, bool(ensemble), device=device).options(), CLI | {"device": f"--device {device}"})
-        if torch_device.type == "cuda" and not torch.cuda.is_available():
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if torch_device.type == "cuda" and not gpus:
             raise CheckpointError(f"--device {device}: no CUDA GPU is visible to torch {torch.__version__}")
+        if torch_device.type == "cuda" and (torch_device.index or 0) >= gpus:
+            visible = "1 CUDA GPU (cuda:0)" if gpus == 1 else f"{gpus} CUDA GPUs (cuda:0 .. cuda:{gpus - 1})"
+            raise CheckpointError(f"--device {device}: torch sees {visible}")
         tokenizer = _tokenizer(run_dir)
         cfg, model = _load_model(run_dir, checkpoint, tokenizer, decode, log)
         models = [model]
