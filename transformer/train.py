@@ -483,7 +483,10 @@ class Trainer:
         if "init_from" in ckpt.meta:  # where the run started, in every later record too
             self.meta_base["init_from"] = ckpt.meta["init_from"]
         load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
+        if self.scaler and ckpt.meta.get("scaler"):  # checkpoints before the scaler was saved restart it
+            self.scaler.load_state_dict(ckpt.meta["scaler"])
         self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
+        self.reconcile_best()
         set_rng_state(self.dist, ckpt.state)
         if self.state.world_size != self.dist.world:
             # the step, the schedule and Adam's moments continue; the data order cannot
@@ -536,7 +539,9 @@ class Trainer:
         for r, states in enumerate(rng_states):
             tensors.update({f"{name}.{r}" if r else name: state for name, state in states.items()})
         meta = dict(self.meta_base, optim_param_groups=groups,
-                    train_state={**self.state.__dict__, "elapsed_s": self.elapsed()})
+                    train_state={**self.state.__dict__, "elapsed_s": self.elapsed()},
+                    # fp16's loss scale and its steps since the last overflow: a resumed step scales as this one would
+                    scaler=self.scaler.state_dict() if self.scaler else None)
         try:
             if self.pending_best is not None:  # before the checkpoint that records it (resume() reconciles a crash between)
                 write_model(self.out / "best.safetensors", *self.pending_best)
@@ -591,9 +596,11 @@ class Trainer:
         lower = t.keep_best == "valid_loss"
         if state.best_value is None or (value < state.best_value if lower else value > state.best_value):
             state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
-            write_model(self.out / "best.safetensors", self.raw.state_dict(),
-                        dict(self.meta_base, best={"metric": t.keep_best, "step": state.step, "value": value}))
-            self.log(f"best {t.keep_best} so far: {value:.4g} at step {state.step} (kept in best.safetensors)")
+            # written with the next checkpoint, whose record holds this best: a resume never rewinds it
+            self.pending_best = ({k: v.detach().to("cpu", copy=True) for k, v in self.raw.state_dict().items()},
+                                 dict(self.meta_base, best={"metric": t.keep_best, "step": state.step, "value": value}))
+            self.log(f"best {t.keep_best} so far: {value:.4g} at step {state.step} (kept in best.safetensors "
+                     "with the next checkpoint)")
             return
         state.evals_since_best += 1
         if t.patience and state.evals_since_best >= t.patience:
