@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -96,6 +97,10 @@ def apply(layer: nn.Module, x: Tensor, relu: bool = False) -> Tensor:
 
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+# oneDNN keeps a compiled kernel for every input shape it has seen (1,024 by default); a server sees
+# many batch shapes, and the cache grew its memory by tens of MiB (tests/reliability/test_server_abuse.py).
+# A decoding batch needs a handful: 32 keeps them. Read when oneDNN makes its first kernel, so set here.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
 
 
 def padding_mask(tokens: Tensor) -> Tensor:
