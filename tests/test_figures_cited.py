@@ -87,6 +87,9 @@ SPEED = (("1.16", "ratios/train_vs_fairseq"), ("1.08", "ratios/translate_b64_vs_
 
 FIGURES: list[Figure] = [
     *quality_table("README.md", "Results"),
+    *figures("README.md", "Results", "cpu_decode.json",
+             ("0.212", "models/quick/ctranslate2/ratios/translate_b1_vs_ctranslate2"),
+             ("0.545", "models/quick/ctranslate2/ratios/translate_b64_vs_ctranslate2")),
     *figures("README.md", "Results", "speed.json", *SPEED, ("1.11", "ratios/train_vs_fairseq_min_max/0"),
              ("1.32", "ratios/train_vs_fairseq_min_max/1")),
     *quality_table("docs/results.md", ""),
