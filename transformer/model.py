@@ -103,6 +103,15 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_r
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
 
 
+def joined(projections: tuple[nn.Module, ...]) -> tuple[Tensor, Tensor | None] | None:
+    """Several projections' weights (and biases) side by side, to run them as one product; None when
+    they are not all plain linear layers (an int8 copy holds no float weights to join)."""
+    if not all(type(m) is nn.Linear for m in projections):
+        return None
+    bias = None if projections[0].bias is None else torch.cat([m.bias for m in projections])
+    return torch.cat([m.weight for m in projections]), bias
+
+
 def padding_mask(tokens: Tensor) -> Tensor:
     """[B, S] ids -> [B, 1, 1, S] bool, True where a key is a real token (broadcast over heads, queries)."""
     return (tokens != PAD_ID)[:, None, None, :]
@@ -161,10 +170,8 @@ class MultiHeadAttention(nn.Module):
         calls them one by one: concatenating the weights at every decoding step would cost what it
         saves, and int8 copies (``translator.quantize_int8``) hold no float weights to concatenate.
         """
-        if torch.is_grad_enabled() and all(type(m) is nn.Linear for m in projections):
-            bias = None if projections[0].bias is None else torch.cat([m.bias for m in projections])
-            fused = F.linear(x, torch.cat([m.weight for m in projections]), bias)
-            outputs = fused.split([m.out_features for m in projections], -1)
+        if torch.is_grad_enabled() and (weights := joined(projections)) is not None:
+            outputs = F.linear(x, *weights).split([m.out_features for m in projections], -1)
         else:
             outputs = [apply(m, x) for m in projections]
         return [self.split_heads(y, d) for y, d in zip(outputs, dims)]
@@ -265,15 +272,16 @@ class DecoderCache:
 
     Self-attention keys and values of every layer live in one tensor each, grown by doubling up to the
     longest output of the batch: a step writes its position in place, a beam reorder is one gather over
-    all layers (only the positions written, into a spare buffer), and a step allocates nothing. (Growing the cache by
-    concatenation copied it in every layer at every step: a cost quadratic in the output length.)
-    The beams of a sentence attend to the same source, so its encoder-decoder keys and values are kept
-    once per sentence (the beams are folded into the query axis, see ``DecoderLayer.step``): they move
-    only when sentences are pruned. Rows and sentences in use are the first ``rows`` / ``n``.
+    all layers (only the positions written, into a spare buffer), and a step allocates nothing.
+    (Growing the cache by concatenation copied it in every layer at every step: a cost quadratic in
+    the output length.) The beams of a sentence attend to the same source, so its encoder-decoder keys
+    and values are kept once per sentence (the beams are folded into the query axis, see
+    ``DecoderLayer.step``): they move only when sentences are pruned. After a pruning the rows in use
+    are the first n' * beam.
     """
 
     self_k: Tensor  # [L, R, H, T', d_k] keys of the target prefixes; positions < length are written
-    self_v: Tensor  # [L, R, H, T, d_v]
+    self_v: Tensor  # [L, R, H, T', d_v]
     cross_k: Tensor  # [L, n, H, S, d_k] encoder-decoder keys, projected once per sentence
     cross_v: Tensor  # [L, n, H, S, d_v]
     src_mask: Tensor  # [n, 1, 1, S]
@@ -506,7 +514,7 @@ class Transformer(nn.Module):
         self_v = memory.new_empty(len(layers), n * beam, attn.n_heads, room, attn.d_v)
         cross = [layer.cross_attn.project_kv(memory) for layer in layers]
         return DecoderCache(self_k, self_v, torch.stack([k for k, _ in cross]), torch.stack([v for _, v in cross]),
-                            src_mask, [_fused_qkv(layer.self_attn) for layer in layers],
+                            src_mask, [joined((a.q_proj, a.k_proj, a.v_proj)) for a in (layer.self_attn for layer in layers)],
                             torch.empty_like(self_k), torch.empty_like(self_v), beam, max_len=max_len)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
@@ -520,16 +528,6 @@ class Transformer(nn.Module):
             x = layer.step(x, cache, i)
         cache.length += 1
         return self.project(self.final_norm(x, "dec_norm"))
-
-
-def _fused_qkv(attn: MultiHeadAttention) -> tuple[Tensor, Tensor | None] | None:
-    """A self-attention's Q, K and V weights (and biases) side by side, for one matmul per decoding step;
-    None when they are not plain linear layers (an int8 copy holds no float weights to join)."""
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    if not all(type(m) is nn.Linear for m in projections):
-        return None
-    bias = None if attn.q_proj.bias is None else torch.cat([m.bias for m in projections])
-    return torch.cat([m.weight for m in projections]), bias
 
 
 @contextlib.contextmanager

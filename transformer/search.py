@@ -60,7 +60,7 @@ def next_log_probs(logits: Tensor, step: int, max_len: Tensor, allowed: Tensor |
     ``max_len`` [N] is reached, everything but EOS are excluded (-inf), so every output finishes,
     constrained or not. The values left are the model's own log-probabilities, log_softmax taken
     before any exclusion. ``shortest``: the smallest of ``max_len``, when the caller knows it: no row
-    is looked at for its limit before then (no host sync on a GPU, no pass over [N, V]).
+    is looked at for its limit before then (no host sync on a GPU at those steps).
 
     DEVIATION(§6.1): EOS is forced at the limit; the authors' code instead returned the alive
     hypotheses, unpenalised, when none had finished (A11). Forcing keeps one scoring rule for all.
@@ -141,8 +141,10 @@ def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_of
     outputs: list[Hypothesis] = [Hypothesis([], float("-inf"))] * src.size(0)
     if constraint is not None:
         constraint.begin(src, 1, max_len)
+    shortest = int(max_len.min())  # host int: no limit check before it (next_log_probs)
     for step in range(int(max_len.max())):
-        log_probs = next_log_probs(next_logits(prefix), step, max_len, constraint.allowed() if constraint else None)
+        log_probs = next_log_probs(next_logits(prefix), step, max_len, constraint.allowed() if constraint else None,
+                                   shortest)
         token = log_probs.topk(1, -1).indices[:, 0] if sampling is None else sampling.draw(log_probs)  # [n]
         log_p += log_probs.gather(1, token[:, None]).squeeze(1)
         prefix = torch.cat([prefix, token[:, None]], 1)
@@ -158,6 +160,7 @@ def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_of
             rows = (~done).nonzero().flatten()  # prune finished sentences so no step is spent on them
             next_logits.reorder(rows, rows)
             prefix, sentence, max_len, log_p, token = prefix[rows], sentence[rows], max_len[rows], log_p[rows], token[rows]
+            shortest = int(max_len.min())
         if constraint is not None:
             constraint.advance(torch.arange(token.numel(), device=token.device) if rows is None else rows, token)
     return outputs
