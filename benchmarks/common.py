@@ -122,11 +122,11 @@ class Split:
         self.name, self.lang = name, d.tgt_lang
         self.src, self.ref, self.tok_ref = (read_lines(resolve_data_path(p))[:limit] for p in (src, ref, tok))
 
-    def score(self, translator: Translator, beam: int | None = None) -> dict:
+    def score(self, translator: Translator, beam: int | None = None, alpha: float | None = None) -> dict:
         """Tokenized lowercased BLEU, sacreBLEU (detokenized, cased) with its signature, chrF, the
         decoding's seconds and the hypotheses."""
         start = time.monotonic()
-        hyps = translator.translate(self.src, DecodeRequest(beam_size=beam))
+        hyps = translator.translate(self.src, DecodeRequest(beam_size=beam, alpha=alpha))
         seconds = time.monotonic() - start
         scores = sacrebleu_scores(hyps, self.ref)
         return {"tok_lc_bleu": round(tok_lc_bleu(hyps, self.tok_ref, self.lang), 2),
