@@ -3,6 +3,8 @@ trainer: the replication at their settings, and a recipe picked on val at their 
 
     python benchmarks/wu2021.py --only NAME[,NAME...] [--out runs] [--threads 1]
     python benchmarks/wu2021.py [--out runs]
+    python benchmarks/wu2021.py --time-cpu 100
+    python benchmarks/wu2021.py --check
 
 1. ``--only``: each named run of RUNS (overrides of configs/multi30k_en_de_wu2021.toml, their settings
    as far as the published command and the fork's defaults say) is trained, step-bounded at their
@@ -18,29 +20,38 @@ trainer: the replication at their settings, and a recipe picked on val at their 
    decoding with the best val BLEU, averaged over the seeds each was trained with; test2016 is
    decoded once with it (the first seed's run). Writes benchmarks/results/multi30k_en_de_wu2021.json
    and .md.
+3. ``--time-cpu N``: the picked recipe as committed (configs/multi30k_en_de_8k.toml) trained for N
+   updates at its own threads, timed (alone on the machine), and its seconds per update carried to
+   the whole budget: what the recipe costs on this CPU, written into the result files.
+4. ``--check``: the committed recipe is what val picked (its config's sha256 against the pick's
+   settings and decoding); exits 1 with the values to commit when not.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
 import platform
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import sacrebleu
 import torch
 
-from transformer.config import load_config
+from transformer.config import Config, load_config
+from transformer.train import train
 from transformer.translator import Translator
 
 from common import ROOT, Split, config_key, git, train_or_resume, weight_candidates
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "multi30k_en_de_wu2021.toml"
+RECIPE = ROOT / "configs" / "multi30k_en_de_8k.toml"  # the pick, committed
 SELECTION = RESULTS / "selection" / "multi30k_en_de_wu2021"
 PUBLISHED = "wu2021_transformer_tiny_multi30k_en_de_test2016"
 
@@ -216,6 +227,17 @@ def write_markdown(r: dict) -> None:
     runs = "\n".join(f"| {d['name']} | {d['steps']} | {d['valid_ppl']} | {d['val']['theirs']['tok_lc_bleu']} | "
                      f"{d['val']['paper']['tok_lc_bleu']} | {max(v['tok_lc_bleu'] for v in d['val'].values())} | "
                      f"{d['train_minutes']} |" for d in r["runs"])
+    readings: dict[str, list[dict]] = {}
+    for x in r["replication"]:
+        readings.setdefault(json.dumps(settings_of(x["values"]), sort_keys=True), []).append(x)
+    means = "\n".join(
+        f"| {', '.join(x['run'] for x in xs)} | {statistics.mean(x['test_theirs']['tok_lc_bleu'] for x in xs):.2f} "
+        f"| {statistics.mean(x['test_theirs']['tok_lc_bleu'] for x in xs) - pub:+.2f} "
+        f"| {statistics.mean(x['val_theirs'] for x in xs):.2f} |" for xs in readings.values())
+    cpu = r.get("cpu_time")
+    cpu_line = (f"On {cpu['machine']} at {cpu['threads']} threads the pick trains at {cpu['seconds_per_update']} s "
+                f"per update: **{cpu['budget_minutes']} minutes** for its {cpu['budget_updates']:,} updates "
+                f"({cpu['note']}; torch {cpu['torch']}, commit {cpu['commit']}, {cpu['date']}).\n" if cpu else "")
     p = r["picked"]
     close = "; ".join(f"{', '.join(c['runs'])} with {c['decoding']} ({c['val_tok_lc_bleu']})" for c in r["close_to_pick"])
     (RESULTS / "multi30k_en_de_wu2021.md").write_text(f"""# Multi30k EN→DE at Wu et al. (2021)'s settings and budget
@@ -237,6 +259,12 @@ references, as theirs; sacreBLEU and chrF detokenized, cased.
 |---|---|---|---|---|---|---|---|---|
 {rep}
 
+Each reading over its seeds (test2016 tok. lc BLEU decoded their way; val likewise):
+
+| runs | test mean | vs {pub} | val mean |
+|---|---|---|---|
+{means}
+
 ## The recipe at their budget, picked on val
 
 Every run, val tok. lc BLEU (1,014 sentences) under their decoding, the paper's, and the best of all
@@ -256,7 +284,55 @@ Picked on val (settings and decoding averaged over their seeds): runs {', '.join
 | sacreBLEU | {r['sacrebleu']} |
 | signature | `{r['sacrebleu_signature']}` |
 | chrF | {r['chrf']} |
-""", encoding="utf-8")
+
+{cpu_line}""", encoding="utf-8")
+
+
+def picked_config(result: dict) -> Config:
+    """The config val picked: its runs' settings with the decoding it was picked with."""
+    cfg = load_config(str(CONFIG), overrides_of(settings_of(RUNS[result["picked"]["runs"][0]])))
+    p = result["picked"]
+    n = 1 if p["weights"] == "last" else int(p["weights"].removeprefix("average_last"))
+    return dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, average_last=n, beam_size=p["beam"],
+                                                                alpha=p["alpha"]))
+
+
+def check() -> None:
+    result = json.loads((RESULTS / "multi30k_en_de_wu2021.json").read_text(encoding="utf-8"))
+    picked, committed = picked_config(result), load_config(str(RECIPE))
+    if config_key(picked) != config_key(committed):
+        differ = [f"{section}.{f.name} = {getattr(getattr(picked, section), f.name)!r}"
+                  for section in ("model", "data", "train", "decode")
+                  for f in dataclasses.fields(getattr(picked, section))
+                  if f.name != "threads" and getattr(getattr(picked, section), f.name)
+                  != getattr(getattr(committed, section), f.name)]
+        sys.exit(f"{RECIPE.relative_to(ROOT)} is not what val picked: set {'; '.join(differ)}")
+    print(f"{RECIPE.relative_to(ROOT)} is what val picked ({', '.join(result['picked']['runs'])}, "
+          f"{result['picked']['decoding']})")
+
+
+def time_cpu(updates: int) -> None:
+    """Trains the committed recipe for ``updates`` updates, timed, and writes its seconds per update and
+    the whole budget's minutes into the result files."""
+    path = RESULTS / "multi30k_en_de_wu2021.json"
+    result = json.loads(path.read_text(encoding="utf-8"))
+    cfg = load_config(str(RECIPE), [f"train.max_steps={updates}"])
+    with tempfile.TemporaryDirectory() as out:
+        summary = train(cfg, Path(out), quiet=True)
+    per_update = summary["train_minutes"] * 60 / summary["step"]
+    budget = load_config(str(RECIPE)).train.max_steps
+    result["cpu_time"] = {
+        "seconds_per_update": round(per_update, 3), "updates_timed": summary["step"],
+        "budget_minutes": round(per_update * budget / 60, 1), "budget_updates": budget,
+        "threads": cfg.train.threads, "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
+        "note": (f"the first {summary['step']} updates of {RECIPE.relative_to(ROOT)} timed alone on the machine "
+                 "(validation every train.eval_every included), their rate carried to the whole budget; the "
+                 "runs above trained on a GPU"),
+        "torch": torch.__version__, "commit": git("rev-parse", "--short", "HEAD"),
+        "date": datetime.date.today().isoformat()}
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_markdown(result)
+    print(json.dumps(result["cpu_time"], indent=2))
 
 
 def main() -> None:
@@ -265,7 +341,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs", help="where run folders go (OUT/wu2021/NAME)")
     parser.add_argument("--threads", type=int, help="torch threads for training (default: the config's)")
     parser.add_argument("--markdown", action="store_true", help="rewrite the .md from the JSON already there")
+    parser.add_argument("--time-cpu", type=int, metavar="N", help="time N updates of the committed pick on this "
+                        "machine (alone) and write its minutes for the whole budget into the result files")
+    parser.add_argument("--check", action="store_true", help="exit 1 unless the committed pick "
+                        f"({RECIPE.relative_to(ROOT)}) is what val picked")
     args = parser.parse_args()
+    if args.check:
+        return check()
+    if args.time_cpu:
+        return time_cpu(args.time_cpu)
     if args.markdown:
         return write_markdown(json.loads((RESULTS / "multi30k_en_de_wu2021.json").read_text(encoding="utf-8")))
     if not args.only:

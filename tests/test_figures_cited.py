@@ -62,6 +62,9 @@ SETTINGS: list[tuple[str, str]] = [
     ("docs/decoding.md", r"Vilar\s+2018"),
     ("docs/table3.md", r"t\(0\.975,\s+n−1\)\s+·\s+s\s+·\s+√\(1\s+\+\s+1/n\)"),
     ("docs/table3.md", r"n\s+=\s+5\s+seeds"),
+    ("docs/results.md", r"~8,192\s+tokens"), ("docs/results.md", r"smoothing\s+0\.1"),
+    ("docs/results.md", r"β2\s+0\.9+8?"), ("docs/results.md", r"within\s+0\.5"),
+    ("docs/results.md", r"every\s+50\s+updates"), ("docs/results.md", r"the\s+41\.5\s+the\s+issue"),
     ("docs/table3.md", r"19\s+rows\s+×\s+2\s+metrics\s+=\s+38\s+readings"), ("docs/table3.md", r"256-wide"),
 ]
 
@@ -74,6 +77,9 @@ def quality_table(page: str, section: str) -> list[Figure]:
     """The Multi30k results table, as the README and docs/results.md print it."""
     return (figures(page, section, "multi30k_en_de.json", ("40.03", "tok_lc_bleu"), ("39.61", "sacrebleu"),
                     ("64.1", "chrf"), ("79.1", "train_minutes"), ("8,600", "steps"))
+            + figures(page, section, "multi30k_en_de_wu2021.json", ("40.42", "tok_lc_bleu"), ("40.0", "sacrebleu"),
+                      ("64.47", "chrf"), ("112.6", "cpu_time/budget_minutes"), ("8,000", "cpu_time/budget_updates"),
+                      ("100", "cpu_time/updates_timed"))
             + figures(page, section, "multi30k_en_de_quick.json", ("33.09", "tok_lc_bleu"), ("32.72", "sacrebleu"),
                       ("56.0", "chrf"), ("10.0", "train_minutes"), ("1,098", "steps"))
             + figures(page, section, "multi30k_en_fr.json", ("61.27", "tok_lc_bleu"), ("60.29", "sacrebleu"),
@@ -87,12 +93,30 @@ SPEED = (("1.16", "ratios/train_vs_fairseq"), ("1.08", "ratios/translate_b64_vs_
 
 FIGURES: list[Figure] = [
     *quality_table("README.md", "Results"),
+    *figures("README.md", "Results", "multi30k_en_de_wu2021.json",
+             *[(t, f"replication/run={run}/test_theirs/tok_lc_bleu") for t, run in (
+                 ("39.67", "wu_ls0.1"), ("38.61", "wu_ls0.1_seed2"), ("36.44", "wu_ls0"), ("36.73", "wu_ls0_seed2"))]),
     *figures("README.md", "Results", "cpu_decode.json",
              ("0.212", "models/quick/ctranslate2/ratios/translate_b1_vs_ctranslate2"),
              ("0.545", "models/quick/ctranslate2/ratios/translate_b64_vs_ctranslate2")),
     *figures("README.md", "Results", "speed.json", *SPEED, ("1.11", "ratios/train_vs_fairseq_min_max/0"),
              ("1.32", "ratios/train_vs_fairseq_min_max/1")),
     *quality_table("docs/results.md", ""),
+    *figures("docs/results.md", "", "multi30k_en_de_wu2021.json", ("8,000", "cpu_time/budget_updates"),
+             *[(t, f"replication/run={run}/test_theirs/tok_lc_bleu") for t, run in (
+                 ("36.44", "wu_ls0"), ("36.73", "wu_ls0_seed2"), ("39.67", "wu_ls0.1"), ("38.61", "wu_ls0.1_seed2"),
+                 ("39.27", "wu_ls0.1_adam98"))],
+             ("4,550", "replication/run=wu_ls0/steps"), ("5,800", "replication/run=wu_ls0_seed2/steps"),
+             ("6,400", "replication/run=wu_ls0.1_seed2/steps"), ("41.50", "picked/val_tok_lc_bleu"),
+             ("41.74", "picked/val_per_seed/0"), ("41.26", "picked/val_per_seed/1"),
+             ("40.83", "runs/name=wu_ls0.1/val/theirs/tok_lc_bleu"),
+             ("41.35", "runs/name=pre_ls0.1/val/average_last5_b5_a1.0/tok_lc_bleu"), ("40.42", "tok_lc_bleu"),
+             ("8,000", "cpu_time/budget_updates"), ("112.6", "cpu_time/budget_minutes"),
+             ("100", "cpu_time/updates_timed")),
+    *figures("docs/results.md", "", "multi30k_en_de_wu2021.json", ("1.35", "replication/run=wu_ls0.1/vs_published"),
+             ("2.41", "replication/run=wu_ls0.1_seed2/vs_published"), scale=-1.0),
+    *figures("docs/results.md", "", "published.json", ("41.02", "wu2021_transformer_tiny_multi30k_en_de_test2016/tok_lc_bleu"),
+             ("41.02", "wu2021_transformer_tiny_multi30k_en_de_test2016/tok_lc_bleu")),
     *figures("docs/results.md", "", "table3.json", ("0.86", "base_band/dev_bleu/sd")),
     *figures("docs/results.md", "", "multi30k_en_de.json", ("8,600", "candidates/name=pre_ff256_wu/steps")),
     *figures("docs/results.md", "", "multi30k_en_fr.json", ("8,600", "candidates/name=pre_ff256_wu/steps")),

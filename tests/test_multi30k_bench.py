@@ -55,3 +55,34 @@ def test_every_pair_says_where_its_choices_were_made_and_reads_its_margins() -> 
     wide = multi30k.margins(result | {"candidates": [{"val_tok_lc_bleu": b} for b in (30.0, 41.0)]})
     assert "11.0 val BLEU" in wide and "outside that noise" in wide
     assert multi30k.margins(result | {"candidates": result["candidates"][:1]}) == ""
+
+
+import wu2021  # noqa: E402
+
+
+def test_wu2021_runs_load_and_name_the_same_settings() -> None:
+    keys = {frozenset(wu2021.settings_of(v)) for v in wu2021.RUNS.values()}
+    assert len(keys) == 1, "the runs must assign the same keys (train.seed aside)"
+    seen = set()
+    for name, values in wu2021.RUNS.items():
+        cfg = load_config(str(wu2021.CONFIG), wu2021.overrides_of(values))  # an unknown key or bad value raises
+        seen.add(cfg.sha256())
+    assert len(seen) == len(wu2021.RUNS), "two runs are the same config"
+    assert wu2021.RUNS["wu_ls0"] == wu2021.THEIRS and set(wu2021.REPLICATION) <= set(wu2021.RUNS)
+    # reading A is the config as committed: the overrides change nothing
+    assert load_config(str(wu2021.CONFIG), wu2021.overrides_of(wu2021.THEIRS)).sha256() == \
+        load_config(str(wu2021.CONFIG)).sha256()
+
+
+def test_wu2021_pick_averages_seeds_and_the_committed_recipe_is_the_pick() -> None:
+    def done(name: str, bleu: dict[str, float]) -> dict:
+        return {"name": name, "values": wu2021.RUNS[name], "val": {d: {"tok_lc_bleu": b} for d, b in bleu.items()}}
+
+    # one seed's 42.0 does not beat two seeds averaging 41.5 unless it is better on average
+    runs = {"ours": done("ours", {"theirs": 41.0}), "ours_seed2": done("ours_seed2", {"theirs": 42.0}),
+            "wu_ls0.1": done("wu_ls0.1", {"theirs": 41.4, "paper": 41.6})}
+    best, ranked = wu2021.pick(runs)
+    assert (best["runs"], best["decoding"], best["val_tok_lc_bleu"]) == (["wu_ls0.1"], "paper", 41.6)
+    assert [r["val_tok_lc_bleu"] for r in ranked] == [41.6, 41.5, 41.4]
+    # benchmarks/results/multi30k_en_de_wu2021.json's pick is what configs/multi30k_en_de_8k.toml holds
+    wu2021.check()
