@@ -639,27 +639,41 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 
 def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
-    p.add_argument("--format", choices=["ctranslate2"], default="ctranslate2", help="target format")
+    p.add_argument("--format", choices=["ctranslate2", "huggingface", "onnx"], default="ctranslate2",
+                   help="ctranslate2: a CTranslate2 model folder; huggingface: a transformers model folder (Marian "
+                   "for post-norm runs, Pegasus for pre-norm ones) with its tokenizer; onnx: that model through "
+                   "optimum's ONNX exporter, for ONNX Runtime (default: ctranslate2)")
     _output(p, "--out", folder=True, required=True, help="output folder (must be empty or new)")
     p.add_argument("--checkpoint", type=Path, help="weights file to export (default: the average of the last "
                    "decode.average_last checkpoints, §6.1)")
     p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
-                   help="store weights quantized (default: float32)")
+                   help="store weights quantized (--format ctranslate2 only; default: float32)")
     p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
 
 
 @command("export", _export_arguments)
 def cmd_export(args: argparse.Namespace) -> None:
-    """Export a run's model to CTranslate2 (C++ inference).
+    """Export a run's model to CTranslate2, Hugging Face transformers or ONNX.
 
-    Writes the weights Translator uses (the average of the last checkpoints, or --checkpoint) as a CTranslate2
-    model folder with the run's spm.model beside it. Needs the optional dependency: pip install
-    'transformer[export]'.
+    Writes the weights Translator uses (the average of the last checkpoints, or --checkpoint). ctranslate2: a
+    CTranslate2 model folder with the run's spm.model beside it (pip install 'transformer[export]').
+    huggingface: config.json, model.safetensors, generation_config.json, a tokenizer that gives the run's ids
+    and a model card, for AutoModelForSeq2SeqLM / AutoTokenizer.from_pretrained(OUT); onnx: encoder and decoder
+    graphs for optimum's ORTModelForSeq2SeqLM.from_pretrained(OUT) (both: pip install 'transformer[hf]').
     """
-    from .export import export_ctranslate2
+    from .export import ExportError, export_ctranslate2, export_huggingface, export_onnx
 
-    export_ctranslate2(args.run_dir, args.out, args.checkpoint, args.quantization, args.force,
-                       log=lambda m: print(m, file=sys.stderr))
+    def log(message: str) -> None:
+        print(message, file=sys.stderr)
+
+    if args.quantization and args.format != "ctranslate2":
+        raise ExportError(f"--quantization is for --format ctranslate2; --format {args.format} stores float32")
+    if args.format == "ctranslate2":
+        export_ctranslate2(args.run_dir, args.out, args.checkpoint, args.quantization, args.force, log=log)
+    elif args.format == "huggingface":
+        export_huggingface(args.run_dir, args.out, args.checkpoint, args.force, log=log)
+    else:
+        export_onnx(args.run_dir, args.out, args.checkpoint, args.force, log=log)
 
 
 def _attention_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,6 @@
-"""Export a trained run to CTranslate2, a C++ inference engine for the same architecture.
+"""Export a trained run to CTranslate2 (a C++ inference engine for the same architecture), to
+Hugging Face ``transformers`` (Marian for post-norm runs, Pegasus for pre-norm ones) and, through
+that, to ONNX.
 
 The exported model computes what ``Translator`` computes: post-norm layers (§3.1), embeddings
 scaled by √d_model (§3.4), our positional table (§3.5), LayerNorm ε of the run's config. Two details
@@ -13,10 +15,26 @@ of this project need care:
 
 CTranslate2's beam search normalises scores by length^α, not GNMT's ((5+|Y|)/6)^α (§6.1), so beam
 outputs can differ from ours on a few sentences; greedy outputs are identical.
+
+``transformers``' Marian and Pegasus compute the same layers (post-norm and pre-norm with a closing
+LayerNorm per stack), scale embeddings by √d_model and add a sinusoid of the same frequencies, laid out
+as [sin | cos] halves where ours interleaves them (§3.5). Permuting the d_model basis of every weight
+that reads or writes the residual stream (embedding columns, the input columns of Q/K/V, FFN and the
+output projection, the output rows of attention and FFN, LayerNorm's γ and β) gives the same function.
+The same PAD and projection treatment as above applies: row 0 of the embeddings zeroed, an untied full
+projection, and ``final_logits_bias`` -1e9 on PAD. A Marian export has one row more, a "<pad>" at the
+end that nothing outputs or reads (zero, -1e9): CTranslate2's converter takes a Marian model's last
+token for OPUS-MT's padding and drops it; our PAD, id 0, stays the decoder's start symbol, named
+"<s>" there. Ids 0 .. V-1 are ours, so the tokenizer gives our ids. Both fix LayerNorm's ε at 1e-5 (no config field),
+so a run trained at another ε (ours defaults to the authors' 1e-6) is exported with a small drift.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +42,7 @@ import torch
 
 from .errors import UserError
 from .model import Transformer
-from .tokenizer import PAD_ID
+from .tokenizer import EOS_ID, PAD_ID, UNK_ID
 from .translator import Translator
 
 
@@ -112,7 +130,7 @@ def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int =
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
     c = spec.config
-    c.unk_token, c.eos_token = pieces[2], pieces[1]
+    c.unk_token, c.eos_token = pieces[UNK_ID], pieces[EOS_ID]
     c.bos_token = c.decoder_start_token = pieces[PAD_ID]  # the start symbol is PAD (A5)
     c.add_source_eos = True  # sources end with EOS, as in training
     c.layer_norm_epsilon = cfg.ln_eps
@@ -144,3 +162,199 @@ def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None,
     log(f"exported {run_dir} to {out} (CTranslate2, {quantization or 'float32'}; tokenize with {out}/spm.model)")
     return out
 
+
+
+HF_LN_EPS = 1e-5  # LayerNorm ε of transformers' Marian and Pegasus layers (not configurable there)
+
+
+def huggingface_model(model: Transformer, max_positions: int = 1024):
+    """``model`` as a ``transformers`` MarianMTModel (post-norm) or PegasusForConditionalGeneration
+    (pre-norm) in eval mode, computing the same logits (PAD's aside: -1e9 there, never an output)."""
+    try:
+        from transformers import MarianConfig, MarianMTModel, PegasusConfig, PegasusForConditionalGeneration
+    except ImportError:
+        raise ExportError("transformers is not installed: pip install 'transformer[hf]'") from None
+    cfg, vocab = model.cfg, model.vocab_size
+    if cfg.positional != "sinusoidal":
+        raise ExportError("learned positions (Table 3 row E) cannot be expressed: Marian and Pegasus add §3.5's "
+                          "sinusoid, recomputed when the model is loaded")
+    if cfg.head_dims != (cfg.d_model // cfg.n_heads,) * 2 or cfg.d_model % cfg.n_heads:
+        raise ExportError(f"d_k, d_v = {cfg.head_dims} with d_model {cfg.d_model} and {cfg.n_heads} heads cannot be "
+                          "expressed: transformers' attention splits d_model evenly over the heads (Table 3 rows A, B)")
+    if cfg.d_model % 2:
+        raise ExportError(f"d_model {cfg.d_model} is odd: the [sin | cos] layout of transformers' sinusoid has "
+                          "no permutation onto ours")
+    if cfg.norm == "pre" and not cfg.share_embeddings:
+        raise ExportError("a pre-norm run maps onto Pegasus, whose encoder and decoder share one embedding "
+                          "matrix; this run has two (model.share_embeddings = false)")
+    marian = cfg.norm == "post"
+    rows = vocab + 1 if marian else vocab  # Marian: a trailing "<pad>" row (module docstring)
+    common = dict(vocab_size=rows, d_model=cfg.d_model, encoder_layers=cfg.n_enc_layers,
+                  decoder_layers=cfg.n_dec_layers, encoder_attention_heads=cfg.n_heads,
+                  decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+                  activation_function="relu", dropout=cfg.p_drop, attention_dropout=cfg.p_drop_attn,
+                  activation_dropout=cfg.p_drop_relu, max_position_embeddings=max_positions,
+                  scale_embedding=True, pad_token_id=vocab if marian else PAD_ID, eos_token_id=EOS_ID,
+                  decoder_start_token_id=PAD_ID,
+                  forced_eos_token_id=EOS_ID, tie_word_embeddings=False, is_encoder_decoder=True)
+    if marian:
+        hf = MarianMTModel(MarianConfig(**common, decoder_vocab_size=rows,
+                                        share_encoder_decoder_embeddings=cfg.share_embeddings))
+    else:
+        # the two legacy flags Pegasus checkpoints carry, which CTranslate2's converter reads
+        hf = PegasusForConditionalGeneration(PegasusConfig(**common, normalize_before=True, normalize_embedding=False))
+    hf.eval()
+    perm = torch.cat([torch.arange(0, cfg.d_model, 2), torch.arange(1, cfg.d_model, 2)])  # ours -> [sin | cos]
+
+    def reads(target: torch.nn.Linear, source: torch.nn.Linear) -> None:  # input columns on the residual stream
+        target.weight.copy_(source.weight[:, perm])
+        target.bias.copy_(source.bias if source.bias is not None else torch.zeros_like(target.bias))
+
+    def writes(target: torch.nn.Linear, source: torch.nn.Linear) -> None:  # output rows on the residual stream
+        target.weight.copy_(source.weight[perm])
+        target.bias.copy_(source.bias[perm] if source.bias is not None else torch.zeros_like(target.bias))
+
+    def norm(target: torch.nn.LayerNorm, source: torch.nn.LayerNorm) -> None:
+        target.weight.copy_(source.weight[perm])
+        target.bias.copy_(source.bias[perm])
+
+    def attention(target, source) -> None:
+        for name in ("q_proj", "k_proj", "v_proj"):
+            reads(getattr(target, name), getattr(source, name))
+        writes(target.out_proj, source.out_proj)
+
+    def ffn(target, source) -> None:
+        reads(target.fc1, source.ffn.w1)
+        writes(target.fc2, source.ffn.w2)
+
+    def embedding(target: torch.nn.Embedding, source: torch.Tensor) -> None:
+        target.weight.zero_()  # Marian's trailing row stays zero
+        target.weight[:vocab] = source[:, perm]
+        target.weight[PAD_ID] = 0.0  # zero at lookup (A5): the decoder's start symbol is PE(0) alone
+
+    with torch.no_grad():
+        inner = hf.model
+        embedding(inner.encoder.embed_tokens, model.source_embedding.weight)
+        embedding(inner.decoder.embed_tokens, model.target_embedding.weight)
+        for target, layer in zip(inner.encoder.layers, model.encoder):
+            attention(target.self_attn, layer.self_attn)
+            norm(target.self_attn_layer_norm, layer.norm1)
+            ffn(target, layer)
+            norm(target.final_layer_norm, layer.norm2)
+        for target, layer in zip(inner.decoder.layers, model.decoder):
+            attention(target.self_attn, layer.self_attn)
+            norm(target.self_attn_layer_norm, layer.norm1)
+            attention(target.encoder_attn, layer.cross_attn)
+            norm(target.encoder_attn_layer_norm, layer.norm2)
+            ffn(target, layer)
+            norm(target.final_layer_norm, layer.norm3)
+        if cfg.norm == "pre":
+            norm(inner.encoder.layer_norm, model.enc_norm)
+            norm(inner.decoder.layer_norm, model.dec_norm)
+        hf.lm_head.weight.zero_()
+        hf.lm_head.weight[:vocab] = model.output_weight[:, perm]  # untied: row 0 kept, as our projection has it
+        hf.final_logits_bias.zero_()
+        hf.final_logits_bias[0, PAD_ID] = -1e9  # PAD is never an output
+        hf.final_logits_bias[0, vocab:] = -1e9  # nor Marian's trailing "<pad>"
+    return hf
+
+
+def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int) -> str:
+    """README.md of an exported folder: what the model is, how it was trained and scored."""
+    m, d = cfg.model, cfg.data
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+    trained = (f"{summary['step']:,} updates, validation perplexity {summary['valid_ppl']:.2f}"
+               if "valid_ppl" in summary else "(no training summary in the run folder)")
+    drift = ("" if m.ln_eps == HF_LN_EPS else
+             f"\nTrained with LayerNorm ε {m.ln_eps:g}; transformers fixes ε at {HF_LN_EPS:g}, so the exported "
+             "model's outputs differ slightly from the run's own.\n")
+    return f"""---
+library_name: transformers
+pipeline_tag: translation
+language: [{d.src_lang}, {d.tgt_lang}]
+tags: [translation, transformer, {architecture.lower()}]
+---
+# {d.src_lang}→{d.tgt_lang} Transformer ({architecture} layout)
+
+A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and exported from `{run_dir.name}`.
+
+- Model: {m.n_enc_layers}+{m.n_dec_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads,
+  {m.norm}-norm, a joint vocabulary of {vocab_size:,} sentencepiece BPE pieces.
+- Data: `{d.train_src}` / `{d.train_tgt}`; validated on `{d.valid_src}`.
+- Training: {trained}.
+- Decoding as trained: beam {cfg.decode.beam_size}, length penalty α {cfg.decode.alpha} (GNMT's; `generate`
+  divides by length^α instead), the average of the last {cfg.decode.average_last} checkpoints (these weights).
+{drift}
+```python
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained("PATH")
+model = AutoModelForSeq2SeqLM.from_pretrained("PATH")
+batch = tokenizer(["A man is riding a bike."], return_tensors="pt", padding=True)
+print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
+```
+"""
+
+
+def _empty_out(out: Path, force: bool) -> Path:
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
+    return out
+
+
+def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None, force: bool = False,
+                       log=print) -> Path:
+    """Write the run's decoding weights (the same average ``Translator`` uses) as a ``transformers`` model
+    folder: config.json, model.safetensors, generation_config.json, a MarianTokenizer that gives our
+    ids (source.spm, target.spm, vocab.json, tokenizer_config.json) and README.md."""
+    out, run_dir = _empty_out(out, force), Path(run_dir)
+    translator = Translator(run_dir, checkpoint, log=log, device="cpu")
+    hf = huggingface_model(translator.model)
+    from transformers import MarianTokenizer
+
+    d = translator.cfg.decode
+    g = hf.generation_config
+    g.num_beams, g.length_penalty, g.max_length = d.beam_size, d.alpha, hf.config.max_position_embeddings
+    g.early_stopping, g.forced_eos_token_id = "never", EOS_ID  # the search ends when no hypothesis can improve
+    out.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(out, safe_serialization=True)
+    architecture = "Pegasus" if translator.cfg.model.norm == "pre" else "Marian"
+    pieces = translator.tokenizer.vocabulary()
+    names = {"pad_token": pieces[PAD_ID]}
+    if architecture == "Marian":  # our PAD is the start symbol "<s>"; the padding is the trailing "<pad>"
+        start = next(n for n in ("<s>", "<start>", "<decoder_start>") if n not in pieces)
+        pieces = [start, *pieces[1:], "<pad>"]
+        names = {"bos_token": start, "pad_token": "<pad>"}
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = Path(tmp) / "vocab.json"
+        vocab.write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False), encoding="utf-8")
+        spm_model = run_dir / "spm.model"
+        tokenizer = MarianTokenizer(str(spm_model), str(spm_model), str(vocab), unk_token=pieces[UNK_ID],
+                                    eos_token=pieces[EOS_ID], **names,
+                                    model_max_length=hf.config.max_position_embeddings,
+                                    clean_up_tokenization_spaces=False)
+        tokenizer.save_pretrained(out)
+    (out / "README.md").write_text(_model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size), encoding="utf-8")
+    log(f"exported {run_dir} to {out} (transformers {architecture}; AutoModelForSeq2SeqLM.from_pretrained)")
+    return out
+
+
+def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, force: bool = False, log=print) -> Path:
+    """The ``transformers`` export converted by ``optimum``'s ONNX exporter: encoder and decoder (with past
+    keys and values) graphs, config and tokenizer, for ``optimum.onnxruntime.ORTModelForSeq2SeqLM``."""
+    out = _empty_out(out, force)
+    try:
+        from optimum.exporters.onnx import main_export
+    except ImportError:
+        raise ExportError("optimum's ONNX exporter is not installed: pip install 'transformer[hf]'") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint, log=lambda m: None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on Python branches of transformers' code
+            main_export(str(hf_dir), output=out, task="text2text-generation-with-past", device="cpu",
+                        do_validation=False)
+        for name in ("README.md", "generation_config.json"):
+            shutil.copy(hf_dir / name, out / name)
+    log(f"exported {run_dir} to {out} (ONNX; optimum.onnxruntime.ORTModelForSeq2SeqLM.from_pretrained)")
+    return out

@@ -1,0 +1,157 @@
+"""transformers / ONNX export: the exported model computes our logits, its tokenizer gives our ids, and
+generate, ONNX Runtime and CTranslate2 (converted from the export) translate as we do."""
+
+import json
+
+import pytest
+import torch
+
+from transformer.config import ModelConfig, load_config
+from transformer.data import read_lines
+from transformer.export import ExportError, export_ctranslate2, export_huggingface, export_onnx, huggingface_model
+from transformer.model import Transformer
+from transformer.request import DecodeRequest
+from transformer.tokenizer import EOS_ID, PAD_ID
+from transformer.train import train
+from transformer.translator import Translator
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module", params=["post", "pre"])
+def run(request, multi30k, tmp_path_factory):
+    """A tiny model trained at transformers' LayerNorm ε (1e-5): post-norm (Marian), pre-norm (Pegasus)."""
+    from conftest import write_slice
+
+    tmp = tmp_path_factory.mktemp(f"hf_{request.param}")
+    train_src, train_tgt = write_slice(multi30k, tmp, "train", 0, 600)
+    valid_src, valid_tgt = write_slice(multi30k, tmp, "val", 0, 50)
+    cfg = load_config("tiny", [f'data.train_src="{train_src}"', f'data.train_tgt="{train_tgt}"',
+                               f'data.valid_src="{valid_src}"', f'data.valid_tgt="{valid_tgt}"', "data.vocab_size=500",
+                               "train.save_minutes=0", "train.threads=1", "train.max_steps=200", "train.save_every=100",
+                               "decode.average_last=2", f'model.norm="{request.param}"', "model.ln_eps=1e-5"])
+    train(cfg, tmp / "run", quiet=True)
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    return export_huggingface(run, tmp_path_factory.mktemp("hf") / "out", log=lambda m: None)
+
+
+def quiet(run):
+    return Translator(run, log=lambda m: None, device="cpu")
+
+
+def test_the_exported_model_computes_our_logits(run, exported, multi30k):
+    ours = quiet(run)
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(exported).eval()
+    expected = "MarianMTModel" if ours.cfg.model.norm == "post" else "PegasusForConditionalGeneration"
+    assert type(hf).__name__ == expected
+    src_lines, tgt_lines = read_lines(multi30k / "val.en.gz")[:32], read_lines(multi30k / "val.de.gz")[:32]
+
+    def padded(rows: list[list[int]]) -> torch.Tensor:
+        out = torch.full((len(rows), max(map(len, rows))), PAD_ID)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = torch.tensor(r)
+        return out
+
+    src = padded([ours.tokenizer.encode(s) + [EOS_ID] for s in src_lines])
+    tgt_in = padded([[PAD_ID] + ours.tokenizer.encode(t) for t in tgt_lines])  # the start symbol is PAD (A5)
+    with torch.no_grad():
+        want = ours.model(src, tgt_in)
+        got = hf(input_ids=src, attention_mask=(src != PAD_ID).long(), decoder_input_ids=tgt_in).logits
+    vocab = want.size(-1)
+    real = torch.cat([torch.ones(len(tgt_lines), 1, dtype=torch.bool), tgt_in[:, 1:] != PAD_ID], 1)
+    assert (got[..., 1:vocab] - want[..., 1:])[real].abs().max() < 1e-4  # fp32, summation order aside
+    assert (got[..., PAD_ID] < -1e8).all() and (got[..., vocab:] < -1e8).all()  # never an output, as ours
+
+
+def test_the_tokenizer_gives_our_ids_and_text(run, exported, multi30k):
+    ours = quiet(run).tokenizer
+    tok = transformers.AutoTokenizer.from_pretrained(exported)
+    lines = read_lines(multi30k / "train.en.gz")[1000:2000] + read_lines(multi30k / "train.de.gz")[1000:2000]
+    assert tok(lines)["input_ids"] == [ours.encode(s) + [EOS_ID] for s in lines]
+    ids = [ours.encode(s) for s in lines[:200]]
+    assert tok.batch_decode(ids, skip_special_tokens=True) == [ours.decode(i) for i in ids]
+
+
+def generate_each(model, tok, lines, offset, **options):
+    """``model.generate`` one sentence at a time with our length limit (|source + EOS| + offset outputs)."""
+    outputs = []
+    for line in lines:
+        batch = tok([line], return_tensors="pt")
+        ids = model.generate(**batch, max_length=batch["input_ids"].size(1) + offset + 1, do_sample=False, **options)
+        outputs.append(tok.batch_decode(ids, skip_special_tokens=True)[0])
+    return outputs
+
+
+@pytest.mark.parametrize("beam,alpha", [(1, 0.0), (4, 0.0)])
+def test_generate_translates_as_ours(run, exported, multi30k, beam, alpha):
+    ours = quiet(run)
+    lines = read_lines(multi30k / "val.en.gz")[:24]
+    want = ours.translate(lines, DecodeRequest(beam_size=beam, alpha=alpha))
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(exported).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(exported)
+    got = generate_each(hf, tok, lines, ours.cfg.decode.max_len_offset, num_beams=beam, length_penalty=alpha)
+    assert got == want
+
+
+def test_onnx_runtime_translates_as_ours(run, tmp_path, multi30k):
+    pytest.importorskip("optimum.onnxruntime")
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    out = export_onnx(run, tmp_path / "onnx", log=lambda m: None)
+    assert {"encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"} <= {p.name for p in out.iterdir()}
+    ours = quiet(run)
+    lines = read_lines(multi30k / "val.en.gz")[:16]
+    got = generate_each(ORTModelForSeq2SeqLM.from_pretrained(out), transformers.AutoTokenizer.from_pretrained(out),
+                        lines, ours.cfg.decode.max_len_offset, num_beams=1)
+    assert got == ours.translate(lines, DecodeRequest(beam_size=1))
+
+
+def test_ctranslate2_reads_the_export_as_our_own_ctranslate2_export(run, exported, tmp_path, multi30k):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from ctranslate2.converters import TransformersConverter
+
+    from_hf = TransformersConverter(str(exported)).convert(str(tmp_path / "from_hf"))
+    own = export_ctranslate2(run, tmp_path / "own", log=lambda m: None)
+    ours = quiet(run)
+    pieces, offset = ours.tokenizer.vocabulary(), ours.cfg.decode.max_len_offset
+    lines = read_lines(multi30k / "val.en.gz")[:24]
+    outputs = {}
+    for name, folder, eos in (("from_hf", from_hf, ["</s>"]), ("own", own, [])):
+        engine = ctranslate2.Translator(str(folder), device="cpu", intra_threads=1)
+        outputs[name] = []
+        for line in lines:  # the converted model takes the tokenizer's EOS; ours adds it itself
+            src = [pieces[i] for i in ours.tokenizer.encode(line)]
+            result = engine.translate_batch([src + eos], beam_size=1, max_decoding_length=len(src) + offset)
+            outputs[name].append(result[0].hypotheses[0])
+    assert outputs["from_hf"] == outputs["own"]
+    assert [ours.tokenizer.decode([pieces.index(p) for p in h]) for h in outputs["own"]] == \
+        ours.translate(lines, DecodeRequest(beam_size=1))
+
+
+def test_the_folder_says_what_it_holds(run, exported):
+    config = json.loads((exported / "config.json").read_text(encoding="utf-8"))
+    generation = json.loads((exported / "generation_config.json").read_text(encoding="utf-8"))
+    cfg = load_config(str(run / "config.toml"))
+    assert config["d_model"] == cfg.model.d_model and config["scale_embedding"] is True
+    assert config["decoder_start_token_id"] == PAD_ID and generation["forced_eos_token_id"] == EOS_ID
+    assert (generation["num_beams"], generation["length_penalty"]) == (cfg.decode.beam_size, cfg.decode.alpha)
+    card = (exported / "README.md").read_text(encoding="utf-8")
+    assert "AutoModelForSeq2SeqLM" in card and f"d_model {cfg.model.d_model}" in card
+    assert (exported / "model.safetensors").is_file()
+    with pytest.raises(ExportError, match="not empty"):
+        export_huggingface(run, exported, log=lambda m: None)
+
+
+@pytest.mark.parametrize("fields,reason", [
+    ({"positional": "learned"}, "learned positions"),
+    ({"d_k": 16}, "splits d_model evenly"),
+    ({"norm": "pre", "share_embeddings": False}, "share one embedding"),
+])
+def test_models_the_architectures_cannot_hold_are_refused(fields, reason):
+    cfg = ModelConfig(n_enc_layers=1, n_dec_layers=1, d_model=32, d_ff=64, n_heads=4, **fields)
+    with pytest.raises(ExportError, match=reason):
+        huggingface_model(Transformer(cfg, 50))
