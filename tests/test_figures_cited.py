@@ -46,6 +46,7 @@ CHECKED = {
     "docs/parsing.md": ("Result",),
     "docs/table3.md": ("",),
     "docs/reliability.md": ("",),
+    "docs/exports.md": ("Hugging Face transformers and ONNX",),
 }
 
 # numbers in checked sections that are settings, references or names, not measurements: (page, regular
@@ -62,6 +63,9 @@ SETTINGS: list[tuple[str, str]] = [
     ("docs/decoding.md", r"Vilar\s+2018"),
     ("docs/table3.md", r"t\(0\.975,\s+n−1\)\s+·\s+s\s+·\s+√\(1\s+\+\s+1/n\)"),
     ("docs/table3.md", r"n\s+=\s+5\s+seeds"),
+    ("docs/exports.md", r"1e-[456]"), ("docs/exports.md", r"\+\s+50"), ("docs/exports.md", r"\(5\s+\+\s+\|Y\|\)\s+/\s+6"),
+    ("docs/exports.md", r"PAD\s+0,\s+EOS\s+1,\s+UNK\s+2"), ("docs/exports.md", r"id\s+0"),
+    ("docs/exports.md", r"-1e9"), ("docs/exports.md", r"up\s+to\s+40%"), ("docs/exports.md", r"§3\.5"),
     ("docs/results.md", r"~8,192\s+tokens"), ("docs/results.md", r"smoothing\s+0\.1"),
     ("docs/results.md", r"β2\s+0\.9+8?"), ("docs/results.md", r"within\s+0\.5"),
     ("docs/results.md", r"every\s+50\s+updates"), ("docs/results.md", r"the\s+41\.5\s+the\s+issue"),
@@ -101,6 +105,14 @@ FIGURES: list[Figure] = [
              ("0.545", "models/quick/ctranslate2/ratios/translate_b64_vs_ctranslate2")),
     *figures("README.md", "Results", "speed.json", *SPEED, ("1.11", "ratios/train_vs_fairseq_min_max/0"),
              ("1.32", "ratios/train_vs_fairseq_min_max/1")),
+    *figures("docs/exports.md", "Hugging Face transformers and ONNX", "export.json",
+             ("100.0", "greedy_identical/transformers"), ("99.9", "beam_identical/transformers"),
+             ("96.1", "beam_alpha0.6_identical/transformers"), ("95.6", "beam_alpha0.6_identical/ctranslate2_from_hf"),
+             scale=100.0),
+    *figures("docs/exports.md", "Hugging Face transformers and ONNX", "export.json",
+             ("34.0", "tok_lc_bleu/transformers/greedy"), ("34.12", "tok_lc_bleu/transformers/beam4_alpha0"),
+             ("34.64", "tok_lc_bleu/transformers/beam4_alpha0.6"), ("34.47", "tok_lc_bleu/ours/beam4_alpha0.6"),
+             ("282.3", "sentences_per_s/onnxruntime/greedy"), ("218.3", "sentences_per_s/ours/greedy")),
     *quality_table("docs/results.md", ""),
     *figures("docs/results.md", "", "multi30k_en_de_wu2021.json", ("8,000", "cpu_time/budget_updates"),
              *[(t, f"replication/run={run}/test_theirs/tok_lc_bleu") for t, run in (
