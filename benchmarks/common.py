@@ -120,6 +120,7 @@ class Split:
         else:
             src, ref, tok = d.test_src, d.test_tgt, d.test_tok_ref
         self.name, self.lang = name, d.tgt_lang
+        self.pretokenized = "/tok/" in d.train_tgt  # trained on the lowercased tokenized files: outputs are in that form
         self.src, self.ref, self.tok_ref = (read_lines(resolve_data_path(p))[:limit] for p in (src, ref, tok))
 
     def score(self, translator: Translator, beam: int | None = None, alpha: float | None = None) -> dict:
@@ -129,6 +130,6 @@ class Split:
         hyps = translator.translate(self.src, DecodeRequest(beam_size=beam, alpha=alpha))
         seconds = time.monotonic() - start
         scores = sacrebleu_scores(hyps, self.ref)
-        return {"tok_lc_bleu": round(tok_lc_bleu(hyps, self.tok_ref, self.lang), 2),
+        return {"tok_lc_bleu": round(tok_lc_bleu(hyps, self.tok_ref, self.lang, self.pretokenized), 2),
                 "sacrebleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
                 "signature": scores["signature"], "translate_seconds": round(seconds, 1), "hyps": hyps}

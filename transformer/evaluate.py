@@ -74,9 +74,11 @@ def _multi_bleu(hyps: list[str], refs: list[str]) -> float:
     return sacrebleu.BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(hyps, [refs]).score
 
 
-def tok_lc_bleu(hyps: list[str], tok_refs: list[str], lang: str) -> float:
-    """Tokenized lowercased BLEU of detokenized hypotheses against Multi30k's tokenized references."""
-    return _multi_bleu(moses_tokenize_lc(hyps, lang), tok_refs)
+def tok_lc_bleu(hyps: list[str], tok_refs: list[str], lang: str, pretokenized: bool = False) -> float:
+    """Tokenized lowercased BLEU of detokenized hypotheses against Multi30k's tokenized references;
+    ``pretokenized``: the hypotheses are in the references' form already (a model trained on the
+    tokenized lowercased files), scored as they are."""
+    return _multi_bleu(hyps if pretokenized else moses_tokenize_lc(hyps, lang), tok_refs)
 
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
