@@ -15,14 +15,14 @@ from transformer.tokenizer import EOS_ID, PAD_ID
 from transformer.train import train
 from transformer.translator import Translator
 
+from tests.conftest import write_slice
+
 transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module", params=["post", "pre"])
 def run(request, multi30k, tmp_path_factory):
     """A tiny model trained at transformers' LayerNorm ε (1e-5): post-norm (Marian), pre-norm (Pegasus)."""
-    from conftest import write_slice
-
     tmp = tmp_path_factory.mktemp(f"hf_{request.param}")
     train_src, train_tgt = write_slice(multi30k, tmp, "train", 0, 600)
     valid_src, valid_tgt = write_slice(multi30k, tmp, "val", 0, 50)
