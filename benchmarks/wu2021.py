@@ -13,7 +13,8 @@ trainer: the replication at their settings, and a recipe picked on val at their 
    average of the last 10 checkpoints, beam 5, length-normalised), the paper's (§6.1) and the others
    between them. Written to benchmarks/results/selection/multi30k_en_de_wu2021/NAME.json, keyed by
    the run's config sha256, read back when that matches. Runs are independent: several can train at
-   once (one per GPU process, or at --threads 1 beside each other on a CPU).
+   once (one per GPU process, or at --threads 1 beside each other on a CPU); benchmarks/wu2021_lanes.sh
+   runs them as parallel lanes on one GPU and then the report.
 2. Without ``--only`` (every run finished): the report. The replication rows (their settings, under
    each reading of the fork's ambiguous defaults) are scored on test2016 decoded their way and ours,
    beside 41.02 (benchmarks/results/published.json). The recipe at their budget is the settings and

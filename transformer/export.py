@@ -163,7 +163,6 @@ def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None,
     return out
 
 
-
 HF_LN_EPS = 1e-5  # LayerNorm ε of transformers' Marian and Pegasus layers (not configurable there)
 
 
@@ -337,6 +336,9 @@ def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None,
         tokenizer.save_pretrained(out)
     (out / "README.md").write_text(_model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size), encoding="utf-8")
     log(f"exported {run_dir} to {out} (transformers {architecture}; AutoModelForSeq2SeqLM.from_pretrained)")
+    if translator.cfg.model.ln_eps != HF_LN_EPS:
+        log(f"note: the run was trained with LayerNorm ε {translator.cfg.model.ln_eps:g}; {architecture} fixes it at "
+            f"{HF_LN_EPS:g}, so the exported model's outputs differ slightly from the run's own")
     return out
 
 
