@@ -486,3 +486,24 @@ def test_validation_during_training_scores_the_weights_as_they_are(tmp_path, tin
     valid, _ = encode_pairs(read_parallel(cfg.data.valid_src, cfg.data.valid_tgt), Tokenizer(run / "spm.model"),
                             cfg.data.max_len)
     assert validate(model, valid, cfg.train.max_tokens)["valid_nll"] == pytest.approx(logged[30], rel=1e-4)
+
+
+def test_keep_best_on_the_label_smoothed_validation_loss(tmp_path, tiny_overrides):
+    """train.keep_best = "valid_smoothed_loss" (fairseq's --best-checkpoint-metric loss of its
+    label-smoothed criterion): validation reports the loss that training minimises beside the NLL, and
+    best.safetensors and patience follow it."""
+    from transformer.train import validate
+
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.eval_every=2", "train.save_every=2",
+                                                'train.keep_best="valid_smoothed_loss"', "train.patience=5"])
+    summary = train(cfg, tmp_path / "run", quiet=True)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "valid_smoothed_loss" in r]
+    assert [r["step"] for r in evals] == [2, 4, 6]
+    assert all(r["valid_smoothed_loss"] > r["valid_nll"] for r in evals)  # ε_ls 0.1 adds the uniform term
+    best = min(evals, key=lambda r: r["valid_smoothed_loss"])
+    assert summary["best"]["metric"] == "valid_smoothed_loss"
+    assert (summary["best"]["step"], summary["best"]["value"]) == (best["step"], pytest.approx(best["valid_smoothed_loss"]))
+    # without the option, validation computes the NLL only (one forward pass)
+    model = Transformer(cfg.model, 500)
+    assert set(validate(model, [], cfg.train.max_tokens)) == {"valid_nll", "valid_ppl"}
