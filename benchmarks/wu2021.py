@@ -65,10 +65,12 @@ RAW = {"data.train_src": "multi30k/train.en.gz", "data.train_tgt": "multi30k/tra
 TOK = {key: path.replace("multi30k/", "multi30k/tok/").replace(".en.gz", ".lc.norm.tok.en.gz")
        .replace(".de.gz", ".lc.norm.tok.de.gz") for key, path in RAW.items()}
 THEIRS = RAW | {"model.norm": "post", "model.ln_eps": 1e-5, "train.eps_ls": 0.0, "train.beta2": 0.999,
-          "train.adam_eps": 1e-8, "train.cooldown_fraction": 0.0, "train.patience": 10}
+                "train.adam_eps": 1e-8, "train.cooldown_fraction": 0.0, "train.patience": 10,
+                "train.keep_best": "valid_loss"}
 # our EN→DE recipe's training choices (configs/multi30k_en_de.toml) at their batch and update budget
 OURS = RAW | {"model.norm": "pre", "model.ln_eps": 1e-6, "train.eps_ls": 0.1, "train.beta2": 0.98,
-        "train.adam_eps": 1e-9, "train.cooldown_fraction": 0.25, "train.patience": 0}
+              "train.adam_eps": 1e-9, "train.cooldown_fraction": 0.25, "train.patience": 0,
+              "train.keep_best": "valid_loss"}
 RUNS: dict[str, dict[str, object]] = {
     # the replication: reading A (stock fairseq's label smoothing 0.0, the config as committed) and
     # reading B (0.1, the default of some of the fork's criteria), each with a second seed
@@ -85,11 +87,17 @@ RUNS: dict[str, dict[str, object]] = {
     # one difference from reading B: trained and decoded on the lowercased tokenized text
     "wu_ls0.1_lctok": THEIRS | {"train.eps_ls": 0.1} | TOK,
     "wu_ls0.1_lctok_seed2": THEIRS | {"train.eps_ls": 0.1, "train.seed": 2} | TOK,
+    # one difference from reading B: patience (and best.safetensors) on the label-smoothed validation loss,
+    # fairseq's default --best-checkpoint-metric, instead of the NLL
+    "wu_ls0.1_smoothed_patience": THEIRS | {"train.eps_ls": 0.1, "train.keep_best": "valid_smoothed_loss"},
+    "wu_ls0.1_smoothed_patience_seed2": THEIRS | {"train.eps_ls": 0.1, "train.keep_best": "valid_smoothed_loss",
+                                                   "train.seed": 2},
 }
 # runs that replicate but are no recipe: a model of lowercased tokenized text does not translate cased text
 NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2")
 # the replication's rows: their settings under each reading of the fork's defaults
-REPLICATION = ("wu_ls0", "wu_ls0_seed2", "wu_ls0.1", "wu_ls0.1_seed2", "wu_ls0.1_adam98", *NOT_CANDIDATES)
+REPLICATION = ("wu_ls0", "wu_ls0_seed2", "wu_ls0.1", "wu_ls0.1_seed2", "wu_ls0.1_adam98",
+               "wu_ls0.1_smoothed_patience", "wu_ls0.1_smoothed_patience_seed2", *NOT_CANDIDATES)
 # Decodings scored on val: weights (the last checkpoint, or the average of the last N), beam, α.
 # evaluate.sh averages the last 10 epoch checkpoints and runs generate.py --beam 5 with score / |Y|;
 # DEVIATION(§6.1): GNMT's ((5 + |Y|) / 6)^α with α = 1 is ours nearest to that normalisation.

@@ -494,8 +494,9 @@ def test_keep_best_on_the_label_smoothed_validation_loss(tmp_path, tiny_override
     best.safetensors and patience follow it."""
     from transformer.train import validate
 
-    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.eval_every=2", "train.save_every=2",
-                                                'train.keep_best="valid_smoothed_loss"', "train.patience=5"])
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.log_every=2", "train.eval_every=2",
+                                                "train.save_every=2", 'train.keep_best="valid_smoothed_loss"',
+                                                "train.patience=5"])
     summary = train(cfg, tmp_path / "run", quiet=True)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "valid_smoothed_loss" in r]
@@ -503,7 +504,8 @@ def test_keep_best_on_the_label_smoothed_validation_loss(tmp_path, tiny_override
     assert all(r["valid_smoothed_loss"] > r["valid_nll"] for r in evals)  # ε_ls 0.1 adds the uniform term
     best = min(evals, key=lambda r: r["valid_smoothed_loss"])
     assert summary["best"]["metric"] == "valid_smoothed_loss"
-    assert (summary["best"]["step"], summary["best"]["value"]) == (best["step"], pytest.approx(best["valid_smoothed_loss"]))
+    assert summary["best"]["step"] == best["step"]
+    assert summary["best"]["value"] == pytest.approx(best["valid_smoothed_loss"])
     # without the option, validation computes the NLL only (one forward pass)
     model = Transformer(cfg.model, 500)
     assert set(validate(model, [], cfg.train.max_tokens)) == {"valid_nll", "valid_ppl"}

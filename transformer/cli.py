@@ -82,7 +82,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     Train from a TOML config (a path or a preset name from configs/). Writes config.toml, spm.model,
     checkpoints/, train.log, metrics.jsonl, tb/. Every config key is documented beside its default in
     transformer/config.py; after the paper (off by default): train.keep_best = "valid_loss" |
-    "dev_bleu" keeps best.safetensors (translate --checkpoint best), train.patience = N stops after N
+    "valid_smoothed_loss" | "dev_bleu" keeps best.safetensors (translate --checkpoint best), train.patience = N stops after N
     evaluations without improvement, data.subword_alpha = 0.1 samples a new BPE-dropout segmentation
     of the training text every epoch.
     """

@@ -112,9 +112,11 @@ class TrainConfig:
     save_minutes: float = 10.0  # minutes between checkpoints (§6.1: "written at 10-minute intervals")
     keep_last: int = 20  # checkpoints kept on disk (big averages the last 20; §6.1)
     # not in the paper: keep the weights that score best on the validation set in best.safetensors
-    # ("valid_loss" at every eval_every, "dev_bleu" at every bleu_every), and with patience N > 0 stop
-    # after N such evaluations without improvement; decoding still averages the last checkpoints (§6.1)
-    keep_best: Literal["", "valid_loss", "dev_bleu"] = ""
+    # ("valid_loss": the NLL, or "valid_smoothed_loss": the label-smoothed loss training minimises, as
+    # fairseq's default --best-checkpoint-metric, at every eval_every; "dev_bleu" at every bleu_every),
+    # and with patience N > 0 stop after N such evaluations without improvement; decoding still averages
+    # the last checkpoints (§6.1)
+    keep_best: Literal["", "valid_loss", "valid_smoothed_loss", "dev_bleu"] = ""
     patience: int = 0
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     # fp32; bf16 autocast (GPUs that support it); fp16 autocast with dynamic loss scaling

@@ -334,7 +334,8 @@ def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None,
                                     model_max_length=hf.config.max_position_embeddings,
                                     clean_up_tokenization_spaces=False)
         tokenizer.save_pretrained(out)
-    (out / "README.md").write_text(_model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size), encoding="utf-8")
+    card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size)
+    (out / "README.md").write_text(card, encoding="utf-8")
     log(f"exported {run_dir} to {out} (transformers {architecture}; AutoModelForSeq2SeqLM.from_pretrained)")
     if translator.cfg.model.ln_eps != HF_LN_EPS:
         log(f"note: the run was trained with LayerNorm ε {translator.cfg.model.ln_eps:g}; {architecture} fixes it at "

@@ -292,18 +292,24 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
 
 
 @torch.inference_mode()
-def validate(model: Transformer, examples: list[Example], max_tokens: int) -> dict[str, float]:
-    """Per-token NLL and perplexity without smoothing (Table 3's PPL is per word-piece; A3)."""
+def validate(model: Transformer, examples: list[Example], max_tokens: int,
+             eps_ls: float | None = None) -> dict[str, float]:
+    """Per-token NLL and perplexity without smoothing (Table 3's PPL is per word-piece; A3); with
+    ``eps_ls``, also the per-token label-smoothed loss (§5.4) that training minimises."""
     model.eval()
-    nll_sum, n = 0.0, 0
+    nll_sum, smoothed_sum, n = 0.0, 0.0, 0
     device = next(model.parameters()).device
     for indices in make_batches(examples, max_tokens):
         batch = collate(examples, indices).to(device)
-        nll = batch_loss(model, batch, 0.0)
-        nll_sum, n = nll_sum + nll.item(), n + batch.n_tgt_tokens
+        nll_sum, n = nll_sum + batch_loss(model, batch, 0.0).item(), n + batch.n_tgt_tokens
+        if eps_ls is not None:
+            smoothed_sum += batch_loss(model, batch, eps_ls).item()
     model.train()
     nll = nll_sum / max(n, 1)
-    return {"valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0))}
+    scores = {"valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0))}
+    if eps_ls is not None:
+        scores["valid_smoothed_loss"] = smoothed_sum / max(n, 1)
+    return scores
 
 
 def dev_bleu(model: Transformer, tokenizer: Tokenizer, pairs: list[tuple[str, str]], cfg: Config) -> float:
@@ -503,7 +509,7 @@ class Trainer:
         if not self.cfg.train.keep_best or not best.with_suffix(".json").is_file():
             return
         record = load_checkpoint(best, with_state=False).meta.get("best", {})
-        lower = self.cfg.train.keep_best == "valid_loss"
+        lower = self.cfg.train.keep_best != "dev_bleu"  # losses
         value = record.get("value")
         if record.get("metric") == self.cfg.train.keep_best and value is not None and (
                 state.best_value is None or (value < state.best_value if lower else value > state.best_value)):
@@ -587,13 +593,15 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Validation loss and perplexity of the model as it is now."""
-        return validate(self.raw, self.run_data.valid, self.cfg.train.max_tokens)
+        t = self.cfg.train
+        return validate(self.raw, self.run_data.valid, t.max_tokens,
+                        t.eps_ls if t.keep_best == "valid_smoothed_loss" else None)
 
     def keep_best(self, value: float) -> None:
         """train.keep_best: a better value than any before writes best.safetensors (+ its JSON record with
         the metric, step and value); with train.patience, that many evaluations without one end training."""
         t, state = self.cfg.train, self.state
-        lower = t.keep_best == "valid_loss"
+        lower = t.keep_best != "dev_bleu"  # losses
         if state.best_value is None or (value < state.best_value if lower else value > state.best_value):
             state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
             # written with the next checkpoint, whose record holds this best: a resume never rewinds it
@@ -638,7 +646,8 @@ class Trainer:
         with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
         self.log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
-        metric = {"valid_loss": "valid_nll", "dev_bleu": "valid_bleu"}.get(t.keep_best)
+        metric = {"valid_loss": "valid_nll", "valid_smoothed_loss": "valid_smoothed_loss",
+                  "dev_bleu": "valid_bleu"}.get(t.keep_best)
         if metric in rec:
             self.keep_best(rec[metric])
         self.window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
