@@ -104,6 +104,11 @@ def train_or_resume(cfg: Config, out: Path, decode_only: bool = False) -> dict:
         sys.exit(e.exit_code)
 
 
+def overrides_of(values: dict[str, object]) -> list[str]:
+    """``--set``-style overrides (SECTION.KEY=JSON value) of a dict of config values."""
+    return [f"{key}={json.dumps(value)}" for key, value in values.items()]
+
+
 def config_key(cfg: Config) -> str:
     """What a step-bounded run's result is keyed by: its config's sha256, whatever the thread count."""
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=0)).sha256()

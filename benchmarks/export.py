@@ -29,6 +29,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
+from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import load_config
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
 from transformer.export import HF_LN_EPS, export_ctranslate2, export_huggingface, export_onnx
@@ -146,8 +147,8 @@ def main() -> None:
         "greedy_identical": {e: result["identical"][e]["greedy"] for e in hf},
         "beam_identical": {e: result["identical"][e]["beam4_alpha0"] for e in hf},
         "beam_alpha0.6_identical": {e: result["identical"][e]["beam4_alpha0.6"] for e in hf},
-        "run": os.path.relpath(run, ROOT), "run_steps": json.loads((run / "checkpoints" / sorted(
-            p.name for p in (run / "checkpoints").glob("*.json"))[-1]).read_text(encoding="utf-8"))["step"],
+        "run": os.path.relpath(run, ROOT),
+        "run_steps": load_checkpoint(list_checkpoints(run)[-1], with_state=False).meta["step"],
         "ln_eps": cfg.model.ln_eps, "hf_ln_eps": HF_LN_EPS, "sentences": len(test.src), "batch": args.batch,
         "batches": len(groups),
         "threads": torch.get_num_threads(), "commit": git("rev-parse", "--short", "HEAD"),

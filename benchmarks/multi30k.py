@@ -44,7 +44,7 @@ from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import Config, load_config
 from transformer.translator import Translator
 
-from common import ROOT, Split, config_key, git, train_or_resume, weight_candidates
+from common import ROOT, Split, config_key, git, overrides_of, train_or_resume, weight_candidates
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -107,10 +107,6 @@ BEAMS = (4, 5)
 # step 3's decoding pick neither reopens step 2's pick nor invalidates the candidates' results
 CANDIDATE_DECODE: dict[str, object] = {"decode.average_last": 5, "decode.beam_size": 4, "decode.alpha": 0.6}
 CURVE_EVERY = 1000  # updates between the single checkpoints of the val curve
-
-
-def overrides_of(values: dict[str, object]) -> list[str]:
-    return [f"{key}={json.dumps(value)}" for key, value in values.items()]
 
 
 def run_candidate(pair: str, name: str, values: dict[str, object], config: Path, runs: Path,

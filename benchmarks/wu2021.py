@@ -48,7 +48,7 @@ from transformer.config import Config, load_config
 from transformer.train import train
 from transformer.translator import Translator
 
-from common import ROOT, Split, config_key, git, train_or_resume, weight_candidates
+from common import ROOT, Split, config_key, git, overrides_of, train_or_resume, weight_candidates
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "multi30k_en_de_wu2021.toml"
@@ -109,10 +109,6 @@ DECODINGS: dict[str, tuple[str, int, float]] = {
                                                                          ("average_last5", 4, 0.6)}},
 }
 LEADER_MARGIN = 0.3  # leaders closer than this on val are each trained with two seeds (issue 45)
-
-
-def overrides_of(values: dict[str, object]) -> list[str]:
-    return [f"{key}={json.dumps(value)}" for key, value in values.items()]
 
 
 def translators(out: Path) -> dict[str, Translator]:

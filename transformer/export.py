@@ -137,15 +137,21 @@ def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int =
     return spec
 
 
+def _empty_out(out: Path, force: bool) -> Path:
+    """``out`` as a Path, refused when it holds files and ``force`` is not given."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
+    return out
+
+
 def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None, quantization: str | None = None,
                        force: bool = False, log=print) -> Path:
     """Write the run's decoding weights (the same average ``Translator`` uses) as a CTranslate2 model.
 
     The sentencepiece model is copied beside it, so the folder is all a user needs.
     """
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
+    out = _empty_out(out, force)
     translator = Translator(run_dir, checkpoint, log=log, device="cpu")
     spec = ctranslate2_spec(translator.model, translator.tokenizer.vocabulary())
     from ctranslate2.converters.converter import Converter
@@ -293,13 +299,6 @@ batch = tokenizer(["A man is riding a bike."], return_tensors="pt", padding=True
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 """
-
-
-def _empty_out(out: Path, force: bool) -> Path:
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
-    return out
 
 
 def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None, force: bool = False,

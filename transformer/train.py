@@ -235,7 +235,12 @@ def inherit_vocabulary(parent: Path, path: Path, write: bool) -> None:
 
 
 def batch_loss(model: torch.nn.Module, batch: Batch, eps_ls: float) -> torch.Tensor:
-    """Label-smoothed loss summed over the batch's non-pad target tokens (ε_ls = 0: the NLL).
+    """Label-smoothed loss summed over the batch's non-pad target tokens (ε_ls = 0: the NLL)."""
+    return batch_losses(model, batch, (eps_ls,))[0]
+
+
+def batch_losses(model: torch.nn.Module, batch: Batch, eps_ls: tuple[float, ...]) -> tuple[torch.Tensor, ...]:
+    """``batch_loss`` at each of several ε_ls, from one forward pass.
 
     Goes through ``model(...)`` so that a DistributedDataParallel wrapper sees the forward pass.
     """
@@ -243,7 +248,8 @@ def batch_loss(model: torch.nn.Module, batch: Batch, eps_ls: float) -> torch.Ten
     hidden = model(batch.src, batch.tgt_in, keep, logits=False)
     inner = getattr(model, "_orig_mod", model)  # through torch.compile's and DDP's wrappers
     weight = (inner.module if isinstance(inner, DistributedDataParallel) else inner).output_weight
-    return label_smoothed_loss(hidden, weight, batch.tgt_out[keep], eps_ls)
+    target = batch.tgt_out[keep]
+    return tuple(label_smoothed_loss(hidden, weight, target, eps) for eps in eps_ls)
 
 
 @dataclass
@@ -301,9 +307,10 @@ def validate(model: Transformer, examples: list[Example], max_tokens: int,
     device = next(model.parameters()).device
     for indices in make_batches(examples, max_tokens):
         batch = collate(examples, indices).to(device)
-        nll_sum, n = nll_sum + batch_loss(model, batch, 0.0).item(), n + batch.n_tgt_tokens
-        if eps_ls is not None:
-            smoothed_sum += batch_loss(model, batch, eps_ls).item()
+        nll, *smoothed = batch_losses(model, batch, (0.0,) if eps_ls is None else (0.0, eps_ls))
+        nll_sum += nll.item()
+        smoothed_sum += sum(x.item() for x in smoothed)  # nothing without eps_ls
+        n += batch.n_tgt_tokens
     model.train()
     nll = nll_sum / max(n, 1)
     scores = {"valid_nll": nll, "valid_ppl": math.exp(min(nll, 50.0))}
