@@ -2,6 +2,7 @@
 generate, ONNX Runtime and CTranslate2 (converted from the export) translate as we do."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -155,3 +156,16 @@ def test_models_the_architectures_cannot_hold_are_refused(fields, reason):
     cfg = ModelConfig(n_enc_layers=1, n_dec_layers=1, d_model=32, d_ff=64, n_heads=4, **fields)
     with pytest.raises(ExportError, match=reason):
         huggingface_model(Transformer(cfg, 50))
+
+
+def test_force_replaces_the_folder_and_a_failed_export_leaves_it(run, exported, tmp_path):
+    pytest.importorskip("optimum.onnxruntime")
+    out = tmp_path / "out"
+    shutil.copytree(exported, out)
+    export_onnx(run, out, force=True, log=lambda m: None)
+    assert (out / "encoder_model.onnx").is_file()
+    assert not (out / "model.safetensors").exists()  # nothing of the folder's old export is left beside the new
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(Exception):
+        export_huggingface(run, out, checkpoint=run / "missing.safetensors", force=True, log=lambda m: None)
+    assert sorted(p.name for p in out.iterdir()) == before  # a failed export keeps what was there
