@@ -31,10 +31,12 @@ so a run trained at another ε (ours defaults to the authors' 1e-6) is exported 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -301,12 +303,39 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 """
 
 
+@contextlib.contextmanager
+def _staged(out: Path, force: bool) -> Iterator[Path]:
+    """A new folder beside ``out`` to write the export into; when the block ends without an error it
+    replaces ``out`` (with ``force``, whatever was there), else it is removed and ``out`` stays as it was."""
+    out = _empty_out(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+        staged = Path(tmp) / out.name
+        staged.mkdir()
+        yield staged
+        if out.exists():
+            shutil.rmtree(out)
+        staged.rename(out)
+
+
 def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None, force: bool = False,
                        log=print) -> Path:
     """Write the run's decoding weights (the same average ``Translator`` uses) as a ``transformers`` model
     folder: config.json, model.safetensors, generation_config.json, a MarianTokenizer that gives our
     ids (source.spm, target.spm, vocab.json, tokenizer_config.json) and README.md."""
-    out, run_dir = _empty_out(out, force), Path(run_dir)
+    out = Path(out)
+    with _staged(out, force) as folder:
+        architecture, ln_eps = _write_huggingface(Path(run_dir), checkpoint, folder, log)
+    log(f"exported {run_dir} to {out} (transformers {architecture}; AutoModelForSeq2SeqLM.from_pretrained)")
+    if ln_eps != HF_LN_EPS:
+        log(f"note: the run was trained with LayerNorm ε {ln_eps:g}; {architecture} fixes it at {HF_LN_EPS:g}, so "
+            "the exported model's outputs differ slightly from the run's own")
+    return out
+
+
+def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -> tuple[str, float]:
+    """``export_huggingface``'s files, written into the folder ``out``; returns the architecture's name
+    and the run's LayerNorm ε."""
     translator = Translator(run_dir, checkpoint, log=log, device="cpu")
     hf = huggingface_model(translator.model)
     from transformers import MarianTokenizer
@@ -315,7 +344,6 @@ def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None,
     g = hf.generation_config
     g.num_beams, g.length_penalty, g.max_length = d.beam_size, d.alpha, hf.config.max_position_embeddings
     g.early_stopping, g.forced_eos_token_id = "never", EOS_ID  # the search ends when no hypothesis can improve
-    out.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(out, safe_serialization=True)
     architecture = "Pegasus" if translator.cfg.model.norm == "pre" else "Marian"
     pieces = translator.tokenizer.vocabulary()
@@ -335,28 +363,24 @@ def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None,
         tokenizer.save_pretrained(out)
     card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size)
     (out / "README.md").write_text(card, encoding="utf-8")
-    log(f"exported {run_dir} to {out} (transformers {architecture}; AutoModelForSeq2SeqLM.from_pretrained)")
-    if translator.cfg.model.ln_eps != HF_LN_EPS:
-        log(f"note: the run was trained with LayerNorm ε {translator.cfg.model.ln_eps:g}; {architecture} fixes it at "
-            f"{HF_LN_EPS:g}, so the exported model's outputs differ slightly from the run's own")
-    return out
+    return architecture, translator.cfg.model.ln_eps
 
 
 def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, force: bool = False, log=print) -> Path:
     """The ``transformers`` export converted by ``optimum``'s ONNX exporter: encoder and decoder (with past
     keys and values) graphs, config and tokenizer, for ``optimum.onnxruntime.ORTModelForSeq2SeqLM``."""
-    out = _empty_out(out, force)
+    out = Path(out)
     try:
         from optimum.exporters.onnx import main_export
     except ImportError:
         raise ExportError("optimum's ONNX exporter is not installed: pip install 'transformer[hf]'") from None
-    with tempfile.TemporaryDirectory() as tmp:
+    with _staged(out, force) as folder, tempfile.TemporaryDirectory() as tmp:
         hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint, log=lambda m: None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's notes on Python branches of transformers' code
-            main_export(str(hf_dir), output=out, task="text2text-generation-with-past", device="cpu",
+            main_export(str(hf_dir), output=folder, task="text2text-generation-with-past", device="cpu",
                         do_validation=False)
         for name in ("README.md", "generation_config.json"):
-            shutil.copy(hf_dir / name, out / name)
+            shutil.copy(hf_dir / name, folder / name)
     log(f"exported {run_dir} to {out} (ONNX; optimum.onnxruntime.ORTModelForSeq2SeqLM.from_pretrained)")
     return out
