@@ -14,11 +14,31 @@ from transformer.decode import decode_ids, score_ids, translate_ids
 from transformer.ensemble import Ensemble
 from transformer.sampling import Sampling
 from transformer.search import (beam_hypotheses, beam_search, beam_step, greedy_hypotheses, greedy_search,
-                                length_penalty, top_next_tokens)
+                                length_penalty, row_topk, top_next_tokens)
 from transformer.model import Transformer
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 A, B, C = 3, 4, 5  # ordinary tokens of the scripted model (2 is UNK)
+
+
+@pytest.mark.parametrize("rows, vocab, k", [(16, 10000, 8), (40, 3456, 2), (20, 1237, 1), (64, 2000, 5),
+                                             (3, 5000, 8)])
+def test_row_topk_is_torch_topk(rows, vocab, k):
+    """The search's two-stage top-k (chunk maxima first) gives torch.topk's values and ids: with the
+    best values inside one chunk, in the last partial chunk, in masked rows and in a row at its length
+    limit (one finite value); the last case runs the plain call (few rows)."""
+    x = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab + k)) * 4
+    x[0] = float("-inf")
+    x[0, 1234 % vocab] = 0.0  # a row at its limit: EOS alone
+    x[1, ::3] = float("-inf")  # tokens a constraint does not allow
+    x[2, -7:] += 100.0  # the best values in the columns after the last whole chunk
+    x[-1, 500:508] += 100.0  # the best values all in one chunk
+    values, ids = row_topk(x, k)
+    want_values, want_ids = x.topk(k, -1)
+    assert torch.equal(values, want_values)
+    finite = want_values > float("-inf")  # -inf ties may come in any order
+    assert torch.equal(ids[finite], want_ids[finite])
+    assert torch.equal(x.gather(1, ids), values)
 
 
 class ScriptedCache:

@@ -163,6 +163,20 @@ def test_cached_decoding_equals_full_decoding(norm):
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_cached_decoding_with_beams_and_unequal_head_sizes(norm):
+    """The step's folded cross-attention (a sentence's beams as queries of one source) and its Q/K/V
+    split hold for beam rows and for d_k != d_v (Table 3 rows A, B)."""
+    model = tiny_model(cfg=dataclasses.replace(TINY, norm=norm, d_k=8, d_v=4))
+    src = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 1, PAD_ID, PAD_ID]])
+    tgt = torch.tensor([[PAD_ID, 11, 12, 13], [PAD_ID, 17, 18, 19], [PAD_ID, 14, 15, 16], [PAD_ID, 20, 21, 22]])
+    full = model(src.repeat_interleave(2, 0), tgt)
+    memory, mask = model.encode(src)
+    cache = model.init_cache(memory, mask, beam=2, max_len=tgt.size(1))
+    steps = torch.stack([model.decode_step(tgt[:, i], cache) for i in range(tgt.size(1))], 1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
 def test_source_padding_changes_nothing():
     model = tiny_model()
     src = torch.tensor([[5, 6, 7, 1]])

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer import search
 from transformer.checkpoint import list_checkpoints
 from transformer.data import encode_for_decoding, read_lines
 from transformer.decode import decode_ids, score_ids
@@ -64,7 +65,12 @@ def near_tie(model, src: list[int], got: list[int], ref: list[int]) -> bool:
 
 
 @pytest.mark.parametrize("setting", ["plain", "nbest", "top", "greedy"])
-def test_search_gives_the_reference_answers(setting, reference, translator, sources):
+@pytest.mark.parametrize("chunk", [None, 10])
+def test_search_gives_the_reference_answers(setting, chunk, reference, translator, sources, monkeypatch):
+    """``chunk`` 10: the top-k over the run's 1,000-word vocabulary in two stages (search.row_topk
+    takes them only for vocabularies of at least 4·k chunks; at the default chunk this one is too small)."""
+    if chunk is not None:
+        monkeypatch.setattr(search, "TOPK_CHUNK", chunk)
     kw = reference["settings"][setting]
     with torch.inference_mode():
         lists = decode_ids(translator.model, sources, **kw)

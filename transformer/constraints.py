@@ -167,11 +167,12 @@ class LexicalConstraints:
         self.done, self.cur, self.pos = done[:, 0], cur[:, 0], pos[:, 0]
 
 
-def with_proposals(log_probs: Tensor, k: int, proposals: Tensor) -> tuple[Tensor, Tensor]:
-    """Each row's k best tokens (``top_next_tokens``) and the tokens its constraints propose
-    (proposals [N, E], -1: none), with their log-probs: [N, k + E] each. A proposal already among the
-    k best, or proposed twice, or not allowed, gets -inf, so no candidate is counted twice."""
-    values, tokens = log_probs.topk(min(k, log_probs.size(-1)), -1)
+def with_proposals(log_probs: Tensor, best: tuple[Tensor, Tensor], proposals: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's k best tokens ``best`` (their log-probs and ids [N, k], ``search.row_topk`` of
+    log_probs [N, V]) and the tokens its constraints propose (proposals [N, E], -1: none), with their
+    log-probs: [N, k + E] each. A proposal already among the k best, or proposed twice, or not
+    allowed, gets -inf, so no candidate is counted twice."""
+    values, tokens = best
     e = proposals.size(1)
     earlier = torch.ones(e, e, dtype=torch.bool, device=proposals.device).tril(-1)  # j < i
     repeated = ((proposals[:, :, None] == proposals[:, None, :]) & earlier).any(-1)

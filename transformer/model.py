@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -112,6 +113,27 @@ def joined(projections: tuple[nn.Module, ...]) -> tuple[Tensor, Tensor | None] |
     return torch.cat([m.weight for m in projections]), bias
 
 
+Projection = tuple[Tensor, Tensor | None] | list[nn.Module] | nn.Module
+
+
+def prepared(projections: tuple[nn.Module, ...]) -> Projection:
+    """Projections as a decoding step reads them (``project``): a float layer's (weight, bias), several
+    float layers' weights side by side (one product), or the layers themselves (an int8 copy's)."""
+    if (weights := joined(projections)) is not None:
+        return weights
+    return projections[0] if len(projections) == 1 else list(projections)
+
+
+def project(p: Projection, x: Tensor, relu: bool = False) -> Tensor:
+    """x through a ``prepared`` projection: one product for weights, the layers' outputs side by side
+    for a list of layers."""
+    if type(p) is tuple:
+        return linear(x, p[0], p[1], relu)
+    if type(p) is list:
+        return torch.cat([apply(m, x) for m in p], -1)
+    return apply(p, x, relu)
+
+
 def padding_mask(tokens: Tensor) -> Tensor:
     """[B, S] ids -> [B, 1, 1, S] bool, True where a key is a real token (broadcast over heads, queries)."""
     return (tokens != PAD_ID)[:, None, None, :]
@@ -126,11 +148,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_ca
     memory-efficient kernels). The explicit path computes eq. (1) as written and also returns the
     weights [B, H, Tq, Tk] (figures and tests need them); on CPU it is the faster one at translation
     lengths (a Multi30k training step: 0.58 s against 0.67 s through SDPA's CPU kernel; a tie at
-    60 tokens), so CPU takes it, except for the single query of a decoding step's self-attention in
-    small batches (batch × heads <= 64), where SDPA's one call beats the explicit path's five
-    (benchmarks/linear_kernels.py measures both).
+    60 tokens), so CPU takes it, except for few queries in all (batch × heads × queries <= 64: a
+    decoding step's self-attention, and the cross-attention of a sentence's beams, in small batches),
+    where SDPA's one call beats the explicit path's five (benchmarks/linear_kernels.py measures both).
     """
-    if not need_weights and (q.device.type != "cpu" or (q.size(-2) == 1 and q.shape[:2].numel() <= 64)):
+    if not need_weights and (q.device.type != "cpu" or q.shape[:3].numel() <= 64):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # eq. (1): QKᵀ/√d_k
@@ -185,28 +207,6 @@ class MultiHeadAttention(nn.Module):
         """Queries, keys and values of x (self-attention), split into heads."""
         q, k, v = self._project(x, (self.q_proj, self.k_proj, self.v_proj), (self.d_k, self.d_k, self.d_v))
         return q, k, v
-
-    def step_self(self, x: Tensor, k_cache: Tensor, v_cache: Tensor, t: int,
-                  qkv: tuple[Tensor, Tensor | None] | None) -> Tensor:
-        """Self-attention of the newest position, x [R, D] at position t: its key and value are written
-        into the caches [R_max, H, T, d] at t, and it attends to positions 0..t of its row -> [R, D].
-        ``qkv``: the three projections' weights side by side (one matmul instead of three), when the
-        projections are plain linear layers (an int8 copy's are not)."""
-        r = x.size(0)
-        if qkv is None:
-            q, k, v = apply(self.q_proj, x), apply(self.k_proj, x), apply(self.v_proj, x)
-        else:
-            q, k, v = linear(x, *qkv).split([self.n_heads * self.d_k] * 2 + [self.n_heads * self.d_v], -1)
-        k_cache[:r, :, t] = k.view(r, self.n_heads, self.d_k)
-        v_cache[:r, :, t] = v.view(r, self.n_heads, self.d_v)
-        q = q.view(r, self.n_heads, 1, self.d_k)
-        return self.attend(q, k_cache[:r, :, : t + 1], v_cache[:r, :, : t + 1])[:, 0]
-
-    def step_cross(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor, beam: int) -> Tensor:
-        """Encoder-decoder attention of the newest position, x [n*beam, D], against each sentence's
-        keys and values k, v [n, H, S, d]: a sentence's beams are ``beam`` queries of one source."""
-        q = self.split_heads(apply(self.q_proj, x).view(-1, beam, self.n_heads * self.d_k), self.d_k)  # [n, H, beam, d_k]
-        return self.attend(q, k, v, mask).view_as(x)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
@@ -265,6 +265,26 @@ class EncoderLayer(nn.Module):
         return residual(x, self.norm2, self.drop, self.pre, self.ffn)
 
 
+class StepWeights(NamedTuple):
+    """A decoder layer's weights as its incremental step reads them, gathered once per batch: a step
+    then reads tuple fields instead of going through modules (at batch 1 the calls between the small
+    products are most of a step's time). Projections are ``prepared``: the self-attention's Q/K/V
+    side by side, one product."""
+
+    qkv: Projection
+    self_out: Projection
+    cross_q: Projection
+    cross_out: Projection
+    w1: Projection
+    w2: Projection
+    norms: tuple[tuple[Tensor, Tensor], ...]  # (gain, bias) of norm1, norm2, norm3
+    eps: float
+    heads: int
+    d_k: int
+    d_v: int
+    pre: bool  # pre-norm (model.norm = "pre")
+
+
 @dataclass
 class DecoderCache:
     """Incremental-decoding state of n sentences with ``beam`` rows each, sentence-major (torchtune's
@@ -285,7 +305,7 @@ class DecoderCache:
     cross_k: Tensor  # [L, n, H, S, d_k] encoder-decoder keys, projected once per sentence
     cross_v: Tensor  # [L, n, H, S, d_v]
     src_mask: Tensor  # [n, 1, 1, S]
-    qkv: list[tuple[Tensor, Tensor | None] | None]  # per layer, its Q/K/V weights side by side (one matmul)
+    layers: list[StepWeights]  # per layer, its weights as ``DecoderLayer.step`` reads them
     spare_k: Tensor  # the buffers a reorder gathers into, shaped as self_k and self_v
     spare_v: Tensor
     beam: int = 1  # rows per sentence
@@ -344,20 +364,42 @@ class DecoderLayer(nn.Module):
                      lambda h: self.cross_attn(h, *self.cross_attn.project_kv(memory), mask=src_mask))
         return residual(x, self.norm3, self.drop, self.pre, self.ffn)
 
-    def step(self, x: Tensor, cache: DecoderCache, i: int) -> Tensor:
+    def step_weights(self) -> StepWeights:
+        """This layer's weights for ``step`` (made per batch: a model in training changes them)."""
+        a, c = self.self_attn, self.cross_attn
+        norms = tuple((n.weight, n.bias) for n in (self.norm1, self.norm2, self.norm3))
+        return StepWeights(prepared((a.q_proj, a.k_proj, a.v_proj)), prepared((a.out_proj,)), prepared((c.q_proj,)),
+                           prepared((c.out_proj,)), prepared((self.ffn.w1,)), prepared((self.ffn.w2,)), norms,
+                           self.norm1.eps, a.n_heads, a.d_k, a.d_v, self.pre)
+
+    @staticmethod
+    def step(x: Tensor, cache: DecoderCache, i: int) -> Tensor:
         """The newest position of every row, x [R, D] -> [R, D], as ``forward`` computes it for that
-        position: it attends to its row's cached prefix and itself, and the cross-attention sees a
-        sentence's ``beam`` rows as ``beam`` queries of one source. Inference only (no dropout), written
-        out without per-call closures: at batch 1 a step is dozens of small operator calls, and the
-        Python between them is most of its time. This layer is layer ``i`` of the cache."""
-        h = self.norm1(x) if self.pre else x
-        h = self.self_attn.step_self(h, cache.self_k[i], cache.self_v[i], cache.length, cache.qkv[i])
-        x = x + h if self.pre else self.norm1(x + h)
-        h = self.norm2(x) if self.pre else x
-        h = self.cross_attn.step_cross(h, cache.cross_k[i], cache.cross_v[i], cache.src_mask, cache.beam)
-        x = x + h if self.pre else self.norm2(x + h)
-        h = self.ffn(self.norm3(x) if self.pre else x)
-        return x + h if self.pre else self.norm3(x + h)
+        position (inference: no dropout), for layer ``i`` of the cache. Self-attention: the position's
+        key and value are written into the cache at ``cache.length`` and it attends to its row's
+        positions 0..length. Cross-attention: a sentence's ``beam`` rows are ``beam`` queries of one
+        source, whose keys and values the cache holds once. Written out as plain calls on the weights
+        ``step_weights`` gathered (``tests/test_model.py`` holds it to ``forward``)."""
+        w, t, r = cache.layers[i], cache.length, x.size(0)
+        heads, d_k, d_v, eps, pre = w.heads, w.d_k, w.d_v, w.eps, w.pre
+        (g1, b1), (g2, b2), (g3, b3) = w.norms
+        d = x.size(-1)
+        h = F.layer_norm(x, (d,), g1, b1, eps) if pre else x
+        q, k, v = project(w.qkv, h).split([heads * d_k, heads * d_k, heads * d_v], -1)
+        k_cache, v_cache = cache.self_k[i], cache.self_v[i]
+        k_cache[:r, :, t] = k.view(r, heads, d_k)
+        v_cache[:r, :, t] = v.view(r, heads, d_v)
+        a, _ = attention(q.view(r, heads, 1, d_k), k_cache[:r, :, : t + 1], v_cache[:r, :, : t + 1])
+        h = project(w.self_out, a.reshape(r, heads * d_v))
+        x = x + h if pre else F.layer_norm(x + h, (d,), g1, b1, eps)
+        h = F.layer_norm(x, (d,), g2, b2, eps) if pre else x
+        q = project(w.cross_q, h).view(-1, cache.beam, heads, d_k).transpose(1, 2)  # [n, H, beam, d_k]
+        a, _ = attention(q, cache.cross_k[i], cache.cross_v[i], cache.src_mask)
+        h = project(w.cross_out, a.transpose(1, 2).reshape(r, heads * d_v))
+        x = x + h if pre else F.layer_norm(x + h, (d,), g2, b2, eps)
+        h = F.layer_norm(x, (d,), g3, b3, eps) if pre else x
+        h = project(w.w2, project(w.w1, h, relu=True))  # eq. (2)
+        return x + h if pre else F.layer_norm(x + h, (d,), g3, b3, eps)
 
 
 def sinusoidal_positions(length: int, d_model: int, offset: int = 0, device: torch.device | None = None) -> Tensor:
@@ -505,8 +547,9 @@ class Transformer(nn.Module):
     def init_cache(self, memory: Tensor, src_mask: Tensor, beam: int = 1, max_len: int = 1024) -> DecoderCache:
         """The decoding state of memory [n, S, D]'s sentences, ``beam`` rows each, for outputs of at most
         ``max_len`` positions: every layer's encoder-decoder keys/values projected once per sentence,
-        the self-attention caches allocated once. The fused Q/K/V weights are made here, once per batch,
-        and kept in the cache, not on the model: a model in training changes them at every update."""
+        the self-attention caches allocated once. The layers' step weights (fused Q/K/V included) are
+        gathered here, once per batch, and kept in the cache, not on the model: a model in training
+        changes them at every update."""
         n, layers = memory.size(0), list(self.decoder)
         attn = layers[0].self_attn
         room = min(max_len, 16)  # grown by make_room
@@ -514,7 +557,7 @@ class Transformer(nn.Module):
         self_v = memory.new_empty(len(layers), n * beam, attn.n_heads, room, attn.d_v)
         cross = [layer.cross_attn.project_kv(memory) for layer in layers]
         return DecoderCache(self_k, self_v, torch.stack([k for k, _ in cross]), torch.stack([v for _, v in cross]),
-                            src_mask, [joined((a.q_proj, a.k_proj, a.v_proj)) for a in (layer.self_attn for layer in layers)],
+                            src_mask, [layer.step_weights() for layer in layers],
                             torch.empty_like(self_k), torch.empty_like(self_v), beam, max_len=max_len)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
@@ -524,8 +567,8 @@ class Transformer(nn.Module):
         cache.make_room()
         pos = self.positions(1, cache.length, "tgt_pos", tokens.device)  # [1, D]
         x = self.target_embedding(tokens) + pos  # [R, D]
-        for i, layer in enumerate(self.decoder):
-            x = layer.step(x, cache, i)
+        for i in range(len(cache.layers)):
+            x = DecoderLayer.step(x, cache, i)
         cache.length += 1
         return self.project(self.final_norm(x, "dec_norm"))
 

@@ -77,6 +77,38 @@ def next_log_probs(logits: Tensor, step: int, max_len: Tensor, allowed: Tensor |
     return log_probs
 
 
+TOPK_CHUNK = 100  # columns per chunk of ``row_topk``'s first stage
+
+
+def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Each row's k largest values of x [N, V] and their columns [N, k], best first: ``torch.topk``'s
+    answer (up to the order of equal values). The search's one top-k over the vocabulary.
+
+    On a CPU, over many long rows, it takes two stages: the maximum of every chunk of ``TOPK_CHUNK``
+    columns, then the plain top-k over the columns of each row's k best chunks (and the last columns,
+    when V is not a multiple of the chunk). Exact: a chunk holding one of a row's k best values has a
+    maximum at least as large, and k other chunks with larger maxima would hold k larger values.
+    The chunk maxima are one vectorised pass; ``torch.topk`` over whole rows of a 10,000-word
+    vocabulary is several times slower on a CPU (benchmarks/results/cpu_decode.md measures both).
+    """
+    n, v = x.shape
+    k = min(k, v)
+    chunks = v // TOPK_CHUNK
+    if x.device.type != "cpu" or n < 16 or chunks < 4 * k:  # short work: the one call is as fast
+        return x.topk(k, -1)
+    main = chunks * TOPK_CHUNK
+    blocks = x[:, :main].unflatten(1, (chunks, TOPK_CHUNK))  # [N, chunks, C]
+    best = blocks.amax(-1).topk(k, -1).indices  # [N, k] each row's k best chunks
+    picked = blocks.flatten(0, 1).index_select(0, (best + torch.arange(n, device=x.device)[:, None] * chunks).flatten())
+    columns = (best[:, :, None] * TOPK_CHUNK + torch.arange(TOPK_CHUNK, device=x.device)).flatten(1)  # [N, k*C]
+    candidates = picked.view(n, k * TOPK_CHUNK)
+    if main < v:  # the last, partial chunk: always a candidate
+        candidates = torch.cat([candidates, x[:, main:]], 1)
+        columns = torch.cat([columns, torch.arange(main, v, device=x.device).expand(n, v - main)], 1)
+    values, at = candidates.topk(k, -1)
+    return values, columns.gather(1, at)
+
+
 def top_next_tokens(logits: Tensor, k: int, step: int, max_len: Tensor,
                     allowed: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """logits [N, V] -> each row's k best next tokens among those ``next_log_probs`` leaves: their
@@ -86,8 +118,7 @@ def top_next_tokens(logits: Tensor, k: int, step: int, max_len: Tensor,
     2·beam tokens, so beam search searches [n, beam·k] candidates instead of adding the beam scores
     to all [n, beam·V] log-probs and searching those: k columns sorted per row instead of beam·V.
     """
-    log_probs = next_log_probs(logits, step, max_len, allowed)
-    return log_probs.topk(min(k, log_probs.size(-1)), -1)
+    return row_topk(next_log_probs(logits, step, max_len, allowed), k)
 
 
 class NextTokenLogits:
@@ -145,7 +176,7 @@ def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_of
     for step in range(int(max_len.max())):
         log_probs = next_log_probs(next_logits(prefix), step, max_len, constraint.allowed() if constraint else None,
                                    shortest)
-        token = log_probs.topk(1, -1).indices[:, 0] if sampling is None else sampling.draw(log_probs)  # [n]
+        token = row_topk(log_probs, 1)[1][:, 0] if sampling is None else sampling.draw(log_probs)  # [n]
         log_p += log_probs.gather(1, token[:, None]).squeeze(1)
         prefix = torch.cat([prefix, token[:, None]], 1)
         done = token == EOS_ID
@@ -269,9 +300,9 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
         log_probs = next_log_probs(next_logits(prefix), step, row_max_len,
                                    constraint.allowed() if constraint is not None else None, shortest)
         if not banked:
-            banks, (log_probs, tokens) = None, log_probs.topk(min(2 * beam_size, log_probs.size(-1)), -1)
+            banks, (log_probs, tokens) = None, row_topk(log_probs, 2 * beam_size)
         else:
-            log_probs, tokens = with_proposals(log_probs, 2 * beam_size, constraint.candidates())
+            log_probs, tokens = with_proposals(log_probs, row_topk(log_probs, 2 * beam_size), constraint.candidates())
             banks = constraint.met(tokens)
         scores, origin, token, fin_scores, fin_origin = beam_step(log_probs, tokens, scores, step + 1, alpha, banks)
         keys, fin_scores, fin_origin = rank_keys(fin_scores, fin_origin, constraint if banked else None, nbest)
