@@ -333,8 +333,8 @@ class DecoderCache:
         of the same size, and the two swap roles: one copy per step, nothing allocated. (Gathering in
         place needs a temporary and a slower indexing kernel.)"""
         t, r = self.length, rows.numel()
-        torch.index_select(self.self_k[:, :, :, :t], 1, rows, out=self.spare_k[:, :r, :, :t])
-        torch.index_select(self.self_v[:, :, :, :t], 1, rows, out=self.spare_v[:, :r, :, :t])
+        torch.index_select(self.self_k.narrow(3, 0, t), 1, rows, out=self.spare_k.narrow(1, 0, r).narrow(3, 0, t))
+        torch.index_select(self.self_v.narrow(3, 0, t), 1, rows, out=self.spare_v.narrow(1, 0, r).narrow(3, 0, t))
         self.self_k, self.spare_k, self.self_v, self.spare_v = self.spare_k, self.self_k, self.spare_v, self.self_v
         if sentences is not None:
             self.cross_k, self.cross_v = self.cross_k[:, sentences], self.cross_v[:, sentences]

@@ -65,7 +65,7 @@ def next_log_probs(logits: Tensor, step: int, max_len: Tensor, allowed: Tensor |
     DEVIATION(§6.1): EOS is forced at the limit; the authors' code instead returned the alive
     hypotheses, unpenalised, when none had finished (A11). Forcing keeps one scoring rule for all.
     """
-    log_probs = logits.float().log_softmax(-1)
+    log_probs = (logits if logits.dtype == torch.float32 else logits.float()).log_softmax(-1)
     at_limit = (step + 1 >= max_len).nonzero().flatten() if step + 1 >= shortest else None  # rows at their limit
     eos = None if at_limit is None else log_probs[at_limit, EOS_ID]  # a copy, taken before any masking
     if allowed is not None:
@@ -238,8 +238,7 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
     # DEVIATION(§6.1): only EOS candidates within the top ``beam`` are finished (fairseq's rule);
     # the authors' code finished any EOS among the top 2·beam (A11). With this rule beam 1 is
     # exactly greedy search (α = 0), and a hypothesis no beam would keep is never returned.
-    in_beam = torch.arange(2 * beam, device=cand.device) < beam
-    finished = (cand_scores / length_penalty(length, alpha)).masked_fill(~(is_eos & in_beam), float("-inf"))
+    finished = torch.where(is_eos[:, :beam], cand_scores[:, :beam] / length_penalty(length, alpha), float("-inf"))
     finished_scores, finished_pos = finished.topk(beam, dim=1)  # [n, beam]
     if banks is None:
         alive_scores, alive_pos = cand_scores.masked_fill(is_eos, float("-inf")).topk(beam, dim=1)  # [n, beam]
@@ -292,9 +291,10 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     prefix = src.new_full((batch * beam_size, 1), BOS_ID)  # [n*beam, t]
     scores = torch.full((batch, beam_size), float("-inf"), device=dev)  # [n, beam]
     scores[:, 0] = 0.0  # one live beam at step 0, so the beams do not start as copies
-    kth_score = torch.full((batch,), float("-inf"), device=dev)  # [B] nbest-th best finished (-inf: fewer)
+    kth_score = torch.full((batch,), float("-inf"), device=dev)  # [n] nbest-th best finished (-inf: fewer)
     ranked: list[list[tuple[float, Hypothesis]]] = [[] for _ in range(batch)]  # (rank key, hypothesis), best first
     row_max_len, shortest = max_len.repeat_interleave(beam_size), int(max_len.min())  # [n*beam]; host int
+    bound = length_penalty(max_len, alpha)  # [n] lp at each sentence's length limit, the largest it can reach
     first_rows = torch.arange(batch, device=dev)[:, None] * beam_size  # [n, 1] each sentence's first row
     for step in range(int(max_len.max())):
         log_probs = next_log_probs(next_logits(prefix), step, row_max_len,
@@ -306,23 +306,24 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
             banks = constraint.met(tokens)
         scores, origin, token, fin_scores, fin_origin = beam_step(log_probs, tokens, scores, step + 1, alpha, banks)
         keys, fin_scores, fin_origin = rank_keys(fin_scores, fin_origin, constraint if banked else None, nbest)
-        rows, cols = (keys > kth_score[sentence][:, None]).nonzero(as_tuple=True)  # entries of the lists
+        rows, cols = (keys > kth_score[:, None]).nonzero(as_tuple=True)  # entries of the lists
         if rows.numel():
             hyps = prefix[rows * beam_size + fin_origin[rows, cols], 1:]  # [k, t - 1]: the prefixes EOS ends
-            for s, hyp, score, key in zip(sentence[rows].tolist(), hyps.tolist(), fin_scores[rows, cols].tolist(),
-                                          keys[rows, cols].tolist()):
-                kth_score[s] = keep_nbest(ranked[s], key, Hypothesis(hyp, score), nbest)
+            for r, s, hyp, score, key in zip(rows.tolist(), sentence[rows].tolist(), hyps.tolist(),
+                                             fin_scores[rows, cols].tolist(), keys[rows, cols].tolist()):
+                kth_score[r] = keep_nbest(ranked[s], key, Hypothesis(hyp, score), nbest)
         best_alive = scores.max(1).values  # scores[:, 0], unless banks ordered the beam
-        done = kth_score[sentence] >= best_alive / length_penalty(max_len, alpha)  # [n] GNMT early stop
+        done = kth_score >= best_alive / bound  # [n] GNMT early stop
         if early_stop == "top":  # this step's best candidate is EOS: it outscores every alive one
             top = fin_scores[:, 0] * length_penalty(step + 1, alpha) >= best_alive
-            done |= top & (kth_score[sentence] > float("-inf"))  # and the n-best list is full
+            done |= top & (kth_score > float("-inf"))  # and the n-best list is full
         keep = (~done).nonzero().flatten()  # the step's one host sync when no hypothesis finished
         if keep.numel() == 0:
             break
         pruned = keep.numel() < sentence.numel()  # prune finished sentences with the beam reorder
         if pruned:
             origin, token, scores, sentence, max_len = origin[keep], token[keep], scores[keep], sentence[keep], max_len[keep]
+            kth_score, bound = kth_score[keep], bound[keep]
             first_rows, row_max_len = first_rows[: keep.numel()], max_len.repeat_interleave(beam_size)
             shortest = int(max_len.min())
             rows = (keep[:, None] * beam_size + origin).flatten()  # [n'*beam] previous rows to continue
