@@ -88,8 +88,8 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     columns, then the plain top-k over the columns of each row's k best chunks (and the last columns,
     when V is not a multiple of the chunk). Exact: a chunk holding one of a row's k best values has a
     maximum at least as large, and k other chunks with larger maxima would hold k larger values.
-    The chunk maxima are one vectorised pass; ``torch.topk`` over whole rows of a 10,000-word
-    vocabulary is several times slower on a CPU (benchmarks/results/cpu_decode.md measures both).
+    The chunk maxima are one vectorised pass, and ``torch.topk`` over whole long rows is the slower
+    kernel on a CPU from a few dozen rows on (benchmarks/linear_kernels.py measures both).
     """
     n, v = x.shape
     k = min(k, v)
