@@ -9,7 +9,11 @@ tokens per side, the paper's 25k) through the project's own ``train_step``, in e
 time, target tokens/s, peak memory and MFU: the model's matmul FLOPs (``flops_per_token``) per
 second over the GPU's dense bf16 peak. It also lists the attention kernels that ran (flash /
 memory-efficient SDPA) and checks on the GPU that an fp16 step whose gradients overflow is skipped
-and leaves the weights alone. Writes benchmarks/results/gpu_train.json and .md. Needs a CUDA GPU.
+and leaves the weights alone. With ``--profile MODES`` (default bf16 and bf16+compile), each model's
+steps in those precisions also run under torch.profiler: GPU kernel time per step by kind (matrix
+products, attention, copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy
+share (kernel time over the unprofiled step time) — where a step's time goes, before changing it
+(issue 47). Writes benchmarks/results/gpu_train.json and .md. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -94,6 +98,71 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     return row
 
 
+# (kind, words in a CUDA kernel's name): the first kind whose word the lower-cased name holds. Copies come
+# before elementwise (PyTorch's dtype casts run as elementwise kernels named after direct_copy /
+# bfloat16_copy; inductor names its casts triton_poi_fused__to_copy), attention before matmul (cuDNN's
+# SDPA kernels carry gemm-like tile names).
+KERNEL_KINDS = (
+    ("attention", ("flash", "fmha", "sdpa", "attention")),
+    ("optimizer", ("adam", "multi_tensor")),  # the fused Adam step and the gradient-norm clip
+    ("copies", ("copy", "memcpy")),
+    ("matmul", ("gemm", "cutlass", "xmma", "cublas", "wgmma", "nvjet", "splitk")),
+    ("softmax/loss", ("softmax", "cross_entropy", "nll_loss", "logsumexp")),
+    ("layernorm", ("layer_norm", "layernorm", "gammabeta")),
+    ("indexing", ("index", "gather", "scatter", "embedding")),
+    ("reduction", ("reduce", "triton_red", "triton_per")),
+    ("elementwise", ("elementwise", "dropout", "triton_poi", "fill", "where", "masked")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of a CUDA kernel, from its name (``KERNEL_KINDS``); "other" when no word matches."""
+    low = name.lower()
+    return next((kind for kind, words in KERNEL_KINDS if any(w in low for w in words)), "other")
+
+
+def kernel_summary(kernels: list[tuple[str, float, int]], steps: int, step_ms: float) -> dict:
+    """(name, total µs, launches) of every kernel over ``steps`` profiled steps -> milliseconds per step
+    by kind (largest first), kernels launched per step, and the GPU's busy share: kernel time per step
+    over ``step_ms``, the step time measured without the profiler (one stream: kernels do not overlap)."""
+    by_kind: dict[str, float] = {}
+    for name, us, _ in kernels:
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + us / 1000 / steps
+    busy = sum(by_kind.values())
+    return {"kernel_ms_per_step": {k: round(v, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "kernel_ms_total": round(busy, 2), "kernels_per_step": round(sum(n for *_, n in kernels) / steps),
+            "gpu_busy": round(min(1.0, busy / step_ms), 3) if step_ms > 0 else None,
+            "top_kernels": [{"name": n[:120], "kind": kernel_kind(n), "ms_per_step": round(us / 1000 / steps, 2)}
+                            for n, us, _ in sorted(kernels, key=lambda k: -k[1])[:8]]}
+
+
+def profile_steps(name: str, mode: str, batches: list, steps: int, warmup: int, step_ms: float) -> dict:
+    """``steps`` training steps of preset ``name`` in ``mode`` under torch.profiler (GPU kernels only, so
+    the host's tracing does not slow the step), summarised by ``kernel_summary``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    amp_dtype, compiled = MODES[mode]
+    cfg, raw, optimizer, dist = on_gpu(name)
+    model = torch.compile(raw) if compiled else raw
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
+    step = lambda i: train_step(model, optimizer, [batches[i % len(batches)].to(dist.device)],  # noqa: E731
+                                cfg.train.eps_ls, 1e-4, 0.0, dist, scaler, amp_dtype)
+    for i in range(warmup):
+        step(i)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(warmup + i)
+        torch.cuda.synchronize()
+    kernels = [(e.key, getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)), e.count)
+               for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    del model, raw, optimizer
+    torch.cuda.empty_cache()
+    row = {"model": name, "mode": mode, "step_ms": step_ms, **kernel_summary(kernels, steps, step_ms)}
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def attention_kernels(batch) -> list[str]:
     """Names of the CUDA kernels that computed attention in one bf16 training step of base."""
     from torch.profiler import ProfilerActivity, profile
@@ -135,6 +204,9 @@ def main() -> None:
     parser.add_argument("--models", default="base,big")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for gpu_train.json / .md")
+    parser.add_argument("--profile", default="bf16,bf16+compile",
+                        help="precisions whose steps are also profiled by kernel kind ('' for none)")
+    parser.add_argument("--profile-steps", type=int, default=5)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU")
@@ -143,6 +215,9 @@ def main() -> None:
     rows = [measure(name, mode, batches, args.steps, args.warmup + (10 if "compile" in mode else 0), src_len,
                     tgt_len)
             for name in args.models.split(",") for mode in args.modes.split(",")]
+    profiles = [profile_steps(r["model"], r["mode"], batches, args.profile_steps,
+                              args.warmup + (10 if "compile" in r["mode"] else 0), r["step_ms"])
+                for r in rows if r["mode"] in args.profile.split(",")]
     kernels = attention_kernels(batches[0])
     overflow = fp16_overflow_is_skipped(batches[0])
     print(json.dumps({"attention_kernels": kernels, "fp16_overflow": overflow}, indent=1), flush=True)
@@ -154,7 +229,7 @@ def main() -> None:
               "command": "python " + " ".join(sys.argv), "vocab": VOCAB, "tokens_per_step": args.tokens,
               "mean_src_len": round(src_len, 1), "mean_tgt_len": round(tgt_len, 1),
               "peak_flops_bf16": H100_BF16_FLOPS, "docs_scaling_step_ms_at_mfu_0.4": estimate,
-              "rows": rows, "attention_kernels": kernels, "fp16_overflow": overflow}
+              "rows": rows, "profiles": profiles, "attention_kernels": kernels, "fp16_overflow": overflow}
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gpu_train.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
@@ -168,6 +243,16 @@ def main() -> None:
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['mode']} | {r['step_ms']} | {r['tgt_tokens_per_s']:,} | {r['model_tflops']} | "
               f"{100 * r['mfu']:.1f}% | {r['peak_memory_gib']} |" for r in rows]
+    if profiles:
+        kinds = sorted({k for p in profiles for k in p["kernel_ms_per_step"]},
+                       key=lambda k: -max(p["kernel_ms_per_step"].get(k, 0.0) for p in profiles))
+        lines += ["", f"Where a step's time goes (torch.profiler, {args.profile_steps} steps, GPU kernels only): "
+                  "kernel milliseconds per step by kind; busy = kernel time over the unprofiled step time.", "",
+                  "| model | precision | step (ms) | GPU busy | kernels per step | " + " | ".join(kinds) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(kinds)]
+        lines += [f"| {p['model']} | {p['mode']} | {p['step_ms']} | {100 * p['gpu_busy']:.0f}% | "
+                  f"{p['kernels_per_step']:,} | " + " | ".join(str(p["kernel_ms_per_step"].get(k, 0.0)) for k in kinds)
+                  + " |" for p in profiles]
     lines += ["", f"docs/scaling.md's estimate at MFU 40%: {estimate} ms per step.", "",
               f"Attention kernels in a bf16 step: {', '.join(kernels) or 'none found'}.", "",
               f"fp16 overflow check (loss scale 2^40): {json.dumps(overflow)}.", ""]
