@@ -67,6 +67,36 @@ def test_label_smoothing_gradient_matches_autograd_reference(eps, block_rows, mo
         assert label_smoothed_loss(hidden, weight, target, eps).item() == pytest.approx(ref.item(), rel=1e-5)
 
 
+def _loss_casting_twice(hidden, weight, target, eps):
+    """The loss as it was before the gradient was cast once (issue 47): its fp32 log-softmax of an
+    fp32 copy of the logits, and a gradient each product casts again under autocast."""
+    v = weight.size(0)
+    eps_i, on_target = eps / (v - 1), 1.0 - eps - eps / (v - 1)
+    log_probs = (hidden @ weight.T).to(torch.float32).log_softmax(-1)
+    total = -(on_target * log_probs.gather(-1, target[:, None]).sum() + eps_i * log_probs.sum())
+    grad = log_probs.exp_().sub_(eps_i)
+    grad.scatter_add_(-1, target[:, None], torch.full((len(target), 1), -on_target))
+    return total, grad.to(weight.dtype) @ weight, grad.T.to(hidden.dtype) @ hidden
+
+
+@pytest.mark.parametrize("hidden_dtype", [torch.float32, torch.bfloat16])  # post-norm's fp32 LayerNorm output, or bf16
+def test_label_smoothing_under_autocast_equals_casting_twice(hidden_dtype):
+    """Under bf16 autocast the gradient is cast to bf16 once for both of its products: the same loss
+    and gradients, bit for bit, as when each product cast it (the products' operands are the same)."""
+    torch.manual_seed(3)
+    hidden = torch.randn(6, 8).to(hidden_dtype).requires_grad_()
+    weight = torch.randn(13, 8, requires_grad=True)
+    target = torch.randint(0, 13, (6,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = label_smoothed_loss(hidden, weight, target, 0.1)
+        loss.backward()
+        with torch.no_grad():
+            want_loss, want_hidden, want_weight = _loss_casting_twice(hidden, weight, target, 0.1)
+    assert torch.equal(loss.detach(), want_loss)
+    assert torch.equal(hidden.grad, want_hidden.to(hidden.grad.dtype))
+    assert torch.equal(weight.grad, want_weight.to(weight.grad.dtype))
+
+
 def test_label_smoothing_gradient_passes_gradcheck_in_float64():
     """Finite differences in float64: the loss keeps its inputs' precision (fp32 at least)."""
     torch.manual_seed(2)

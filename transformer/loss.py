@@ -35,16 +35,22 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if want_grad else None
         grad_weight = torch.zeros_like(weight) if want_grad else None
         acc = torch.promote_types(hidden.dtype, torch.float32)  # softmax in fp32 at least (bf16 inputs)
+        device = hidden.device.type
+        # the dtype the gradient's two products take: under autocast its dtype (each product would
+        # cast the [rows, V] gradient again), else the weight's
+        mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
         total = torch.zeros((), dtype=acc, device=hidden.device)
         for start in range(0, hidden.size(0), rows):
             h, t = hidden[start: start + rows], target[start: start + rows, None]
-            log_probs = (h @ weight.T).to(acc).log_softmax(-1)  # [rows, V]
+            # bf16 logits read once into an fp32 log-softmax (no fp32 copy of them first, on a GPU)
+            log_probs = torch.log_softmax(h @ weight.T, -1, dtype=acc)  # [rows, V]
             total -= on_target * log_probs.gather(-1, t).sum() + eps_i * log_probs.sum()
             if want_grad:
                 grad = log_probs.exp_().sub_(eps_i)  # p - ε/(V-1) everywhere
                 grad.scatter_add_(-1, t, torch.full(t.shape, -on_target, dtype=grad.dtype, device=grad.device))
-                grad_hidden[start: start + rows] = grad.to(weight.dtype) @ weight
-                grad_weight += grad.T.to(h.dtype) @ h
+                grad = grad.to(mm_dtype)  # cast once for both products
+                grad_hidden[start: start + rows] = grad @ weight
+                grad_weight += grad.T @ h
         ctx.save_for_backward(grad_hidden, grad_weight)
         return total
 
