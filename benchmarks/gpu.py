@@ -13,7 +13,10 @@ and leaves the weights alone. With ``--profile MODES`` (default bf16 and bf16+co
 steps in those precisions also run under torch.profiler: GPU kernel time per step by kind (matrix
 products, attention, copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy
 share (kernel time over the unprofiled step time) — where a step's time goes, before changing it
-(issue 47). Writes benchmarks/results/gpu_train.json and .md. Needs a CUDA GPU.
+(issue 47). ``--before DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git archive
+COMMIT transformer | tar -x -C DIR``) first measures the same rows and profiles with that package, in a
+process of its own on the same card, and reports each row's speed-up beside them. Writes
+benchmarks/results/gpu_train.json and .md. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -196,6 +202,26 @@ def fp16_overflow_is_skipped(batch) -> dict:
             "weights_changed_by_first_finite_step": changed}
 
 
+def measure_before(args) -> dict:
+    """The same rows and profiles with the package in ``args.before``: this script again, in a process
+    whose PYTHONPATH puts that package first, writing into a temporary folder."""
+    argv, skip = [], False
+    for a in sys.argv[1:]:
+        if skip or a.startswith("--before="):
+            skip = False
+            continue
+        skip = a == "--before"
+        if not skip:
+            argv.append(a)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(args.before.resolve()),
+                                                        *filter(None, [os.environ.get("PYTHONPATH")])])}
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv, "--rows-only", "--results", tmp],
+                       env=env, check=True)
+        measured = json.loads((Path(tmp) / "gpu_train.json").read_text())
+    return {"package": str(args.before), **measured}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per model and precision")
@@ -207,9 +233,12 @@ def main() -> None:
     parser.add_argument("--profile", default="bf16,bf16+compile",
                         help="precisions whose steps are also profiled by kernel kind ('' for none)")
     parser.add_argument("--profile-steps", type=int, default=5)
+    parser.add_argument("--before", type=Path, help="folder holding an earlier transformer/ package, measured first")
+    parser.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)  # --before's own process
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU")
+    before = measure_before(args) if args.before else None
     batches, src_len, tgt_len = synthetic_batches(args.tokens, 16 * args.tokens // 27)
     print(f"{len(batches)} batches; mean lengths {src_len:.1f} / {tgt_len:.1f}", flush=True)
     rows = [measure(name, mode, batches, args.steps, args.warmup + (10 if "compile" in mode else 0), src_len,
@@ -218,6 +247,10 @@ def main() -> None:
     profiles = [profile_steps(r["model"], r["mode"], batches, args.profile_steps,
                               args.warmup + (10 if "compile" in r["mode"] else 0), r["step_ms"])
                 for r in rows if r["mode"] in args.profile.split(",")]
+    if args.rows_only:
+        args.results.mkdir(parents=True, exist_ok=True)
+        (args.results / "gpu_train.json").write_text(json.dumps({"rows": rows, "profiles": profiles}) + "\n")
+        return
     kernels = attention_kernels(batches[0])
     overflow = fp16_overflow_is_skipped(batches[0])
     print(json.dumps({"attention_kernels": kernels, "fp16_overflow": overflow}, indent=1), flush=True)
@@ -230,6 +263,10 @@ def main() -> None:
               "mean_src_len": round(src_len, 1), "mean_tgt_len": round(tgt_len, 1),
               "peak_flops_bf16": H100_BF16_FLOPS, "docs_scaling_step_ms_at_mfu_0.4": estimate,
               "rows": rows, "profiles": profiles, "attention_kernels": kernels, "fp16_overflow": overflow}
+    if before:
+        after = {(r["model"], r["mode"]): r for r in rows}
+        result["before"] = before | {"speedup": {f"{r['model']} {r['mode']}": round(
+            r["step_ms"] / after[(r["model"], r["mode"])]["step_ms"], 3) for r in before["rows"]}}
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gpu_train.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
@@ -243,16 +280,28 @@ def main() -> None:
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['mode']} | {r['step_ms']} | {r['tgt_tokens_per_s']:,} | {r['model_tflops']} | "
               f"{100 * r['mfu']:.1f}% | {r['peak_memory_gib']} |" for r in rows]
-    if profiles:
-        kinds = sorted({k for p in profiles for k in p["kernel_ms_per_step"]},
-                       key=lambda k: -max(p["kernel_ms_per_step"].get(k, 0.0) for p in profiles))
-        lines += ["", f"Where a step's time goes (torch.profiler, {args.profile_steps} steps, GPU kernels only): "
-                  "kernel milliseconds per step by kind; busy = kernel time over the unprofiled step time.", "",
+    if before:
+        lines += ["", f"Before (`{before['package']}`, measured first in its own process on the same card):", "",
+                  "| model | precision | step (ms) before | after | speed-up | MFU before | after |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in before["rows"]:
+            a = next(x for x in rows if (x["model"], x["mode"]) == (r["model"], r["mode"]))
+            lines.append(f"| {r['model']} | {r['mode']} | {r['step_ms']} | {a['step_ms']} | "
+                         f"{result['before']['speedup'][r['model'] + ' ' + r['mode']]}× | {100 * r['mfu']:.1f}% | "
+                         f"{100 * a['mfu']:.1f}% |")
+    for label, profs in (("before", before["profiles"] if before else []), ("", profiles)):
+        if not profs:
+            continue
+        kinds = sorted({k for p in profs for k in p["kernel_ms_per_step"]},
+                       key=lambda k: -max(p["kernel_ms_per_step"].get(k, 0.0) for p in profs))
+        lines += ["", f"Where a step's time goes{' before' if label else ''} (torch.profiler, {args.profile_steps} "
+                  "steps, GPU kernels only): kernel milliseconds per step by kind; busy = kernel time over the "
+                  "unprofiled step time.", "",
                   "| model | precision | step (ms) | GPU busy | kernels per step | " + " | ".join(kinds) + " |",
                   "|---|---|---|---|---|" + "---|" * len(kinds)]
         lines += [f"| {p['model']} | {p['mode']} | {p['step_ms']} | {100 * p['gpu_busy']:.0f}% | "
                   f"{p['kernels_per_step']:,} | " + " | ".join(str(p["kernel_ms_per_step"].get(k, 0.0)) for k in kinds)
-                  + " |" for p in profiles]
+                  + " |" for p in profs]
     lines += ["", f"docs/scaling.md's estimate at MFU 40%: {estimate} ms per step.", "",
               f"Attention kernels in a bf16 step: {', '.join(kernels) or 'none found'}.", "",
               f"fp16 overflow check (loss scale 2^40): {json.dumps(overflow)}.", ""]
