@@ -1,6 +1,6 @@
-"""Does torch.compile repay on a decoder step on this CPU? (issue 43's next lever, measured before building it)
+"""Does compiling a decoder step repay? (issue 43's next levers, measured before building them)
 
-    python benchmarks/compile_step.py [--run RUN] [--steps 300]
+    python benchmarks/compile_step.py [--run RUN] [--steps 300] [--device cuda]
 
 Times one incremental decoder step at batch 1, beam 4 (4 rows), three ways, on the run's weights:
 - ``engine``: ``Transformer.decode_step`` as `translate` runs it (its cache grows; positions 10..50);
@@ -9,8 +9,12 @@ Times one incremental decoder step at batch 1, beam 4 (4 rows), three ways, on t
 - ``static_compiled``: that function through ``torch.compile`` (inductor, static shapes), with and
   without inductor's weight freezing; its compile seconds are paid once per process (less when
   inductor's on-disk cache holds the graph from an earlier process, as here after the first run).
+- ``static_cuda_graph`` (``--device cuda`` only): that function captured once in a CUDA graph and
+  replayed at every step (its position and tokens written into the captured input tensors first):
+  one launch for the whole step instead of one per operator, which is what a GPU step at batch 1 waits on.
 Checks that the compiled function gives the eager one's log-probabilities (max difference recorded).
-Writes benchmarks/results/compile_step.json and .md. Timed: run it alone on the machine.
+Writes benchmarks/results/compile_step.json and .md (compile_step_cuda.* on a GPU). Timed: run it alone
+on the machine.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ ROWS, CAPACITY, SOURCE = 4, 64, 16  # beam 4 at batch 1; cache positions; source
 
 
 def static_step(model):
-    """The decoder step as one function of fixed shapes, and a maker of its arguments."""
+    """The decoder step as one function of fixed shapes, and a maker of its arguments (on the model's device)."""
     cfg, layers = model.cfg, list(model.decoder)
+    device = model.target_embedding.weight.device
     d, heads, eps, pre = cfg.d_model, cfg.n_heads, cfg.ln_eps, cfg.norm == "pre"
     dk = d // heads
 
@@ -51,12 +56,13 @@ def static_step(model):
                for l in layers]
     embedding, output = model.target_embedding.weight.detach(), model.output_weight.detach()
     final = params(model.dec_norm) if "dec_norm" in model._modules else None
-    table = model.positions(CAPACITY, 0, "tgt_pos", torch.device("cpu")).detach()
+    table = model.positions(CAPACITY, 0, "tgt_pos", device).detach()
+    positions = torch.arange(CAPACITY, device=device)
 
     def step(tokens, t, self_k, self_v, cross_k, cross_v, src_mask):
         x = F.embedding(tokens, embedding) * d ** 0.5
         x = x.masked_fill((tokens == 0)[:, None], 0.0) + table.index_select(0, t.view(1))
-        keep = (torch.arange(CAPACITY) <= t).view(1, 1, 1, CAPACITY)
+        keep = (positions <= t).view(1, 1, 1, CAPACITY)
         for i, (qkv_w, qkv_b, o_w, o_b, cq_w, cq_b, co_w, co_b, w1, b1, w2, b2, g1, e1, g2, e2, g3, e3) in \
                 enumerate(weights):
             h = F.layer_norm(x, (d,), g1, e1, eps) if pre else x
@@ -82,38 +88,82 @@ def static_step(model):
         g = torch.Generator().manual_seed(seed)
         cache = (len(layers), ROWS, heads, CAPACITY, dk)
         cross = (len(layers), ROWS, heads, SOURCE, dk)
-        return [torch.zeros(ROWS, dtype=torch.long), torch.tensor(0), torch.zeros(cache), torch.zeros(cache),
+        made = [torch.zeros(ROWS, dtype=torch.long), torch.tensor(0), torch.zeros(cache), torch.zeros(cache),
                 torch.randn(cross, generator=g), torch.randn(cross, generator=g),
                 torch.ones(ROWS, 1, 1, SOURCE, dtype=torch.bool)]
+        return [a.to(device) for a in made]
 
     return step, arguments
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def per_step_ms(fn, arguments, steps: int) -> float:
     args = arguments()
+    device = args[0].device
     with torch.inference_mode():
         for j in range(20):
-            args[1] = torch.tensor(10 + j % 40)
+            args[1] = torch.tensor(10 + j % 40, device=device)
             fn(*args)
+        sync(device)
         start = time.perf_counter()
         for j in range(steps):
-            args[1] = torch.tensor(10 + j % 40)
+            args[1] = torch.tensor(10 + j % 40, device=device)
             fn(*args)
+        sync(device)
     return (time.perf_counter() - start) / steps * 1e3
+
+
+def graphed_ms(fn, arguments, steps: int) -> tuple[float, float]:
+    """The function captured in a CUDA graph and replayed per step (position and tokens written into
+    the captured inputs first); ms per step, and the largest difference from the eager function's
+    log-probabilities at one position."""
+    args = arguments()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.inference_mode():
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as CUDA graphs want
+            for _ in range(3):
+                fn(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*args)
+        args[1].fill_(17)
+        graph.replay()
+        want = fn(*[a.clone() for a in args])
+        diff = float((want - out).abs().max())
+        for j in range(20):
+            args[1].fill_(10 + j % 40)
+            graph.replay()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for j in range(steps):
+            args[0].copy_(args[0])  # the tokens a search would write in
+            args[1].fill_(10 + j % 40)
+            graph.replay()
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps * 1e3, diff
 
 
 def engine_ms(model, steps: int) -> float:
     """``decode_step`` at positions 10..50, a fresh cache every 40 steps (its capacity is grown as it goes)."""
+    device = model.target_embedding.weight.device
     with torch.inference_mode():
-        memory, mask = model.encode(torch.randint(3, 100, (1, SOURCE)))
-        tokens, total, done = torch.zeros(ROWS, dtype=torch.long), 0.0, 0
+        memory, mask = model.encode(torch.randint(3, 100, (1, SOURCE), device=device))
+        tokens, total, done = torch.zeros(ROWS, dtype=torch.long, device=device), 0.0, 0
         while done < steps:
             cache = model.init_cache(memory, mask, beam=ROWS, max_len=CAPACITY)
             for _ in range(10):
                 model.decode_step(tokens, cache)
+            sync(device)
             start = time.perf_counter()
             for _ in range(40):
                 model.decode_step(tokens, cache)
+            sync(device)
             total, done = total + time.perf_counter() - start, done + 40
     return total / done * 1e3
 
@@ -122,9 +172,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, help="run folder (default: the quick recipe's)")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (adds the CUDA graph)")
     args = parser.parse_args()
     run = args.run or recipe_run("en_de_quick")
-    model = Translator(run, log=lambda m: None, device="cpu").model
+    model = Translator(run, log=lambda m: None, device=args.device).model
     step, arguments = static_step(model)
     import torch._inductor.config as inductor
 
@@ -143,16 +194,28 @@ def main() -> None:
             "ms": round(per_step_ms(compiled, arguments, args.steps), 3), "compile_seconds": round(seconds, 1),
             "max_abs_diff": float((want - got).abs().max())}
         print(result, flush=True)
+    cuda = model.target_embedding.weight.device.type == "cuda"
+    if cuda:
+        ms, diff = graphed_ms(step, arguments, args.steps)
+        result["cuda_graph"] = {"ms": round(ms, 3), "max_abs_diff": diff}
     best = min(c["ms"] for c in result["compiled"].values())
     result |= {"compiled_vs_engine": round(result["engine_ms"] / best, 2),
                "run": os.path.relpath(run, ROOT), "rows": ROWS, "capacity": CAPACITY, "source_len": SOURCE,
                "threads": torch.get_num_threads(), "steps": args.steps, "commit": git("rev-parse", "--short", "HEAD"),
                "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-               "date": datetime.date.today().isoformat(), "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
+               "date": datetime.date.today().isoformat(),
+               "machine": torch.cuda.get_device_name() if cuda else f"{os.cpu_count()} CPU cores, {platform.machine()}",
                "versions": {"python": platform.python_version(), "torch": torch.__version__}}
-    (RESULTS / "compile_step.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    if cuda:
+        result["cuda_graph_vs_engine"] = round(result["engine_ms"] / result["cuda_graph"]["ms"], 2)
+    name = "compile_step_cuda" if cuda else "compile_step"
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     c = result["compiled"]
-    (RESULTS / "compile_step.md").write_text(f"""# torch.compile of a decoder step on this CPU
+    graph_row = (f"| static shapes, one CUDA graph replayed per step | {result['cuda_graph']['ms']} | – |\n"
+                 if cuda else "")
+    graph_line = (f"The engine's step against the CUDA graph: {result['cuda_graph_vs_engine']}× (log-probabilities "
+                  f"within {result['cuda_graph']['max_abs_diff']:.1e} of the eager function's).\n" if cuda else "")
+    (RESULTS / f"{name}.md").write_text(f"""# Compiling a decoder step: {result['machine']}
 
 `{result['command']}` — {result['date']}, commit {result['commit']}, {result['machine']}, {result['threads']} threads,
 torch {result['versions']['torch']}; run `{result['run']}`, batch 1 × beam 4, positions 10..50, {result['steps']} steps each.
@@ -163,11 +226,11 @@ torch {result['versions']['torch']}; run `{result['run']}`, batch 1 × beam 4, p
 | static shapes, eager | {result['static_eager_ms']} | – |
 | static shapes, torch.compile | {c['freezing_false']['ms']} | {c['freezing_false']['compile_seconds']} (cache warm or cold: see the script) |
 | static shapes, torch.compile with weight freezing | {c['freezing_true']['ms']} | {c['freezing_true']['compile_seconds']} |
-
+{graph_row}
 The engine's step against the best compiled one: {result['compiled_vs_engine']}× (above 1: compiling
 would pay). Compiled log-probabilities match the eager function's within
-{max(x['max_abs_diff'] for x in c.values()):.1e}. Single readings on a shared 2-core machine: differences
-under ~10% are noise.
+{max(x['max_abs_diff'] for x in c.values()):.1e}. {graph_line}Single readings on a shared machine:
+differences under ~10% are noise.
 """, encoding="utf-8")
     print(json.dumps(result, indent=2))
 
