@@ -127,3 +127,25 @@ def test_a_parse_prefix_that_cannot_start_a_tree_is_refused_before_decoding(tiny
 def test_the_translator_says_what_was_fixed_at_load(run):
     assert Translator(run, log=lambda m: None).setup.options() == set()
     assert Translator(run, log=lambda m: None, int8=True, ensemble=[run]).setup.options() == {"int8", "ensemble"}
+
+
+def test_a_loaded_model_keeps_its_step_weights_and_a_model_in_training_does_not(run):
+    """A Translator-loaded model gathers its decoder's step weights once (every batch's cache reuses
+    them) and decodes as when each batch gathers its own; a model handed over in memory (training's
+    dev BLEU) keeps none, so its updates reach every batch."""
+    from transformer.tokenizer import Tokenizer
+
+    loaded = Translator(run, log=lambda m: None)
+    model = loaded.model
+    with torch.inference_mode():
+        memory, mask = model.encode(torch.tensor([[5, 6, 2]]))
+        assert model.init_cache(memory, mask, 2).layers is model._step_weights is not None
+    lines = ["A dog runs.", "Two men play football in the park."]
+    kept = loaded.translate(lines, DecodeRequest(beam_size=3))
+    model._step_weights = None
+    assert loaded.translate(lines, DecodeRequest(beam_size=3)) == kept
+    from transformer.model import Transformer
+
+    tokenizer, cfg = Tokenizer(run / "spm.model"), load_config(str(run / "config.toml"))
+    in_training = Transformer(cfg.model, len(tokenizer.vocabulary()))
+    assert Translator.of_model(in_training, tokenizer, cfg).model._step_weights is None

@@ -466,6 +466,7 @@ class Transformer(nn.Module):
             self.dec_norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
         self.drop = Dropout(cfg.p_drop)
         self._sinusoids: Tensor | None = None  # §3.5 table cache (not a parameter, not saved)
+        self._step_weights: list[StepWeights] | None = None  # kept by keep_step_weights (decoding only)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -551,7 +552,7 @@ class Transformer(nn.Module):
         ``max_len`` positions: every layer's encoder-decoder keys/values projected once per sentence,
         the self-attention caches allocated once. The layers' step weights (fused Q/K/V included) are
         gathered here, once per batch, and kept in the cache, not on the model: a model in training
-        changes them at every update."""
+        changes them at every update (a model that only decodes keeps them: ``keep_step_weights``)."""
         n, layers = memory.size(0), list(self.decoder)
         attn = layers[0].self_attn
         room = min(max_len, 16)  # grown by make_room
@@ -560,8 +561,15 @@ class Transformer(nn.Module):
         cross = [layer.cross_attn.project_kv(memory) for layer in layers]
         return DecoderCache(self_k, self_v, torch.stack([k for k, _ in cross]), torch.stack([v for _, v in cross]),
                             memory.new_zeros(src_mask.shape).masked_fill_(~src_mask, float("-inf")),
-                            [layer.step_weights() for layer in layers],
+                            self._step_weights or [layer.step_weights() for layer in layers],
                             torch.empty_like(self_k), torch.empty_like(self_v), beam, max_len=max_len)
+
+    def keep_step_weights(self) -> None:
+        """Gathers the decoder layers' step weights (the fused Q/K/V included) once, for a model that only
+        decodes from now on, on the device it stays on (``Translator`` loads one so): ``init_cache`` then
+        reuses them instead of gathering them for every batch, which at batch 1 is every sentence. A
+        model in training must not keep them: its updates would not reach the fused copies."""
+        self._step_weights = [layer.step_weights() for layer in self.decoder]
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens [R] (the cache's rows in use) at position cache.length -> logits [R, V]; the cache

@@ -84,6 +84,8 @@ class Translator:
             for m in models:
                 pack_for_inference(m)
         self._hold(models[0] if len(models) == 1 else Ensemble(models), tokenizer, cfg, torch_device, int8)
+        for m in models:  # on their device now, and never trained again
+            m.keep_step_weights()
 
     @classmethod
     def of_model(cls, model: Transformer, tokenizer: Tokenizer, cfg: Config) -> Translator:
