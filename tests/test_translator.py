@@ -149,3 +149,25 @@ def test_a_loaded_model_keeps_its_step_weights_and_a_model_in_training_does_not(
     tokenizer, cfg = Tokenizer(run / "spm.model"), load_config(str(run / "config.toml"))
     in_training = Transformer(cfg.model, len(tokenizer.vocabulary()))
     assert Translator.of_model(in_training, tokenizer, cfg).model._step_weights is None
+
+
+def test_int8_steps_of_few_rows_multiply_by_the_kept_float_weights(run):
+    """An int8 copy's decoder projections keep their float weights: a step of a few rows (batch 1)
+    multiplies by them (Q/K/V as one product), a step of many rows by the int8 layers."""
+    import torch.nn.functional as F
+
+    from transformer.model import Int8Projection, ONEDNN_MIN_MACS, project
+
+    model = Translator(run, log=lambda m: None, int8=True).model
+    layer, weights = model.decoder[0], model._step_weights[0]
+    assert type(weights.qkv) is Int8Projection and len(weights.qkv.layers) == 3
+    attn = layer.self_attn
+    w = torch.cat([m.float_weights.weight for m in (attn.q_proj, attn.k_proj, attn.v_proj)])
+    b = torch.cat([m.float_weights.bias for m in (attn.q_proj, attn.k_proj, attn.v_proj)])
+    few = torch.randn(4, w.size(1))
+    many = torch.randn(ONEDNN_MIN_MACS // w.numel() + 1, w.size(1))
+    with torch.inference_mode():
+        assert torch.equal(project(weights.qkv, few), F.linear(few, w, b))
+        int8 = torch.cat([m(many) for m in (attn.q_proj, attn.k_proj, attn.v_proj)], -1)
+        assert torch.equal(project(weights.qkv, many), int8)
+        assert not torch.allclose(int8, F.linear(many, w, b), atol=1e-6)  # quantized: not the float product

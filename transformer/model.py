@@ -104,29 +104,54 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_r
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
 
 
-def joined(projections: tuple[nn.Module, ...]) -> tuple[Tensor, Tensor | None] | None:
+def joined(projections: tuple[nn.Module | FloatWeights, ...]) -> tuple[Tensor, Tensor | None] | None:
     """Several projections' weights (and biases) side by side, to run them as one product; None when
-    they are not all plain linear layers (an int8 copy holds no float weights to join)."""
-    if not all(type(m) is nn.Linear for m in projections):
+    they are not all plain linear layers or float weights (an int8 copy's layers hold none)."""
+    if not all(type(m) in (nn.Linear, FloatWeights) for m in projections):
         return None
     bias = None if projections[0].bias is None else torch.cat([m.bias for m in projections])
     return torch.cat([m.weight for m in projections]), bias
 
 
-Projection = tuple[Tensor, Tensor | None] | list[nn.Module] | nn.Module
+class FloatWeights(NamedTuple):
+    """A linear layer's float weight and bias, kept beside its int8 copy (``translator.quantize_int8``)."""
+
+    weight: Tensor
+    bias: Tensor | None
+
+
+class Int8Projection(NamedTuple):
+    """An int8 copy's projection(s) in a decoding step (``translator.quantize_int8``): the quantized
+    layers, and their float weights side by side for products too small for int8 to pay."""
+
+    layers: nn.Module | list[nn.Module]
+    floats: tuple[Tensor, Tensor | None]
+
+
+Projection = tuple[Tensor, Tensor | None] | list[nn.Module] | nn.Module | Int8Projection
 
 
 def prepared(projections: tuple[nn.Module, ...]) -> Projection:
     """Projections as a decoding step reads them (``project``): a float layer's (weight, bias), several
-    float layers' weights side by side (one product), or the layers themselves (an int8 copy's)."""
+    float layers' weights side by side (one product), or the layers themselves (an int8 copy's, with
+    the float weights it kept, when it kept them)."""
     if (weights := joined(projections)) is not None:
         return weights
-    return projections[0] if len(projections) == 1 else list(projections)
+    layers = projections[0] if len(projections) == 1 else list(projections)
+    if all(hasattr(m, "float_weights") for m in projections):
+        return Int8Projection(layers, joined(tuple(m.float_weights for m in projections)))
+    return layers
 
 
 def project(p: Projection, x: Tensor, relu: bool = False) -> Tensor:
     """x through a ``prepared`` projection: one product for weights, the layers' outputs side by side
-    for a list of layers."""
+    for a list of layers. An int8 projection takes its float weights for products of fewer than
+    ``ONEDNN_MIN_MACS`` multiply-adds (a step at batch 1): below that, quantizing the input at every
+    call costs more than int8's product saves (benchmarks/linear_kernels.py measures both)."""
+    if type(p) is Int8Projection:
+        if x.size(0) * p.floats[0].numel() < ONEDNN_MIN_MACS:
+            return linear(x, p.floats[0], p.floats[1], relu)
+        p = p.layers
     if type(p) is tuple:
         return linear(x, p[0], p[1], relu)
     if type(p) is list:

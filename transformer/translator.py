@@ -18,7 +18,7 @@ from .config import Config, ConfigError, config_from_dict
 from .data import encode_for_decoding
 from .decode import Scored, decode_ids, score_ids
 from .ensemble import Ensemble
-from .model import Transformer, pack_for_inference
+from .model import FloatWeights, Transformer, pack_for_inference
 from .request import CLI, DecodeRequest, Setup, refuse_pairs
 from .runtime import keep_freed_memory
 from .tokenizer import Tokenizer
@@ -27,7 +27,11 @@ from .tokenizer import Tokenizer
 def quantize_int8(model: Transformer) -> Transformer:
     """int8 dynamic quantization for CPU inference: every linear layer, the pre-softmax projection
     included, keeps int8 weights and quantizes its input per batch (activations stay fp32 between
-    layers). A speed option, not part of the paper; benchmarks/speed.py measures its BLEU cost."""
+    layers). A speed option, not part of the paper; benchmarks/speed.py measures its BLEU cost.
+
+    The decoder layers' projections also keep their float weights (``model.FloatWeights``): a decoding
+    step of a few rows (batch 1) multiplies by those, where quantizing the input at every call costs
+    more than the int8 product saves (``model.project``)."""
     import warnings
 
     from torch.ao.quantization import quantize_dynamic
@@ -36,9 +40,14 @@ def quantize_int8(model: Transformer) -> Transformer:
         weight = model.target_embedding.weight.detach()
         model.output_proj = torch.nn.Linear(weight.size(1), weight.size(0), bias=False)
         model.output_proj.weight = torch.nn.Parameter(weight.clone(), requires_grad=False)
+    floats = {name: FloatWeights(m.weight.detach(), None if m.bias is None else m.bias.detach())
+              for name, m in model.named_modules() if type(m) is torch.nn.Linear and name.startswith("decoder.")}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notice for its eager quantization API
-        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        quantized = quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    for name, weights in floats.items():
+        quantized.get_submodule(name).float_weights = weights
+    return quantized
 
 
 class Translator:
