@@ -99,6 +99,7 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     main = chunks * TOPK_CHUNK
     blocks = x[:, :main].unflatten(1, (chunks, TOPK_CHUNK))  # [N, chunks, C]
     best = blocks.amax(-1).topk(k, -1).indices  # [N, k] each row's k best chunks
+    # a view when V is a multiple of the chunk, else one copy of the whole chunks
     picked = blocks.flatten(0, 1).index_select(0, (best + torch.arange(n, device=x.device)[:, None] * chunks).flatten())
     columns = (best[:, :, None] * TOPK_CHUNK + torch.arange(TOPK_CHUNK, device=x.device)).flatten(1)  # [N, k*C]
     candidates = picked.view(n, k * TOPK_CHUNK)
