@@ -392,7 +392,8 @@ class DecoderLayer(nn.Module):
         return residual(x, self.norm3, self.drop, self.pre, self.ffn)
 
     def step_weights(self) -> StepWeights:
-        """This layer's weights for ``step`` (made per batch: a model in training changes them)."""
+        """This layer's weights for ``step``: made per batch (a model in training changes them), or once
+        for a model that only decodes (``Transformer.keep_step_weights``)."""
         a, c = self.self_attn, self.cross_attn
         norms = tuple((n.weight, n.bias) for n in (self.norm1, self.norm2, self.norm3))
         return StepWeights(prepared((a.q_proj, a.k_proj, a.v_proj)), prepared((a.out_proj,)), prepared((c.q_proj,)),
