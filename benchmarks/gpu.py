@@ -191,13 +191,15 @@ def fp16_overflow_is_skipped(batch) -> dict:
                               scaler, torch.float16)
     first = step()
     unchanged = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
-    adam_untouched = len(optimizer.state) == 0
+    # fused Adam skips on the device: its state may exist after the skipped step, all zero at step 0
+    adam_untouched = all(float(st["step"]) == 0 and not st["exp_avg"].any() and not st["exp_avg_sq"].any()
+                         for st in optimizer.state.values())
     skipped = 0 if first.applied else 1
     while skipped and not step().applied:
         skipped += 1
     changed = not all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     return {"first_step_applied": first.applied, "weights_unchanged_after_skip": unchanged,
-            "adam_state_empty_after_skip": adam_untouched,
+            "adam_state_untouched_after_skip": adam_untouched,
             "steps_skipped_before_first_update": skipped, "scale_after": scaler.get_scale(),
             "weights_changed_by_first_finite_step": changed}
 

@@ -188,6 +188,37 @@ def test_a_step_with_non_finite_gradients_changes_nothing(precision):
         assert scaler.get_scale() < scale  # the loss scale backs off after an overflow
 
 
+def test_the_device_side_skip_equals_the_host_side_one():
+    """fused Adam skips a non-finite step on the device (found_inf) without the host waiting for the
+    norm first: over steps with a skip between them, the same weights and Adam state, bit for bit, as
+    deciding on the host whether to call the optimizer at all."""
+    from transformer.data import Example, collate
+    from transformer.optim import make_optimizer
+    examples = [Example([5, 6, 7, 1], [8, 9, 1]), Example([5, 1], [8, 9, 10, 1])]
+    cfg = load_config("tiny", ["model.p_drop=0.0"])
+    batch = [collate(examples, [0, 1])]
+    runs = []
+    for device_side in (True, False):
+        torch.manual_seed(0)
+        model = Transformer(cfg.model, 20)
+        optimizer = make_optimizer(model, cfg.train)
+        assert optimizer.defaults["fused"]
+        optimizer.defaults["fused"] = device_side  # False: the optimizer (still fused) is called only when finite
+        applied = []
+        for poisoned in (False, True, False, False):
+            hook = model.encoder[0].ffn.w1.weight.register_hook(lambda g: g * float("nan")) if poisoned else None
+            applied.append(train_step(model, optimizer, batch, 0.1, 1e-3).applied)
+            if hook:
+                hook.remove()
+        runs.append((applied, *_snapshot(model, optimizer)))
+    (applied_a, weights_a, state_a), (applied_b, weights_b, state_b) = runs
+    assert applied_a == applied_b == [True, False, True, True]
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+    for i in state_b["state"]:
+        for k, v in state_b["state"][i].items():
+            assert torch.equal(state_a["state"][i][k], v), (i, k)
+
+
 def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path, tiny_overrides, monkeypatch):
     import transformer.train as T
     from transformer.checkpoint import list_checkpoints, load_checkpoint

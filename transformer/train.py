@@ -274,7 +274,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     n_tokens = int(distributed.all_sum(dist, [float(sum(b.n_tgt_tokens for b in batches))])[0])
     for group in optimizer.param_groups:
         group["lr"] = lr
-    total = 0.0
+    total = torch.zeros((), device=dist.device)
     for i, batch in enumerate(batches):
         # data parallel: gradients are all-reduced once, after the last accumulated batch
         no_sync = isinstance(model, DistributedDataParallel) and i < len(batches) - 1
@@ -283,18 +283,25 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
                 loss = batch_loss(model, batch.to(dist.device), eps_ls)
             scaled = loss * (dist.world / n_tokens)
             (scaler.scale(scaled) if scaler else scaled).backward()
-        total += loss.item()
+        total += loss.detach()  # summed where it is: no wait for the device per batch
     if scaler:
         scaler.unscale_(optimizer)
     # the norm of the (all-reduced) gradients is the same on every rank, so all ranks skip together
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or math.inf)
-    applied = bool(torch.isfinite(norm))
-    if applied:
+    finite = torch.isfinite(norm)
+    if optimizer.defaults.get("fused"):
+        # fused Adam skips the update on the device when found_inf is 1 (parameters, moments and step
+        # count untouched), so the update is queued before anything waits for the device
+        optimizer.found_inf = (~finite).float()
+        optimizer.step()
+        optimizer.found_inf = None
+    elif finite:
         optimizer.step()
     if scaler:
         scaler.update()  # after an overflow: a smaller scale next step
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(total, n_tokens, applied)
+    loss_sum, applied = torch.stack([total.float(), finite.float()]).tolist()  # the step's one host sync
+    return StepResult(loss_sum, n_tokens, applied == 1.0)
 
 
 @torch.inference_mode()
