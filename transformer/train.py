@@ -523,10 +523,8 @@ class Trainer:
         if not self.cfg.train.keep_best or not best.with_suffix(".json").is_file():
             return
         record = load_checkpoint(best, with_state=False).meta.get("best", {})
-        lower = self.cfg.train.keep_best != "dev_bleu"  # losses
         value = record.get("value")
-        if record.get("metric") == self.cfg.train.keep_best and value is not None and (
-                state.best_value is None or (value < state.best_value if lower else value > state.best_value)):
+        if record.get("metric") == self.cfg.train.keep_best and value is not None and self.improves(value):
             state.best_value, state.best_step, state.evals_since_best = value, record["step"], 0
             self.log(f"best {record['metric']} {value:.4g} at step {record['step']} taken from best.safetensors "
                      "(newer than the checkpoint)")
@@ -611,12 +609,19 @@ class Trainer:
         return validate(self.raw, self.run_data.valid, t.max_tokens,
                         t.eps_ls if t.keep_best == "valid_smoothed_loss" else None)
 
+    def improves(self, value: float) -> bool:
+        """Whether ``value`` of train.keep_best's metric beats the best so far (lower for the losses,
+        higher for dev BLEU)."""
+        best = self.state.best_value
+        if best is None:
+            return True
+        return value > best if self.cfg.train.keep_best == "dev_bleu" else value < best
+
     def keep_best(self, value: float) -> None:
         """train.keep_best: a better value than any before writes best.safetensors (+ its JSON record with
         the metric, step and value); with train.patience, that many evaluations without one end training."""
         t, state = self.cfg.train, self.state
-        lower = t.keep_best != "dev_bleu"  # losses
-        if state.best_value is None or (value < state.best_value if lower else value > state.best_value):
+        if self.improves(value):
             state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
             # written with the next checkpoint, whose record holds this best: a resume never rewinds it
             self.pending_best = ({k: v.detach().to("cpu", copy=True) for k, v in self.raw.state_dict().items()},
