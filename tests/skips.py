@@ -19,6 +19,7 @@ ALLOWED: list[tuple[str, str, str]] = [
      "WARNING: the browser test of the web page did not run (scripts/test.sh could not install chromium)"),
     ("root writes into read-only folders", "running as root", "the read-only folder test, as root"),
     ("glibc's malloc only", "not GNU libc", "the malloc tuning test, on a libc without it"),
+    ("Triton has no wheel here", "not Linux x86-64", "the fused loss's kernel tests, where Triton cannot be installed"),
 ]
 SKIPS: list[tuple[str, str]] = []  # (test or module, reason) of every skip in this run
 
@@ -32,6 +33,10 @@ def _holds(condition: str) -> bool:
         return bool(os.environ.get("TRANSFORMER_SKIP_BROWSER"))
     if condition == "running as root":
         return os.geteuid() == 0
+    if condition == "not Linux x86-64":
+        import platform
+
+        return (platform.system(), platform.machine()) != ("Linux", "x86_64")
     if condition == "not GNU libc":
         from transformer.runtime import glibc
 

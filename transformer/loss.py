@@ -13,6 +13,9 @@ keeps each block in the CPU's cache instead of writing and re-reading N × V flo
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType
+
 import torch
 from torch import Tensor
 
@@ -29,7 +32,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float, rows: int,
-                want_grad: bool) -> Tensor:
+                want_grad: bool, fused: ModuleType | None) -> Tensor:
         eps_i = eps_ls / (weight.size(0) - 1)
         on_target = 1.0 - eps_ls - eps_i  # q_target - ε/(V-1): q = ε/(V-1) + on_target·onehot
         grad_hidden = torch.empty_like(hidden) if want_grad else None
@@ -42,13 +45,18 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         total = torch.zeros((), dtype=acc, device=hidden.device)
         for start in range(0, hidden.size(0), rows):
             h, t = hidden[start: start + rows], target[start: start + rows, None]
-            # bf16 logits read once into an fp32 log-softmax (no fp32 copy of them first, on a GPU)
-            log_probs = torch.log_softmax(h @ weight.T, -1, dtype=acc)  # [rows, V]
-            total -= on_target * log_probs.gather(-1, t).sum() + eps_i * log_probs.sum()
+            if fused is not None:  # one kernel: the loss of each row, and p - q written over the logits
+                grad = h @ weight.T
+                total += fused.smoothed_loss_and_grad_(grad, t[:, 0], eps_ls).sum()
+            else:
+                # bf16 logits read once into an fp32 log-softmax (no fp32 copy of them first, on a GPU)
+                log_probs = torch.log_softmax(h @ weight.T, -1, dtype=acc)  # [rows, V]
+                total -= on_target * log_probs.gather(-1, t).sum() + eps_i * log_probs.sum()
+                if want_grad:
+                    grad = log_probs.exp_().sub_(eps_i)  # p - ε/(V-1) everywhere
+                    grad.scatter_add_(-1, t, torch.full(t.shape, -on_target, dtype=grad.dtype, device=grad.device))
             if want_grad:
-                grad = log_probs.exp_().sub_(eps_i)  # p - ε/(V-1) everywhere
-                grad.scatter_add_(-1, t, torch.full(t.shape, -on_target, dtype=grad.dtype, device=grad.device))
-                grad = grad.to(mm_dtype)  # cast once for both products
+                grad = grad.to(mm_dtype)  # cast once for both products (the fused kernel's: already in it)
                 grad_hidden[start: start + rows] = grad @ weight
                 grad_weight += grad.T @ h
         ctx.save_for_backward(grad_hidden, grad_weight)
@@ -57,16 +65,32 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_out, grad_weight * grad_out, None, None, None, None
+        return grad_hidden * grad_out, grad_weight * grad_out, None, None, None, None, None
 
 
-def label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float) -> Tensor:
+def label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, eps_ls: float,
+                        fused: bool | None = None) -> Tensor:
     """Σ over tokens of -Σ_v q_v log p_v, p = softmax(hidden Wᵀ): hidden [N, D] (no padding: select it
     out first), the pre-softmax projection's weight [V, D], target [N].
 
     Differs from KL(q || p) only by q's constant entropy. ε_ls = 0 gives the plain NLL.
+    ``fused``: each block's loss and gradient by ``fused_loss``'s Triton kernel; by default on CUDA
+    tensors when Triton is installed (True elsewhere needs Triton's interpreter: the tests).
     """
     block_bytes = _CPU_BLOCK_BYTES if hidden.device.type == "cpu" else _ACCELERATOR_BLOCK_BYTES
     rows = max(1, block_bytes // (4 * weight.size(0)))
     want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, target, eps_ls, rows, want_grad)
+    kernel = _fused_loss() if fused or (fused is None and hidden.device.type == "cuda") else None
+    if fused and kernel is None:
+        raise RuntimeError("label_smoothed_loss(fused=True): Triton is not installed")
+    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, target, eps_ls, rows, want_grad, kernel)
+
+
+@functools.cache
+def _fused_loss() -> ModuleType | None:
+    """The ``fused_loss`` module, or None without Triton."""
+    try:
+        from . import fused_loss
+    except ImportError:
+        return None
+    return fused_loss

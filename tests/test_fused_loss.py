@@ -1,0 +1,106 @@
+"""The Triton label-smoothed cross-entropy (``transformer.fused_loss``) held to the PyTorch path.
+
+Without a CUDA GPU the kernel runs under Triton's interpreter, which must be chosen before the
+kernel's module is imported: this module sets it first (no other test imports ``fused_loss``).
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton", reason="Triton has no wheel here (the [dev] extra installs it on Linux x86-64)")
+
+from transformer import loss as loss_module  # noqa: E402
+from transformer.fused_loss import smoothed_loss_and_grad_  # noqa: E402
+from transformer.loss import label_smoothed_loss  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's -Σ q log softmax and p - q, in float64 from the given values."""
+    x = logits.double()
+    v = x.size(1)
+    q = torch.full_like(x, eps / (v - 1))
+    q.scatter_(1, target[:, None], 1.0 - eps)
+    return -(q * x.log_softmax(1)).sum(1), x.softmax(1) - q
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("v, block", [(100, 32), (100, 4096), (64, 64), (37, 8)])
+def test_kernel_equals_reference_in_float32(eps, v, block):
+    torch.manual_seed(v + block)
+    logits = torch.randn(23, v, device=DEVICE) * 4
+    target = torch.randint(0, v, (23,), device=DEVICE)
+    want_loss, want_grad = reference(logits, target, eps)
+    loss = smoothed_loss_and_grad_(logits, target, eps, block=block)  # logits now hold the gradient
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), want_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits.double(), want_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_reads_bf16_logits_and_writes_a_bf16_gradient():
+    torch.manual_seed(0)
+    logits = (torch.randn(17, 300, device=DEVICE) * 4).bfloat16()
+    target = torch.randint(0, 300, (17,), device=DEVICE)
+    want_loss, want_grad = reference(logits, target, 0.1)  # from the same bf16 values
+    loss = smoothed_loss_and_grad_(logits, target, 0.1, block=128)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double(), want_loss, rtol=1e-5, atol=1e-5)  # fp32 sums: no bf16 rounding
+    # the gradient rounded once to bf16: within one bf16 ulp of the exact value, plus fp32 noise (a GPU
+    # rounds to nearest, half an ulp; Triton's interpreter truncates)
+    assert ((logits.double() - want_grad).abs() <= want_grad.abs() * 2**-7 + 1e-7).all()
+
+
+def test_kernel_refuses_logits_whose_rows_are_not_contiguous():
+    logits = torch.randn(40, 10, device=DEVICE).T  # [10, 40] with stride (1, 10)
+    with pytest.raises(ValueError, match="contiguous"):
+        smoothed_loss_and_grad_(logits, torch.zeros(10, dtype=torch.long, device=DEVICE), 0.1)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_fused_loss_equals_the_pytorch_path_with_its_gradients(eps, monkeypatch):
+    monkeypatch.setattr(loss_module, "_CPU_BLOCK_BYTES", 4 * 50 * 7)  # blocks of 7 rows: several, the last short
+    monkeypatch.setattr(loss_module, "_ACCELERATOR_BLOCK_BYTES", 4 * 50 * 7)
+    torch.manual_seed(1)
+    hidden = torch.randn(30, 16, device=DEVICE)
+    weight = torch.randn(50, 16, device=DEVICE)
+    target = torch.randint(0, 50, (30,), device=DEVICE)
+    results = []
+    for fused in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        total = label_smoothed_loss(h, w, target, eps, fused=fused)
+        (3.0 * total).backward()
+        results.append((total.detach(), h.grad, w.grad))
+    for plain, fused in zip(*results):
+        torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_loss_under_bf16_autocast_is_close_to_the_pytorch_path():
+    torch.manual_seed(2)
+    hidden = torch.randn(40, 32, device=DEVICE).requires_grad_()
+    weight = torch.randn(200, 32, device=DEVICE).requires_grad_()
+    target = torch.randint(0, 200, (40,), device=DEVICE)
+    results = []
+    for fused in (False, True):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            total = label_smoothed_loss(hidden, weight, target, 0.1, fused=fused)
+        grads = torch.autograd.grad(total, (hidden, weight))
+        results.append((total.detach().float(), *(g.float() for g in grads)))
+    # the same bf16 logits; the gradients differ at most by bf16 roundings of p - q
+    for plain, fused in zip(*results):
+        torch.testing.assert_close(fused, plain, rtol=2e-2, atol=2e-2)
+    assert results[1][0].item() == pytest.approx(results[0][0].item(), rel=1e-5)
+
+
+def test_fused_loss_without_gradients_returns_the_loss_alone():
+    torch.manual_seed(3)
+    hidden, weight = torch.randn(9, 8, device=DEVICE), torch.randn(20, 8, device=DEVICE)
+    target = torch.randint(0, 20, (9,), device=DEVICE)
+    with torch.no_grad():
+        fused = label_smoothed_loss(hidden, weight, target, 0.1, fused=True)
+        plain = label_smoothed_loss(hidden, weight, target, 0.1, fused=False)
+    assert fused.item() == pytest.approx(plain.item(), rel=1e-5)

@@ -1,0 +1,65 @@
+"""Label-smoothed cross-entropy over a block of logits in one Triton kernel (§5.4; A3's smoothing),
+for GPUs: issue 47's "copies" and "elementwise" kernel time.
+
+``loss._ProjectedLabelSmoothedLoss`` computes the loss and its gradient (p - q) from each block of
+[rows, V] logits. Written with PyTorch operators, that block is read and written about ten times:
+an fp32 log-softmax of the bf16 logits, its sums, exp, the subtraction, the cast back to bf16. Here
+one program per row reads its logits twice (an online max / sum of exponentials and the sum of the
+logits, then p - q) and writes p - q over them, in their own dtype: the loss of the row is
+lse - ε/(V-1)·Σ_v x_v - (1 - ε - ε/(V-1))·x_target, with lse = log Σ_v exp x_v, the same value as
+-Σ_v q_v log p_v because q sums to 1. Sums and exponentials are taken in fp32.
+
+Triton compiles for CUDA GPUs; the CPU has no compiled backend, but Triton's interpreter
+(TRITON_INTERPRET=1 set before this module is imported) runs the same kernel on CPU tensors, which
+is how the tests hold it to the PyTorch path. ``loss.label_smoothed_loss`` imports it for CUDA
+tensors when Triton is installed (CUDA builds of torch bring it).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+BLOCK = 4096  # logits per program and iteration: a row of V = 37,000 takes 10 of them per pass
+
+
+@triton.jit
+def _smoothed_rows(logits_ptr, stride, target_ptr, loss_ptr, V, eps_i, on_target, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * stride
+    cols = tl.arange(0, BLOCK)
+    m = float("-inf")  # running maximum
+    s = 0.0  # Σ exp(x - m)
+    sx = 0.0  # Σ x
+    for start in tl.range(0, V, BLOCK):
+        inside = start + cols < V
+        x = tl.load(base + start + cols, mask=inside, other=float("-inf")).to(tl.float32)
+        new_m = tl.maximum(m, tl.max(x, 0))
+        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0)
+        sx += tl.sum(tl.where(inside, x, 0.0), 0)
+        m = new_m
+    lse = m + tl.log(s)
+    t = tl.load(target_ptr + row)
+    x_t = tl.load(base + t).to(tl.float32)  # read before the second pass overwrites it
+    tl.store(loss_ptr + row, lse - eps_i * sx - on_target * x_t)
+    for start in tl.range(0, V, BLOCK):
+        inside = start + cols < V
+        x = tl.load(base + start + cols, mask=inside, other=0.0).to(tl.float32)
+        grad = tl.exp(x - lse) - eps_i - tl.where(start + cols == t, on_target, 0.0)  # p - q
+        tl.store(base + start + cols, grad.to(logits_ptr.dtype.element_ty), mask=inside)
+
+
+def smoothed_loss_and_grad_(logits: Tensor, target: Tensor, eps_ls: float, block: int = BLOCK) -> Tensor:
+    """logits [N, V] (rows contiguous), target [N] -> each row's -Σ_v q_v log p_v [N] in fp32, with
+    the logits overwritten by p - q, the gradient of the summed loss with respect to them."""
+    n, v = logits.shape
+    if logits.stride(1) != 1:
+        raise ValueError("smoothed_loss_and_grad_: the logits' rows must be contiguous")
+    eps_i = eps_ls / (v - 1)
+    loss = logits.new_empty(n, dtype=torch.float32)
+    block = min(block, triton.next_power_of_2(v))
+    _smoothed_rows[(n,)](logits, logits.stride(0), target, loss, v, eps_i, 1.0 - eps_ls - eps_i, BLOCK=block,
+                         num_warps=8 if block >= 2048 else 4)
+    return loss
