@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements issues 43 and 47 wait for, as one call on a lent GPU machine (run from the
 # repository root; the ignored folder runs/gpu carried: quick/ model, before/ = 979b027's transformer/,
-# before47/ = the trainer before issue 47's first change, data/ = test2016, site/ = tomli_w, sacremoses):
+# before47/ = the trainer before issue 47's first change, data/ = test2016, site/ = tomli_w, sacremoses;
+# benchmarks/gpu_prepare.sh builds it):
 #   bash benchmarks/gpu_visit.sh decode   # ~3 min: compile_step (CUDA graph) + gpu_decode before/after
 #   bash benchmarks/gpu_visit.sh train    # ~5 min: gpu.py base and big, bf16 and compiled, profiled, before/after
 # Results land in benchmarks/results/ and, with $OUT set, are copied there. Their commit fields come from

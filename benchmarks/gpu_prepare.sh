@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the ignored folder runs/gpu that a GPU visit carries (benchmarks/gpu_visit.sh, wu2021_lanes.sh),
+# from a checkout alone, skipping what is already there:
+#   before/    979b027's transformer/ package: issue 43's decoding "before" (gpu_decode.py --before)
+#   before47/  a362aed's: the trainer before issue 47's first change (gpu.py --before)
+#   data/      the Multi30k files (from $TRANSFORMER_DATA, default ../shared/data): the machine has no network
+#   site/      the pure-Python packages the device's Python lacks (tomli_w, sacremoses)
+#   quick/     a model of the quick-start config, step-bounded (QUICK_STEPS updates, default 1,300: about the
+#              10 minutes the quick start trains on 2 CPU cores), for the decoding measurements
+#   bash benchmarks/gpu_prepare.sh        # then: run(carry=["runs/gpu"], ...) as gpu_visit.sh says
+set -euo pipefail
+cd "$(dirname "$0")/.."
+G=runs/gpu
+mkdir -p "$G"
+for pair in before:979b027 before47:a362aed; do
+  dir=$G/${pair%%:*}
+  if [ ! -d "$dir/transformer" ]; then
+    mkdir -p "$dir" && git archive "${pair##*:}" transformer | tar -x -C "$dir"
+  fi
+done
+DATA=${TRANSFORMER_DATA:-../shared/data}
+if [ ! -d "$G/data/multi30k" ]; then
+  mkdir -p "$G/data" && cp -r "$DATA/multi30k" "$G/data/"
+fi
+if [ ! -d "$G/site/tomli_w" ]; then
+  .venv/bin/pip install --quiet --no-deps --target "$G/site" tomli_w sacremoses
+fi
+if [ ! -d "$G/quick/checkpoints" ]; then
+  TRANSFORMER_DATA=$PWD/$G/data .venv/bin/transformer train configs/multi30k_en_de_quick.toml --out "$G/quick" \
+    --quiet --set train.max_minutes=0 --set "train.max_steps=${QUICK_STEPS:-1300}"
+fi
+du -sh "$G"
