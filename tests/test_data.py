@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from transformer.data import (BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, lengths,
                               make_batches, padding_fraction, read_lines, read_parallel)
@@ -134,6 +136,22 @@ def test_collate_shifts_targets_right() -> None:
     for row, i in enumerate(b.indices):  # §3.1: position j of the input is target position j - 1
         n = len(examples[i].tgt)
         assert b.tgt_in[row, 1:n].tolist() == b.tgt_out[row, :n - 1].tolist() == examples[i].tgt[:-1]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(4, 99), max_size=8), st.lists(st.integers(4, 99), max_size=8)),
+                min_size=1, max_size=6))
+def test_collate_equals_padding_row_by_row(pairs) -> None:
+    examples = [Example(s + [EOS_ID], t + [EOS_ID]) for s, t in pairs]
+    b = collate(examples, list(range(len(examples))))
+
+    def padded(rows: list[list[int]]) -> list[list[int]]:
+        return [r + [PAD_ID] * (max(map(len, rows)) - len(r)) for r in rows]
+
+    assert b.src.tolist() == padded([e.src for e in examples])
+    assert b.tgt_out.tolist() == padded([e.tgt for e in examples])
+    assert b.tgt_in.tolist() == padded([[BOS_ID] + e.tgt[:-1] for e in examples])
+    assert b.src.dtype == b.tgt_in.dtype == b.tgt_out.dtype == torch.long
 
 
 def random_examples(n: int, seed: int) -> list[Example]:

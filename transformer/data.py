@@ -172,22 +172,25 @@ class Batch:
                      self.indices)
 
 
-def _pad(seqs: list[list[int]]) -> torch.Tensor:
-    """[B, max len] long tensor, PAD on the right; one tensor built per batch, not one per row."""
-    lengths = torch.tensor([len(s) for s in seqs])
-    out = torch.full((len(seqs), int(lengths.max())), PAD_ID, dtype=torch.long)
-    out[torch.arange(out.size(1)) < lengths[:, None]] = torch.tensor([i for s in seqs for i in s],
-                                                                     dtype=torch.long)  # row-major fill
-    return out
+def pad(seqs: list[list[int]]) -> torch.Tensor:
+    """[B, max len] long tensor, PAD on the right; one array built per batch, not one per row (numpy reads
+    the lists several times faster than ``torch.tensor``: the host work between a GPU's steps)."""
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
+    out = np.full((len(seqs), int(lengths.max())), PAD_ID, dtype=np.int64)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = flat  # row-major fill
+    return torch.from_numpy(out)
 
 
 def collate(examples: list[Example], indices: list[int]) -> Batch:
     """Pads the examples at ``indices`` into one Batch."""
     chosen = [examples[i] for i in indices]
-    return Batch(src=_pad([e.src for e in chosen]),
-                 tgt_in=_pad([[BOS_ID] + e.tgt[:-1] for e in chosen]),  # §3.1: shifted right
-                 tgt_out=_pad([e.tgt for e in chosen]),
-                 n_src_tokens=sum(len(e.src) for e in chosen),
+    tgt_out = pad([e.tgt for e in chosen])
+    # §3.1: the decoder's input is the target shifted right behind the start symbol, as long as the target
+    # (its EOS falls off, or onto a padding position, which stays padding)
+    shifted = torch.cat([torch.full_like(tgt_out[:, :1], BOS_ID), tgt_out[:, :-1]], 1)
+    return Batch(src=pad([e.src for e in chosen]), tgt_in=shifted.masked_fill_(tgt_out == PAD_ID, PAD_ID),
+                 tgt_out=tgt_out, n_src_tokens=sum(len(e.src) for e in chosen),
                  n_tgt_tokens=sum(len(e.tgt) for e in chosen), indices=list(indices))
 
 

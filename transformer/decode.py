@@ -15,9 +15,10 @@ from tqdm import tqdm
 
 from .config import EarlyStop
 from .constraints import Constraint, LexicalConstraints, PrefixConstraint
+from .data import Example, collate, pad
 from .sampling import Sampling
 from .search import PAPER, Hypothesis, beam_hypotheses, greedy_hypotheses, length_penalty
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+from .tokenizer import EOS_ID
 
 
 def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.beam_size,
@@ -53,10 +54,7 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     bar = tqdm(total=len(sources), desc="translate", unit="sent", disable=not progress, mininterval=1.0)
     for start in range(0, len(order), batch_size):
         chunk = order[start: start + batch_size]
-        src = torch.full((len(chunk), len(sources[chunk[0]])), PAD_ID, dtype=torch.long)  # [B, S]
-        for row, i in enumerate(chunk):
-            src[row, : len(sources[i])] = torch.as_tensor(sources[i], dtype=torch.long)
-        src = src.to(device)
+        src = pad([sources[i] for i in chunk]).to(device)  # [B, S]
         draws = nbest if sampling is not None else 1  # sampling: nbest rows per sentence, one per draw
         forced = constraint
         if constraints is not None and any(constraints[i] for i in chunk):
@@ -116,17 +114,10 @@ def score_ids(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequenc
         t_len = len(targets[order[start]]) + 1  # the longest target of the batch, with EOS
         chunk = order[start: start + max(1, max_tokens // t_len)]
         start += len(chunk)
-        s_len = max(len(sources[i]) for i in chunk)
-        src = torch.full((len(chunk), s_len), PAD_ID, dtype=torch.long)
-        tgt_in = torch.full((len(chunk), t_len), PAD_ID, dtype=torch.long)
-        tgt_out = torch.full((len(chunk), t_len), PAD_ID, dtype=torch.long)
-        for row, i in enumerate(chunk):
-            src[row, : len(sources[i])] = torch.as_tensor(sources[i], dtype=torch.long)
-            y = list(targets[i]) + [EOS_ID]
-            tgt_in[row, : len(y)] = torch.as_tensor([BOS_ID] + y[:-1], dtype=torch.long)
-            tgt_out[row, : len(y)] = torch.as_tensor(y, dtype=torch.long)
-        log_probs = model(src.to(device), tgt_in.to(device)).float().log_softmax(-1)  # [B, T, V]
-        token_lp = log_probs.gather(2, tgt_out.to(device)[:, :, None]).squeeze(2).cpu()  # [B, T]
+        pairs = [Example(sources[i], list(targets[i]) + [EOS_ID]) for i in chunk]
+        batch = collate(pairs, list(range(len(pairs)))).to(device)
+        log_probs = model(batch.src, batch.tgt_in).float().log_softmax(-1)  # [B, T, V]
+        token_lp = log_probs.gather(2, batch.tgt_out[:, :, None]).squeeze(2).cpu()  # [B, T]
         for row, i in enumerate(chunk):
             lps = token_lp[row, : len(targets[i]) + 1].tolist()
             total = sum(lps)
