@@ -6,7 +6,7 @@
 #   data/      the Multi30k files (from $TRANSFORMER_DATA, default ../shared/data): the machine has no network
 #   site/      the pure-Python packages the device's Python lacks (tomli_w, sacremoses)
 #   quick/     a model of the quick-start config, step-bounded (QUICK_STEPS updates, default 1,300: about the
-#              10 minutes the quick start trains on 2 CPU cores), for the decoding measurements
+#              10 minutes the quick start trains on 2 CPU cores; 0: none), for the decoding measurements
 #   bash benchmarks/gpu_prepare.sh        # then: run(carry=["runs/gpu"], ...) as gpu_visit.sh says
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ fi
 if [ ! -d "$G/site/tomli_w" ]; then
   .venv/bin/pip install --quiet --no-deps --target "$G/site" tomli_w sacremoses
 fi
-if [ ! -d "$G/quick/checkpoints" ]; then
+if [ ! -d "$G/quick/checkpoints" ] && [ "${QUICK_STEPS:-1300}" != 0 ]; then
   TRANSFORMER_DATA=$PWD/$G/data .venv/bin/transformer train configs/multi30k_en_de_quick.toml --out "$G/quick" \
     --quiet --set train.max_minutes=0 --set "train.max_steps=${QUICK_STEPS:-1300}"
 fi
