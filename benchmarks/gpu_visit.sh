@@ -4,7 +4,8 @@
 # before47/ = the trainer before issue 47's first change, data/ = test2016, site/ = tomli_w, sacremoses;
 # benchmarks/gpu_prepare.sh builds it):
 #   bash benchmarks/gpu_visit.sh decode   # ~3 min: compile_step (CUDA graph) + gpu_decode before/after
-#   bash benchmarks/gpu_visit.sh train    # ~5 min: gpu.py base and big, bf16 and compiled, profiled, before/after
+#   bash benchmarks/gpu_visit.sh train    # ~5 min: the fused loss alone (fused_loss.py), then gpu.py base and big,
+#                                         # bf16 and compiled, profiled, before/after
 # Results land in benchmarks/results/ and, with $OUT set, are copied there. Their commit fields come from
 # the device's git metadata, which can be stale: set them by hand after copying back.
 set -eu
@@ -21,8 +22,9 @@ case "$1" in
       --batches 1 64 512 | tail -12
     files="$R/compile_step_cuda.json $R/compile_step_cuda.md $R/gpu_decode.json $R/gpu_decode.md" ;;
   train)
+    python benchmarks/fused_loss.py | tail -2
     python benchmarks/gpu.py --before runs/gpu/before47 --models base,big --modes bf16,bf16+compile --steps 20 \
       | tail -30
-    files="$R/gpu_train.json $R/gpu_train.md" ;;
+    files="$R/fused_loss.json $R/fused_loss.md $R/gpu_train.json $R/gpu_train.md" ;;
 esac
 if [ -n "${OUT:-}" ]; then cp $files "$OUT"/; fi

@@ -1,0 +1,92 @@
+"""The label-smoothed loss alone on a GPU: the Triton kernel (``transformer/fused_loss.py``) against the
+operator-by-operator path, at the paper's base and big shapes (issue 47).
+
+    python benchmarks/fused_loss.py [--tokens 25000] [--repeat 10]
+
+For each model's d_model, the loss and both gradients (``label_smoothed_loss`` computes them in its
+forward pass) of --tokens target positions over V = 37,000, under bf16 autocast as training runs it:
+milliseconds per call (CUDA events, median of --repeat after a warm-up), peak memory, and how far the
+two paths' loss and gradients are apart. Writes benchmarks/results/fused_loss.json and .md. Needs a
+CUDA GPU and Triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from transformer.loss import label_smoothed_loss
+
+RESULTS = Path(__file__).resolve().parent / "results"
+VOCAB = 37000
+MODELS = {"base": 512, "big": 1024}
+
+
+def timed(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, fused: bool, repeat: int) -> dict:
+    def call() -> tuple[torch.Tensor, ...]:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = label_smoothed_loss(hidden, weight, target, 0.1, fused=fused)
+        return (loss, *torch.autograd.grad(loss, (hidden, weight)))
+
+    out = call()  # warm-up: the kernel's compilation, the allocator
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base_memory = torch.cuda.memory_allocated()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return {"ms": round(statistics.median(times), 3), "ms_min": round(min(times), 3),
+            "peak_extra_gib": round((torch.cuda.max_memory_allocated() - base_memory) / 2**30, 2),
+            "outputs": [t.detach().float() for t in out]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=25000, help="target positions per call (the paper's batch)")
+    parser.add_argument("--repeat", type=int, default=10)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("fused_loss.py needs a CUDA GPU")
+    rows = {}
+    for name, d in MODELS.items():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        hidden = torch.randn(args.tokens, d, device="cuda", generator=g).requires_grad_()
+        weight = (torch.randn(VOCAB, d, device="cuda", generator=g) * d**-0.5).requires_grad_()
+        target = torch.randint(0, VOCAB, (args.tokens,), device="cuda", generator=g)
+        plain = timed(hidden, weight, target, False, args.repeat)
+        fused = timed(hidden, weight, target, True, args.repeat)
+        (loss_p, *grads_p), (loss_f, *grads_f) = plain.pop("outputs"), fused.pop("outputs")
+        rows[name] = {"d_model": d, "operators": plain, "fused": fused,
+                      "speedup": round(plain["ms"] / fused["ms"], 2),
+                      "loss_rel_diff": float((loss_f - loss_p).abs() / loss_p.abs()),
+                      "grad_rel_diff": [float((a - b).norm() / b.norm()) for a, b in zip(grads_f, grads_p)]}
+        print(name, json.dumps(rows[name]), flush=True)
+    result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "vocab": VOCAB,
+              "tokens": args.tokens, "rows": rows}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "fused_loss.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# The label-smoothed loss on {result['gpu']}: Triton kernel against operators", "",
+             f"`{result['command']}` — {result['date']}, torch {result['torch']}. Loss and both gradients of "
+             f"{args.tokens:,} positions over V = {VOCAB:,}, bf16 autocast, median of {args.repeat}.", "",
+             "| model | d_model | operators (ms) | fused (ms) | speed-up | extra memory (GiB), operators / fused | "
+             "loss rel. diff | gradient rel. diff (hidden, weight) |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {n} | {r['d_model']} | {r['operators']['ms']} | {r['fused']['ms']} | {r['speedup']}× | "
+              f"{r['operators']['peak_extra_gib']} / {r['fused']['peak_extra_gib']} | {r['loss_rel_diff']:.1e} | "
+              f"{r['grad_rel_diff'][0]:.1e}, {r['grad_rel_diff'][1]:.1e} |" for n, r in rows.items()]
+    (RESULTS / "fused_loss.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
