@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from transformer.config import ModelConfig, load_config
-from transformer.model import (MultiHeadAttention, Transformer, attention, count_parameters, dropout,
-                               padding_mask, record_attention, sinusoidal_positions)
+from transformer.model import (_ONEDNN, MultiHeadAttention, Transformer, attention, count_parameters, dropout,
+                               pack_for_inference, padding_mask, record_attention, sinusoidal_positions)
 from transformer.tokenizer import PAD_ID
 
 TINY = ModelConfig(n_enc_layers=2, n_dec_layers=2, d_model=32, d_ff=64, n_heads=4, p_drop=0.0)
@@ -174,6 +174,29 @@ def test_cached_decoding_with_beams_and_unequal_head_sizes(norm):
     memory, mask = model.encode(src)
     cache = model.init_cache(memory, mask, beam=2, max_len=tgt.size(1))
     steps = torch.stack([model.decode_step(tgt[:, i], cache) for i in range(tgt.size(1))], 1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+def test_a_packed_models_step_weights_keep_their_packed_copies():
+    """``pack_for_inference``'s oneDNN copies reach the step: a kept step weight without one (the fused
+    Q/K/V, or a copy of a layer's weight) would make oneDNN reorder the weight at every product, which at
+    batch 1 cost more than the product. Rows enough for oneDNN: the packed step equals the full model."""
+    model = tiny_model(cfg=dataclasses.replace(TINY, d_model=64, d_ff=256))
+    src = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 1, PAD_ID, PAD_ID]])
+    tgt = torch.randint(3, 50, (64, 4))
+    tgt[:, 0] = PAD_ID
+    full = model(src.repeat_interleave(32, 0), tgt)
+    pack_for_inference(model)
+    model.keep_step_weights()
+    packed = hasattr(model.decoder[0].ffn.w1.weight, "_onednn")
+    assert packed == _ONEDNN
+    for w in model._step_weights:
+        for weight, _ in (w.qkv, w.self_out, w.cross_q, w.cross_out, w.w1, w.w2):
+            assert hasattr(weight, "_onednn") == packed
+    memory, mask = model.encode(src)
+    cache = model.init_cache(memory, mask, beam=32, max_len=tgt.size(1))
+    with torch.inference_mode():
+        steps = torch.stack([model.decode_step(tgt[:, i], cache) for i in range(tgt.size(1))], 1)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
 
 

@@ -86,7 +86,13 @@ def pack_for_inference(model: nn.Module) -> None:
     weights += [m.output_weight for m in model.modules() if isinstance(m, Transformer) and "output_proj" not in m._modules
                 and m.output_weight.device.type == "cpu"]  # tied: the embedding is the projection
     for w in weights:
-        w._onednn = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+        pack(w)
+
+
+def pack(weight: Tensor) -> Tensor:
+    """``weight`` with a copy in oneDNN's blocked layout beside it, which ``linear`` reads."""
+    weight._onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    return weight
 
 
 def apply(layer: nn.Module, x: Tensor, relu: bool = False) -> Tensor:
@@ -106,11 +112,16 @@ os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "32")
 
 def joined(projections: tuple[nn.Module | FloatWeights, ...]) -> tuple[Tensor, Tensor | None] | None:
     """Several projections' weights (and biases) side by side, to run them as one product; None when
-    they are not all plain linear layers or float weights (an int8 copy's layers hold none)."""
+    they are not all plain linear layers or float weights (an int8 copy's layers hold none). One
+    projection's are its own tensors, not copies; several packed ones (``pack_for_inference``) give a
+    packed weight, so that oneDNN does not reorder it at every product."""
     if not all(type(m) in (nn.Linear, FloatWeights) for m in projections):
         return None
+    if len(projections) == 1:
+        return projections[0].weight, projections[0].bias
     bias = None if projections[0].bias is None else torch.cat([m.bias for m in projections])
-    return torch.cat([m.weight for m in projections]), bias
+    weight = torch.cat([m.weight for m in projections])
+    return (pack(weight) if all(hasattr(m.weight, "_onednn") for m in projections) else weight), bias
 
 
 class FloatWeights(NamedTuple):
