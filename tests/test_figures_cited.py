@@ -92,10 +92,10 @@ def quality_table(page: str, section: str) -> list[Figure]:
                       ("41.02", "wu2021_transformer_tiny_multi30k_en_de_test2016/tok_lc_bleu")))
 
 
-SPEED = (("1.12", "ratios/train_vs_fairseq"), ("1.68", "ratios/translate_b64_vs_fairseq"),
-         ("0.765", "ratios/translate_b64_vs_ctranslate2"), ("0.289", "ratios/translate_b1_vs_ctranslate2"),
-         ("1.41", "int8/vs_ctranslate2_int8"), ("1.11", "ratios/train_vs_fairseq_min_max/0"),
-         ("1.24", "ratios/train_vs_fairseq_min_max/1"))
+SPEED = (("1.16", "ratios/train_vs_fairseq"), ("1.8", "ratios/translate_b64_vs_fairseq"),
+         ("0.662", "ratios/translate_b64_vs_ctranslate2"), ("0.369", "ratios/translate_b1_vs_ctranslate2"),
+         ("1.29", "int8/vs_ctranslate2_int8"), ("1.10", "ratios/train_vs_fairseq_min_max/0"),
+         ("1.19", "ratios/train_vs_fairseq_min_max/1"))
 
 FIGURES: list[Figure] = [
     *quality_table("README.md", "Results"),
@@ -165,30 +165,33 @@ FIGURES: list[Figure] = [
              ("1.18", "models/quick/batches/64/speedup"), ("1.16", "models/small/batches/1/speedup"),
              ("1.21", "models/small/batches/64/speedup")),
     *figures("docs/decoding.md", "Speed", "speed.json", *SPEED,
-             ("3,403", "train/ours/tokens_per_s"), ("3,388", "train/ours/min"), ("3,644", "train/ours/max"),
-             ("3,031", "train/fairseq/tokens_per_s"), ("2,943", "train/fairseq/min"),
-             ("3,057", "train/fairseq/max"), ("3", "train/ours/runs"),
-             ("239.18", "translate/ours_b64/sents_per_s"), ("142.75", "translate/fairseq_b64/sents_per_s"),
-             ("312.6", "translate/ctranslate2_b64/sents_per_s"), ("50.54", "translate/ours_b1/sents_per_s"),
-             ("22.74", "translate/fairseq_b1/sents_per_s"), ("174.59", "translate/ctranslate2_b1/sents_per_s"),
-             ("353.17", "translate/ours_int8_b64/sents_per_s"), ("66.9", "translate/ours_int8_b1/sents_per_s"),
-             ("250.72", "translate/ctranslate2_int8_b64/sents_per_s"),
-             ("16.14", "translate/ctranslate2_int8_b1/sents_per_s"),
-             ("4.75", "user_model/seconds/ours/median"), ("1.74", "user_model/seconds/ctranslate2/median"),
-             ("0.365", "user_model/ratios/exact_vs_ctranslate2"), ("1.26", "user_model/startup_s/ours"),
-             ("0.08", "user_model/startup_s/ctranslate2"), ("4.14", "user_model/seconds/ours_top_stop/median"),
-             ("0.419", "user_model/ratios/top_stop_vs_ctranslate2"), ("39.53", "user_model/bleu/ours_top_stop"),
-             ("39.61", "user_model/bleu/ours"), ("1.30", "top_stop/b64_vs_bound"),
-             ("0.993", "top_stop/b64_vs_ctranslate2"),
+             ("3,350", "train/ours/tokens_per_s"), ("3,259", "train/ours/min"), ("3,404", "train/ours/max"),
+             ("2,886", "train/fairseq/tokens_per_s"), ("2,856", "train/fairseq/min"),
+             ("2,961", "train/fairseq/max"), ("3", "train/ours/runs"),
+             ("225.63", "translate/ours_b64/sents_per_s"), ("125.35", "translate/fairseq_b64/sents_per_s"),
+             ("341.06", "translate/ctranslate2_b64/sents_per_s"), ("46.64", "translate/ours_b1/sents_per_s"),
+             ("22.87", "translate/fairseq_b1/sents_per_s"), ("126.52", "translate/ctranslate2_b1/sents_per_s"),
+             ("328.5", "translate/ours_int8_b64/sents_per_s"), ("58.67", "translate/ours_int8_b1/sents_per_s"),
+             ("255.25", "translate/ctranslate2_int8_b64/sents_per_s"),
+             ("15.14", "translate/ctranslate2_int8_b1/sents_per_s"),
+             ("5.1", "user_model/seconds/ours/median"), ("2.24", "user_model/seconds/ctranslate2/median"),
+             ("0.438", "user_model/ratios/exact_vs_ctranslate2"), ("1.47", "user_model/startup_s/ours"),
+             ("0.1", "user_model/startup_s/ctranslate2"), ("4.56", "user_model/seconds/ours_top_stop/median"),
+             ("0.49", "user_model/ratios/top_stop_vs_ctranslate2"), ("39.53", "user_model/bleu/ours_top_stop"),
+             ("39.61", "user_model/bleu/ours"), ("1.31", "top_stop/b64_vs_bound"),
+             ("0.865", "top_stop/b64_vs_ctranslate2"),
              ("30.32", "translate/ours_top_stop_b64/bleu"), ("30.36", "translate/ours_b64/bleu"),
              ("997", "greedy_agreement/ctranslate2_identical"), ("997", "greedy_agreement/fairseq_identical"),
              ("1,000", "greedy_agreement/sentences")),
-    *figures("docs/decoding.md", "Speed", "speed.json", ("16.14", "translate/ctranslate2_int8_b1/sents_per_s"),
-             ("174.59", "translate/ctranslate2_b1/sents_per_s")),
+    *figures("docs/decoding.md", "Speed", "speed.json", ("15.14", "translate/ctranslate2_int8_b1/sents_per_s"),
+             ("126.52", "translate/ctranslate2_b1/sents_per_s")),
+    *figures("docs/decoding.md", "Speed", "tried/speed_9d8bb88.json",
+             ("0.289", "ratios/translate_b1_vs_ctranslate2"), ("0.765", "ratios/translate_b64_vs_ctranslate2"),
+             ("1.41", "int8/vs_ctranslate2_int8")),
     *figures("docs/decoding.md", "Speed", "ct2_backend.json", ("0.09", "int8_over_fp32_b1/picked"),
              ("229.05", "runs/picked_int8_b1_t1/sents_per_s"), ("11.9", "int8_b1_one_over_two_threads"),
              ("1.46", "int8_over_fp32_b1/picked_one_thread"), ("4.87", "runs/mkl_forced_int8_b1/sents_per_s")),
-    *figures("docs/decoding.md", "Speed", "speed.json", ("74", "train/ours/mfu"), ("66", "train/fairseq/mfu"),
+    *figures("docs/decoding.md", "Speed", "speed.json", ("89", "train/ours/mfu"), ("76", "train/fairseq/mfu"),
              scale=100),
     *figures("README.md", "Results", "reliability.json", ("47", "faults_survived"), ("47", "faults_injected"),
              ("0", "lines_lost"), ("4", "foreign_files_refused"), ("4", "foreign_files"), ("0", "cli_tracebacks"),
@@ -358,9 +361,9 @@ def test_a_wrong_or_unmapped_figure_is_caught():
     assert unmapped(text, ["1.16"], [r"beam \d+"]) == ["2.5"]
     assert unmapped(text, ["1.16", "2.5"], []) == ["4"]
     assert unmapped(text + " 1.16 again", ["1.16", "2.5"], [r"beam \d+"]) == ["1.16"]  # printed twice, mapped once
-    good = Figure("README.md", "Results", "1.12", "speed.json", "ratios/train_vs_fairseq")
+    good = Figure("README.md", "Results", "1.16", "speed.json", "ratios/train_vs_fairseq")
     assert matches(good)[0]
-    assert not matches(Figure("README.md", "Results", "1.13", "speed.json", "ratios/train_vs_fairseq"))[0]
+    assert not matches(Figure("README.md", "Results", "1.17", "speed.json", "ratios/train_vs_fairseq"))[0]
     assert read_path({"rows": [{"row": "A1", "x": 3}, {"row": "A1", "x": 4, "y": 1}]}, "rows/row=A1&y=1/x") == 4
     assert section_text("# A\none 1\n## B\ntwo `2` [x](y3.md)\n# C\nthree 3\n", "A") == "\none 1\n## B\ntwo   [x]\n"
 
