@@ -15,7 +15,8 @@ trainer: the replication at their settings, and a recipe picked on val at their 
    the run's config sha256, read back when that matches. Runs are independent: several can train at
    once (one per GPU process, or at --threads 1 beside each other on a CPU); benchmarks/wu2021_lanes.sh
    runs them as parallel lanes on one GPU and then the report.
-2. Without ``--only`` (every run finished): the report. The replication rows (their settings, under
+2. Without ``--only``: the report, over every run with val scores (those not trained yet are named in
+   it, and the pick is made among the candidates that were). The replication rows (their settings, under
    each reading of the fork's ambiguous defaults) are scored on test2016 decoded their way and ours,
    beside 41.02 (benchmarks/results/published.json). The recipe at their budget is the settings and
    decoding with the best val BLEU, averaged over the seeds each was trained with; test2016 is
@@ -194,16 +195,19 @@ def pick(runs: dict[str, dict]) -> tuple[dict, list[dict]]:
 
 def report(runs_dir: Path) -> None:
     missing = [n for n in RUNS if not (SELECTION / f"{n}.json").is_file()]
+    if missing == list(RUNS):
+        sys.exit("no val scores yet: run --only NAME first")
     if missing:
-        sys.exit(f"no val scores yet for {', '.join(missing)}: run --only {','.join(missing)} first")
-    runs = {n: run(n, runs_dir, None) for n in RUNS}
+        print(f"not trained yet, left out of the report: {', '.join(missing)} (--only {','.join(missing)})",
+              file=sys.stderr)
+    runs = {n: run(n, runs_dir, None) for n in RUNS if n not in missing}
     published = json.loads((RESULTS / "published.json").read_text(encoding="utf-8"))[PUBLISHED]
     path = RESULTS / "multi30k_en_de_wu2021.json"
     # a run trained elsewhere (its folder not here) keeps the test scores it was reported with
     previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"replication": []}
     reported = {(r["run"], r["config_sha256"]): r for r in previous["replication"]}
     replication = []
-    for name in REPLICATION:
+    for name in (n for n in REPLICATION if n in runs):
         done = runs[name]
         if not (ROOT / done["run"]).is_dir() and (name, done["config_sha256"]) in reported:
             replication.append(reported[name, done["config_sha256"]])
@@ -236,7 +240,7 @@ def report(runs_dir: Path) -> None:
         "published": published, "replication": replication,
         "runs": [{k: d[k] for k in ("name", "values", "steps", "valid_ppl", "best", "val", "train_minutes",
                                      "device", "commit")} for d in runs.values()],
-        "ranked": ranked, "budget": "8000 updates of ~8,192 tokens, or fewer where patience stops a run",
+        "ranked": ranked, "not_trained": missing, "budget": "8000 updates of ~8,192 tokens, or fewer where patience stops a run",
         "config": str(CONFIG.relative_to(ROOT)), "commit": git("rev-parse", "--short", "HEAD"),
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
         "date": datetime.date.today().isoformat(), "device": device_name(),
@@ -274,12 +278,14 @@ def write_markdown(r: dict) -> None:
                 f"({cpu['note']}; torch {cpu['torch']}, commit {cpu['commit']}, {cpu['date']}).\n" if cpu else "")
     p = r["picked"]
     close = "; ".join(f"{', '.join(c['runs'])} with {c['decoding']} ({c['val_tok_lc_bleu']})" for c in r["close_to_pick"])
+    missing = (f"\nNot trained yet, so in neither table nor the pick: {', '.join(r['not_trained'])}.\n"
+               if r.get("not_trained") else "")
     (RESULTS / "multi30k_en_de_wu2021.md").write_text(f"""# Multi30k EN→DE at Wu et al. (2021)'s settings and budget
 
 `{r['command']}` — {r['date']}, commit {r['commit']}, {r['device']}; torch {r['versions']['torch']},
 sacrebleu {r['versions']['sacrebleu']}. Config: `{r['config']}` plus each run's overrides. Budget:
 {r['budget']}.
-
+{missing}
 Published: **{pub}** tokenized lowercased BLEU on test2016 ({r['published']['system']}; {r['published']['metric']};
 {r['published']['source']}).
 

@@ -86,3 +86,14 @@ def test_wu2021_pick_averages_seeds_and_the_committed_recipe_is_the_pick() -> No
     assert [r["val_tok_lc_bleu"] for r in ranked] == [41.6, 41.5, 41.4]
     # benchmarks/results/multi30k_en_de_wu2021.json's pick is what configs/multi30k_en_de_8k.toml holds
     wu2021.check()
+
+
+def test_wu2021_report_names_the_runs_not_trained_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    result = json.loads((wu2021.RESULTS / "multi30k_en_de_wu2021.json").read_text(encoding="utf-8"))
+    monkeypatch.setattr(wu2021, "RESULTS", tmp_path)
+    wu2021.write_markdown(result | {"not_trained": []})
+    assert "Not trained yet" not in (tmp_path / "multi30k_en_de_wu2021.md").read_text(encoding="utf-8")
+    wu2021.write_markdown(result | {"not_trained": ["wu_ls0.1_lctok_seed2"]})
+    assert "Not trained yet, so in neither table nor the pick: wu_ls0.1_lctok_seed2." in \
+        (tmp_path / "multi30k_en_de_wu2021.md").read_text(encoding="utf-8")
