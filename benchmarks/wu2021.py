@@ -264,7 +264,7 @@ def write_markdown(r: dict) -> None:
         f"| {x['test_theirs']['chrf']} | {x['test_paper']['tok_lc_bleu']} |" for x in r["replication"])
     runs = "\n".join(f"| {d['name']} | {d['steps']} | {d['valid_ppl']} | {d['val']['theirs']['tok_lc_bleu']} | "
                      f"{d['val']['paper']['tok_lc_bleu']} | {max(v['tok_lc_bleu'] for v in d['val'].values())} | "
-                     f"{d['train_minutes']} |" for d in r["runs"])
+                     f"{d['train_minutes']} | {d['device']} |" for d in r["runs"])
     readings: dict[str, list[dict]] = {}
     for x in r["replication"]:
         readings.setdefault(json.dumps(settings_of(x["values"]), sort_keys=True), []).append(x)
@@ -309,10 +309,10 @@ Each reading over its seeds (test2016 tok. lc BLEU decoded their way; val likewi
 ## The recipe at their budget, picked on val
 
 Every run, val tok. lc BLEU (1,014 sentences) under their decoding, the paper's, and the best of all
-{len(DECODINGS)} decodings; minutes are wall time of runs that shared one machine:
+{len(DECODINGS)} decodings; minutes are wall time, of runs that may have shared their machine:
 
-| run | updates | valid ppl | val (theirs) | val (paper) | val (best decoding) | minutes |
-|---|---|---|---|---|---|---|
+| run | updates | valid ppl | val (theirs) | val (paper) | val (best decoding) | minutes | trained on |
+|---|---|---|---|---|---|---|---|
 {runs}
 
 Picked on val (settings and decoding averaged over their seeds): runs {', '.join(p['runs'])} with decoding
