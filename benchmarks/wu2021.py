@@ -368,7 +368,7 @@ def time_cpu(updates: int) -> None:
         "threads": cfg.train.threads, "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
         "note": (f"the first {summary['step']} updates of {RECIPE.relative_to(ROOT)} timed alone on the machine "
                  "(validation every train.eval_every included), their rate carried to the whole budget; the "
-                 "runs above trained on a GPU"),
+                 "pick's runs trained on a GPU"),
         "torch": torch.__version__, "commit": git("rev-parse", "--short", "HEAD"),
         "date": datetime.date.today().isoformat()}
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
