@@ -68,18 +68,21 @@ TOK = {key: path.replace("multi30k/", "multi30k/tok/").replace(".en.gz", ".lc.no
 THEIRS = RAW | {"model.norm": "post", "model.ln_eps": 1e-5, "train.eps_ls": 0.0, "train.beta2": 0.999,
                 "train.adam_eps": 1e-8, "train.cooldown_fraction": 0.0, "train.patience": 10,
                 "train.keep_best": "valid_loss"}
+# their settings with stock fairseq's Adam and reading A of label smoothing (the first runs); FORK: the
+# fork's own Adam and fairseq's patience metric, with reading B (configs/multi30k_en_de_wu2021.toml)
+FORK = THEIRS | {"train.eps_ls": 0.1, "train.beta2": 0.98, "train.adam_eps": 1e-8, "train.keep_best": "valid_smoothed_loss"}
 # our EN→DE recipe's training choices (configs/multi30k_en_de.toml) at their batch and update budget
 OURS = RAW | {"model.norm": "pre", "model.ln_eps": 1e-6, "train.eps_ls": 0.1, "train.beta2": 0.98,
               "train.adam_eps": 1e-9, "train.cooldown_fraction": 0.25, "train.patience": 0,
               "train.keep_best": "valid_loss"}
 RUNS: dict[str, dict[str, object]] = {
-    # the replication: reading A (stock fairseq's label smoothing 0.0, the config as committed) and
-    # reading B (0.1, the default of some of the fork's criteria), each with a second seed
+    # the replication: stock fairseq's Adam (β2 0.999) with reading A (stock fairseq's label smoothing
+    # 0.0) and reading B (0.1, the default of the fork's joint criteria), each with a second seed
     "wu_ls0": THEIRS,
     "wu_ls0_seed2": THEIRS | {"train.seed": 2},
     "wu_ls0.1": THEIRS | {"train.eps_ls": 0.1},
     "wu_ls0.1_seed2": THEIRS | {"train.eps_ls": 0.1, "train.seed": 2},
-    # the other reading of Adam: the paper's betas (0.9, 0.98), ε 1e-9 instead of fairseq's defaults
+    # the paper's Adam, betas (0.9, 0.98), ε 1e-9, instead of stock fairseq's
     "wu_ls0.1_adam98": THEIRS | {"train.eps_ls": 0.1, "train.beta2": 0.98, "train.adam_eps": 1e-9},
     # candidates for the recipe at their budget: pre-norm at their settings, and our recipe's settings
     "pre_ls0.1": THEIRS | {"model.norm": "pre", "train.eps_ls": 0.1},
@@ -93,12 +96,18 @@ RUNS: dict[str, dict[str, object]] = {
     "wu_ls0.1_smoothed_patience": THEIRS | {"train.eps_ls": 0.1, "train.keep_best": "valid_smoothed_loss"},
     "wu_ls0.1_smoothed_patience_seed2": THEIRS | {"train.eps_ls": 0.1, "train.keep_best": "valid_smoothed_loss",
                                                    "train.seed": 2},
+    # the config as committed: the fork's own code at df97ba0 where it is at hand (fairseq/optim/adam.py's
+    # --adam-betas default (0.9, 0.98) with ε 1e-8) and patience on the label-smoothed validation loss
+    # (fairseq's --best-checkpoint-metric); label smoothing 0.1 as reading B
+    "wu_fork": FORK,
+    "wu_fork_seed2": FORK | {"train.seed": 2},
 }
 # runs that replicate but are no recipe: a model of lowercased tokenized text does not translate cased text
 NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2")
 # the replication's rows: their settings under each reading of the fork's defaults
 REPLICATION = ("wu_ls0", "wu_ls0_seed2", "wu_ls0.1", "wu_ls0.1_seed2", "wu_ls0.1_adam98",
-               "wu_ls0.1_smoothed_patience", "wu_ls0.1_smoothed_patience_seed2", *NOT_CANDIDATES)
+               "wu_ls0.1_smoothed_patience", "wu_ls0.1_smoothed_patience_seed2", "wu_fork", "wu_fork_seed2",
+               *NOT_CANDIDATES)
 # Decodings scored on val: weights (the last checkpoint, or the average of the last N), beam, α.
 # evaluate.sh averages the last 10 epoch checkpoints and runs generate.py --beam 5 with score / |Y|;
 # DEVIATION(§6.1): GNMT's ((5 + |Y|) / 6)^α with α = 1 is ours nearest to that normalisation.

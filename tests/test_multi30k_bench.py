@@ -69,8 +69,9 @@ def test_wu2021_runs_load_and_name_the_same_settings() -> None:
         seen.add(cfg.sha256())
     assert len(seen) == len(wu2021.RUNS), "two runs are the same config"
     assert wu2021.RUNS["wu_ls0"] == wu2021.THEIRS and set(wu2021.REPLICATION) <= set(wu2021.RUNS)
-    # reading A is the config as committed: the overrides change nothing
-    assert load_config(str(wu2021.CONFIG), wu2021.overrides_of(wu2021.THEIRS)).sha256() == \
+    # the fork's reading is the config as committed: its overrides change nothing
+    assert wu2021.RUNS["wu_fork"] == wu2021.FORK
+    assert load_config(str(wu2021.CONFIG), wu2021.overrides_of(wu2021.FORK)).sha256() == \
         load_config(str(wu2021.CONFIG)).sha256()
 
 
