@@ -1,5 +1,6 @@
 """benchmarks/multi30k.py: every candidate of every pair's search is a valid assignment of its config."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -90,7 +91,6 @@ def test_wu2021_pick_averages_seeds_and_the_committed_recipe_is_the_pick() -> No
 
 
 def test_wu2021_report_names_the_runs_not_trained_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import json
     result = json.loads((wu2021.RESULTS / "multi30k_en_de_wu2021.json").read_text(encoding="utf-8"))
     monkeypatch.setattr(wu2021, "RESULTS", tmp_path)
     wu2021.write_markdown(result | {"not_trained": []})
