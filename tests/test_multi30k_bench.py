@@ -98,3 +98,11 @@ def test_wu2021_report_names_the_runs_not_trained_yet(tmp_path: Path, monkeypatc
     wu2021.write_markdown(result | {"not_trained": ["wu_ls0.1_lctok_seed2"]})
     assert "Not trained yet, so in neither table nor the pick: wu_ls0.1_lctok_seed2." in \
         (tmp_path / "multi30k_en_de_wu2021.md").read_text(encoding="utf-8")
+
+
+def test_wu2021_reading_names_what_a_run_changes_from_the_committed_config() -> None:
+    assert wu2021.reading(wu2021.RUNS["wu_fork"]) == "the config as committed"
+    assert wu2021.reading(wu2021.RUNS["wu_fork_seed2"]) == "train.seed=2"
+    assert wu2021.reading(wu2021.RUNS["wu_ls0.1_smoothed_patience"]) == "train.beta2=0.999"
+    assert wu2021.reading(wu2021.RUNS["wu_ls0.1_lctok"]) == \
+        "train.beta2=0.999, train.keep_best=valid_loss, lowercased tokenized text"
