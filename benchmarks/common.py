@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +32,17 @@ def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     except OSError:
         return ""
+
+
+def prediction_interval(values: list[float], level: float = 0.95) -> dict:
+    """Where one more run of the same setting falls, from ``values`` (n >= 2 runs of it, seeds apart):
+    mean ± t((1 + level) / 2, n−1) · s · √(1 + 1/n), the interval a single run (a variant, a published
+    number) is read against, rather than the runs' min–max."""
+    from scipy.stats import t
+
+    n, sd = len(values), statistics.stdev(values)
+    return {"n": n, "mean": round(statistics.fmean(values), 3), "sd": round(sd, 3), "min": min(values),
+            "max": max(values), "half_width": round(float(t.ppf(0.5 + level / 2, n - 1)) * sd * math.sqrt(1 + 1 / n), 3)}
 
 
 def code_state() -> dict:

@@ -34,10 +34,8 @@ import collections
 import dataclasses
 import datetime
 import json
-import math
 import os
 import platform
-import statistics
 import sys
 from pathlib import Path
 
@@ -48,7 +46,7 @@ from transformer.config import Config, load_config
 from transformer.model import count_parameters
 from transformer.translator import Translator
 
-from common import ROOT, Split, config_key, git, train_or_resume
+from common import ROOT, Split, config_key, git, prediction_interval, train_or_resume
 
 # Table 3 as printed: PPL (dev), BLEU (dev), params ×10^6 (None where the paper prints no count; the
 # copy in ../shared/paper shows 4/16/32/16 in rows (A)'s params cells, which cannot be counts: those
@@ -227,19 +225,12 @@ def base_band(rows: list[dict]) -> dict:
     better or worse than base: mean ± t(0.975, n−1) · s · √(1 + 1/n). Every variant is a single run, so
     this, not the seeds' min–max (which a run with no real effect leaves half the time at n = 3), is the
     band its difference from the base mean is read against; None for a metric with fewer than 2 seeds."""
-    from scipy.stats import t
-
     base = [r for r in rows if r["row"] == "base"]
     out: dict = {"seeds": [r["seed"] for r in base], "level": LEVEL}
     for key in ("dev_ppl", "dev_bleu"):
         values = [r[key] for r in base]
-        if len(values) < 2:
-            out[key] = None
-            continue
-        n, sd = len(values), statistics.stdev(values)
-        half = t.ppf(0.5 + LEVEL / 2, n - 1) * sd * math.sqrt(1 + 1 / n)
-        out[key] = {"mean": round(statistics.fmean(values), 3), "sd": round(sd, 3), "min": min(values),
-                    "max": max(values), "half_width": round(half, 3)}
+        out[key] = None if len(values) < 2 else \
+            {k: v for k, v in prediction_interval(values, LEVEL).items() if k != "n"}
     return out
 
 

@@ -49,7 +49,8 @@ from transformer.config import Config, load_config
 from transformer.train import train
 from transformer.translator import Translator
 
-from common import ROOT, Split, config_key, git, overrides_of, train_or_resume, weight_candidates
+from common import (ROOT, Split, config_key, git, overrides_of, prediction_interval, train_or_resume,
+                    weight_candidates)
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "multi30k_en_de_wu2021.toml"
@@ -229,6 +230,7 @@ def report(runs_dir: Path) -> None:
             **{f"test_{d}": {k: test[d][k] for k in ("tok_lc_bleu", "sacrebleu", "chrf")} for d in test},
             "val_theirs": done["val"]["theirs"]["tok_lc_bleu"], "val_paper": done["val"]["paper"]["tok_lc_bleu"],
             "vs_published": round(test["theirs"]["tok_lc_bleu"] - published["tok_lc_bleu"], 2)})
+    band = seed_band(replication, published["tok_lc_bleu"])
     best, ranked = pick(runs)
     close = [r for r in ranked[1:] if best["val_tok_lc_bleu"] - r["val_tok_lc_bleu"] < LEADER_MARGIN
              and r["settings"] != best["settings"]]
@@ -249,7 +251,7 @@ def report(runs_dir: Path) -> None:
         "published": published, "replication": replication,
         "runs": [{k: d[k] for k in ("name", "values", "steps", "valid_ppl", "best", "val", "train_minutes",
                                      "device", "commit")} for d in runs.values()],
-        "ranked": ranked, "not_trained": missing, "budget": "8000 updates of ~8,192 tokens, or fewer where patience stops a run",
+        "seed_band": band, "ranked": ranked, "not_trained": missing, "budget": "8000 updates of ~8,192 tokens, or fewer where patience stops a run",
         "config": str(CONFIG.relative_to(ROOT)), "commit": git("rev-parse", "--short", "HEAD"),
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
         "date": datetime.date.today().isoformat(), "device": device_name(),
@@ -261,6 +263,20 @@ def report(runs_dir: Path) -> None:
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     write_markdown(result)
     print(json.dumps({k: result[k] for k in ("tok_lc_bleu", "sacrebleu", "chrf", "picked")}, indent=2))
+
+
+def seed_band(replication: list[dict], published: float) -> dict | None:
+    """Where one more run of ours at their settings with label smoothing 0.1 would fall on test2016
+    (decoded their way): the prediction interval of those runs, pooled over their other differences
+    (Adam's β2 and ε, the patience metric, the text's form), which are taken to move the score less than
+    a seed does; and whether the published single run falls inside it. None with fewer than 2 runs."""
+    runs = [x for x in replication if x["values"]["train.eps_ls"] == 0.1]
+    if len(runs) < 2:
+        return None
+    band = prediction_interval([x["test_theirs"]["tok_lc_bleu"] for x in runs])
+    low, high = round(band["mean"] - band["half_width"], 2), round(band["mean"] + band["half_width"], 2)
+    return {"runs": [x["run"] for x in runs], "level": 0.95, **band, "low": low, "high": high,
+            "published_inside": low <= published <= high}
 
 
 def reading(values: dict[str, object]) -> str:
@@ -292,6 +308,12 @@ def write_markdown(r: dict) -> None:
     cpu_line = (f"On {cpu['machine']} at {cpu['threads']} threads the pick trains at {cpu['seconds_per_update']} s "
                 f"per update: **{cpu['budget_minutes']} minutes** for its {cpu['budget_updates']:,} updates "
                 f"({cpu['note']}; torch {cpu['torch']}, commit {cpu['commit']}, {cpu['date']}).\n" if cpu else "")
+    b = r.get("seed_band")
+    band_line = (f"\nThe {b['n']} runs with label smoothing 0.1 ({', '.join(b['runs'])}), pooled over their other "
+                 f"differences as if each moved the score less than a seed does: test2016 mean {b['mean']:.2f}, "
+                 f"s.d. {b['sd']:.2f}; one more such run falls in {b['low']:.2f}–{b['high']:.2f} with "
+                 f"{b['level']:.0%} probability (mean ± t(0.975, n−1) · s · √(1 + 1/n)). The published {pub}, one "
+                 f"run, is {'inside' if b['published_inside'] else 'outside'} it.\n" if b else "")
     p = r["picked"]
     close = "; ".join(f"{', '.join(c['runs'])} with {c['decoding']} ({c['val_tok_lc_bleu']})" for c in r["close_to_pick"])
     missing = (f"\nNot trained yet, so in neither table nor the pick: {', '.join(r['not_trained'])}.\n"
@@ -324,7 +346,7 @@ Each reading over its seeds (test2016 tok. lc BLEU decoded their way; val likewi
 | runs | test mean | vs {pub} | val mean |
 |---|---|---|---|
 {means}
-
+{band_line}
 ## The recipe at their budget, picked on val
 
 Every run, val tok. lc BLEU (1,014 sentences) under their decoding, the paper's, and the best of all

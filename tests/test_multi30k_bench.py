@@ -106,3 +106,25 @@ def test_wu2021_reading_names_what_a_run_changes_from_the_committed_config() -> 
     assert wu2021.reading(wu2021.RUNS["wu_ls0.1_smoothed_patience"]) == "train.beta2=0.999"
     assert wu2021.reading(wu2021.RUNS["wu_ls0.1_lctok"]) == \
         "train.beta2=0.999, train.keep_best=valid_loss, lowercased tokenized text"
+
+
+def test_prediction_interval_is_the_t_band_of_one_more_run() -> None:
+    import common
+
+    band = common.prediction_interval([1.0, 2.0, 3.0])
+    # mean 2, s 1, t(0.975, 2) = 4.3027: 4.3027 · 1 · √(4/3) = 4.968
+    assert (band["n"], band["mean"], band["sd"], band["min"], band["max"]) == (3, 2.0, 1.0, 1.0, 3.0)
+    assert band["half_width"] == pytest.approx(4.968, abs=1e-3)
+
+
+def test_wu2021_seed_band_pools_the_label_smoothed_runs_and_reads_the_published_run() -> None:
+    def row(name: str, eps: float, bleu: float) -> dict:
+        return {"run": name, "values": {"train.eps_ls": eps}, "test_theirs": {"tok_lc_bleu": bleu}}
+
+    rows = [row("a", 0.1, 39.0), row("b", 0.1, 40.0), row("c", 0.0, 36.0), row("d", 0.1, 39.5)]
+    band = wu2021.seed_band(rows, 41.02)
+    assert band["runs"] == ["a", "b", "d"] and band["mean"] == 39.5
+    # s 0.5, t(0.975, 2) = 4.303: half width 2.484, so 41.02 is inside 37.02–41.98
+    assert (band["low"], band["high"], band["published_inside"]) == (37.02, 41.98, True)
+    assert wu2021.seed_band(rows, 42.0)["published_inside"] is False
+    assert wu2021.seed_band(rows[2:3], 41.02) is None
