@@ -41,8 +41,9 @@ def prediction_interval(values: list[float], level: float = 0.95) -> dict:
     from scipy.stats import t
 
     n, sd = len(values), statistics.stdev(values)
+    half = float(t.ppf(0.5 + level / 2, n - 1)) * sd * math.sqrt(1 + 1 / n)
     return {"n": n, "mean": round(statistics.fmean(values), 3), "sd": round(sd, 3), "min": min(values),
-            "max": max(values), "half_width": round(float(t.ppf(0.5 + level / 2, n - 1)) * sd * math.sqrt(1 + 1 / n), 3)}
+            "max": max(values), "half_width": round(half, 3)}
 
 
 def code_state() -> dict:
