@@ -71,7 +71,8 @@ THEIRS = RAW | {"model.norm": "post", "model.ln_eps": 1e-5, "train.eps_ls": 0.0,
                 "train.keep_best": "valid_loss"}
 # their settings with stock fairseq's Adam and reading A of label smoothing (the first runs); FORK: the
 # fork's own Adam and fairseq's patience metric, with reading B (configs/multi30k_en_de_wu2021.toml)
-FORK = THEIRS | {"train.eps_ls": 0.1, "train.beta2": 0.98, "train.adam_eps": 1e-8, "train.keep_best": "valid_smoothed_loss"}
+FORK = THEIRS | {"train.eps_ls": 0.1, "train.beta2": 0.98, "train.adam_eps": 1e-8,
+                 "train.keep_best": "valid_smoothed_loss"}
 # our EN→DE recipe's training choices (configs/multi30k_en_de.toml) at their batch and update budget
 OURS = RAW | {"model.norm": "pre", "model.ln_eps": 1e-6, "train.eps_ls": 0.1, "train.beta2": 0.98,
               "train.adam_eps": 1e-9, "train.cooldown_fraction": 0.25, "train.patience": 0,
