@@ -66,9 +66,12 @@ RAW = {"data.train_src": "multi30k/train.en.gz", "data.train_tgt": "multi30k/tra
 # pipelines train on; a model of them outputs that form, scored as it is against the same references
 TOK = {key: path.replace("multi30k/", "multi30k/tok/").replace(".en.gz", ".lc.norm.tok.en.gz")
        .replace(".de.gz", ".lc.norm.tok.de.gz") for key, path in RAW.items()}
+# validations (for patience), checkpoints (for the average) and logs every 50 updates, the config's
+# estimate of one of their epochs
+EVERY_50 = {"train.eval_every": 50, "train.save_every": 50, "train.log_every": 50}
 THEIRS = RAW | {"model.norm": "post", "model.ln_eps": 1e-5, "train.eps_ls": 0.0, "train.beta2": 0.999,
                 "train.adam_eps": 1e-8, "train.cooldown_fraction": 0.0, "train.patience": 10,
-                "train.keep_best": "valid_loss"}
+                "train.keep_best": "valid_loss"} | EVERY_50
 # their settings with stock fairseq's Adam and reading A of label smoothing (the first runs); FORK: the
 # fork's own Adam and fairseq's patience metric, with reading B (configs/multi30k_en_de_wu2021.toml)
 FORK = THEIRS | {"train.eps_ls": 0.1, "train.beta2": 0.98, "train.adam_eps": 1e-8,
@@ -76,7 +79,7 @@ FORK = THEIRS | {"train.eps_ls": 0.1, "train.beta2": 0.98, "train.adam_eps": 1e-
 # our EN→DE recipe's training choices (configs/multi30k_en_de.toml) at their batch and update budget
 OURS = RAW | {"model.norm": "pre", "model.ln_eps": 1e-6, "train.eps_ls": 0.1, "train.beta2": 0.98,
               "train.adam_eps": 1e-9, "train.cooldown_fraction": 0.25, "train.patience": 0,
-              "train.keep_best": "valid_loss"}
+              "train.keep_best": "valid_loss"} | EVERY_50
 RUNS: dict[str, dict[str, object]] = {
     # the replication: stock fairseq's Adam (β2 0.999) with reading A (stock fairseq's label smoothing
     # 0.0) and reading B (0.1, the default of the fork's joint criteria), each with a second seed
@@ -103,13 +106,17 @@ RUNS: dict[str, dict[str, object]] = {
     # (fairseq's --best-checkpoint-metric); label smoothing 0.1 as reading B
     "wu_fork": FORK,
     "wu_fork_seed2": FORK | {"train.seed": 2},
+    # one difference from wu_fork: validations, checkpoints and logs once per epoch, as fairseq's patience
+    # and evaluate.sh's average count them; an epoch of these 8,192-token batches is 67 updates (train.log:
+    # "67 batches of <= 8192 tokens per side", on the cased text and on the lowercased tokenized one)
+    "wu_fork_epochs": FORK | {"train.eval_every": 67, "train.save_every": 67, "train.log_every": 67},
 }
 # runs that replicate but are no recipe: a model of lowercased tokenized text does not translate cased text
 NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2")
 # the replication's rows: their settings under each reading of the fork's defaults
 REPLICATION = ("wu_ls0", "wu_ls0_seed2", "wu_ls0.1", "wu_ls0.1_seed2", "wu_ls0.1_adam98",
                "wu_ls0.1_smoothed_patience", "wu_ls0.1_smoothed_patience_seed2", "wu_fork", "wu_fork_seed2",
-               *NOT_CANDIDATES)
+               "wu_fork_epochs", *NOT_CANDIDATES)
 # Decodings scored on val: weights (the last checkpoint, or the average of the last N), beam, α.
 # evaluate.sh averages the last 10 epoch checkpoints and runs generate.py --beam 5 with score / |Y|;
 # DEVIATION(§6.1): GNMT's ((5 + |Y|) / 6)^α with α = 1 is ours nearest to that normalisation.
