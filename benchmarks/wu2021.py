@@ -127,6 +127,7 @@ DECODINGS: dict[str, tuple[str, int, float]] = {
        for b, a in ((4, 0.6), (5, 0.6), (5, 1.0)) if (w, b, a) not in {("average_last10", 5, 1.0),
                                                                          ("average_last5", 4, 0.6)}},
 }
+BAND_LEVEL = 0.95  # the probability of seed_band's prediction interval
 LEADER_MARGIN = 0.3  # leaders closer than this on val are each trained with two seeds (issue 45)
 
 
@@ -281,9 +282,9 @@ def seed_band(replication: list[dict], published: float) -> dict | None:
     runs = [x for x in replication if x["values"]["train.eps_ls"] == 0.1]
     if len(runs) < 2:
         return None
-    band = prediction_interval([x["test_theirs"]["tok_lc_bleu"] for x in runs])
+    band = prediction_interval([x["test_theirs"]["tok_lc_bleu"] for x in runs], BAND_LEVEL)
     low, high = round(band["mean"] - band["half_width"], 2), round(band["mean"] + band["half_width"], 2)
-    return {"runs": [x["run"] for x in runs], "level": 0.95, **band, "low": low, "high": high,
+    return {"runs": [x["run"] for x in runs], "level": BAND_LEVEL, **band, "low": low, "high": high,
             "published_inside": low <= published <= high}
 
 
