@@ -68,7 +68,7 @@ TOK = {key: path.replace("multi30k/", "multi30k/tok/").replace(".en.gz", ".lc.no
        .replace(".de.gz", ".lc.norm.tok.de.gz") for key, path in RAW.items()}
 # validations (for patience), checkpoints (for the average) and logs every 50 updates, the config's
 # estimate of one of their epochs
-EVERY_50 = {"train.eval_every": 50, "train.save_every": 50, "train.log_every": 50}
+EVERY_50 = {"train.interval_unit": "steps", "train.eval_every": 50, "train.save_every": 50, "train.log_every": 50}
 THEIRS = RAW | {"model.norm": "post", "model.ln_eps": 1e-5, "train.eps_ls": 0.0, "train.beta2": 0.999,
                 "train.adam_eps": 1e-8, "train.cooldown_fraction": 0.0, "train.patience": 10,
                 "train.keep_best": "valid_loss"} | EVERY_50
@@ -107,9 +107,10 @@ RUNS: dict[str, dict[str, object]] = {
     "wu_fork": FORK,
     "wu_fork_seed2": FORK | {"train.seed": 2},
     # one difference from wu_fork: validations, checkpoints and logs once per epoch, as fairseq's patience
-    # and evaluate.sh's average count them; an epoch of these 8,192-token batches is 67 updates (train.log:
+    # and evaluate.sh's average count them (an epoch of these 8,192-token batches is 67 updates, train.log:
     # "67 batches of <= 8192 tokens per side", on the cased text and on the lowercased tokenized one)
-    "wu_fork_epochs": FORK | {"train.eval_every": 67, "train.save_every": 67, "train.log_every": 67},
+    "wu_fork_epochs": FORK | {"train.interval_unit": "epochs", "train.eval_every": 1, "train.save_every": 1,
+                              "train.log_every": 1},
 }
 # runs that replicate but are no recipe: a model of lowercased tokenized text does not translate cased text
 NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2")

@@ -540,3 +540,34 @@ def test_keep_best_on_the_label_smoothed_validation_loss(tmp_path, tiny_override
     # without the option, validation computes the NLL only (one forward pass)
     model = Transformer(cfg.model, 500)
     assert set(validate(model, [], cfg.train.max_tokens)) == {"valid_nll", "valid_ppl"}
+
+
+def test_intervals_in_epochs(tmp_path, tiny_overrides):
+    """train.interval_unit = "epochs" (fairseq's cadence): log lines, validations (and so patience) and
+    checkpoints come at the step that ends an epoch; a checkpoint of the budget's end less than half an
+    epoch after the last epoch's is not averaged beside it; killed and resumed, the run repeats itself."""
+    import re
+
+    from transformer.checkpoint import checkpoints_to_average
+
+    common = tiny_overrides + ['train.interval_unit="epochs"', "train.log_every=1", "train.eval_every=1",
+                               "train.save_every=1", "train.keep_last=10"]
+    probe = tmp_path / "probe"
+    train(load_config("tiny", common + ["train.max_steps=1"]), probe, quiet=True)
+    per_epoch = int(re.search(r"(\d+) batches of", (probe / "train.log").read_text()).group(1))
+    assert per_epoch >= 3
+    steps = 2 * per_epoch + 1  # two epochs and one step: the last checkpoint is 1/per_epoch into the third
+    whole = tmp_path / "whole"
+    summary = train(load_config("tiny", common + [f"train.max_steps={steps}"]), whole, quiet=True)
+    records = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "valid_nll" in r) for r in records] == [(per_epoch, True), (2 * per_epoch, True),
+                                                                (steps, False)]
+    assert [int(p.stem.split("_")[1]) for p in list_checkpoints(whole)] == [per_epoch, 2 * per_epoch, steps]
+    # the third checkpoint is 1/per_epoch of an epoch after the second: it takes the second's place
+    assert [p.stem for p in checkpoints_to_average(whole, 10)] == [f"step_{per_epoch:08d}", f"step_{steps:08d}"]
+    part = tmp_path / "part"
+    train(load_config("tiny", common + [f"train.max_steps={per_epoch + 1}"]), part, quiet=True)
+    resumed = train(load_config("tiny", common + [f"train.max_steps={steps}"]), part, resume=True, quiet=True)
+    assert resumed["step"] == summary["step"] and resumed["valid_nll"] == summary["valid_nll"]
+    again = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in again if "valid_nll" in r] == [per_epoch, 2 * per_epoch]

@@ -213,11 +213,16 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def epochs_into(state: dict[str, Any]) -> float:
+    """How far into training a checkpoint's train_state is, in epochs (fractional mid-epoch)."""
+    return state["epoch"] + state["batch_in_epoch"] / max(state["epoch_batches"], 1)
+
+
 def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
     """The records of the last ``n`` checkpoints on the run's save clock, oldest first (§6.1 averages
     the last checkpoints "written at 10-minute intervals").
 
-    A checkpoint less than half a save interval (train.save_every steps, else train.save_minutes)
+    A checkpoint less than half a save interval (train.save_every steps or epochs, else train.save_minutes)
     older than a newer one that is kept is left out: the one written at the end of the budget or on
     a signal, just after a checkpoint of the clock, would otherwise count twice the same weights. The
     newer takes the older's place, so the averaged weights keep their spacing and the newest updates.
@@ -229,7 +234,9 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
             record = json.loads(path.read_text(encoding="utf-8"))
             train, state = record.get("config", {}).get("train", {}), record.get("train_state")
             if newer is not None and state is not None and train:
-                if train["save_every"]:
+                if train["save_every"] and train.get("interval_unit") == "epochs":
+                    gap, interval = epochs_into(newer) - epochs_into(state), train["save_every"]
+                elif train["save_every"]:
                     gap, interval = newer["step"] - state["step"], train["save_every"]
                 else:
                     gap, interval = (newer["elapsed_s"] - state["elapsed_s"]) / 60, train["save_minutes"]

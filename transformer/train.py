@@ -92,6 +92,7 @@ class TrainState:
     step: int = 0  # optimizer steps taken
     epoch: int = 0
     batch_in_epoch: int = 0  # position in this epoch's batch order
+    epoch_batches: int = 0  # batches in this epoch's order (this rank's): where in the epoch a checkpoint is
     elapsed_s: float = 0.0  # training wall time before this process
     tgt_tokens: int = 0  # non-pad target tokens trained on (all ranks)
     skipped_steps: int = 0  # steps whose gradients were not finite: not applied, not counted in ``step``
@@ -538,6 +539,20 @@ class Trainer:
         run, t = self.run_data, self.cfg.train
         self.examples, self.batches = run.sampled(epoch) if run.sampled else (run.train, run.batches)
         self.epoch_order = BatchOrder(len(self.batches), t.seed, self.dist.rank, self.dist.world).epoch_order(epoch)
+        self.state.epoch_batches = len(self.epoch_order)
+
+    def intervals_done(self) -> int:
+        """How many train.interval_unit have passed: optimizer steps, or epochs whose last batch is trained
+        (the next epoch starts only when its first batch is drawn)."""
+        state = self.state
+        if self.cfg.train.interval_unit == "steps":
+            return state.step
+        return state.epoch + int(state.batch_in_epoch >= len(self.epoch_order))
+
+    def ends(self, every: int) -> bool:
+        """Whether the step just taken completed a multiple of ``every`` intervals (0 = never). Counted
+        from the last applied step, so an epoch that ends in a skipped step is reported at the next one."""
+        return bool(every) and self.intervals[1] // every > self.intervals[0] // every
 
     def next_batch(self) -> Batch:
         state = self.state
@@ -636,13 +651,12 @@ class Trainer:
                      f"(train.patience); the best, {state.best_value:.4g} at step {state.best_step}, is in "
                      "best.safetensors")
 
-    def bleu_due(self, step: int) -> bool:
-        t = self.cfg.train
-        return bool(t.bleu_every) and step % t.bleu_every == 0 and self.cfg.data.task == "translate"
+    def bleu_due(self) -> bool:
+        return self.ends(self.cfg.train.bleu_every) and self.cfg.data.task == "translate"
 
-    def evaluates(self, step: int) -> bool:
-        """Whether rank 0's log line of ``step`` validates or translates (work the other ranks wait for)."""
-        return step % self.cfg.train.eval_every == 0 or self.bleu_due(step)
+    def evaluates(self) -> bool:
+        """Whether rank 0's log line of this step validates or translates (work the other ranks wait for)."""
+        return self.ends(self.cfg.train.eval_every) or self.bleu_due()
 
     def report(self, lr: float, bar: tqdm) -> None:
         """Rank 0's log line of this step (loss, rate, tokens/s; validation and dev BLEU when due): to the
@@ -655,9 +669,9 @@ class Trainer:
                "tokens_per_s": window["tokens"] / dt}
         budget = f"{state.step}/{t.max_steps}" + (f", {rec['minutes']:.1f}/{t.max_minutes:g} min" if t.max_minutes else "")
         bar.set_postfix(step=budget, loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
-        if state.step % t.eval_every == 0:
+        if self.ends(t.eval_every):
             rec.update(self.evaluate())
-        if self.bleu_due(state.step):
+        if self.bleu_due():
             rec["valid_bleu"] = dev_bleu(self.raw, self.run_data.tokenizer, self.bleu_pairs(), self.cfg)
         for key, value in rec.items():
             if key not in ("step", "epoch"):
@@ -685,6 +699,7 @@ class Trainer:
                    desc="train", disable=self.quiet or not dist.main, dynamic_ncols=True, mininterval=1.0,
                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
         self.bad_in_a_row = 0
+        self.intervals = (self.intervals_done(),) * 2  # (at the last applied step, now), for ends()
         # set by keep_best on rank 0 (every rank stops after the same step); a run resumed after its patience
         # ran out stops at once, unless the new config allows more
         self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
@@ -703,12 +718,13 @@ class Trainer:
                 if not self.step(lr):
                     continue
                 bar.update(budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes) - bar.n)
-                logged = state.step % t.log_every == 0 or state.step == t.max_steps
+                self.intervals = (self.intervals[1], self.intervals_done())
+                logged = self.ends(t.log_every) or state.step == t.max_steps
                 if dist.main and logged:
                     self.report(lr, bar)
-                if logged and self.evaluates(state.step):  # rank 0 validated: the others wait for it apart
+                if logged and self.evaluates():  # rank 0 validated: the others wait for it apart
                     distributed.wait_for_rank0(dist)
-                due = (t.save_every and state.step % t.save_every == 0) or (
+                due = self.ends(t.save_every) or (
                     t.save_minutes and time.monotonic() - last_save >= 60 * t.save_minutes)
                 if distributed.all_sum(dist, [float(bool(due))])[0]:  # rank 0's clock decides here too
                     self.save()
