@@ -121,10 +121,12 @@ def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tm
 
 
 def test_decoding_options_replace_the_runs_own():
-    from transformer.cli import _decode_overrides, build_parser
+    from transformer.cli import _decode_overrides, _request, build_parser
 
-    args = build_parser().parse_args(["serve", "RUN", "--beam", "6", "--alpha", "1.0", "--early-stop", "top"])
-    assert _decode_overrides(args) == {"beam_size": 6, "alpha": 1.0, "early_stop": "top"}
+    args = build_parser().parse_args(["serve", "RUN", "--beam", "6", "--alpha", "1.0", "--early-stop", "top",
+                                      "--length-norm", "length"])
+    assert _decode_overrides(args) == {"beam_size": 6, "alpha": 1.0, "early_stop": "top", "length_norm": "length"}
+    assert _request(build_parser().parse_args(["translate", "RUN", "--length-norm", "length"])).length_norm == "length"
     assert _decode_overrides(build_parser().parse_args(["translate", "RUN"])) == {}
     with pytest.raises(SystemExit):  # usage error: not a rule
         build_parser().parse_args(["translate", "RUN", "--early-stop", "first"])

@@ -91,6 +91,9 @@ def test_length_penalty_hand_values():
     assert length_penalty(7, 1.0) == 2.0
     assert math.isclose(length_penalty(3, 0.5), math.sqrt(8 / 6))
     assert torch.allclose(length_penalty(torch.tensor([1, 7]), 1.0), torch.tensor([1.0, 2.0]))
+    assert length_penalty(7, 1.0, "length") == 7.0  # |Y|^α (fairseq, Hugging Face, CTranslate2)
+    assert math.isclose(length_penalty(4, 0.5, "length"), 2.0)
+    assert torch.allclose(length_penalty(torch.tensor([1, 9]), 0.5, "length"), torch.tensor([1.0, 3.0]))
 
 
 def test_beam_step_hand_computed():
@@ -148,6 +151,16 @@ def test_length_penalty_changes_the_winner(beam_size):
     model = ScriptedModel(LENGTH_TABLE)
     assert beam_search(model, SRC, beam_size, alpha=0.0, max_len_offset=3) == [[]]
     assert beam_search(model, SRC, beam_size, alpha=1.0, max_len_offset=3) == [[A, A]]
+
+
+# length_norm "length", α = 1: log P / |Y|: [] -1.204 / 1, [A] -1.273 / 2, [A, A] -1.378 / 3 = -0.459,
+# [A, A, B] -1.784 / 4 = -0.446 (best): dividing by |Y| favours the longest more than GNMT's lp does
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_length_normalisation_by_the_length_changes_the_winner(beam_size):
+    model = ScriptedModel(LENGTH_TABLE)
+    (best, *_), = beam_hypotheses(model, SRC, beam_size, alpha=1.0, max_len_offset=3, length_norm="length")
+    assert best.tokens == [A, A, B] and math.isclose(best.score, math.log(.168) / 4, rel_tol=1e-5)
+    assert beam_hypotheses(model, SRC, beam_size, alpha=0.0, max_len_offset=3, length_norm="length")[0][0].tokens == []
 
 
 def test_length_counts_the_eos():
@@ -297,9 +310,10 @@ def log_prob(model: Transformer, src: list[int], outputs: list[list[int]]) -> to
     return token_lp.masked_fill(tgt[:, 1:] == PAD_ID, 0.0).sum(1)
 
 
-def penalised(model: Transformer, src: list[int], outputs: list[list[int]], alpha: float) -> torch.Tensor:
+def penalised(model: Transformer, src: list[int], outputs: list[list[int]], alpha: float,
+              norm: str = "gnmt") -> torch.Tensor:
     lengths = torch.tensor([len(out) + 1 for out in outputs], dtype=torch.float)
-    return log_prob(model, src, outputs) / ((5 + lengths) / 6) ** alpha
+    return log_prob(model, src, outputs) / (lengths if norm == "length" else (5 + lengths) / 6) ** alpha
 
 
 @pytest.fixture(scope="module")
@@ -308,16 +322,18 @@ def tiny_model() -> Transformer:
     return train_copy(make_model(4, vocab=5, layers=1, d_model=16), steps=20, lr=1e-2, max_len=3, vocab=5)
 
 
+@pytest.mark.parametrize("norm", ["gnmt", "length"])
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-def test_large_beam_finds_the_exhaustive_best(tiny_model, alpha):
+def test_large_beam_finds_the_exhaustive_best(tiny_model, alpha, norm):
     sources, vocab = [[3, EOS_ID], [4, 3, EOS_ID], [EOS_ID], [2, 2, 4, EOS_ID], [4, EOS_ID]], 5
-    found = beam_search(tiny_model, pad(sources), beam_size=27, alpha=alpha, max_len_offset=1)
+    found = [hyps[0].tokens for hyps in beam_hypotheses(tiny_model, pad(sources), beam_size=27, alpha=alpha,
+                                                          max_len_offset=1, length_norm=norm)]
     for src, out in zip(sources, found):
         max_len = len(src) + 1  # |Y| with EOS <= len(src) + 1: every output of up to max_len - 1 tokens
         every = [list(y) for k in range(max_len) for y in itertools.product(range(2, vocab), repeat=k)]
-        scores = penalised(tiny_model, src, every, alpha)
+        scores = penalised(tiny_model, src, every, alpha, norm)
         assert out == every[int(scores.argmax())]
-        assert torch.isclose(penalised(tiny_model, src, [out], alpha)[0], scores.max())
+        assert torch.isclose(penalised(tiny_model, src, [out], alpha, norm)[0], scores.max())
     assert len({len(out) for out in found}) >= 2  # not always the empty output: the search is exercised
 
 
@@ -408,6 +424,19 @@ def test_nbest_first_is_the_plain_output_and_scores_are_the_forced_scores(copy_m
             assert max(abs(f.score - h.score) for f, h in zip(forced, hyps)) < 1e-4
     with pytest.raises(ValueError, match="nbest"):
         beam_hypotheses(copy_model, src, beam_size=2, nbest=3)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_length_normalisation_reaches_every_score(copy_model, sources, beam_size):
+    """decode_ids' length_norm reaches greedy and beam search alike, and forced scoring gives their
+    outputs the same scores: log P / |Y|^α; the paper's lp gives others."""
+    lists = decode_ids(copy_model, sources, beam_size, alpha=1.0, length_norm="length", nbest=beam_size)
+    for s, hyps in zip(sources, lists):
+        forced = score_ids(copy_model, [s] * len(hyps), [h.tokens for h in hyps], alpha=1.0, length_norm="length")
+        assert max(abs(f.score - h.score) for f, h in zip(forced, hyps)) < 1e-4
+        assert all(abs(f.score - f.log_prob / (len(h.tokens) + 1)) < 1e-6 for f, h in zip(forced, hyps))
+    gnmt = decode_ids(copy_model, sources, beam_size, alpha=1.0, nbest=beam_size)
+    assert [h.score for hyps in gnmt for h in hyps] != [h.score for hyps in lists for h in hyps]
 
 
 def test_score_is_the_teacher_forced_log_probability(copy_model, sources):

@@ -60,6 +60,7 @@ def test_the_table_refuses_its_pairs_in_one_line_and_accepts_every_other(names):
     ({"max_len_offset": -1}, "--max-len-offset -1: must be >= 0"),
     ({"batch_size": 0}, "--batch-size 0: must be at least 1"),
     ({"early_stop": "first"}, "--early-stop first: must be one of bound, top"),
+    ({"length_norm": "average"}, "--length-norm average: must be one of gnmt, length"),
     ({"nbest": 0}, "--nbest 0: must be at least 1"),
     ({"nbest": 5}, "--nbest 5 with the run's beam size 4: an n-best list holds at most the beam's hypotheses; "
                    "give --beam 5 or more"),
@@ -94,10 +95,11 @@ def test_the_values_at_the_edges_are_accepted():
 
 
 def test_resolve_fills_the_runs_defaults_where_they_apply_and_verifies_again():
-    run = DecodeConfig(beam_size=5, alpha=0.3, max_len_offset=7, early_stop="top", batch_size=9)
+    run = DecodeConfig(beam_size=5, alpha=0.3, max_len_offset=7, early_stop="top", batch_size=9, length_norm="length")
     search = DecodeRequest(nbest=2, alpha=1.0).resolve(run)
-    assert (search.beam_size, search.alpha, search.max_len_offset, search.early_stop, search.batch_size, search.nbest) \
-        == (5, 1.0, 7, "top", 9, 2)
+    assert (search.beam_size, search.alpha, search.max_len_offset, search.early_stop, search.batch_size, search.nbest,
+            search.length_norm) == (5, 1.0, 7, "top", 9, 2, "length")
+    assert DecodeRequest(length_norm="gnmt").resolve(run).length_norm == "gnmt"  # given: it, not the run's
     drawn = DecodeRequest(sample=True, nbest=3).resolve(run)
     assert drawn.beam_size is None and drawn.early_stop is None and drawn.alpha == 0.3  # no beam to size or stop
     for request in (search, drawn):

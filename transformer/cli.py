@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import EARLY_STOPS, ConfigError, DecodeConfig, ServeLimits
+from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits
 from .errors import UserError
 from . import files
 from .files import check_output
@@ -132,6 +132,7 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam_size; §6.1: "
                    f"{paper.beam_size}); 1 = greedy")
     p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: the run's; §6.1: {paper.alpha})")
+    _length_norm_option(p)
     p.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default: the "
                    f"run's; §6.1: {paper.max_len_offset})")
     p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default: the run's, "
@@ -139,6 +140,12 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--early-stop", choices=EARLY_STOPS, help="when beam search stops a sentence: bound "
                    "(default, §6.1): once no alive beam can beat its best finished one; top: also once the "
                    "step's best candidate ends (OpenNMT/CTranslate2's rule: fewer steps, not exact)")
+
+
+def _length_norm_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--length-norm", choices=LENGTH_NORMS, help="what log P is divided by: gnmt (§6.1): "
+                   "((5 + |Y|) / 6)^α; length: |Y|^α, as fairseq's --lenpen, Hugging Face and CTranslate2 "
+                   "(default: the run's decode.length_norm, gnmt unless it says otherwise)")
 
 
 def _ensemble_option(p: argparse.ArgumentParser) -> None:
@@ -156,7 +163,8 @@ def _unconstrained_option(p: argparse.ArgumentParser) -> None:
 def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
     """`serve`'s decoding options as ``decode.*`` config fields: they replace the run's own as the
     defaults of requests that do not say, and are checked as a request's options (``serve.serve``)."""
-    given = {"beam_size": args.beam, "alpha": args.alpha, "max_len_offset": args.max_len_offset,
+    given = {"beam_size": args.beam, "alpha": args.alpha, "length_norm": args.length_norm,
+             "max_len_offset": args.max_len_offset,
              "batch_size": args.batch_size, "early_stop": args.early_stop}
     return {k: v for k, v in given.items() if v is not None}
 
@@ -173,7 +181,8 @@ def _request(args: argparse.Namespace):
 
     prefixes = None if given("prefix") is None else read_lines(args.prefix)
     constraints = None if given("constraints") is None else [line.split("\t") for line in read_lines(args.constraints)]
-    return DecodeRequest(beam_size=given("beam"), alpha=given("alpha"), max_len_offset=given("max_len_offset"),
+    return DecodeRequest(beam_size=given("beam"), alpha=given("alpha"), length_norm=given("length_norm"),
+                         max_len_offset=given("max_len_offset"),
                          early_stop=given("early_stop"), batch_size=given("batch_size"), nbest=given("nbest"),
                          scores=bool(given("scores")), alignment=bool(given("alignment")), prefixes=prefixes,
                          constraints=constraints, sample=bool(given("sample")), topk=given("topk"),
@@ -276,6 +285,7 @@ def _score_arguments(p: argparse.ArgumentParser) -> None:
     _ensemble_option(p)
     p.add_argument("--alpha", type=float, help="GNMT length penalty α of SCORE (default: the run's decode.alpha; "
                    "§6.1: 0.6)")
+    _length_norm_option(p)
     p.add_argument("--src", type=Path, help="source sentences, plain or .gz (with --tgt; default: stdin, one "
                    "pair per line as SOURCE<TAB>TARGET)")
     p.add_argument("--tgt", type=Path, help="the translations to score, line-aligned with --src")
@@ -306,7 +316,7 @@ def cmd_score(args: argparse.Namespace) -> None:
 
     if (args.src is None) != (args.tgt is None):
         raise ConfigError("give both --src and --tgt, or neither (pairs on stdin as SOURCE<TAB>TARGET)")
-    translator, said = _translator(args, DecodeRequest(alpha=args.alpha))
+    translator, said = _translator(args, DecodeRequest(alpha=args.alpha, length_norm=args.length_norm))
     if args.src is not None:
         pairs = iter_parallel(args.src, args.tgt)
     else:
@@ -322,7 +332,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     try:
         while chunk := list(itertools.islice(pairs, SCORE_CHUNK)):
             src, tgt = [s for s, _ in chunk], [t for _, t in chunk]
-            for t, r in zip(tgt, translator.score(src, tgt, args.alpha)):
+            for t, r in zip(tgt, translator.score(src, tgt, args.alpha, length_norm=args.length_norm)):
                 if args.json:
                     out.write(json.dumps({"score": r.score, "log_prob": r.log_prob,
                                           "tokens": translator.tokenizer.pieces(t.strip()) + ["</s>"],

@@ -133,6 +133,8 @@ class TrainConfig:
 
 EarlyStop = Literal["bound", "top"]  # beam search's stopping rules (DecodeConfig.early_stop)
 EARLY_STOPS: tuple[str, ...] = typing.get_args(EarlyStop)
+LengthNorm = Literal["gnmt", "length"]  # how a hypothesis' log-prob is normalised (DecodeConfig.length_norm)
+LENGTH_NORMS: tuple[str, ...] = typing.get_args(LengthNorm)
 
 
 @dataclass
@@ -141,6 +143,9 @@ class DecodeConfig:
 
     beam_size: int = 4
     alpha: float = 0.6  # GNMT length penalty exponent, 0 .. MAX_ALPHA
+    # "gnmt": log P / ((5 + |Y|) / 6)^α (§6.1, A11); DEVIATION(§6.1) "length", opt-in: log P / |Y|^α, as
+    # fairseq's --lenpen, Hugging Face's length_penalty and CTranslate2 divide (|Y| counting the EOS)
+    length_norm: LengthNorm = "gnmt"
     max_len_offset: int = 50  # maximum output length = input length + 50
     # "bound": stop a sentence once no alive beam can beat its best finished one (§6.1, A11);
     # DEVIATION(§6.1) "top", opt-in: also once the step's best candidate is EOS (OpenNMT, CTranslate2)
@@ -296,7 +301,7 @@ class Config:
 
 
 # fields added after config hashes were recorded, with the behaviour every config had before them
-ADDED_FIELDS: dict[str, object] = {"train.interval_unit": "steps"}
+ADDED_FIELDS: dict[str, object] = {"train.interval_unit": "steps", "decode.length_norm": "gnmt"}
 
 RESUME_FIXED: dict[str, str | tuple[str, ...]] = {
     "model": "*",

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from .config import EarlyStop
+from .config import EarlyStop, LengthNorm
 from .constraints import Constraint, LexicalConstraints, PrefixConstraint
 from .data import Example, collate, pad
 from .sampling import Sampling
@@ -26,7 +26,8 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
                batch_size: int = PAPER.batch_size, progress: bool = False,
                constraint: Constraint | None = None, early_stop: EarlyStop = PAPER.early_stop, nbest: int = 1,
                prefixes: Sequence[Sequence[int]] | None = None, sampling: Sampling | None = None,
-               constraints: Sequence[Sequence[Sequence[int]]] | None = None) -> list[list[Hypothesis]]:
+               constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+               length_norm: LengthNorm = PAPER.length_norm) -> list[list[Hypothesis]]:
     """Decode many sources (token ids, each ending with EOS): for each input, in input order, its
     ``nbest`` hypotheses, best first.
 
@@ -39,6 +40,7 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     (``LexicalConstraints``, in ``constraint``'s place). Which of these combine is decided before, in
     one place (``request.DecodeRequest.verify``, which refuses lexical constraints with sampling or
     with a ``constraint``); this driver runs what it is given.
+    ``length_norm`` is the length normalisation of every score (``search.length_penalty``).
     ``progress`` shows a bar of sentences (on stderr). No input is dropped or truncated; an empty
     source is refused, since attention over no key at all is undefined.
     """
@@ -63,13 +65,13 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
             forced = PrefixConstraint([prefixes[i] for i in chunk for _ in range(draws)], model.vocab_size, forced)
         if sampling is not None:
             drawn = greedy_hypotheses(model, src.repeat_interleave(nbest, 0), max_len_offset, alpha,
-                                      sampling=sampling, constraint=forced)
+                                      sampling=sampling, constraint=forced, length_norm=length_norm)
             decoded = [sorted(drawn[k * nbest:(k + 1) * nbest], key=lambda h: -h.score) for k in range(len(chunk))]
         elif beam_size == 1 and forced is None:
-            decoded = [[h] for h in greedy_hypotheses(model, src, max_len_offset, alpha)]
+            decoded = [[h] for h in greedy_hypotheses(model, src, max_len_offset, alpha, length_norm=length_norm)]
         else:
             decoded = beam_hypotheses(model, src, beam_size, alpha, max_len_offset, constraint=forced,
-                                      early_stop=early_stop, nbest=nbest)
+                                      early_stop=early_stop, nbest=nbest, length_norm=length_norm)
         for i, out in zip(chunk, decoded):
             outputs[i] = out
         bar.update(len(chunk))
@@ -97,7 +99,8 @@ class Scored(NamedTuple):
 
 @torch.inference_mode()
 def score_ids(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]],
-              alpha: float = PAPER.alpha, max_tokens: int = 8192) -> list[Scored]:
+              alpha: float = PAPER.alpha, max_tokens: int = 8192,
+              length_norm: LengthNorm = PAPER.length_norm) -> list[Scored]:
     """log P(target | source) of given pairs (token ids; sources end with EOS, targets without it),
     teacher-forced in one pass each: the scores beam search would give these outputs. Pairs are
     sorted by length and batched up to ``max_tokens`` target positions (a batch's logits are
@@ -121,5 +124,5 @@ def score_ids(model, sources: Sequence[Sequence[int]], targets: Sequence[Sequenc
         for row, i in enumerate(chunk):
             lps = token_lp[row, : len(targets[i]) + 1].tolist()
             total = sum(lps)
-            results[i] = Scored(total / float(length_penalty(len(lps), alpha)), total, lps)
+            results[i] = Scored(total / float(length_penalty(len(lps), alpha, length_norm)), total, lps)
     return results  # type: ignore[return-value]

@@ -276,6 +276,8 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int) -> str:
     drift = ("" if m.ln_eps == HF_LN_EPS else
              f"\nTrained with LayerNorm ε {m.ln_eps:g}; transformers fixes ε at {HF_LN_EPS:g}, so the exported "
              "model's outputs differ slightly from the run's own.\n")
+    norm = ("score / length^α, as `generate` divides" if cfg.decode.length_norm == "length" else
+            "GNMT's; `generate` divides by length^α instead")
     return f"""---
 library_name: transformers
 pipeline_tag: translation
@@ -290,8 +292,8 @@ A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and 
   {m.norm}-norm, a joint vocabulary of {vocab_size:,} sentencepiece BPE pieces.
 - Data: `{d.train_src}` / `{d.train_tgt}`; validated on `{d.valid_src}`.
 - Training: {trained}.
-- Decoding as trained: beam {cfg.decode.beam_size}, length penalty α {cfg.decode.alpha} (GNMT's; `generate`
-  divides by length^α instead), the average of the last {cfg.decode.average_last} checkpoints (these weights).
+- Decoding as trained: beam {cfg.decode.beam_size}, length penalty α {cfg.decode.alpha} ({norm}), the average of
+  the last {cfg.decode.average_last} checkpoints (these weights).
 {drift}
 ```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer

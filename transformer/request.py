@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import EARLY_STOPS, MAX_ALPHA, ConfigError, DecodeConfig, EarlyStop
+from .config import EARLY_STOPS, LENGTH_NORMS, MAX_ALPHA, ConfigError, DecodeConfig, EarlyStop, LengthNorm
 from .sampling import Sampling
 
 # The options that can meet in one decoding, in the table's order: a request's, then the Translator's.
@@ -51,7 +51,8 @@ CLI: dict[str, str] = {
     "beam": "--beam", "early_stop": "--early-stop", "nbest": "--nbest", "scores": "--scores",
     "alignment": "--alignment", "prefix": "--prefix", "constraints": "--constraints", "sample": "--sample",
     "int8": "--int8", "ensemble": "--ensemble", "parse": "a parsing run", "device": "--device",
-    "alpha": "--alpha", "max_len_offset": "--max-len-offset", "batch_size": "--batch-size",
+    "alpha": "--alpha", "length_norm": "--length-norm", "max_len_offset": "--max-len-offset",
+    "batch_size": "--batch-size",
     "topk": "--topk", "topp": "--topp", "temperature": "--temperature", "seed": "--seed",
 }
 API: dict[str, str] = CLI | {k: k for k in ("beam", "nbest", "scores", "prefix", "constraints", "sample", "alpha",
@@ -84,7 +85,7 @@ def refuse_pairs(given: set[str], names: Mapping[str, str] = CLI) -> None:
 @dataclass(frozen=True)
 class DecodeRequest:
     """Every per-request decoding option. None: not given, so the run's ``decode.*`` value (beam_size,
-    alpha, max_len_offset, early_stop, batch_size), one plain output (nbest), no prefixes or
+    alpha, length_norm, max_len_offset, early_stop, batch_size), one plain output (nbest), no prefixes or
     constraints, or sampling's defaults (topk 0: every token, topp 1.0, temperature 1.0, seed 1).
 
     ``prefixes``: one per input line ("" for none), each output starts with it; ``constraints``: per
@@ -93,6 +94,7 @@ class DecodeRequest:
 
     beam_size: int | None = None
     alpha: float | None = None
+    length_norm: LengthNorm | None = None
     max_len_offset: int | None = None
     early_stop: EarlyStop | None = None
     batch_size: int | None = None
@@ -134,6 +136,8 @@ class DecodeRequest:
         if self.alpha is not None and not (math.isfinite(self.alpha) and 0 <= self.alpha <= MAX_ALPHA):
             raise bad("alpha", self.alpha, f"must be a finite number >= 0 (the early stop's bound needs α >= 0) and "
                                            f"<= {MAX_ALPHA:g} (beyond, the length penalty overflows)")
+        if self.length_norm is not None and self.length_norm not in LENGTH_NORMS:
+            raise bad("length_norm", self.length_norm, f"must be one of {', '.join(LENGTH_NORMS)}")
         if self.max_len_offset is not None and self.max_len_offset < 0:
             raise bad("max_len_offset", self.max_len_offset, "must be >= 0")
         if self.batch_size is not None and self.batch_size < 1:
@@ -167,7 +171,7 @@ class DecodeRequest:
         search = {} if self.sample else {"beam_size": self.beam_size or run.beam_size,
                                          "early_stop": self.early_stop or run.early_stop}
         return dataclasses.replace(
-            self, alpha=run.alpha if self.alpha is None else self.alpha,
+            self, alpha=run.alpha if self.alpha is None else self.alpha, length_norm=self.length_norm or run.length_norm,
             max_len_offset=run.max_len_offset if self.max_len_offset is None else self.max_len_offset,
             batch_size=self.batch_size or run.batch_size, **search)
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .config import EARLY_STOPS, DecodeConfig, EarlyStop
+from .config import EARLY_STOPS, DecodeConfig, EarlyStop, LengthNorm
 from .constraints import INCOMPLETE, Constraint, bank_order, with_proposals
 from .sampling import Sampling
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -39,9 +39,11 @@ class Hypothesis(NamedTuple):
     score: float
 
 
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT length penalty (Wu et al. 2016; A11): lp(Y) = ((5 + |Y|) / 6)^α, |Y| counting the EOS."""
-    return ((5 + length) / 6) ** alpha
+def length_penalty(length: int | Tensor, alpha: float, norm: LengthNorm = "gnmt") -> float | Tensor:
+    """What log P(Y) is divided by, |Y| counting the EOS: GNMT's lp(Y) = ((5 + |Y|) / 6)^α (Wu et al. 2016;
+    §6.1, A11), or with ``norm`` "length" |Y|^α (fairseq, Hugging Face, CTranslate2). Both grow with |Y|
+    for α >= 0, which the early-stop bound needs."""
+    return (length if norm == "length" else (5 + length) / 6) ** alpha
 
 
 def max_lengths(src: Tensor, max_len_offset: int) -> Tensor:
@@ -157,10 +159,11 @@ PAPER = DecodeConfig()  # §6.1's settings: the searches' defaults come from the
 @torch.inference_mode()
 def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_offset, alpha: float = PAPER.alpha,
                       use_cache: bool = True, sampling: Sampling | None = None,
-                      constraint: Constraint | None = None) -> list[Hypothesis]:
+                      constraint: Constraint | None = None, length_norm: LengthNorm = PAPER.length_norm
+                      ) -> list[Hypothesis]:
     """Most probable next token at each step (or, with ``sampling``, one drawn), among those
     ``constraint`` allows, until EOS. src [B, S] -> B hypotheses, scored as beam search scores them
-    (log P / lp(|Y|) with ``alpha``).
+    (log P / lp(|Y|) with ``alpha`` and ``length_norm``).
 
     Each output has at most len(src) + max_len_offset - 1 tokens (len(src) counting its EOS): the
     limit counts the output's EOS, which is forced at the last position (see ``max_lengths``).
@@ -184,7 +187,7 @@ def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_of
         ended = done.nonzero().flatten()  # the step's one host sync
         rows = None  # every row continues
         if ended.numel():
-            scores = (log_p[ended] / length_penalty(step + 1, alpha)).tolist()
+            scores = (log_p[ended] / length_penalty(step + 1, alpha, length_norm)).tolist()
             for s, hyp, score in zip(sentence[ended].tolist(), prefix[ended, 1:-1].tolist(), scores):
                 outputs[s] = Hypothesis(hyp, score)
             if ended.numel() == token.numel():
@@ -205,7 +208,7 @@ def greedy_search(model, src: Tensor, max_len_offset: int = PAPER.max_len_offset
 
 
 def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, alpha: float,
-              banks: Tensor | None = None) -> tuple[Tensor, ...]:
+              banks: Tensor | None = None, length_norm: LengthNorm = PAPER.length_norm) -> tuple[Tensor, ...]:
     """One step of the GNMT/tensor2tensor beam search (A11), for n sentences with ``beam`` beams each.
 
     log_probs [n*beam, k], tokens [n*beam, k]: each alive beam's k >= 2 best next tokens and their
@@ -216,7 +219,7 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
       alive_scores [n, beam]   raw log-probs of the best ``beam`` non-EOS candidates, best first
       alive_origin [n, beam]   the beam (0..beam-1) each one extends
       alive_token [n, beam]    its new token
-      finished_scores [n, beam] penalised scores log P / lp(length) of the EOS candidates, best
+      finished_scores [n, beam] penalised scores log P / lp(length) (``length_norm``'s) of the EOS candidates, best
                                first (-inf: no more of them)
       finished_origin [n, beam] the beam each one ends
     Taking 2·beam candidates guarantees ``beam`` non-EOS ones, since each beam has one EOS candidate.
@@ -239,7 +242,8 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
     # DEVIATION(§6.1): only EOS candidates within the top ``beam`` are finished (fairseq's rule);
     # the authors' code finished any EOS among the top 2·beam (A11). With this rule beam 1 is
     # exactly greedy search (α = 0), and a hypothesis no beam would keep is never returned.
-    finished = torch.where(is_eos[:, :beam], cand_scores[:, :beam] / length_penalty(length, alpha), float("-inf"))
+    lp = length_penalty(length, alpha, length_norm)
+    finished = torch.where(is_eos[:, :beam], cand_scores[:, :beam] / lp, float("-inf"))
     finished_scores, finished_pos = finished.topk(beam, dim=1)  # [n, beam]
     if banks is None:
         alive_scores, alive_pos = cand_scores.masked_fill(is_eos, float("-inf")).topk(beam, dim=1)  # [n, beam]
@@ -254,9 +258,10 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
 def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha: float = PAPER.alpha,
                     max_len_offset: int = PAPER.max_len_offset, use_cache: bool = True,
                     constraint: Constraint | None = None, early_stop: EarlyStop = PAPER.early_stop,
-                    nbest: int = 1) -> list[list[Hypothesis]]:
+                    nbest: int = 1, length_norm: LengthNorm = PAPER.length_norm) -> list[list[Hypothesis]]:
     """Beam search with GNMT length penalty and early stopping (§6.1, A11). src [B, S] -> for each
-    sentence its ``nbest`` (<= beam) best finished hypotheses by log P(Y) / lp(|Y|), best first.
+    sentence its ``nbest`` (<= beam) best finished hypotheses by log P(Y) / lp(|Y|), best first
+    (``length_norm`` "length": lp(|Y|) = |Y|^α instead, ``length_penalty``).
 
     Length: |Y| (EOS included) <= len(src) + max_len_offset, per sentence, len(src) counting the
     source's EOS; at that limit EOS is forced, so every output is a finished hypothesis.
@@ -295,7 +300,7 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     kth_score = torch.full((batch,), float("-inf"), device=dev)  # [n] nbest-th best finished (-inf: fewer)
     ranked: list[list[tuple[float, Hypothesis]]] = [[] for _ in range(batch)]  # (rank key, hypothesis), best first
     row_max_len, shortest = max_len.repeat_interleave(beam_size), int(max_len.min())  # [n*beam]; host int
-    bound = length_penalty(max_len, alpha)  # [n] lp at each sentence's length limit, the largest it can reach
+    bound = length_penalty(max_len, alpha, length_norm)  # [n] lp at each sentence's length limit, the largest it can reach
     first_rows = torch.arange(batch, device=dev)[:, None] * beam_size  # [n, 1] each sentence's first row
     for step in range(int(max_len.max())):
         log_probs = next_log_probs(next_logits(prefix), step, row_max_len,
@@ -305,7 +310,8 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
         else:
             log_probs, tokens = with_proposals(log_probs, row_topk(log_probs, 2 * beam_size), constraint.candidates())
             banks = constraint.met(tokens)
-        scores, origin, token, fin_scores, fin_origin = beam_step(log_probs, tokens, scores, step + 1, alpha, banks)
+        scores, origin, token, fin_scores, fin_origin = beam_step(log_probs, tokens, scores, step + 1, alpha, banks,
+                                                                    length_norm)
         keys, fin_scores, fin_origin = rank_keys(fin_scores, fin_origin, constraint if banked else None, nbest)
         rows, cols = (keys > kth_score[:, None]).nonzero(as_tuple=True)  # entries of the lists
         if rows.numel():
@@ -316,7 +322,7 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
         best_alive = scores.max(1).values  # scores[:, 0], unless banks ordered the beam
         done = kth_score >= best_alive / bound  # [n] GNMT early stop
         if early_stop == "top":  # this step's best candidate is EOS: it outscores every alive one
-            top = fin_scores[:, 0] * length_penalty(step + 1, alpha) >= best_alive
+            top = fin_scores[:, 0] * length_penalty(step + 1, alpha, length_norm) >= best_alive
             done |= top & (kth_score > float("-inf"))  # and the n-best list is full
         keep = (~done).nonzero().flatten()  # the step's one host sync when no hypothesis finished
         if keep.numel() == 0:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint
-from .config import Config, ConfigError, config_from_dict
+from .config import Config, ConfigError, LengthNorm, config_from_dict
 from .data import encode_for_decoding
 from .decode import Scored, decode_ids, score_ids
 from .ensemble import Ensemble
@@ -130,7 +130,8 @@ class Translator:
         request, (sources, prefixes, phrases) = self._checked(request, lines, CLI)  # type: ignore[misc]
         search = {} if request.sample else {"beam_size": request.beam_size, "early_stop": request.early_stop}
         with torch.inference_mode():
-            outputs = decode_ids(self.model, sources, alpha=request.alpha, max_len_offset=request.max_len_offset,
+            outputs = decode_ids(self.model, sources, alpha=request.alpha, length_norm=request.length_norm,
+                                 max_len_offset=request.max_len_offset,
                                  batch_size=request.batch_size, progress=progress, constraint=self.constraint,
                                  nbest=request.nbest or 1, prefixes=prefixes, sampling=request.sampling(self.device),
                                  constraints=phrases, **search)
@@ -190,13 +191,15 @@ class Translator:
         return sources, forced, phrases
 
     def score(self, sources: list[str], targets: list[str], alpha: float | None = None,
-              max_tokens: int = 8192) -> list[Scored]:
+              max_tokens: int = 8192, length_norm: LengthNorm | None = None) -> list[Scored]:
         """How the model scores given translations (forced decoding), pair by pair: ``Scored`` with the
-        beam's length-normalised score, log P(target | source) and each piece's log-prob (EOS last);
-        ``max_tokens`` target positions at most per batch (``decode.score_ids``)."""
+        beam's length-normalised score (the run's ``alpha`` and ``length_norm`` unless given), log
+        P(target | source) and each piece's log-prob (EOS last); ``max_tokens`` target positions at most
+        per batch (``decode.score_ids``)."""
         ids = encode_for_decoding(sources, self.tokenizer)
         return score_ids(self.model, ids, [self.tokenizer.encode(t.strip()) for t in targets],
-                         self.cfg.decode.alpha if alpha is None else alpha, max_tokens)
+                         self.cfg.decode.alpha if alpha is None else alpha, max_tokens,
+                         length_norm or self.cfg.decode.length_norm)
 
 
 def _tokenizer(run_dir: Path) -> Tokenizer:
