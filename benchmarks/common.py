@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformer.checkpoint import (average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
                                     write_model)
-from transformer.config import Config, load_config
+from transformer.config import Config, LengthNorm, load_config
 from transformer.data import read_lines
 from transformer.errors import UserError
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
@@ -142,11 +142,12 @@ class Split:
         self.pretokenized = "/tok/" in d.train_tgt  # trained on the lowercased tokenized files: outputs are in that form
         self.src, self.ref, self.tok_ref = (read_lines(resolve_data_path(p))[:limit] for p in (src, ref, tok))
 
-    def score(self, translator: Translator, beam: int | None = None, alpha: float | None = None) -> dict:
+    def score(self, translator: Translator, beam: int | None = None, alpha: float | None = None,
+              length_norm: LengthNorm | None = None) -> dict:
         """Tokenized lowercased BLEU, sacreBLEU (detokenized, cased) with its signature, chrF, the
         decoding's seconds and the hypotheses."""
         start = time.monotonic()
-        hyps = translator.translate(self.src, DecodeRequest(beam_size=beam, alpha=alpha))
+        hyps = translator.translate(self.src, DecodeRequest(beam_size=beam, alpha=alpha, length_norm=length_norm))
         seconds = time.monotonic() - start
         scores = sacrebleu_scores(hyps, self.ref)
         return {"tok_lc_bleu": round(tok_lc_bleu(hyps, self.tok_ref, self.lang, self.pretokenized), 2),

@@ -45,7 +45,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from transformer.config import Config, load_config
+from transformer.config import Config, LengthNorm, load_config
 from transformer.train import train
 from transformer.translator import Translator
 
@@ -118,16 +118,20 @@ NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2")
 REPLICATION = ("wu_ls0", "wu_ls0_seed2", "wu_ls0.1", "wu_ls0.1_seed2", "wu_ls0.1_adam98",
                "wu_ls0.1_smoothed_patience", "wu_ls0.1_smoothed_patience_seed2", "wu_fork", "wu_fork_seed2",
                "wu_fork_epochs", *NOT_CANDIDATES)
-# Decodings scored on val: weights (the last checkpoint, or the average of the last N), beam, α.
-# evaluate.sh averages the last 10 epoch checkpoints and runs generate.py --beam 5 with score / |Y|;
-# DEVIATION(§6.1): GNMT's ((5 + |Y|) / 6)^α with α = 1 is ours nearest to that normalisation.
-DECODINGS: dict[str, tuple[str, int, float]] = {
-    "theirs": ("average_last10", 5, 1.0),
-    "paper": ("average_last5", 4, 0.6),
-    **{f"{w}_b{b}_a{a}": (w, b, a) for w in ("last", "average_last5", "average_last10")
+# Decodings scored on val: weights (the last checkpoint, or the average of the last N), beam, α, and the
+# length normalisation (decode.length_norm). evaluate.sh averages the last 10 epoch checkpoints and runs
+# generate.py --beam 5 with score / |Y| (--lenpen 1): "theirs_lenpen" exactly; "theirs", the first runs'
+# reading, with GNMT's ((5 + |Y|) / 6)^α at α = 1 in its place (DEVIATION(§6.1)).
+DECODINGS: dict[str, tuple[str, int, float, LengthNorm]] = {
+    "theirs": ("average_last10", 5, 1.0, "gnmt"),
+    "theirs_lenpen": ("average_last10", 5, 1.0, "length"),
+    "paper": ("average_last5", 4, 0.6, "gnmt"),
+    **{f"{w}_b{b}_a{a}": (w, b, a, "gnmt") for w in ("last", "average_last5", "average_last10")
        for b, a in ((4, 0.6), (5, 0.6), (5, 1.0)) if (w, b, a) not in {("average_last10", 5, 1.0),
                                                                          ("average_last5", 4, 0.6)}},
 }
+# test2016 decodings of each replication run: their way (both readings of their normalisation) and ours
+TEST_DECODINGS = ("theirs", "theirs_lenpen", "paper")
 BAND_LEVEL = 0.95  # the probability of seed_band's prediction interval
 LEADER_MARGIN = 0.3  # leaders closer than this on val are each trained with two seeds (issue 45)
 
@@ -147,21 +151,21 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
     values = RUNS[name]
     cfg = load_config(str(CONFIG), overrides_of(values) + ([f"train.threads={threads}"] if threads else []))
     path = SELECTION / f"{name}.json"
+    out = runs / "wu2021" / name
     if path.is_file():
         done = json.loads(path.read_text(encoding="utf-8"))
         if done.get("config_sha256") == config_key(cfg):
-            print(f"{name}: read back from {path}")
+            # a decoding added since is scored where the run's folder is at hand
+            added = [d for d in DECODINGS if d not in done["val"] and (out / "summary.json").is_file()]
+            done["val"].update(val_scores(cfg, out, name, added))
+            done["decoded_later"] = done.get("decoded_later", {}) | {
+                d: git("rev-parse", "--short", "HEAD") for d in added if d in done["val"]}
+            if added:
+                path.write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
+            print(f"{name}: read back from {path}" + (f", {', '.join(added)} decoded now" if added else ""))
             return done
-    out = runs / "wu2021" / name
     summary = train_or_resume(cfg, out)
-    val, models = Split(cfg, "val"), translators(out)
-    scores = {}
-    for decoding, (weights, beam, alpha) in DECODINGS.items():
-        if weights not in models or (name in NOT_CANDIDATES and decoding not in ("theirs", "paper")):
-            continue  # fewer checkpoints than the average needs
-        s = val.score(models[weights], beam, alpha)
-        scores[decoding] = {"tok_lc_bleu": s["tok_lc_bleu"], "sacrebleu": s["sacrebleu"], "chrf": s["chrf"]}
-        print(f"{name} val {decoding}: {scores[decoding]}", flush=True)
+    scores = val_scores(cfg, out, name, list(DECODINGS))
     done = {
         "name": name, "values": values, "config": str(CONFIG.relative_to(ROOT)), "config_sha256": config_key(cfg),
         "steps": summary["step"], "valid_ppl": round(summary["valid_ppl"], 3), "best": summary.get("best"),
@@ -176,6 +180,22 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
     return done
 
 
+def val_scores(cfg: Config, out: Path, name: str, decodings: list[str]) -> dict[str, dict]:
+    """val scores of a finished run under the named decodings its checkpoints allow (the runs that
+    are no candidates: their way and the paper's only)."""
+    if not decodings:
+        return {}
+    val, models, scores = Split(cfg, "val"), translators(out), {}
+    for decoding in decodings:
+        weights, beam, alpha, norm = DECODINGS[decoding]
+        if weights not in models or (name in NOT_CANDIDATES and decoding not in TEST_DECODINGS):
+            continue  # fewer checkpoints than the average needs
+        s = val.score(models[weights], beam, alpha, norm)
+        scores[decoding] = {"tok_lc_bleu": s["tok_lc_bleu"], "sacrebleu": s["sacrebleu"], "chrf": s["chrf"]}
+        print(f"{name} val {decoding}: {scores[decoding]}", flush=True)
+    return scores
+
+
 def device_name() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
@@ -188,8 +208,8 @@ def test_scores(done: dict, decodings: list[str]) -> dict[str, dict]:
     cfg = load_config(str(out / "config.toml"))
     test, models, scores = Split(cfg, "test"), translators(out), {}
     for decoding in decodings:
-        weights, beam, alpha = DECODINGS[decoding]
-        s = test.score(models[weights], beam, alpha)
+        weights, beam, alpha, norm = DECODINGS[decoding]
+        s = test.score(models[weights], beam, alpha, norm)
         (out / f"test2016.{decoding}.hyp").write_text("".join(h + "\n" for h in s.pop("hyps")), encoding="utf-8")
         scores[decoding] = s
         print(f"{done['name']} test2016 {decoding}: {s['tok_lc_bleu']}", flush=True)
@@ -232,20 +252,20 @@ def report(runs_dir: Path) -> None:
         if not (ROOT / done["run"]).is_dir() and (name, done["config_sha256"]) in reported:
             replication.append(reported[name, done["config_sha256"]])
             continue
-        test = test_scores(done, ["theirs", "paper"])
+        test = test_scores(done, [d for d in TEST_DECODINGS if d in done["val"]])
         replication.append({
             "run": name, "config_sha256": done["config_sha256"], "values": done["values"], "steps": done["steps"],
             "valid_ppl": done["valid_ppl"],
             "stopped_by_patience": bool((done.get("best") or {}).get("stopped_by_patience")),
             **{f"test_{d}": {k: test[d][k] for k in ("tok_lc_bleu", "sacrebleu", "chrf")} for d in test},
-            "val_theirs": done["val"]["theirs"]["tok_lc_bleu"], "val_paper": done["val"]["paper"]["tok_lc_bleu"],
+            **{f"val_{d}": done["val"][d]["tok_lc_bleu"] for d in TEST_DECODINGS if d in done["val"]},
             "vs_published": round(test["theirs"]["tok_lc_bleu"] - published["tok_lc_bleu"], 2)})
     band = seed_band(replication, published["tok_lc_bleu"])
     best, ranked = pick(runs)
     close = [r for r in ranked[1:] if best["val_tok_lc_bleu"] - r["val_tok_lc_bleu"] < LEADER_MARGIN
              and r["settings"] != best["settings"]]
     picked_run = runs[best["runs"][0]]
-    weights, beam, alpha = DECODINGS[best["decoding"]]
+    weights, beam, alpha, norm = DECODINGS[best["decoding"]]
     same_pick = previous.get("picked", {}).get("config_sha256") == picked_run["config_sha256"] and \
         previous["picked"].get("decoding") == best["decoding"]
     if same_pick and not (ROOT / picked_run["run"]).is_dir():  # decoded once already: never again
@@ -256,7 +276,7 @@ def report(runs_dir: Path) -> None:
         "pair": "en_de", "tok_lc_bleu": final["tok_lc_bleu"], "sacrebleu": final["sacrebleu"],
         "sacrebleu_signature": final["signature"], "chrf": final["chrf"], "selected_on": "val",
         "picked": best | {"test_run": picked_run["name"], "config_sha256": picked_run["config_sha256"],
-                          "weights": weights, "beam": beam, "alpha": alpha},
+                          "weights": weights, "beam": beam, "alpha": alpha, "length_norm": norm},
         "close_to_pick": [{k: r[k] for k in ("runs", "decoding", "val_tok_lc_bleu")} for r in close[:5]],
         "published": published, "replication": replication,
         "runs": [{k: d[k] for k in ("name", "values", "steps", "valid_ppl", "best", "val", "train_minutes",
@@ -297,13 +317,20 @@ def reading(values: dict[str, object]) -> str:
     return ", ".join(changed) or "the config as committed"
 
 
+def lenpen(row: dict) -> str:
+    """A replication row's test2016 (val) tok. lc BLEU with their exact normalisation, or – without it."""
+    if "test_theirs_lenpen" not in row:
+        return "–"
+    return f"{row['test_theirs_lenpen']['tok_lc_bleu']} ({row['val_theirs_lenpen']})"
+
+
 def write_markdown(r: dict) -> None:
     pub = r["published"]["tok_lc_bleu"]
     rep = "\n".join(
         f"| {x['run']} | {reading(x['values'])} "
         f"| {x['steps']}{' (patience)' if x['stopped_by_patience'] else ''} | {x['valid_ppl']} | {x['val_theirs']} "
         f"| **{x['test_theirs']['tok_lc_bleu']}** ({x['vs_published']:+.2f}) | {x['test_theirs']['sacrebleu']} "
-        f"| {x['test_theirs']['chrf']} | {x['test_paper']['tok_lc_bleu']} |" for x in r["replication"])
+        f"| {x['test_theirs']['chrf']} | {lenpen(x)} | {x['test_paper']['tok_lc_bleu']} |" for x in r["replication"])
     runs = "\n".join(f"| {d['name']} | {d['steps']} | {d['valid_ppl']} | {d['val']['theirs']['tok_lc_bleu']} | "
                      f"{d['val']['paper']['tok_lc_bleu']} | {max(v['tok_lc_bleu'] for v in d['val'].values())} | "
                      f"{d['train_minutes']} | {d['device']} |" for d in r["runs"])
@@ -340,15 +367,16 @@ Published: **{pub}** tokenized lowercased BLEU on test2016 ({r['published']['sys
 ## Replication: their settings, test2016
 
 Decoded their way (average of the last 10 checkpoints, beam 5, GNMT α 1 for their score / |Y|) and the
-paper's (average of the last 5, beam 4, α 0.6). Tokenized lowercased BLEU on the Moses lc+norm+tok
-references, as theirs; sacreBLEU and chrF detokenized, cased (for runs on lowercased tokenized text,
+paper's (average of the last 5, beam 4, α 0.6); runs whose folders are at hand also with their exact
+normalisation, score / |Y| (`decode.length_norm = "length"`, α 1; "–": trained elsewhere, not decoded).
+Tokenized lowercased BLEU on the Moses lc+norm+tok references, as theirs; sacreBLEU and chrF detokenized, cased (for runs on lowercased tokenized text,
 against those references: not comparable with the others).
 
 The reading column names what a run changes from `{r['config']}` as committed (the fork's own code
 where it is at hand, label smoothing 0.1).
 
-| run | reading | updates | valid ppl | val (theirs) | test tok. lc (theirs, vs {pub}) | sacreBLEU | chrF | test tok. lc (paper's decoding) |
-|---|---|---|---|---|---|---|---|---|
+| run | reading | updates | valid ppl | val (theirs) | test tok. lc (theirs, vs {pub}) | sacreBLEU | chrF | test tok. lc, score / \\|Y\\| (val) | test tok. lc (paper's decoding) |
+|---|---|---|---|---|---|---|---|---|---|
 {rep}
 
 Each reading over its seeds (test2016 tok. lc BLEU decoded their way; val likewise):
@@ -386,7 +414,8 @@ def picked_config(result: dict) -> Config:
     p = result["picked"]
     n = 1 if p["weights"] == "last" else int(p["weights"].removeprefix("average_last"))
     return dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, average_last=n, beam_size=p["beam"],
-                                                                alpha=p["alpha"]))
+                                                                alpha=p["alpha"],
+                                                                length_norm=p.get("length_norm", "gnmt")))
 
 
 def check() -> None:
