@@ -156,7 +156,7 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
         done = json.loads(path.read_text(encoding="utf-8"))
         if done.get("config_sha256") == config_key(cfg):
             # a decoding added since is scored where the run's folder is at hand
-            added = [d for d in DECODINGS if d not in done["val"] and (out / "summary.json").is_file()]
+            added = [d for d in decodings_of(name) if d not in done["val"] and (out / "summary.json").is_file()]
             done["val"].update(val_scores(cfg, out, name, added))
             done["decoded_later"] = done.get("decoded_later", {}) | {
                 d: git("rev-parse", "--short", "HEAD") for d in added if d in done["val"]}
@@ -165,7 +165,7 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
             print(f"{name}: read back from {path}" + (f", {', '.join(added)} decoded now" if added else ""))
             return done
     summary = train_or_resume(cfg, out)
-    scores = val_scores(cfg, out, name, list(DECODINGS))
+    scores = val_scores(cfg, out, name, decodings_of(name))
     done = {
         "name": name, "values": values, "config": str(CONFIG.relative_to(ROOT)), "config_sha256": config_key(cfg),
         "steps": summary["step"], "valid_ppl": round(summary["valid_ppl"], 3), "best": summary.get("best"),
@@ -180,15 +180,20 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
     return done
 
 
+def decodings_of(name: str) -> list[str]:
+    """The decodings a run is scored with on val: all, or for a run that is no candidate, those of its
+    replication row."""
+    return list(TEST_DECODINGS if name in NOT_CANDIDATES else DECODINGS)
+
+
 def val_scores(cfg: Config, out: Path, name: str, decodings: list[str]) -> dict[str, dict]:
-    """val scores of a finished run under the named decodings its checkpoints allow (the runs that
-    are no candidates: their way and the paper's only)."""
+    """val scores of a finished run under the named decodings its checkpoints allow."""
     if not decodings:
         return {}
     val, models, scores = Split(cfg, "val"), translators(out), {}
     for decoding in decodings:
         weights, beam, alpha, norm = DECODINGS[decoding]
-        if weights not in models or (name in NOT_CANDIDATES and decoding not in TEST_DECODINGS):
+        if weights not in models:
             continue  # fewer checkpoints than the average needs
         s = val.score(models[weights], beam, alpha, norm)
         scores[decoding] = {"tok_lc_bleu": s["tok_lc_bleu"], "sacrebleu": s["sacrebleu"], "chrf": s["chrf"]}
