@@ -99,7 +99,7 @@ def test_accumulated_batches_normalise_by_all_tokens_of_the_step():
     cfg = load_config("tiny", ["model.p_drop=0.0"]).model
     torch.manual_seed(0)
     a = Transformer(cfg, 20)
-    b = copy.deepcopy(a)
+    b, before = copy.deepcopy(a), copy.deepcopy(a)
     opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=1.0), torch.optim.SGD(b.parameters(), lr=1.0)
     step_a = train_step(a, opt_a, [collate(examples, [0, 1]), collate(examples, [2])], 0.1, lr=1.0)
     step_b = train_step(b, opt_b, [collate(examples, [0, 1, 2])], 0.1, lr=1.0)
@@ -107,6 +107,10 @@ def test_accumulated_batches_normalise_by_all_tokens_of_the_step():
     assert step_a.loss == pytest.approx(step_b.loss, rel=1e-5)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5, msg=name)
+    # SGD at rate 1 moves the parameters by the gradient: the step's reported norm is its length
+    moved = torch.cat([(p0 - p1).flatten() for p0, p1 in zip(before.parameters(), a.parameters())]).norm()
+    assert step_a.grad_norm == pytest.approx(moved.item(), rel=1e-4) and step_a.grad_norm > 0
+    assert step_b.grad_norm == pytest.approx(step_a.grad_norm, rel=1e-4)
 
 
 def test_tiny_model_overfits_twenty_pairs(tmp_path, multi30k):
@@ -530,6 +534,7 @@ def test_keep_best_on_the_label_smoothed_validation_loss(tmp_path, tiny_override
                                                 "train.patience=5"])
     summary = train(cfg, tmp_path / "run", quiet=True)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < r["grad_norm"] <= r["grad_norm_max"] for r in records)  # each log line's steps' mean and max
     evals = [r for r in records if "valid_smoothed_loss" in r]
     assert [r["step"] for r in evals] == [2, 4, 6]
     assert all(r["valid_smoothed_loss"] > r["valid_nll"] for r in evals)  # ε_ls 0.1 adds the uniform term

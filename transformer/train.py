@@ -17,6 +17,7 @@ import math
 import platform
 import shutil
 import signal
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -253,11 +254,17 @@ def batch_losses(model: torch.nn.Module, batch: Batch, eps_ls: tuple[float, ...]
     return tuple(label_smoothed_loss(hidden, weight, target, eps) for eps in eps_ls)
 
 
+def new_window() -> dict[str, Any]:
+    """What the next log line averages: the loss and tokens of its steps, their gradient norms, its start."""
+    return {"loss": 0.0, "tokens": 0, "norms": [], "t0": time.monotonic()}
+
+
 @dataclass
 class StepResult:
     loss: float  # label-smoothed loss summed over this rank's tokens
     n_tokens: int  # non-pad target tokens of the step, all ranks
     applied: bool  # False: the gradients were not finite and the step was skipped
+    grad_norm: float  # the gradients' global L2 norm before clipping (train.clip_norm), as fairseq logs it
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch], eps_ls: float,
@@ -301,8 +308,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     if scaler:
         scaler.update()  # after an overflow: a smaller scale next step
     optimizer.zero_grad(set_to_none=True)
-    loss_sum, applied = torch.stack([total.float(), finite.float()]).tolist()  # the step's one host sync
-    return StepResult(loss_sum, n_tokens, applied == 1.0)
+    # the step's one host sync
+    loss_sum, applied, grad_norm = torch.stack([total.float(), finite.float(), norm.float()]).tolist()
+    return StepResult(loss_sum, n_tokens, applied == 1.0, grad_norm)
 
 
 @torch.inference_mode()
@@ -612,6 +620,7 @@ class Trainer:
         state.tgt_tokens += result.n_tokens
         self.window["loss"] += result.loss
         self.window["tokens"] += result.n_tokens
+        self.window["norms"].append(result.grad_norm)
         if self.dist.enabled and state.step % t.check_every == 0:
             sums = distributed.gather(self.dist, distributed.parameter_checksum(self.raw))
             if any(abs(x - sums[0]) > 1e-6 * max(1.0, abs(sums[0])) for x in sums):
@@ -666,7 +675,8 @@ class Trainer:
         # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
         rec = {"step": state.step, "epoch": state.epoch, "minutes": self.elapsed() / 60, "lr": lr,
                "train_loss": window["loss"] * self.dist.world / window["tokens"],
-               "tokens_per_s": window["tokens"] / dt}
+               "tokens_per_s": window["tokens"] / dt, "grad_norm": statistics.fmean(window["norms"]),
+               "grad_norm_max": max(window["norms"])}
         budget = f"{state.step}/{t.max_steps}" + (f", {rec['minutes']:.1f}/{t.max_minutes:g} min" if t.max_minutes else "")
         bar.set_postfix(step=budget, loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
         if self.ends(t.eval_every):
@@ -683,7 +693,7 @@ class Trainer:
                   "dev_bleu": "valid_bleu"}.get(t.keep_best)
         if metric in rec:
             self.keep_best(rec[metric])
-        self.window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}
+        self.window = new_window()
 
     def run(self) -> dict[str, Any]:
         """Steps until train.max_steps or train.max_minutes (or a signal), saving on the clock; then the
@@ -693,7 +703,7 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
             self.writer = SummaryWriter(str(self.out / "tb"))
         self.start = last_save = time.monotonic()
-        self.window = {"loss": 0.0, "tokens": 0, "t0": time.monotonic()}  # what the next log line averages
+        self.window = new_window()
         # the bar counts down whichever budget ends first, updates or minutes (in thousandths of it)
         bar = tqdm(total=1000, initial=budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes),
                    desc="train", disable=self.quiet or not dist.main, dynamic_ncols=True, mininterval=1.0,
