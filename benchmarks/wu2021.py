@@ -111,9 +111,13 @@ RUNS: dict[str, dict[str, object]] = {
     # "67 batches of <= 8192 tokens per side", on the cased text and on the lowercased tokenized one)
     "wu_fork_epochs": FORK | {"train.interval_unit": "epochs", "train.eval_every": 1, "train.save_every": 1,
                               "train.log_every": 1},
+    # one difference from wu_fork: the dataset's lowercased tokenized text, which their repository ships
+    # BPE-encoded (README.md: "pre-processed (BPE, re-index image) raw data") and generate.py scores
+    # against (reflen 12,103 in README-baseline.md's line: the lc.norm.tok test file's length)
+    "wu_fork_lctok": FORK | TOK,
 }
 # runs that replicate but are no recipe: a model of lowercased tokenized text does not translate cased text
-NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2")
+NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2", "wu_fork_lctok")
 # the replication's rows: their settings under each reading of the fork's defaults
 REPLICATION = ("wu_ls0", "wu_ls0_seed2", "wu_ls0.1", "wu_ls0.1_seed2", "wu_ls0.1_adam98",
                "wu_ls0.1_smoothed_patience", "wu_ls0.1_smoothed_patience_seed2", "wu_fork", "wu_fork_seed2",
@@ -155,6 +159,7 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
     if path.is_file():
         done = json.loads(path.read_text(encoding="utf-8"))
         if done.get("config_sha256") == config_key(cfg):
+            done["values"] = values  # the same config, as RUNS spells it now (a key added at its default)
             # a decoding added since is scored where the run's folder is at hand
             added = [d for d in decodings_of(name) if d not in done["val"] and (out / "summary.json").is_file()]
             done["val"].update(val_scores(cfg, out, name, added))
@@ -255,7 +260,7 @@ def report(runs_dir: Path) -> None:
     for name in (n for n in REPLICATION if n in runs):
         done = runs[name]
         if not (ROOT / done["run"]).is_dir() and (name, done["config_sha256"]) in reported:
-            replication.append(reported[name, done["config_sha256"]])
+            replication.append(reported[name, done["config_sha256"]] | {"values": done["values"]})
             continue
         test = test_scores(done, [d for d in TEST_DECODINGS if d in done["val"]])
         replication.append({
