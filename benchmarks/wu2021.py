@@ -69,13 +69,16 @@ TOK = {key: path.replace("multi30k/", "multi30k/tok/").replace(".en.gz", ".lc.no
 # validations (for patience), checkpoints (for the average) and logs every 50 updates, the config's
 # estimate of one of their epochs
 EVERY_50 = {"train.interval_unit": "steps", "train.eval_every": 50, "train.save_every": 50, "train.log_every": 50}
+# fairseq's cadence: validations (so patience), checkpoints (so the average) and logs once per epoch
+EPOCHS = {"train.interval_unit": "epochs", "train.eval_every": 1, "train.save_every": 1, "train.log_every": 1}
 THEIRS = RAW | {"model.norm": "post", "model.ln_eps": 1e-5, "train.eps_ls": 0.0, "train.beta2": 0.999,
                 "train.adam_eps": 1e-8, "train.cooldown_fraction": 0.0, "train.patience": 10,
                 "train.keep_best": "valid_loss"} | EVERY_50
 # their settings with stock fairseq's Adam and reading A of label smoothing (the first runs); FORK: the
-# fork's own Adam and fairseq's patience metric, with reading B (configs/multi30k_en_de_wu2021.toml)
+# fork's own Adam, fairseq's patience metric and its epoch cadence, with reading B
+# (configs/multi30k_en_de_wu2021.toml)
 FORK = THEIRS | {"train.eps_ls": 0.1, "train.beta2": 0.98, "train.adam_eps": 1e-8,
-                 "train.keep_best": "valid_smoothed_loss"}
+                 "train.keep_best": "valid_smoothed_loss"} | EPOCHS
 # our EN→DE recipe's training choices (configs/multi30k_en_de.toml) at their batch and update budget
 OURS = RAW | {"model.norm": "pre", "model.ln_eps": 1e-6, "train.eps_ls": 0.1, "train.beta2": 0.98,
               "train.adam_eps": 1e-9, "train.cooldown_fraction": 0.25, "train.patience": 0,
@@ -104,14 +107,14 @@ RUNS: dict[str, dict[str, object]] = {
     # the config as committed: the fork's own code at df97ba0 where it is at hand (fairseq/optim/adam.py's
     # --adam-betas default (0.9, 0.98) with ε 1e-8) and patience on the label-smoothed validation loss
     # (fairseq's --best-checkpoint-metric); label smoothing 0.1 as reading B
-    "wu_fork": FORK,
-    "wu_fork_seed2": FORK | {"train.seed": 2},
-    # one difference from wu_fork: validations, checkpoints and logs once per epoch, as fairseq's patience
-    # and evaluate.sh's average count them (an epoch of these 8,192-token batches is 67 updates, train.log:
-    # "67 batches of <= 8192 tokens per side", on the cased text and on the lowercased tokenized one)
-    "wu_fork_epochs": FORK | {"train.interval_unit": "epochs", "train.eval_every": 1, "train.save_every": 1,
-                              "train.log_every": 1},
-    # one difference from wu_fork: the dataset's lowercased tokenized text, which their repository ships
+    # with validations, checkpoints and logs every 50 updates, the first estimate of their epoch
+    "wu_fork": FORK | EVERY_50,
+    "wu_fork_seed2": FORK | EVERY_50 | {"train.seed": 2},
+    # one difference from wu_fork: once per epoch, as fairseq's patience and evaluate.sh's average count
+    # them (an epoch of these 8,192-token batches is 67 updates, train.log: "67 batches of <= 8192 tokens
+    # per side", on the cased text and on the lowercased tokenized one)
+    "wu_fork_epochs": FORK,
+    # one difference from wu_fork_epochs: the dataset's lowercased tokenized text, which their repository ships
     # BPE-encoded (README.md: "pre-processed (BPE, re-index image) raw data") and generate.py scores
     # against (reflen 12,103 in README-baseline.md's line: the lc.norm.tok test file's length)
     "wu_fork_lctok": FORK | TOK,
@@ -320,10 +323,13 @@ def seed_band(replication: list[dict], published: float) -> dict | None:
 
 
 def reading(values: dict[str, object]) -> str:
-    """What a run changes from the config as committed (FORK), the data's form in words."""
-    changed = [f"{k}={v}" for k, v in values.items() if not k.startswith("data.") and (k not in FORK or FORK[k] != v)]
+    """What a run changes from the config as committed (FORK), the data's form and the cadence in words."""
+    changed = [f"{k}={v}" for k, v in values.items()
+               if not k.startswith("data.") and k not in EPOCHS and (k not in FORK or FORK[k] != v)]
     if values["data.train_tgt"] != FORK["data.train_tgt"]:
         changed.append("lowercased tokenized text")
+    if any(values[k] != v for k, v in EPOCHS.items()):
+        changed.append(f"checks every {values['train.eval_every']} {values['train.interval_unit']}")
     return ", ".join(changed) or "the config as committed"
 
 

@@ -71,7 +71,7 @@ def test_wu2021_runs_load_and_name_the_same_settings() -> None:
     assert len(seen) == len(wu2021.RUNS), "two runs are the same config"
     assert wu2021.RUNS["wu_ls0"] == wu2021.THEIRS and set(wu2021.REPLICATION) <= set(wu2021.RUNS)
     # the fork's reading is the config as committed: its overrides change nothing
-    assert wu2021.RUNS["wu_fork"] == wu2021.FORK
+    assert wu2021.RUNS["wu_fork_epochs"] == wu2021.FORK
     assert load_config(str(wu2021.CONFIG), wu2021.overrides_of(wu2021.FORK)).sha256() == \
         load_config(str(wu2021.CONFIG)).sha256()
 
@@ -101,11 +101,12 @@ def test_wu2021_report_names_the_runs_not_trained_yet(tmp_path: Path, monkeypatc
 
 
 def test_wu2021_reading_names_what_a_run_changes_from_the_committed_config() -> None:
-    assert wu2021.reading(wu2021.RUNS["wu_fork"]) == "the config as committed"
-    assert wu2021.reading(wu2021.RUNS["wu_fork_seed2"]) == "train.seed=2"
-    assert wu2021.reading(wu2021.RUNS["wu_ls0.1_smoothed_patience"]) == "train.beta2=0.999"
+    assert wu2021.reading(wu2021.RUNS["wu_fork_epochs"]) == "the config as committed"
+    assert wu2021.reading(wu2021.RUNS["wu_fork"]) == "checks every 50 steps"
+    assert wu2021.reading(wu2021.RUNS["wu_fork_seed2"]) == "train.seed=2, checks every 50 steps"
+    assert wu2021.reading(wu2021.RUNS["wu_ls0.1_smoothed_patience"]) == "train.beta2=0.999, checks every 50 steps"
     assert wu2021.reading(wu2021.RUNS["wu_ls0.1_lctok"]) == \
-        "train.beta2=0.999, train.keep_best=valid_loss, lowercased tokenized text"
+        "train.beta2=0.999, train.keep_best=valid_loss, lowercased tokenized text, checks every 50 steps"
 
 
 def test_prediction_interval_is_the_t_band_of_one_more_run() -> None:
