@@ -164,11 +164,12 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
         if done.get("config_sha256") == config_key(cfg):
             done["values"] = values  # the same config, as RUNS spells it now (a key added at its default)
             # a decoding added since is scored where the run's folder is at hand
-            added = [d for d in decodings_of(name) if d not in done["val"] and (out / "summary.json").is_file()]
-            done["val"].update(val_scores(cfg, out, name, added))
-            done["decoded_later"] = done.get("decoded_later", {}) | {
-                d: git("rev-parse", "--short", "HEAD") for d in added if d in done["val"]}
+            missing = [d for d in decodings_of(name) if d not in done["val"]]
+            added = val_scores(cfg, out, name, missing) if (out / "summary.json").is_file() else {}
             if added:
+                commit = git("rev-parse", "--short", "HEAD")
+                done["val"].update(added)
+                done["decoded_later"] = done.get("decoded_later", {}) | {d: commit for d in added}
                 path.write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
             print(f"{name}: read back from {path}" + (f", {', '.join(added)} decoded now" if added else ""))
             return done
