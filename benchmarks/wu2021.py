@@ -161,7 +161,7 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
     out = runs / "wu2021" / name
     if path.is_file():
         done = json.loads(path.read_text(encoding="utf-8"))
-        if done.get("config_sha256") == config_key(cfg):
+        if done.get("config_sha256") == run_key(cfg):
             done["values"] = values  # the same config, as RUNS spells it now (a key added at its default)
             # a decoding added since is scored where the run's folder is at hand
             missing = [d for d in decodings_of(name) if d not in done["val"]]
@@ -176,7 +176,7 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
     summary = train_or_resume(cfg, out)
     scores = val_scores(cfg, out, name, decodings_of(name))
     done = {
-        "name": name, "values": values, "config": str(CONFIG.relative_to(ROOT)), "config_sha256": config_key(cfg),
+        "name": name, "values": values, "config": str(CONFIG.relative_to(ROOT)), "config_sha256": run_key(cfg),
         "steps": summary["step"], "valid_ppl": round(summary["valid_ppl"], 3), "best": summary.get("best"),
         "val": scores, "train_minutes": round(summary["train_minutes"], 1),
         "train_tokens_per_s": round(summary["tokens_per_s"]), "device": device_name(),
@@ -193,6 +193,21 @@ def decodings_of(name: str) -> list[str]:
     """The decodings a run is scored with on val: all, or for a run that is no candidate, those of its
     replication row."""
     return list(TEST_DECODINGS if name in NOT_CANDIDATES else DECODINGS)
+
+
+def with_decoding(cfg: Config, decoding: str) -> Config:
+    """``cfg`` whose [decode] section is the named decoding of DECODINGS."""
+    weights, beam, alpha, norm = DECODINGS[decoding]
+    n = 1 if weights == "last" else int(weights.removeprefix("average_last"))
+    return dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, average_last=n, beam_size=beam,
+                                                                alpha=alpha, length_norm=norm))
+
+
+def run_key(cfg: Config) -> str:
+    """What a run's result file is keyed by. Its scores are of every decoding named here, whatever the
+    config's [decode] says, so that section is set to "theirs", which it held when the first runs were
+    keyed: the config may name a decoding of its own without re-keying (and so retraining) a run."""
+    return config_key(with_decoding(cfg, "theirs"))
 
 
 def val_scores(cfg: Config, out: Path, name: str, decodings: list[str]) -> dict[str, dict]:
@@ -428,11 +443,7 @@ Picked on val (settings and decoding averaged over their seeds): runs {', '.join
 def picked_config(result: dict) -> Config:
     """The config val picked: its runs' settings with the decoding it was picked with."""
     cfg = load_config(str(CONFIG), overrides_of(settings_of(RUNS[result["picked"]["runs"][0]])))
-    p = result["picked"]
-    n = 1 if p["weights"] == "last" else int(p["weights"].removeprefix("average_last"))
-    return dataclasses.replace(cfg, decode=dataclasses.replace(cfg.decode, average_last=n, beam_size=p["beam"],
-                                                                alpha=p["alpha"],
-                                                                length_norm=p.get("length_norm", "gnmt")))
+    return with_decoding(cfg, result["picked"]["decoding"])
 
 
 def check() -> None:

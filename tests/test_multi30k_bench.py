@@ -76,6 +76,21 @@ def test_wu2021_runs_load_and_name_the_same_settings() -> None:
         load_config(str(wu2021.CONFIG)).sha256()
 
 
+def test_wu2021_results_are_keyed_by_training_alone() -> None:
+    """The config's [decode] does not key a run (every run is scored under every decoding), and each
+    stored result still matches its run as RUNS spells it: none would be retrained."""
+    cfg = load_config(str(wu2021.CONFIG))
+    assert (cfg.decode.length_norm, cfg.decode.alpha) == ("length", 1.0)  # generate.py's score / |Y|
+    assert wu2021.with_decoding(cfg, "theirs_lenpen").decode == cfg.decode
+    assert wu2021.run_key(cfg) == wu2021.run_key(wu2021.with_decoding(cfg, "paper"))
+    assert wu2021.run_key(cfg) != wu2021.run_key(load_config(str(wu2021.CONFIG), ["train.eps_ls=0.0"]))
+    stored = sorted(wu2021.SELECTION.glob("*.json"))
+    assert stored
+    for path in stored:
+        run = load_config(str(wu2021.CONFIG), wu2021.overrides_of(wu2021.RUNS[path.stem]))
+        assert json.loads(path.read_text(encoding="utf-8"))["config_sha256"] == wu2021.run_key(run), path.name
+
+
 def test_wu2021_pick_averages_seeds_and_the_committed_recipe_is_the_pick() -> None:
     def done(name: str, bleu: dict[str, float]) -> dict:
         return {"name": name, "values": wu2021.RUNS[name], "val": {d: {"tok_lc_bleu": b} for d, b in bleu.items()}}
