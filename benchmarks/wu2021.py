@@ -279,6 +279,11 @@ def report(runs_dir: Path) -> None:
     replication = []
     for name in (n for n in REPLICATION if n in runs):
         done = runs[name]
+        if "theirs" not in done["val"]:  # a run trained before keep_last counted the save clock
+            print(f"{name}: left out of the replication rows: {done['run']} holds fewer checkpoints on its save "
+                  f"clock than the average 'theirs' needs; move it and {SELECTION / name}.json aside and train "
+                  f"it again (--only {name})", file=sys.stderr)
+            continue
         if not (ROOT / done["run"]).is_dir() and (name, done["config_sha256"]) in reported:
             replication.append(reported[name, done["config_sha256"]] | {"values": done["values"]})
             continue

@@ -81,6 +81,18 @@ def test_keep_last_prunes_oldest(tmp_path: Path) -> None:
                            for x in (".json", ".safetensors", ".state.safetensors"))
 
 
+def test_keep_last_counts_the_save_clock_so_the_average_is_whole(tmp_path: Path) -> None:
+    """The budget ends 82 steps after a checkpoint of a 200-step clock: that end checkpoint takes the
+    8600 one's place in an average, so keep_last = 5 keeps 7800 too and an average of 5 can be made
+    (counting files alone left 4 on the clock: issue 45's run whose average of 10 could not be made)."""
+    for step in (7400, 7600, 7800, 8000, 8200, 8400, 8600, 8682):
+        meta = {**META, "config": {**META["config"], "train": {"save_every": 200, "save_minutes": 0}},
+                "train_state": {"step": step, "elapsed_s": step}}
+        save_checkpoint(tmp_path, step, weights(step), state(step), meta, keep_last=5)
+    assert steps(list_checkpoints(tmp_path)) == [7800, 8000, 8200, 8400, 8600, 8682]
+    assert steps(checkpoints_to_average(tmp_path, 5)) == [7800, 8000, 8200, 8400, 8682]
+
+
 def test_prune_deletes_json_before_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save(tmp_path, 100, keep_last=1)
     deleted: list[str] = []

@@ -115,8 +115,9 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, Tensor], state:
                     meta: dict[str, Any], keep_last: int) -> Path:
     """Writes run_dir/checkpoints/step_NNNNNNNN.{safetensors,state.safetensors,json}; returns the .json.
 
-    Then deletes all but the newest `keep_last` checkpoints, and the debris of crashed writes
-    (temp files, tensor files without their JSON).
+    Then deletes the checkpoints older than the newest `keep_last` on the save clock (those
+    checkpoints_to_average would take, so an average of up to `keep_last` is always there to make),
+    and the debris of crashed writes (temp files, tensor files without their JSON).
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
@@ -136,8 +137,19 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, Tensor], state:
 
 
 def _prune(ckpt_dir: Path, keep_last: int) -> None:
-    """JSON first, then data: a half-deleted checkpoint is one without JSON, which never loads."""
-    for old in list_checkpoints(ckpt_dir.parent)[:-keep_last]:
+    """JSON first, then data: a half-deleted checkpoint is one without JSON, which never loads.
+
+    A checkpoint written off the clock (at the end of the budget, on a signal) takes the place of
+    the one just before it in an average, so it does not count against `keep_last`: counting it
+    left a run whose budget ended just after an epoch with one checkpoint too few for its
+    decode.average_last. With a record that cannot be read, the newest `keep_last` files are kept.
+    """
+    found = list_checkpoints(ckpt_dir.parent)
+    try:
+        oldest = found.index(checkpoints_to_average(ckpt_dir.parent, keep_last)[0])
+    except CheckpointError:
+        oldest = max(len(found) - keep_last, 0)
+    for old in found[:oldest]:
         old.unlink(missing_ok=True)
     for p in ckpt_dir.iterdir():
         data = _STEP_DATA.fullmatch(p.name)
