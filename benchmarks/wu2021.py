@@ -40,6 +40,7 @@ import platform
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import sacrebleu
@@ -153,6 +154,15 @@ def settings_of(values: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in values.items() if k != "train.seed"}
 
 
+def by_settings(rows: Iterable[dict]) -> list[list[dict]]:
+    """Rows (runs or replication rows, each with its "values") grouped by their settings: each group is
+    one reading trained with one or more seeds, in first-seen order."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(json.dumps(settings_of(row["values"]), sort_keys=True), []).append(row)
+    return list(groups.values())
+
+
 def run(name: str, runs: Path, threads: int | None) -> dict:
     """The run's val scores under every decoding: read back when made from the same config, otherwise
     trained (step-bounded, resuming an interrupted run) and scored."""
@@ -248,11 +258,8 @@ def test_scores(done: dict, decodings: list[str]) -> dict[str, dict]:
 
 def pick(runs: dict[str, dict]) -> tuple[dict, list[dict]]:
     """Every (settings, decoding) with its val BLEU averaged over the seeds it was trained with, best first."""
-    groups: dict[str, list[dict]] = {}
-    for done in (d for name, d in runs.items() if name not in NOT_CANDIDATES):
-        groups.setdefault(json.dumps(settings_of(done["values"]), sort_keys=True), []).append(done)
     ranked = []
-    for members in groups.values():
+    for members in by_settings(d for name, d in runs.items() if name not in NOT_CANDIDATES):
         for decoding in DECODINGS:
             if all(decoding in m["val"] for m in members):
                 bleus = [m["val"][decoding]["tok_lc_bleu"] for m in members]
@@ -336,11 +343,8 @@ def report(runs_dir: Path) -> None:
 def reading_means(replication: list[dict], published: float) -> list[dict]:
     """Each reading's test2016 tok. lc BLEU averaged over its seeds, decoded their way (GNMT's penalty at
     α 1 for every run, score / |Y| where every seed has it), with val likewise and the gap to ``published``."""
-    groups: dict[str, list[dict]] = {}
-    for x in replication:
-        groups.setdefault(json.dumps(settings_of(x["values"]), sort_keys=True), []).append(x)
     means = []
-    for xs in groups.values():
+    for xs in by_settings(replication):
         m = {"first_run": xs[0]["run"], "runs": [x["run"] for x in xs]}
         for decoding in ("theirs", "theirs_lenpen"):
             if all(f"test_{decoding}" in x for x in xs):
