@@ -74,7 +74,7 @@ EVERY_50 = {"train.interval_unit": "steps", "train.eval_every": 50, "train.save_
 EPOCHS = {"train.interval_unit": "epochs", "train.eval_every": 1, "train.save_every": 1, "train.log_every": 1}
 THEIRS = RAW | {"model.norm": "post", "model.ln_eps": 1e-5, "train.eps_ls": 0.0, "train.beta2": 0.999,
                 "train.adam_eps": 1e-8, "train.cooldown_fraction": 0.0, "train.patience": 10,
-                "train.keep_best": "valid_loss"} | EVERY_50
+                "train.keep_best": "valid_loss", "train.init_qkv_gain": 1.0} | EVERY_50
 # their settings with stock fairseq's Adam and reading A of label smoothing (the first runs); FORK: the
 # fork's own Adam, fairseq's patience metric and its epoch cadence, with reading B
 # (configs/multi30k_en_de_wu2021.toml)
@@ -83,7 +83,8 @@ FORK = THEIRS | {"train.eps_ls": 0.1, "train.beta2": 0.98, "train.adam_eps": 1e-
 # our EN→DE recipe's training choices (configs/multi30k_en_de.toml) at their batch and update budget
 OURS = RAW | {"model.norm": "pre", "model.ln_eps": 1e-6, "train.eps_ls": 0.1, "train.beta2": 0.98,
               "train.adam_eps": 1e-9, "train.cooldown_fraction": 0.25, "train.patience": 0,
-              "train.keep_best": "valid_loss"} | EVERY_50
+              "train.keep_best": "valid_loss", "train.init_qkv_gain": 1.0} | EVERY_50
+QKV_FAIRSEQ = 2**-0.5
 RUNS: dict[str, dict[str, object]] = {
     # the replication: stock fairseq's Adam (β2 0.999) with reading A (stock fairseq's label smoothing
     # 0.0) and reading B (0.1, the default of the fork's joint criteria), each with a second seed
@@ -120,13 +121,18 @@ RUNS: dict[str, dict[str, object]] = {
     # BPE-encoded (README.md: "pre-processed (BPE, re-index image) raw data") and generate.py scores
     # against (reflen 12,103 in README-baseline.md's line: the lc.norm.tok test file's length)
     "wu_fork_lctok": FORK | TOK,
+    # one difference from wu_fork_epochs: q, k and v drawn as fairseq's MultiheadAttention.reset_parameters
+    # draws them, Xavier-uniform with gain 1/√2 (the bound of a fused [d, 3d] kernel's third, as the
+    # authors' first code; ours draws each as a separate matrix, gain 1: A8)
+    "wu_fork_qkv": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ},
+    "wu_fork_qkv_seed2": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 2},
 }
 # runs that replicate but are no recipe: a model of lowercased tokenized text does not translate cased text
 NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2", "wu_fork_lctok")
 # the replication's rows: their settings under each reading of the fork's defaults
 REPLICATION = ("wu_ls0", "wu_ls0_seed2", "wu_ls0.1", "wu_ls0.1_seed2", "wu_ls0.1_adam98",
                "wu_ls0.1_smoothed_patience", "wu_ls0.1_smoothed_patience_seed2", "wu_fork", "wu_fork_seed2",
-               "wu_fork_epochs", "wu_fork_epochs_seed2", *NOT_CANDIDATES)
+               "wu_fork_epochs", "wu_fork_epochs_seed2", "wu_fork_qkv", "wu_fork_qkv_seed2", *NOT_CANDIDATES)
 # Decodings scored on val: weights (the last checkpoint, or the average of the last N), beam, α, and the
 # length normalisation (decode.length_norm). evaluate.sh averages the last 10 epoch checkpoints and runs
 # generate.py --beam 5 with score / |Y| (--lenpen 1): "theirs_lenpen" exactly; "theirs", the first runs'

@@ -68,6 +68,8 @@ def test_set_overrides_and_validation():
         load_config("tiny", ["model.n_heads=5"])
     with pytest.raises(ConfigError, match="p_drop must be in"):
         load_config("tiny", ["model.p_drop=1.5"])
+    with pytest.raises(ConfigError, match="train.init_qkv_gain must be > 0, got 0.0"):
+        load_config("tiny", ["train.init_qkv_gain=0"])
 
 
 def test_unknown_preset_suggests():

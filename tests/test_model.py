@@ -255,6 +255,24 @@ def test_initialisation():
     assert model.encoder[0].norm1.eps == 1e-6  # A7
 
 
+def test_qkv_gain_scales_only_the_query_key_and_value_draws():
+    """train.init_qkv_gain (A8): 1/√2 gives q, k and v the Xavier bound of a third of a fused [d, 3d]
+    kernel, sqrt(6 / 4d), from the same draws; every other weight is drawn as at gain 1."""
+    cfg = ModelConfig(d_model=256, d_ff=512, n_heads=4, n_enc_layers=1, n_dec_layers=1)
+    torch.manual_seed(0)
+    plain = Transformer(cfg, 100).state_dict()
+    torch.manual_seed(0)
+    scaled = Transformer(cfg, 100, qkv_gain=2**-0.5).state_dict()
+    qkv = [n for n in plain if n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight"))]
+    assert len(qkv) == 3 * 3  # encoder self, decoder self and cross attention
+    for name in qkv:
+        torch.testing.assert_close(scaled[name], plain[name] * 2**-0.5)
+        assert scaled[name].abs().max().item() <= math.sqrt(6 / (4 * 256)) + 1e-6
+        assert scaled[name].abs().max().item() > 0.9 * math.sqrt(6 / (4 * 256))
+    for name in plain.keys() - set(qkv):
+        assert torch.equal(scaled[name], plain[name]), name
+
+
 def test_learned_positions_row_e():
     cfg = ModelConfig(**{**TINY.__dict__, "positional": "learned", "max_positions": 8})
     model = tiny_model(cfg=cfg)

@@ -104,6 +104,10 @@ class TrainConfig:
     clip_norm: float = 0.0  # 0 = no clipping, as in the paper's code (A2)
     eps_ls: float = 0.1  # label smoothing ε_ls (§5.4)
     seed: int = 1
+    # scale on the Xavier bound of the attention's query, key and value projections at initialisation: 1 as
+    # the authors' later code (separate matrices, A8); 1/√2 (0.7071) as their first code's fused q/k/v
+    # kernel and fairseq's MultiheadAttention draw them. DEVIATION(§5, A8) when not 1
+    init_qkv_gain: float = 1.0
     # the unit of log_every, eval_every, bleu_every and save_every, and so of patience and of the
     # checkpoints decoding averages: "epochs" counts passes over the training data (at the step that ends
     # one), as fairseq's defaults validate, save and count patience once per epoch
@@ -262,6 +266,8 @@ class Config:
                               "a translation task (the parse task's bracket symbols are kept whole)")
         if t.keep_best == "dev_bleu" and (not t.bleu_every or self.data.task != "translate"):
             raise ConfigError("train.keep_best = \"dev_bleu\" needs train.bleu_every > 0 (a translation run)")
+        if not t.init_qkv_gain > 0:
+            raise ConfigError(f"train.init_qkv_gain must be > 0, got {t.init_qkv_gain}")
         if t.max_minutes < 0 or t.save_minutes < 0 or t.save_every < 0 or t.threads < 0:
             raise ConfigError("train.max_minutes, save_minutes, save_every and threads must be >= 0")
         if not 0 <= d.alpha <= MAX_ALPHA or d.max_len_offset < 0:
@@ -301,13 +307,14 @@ class Config:
 
 
 # fields added after config hashes were recorded, with the behaviour every config had before them
-ADDED_FIELDS: dict[str, object] = {"train.interval_unit": "steps", "decode.length_norm": "gnmt"}
+ADDED_FIELDS: dict[str, object] = {"train.interval_unit": "steps", "decode.length_norm": "gnmt",
+                                   "train.init_qkv_gain": 1.0}
 
 RESUME_FIXED: dict[str, str | tuple[str, ...]] = {
     "model": "*",
     "data": ("task", "train_src", "train_tgt", "train_store", "vocab_size", "spm_input_sentences", "max_len"),
     "train": ("max_tokens", "update_freq", "warmup_steps", "lr_scale", "cooldown_fraction", "beta1", "beta2",
-              "adam_eps", "weight_decay", "clip_norm", "eps_ls", "seed"),
+              "adam_eps", "weight_decay", "clip_norm", "eps_ls", "seed", "init_qkv_gain"),
 }
 
 

@@ -481,7 +481,7 @@ class Transformer(nn.Module):
     ``decode_step`` decode one token at a time with cached keys and values.
     """
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, qkv_gain: float = 1.0):
         super().__init__()
         self.cfg, self.vocab_size = cfg, vocab_size
         # §3.4: one weight matrix for both embeddings and the pre-softmax projection; the module
@@ -504,13 +504,20 @@ class Transformer(nn.Module):
         self.drop = Dropout(cfg.p_drop)
         self._sinusoids: Tensor | None = None  # §3.5 table cache (not a parameter, not saved)
         self._step_weights: list[StepWeights] | None = None  # kept by keep_step_weights (decoding only)
-        self.reset_parameters()
+        self.reset_parameters(qkv_gain)
 
-    def reset_parameters(self) -> None:
-        """Xavier-uniform linear weights, zero biases (A8); embeddings keep N(0, d^-0.5)."""
+    def reset_parameters(self, qkv_gain: float = 1.0) -> None:
+        """Xavier-uniform linear weights, zero biases (A8); embeddings keep N(0, d^-0.5).
+
+        ``qkv_gain`` scales the Xavier bound of the query, key and value projections (train.init_qkv_gain):
+        1 draws each as the separate matrix it is (A8, the authors' later code); 1/√2 gives a self-attention
+        projection the bound of one third of a fused [d, 3d] kernel, as the authors' first code and fairseq
+        draw them. The draws are the same for every gain, only scaled."""
+        qkv = {id(p) for m in self.modules() if isinstance(m, MultiHeadAttention)
+               for p in (m.q_proj.weight, m.k_proj.weight, m.v_proj.weight)}
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
+                nn.init.xavier_uniform_(module.weight, gain=qkv_gain if id(module.weight) in qkv else 1.0)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):  # learned positions

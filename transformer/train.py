@@ -445,7 +445,7 @@ class Trainer:
             raise TrainError("the ranks disagree on the config or the vocabulary (each rank must be started with the "
                              "same command, config and run folder)")
         torch.manual_seed(t.seed)
-        self.raw = Transformer(cfg.model, tokenizer.vocab_size).to(dist.device)
+        self.raw = Transformer(cfg.model, tokenizer.vocab_size, t.init_qkv_gain).to(dist.device)
         self.optimizer = make_optimizer(self.raw, t)
         self.state = TrainState(world_size=dist.world)
         self.pending_best: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # keep_best's, for save()
