@@ -567,6 +567,8 @@ def test_intervals_in_epochs(tmp_path, tiny_overrides):
     records = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], "valid_nll" in r) for r in records] == [(per_epoch, True), (2 * per_epoch, True),
                                                                 (steps, False)]
+    # the epochs trained: whole at an epoch's end (1-based, as fairseq numbers them), fractional after
+    assert [r["epoch"] for r in records] == [1, 2, round(2 + 1 / per_epoch, 3)]
     assert [int(p.stem.split("_")[1]) for p in list_checkpoints(whole)] == [per_epoch, 2 * per_epoch, steps]
     # the third checkpoint is 1/per_epoch of an epoch after the second: it takes the second's place
     assert [p.stem for p in checkpoints_to_average(whole, 10)] == [f"step_{per_epoch:08d}", f"step_{steps:08d}"]
