@@ -546,7 +546,9 @@ the Python ones (ours, fairseq) flushed denormal floats to zero.
 ## Translation (test2016, beam 4, α 0.6, max length input + 50; same weights in every system)
 
 Each system in a warm process of its own, model loaded outside the timing, best of the repeats. Greedy
-outputs shared with ours, word piece for word piece: {json.dumps(r['greedy_agreement'])}.
+outputs shared with ours, word piece for word piece: {json.dumps(r['greedy_agreement'])}. The beams
+rank finished hypotheses differently: fairseq and CTranslate2 divide log P by |Y|^α, ours by GNMT's
+((5 + |Y|) / 6)^α (§6.1), so beam outputs, lengths and BLEU may differ a little as well as speed.
 
 | system, batch | sentences/s | target tokens/s | sentences | BLEU |
 |---|---|---|---|---|
