@@ -31,8 +31,8 @@ from tqdm import tqdm
 from . import __version__, distributed, files
 from .distributed import Dist
 
-from .checkpoint import (average_checkpoints, checkpoints_to_average, epochs_into, latest_checkpoint, list_checkpoints,
-                         load_checkpoint, save_checkpoint, write_model)
+from .checkpoint import (average_checkpoints, checkpoints_to_average, epochs_into, latest_checkpoint,
+                         list_checkpoints, load_checkpoint, save_checkpoint, write_model)
 from .config import Config, ConfigError, ModelConfig, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, collate, encode_pairs,
                    lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
@@ -674,7 +674,8 @@ class Trainer:
         dt = time.monotonic() - window["t0"]
         # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
         # epochs trained (fractional mid-epoch): 7 at the end of the seventh, as fairseq numbers it
-        rec = {"step": state.step, "epoch": round(epochs_into(dataclasses.asdict(state)), 3), "minutes": self.elapsed() / 60, "lr": lr,
+        rec = {"step": state.step, "epoch": round(epochs_into(dataclasses.asdict(state)), 3),
+               "minutes": self.elapsed() / 60, "lr": lr,
                "train_loss": window["loss"] * self.dist.world / window["tokens"],
                "tokens_per_s": window["tokens"] / dt, "grad_norm": statistics.fmean(window["norms"]),
                "grad_norm_max": max(window["norms"])}
