@@ -359,6 +359,10 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
         train(load_config("tiny", tiny_overrides + ["model.d_ff=96"]), tmp_path / "wide", quiet=True, init_from=old)
     with pytest.raises(TrainError, match="no such run folder"):
         train(cfg, tmp_path / "x", quiet=True, init_from=tmp_path / "missing")
+    with pytest.raises(TrainError, match=r"train.init_qkv_gain = 0.5 sets how .* --init-from .*: give one of them"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.init_qkv_gain=0.5"]),
+              tmp_path / "drawn", quiet=True, init_from=old)
+    assert not (tmp_path / "drawn").exists()
     (old / "model.pt").write_bytes(b"\x80\x04")
     with pytest.raises(UserError, match="pickle files are refused"):
         train(cfg, tmp_path / "y", quiet=True, init_from=old / "model.pt")

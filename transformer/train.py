@@ -426,6 +426,9 @@ class Trainer:
     def __init__(self, cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
                  allow_config_change: bool, init_from: Path | None = None) -> None:
         self.cfg, self.out, self.quiet, self.dist, t = cfg, out, quiet, dist, cfg.train
+        if init_from is not None and t.init_qkv_gain != 1.0:  # refused before anything is written
+            raise TrainError(f"train.init_qkv_gain = {t.init_qkv_gain:g} sets how a new model's first weights are "
+                             f"drawn, and --init-from starts from {init_from}'s instead: give one of them")
         parent = None if init_from is None else parent_run(init_from)
         if dist.main:
             out.mkdir(parents=True, exist_ok=True)
