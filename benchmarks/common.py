@@ -12,12 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+from sacrebleu.metrics.bleu import BLEUScore
+
 from transformer.checkpoint import (average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
                                     write_model)
 from transformer.config import Config, LengthNorm, load_config
 from transformer.data import read_lines
 from transformer.errors import UserError
-from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
+from transformer.evaluate import sacrebleu_scores, tok_lc_bleu_score
 from transformer.prepare import resolve_data_path
 from transformer.request import DecodeRequest
 from transformer.train import train
@@ -128,6 +130,12 @@ def config_key(cfg: Config) -> str:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, threads=0)).sha256()
 
 
+def bleu_parts(score: BLEUScore) -> dict:
+    """A BLEU score's parts: its 1- to 4-gram precisions (%), brevity penalty and lengths in tokens."""
+    return {"precisions": [round(p, 2) for p in score.precisions], "bp": round(score.bp, 4),
+            "sys_len": score.sys_len, "ref_len": score.ref_len}
+
+
 class Split:
     """One side of Multi30k to score on: sources, references and the tokenized lowercased references
     (Moses lc+norm+tok, as the Multi30k literature reports); ``limit``: its first N sentences only."""
@@ -144,12 +152,13 @@ class Split:
 
     def score(self, translator: Translator, beam: int | None = None, alpha: float | None = None,
               length_norm: LengthNorm | None = None) -> dict:
-        """Tokenized lowercased BLEU, sacreBLEU (detokenized, cased) with its signature, chrF, the
-        decoding's seconds and the hypotheses."""
+        """Tokenized lowercased BLEU and its parts, sacreBLEU (detokenized, cased) with its signature, chrF,
+        the decoding's seconds and the hypotheses."""
         start = time.monotonic()
         hyps = translator.translate(self.src, DecodeRequest(beam_size=beam, alpha=alpha, length_norm=length_norm))
         seconds = time.monotonic() - start
         scores = sacrebleu_scores(hyps, self.ref)
-        return {"tok_lc_bleu": round(tok_lc_bleu(hyps, self.tok_ref, self.lang, self.pretokenized), 2),
+        tok = tok_lc_bleu_score(hyps, self.tok_ref, self.lang, self.pretokenized)
+        return {"tok_lc_bleu": round(tok.score, 2), "tok_lc_parts": bleu_parts(tok),
                 "sacrebleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
                 "signature": scores["signature"], "translate_seconds": round(seconds, 1), "hyps": hyps}

@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -305,12 +306,14 @@ def report(runs_dir: Path) -> None:
             "run": name, "config_sha256": done["config_sha256"], "values": done["values"], "steps": done["steps"],
             "valid_ppl": done["valid_ppl"],
             "stopped_by_patience": bool((done.get("best") or {}).get("stopped_by_patience")),
-            **{f"test_{d}": {k: test[d][k] for k in ("tok_lc_bleu", "sacrebleu", "chrf")} for d in test},
+            **{f"test_{d}": {k: test[d][k] for k in ("tok_lc_bleu", "tok_lc_parts", "sacrebleu", "chrf")}
+               for d in test},
             **{f"val_{d}": done["val"][d]["tok_lc_bleu"] for d in TEST_DECODINGS if d in done["val"]},
             "vs_published": round(test["theirs"]["tok_lc_bleu"] - published["tok_lc_bleu"], 2),
             **({"vs_published_lenpen": round(test["theirs_lenpen"]["tok_lc_bleu"] - published["tok_lc_bleu"], 2)}
                if "theirs_lenpen" in test else {})})
     band = seed_band(replication, published["tok_lc_bleu"])
+    gap = gap_parts(replication, published)
     readings = reading_means(replication, published["tok_lc_bleu"])
     best, ranked = pick(runs)
     close = [r for r in ranked[1:] if best["val_tok_lc_bleu"] - r["val_tok_lc_bleu"] < LEADER_MARGIN
@@ -332,7 +335,8 @@ def report(runs_dir: Path) -> None:
         "published": published, "replication": replication,
         "runs": [{k: d[k] for k in ("name", "values", "steps", "valid_ppl", "best", "val", "train_minutes",
                                      "device", "commit")} for d in runs.values()],
-        "seed_band": band, "readings": readings, "ranked": ranked, "not_trained": missing, "budget": "8000 updates of ~8,192 tokens, or fewer where patience stops a run",
+        "seed_band": band, "gap": gap, "readings": readings, "ranked": ranked, "not_trained": missing,
+        "budget": "8000 updates of ~8,192 tokens, or fewer where patience stops a run",
         "config": str(CONFIG.relative_to(ROOT)), "commit": git("rev-parse", "--short", "HEAD"),
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
         "date": datetime.date.today().isoformat(), "device": device_name(),
@@ -396,6 +400,58 @@ def lenpen(row: dict) -> str:
             f"val {row['val_theirs_lenpen']})")
 
 
+def precision_mean(parts: dict) -> float:
+    """BLEU before its brevity penalty: the geometric mean of the 1- to 4-gram precisions (%)."""
+    return math.exp(statistics.mean(math.log(p) for p in parts["precisions"]))
+
+
+GAP_DECODING = "test_theirs_lenpen"  # the replication rows' decoding whose BLEU gap_parts splits
+
+
+def gap_parts(replication: list[dict], published: dict) -> dict | None:
+    """Each run's test2016 BLEU (score / |Y|) split into its precisions' geometric mean and its length
+    ratio, beside the published score's, with their means and ranges: whether the gap to the published
+    run lies in the words or in the length. None without runs whose parts were scored."""
+    rows = [x for x in replication if "tok_lc_parts" in x.get(GAP_DECODING, {})]
+    if not rows or "tok_lc_parts" not in published:
+        return None
+
+    def split(parts: dict) -> dict:
+        return {"precision_mean": round(precision_mean(parts), 2),
+                "length_ratio": round(parts["sys_len"] / parts["ref_len"], 3)}
+
+    per_run = [{"run": x["run"]} | split(x[GAP_DECODING]["tok_lc_parts"]) for x in rows]
+    summary = {key: {"mean": round(statistics.mean(r[key] for r in per_run), 3 if key == "length_ratio" else 2),
+                     "min": min(r[key] for r in per_run), "max": max(r[key] for r in per_run)}
+               for key in ("precision_mean", "length_ratio")}
+    return {"decoding": GAP_DECODING.removeprefix("test_"), "n": len(per_run), "runs": per_run,
+            "published": split(published["tok_lc_parts"]), **summary}
+
+
+def gap_rows(r: dict) -> tuple[str, str]:
+    """The markdown rows of ``gap_parts`` (the published run first) and a sentence on its means; empty
+    strings when the result has none."""
+    gap = r.get("gap")
+    if not gap:
+        return "", ""
+    pub = r["published"]
+    by_run = {x["run"]: x for x in r["replication"]}
+
+    def line(name: str, bleu: float, parts: dict) -> str:
+        return (f"| {name} | {bleu} | {' / '.join(f'{p:.1f}' for p in parts['precisions'])} "
+                f"| {precision_mean(parts):.2f} | {parts['bp']:.3f} | {parts['sys_len'] / parts['ref_len']:.3f} |")
+
+    table = "\n".join([line(f"published ({pub['tok_lc_bleu']})", pub["tok_lc_bleu"], pub["tok_lc_parts"])]
+                      + [line(x["run"], by_run[x["run"]][GAP_DECODING]["tok_lc_bleu"],
+                              by_run[x["run"]][GAP_DECODING]["tok_lc_parts"]) for x in gap["runs"]])
+    m, ratio = gap["precision_mean"], gap["length_ratio"]
+    sentence = (f"Over these {gap['n']} runs the precisions' geometric mean averages {m['mean']:.2f} "
+                f"(from {m['min']:.2f} to {m['max']:.2f}; published {gap['published']['precision_mean']:.2f}) and "
+                f"the length ratio {ratio['mean']:.3f} ({ratio['min']:.3f} to {ratio['max']:.3f}; published "
+                f"{gap['published']['length_ratio']:.3f}).")
+    return table, sentence
+
+
 def write_markdown(r: dict) -> None:
     pub = r["published"]["tok_lc_bleu"]
     rep = "\n".join(
@@ -420,6 +476,18 @@ def write_markdown(r: dict) -> None:
                  f"s.d. {b['sd']:.2f}; one more such run falls in {b['low']:.2f}–{b['high']:.2f} with "
                  f"{b['level']:.0%} probability (mean ± t(0.975, n−1) · s · √(1 + 1/n)). The published {pub}, one "
                  f"run, is {'inside' if b['published_inside'] else 'outside'} it.\n" if b else "")
+    gap_table, gap_sentence = gap_rows(r)
+    gap = (f"""
+Where each gap lies, for the runs whose test2016 hypotheses are at hand (decoded with score / |Y|): BLEU is
+the geometric mean of the 1- to 4-gram precisions times the brevity penalty, so a run with the published
+precisions but shorter output loses through the penalty alone.
+
+| run | test tok. lc, score / \\|Y\\| | 1- / 2- / 3- / 4-gram precision | their geometric mean | brevity penalty | length / reference length |
+|---|---|---|---|---|---|
+{gap_table}
+
+{gap_sentence}
+""" if gap_table else "")
     p = r["picked"]
     close = "; ".join(f"{', '.join(c['runs'])} with {c['decoding']} ({c['val_tok_lc_bleu']})" for c in r["close_to_pick"])
     missing = (f"\nNot trained yet, so in neither table nor the pick: {', '.join(r['not_trained'])}.\n"
@@ -455,7 +523,7 @@ Each reading over its seeds (test2016 tok. lc BLEU decoded their way; val likewi
 | runs | test mean | vs {pub} | val mean | test mean, score / \\|Y\\| (vs {pub}) |
 |---|---|---|---|---|
 {means}
-{band_line}
+{band_line}{gap}
 ## The recipe at their budget, picked on val
 
 Every run, val tok. lc BLEU (1,014 sentences) under their decoding, the paper's, and the best of all

@@ -144,3 +144,26 @@ def test_wu2021_seed_band_pools_the_label_smoothed_runs_and_reads_the_published_
     assert (band["low"], band["high"], band["published_inside"]) == (37.02, 41.98, True)
     assert wu2021.seed_band(rows, 42.0)["published_inside"] is False
     assert wu2021.seed_band(rows[2:3], 41.02) is None
+
+
+def test_wu2021_gap_rows_split_bleu_into_precisions_and_length() -> None:
+    published = json.loads((wu2021.RESULTS / "published.json").read_text(encoding="utf-8"))[wu2021.PUBLISHED]
+    parts = published["tok_lc_parts"]
+    # the published line's parts give its BLEU back: geometric mean of the precisions times the penalty
+    assert wu2021.precision_mean(parts) * parts["bp"] == pytest.approx(published["tok_lc_bleu"], abs=0.05)
+    shorter = {"precisions": parts["precisions"], "bp": 0.986, "sys_len": 11929, "ref_len": 12103}
+    longer = {"precisions": [69.5, 45.8, 32.7, 23.4], "bp": 1.0, "sys_len": 12177, "ref_len": 12103}
+    rows = [{"run": "a", "test_theirs_lenpen": {"tok_lc_bleu": 40.5, "tok_lc_parts": shorter}},
+            {"run": "b", "test_theirs_lenpen": {"tok_lc_bleu": 39.5, "tok_lc_parts": longer}},
+            {"run": "c", "test_theirs": {"tok_lc_bleu": 39.0}}]  # no parts: not in the table
+    gap = wu2021.gap_parts(rows, published)
+    assert [x["run"] for x in gap["runs"]] == ["a", "b"] and gap["published"] == {"precision_mean": 41.03,
+                                                                                 "length_ratio": 0.999}
+    table, sentence = wu2021.gap_rows({"published": published, "replication": rows, "gap": gap})
+    lines = table.splitlines()
+    assert [line.split(" | ")[0] for line in lines] == ["| published (41.02)", "| a", "| b"]
+    assert lines[1].endswith("| 71.0 / 47.5 / 34.3 / 24.5 | 41.03 | 0.986 | 0.986 |")
+    assert "averages 40.27 (from 39.51 to 41.03; published 41.03)" in sentence
+    assert "ratio 0.996 (0.986 to 1.006; published 0.999)" in sentence
+    assert wu2021.gap_parts(rows[2:], published) is None
+    assert wu2021.gap_rows({"published": published, "replication": rows[2:], "gap": None}) == ("", "")

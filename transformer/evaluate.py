@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import sacrebleu
+from sacrebleu.metrics.bleu import BLEUScore
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from .trees import Tree, TreeError, with_tags
@@ -68,17 +69,23 @@ def moses_tokenize_lc(lines: list[str], lang: str) -> list[str]:
             for line in lines]
 
 
-def _multi_bleu(hyps: list[str], refs: list[str]) -> float:
+def _multi_bleu(hyps: list[str], refs: list[str]) -> BLEUScore:
     """multi-bleu.perl: whitespace-split tokens, BLEU 0 when any n-gram order has no match."""
     _check_lengths(hyps, refs)
-    return sacrebleu.BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(hyps, [refs]).score
+    return sacrebleu.BLEU(tokenize="none", smooth_method="none", force=True).corpus_score(hyps, [refs])
 
 
-def tok_lc_bleu(hyps: list[str], tok_refs: list[str], lang: str, pretokenized: bool = False) -> float:
-    """Tokenized lowercased BLEU of detokenized hypotheses against Multi30k's tokenized references;
+def tok_lc_bleu_score(hyps: list[str], tok_refs: list[str], lang: str, pretokenized: bool = False) -> BLEUScore:
+    """Tokenized lowercased BLEU of detokenized hypotheses against Multi30k's tokenized references, with
+    its parts (n-gram precisions, brevity penalty, lengths: whether a gap is in the words or the length);
     ``pretokenized``: the hypotheses are in the references' form already (a model trained on the
     tokenized lowercased files), scored as they are."""
     return _multi_bleu(hyps if pretokenized else moses_tokenize_lc(hyps, lang), tok_refs)
+
+
+def tok_lc_bleu(hyps: list[str], tok_refs: list[str], lang: str, pretokenized: bool = False) -> float:
+    """``tok_lc_bleu_score``'s BLEU."""
+    return tok_lc_bleu_score(hyps, tok_refs, lang, pretokenized).score
 
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -97,7 +104,7 @@ def paper_bleu(hyps: list[str], refs: list[str], lang: str) -> float:
     """
     tok = _tokenizer(lang)
     prep = [_split_compounds(tok.tokenize(x, escape=True, return_str=True)) for x in hyps]
-    return _multi_bleu(prep, [_split_compounds(tok.tokenize(r, escape=True, return_str=True)) for r in refs])
+    return _multi_bleu(prep, [_split_compounds(tok.tokenize(r, escape=True, return_str=True)) for r in refs]).score
 
 
 # -------------------------------------------------------------------------------------------- parse trees (§6.3)
