@@ -127,6 +127,9 @@ RUNS: dict[str, dict[str, object]] = {
     # authors' first code; ours draws each as a separate matrix, gain 1: A8)
     "wu_fork_qkv": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ},
     "wu_fork_qkv_seed2": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 2},
+    # our recipe's choices at their budget with fairseq's q, k and v draw: a candidate for the recipe
+    "ours_qkv": OURS | {"train.init_qkv_gain": QKV_FAIRSEQ},
+    "ours_qkv_seed2": OURS | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 2},
 }
 # runs that replicate but are no recipe: a model of lowercased tokenized text does not translate cased text
 NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2", "wu_fork_lctok")
@@ -369,8 +372,8 @@ def reading_means(replication: list[dict], published: float) -> list[dict]:
 def seed_band(replication: list[dict], published: float) -> dict | None:
     """Where one more run of ours at their settings with label smoothing 0.1 would fall on test2016
     (decoded their way): the prediction interval of those runs, pooled over their other differences
-    (Adam's β2 and ε, the patience metric, the text's form), which are taken to move the score less than
-    a seed does; and whether the published single run falls inside it. None with fewer than 2 runs."""
+    (Adam's β2 and ε, the patience metric, the text's form, the q, k and v draw), which are taken to move
+    the score less than a seed does; and whether the published single run falls inside it. None with fewer than 2 runs."""
     runs = [x for x in replication if x["values"]["train.eps_ls"] == 0.1]
     if len(runs) < 2:
         return None
@@ -382,7 +385,7 @@ def seed_band(replication: list[dict], published: float) -> dict | None:
 
 def reading(values: dict[str, object]) -> str:
     """What a run changes from the config as committed (FORK), the data's form and the cadence in words."""
-    changed = [f"{k}={v}" for k, v in values.items()
+    changed = [f"{k}={float(f'{v:.4g}') if isinstance(v, float) else v}" for k, v in values.items()
                if not k.startswith("data.") and k not in EPOCHS and (k not in FORK or FORK[k] != v)]
     if values["data.train_tgt"] != FORK["data.train_tgt"]:
         changed.append("lowercased tokenized text")

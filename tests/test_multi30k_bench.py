@@ -120,6 +120,9 @@ def test_wu2021_reading_names_what_a_run_changes_from_the_committed_config() -> 
     assert wu2021.reading(wu2021.RUNS["wu_fork"]) == "checks every 50 steps"
     assert wu2021.reading(wu2021.RUNS["wu_fork_seed2"]) == "train.seed=2, checks every 50 steps"
     assert wu2021.reading(wu2021.RUNS["wu_ls0.1_smoothed_patience"]) == "train.beta2=0.999, checks every 50 steps"
+    assert wu2021.reading(wu2021.RUNS["wu_fork_qkv"]) == "train.init_qkv_gain=0.7071"  # 4 significant digits
+    assert wu2021.reading(wu2021.RUNS["wu_ls0.1_adam98"]) == \
+        "train.adam_eps=1e-09, train.keep_best=valid_loss, checks every 50 steps"
     assert wu2021.reading(wu2021.RUNS["wu_ls0.1_lctok"]) == \
         "train.beta2=0.999, train.keep_best=valid_loss, lowercased tokenized text, checks every 50 steps"
 
