@@ -373,7 +373,8 @@ def seed_band(replication: list[dict], published: float) -> dict | None:
     """Where one more run of ours at their settings with label smoothing 0.1 would fall on test2016
     (decoded their way): the prediction interval of those runs, pooled over their other differences
     (Adam's β2 and ε, the patience metric, the text's form, the q, k and v draw), which are taken to move
-    the score less than a seed does; and whether the published single run falls inside it. None with fewer than 2 runs."""
+    the score less than a seed does; and whether the published single run falls inside it. None with
+    fewer than 2 runs."""
     runs = [x for x in replication if x["values"]["train.eps_ls"] == 0.1]
     if len(runs) < 2:
         return None
