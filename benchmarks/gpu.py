@@ -15,8 +15,10 @@ products, attention, copies, elementwise, ...: ``kernel_kind``), kernels per ste
 share (kernel time over the unprofiled step time) — where a step's time goes, before changing it
 (issue 47). ``--before DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git archive
 COMMIT transformer | tar -x -C DIR``) first measures the same rows and profiles with that package, in a
-process of its own on the same card, and reports each row's speed-up beside them. Writes
-benchmarks/results/gpu_train.json and .md. Needs a CUDA GPU.
+process of its own on the same card, and reports each row's speed-up and peak memory beside them; and,
+with ``--curve STEPS`` (default 200), the loss curve of one fixed bf16 run of base on batches it can
+learn (each target its source) with both packages, and how far apart they are (``compare_curves``:
+issue 47 keeps it within 1e-2 relative). Writes benchmarks/results/gpu_train.json and .md. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from transformer.cost import H100_BF16_FLOPS, training_cost
 from transformer.data import Example, collate, make_batches
 from transformer.distributed import Dist
 from transformer.model import Transformer, count_parameters, flops_per_token
-from transformer.optim import make_optimizer
+from transformer.optim import learning_rate, make_optimizer
 from transformer.train import train_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,14 +52,17 @@ MODES = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.
          "bf16+compile": (torch.bfloat16, True)}
 
 
-def synthetic_batches(tokens: int, n_sentences: int, seed: int = 0) -> tuple[list, float, float]:
-    """Length-bucketed batches of random pieces; source and target lengths 10..44 (mean ~27)."""
+def synthetic_batches(tokens: int, n_sentences: int, seed: int = 0, copy: bool = False) -> tuple[list, float, float]:
+    """Length-bucketed batches of random pieces; source and target lengths 10..44 (mean ~27). With
+    ``copy`` each target is its source: a task a model learns within a few hundred steps, so a loss curve
+    over them falls, and two training paths that drift apart show it (random targets keep the loss at
+    ln V whatever the path does)."""
     rng = random.Random(seed)
     examples = []
     for _ in range(n_sentences):
         s, t = rng.randint(9, 43), rng.randint(9, 43)
-        examples.append(Example([rng.randrange(4, VOCAB) for _ in range(s)] + [2],
-                                [rng.randrange(4, VOCAB) for _ in range(t)] + [2]))
+        src = [rng.randrange(4, VOCAB) for _ in range(s)] + [2]
+        examples.append(Example(src, list(src) if copy else [rng.randrange(4, VOCAB) for _ in range(t)] + [2]))
     batches = [collate(examples, idx) for idx in make_batches(examples, tokens)]
     batches = [b for b in batches if b.n_tgt_tokens > 0.9 * tokens]  # full batches only
     src_len = sum(len(e.src) for e in examples) / len(examples)
@@ -65,11 +70,11 @@ def synthetic_batches(tokens: int, n_sentences: int, seed: int = 0) -> tuple[lis
     return batches, src_len, tgt_len
 
 
-def on_gpu(name: str) -> tuple:
+def on_gpu(name: str, device: str = "cuda") -> tuple:
     """A freshly initialised preset (seed 0) on the GPU: its config, the model, Adam, the process's Dist."""
     cfg = load_config(name)
     torch.manual_seed(0)
-    dist = Dist(device=torch.device("cuda"))
+    dist = Dist(device=torch.device(device))
     model = Transformer(cfg.model, VOCAB).to(dist.device)
     return cfg, model, make_optimizer(model, cfg.train), dist
 
@@ -102,6 +107,44 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     del model, raw, optimizer
     torch.cuda.empty_cache()
     return row
+
+
+def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "cuda") -> list[float]:
+    """The per-token label-smoothed loss of each of the first ``steps`` steps of a fixed run: preset
+    ``name`` drawn with seed 0, trained in ``mode`` on ``batches`` in order, the learning rate rising
+    linearly over the ``steps`` (eq. 3 with its warmup compressed into them) to the preset's own peak.
+    Issue 47 holds its changes to the curve the earlier package draws this way (``compare_curves``)."""
+    amp_dtype, compiled = MODES[mode]
+    cfg, raw, optimizer, dist = on_gpu(name, device)
+    model = torch.compile(raw) if compiled else raw
+    t = cfg.train
+    scale = t.lr_scale * (steps / t.warmup_steps) ** 0.5  # the peak at the last step: the preset's peak
+    curve = []
+    for i in range(steps):
+        lr = learning_rate(i + 1, cfg.model.d_model, steps, scale)
+        result = train_step(model, optimizer, [batches[i % len(batches)].to(dist.device)], t.eps_ls, lr, 0.0,
+                            dist, None, amp_dtype)
+        curve.append(result.loss / result.n_tokens)
+    del model, raw, optimizer
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return curve
+
+
+CURVE_BOUND = 1e-2  # issue 47: the first 200 steps within 1e-2 relative of today's path
+
+
+def compare_curves(before: list[float], after: list[float]) -> dict:
+    """How far two loss curves of the same run are apart, step by step, relative to ``before``: the
+    largest gap and its step (1-based), the first step's (before any update: the same weights read by
+    both paths, so only the arithmetic differs), the mean, and whether all lie within ``CURVE_BOUND``."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"loss curves of {len(before)} and {len(after)} steps cannot be compared")
+    gaps = [abs(a - b) / abs(b) for b, a in zip(before, after)]
+    worst = max(range(len(gaps)), key=gaps.__getitem__)
+    return {"steps": len(gaps), "max_rel_diff": gaps[worst], "at_step": worst + 1, "first_step_rel_diff": gaps[0],
+            "mean_rel_diff": sum(gaps) / len(gaps), "bound": CURVE_BOUND, "within": gaps[worst] <= CURVE_BOUND,
+            "loss_first": [before[0], after[0]], "loss_last": [before[-1], after[-1]]}
 
 
 # (kind, words in a CUDA kernel's name): the first kind whose word the lower-cased name holds. Copies come
@@ -249,6 +292,8 @@ def main() -> None:
                         help="precisions whose steps are also profiled by kernel kind ('' for none)")
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--before", type=Path, help="folder holding an earlier transformer/ package, measured first")
+    parser.add_argument("--curve", type=int, default=200,
+                        help="steps of base's bf16 loss curve on copy batches, compared with --before's (0: none)")
     parser.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)  # --before's own process
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -262,9 +307,12 @@ def main() -> None:
     profiles = [profile_steps(r["model"], r["mode"], batches, args.profile_steps,
                               args.warmup + (10 if "compile" in r["mode"] else 0), r["step_ms"])
                 for r in rows if r["mode"] in args.profile.split(",")]
+    curve = loss_curve("base", "bf16", synthetic_batches(args.tokens, 16 * args.tokens // 27, copy=True)[0],
+                       args.curve) if args.curve else None
     if args.rows_only:
         args.results.mkdir(parents=True, exist_ok=True)
-        (args.results / "gpu_train.json").write_text(json.dumps({"rows": rows, "profiles": profiles}) + "\n")
+        (args.results / "gpu_train.json").write_text(json.dumps({"rows": rows, "profiles": profiles,
+                                                                 "curve": curve}) + "\n")
         return
     kernels = attention_kernels(batches[0])
     overflow = fp16_overflow_is_skipped(batches[0])
@@ -282,6 +330,9 @@ def main() -> None:
         after = {(r["model"], r["mode"]): r for r in rows}
         result["before"] = before | {"speedup": {f"{r['model']} {r['mode']}": round(
             r["step_ms"] / after[(r["model"], r["mode"])]["step_ms"], 3) for r in before["rows"]}}
+        if curve and before.get("curve"):
+            result["curve"] = {"model": "base", "mode": "bf16", "batches": "copy"} | compare_curves(before["curve"],
+                                                                                                  curve)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gpu_train.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
@@ -300,13 +351,21 @@ def main() -> None:
                   "measured it (base, bf16, H100-class card); the table below measures them together:", ""]
         lines += [f"- {commit}: {what} Predicted: {gain}" for commit, what, gain in PREDICTED]
         lines += ["", f"Before (`{before['package']}`, measured first in its own process on the same card):", "",
-                  "| model | precision | step (ms) before | after | speed-up | MFU before | after |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| model | precision | step (ms) before | after | speed-up | MFU before | after | peak memory "
+                  "(GiB) before | after |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in before["rows"]:
             a = next(x for x in rows if (x["model"], x["mode"]) == (r["model"], r["mode"]))
             lines.append(f"| {r['model']} | {r['mode']} | {r['step_ms']} | {a['step_ms']} | "
                          f"{result['before']['speedup'][r['model'] + ' ' + r['mode']]}× | {100 * r['mfu']:.1f}% | "
-                         f"{100 * a['mfu']:.1f}% |")
+                         f"{100 * a['mfu']:.1f}% | {r['peak_memory_gib']} | {a['peak_memory_gib']} |")
+        if "curve" in result:
+            c = result["curve"]
+            lines += ["", f"Loss curve kept: base in bf16, the first {c['steps']} steps of one fixed run (seed 0, "
+                      "copy batches, the rate rising to base's peak) with both packages: largest gap "
+                      f"{c['max_rel_diff']:.2e} relative (step {c['at_step']}), first step "
+                      f"{c['first_step_rel_diff']:.2e}, mean {c['mean_rel_diff']:.2e}; loss {c['loss_first'][1]:.3f} → {c['loss_last'][1]:.3f}; "
+                      f"{'within' if c['within'] else 'NOT within'} the issue's {c['bound']:g}."]
     for label, profs in (("before", before["profiles"] if before else []), ("", profiles)):
         if not profs:
             continue

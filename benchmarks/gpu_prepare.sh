@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the ignored folder runs/gpu that a GPU visit carries (benchmarks/gpu_visit.sh, wu2021_lanes.sh),
 # from a checkout alone, skipping what is already there:
-#   before/    979b027's transformer/ package: issue 43's decoding "before" (gpu_decode.py --before)
+#   before/    979b027's transformer/ package (and configs/): issue 43's decoding "before" (gpu_decode.py --before)
 #   before47/  a362aed's: the trainer before issue 47's first change (gpu.py --before)
 #   data/      the Multi30k files (from $TRANSFORMER_DATA, default ../shared/data): the machine has no network
 #   site/      the pure-Python packages the device's Python lacks (tomli_w, sacremoses)
@@ -12,10 +12,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 G=runs/gpu
 mkdir -p "$G"
+# each with its configs/ beside it: the package finds its presets there (gpu.py's before process loads "base")
 for pair in before:979b027 before47:a362aed; do
   dir=$G/${pair%%:*}
-  if [ ! -d "$dir/transformer" ]; then
-    mkdir -p "$dir" && git archive "${pair##*:}" transformer | tar -x -C "$dir"
+  if [ ! -d "$dir/transformer" ] || [ ! -d "$dir/configs" ]; then
+    mkdir -p "$dir" && git archive "${pair##*:}" transformer configs | tar -x -C "$dir"
   fi
 done
 DATA=${TRANSFORMER_DATA:-../shared/data}

@@ -3,6 +3,7 @@ The profile itself needs a CUDA GPU; what it does with the kernels it finds is c
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -52,3 +53,52 @@ def test_kernel_summary_sums_per_step():
     assert s["kernel_ms_total"] == 16.0 and s["kernels_per_step"] == 50 and s["gpu_busy"] == 0.8
     assert s["top_kernels"][0] == {"name": "sm90_xmma_gemm_bf16", "kind": "matmul", "ms_per_step": 7.5}
     assert gpu.kernel_summary(kernels, steps=4, step_ms=10.0)["gpu_busy"] == 1.0  # capped: one stream
+
+
+def test_compare_curves_finds_the_largest_gap_and_its_step():
+    before = [10.0, 8.0, 6.0, 5.0]
+    same = gpu.compare_curves(before, list(before))
+    assert same["max_rel_diff"] == 0.0 and same["within"] and same["steps"] == 4
+    off = gpu.compare_curves(before, [10.0, 8.04, 6.12, 5.0])  # 0.5% at step 2, 2% at step 3
+    assert off["at_step"] == 3 and off["max_rel_diff"] == pytest.approx(0.02) and not off["within"]
+    assert off["first_step_rel_diff"] == 0.0 and off["mean_rel_diff"] == pytest.approx(0.025 / 4)
+    assert gpu.compare_curves(before, [10.0, 8.04, 6.0, 5.0])["within"]  # 0.5% <= 1e-2
+    with pytest.raises(ValueError, match="3 and 4 steps"):
+        gpu.compare_curves(before[:3], before)
+
+
+def test_loss_curve_is_one_fixed_run_that_learns_the_copy_batches():
+    batches = gpu.synthetic_batches(256, 200, copy=True)[0]
+    assert all(b.src.tolist() == b.tgt_out.tolist() for b in batches[:2])  # each target is its source
+    first = gpu.loss_curve("tiny", "fp32", batches, 40, device="cpu")
+    assert first == gpu.loss_curve("tiny", "fp32", batches, 40, device="cpu")  # seeded: the same run twice
+    assert first[-1] < first[0] - 1.0  # it learns: a curve that can drift, not ln V throughout
+
+
+def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monkeypatch):
+    """main()'s report from measured rows, on the CPU: the measurements replaced by fixed rows, so a GPU
+    visit's minutes are not spent finding a formatting fault."""
+    def row(mode, ms, gib):
+        return {"model": "base", "mode": mode, "parameters": 1, "step_ms": ms, "tgt_tokens_per_step": 25_000,
+                "tgt_tokens_per_s": 1, "model_tflops": 1.0, "mfu": 0.2, "peak_memory_gib": gib, "skipped_steps": 0}
+    profile = {"model": "base", "mode": "bf16", "step_ms": 50.0, "kernel_ms_per_step": {"matmul": 10.0},
+               "kernel_ms_total": 10.0, "kernels_per_step": 100, "gpu_busy": 0.2, "top_kernels": []}
+    before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)], "profiles": [profile],
+              "curve": [10.0, 9.0, 8.0]}
+    monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu.torch.cuda, "get_device_name", lambda: "Test GPU")
+    monkeypatch.setattr(gpu, "measure_before", lambda args: before)
+    monkeypatch.setattr(gpu, "measure", lambda name, mode, *a: row(mode, 50.0, 10.5))
+    monkeypatch.setattr(gpu, "profile_steps", lambda *a: profile)
+    monkeypatch.setattr(gpu, "loss_curve", lambda *a: [10.0, 9.05, 8.0])
+    monkeypatch.setattr(gpu, "attention_kernels", lambda batch: ["flash_fwd"])
+    monkeypatch.setattr(gpu, "fp16_overflow_is_skipped", lambda batch: {"first_step_applied": False})
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--modes", "bf16", "--tokens", "2000",
+                                      "--before", "before47", "--results", str(tmp_path)])
+    gpu.main()
+    result = json.loads((tmp_path / "gpu_train.json").read_text())
+    assert result["before"]["speedup"] == {"base bf16": 1.2}
+    assert result["curve"]["at_step"] == 2 and result["curve"]["within"]  # 9.05 against 9.0: 0.56% <= 1%
+    md = (tmp_path / "gpu_train.md").read_text()
+    assert "| base | bf16 | 60.0 | 50.0 | 1.2× | 20.0% | 20.0% | 10.0 | 10.5 |" in md
+    assert "largest gap 5.56e-03 relative (step 2)" in md
