@@ -123,11 +123,13 @@ def test_tiny_model_overfits_twenty_pairs(tmp_path, multi30k):
                     input_sentence_size=10000)
     cfg = load_config("tiny", [f'data.train_src="{src}"', f'data.train_tgt="{tgt}"', f'data.valid_src="{src}"',
                                f'data.valid_tgt="{tgt}"', "data.vocab_size=300", "model.p_drop=0.0",
-                               "train.eps_ls=0.0", "train.max_steps=300", "train.warmup_steps=50",
-                               "train.lr_scale=0.5", "train.log_every=50", "train.eval_every=300",
+                               "train.eps_ls=0.0", "train.max_steps=400", "train.warmup_steps=50",
+                               "train.lr_scale=0.5", "train.log_every=50", "train.eval_every=400",
                                "train.save_minutes=0", "train.threads=1"])
     summary = train(cfg, run, quiet=True)
-    assert summary["valid_nll"] < 0.05
+    # 300 steps (nll 0.003) left one greedy choice between a token and its repeat close enough to flip on another
+    # CPU's kernels; 400 steps bring the nll to ~2e-4, memorised with margin.
+    assert summary["valid_nll"] < 0.01
     tok = Tokenizer(run / "spm.model")
     ckpt = load_checkpoint(list_checkpoints(run)[-1], with_state=False)
     model = Transformer(cfg.model, tok.vocab_size).eval()
