@@ -280,6 +280,13 @@ def pick(runs: dict[str, dict]) -> tuple[dict, list[dict]]:
     return ranked[0], ranked
 
 
+def test_member(best: dict, runs: dict[str, dict]) -> dict:
+    """The run of the picked settings that decodes test2016: the first seed whose folder is at hand (a
+    run's folder may be gone with an earlier session while its val scores stay), else the first seed."""
+    at_hand = [runs[n] for n in best["runs"] if (ROOT / runs[n]["run"]).is_dir()]
+    return (at_hand or [runs[best["runs"][0]]])[0]
+
+
 def report(runs_dir: Path) -> None:
     missing = [n for n in RUNS if not (SELECTION / f"{n}.json").is_file()]
     if missing == list(RUNS):
@@ -321,7 +328,7 @@ def report(runs_dir: Path) -> None:
     best, ranked = pick(runs)
     close = [r for r in ranked[1:] if best["val_tok_lc_bleu"] - r["val_tok_lc_bleu"] < LEADER_MARGIN
              and r["settings"] != best["settings"]]
-    picked_run = runs[best["runs"][0]]
+    picked_run = test_member(best, runs)
     weights, beam, alpha, norm = DECODINGS[best["decoding"]]
     same_pick = previous.get("picked", {}).get("config_sha256") == picked_run["config_sha256"] and \
         previous["picked"].get("decoding") == best["decoding"]

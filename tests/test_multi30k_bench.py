@@ -105,6 +105,15 @@ def test_wu2021_pick_averages_seeds_and_the_committed_recipe_is_the_pick() -> No
     wu2021.check()
 
 
+def test_wu2021_test2016_is_decoded_by_a_seed_at_hand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wu2021, "ROOT", tmp_path)
+    runs = {n: {"name": n, "run": f"runs/wu2021/{n}"} for n in ("ours_qkv", "ours_qkv_seed2")}
+    best = {"runs": ["ours_qkv", "ours_qkv_seed2"]}
+    assert wu2021.test_member(best, runs)["name"] == "ours_qkv"  # neither folder here: the first seed
+    (tmp_path / "runs" / "wu2021" / "ours_qkv_seed2").mkdir(parents=True)
+    assert wu2021.test_member(best, runs)["name"] == "ours_qkv_seed2"
+
+
 def test_wu2021_report_names_the_runs_not_trained_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     result = json.loads((wu2021.RESULTS / "multi30k_en_de_wu2021.json").read_text(encoding="utf-8"))
     monkeypatch.setattr(wu2021, "RESULTS", tmp_path)
