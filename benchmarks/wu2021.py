@@ -328,10 +328,13 @@ def report(runs_dir: Path) -> None:
     best, ranked = pick(runs)
     close = [r for r in ranked[1:] if best["val_tok_lc_bleu"] - r["val_tok_lc_bleu"] < LEADER_MARGIN
              and r["settings"] != best["settings"]]
-    picked_run = test_member(best, runs)
     weights, beam, alpha, norm = DECODINGS[best["decoding"]]
-    same_pick = previous.get("picked", {}).get("config_sha256") == picked_run["config_sha256"] and \
-        previous["picked"].get("decoding") == best["decoding"]
+    # the same pick is the same settings and decoding, its test run unchanged: whichever seed's folder is
+    # at hand now, the seed that decoded test2016 keeps doing so, so a pick is never scored by two seeds
+    before = previous.get("picked", {})
+    same_pick = (before.get("runs"), before.get("decoding")) == (best["runs"], best["decoding"]) and \
+        runs[before["test_run"]]["config_sha256"] == before["config_sha256"]
+    picked_run = runs[before["test_run"]] if same_pick else test_member(best, runs)
     if same_pick and not (ROOT / picked_run["run"]).is_dir():  # decoded once already: never again
         final = {k: previous[k] for k in ("tok_lc_bleu", "sacrebleu", "chrf")} | {"signature": previous["sacrebleu_signature"]}
     else:
