@@ -129,6 +129,8 @@ RUNS: dict[str, dict[str, object]] = {
     "wu_fork_qkv_seed2": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 2},
     # a third seed of the replication's closest reading: its mean's spread, beside 41.02
     "wu_fork_qkv_seed3": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 3},
+    # a fourth, the last whatever it scores (chosen before it ran): the reading's mean and the seed band
+    "wu_fork_qkv_seed4": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 4},
     # our recipe's choices at their budget with fairseq's q, k and v draw: a candidate for the recipe
     "ours_qkv": OURS | {"train.init_qkv_gain": QKV_FAIRSEQ},
     "ours_qkv_seed2": OURS | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 2},
@@ -139,7 +141,7 @@ NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2", "wu_fork_lctok")
 REPLICATION = ("wu_ls0", "wu_ls0_seed2", "wu_ls0.1", "wu_ls0.1_seed2", "wu_ls0.1_adam98",
                "wu_ls0.1_smoothed_patience", "wu_ls0.1_smoothed_patience_seed2", "wu_fork", "wu_fork_seed2",
                "wu_fork_epochs", "wu_fork_epochs_seed2", "wu_fork_qkv", "wu_fork_qkv_seed2",
-               "wu_fork_qkv_seed3", *NOT_CANDIDATES)
+               "wu_fork_qkv_seed3", "wu_fork_qkv_seed4", *NOT_CANDIDATES)
 # Decodings scored on val: weights (the last checkpoint, or the average of the last N), beam, α, and the
 # length normalisation (decode.length_norm). evaluate.sh averages the last 10 epoch checkpoints and runs
 # generate.py --beam 5 with score / |Y| (--lenpen 1): "theirs_lenpen" exactly; "theirs", the first runs'
