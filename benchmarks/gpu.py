@@ -13,7 +13,8 @@ and leaves the weights alone. With ``--profile MODES`` (default bf16 and bf16+co
 steps in those precisions also run under torch.profiler: GPU kernel time per step by kind (matrix
 products, attention, copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy
 share (kernel time over the unprofiled step time) — where a step's time goes, before changing it
-(issue 47). ``--before DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git archive
+(issue 47) — and, from two more steps traced with the host, the lines of the package that launched the
+copies and elementwise kernels (``kernel_sources``). ``--before DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git archive
 COMMIT transformer | tar -x -C DIR``) first measures the same rows and profiles with that package, in a
 process of its own on the same card, and reports each row's speed-up and peak memory beside them; and,
 with ``--curve STEPS`` (default 200), the loss curve of one fixed bf16 run of base on batches it can
@@ -29,6 +30,7 @@ import json
 import os
 import platform
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -148,9 +150,9 @@ def compare_curves(before: list[float], after: list[float]) -> dict:
 
 
 # (kind, words in a CUDA kernel's name): the first kind whose word the lower-cased name holds. Copies come
-# before elementwise (PyTorch's dtype casts run as elementwise kernels named after direct_copy /
-# bfloat16_copy; inductor names its casts triton_poi_fused__to_copy), attention before matmul (cuDNN's
-# SDPA kernels carry gemm-like tile names).
+# before elementwise (PyTorch's dtype casts and layout copies run as elementwise kernels named after
+# direct_copy / bfloat16_copy, torch.cat as CatArrayBatchedCopy), attention before matmul (cuDNN's SDPA
+# kernels carry gemm-like tile names).
 KERNEL_KINDS = (
     ("attention", ("flash", "fmha", "sdpa", "attention")),
     ("optimizer", ("adam", "multi_tensor")),  # the fused Adam step and the gradient-norm clip
@@ -162,11 +164,22 @@ KERNEL_KINDS = (
     ("reduction", ("reduce", "triton_red", "triton_per")),
     ("elementwise", ("elementwise", "dropout", "triton_poi", "fill", "where", "masked")),
 )
+# the words of an inductor kernel's name (triton_poi_fused_<ops>_<n>) that only move data
+INDUCTOR_COPIES = {"to", "copy", "clone", "cat", "view", "permute", "transpose", "expand", "unsqueeze", "t"}
 
 
 def kernel_kind(name: str) -> str:
-    """The kind of a CUDA kernel, from its name (``KERNEL_KINDS``); "other" when no word matches."""
+    """The kind of a CUDA kernel, from its name (``KERNEL_KINDS``); "other" when no word matches.
+
+    An inductor kernel is named after the operators it fused: ``triton_poi_fused__to_copy_add_native_dropout_3``
+    adds, drops out and casts in one pass, work an elementwise kernel does anyway, so it counts as a copy only
+    when copying is all it does (``triton_poi_fused__to_copy_7``)."""
     low = name.lower()
+    if low.startswith("triton_") and "_fused_" in low:
+        words = [w for w in low.split("_fused_", 1)[1].split("_") if w and not w.isdigit()]
+        if words and set(words) <= INDUCTOR_COPIES:
+            return "copies"
+        low = low.replace("_to_copy", "").replace("copy", "")
     return next((kind for kind, words in KERNEL_KINDS if any(w in low for w in words)), "other")
 
 
@@ -185,9 +198,84 @@ def kernel_summary(kernels: list[tuple[str, float, int]], steps: int, step_ms: f
                             for n, us, _ in sorted(kernels, key=lambda k: -k[1])[:8]]}
 
 
+FRAME = re.compile(r"(?:^|[/\\])transformer[/\\](\w+\.py)\((\d+)\): (\w+)")  # a with_stack frame of the package
+BACKWARD = "autograd::engine::evaluate_function: "
+
+
+def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top: int = 12,
+                   device: str = "cuda") -> dict:
+    """Which lines of the package launched the kernels of ``kinds``: torch.profiler's events of steps run with
+    ``record_shapes`` and ``with_stack`` -> for each kind, milliseconds and launches per step by source, largest
+    first, with the shape of the source's costliest launch.
+
+    A source is the two innermost frames of ``transformer/`` above the launching operator and the outermost
+    aten operator below them (``model.py:283 residual ← model.py:300 forward · aten::add``). A backward kernel
+    runs on autograd's thread, which has no Python frames: it is charged to its autograd node (``AddBackward0``)
+    and to the frames of the forward operator that made the node (the same sequence number). On a GPU an
+    operator's ``kernels`` are what it launched; with ``device="cpu"`` (tests) each aten operator without
+    children is its own kernel, timed by its self time."""
+    def chain(e) -> list:
+        out = []
+        while e is not None:
+            out.append(e)
+            e = e.cpu_parent
+        return out
+
+    def where(ancestors: list) -> tuple[str | None, str | None]:
+        """(the two innermost package frames, the outermost aten operator below them) of a chain, innermost
+        first: two, because the innermost is often a helper many lines call (``model.py:75 apply``)."""
+        op, frames = None, []
+        for a in ancestors:
+            if (m := FRAME.search(a.name)):
+                frames.append(f"{m[1]}:{m[2]} {m[3]}")
+                if len(frames) == 2:
+                    break
+            elif a.name.startswith("aten::") and not frames:
+                op = a.name
+        return " ← ".join(frames) or None, op
+
+    forward: dict[int, list] = {}  # sequence number -> the chain of the first forward operator holding it
+    for e in events:
+        if e.sequence_nr >= 0 and e.name.startswith("aten::") and e.sequence_nr not in forward:
+            forward[e.sequence_nr] = chain(e)
+    sources: dict[str, dict[tuple[str, str], list]] = {k: {} for k in kinds}
+    for e in events:
+        if str(e.device_type).endswith("CUDA"):
+            continue
+        if device == "cpu":
+            launched = [(e.name, e.self_cpu_time_total)] if e.name.startswith("aten::") and not e.cpu_children else []
+        else:
+            launched = [(k.name, k.duration) for k in e.kernels]
+        for name, us in launched:
+            kind = kernel_kind(name)
+            if kind not in sources:
+                continue
+            ancestors = chain(e)
+            node = next((a for a in ancestors if a.name.startswith(BACKWARD)), None)
+            if node is None:
+                frame, op = where(ancestors)
+            else:
+                frame, _ = where(forward.get(node.sequence_nr, []))
+                op = node.name[len(BACKWARD):]
+            key = (frame or "(no package frame)", op or e.name)
+            entry = sources[kind].setdefault(key, [0.0, 0, 0.0, None])
+            entry[0] += us
+            entry[1] += 1
+            if us >= entry[2]:
+                entry[2], entry[3] = us, (e.input_shapes or [None])[0]
+    return {kind: [{"source": f"{frame} · {op}", "ms_per_step": round(us / 1000 / steps, 3),
+                    "launches_per_step": round(n / steps, 1), "shape": shape}
+                   for (frame, op), (us, n, _, shape) in sorted(found.items(), key=lambda kv: -kv[1][0])[:top]]
+            for kind, found in sources.items()}
+
+
+SOURCE_STEPS = 2  # steps traced with the host for ``kernel_sources``
+
+
 def profile_steps(name: str, mode: str, batches: list, steps: int, warmup: int, step_ms: float) -> dict:
     """``steps`` training steps of preset ``name`` in ``mode`` under torch.profiler (GPU kernels only, so
-    the host's tracing does not slow the step), summarised by ``kernel_summary``."""
+    the host's tracing does not slow the step), summarised by ``kernel_summary``; then ``SOURCE_STEPS`` more
+    traced with the host, for the lines that launched the copies and elementwise kernels (``kernel_sources``)."""
     from torch.profiler import ProfilerActivity, profile
 
     amp_dtype, compiled = MODES[mode]
@@ -205,9 +293,18 @@ def profile_steps(name: str, mode: str, batches: list, steps: int, warmup: int, 
         torch.cuda.synchronize()
     kernels = [(e.key, getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)), e.count)
                for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    # a second pass traces the host too (shapes, Python frames): slower steps, the same kernels, now with
+    # the lines that launched them
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
+                 with_stack=True) as traced:
+        for i in range(SOURCE_STEPS):
+            step(warmup + steps + i)
+        torch.cuda.synchronize()
+    sources = kernel_sources(traced.events(), SOURCE_STEPS, ("copies", "elementwise"))
     del model, raw, optimizer
     torch.cuda.empty_cache()
-    row = {"model": name, "mode": mode, "step_ms": step_ms, **kernel_summary(kernels, steps, step_ms)}
+    row = {"model": name, "mode": mode, "step_ms": step_ms, **kernel_summary(kernels, steps, step_ms),
+           "sources": sources}
     print(json.dumps(row), flush=True)
     return row
 
@@ -258,6 +355,23 @@ PREDICTED = [
     ("d3d1403", "data.pad through numpy.", "none here: these batches are collated before timing (the trainer's "
      "own collation of a 25k-token batch fell from ~5.3 ms to ~1.2 ms of host work on this CPU)."),
 ]
+
+
+def source_lines(profiles: list[dict], top: int = 6) -> list[str]:
+    """The md's tables of where each profiled step's copies and elementwise kernels come from
+    (``kernel_sources``), the ``top`` costliest sources of each."""
+    lines = []
+    for p in profiles:
+        for kind, found in p.get("sources", {}).items():
+            if not found:
+                continue
+            lines += ["", f"{p['model']} {p['mode']}: the {kind} kernels' sources ({SOURCE_STEPS} steps traced "
+                      "with the host; file:line of the package, the operator; a backward kernel is charged to the "
+                      "line of its forward operator):", "",
+                      "| source | ms per step | launches per step | costliest shape |", "|---|---|---|---|"]
+            lines += [f"| {r['source']} | {r['ms_per_step']} | {r['launches_per_step']} | {r['shape']} |"
+                      for r in found[:top]]
+    return lines
 
 
 def measure_before(args) -> dict:
@@ -379,6 +493,7 @@ def main() -> None:
         lines += [f"| {p['model']} | {p['mode']} | {p['step_ms']} | {100 * p['gpu_busy']:.0f}% | "
                   f"{p['kernels_per_step']:,} | " + " | ".join(str(p["kernel_ms_per_step"].get(k, 0.0)) for k in kinds)
                   + " |" for p in profs]
+    lines += source_lines(profiles)
     lines += ["", f"docs/scaling.md's estimate at MFU 40%: {estimate} ms per step.", "",
               f"Attention kernels in a bf16 step: {', '.join(kernels) or 'none found'}.", "",
               f"fp16 overflow check (loss scale 2^40): {json.dumps(overflow)}.", ""]

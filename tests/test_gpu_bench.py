@@ -21,7 +21,10 @@ KERNELS = {
     "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(Params)": "matmul",
     "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}> >(int, ...)": "copies",
     "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul> >(int, ...)": "copies",
-    "triton_poi_fused__to_copy_add_native_dropout_3": "copies",
+    "triton_poi_fused__to_copy_7": "copies",  # inductor: copying is all it does
+    "triton_poi_fused_cat_clone_2": "copies",
+    "triton_poi_fused__to_copy_add_native_dropout_3": "elementwise",  # the cast rides on an elementwise pass
+    "triton_red_fused__to_copy_native_layer_norm_5": "layernorm",
     "Memcpy HtoD (Pageable -> Device)": "copies",
     "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >(int, ...)": "elementwise",
     "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<c10::BFloat16, float, unsigned int, 1, 4, bool>(...)": "elementwise",
@@ -82,7 +85,10 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
         return {"model": "base", "mode": mode, "parameters": 1, "step_ms": ms, "tgt_tokens_per_step": 25_000,
                 "tgt_tokens_per_s": 1, "model_tflops": 1.0, "mfu": 0.2, "peak_memory_gib": gib, "skipped_steps": 0}
     profile = {"model": "base", "mode": "bf16", "step_ms": 50.0, "kernel_ms_per_step": {"matmul": 10.0},
-               "kernel_ms_total": 10.0, "kernels_per_step": 100, "gpu_busy": 0.2, "top_kernels": []}
+               "kernel_ms_total": 10.0, "kernels_per_step": 100, "gpu_busy": 0.2, "top_kernels": [],
+               "sources": {"copies": [{"source": "model.py:98 apply ← model.py:273 forward · aten::linear",
+                                       "ms_per_step": 1.25, "launches_per_step": 24.0, "shape": [400, 64, 512]}],
+                           "elementwise": []}}
     before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)], "profiles": [profile],
               "curve": [10.0, 9.0, 8.0]}
     monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
@@ -102,3 +108,35 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     md = (tmp_path / "gpu_train.md").read_text()
     assert "| base | bf16 | 60.0 | 50.0 | 1.2× | 20.0% | 20.0% | 10.0 | 10.5 |" in md
     assert "largest gap 5.56e-03 relative (step 2)" in md
+    assert "base bf16: the copies kernels' sources" in md and "elementwise kernels' sources" not in md  # none found
+    assert "| model.py:98 apply ← model.py:273 forward · aten::linear | 1.25 | 24.0 | [400, 64, 512] |" in md
+
+
+def test_kernel_sources_names_the_lines_that_launch_copies():
+    """On the CPU each aten operator is its own kernel: a tiny model's bf16 autocast steps, traced, must charge
+    every copy to a line of the package, autocast's casts of a projection's input to the projection's line in
+    the forward pass and, through the autograd node's sequence number, in the backward pass too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from transformer.train import train_step
+
+    torch = gpu.torch
+    batches = gpu.synthetic_batches(400, 240)[0]
+    _, model, optimizer, dist = gpu.on_gpu("tiny", device="cpu")
+    step = lambda b: train_step(model, optimizer, [b], 0.1, 1e-4, 0.0, dist, None, torch.bfloat16)  # noqa: E731
+    step(batches[0])
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
+        step(batches[1])
+        step(batches[2])
+    events = prof.events()
+    found = gpu.kernel_sources(events, steps=2, kinds=("copies",), top=1000, device="cpu")["copies"]
+    copies = [e for e in events if e.name.startswith("aten::") and not e.cpu_children
+              and gpu.kernel_kind(e.name) == "copies"]
+    assert sum(r["ms_per_step"] for r in found) == pytest.approx(sum(e.self_cpu_time_total for e in copies) / 2000,
+                                                                   abs=1e-3 * len(found))  # every copy charged once
+    assert [r["ms_per_step"] for r in found] == sorted((r["ms_per_step"] for r in found), reverse=True)
+    assert not [r for r in found if r["source"].startswith("(no package frame)")]
+    sources = {r["source"] for r in found}
+    qkv = [s for s in sources if s.startswith("model.py:") and "_project" in s]
+    assert any(s.endswith("· aten::linear") for s in qkv), sources  # the input's cast to bf16, forward
+    assert any(s.endswith("· ToCopyBackward0") for s in qkv), sources  # its gradient's cast back, backward

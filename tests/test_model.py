@@ -79,6 +79,20 @@ def test_dropout_keeps_1_minus_p_and_rescales(p):
     torch.testing.assert_close(x.grad, kept.float() / (1 - p))
 
 
+def test_a_compiled_training_forward_is_one_graph_with_dropout_on():
+    """torch.compile (train.compile) traces the whole encoder-decoder as one graph, dropout included
+    (the CPU's mask from random words broke it at every layer, and each break compiled again); the
+    one break left is the selection of target positions, whose count depends on the data."""
+    torch.manual_seed(0)
+    model = Transformer(load_config("tiny").model, 50).train()
+    assert model.cfg.p_drop > 0
+    src, tgt = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6))
+    explained = torch._dynamo.explain(model)(src, tgt, tgt != PAD_ID, logits=False)
+    assert explained.graph_count == 1
+    assert [r.user_stack[-1].line for r in explained.break_reasons] == [
+        "hidden = hidden if positions is None else hidden[positions]"]
+
+
 def test_multi_head_attention_matches_torch_reference():
     """Against torch.nn.MultiheadAttention (an independent implementation of §3.2.2)."""
     torch.manual_seed(2)

@@ -30,11 +30,12 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
     On CPU the mask comes from 16-bit slices of 64-bit random words (p quantised to 1/65536):
     ``bernoulli_`` draws one random number per element, this one per four elements, and random
-    numbers are a dropout mask's whole cost. Other devices use ``F.dropout``.
+    numbers are a dropout mask's whole cost. Other devices use ``F.dropout``, and so does a compiled
+    model (torch.compile cannot trace these words: each layer would break the graph and compile again).
     """
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(x, p, True)
     n = x.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(torch.iinfo(torch.int64).min, None)

@@ -464,7 +464,10 @@ class Trainer:
         self.raw.train()
         self.model: torch.nn.Module = DistributedDataParallel(self.raw) if dist.enabled else self.raw
         if t.compile:
-            self.model = torch.compile(self.model)
+            # the sinusoid table is made before tracing, not by the first compiled call (whose guard it would
+            # break: a second compilation); batch shapes vary, so the graph is shape-generic from the start
+            self.raw.positions(1, 0, "src_pos", dist.device)
+            self.model = torch.compile(self.model, dynamic=True)
         self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
         self.log(f"transformer {__version__}, torch {torch.__version__}, python {platform.python_version()}; seed "
                  f"{t.seed}; config sha256 {cfg.sha256()[:16]}; vocabulary sha256 {tokenizer.sha256[:16]}")
