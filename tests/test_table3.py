@@ -154,7 +154,7 @@ def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path):
 @pytest.mark.slow
 def test_sigterm_stops_a_row_in_one_line_and_running_again_resumes_it(multi30k: Path, tmp_path: Path):
     src, tgt = write_slice(multi30k, tmp_path, "train", 0, 400)
-    args = [str(ROOT / "benchmarks" / "table3.py"), "--rows", "D3", "--factor", "32", "--updates", "100",
+    args = [str(ROOT / "benchmarks" / "table3.py"), "--rows", "D3", "--factor", "32", "--updates", "30",
             "--val-sentences", "4", "--threads", "1", "--results", str(tmp_path / "results"), "--runs",
             str(tmp_path / "runs"), "--figure", str(tmp_path / "table3.png"), "--set", f'data.train_src="{src}"',
             "--set", f'data.train_tgt="{tgt}"', "--set", "data.vocab_size=400", "--set", "train.log_every=1"]
@@ -174,7 +174,7 @@ def test_sigterm_stops_a_row_in_one_line_and_running_again_resumes_it(multi30k: 
     again = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from step_" in again.stderr + again.stdout
-    assert json.loads((tmp_path / "results" / "table3" / "D3_seed1.json").read_text(encoding="utf-8"))["updates"] == 100
+    assert json.loads((tmp_path / "results" / "table3" / "D3_seed1.json").read_text(encoding="utf-8"))["updates"] == 30
 
 
 def test_bad_requests_are_refused_by_name():
