@@ -7,7 +7,8 @@ spread around the mean of 27 BPE pieces, V = 37,000, length-bucketed into batche
 tokens per side, the paper's 25k) through the project's own ``train_step``, in each precision
 (fp32, bf16 autocast, fp16 autocast with loss scaling, bf16 + torch.compile), and reports step
 time, target tokens/s, peak memory and MFU: the model's matmul FLOPs (``flops_per_token``) per
-second over the GPU's dense bf16 peak. It also lists the attention kernels that ran (flash /
+second over the GPU's dense bf16 peak; and, with ``--accumulate N`` (default 8), each model in bf16 with
+a step's tokens taken as N micro-batches, as the WMT recipes (update_freq 8) train on one device. It also lists the attention kernels that ran (flash /
 memory-efficient SDPA) and checks on the GPU that an fp16 step whose gradients overflow is skipped
 and leaves the weights alone. With ``--profile MODES`` (default bf16 and bf16+compile), each model's
 steps in those precisions also run under torch.profiler: GPU kernel time per step by kind (matrix
@@ -81,7 +82,10 @@ def on_gpu(name: str, device: str = "cuda") -> tuple:
     return cfg, model, make_optimizer(model, cfg.train), dist
 
 
-def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float) -> dict:
+def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float,
+            micro: int = 1) -> dict:
+    """One row of the table: preset ``name`` trained in ``mode``, each step accumulating ``micro`` of
+    ``batches`` (the WMT recipes' one-device layout is 8 micro-batches of 3,125 tokens: ``--accumulate``)."""
     amp_dtype, compiled = MODES[mode]
     cfg, raw, optimizer, dist = on_gpu(name)
     device = dist.device
@@ -94,14 +98,15 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
         if i == warmup:
             torch.cuda.synchronize()
             start, tokens = time.perf_counter(), 0
-        batch = batches[i % len(batches)].to(device)
-        result = train_step(model, optimizer, [batch], cfg.train.eps_ls, 1e-4, 0.0, dist, scaler, amp_dtype)
+        step_batches = [batches[(i * micro + j) % len(batches)].to(device) for j in range(micro)]
+        result = train_step(model, optimizer, step_batches, cfg.train.eps_ls, 1e-4, 0.0, dist, scaler, amp_dtype)
         skipped += not result.applied
         tokens += result.n_tokens
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / steps
     achieved = flops_per_token(cfg.model, VOCAB, src_len, tgt_len) * tokens / steps / seconds
-    row = {"model": name, "mode": mode, "parameters": count_parameters(raw), "step_ms": round(1000 * seconds, 1),
+    row = {"model": name, "mode": mode if micro == 1 else f"{mode} ×{micro}", "micro_batches": micro,
+           "parameters": count_parameters(raw), "step_ms": round(1000 * seconds, 1),
            "tgt_tokens_per_step": round(tokens / steps), "tgt_tokens_per_s": round(tokens / steps / seconds),
            "model_tflops": round(achieved / 1e12, 1), "mfu": round(achieved / H100_BF16_FLOPS, 3),
            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "skipped_steps": skipped}
@@ -402,6 +407,9 @@ def main() -> None:
     parser.add_argument("--models", default="base,big")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for gpu_train.json / .md")
+    parser.add_argument("--accumulate", type=int, default=8,
+                        help="also each model in bf16 with a step's tokens split into this many micro-batches "
+                             "(the WMT recipes' update_freq on one device; 1: no such rows)")
     parser.add_argument("--profile", default="bf16,bf16+compile",
                         help="precisions whose steps are also profiled by kernel kind ('' for none)")
     parser.add_argument("--profile-steps", type=int, default=5)
@@ -418,6 +426,10 @@ def main() -> None:
     rows = [measure(name, mode, batches, args.steps, args.warmup + (10 if "compile" in mode else 0), src_len,
                     tgt_len)
             for name in args.models.split(",") for mode in args.modes.split(",")]
+    if args.accumulate > 1:
+        small, *_ = synthetic_batches(args.tokens // args.accumulate, 16 * args.tokens // 27)
+        rows += [measure(name, "bf16", small, args.steps, args.warmup, src_len, tgt_len, args.accumulate)
+                 for name in args.models.split(",")]
     profiles = [profile_steps(r["model"], r["mode"], batches, args.profile_steps,
                               args.warmup + (10 if "compile" in r["mode"] else 0), r["step_ms"])
                 for r in rows if r["mode"] in args.profile.split(",")]
@@ -453,7 +465,10 @@ def main() -> None:
              f"`{result['command']}` — {result['date']}, torch {result['torch']} (CUDA {result['cuda']}), "
              f"Python {result['python']}.", "",
              f"Synthetic WMT-shaped batches: ~{args.tokens:,} tokens per side per step, V = {VOCAB:,}, mean "
-             f"lengths {src_len:.1f} / {tgt_len:.1f}; one optimizer step per batch through `train_step`. "
+             f"lengths {src_len:.1f} / {tgt_len:.1f}; one optimizer step per batch through `train_step`"
+             + (f"; a ×{args.accumulate} row takes the step's tokens as {args.accumulate} micro-batches of "
+                f"~{args.tokens // args.accumulate:,} (the WMT recipes' layout on one device: update_freq "
+                f"{args.accumulate})" if args.accumulate > 1 else "") + ". "
              "MFU = the model's matmul FLOPs per second / the dense bf16 peak "
              f"({H100_BF16_FLOPS / 1e12:.0f} TFLOPS).", "",
              "| model | precision | step (ms) | target tokens/s | model TFLOP/s | MFU | peak memory (GiB) |",

@@ -94,19 +94,22 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu.torch.cuda, "get_device_name", lambda: "Test GPU")
     monkeypatch.setattr(gpu, "measure_before", lambda args: before)
-    monkeypatch.setattr(gpu, "measure", lambda name, mode, *a: row(mode, 50.0, 10.5))
+    monkeypatch.setattr(gpu, "measure", lambda name, mode, *a: row(mode if len(a) < 6 else f"{mode} ×{a[5]}",
+                                                                   50.0 if len(a) < 6 else 80.0, 10.5))
     monkeypatch.setattr(gpu, "profile_steps", lambda *a: profile)
     monkeypatch.setattr(gpu, "loss_curve", lambda *a: [10.0, 9.05, 8.0])
     monkeypatch.setattr(gpu, "attention_kernels", lambda batch: ["flash_fwd"])
     monkeypatch.setattr(gpu, "fp16_overflow_is_skipped", lambda batch: {"first_step_applied": False})
     monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--modes", "bf16", "--tokens", "2000",
-                                      "--before", "before47", "--results", str(tmp_path)])
+                                      "--before", "before47", "--results", str(tmp_path), "--accumulate", "4"])
     gpu.main()
     result = json.loads((tmp_path / "gpu_train.json").read_text())
     assert result["before"]["speedup"] == {"base bf16": 1.2}
     assert result["curve"]["at_step"] == 2 and result["curve"]["within"]  # 9.05 against 9.0: 0.56% <= 1%
     md = (tmp_path / "gpu_train.md").read_text()
     assert "| base | bf16 | 60.0 | 50.0 | 1.2× | 20.0% | 20.0% | 10.0 | 10.5 |" in md
+    assert [r["mode"] for r in result["rows"]] == ["bf16", "bf16 ×4"] and "| base | bf16 ×4 | 80.0 |" in md
+    assert "4 micro-batches of ~500 (the WMT recipes' layout on one device: update_freq 4)" in md
     assert "largest gap 5.56e-03 relative (step 2)" in md
     assert "base bf16: the copies kernels' sources" in md and "elementwise kernels' sources" not in md  # none found
     assert "| model.py:98 apply ← model.py:273 forward · aten::linear | 1.25 | 24.0 | [400, 64, 512] |" in md
