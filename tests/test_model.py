@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from transformer.config import ModelConfig, load_config
+from transformer.data import Example, collate
 from transformer.model import (_ONEDNN, MultiHeadAttention, Transformer, attention, count_parameters, dropout,
                                pack_for_inference, padding_mask, record_attention, sinusoidal_positions)
 from transformer.tokenizer import PAD_ID
@@ -80,17 +81,35 @@ def test_dropout_keeps_1_minus_p_and_rescales(p):
 
 
 def test_a_compiled_training_forward_is_one_graph_with_dropout_on():
-    """torch.compile (train.compile) traces the whole encoder-decoder as one graph, dropout included
-    (the CPU's mask from random words broke it at every layer, and each break compiled again); the
-    one break left is the selection of target positions, whose count depends on the data."""
+    """torch.compile (train.compile) traces training's forward pass as one graph, dropout included (the
+    CPU's mask from random words broke it at every layer, and each break compiled again) and the
+    selection of the target positions too (indices made on the host: a boolean mask's selection has a
+    size only the data tells, a break, and on a GPU a wait for the device)."""
     torch.manual_seed(0)
     model = Transformer(load_config("tiny").model, 50).train()
     assert model.cfg.p_drop > 0
-    src, tgt = torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 6))
-    explained = torch._dynamo.explain(model)(src, tgt, tgt != PAD_ID, logits=False)
-    assert explained.graph_count == 1
-    assert [r.user_stack[-1].line for r in explained.break_reasons] == [
-        "hidden = hidden if positions is None else hidden[positions]"]
+    batch = collate([Example([5, 6, 7, 2], [8, 9, 2]), Example([5, 2], [8, 9, 10, 11, 2])], [0, 1])
+    explained = torch._dynamo.explain(model)(batch.src, batch.tgt_in, batch.positions, logits=False)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_training_selects_the_same_positions_as_a_mask_with_the_same_gradients():
+    """Batch.positions (indices into the flattened targets) pick what the non-PAD mask picks, in its
+    order, and the gradients flowing back through the selection are the mask's, bit for bit."""
+    torch.manual_seed(0)
+    model = Transformer(load_config("tiny").model, 50).train()
+    batch = collate([Example([5, 6, 7, 2], [8, 9, 2]), Example([5, 2], [8, 9, 10, 11, 2]),
+                     Example([4, 2], [2])], [0, 1, 2])
+    keep = batch.tgt_out != PAD_ID
+    assert batch.positions.tolist() == keep.flatten().nonzero().squeeze(1).tolist()
+    assert batch.positions.numel() == batch.n_tgt_tokens == 9
+    hidden = model.decode(batch.tgt_in, *model.encode(batch.src)).detach().requires_grad_(True)
+    picked = hidden.flatten(0, 1).index_select(0, batch.positions)
+    assert torch.equal(picked, hidden[keep])
+    upstream = torch.randn_like(picked)
+    (by_index,) = torch.autograd.grad(picked, hidden, upstream)
+    (by_mask,) = torch.autograd.grad(hidden[keep], hidden, upstream)
+    assert torch.equal(by_index, by_mask)
 
 
 def test_multi_head_attention_matches_torch_reference():

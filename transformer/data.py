@@ -165,11 +165,15 @@ class Batch:
     n_src_tokens: int  # non-PAD positions
     n_tgt_tokens: int
     indices: list[int]  # example indices, so callers can restore input order
+    # the non-PAD target positions as indices into tgt_out flattened, row-major [n_tgt_tokens]: made here,
+    # on the host, so that selecting them on a GPU does not read their count back (a boolean mask would:
+    # one synchronisation per batch, and a break in a compiled graph)
+    positions: torch.Tensor
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(self.src.to(device, non_blocking=True), self.tgt_in.to(device, non_blocking=True),
                      self.tgt_out.to(device, non_blocking=True), self.n_src_tokens, self.n_tgt_tokens,
-                     self.indices)
+                     self.indices, self.positions.to(device, non_blocking=True))
 
 
 def pad(seqs: list[list[int]]) -> torch.Tensor:
@@ -189,9 +193,11 @@ def collate(examples: list[Example], indices: list[int]) -> Batch:
     # §3.1: the decoder's input is the target shifted right behind the start symbol, as long as the target
     # (its EOS falls off, or onto a padding position, which stays padding)
     shifted = torch.cat([torch.full_like(tgt_out[:, :1], BOS_ID), tgt_out[:, :-1]], 1)
-    return Batch(src=pad([e.src for e in chosen]), tgt_in=shifted.masked_fill_(tgt_out == PAD_ID, PAD_ID),
+    keep = tgt_out != PAD_ID
+    return Batch(src=pad([e.src for e in chosen]), tgt_in=shifted.masked_fill_(~keep, PAD_ID),
                  tgt_out=tgt_out, n_src_tokens=sum(len(e.src) for e in chosen),
-                 n_tgt_tokens=sum(len(e.tgt) for e in chosen), indices=list(indices))
+                 n_tgt_tokens=sum(len(e.tgt) for e in chosen), indices=list(indices),
+                 positions=keep.flatten().nonzero().squeeze(1))
 
 
 def make_batches(examples: list[Example], max_tokens: int) -> list[list[int]]:

@@ -43,7 +43,7 @@ from .optim import cooldown, learning_rate, make_optimizer
 from .prepare import resolve_data_path
 from .runtime import keep_freed_memory
 from .store import TokenStore
-from .tokenizer import PAD_ID, Tokenizer
+from .tokenizer import Tokenizer
 from .vocabulary import open_vocabulary
 
 
@@ -246,11 +246,10 @@ def batch_losses(model: torch.nn.Module, batch: Batch, eps_ls: tuple[float, ...]
 
     Goes through ``model(...)`` so that a DistributedDataParallel wrapper sees the forward pass.
     """
-    keep = batch.tgt_out != PAD_ID
-    hidden = model(batch.src, batch.tgt_in, keep, logits=False)
+    hidden = model(batch.src, batch.tgt_in, batch.positions, logits=False)
     inner = getattr(model, "_orig_mod", model)  # through torch.compile's and DDP's wrappers
     weight = (inner.module if isinstance(inner, DistributedDataParallel) else inner).output_weight
-    target = batch.tgt_out[keep]
+    target = batch.tgt_out.flatten().index_select(0, batch.positions)
     return tuple(label_smoothed_loss(hidden, weight, target, eps) for eps in eps_ls)
 
 
