@@ -358,11 +358,11 @@ PREDICTED = [
      "non-finite step through found_inf).", "two host round trips fewer, ~1 ms where the host waits on the GPU."),
     ("13044b7", "the label-smoothed loss and its gradient in one Triton kernel per block of rows "
      "(transformer/fused_loss.py).", "~12 instead of ~42 bytes moved per logit, ~28 GB less traffic, ~9 ms."),
+    ("d3d1403", "data.pad through numpy.", "none here: these batches are collated before timing (the trainer's "
+     "own collation of a 25k-token batch fell from ~5.3 ms to ~1.2 ms of host work on this CPU)."),
     ("1166b78", "the target positions selected by indices made on the host (Batch.positions), not a boolean "
      "mask.", "two host waits fewer per batch, mid-step, where the GPU drained its queue while the host launched "
      "the loss and the backward; one compiled graph instead of two: ~1-3 ms of base's compiled step."),
-    ("d3d1403", "data.pad through numpy.", "none here: these batches are collated before timing (the trainer's "
-     "own collation of a 25k-token batch fell from ~5.3 ms to ~1.2 ms of host work on this CPU)."),
 ]
 
 
