@@ -4,10 +4,12 @@
 # before47/ = the trainer before issue 47's first change, data/ = test2016, site/ = tomli_w, sacremoses;
 # benchmarks/gpu_prepare.sh builds it):
 #   bash benchmarks/gpu_visit.sh decode   # ~3 min: compile_step (CUDA graph) + gpu_decode before/after
-#   bash benchmarks/gpu_visit.sh train    # ~5 min: the fused loss alone (fused_loss.py), then gpu.py base and big,
-#                                         # bf16 and compiled, profiled, before/after
-# Results land in benchmarks/results/ and, with $OUT set, are copied there. Their commit fields come from
-# the device's git metadata, which can be stale: set them by hand after copying back.
+#   bash benchmarks/gpu_visit.sh train    # ~5-6 min: the fused loss alone (fused_loss.py), then gpu.py base and
+#                                         # big, bf16, compiled and accumulated, profiled, before/after
+# Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
+# script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
+# still brings back every row printed so far. Their commit fields come from the device's git metadata,
+# which can be stale: set them by hand after copying back.
 set -eu
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
@@ -15,16 +17,24 @@ export PYTHONPATH=$PWD:$PWD/runs/gpu/site${PYTHONPATH:+:$PYTHONPATH}
 case "${1:-}" in decode|train) ;; *) echo "usage: bash benchmarks/gpu_visit.sh decode|train" >&2; exit 2 ;; esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 R=benchmarks/results
+LOGS=${OUT:-/tmp}
+
+# step NAME TAIL SCRIPT ARGS...: runs benchmarks/SCRIPT, its output logged as it comes, the last TAIL lines
+# shown; then its result files (NAME.json / NAME.md) copied to $OUT
+step() {
+  local name=$1 tail=$2 script=$3
+  shift 3
+  python "benchmarks/$script" "$@" 2>&1 | tee "$LOGS/$name.log" | tail -"$tail"
+  if [ -n "${OUT:-}" ]; then cp "$R/$name.json" "$R/$name.md" "$OUT"/; fi
+}
+
+set -o pipefail
 case "$1" in
   decode)
-    python benchmarks/compile_step.py --device cuda --run runs/gpu/quick --steps 300 | tail -5
-    python benchmarks/gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
-      --batches 1 64 512 | tail -12
-    files="$R/compile_step_cuda.json $R/compile_step_cuda.md $R/gpu_decode.json $R/gpu_decode.md" ;;
+    step compile_step_cuda 5 compile_step.py --device cuda --run runs/gpu/quick --steps 300
+    step gpu_decode 12 gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
+      --batches 1 64 512 ;;
   train)
-    python benchmarks/fused_loss.py | tail -2
-    python benchmarks/gpu.py --before runs/gpu/before47 --models base,big --modes bf16,bf16+compile --steps 20 \
-      | tail -30
-    files="$R/fused_loss.json $R/fused_loss.md $R/gpu_train.json $R/gpu_train.md" ;;
+    step fused_loss 2 fused_loss.py
+    step gpu_train 30 gpu.py --before runs/gpu/before47 --models base,big --modes bf16,bf16+compile --steps 20 ;;
 esac
-if [ -n "${OUT:-}" ]; then cp $files "$OUT"/; fi
