@@ -84,9 +84,11 @@ def on_gpu(name: str, device: str = "cuda") -> tuple:
 
 
 def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float,
-            micro: int = 1) -> dict:
+            micro: int = 1, profile: int = 0) -> tuple[dict, dict | None]:
     """One row of the table: preset ``name`` trained in ``mode``, each step accumulating ``micro`` of
-    ``batches`` (the WMT recipes' one-device layout is 8 micro-batches of 3,125 tokens: ``--accumulate``)."""
+    ``batches`` (the WMT recipes' one-device layout is 8 micro-batches of 3,125 tokens: ``--accumulate``);
+    and, with ``profile`` steps, the same model's next steps profiled (``profile_steps``: a compiled model is
+    compiled once for both)."""
     amp_dtype, compiled = MODES[mode]
     cfg, raw, optimizer, dist = on_gpu(name)
     device = dist.device
@@ -95,12 +97,15 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     torch.cuda.reset_peak_memory_stats()
     skipped, tokens = 0, 0
     start = time.perf_counter()
+    def step(i: int):
+        step_batches = [batches[(i * micro + j) % len(batches)].to(device) for j in range(micro)]
+        return train_step(model, optimizer, step_batches, cfg.train.eps_ls, 1e-4, 0.0, dist, scaler, amp_dtype)
+
     for i in range(warmup + steps):
         if i == warmup:
             torch.cuda.synchronize()
             start, tokens = time.perf_counter(), 0
-        step_batches = [batches[(i * micro + j) % len(batches)].to(device) for j in range(micro)]
-        result = train_step(model, optimizer, step_batches, cfg.train.eps_ls, 1e-4, 0.0, dist, scaler, amp_dtype)
+        result = step(i)
         skipped += not result.applied
         tokens += result.n_tokens
     torch.cuda.synchronize()
@@ -112,9 +117,10 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
            "model_tflops": round(achieved / 1e12, 1), "mfu": round(achieved / H100_BF16_FLOPS, 3),
            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "skipped_steps": skipped}
     print(json.dumps(row), flush=True)
+    profiled = profile_steps(row, step, warmup + steps, profile) if profile else None
     del model, raw, optimizer
     torch.cuda.empty_cache()
-    return row
+    return row, profiled
 
 
 def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "cuda") -> list[float]:
@@ -278,24 +284,17 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
 SOURCE_STEPS = 2  # steps traced with the host for ``kernel_sources``
 
 
-def profile_steps(name: str, mode: str, batches: list, steps: int, warmup: int, step_ms: float) -> dict:
-    """``steps`` training steps of preset ``name`` in ``mode`` under torch.profiler (GPU kernels only, so
-    the host's tracing does not slow the step), summarised by ``kernel_summary``; then ``SOURCE_STEPS`` more
-    traced with the host, for the lines that launched the copies and elementwise kernels (``kernel_sources``)."""
+def profile_steps(row: dict, step, start: int, steps: int) -> dict:
+    """``steps`` more training steps of ``row``'s model (``step(i)`` trains step i, warm already) under
+    torch.profiler (GPU kernels only, so the host's tracing does not slow the step), summarised by
+    ``kernel_summary`` against the row's unprofiled step time; then ``SOURCE_STEPS`` more traced with the
+    host, for the lines that launched the copies and elementwise kernels (``kernel_sources``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    amp_dtype, compiled = MODES[mode]
-    cfg, raw, optimizer, dist = on_gpu(name)
-    model = torch.compile(raw) if compiled else raw
-    scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
-    step = lambda i: train_step(model, optimizer, [batches[i % len(batches)].to(dist.device)],  # noqa: E731
-                                cfg.train.eps_ls, 1e-4, 0.0, dist, scaler, amp_dtype)
-    for i in range(warmup):
-        step(i)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for i in range(steps):
-            step(warmup + i)
+            step(start + i)
         torch.cuda.synchronize()
     kernels = [(e.key, getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)), e.count)
                for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
@@ -304,15 +303,13 @@ def profile_steps(name: str, mode: str, batches: list, steps: int, warmup: int, 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
                  with_stack=True) as traced:
         for i in range(SOURCE_STEPS):
-            step(warmup + steps + i)
+            step(start + steps + i)
         torch.cuda.synchronize()
     sources = kernel_sources(traced.events(), SOURCE_STEPS, ("copies", "elementwise"))
-    del model, raw, optimizer
-    torch.cuda.empty_cache()
-    row = {"model": name, "mode": mode, "step_ms": step_ms, **kernel_summary(kernels, steps, step_ms),
-           "sources": sources}
-    print(json.dumps(row), flush=True)
-    return row
+    profiled = {"model": row["model"], "mode": row["mode"], "step_ms": row["step_ms"],
+                **kernel_summary(kernels, steps, row["step_ms"]), "sources": sources}
+    print(json.dumps(profiled), flush=True)
+    return profiled
 
 
 def attention_kernels(batch) -> list[str]:
@@ -427,16 +424,15 @@ def main() -> None:
     before = measure_before(args) if args.before else None
     batches, src_len, tgt_len = synthetic_batches(args.tokens, 16 * args.tokens // 27)
     print(f"{len(batches)} batches; mean lengths {src_len:.1f} / {tgt_len:.1f}", flush=True)
-    rows = [measure(name, mode, batches, args.steps, args.warmup + (10 if "compile" in mode else 0), src_len,
-                    tgt_len)
-            for name in args.models.split(",") for mode in args.modes.split(",")]
+    measured = [measure(name, mode, batches, args.steps, args.warmup + (10 if "compile" in mode else 0), src_len,
+                        tgt_len, profile=args.profile_steps if mode in args.profile.split(",") else 0)
+                for name in args.models.split(",") for mode in args.modes.split(",")]
     if args.accumulate > 1:
         small, *_ = synthetic_batches(args.tokens // args.accumulate, 16 * args.tokens // 27)
-        rows += [measure(name, "bf16", small, args.steps, args.warmup, src_len, tgt_len, args.accumulate)
-                 for name in args.models.split(",")]
-    profiles = [profile_steps(r["model"], r["mode"], batches, args.profile_steps,
-                              args.warmup + (10 if "compile" in r["mode"] else 0), r["step_ms"])
-                for r in rows if r["mode"] in args.profile.split(",")]
+        measured += [measure(name, "bf16", small, args.steps, args.warmup, src_len, tgt_len, args.accumulate)
+                     for name in args.models.split(",")]
+    rows = [row for row, _ in measured]
+    profiles = [profiled for _, profiled in measured if profiled]
     curve = loss_curve("base", "bf16", synthetic_batches(args.tokens, 16 * args.tokens // 27, copy=True)[0],
                        args.curve) if args.curve else None
     if args.rows_only:

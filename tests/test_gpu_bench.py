@@ -84,19 +84,20 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     def row(mode, ms, gib):
         return {"model": "base", "mode": mode, "parameters": 1, "step_ms": ms, "tgt_tokens_per_step": 25_000,
                 "tgt_tokens_per_s": 1, "model_tflops": 1.0, "mfu": 0.2, "peak_memory_gib": gib, "skipped_steps": 0}
-    profile = {"model": "base", "mode": "bf16", "step_ms": 50.0, "kernel_ms_per_step": {"matmul": 10.0},
+    profiled = {"model": "base", "mode": "bf16", "step_ms": 50.0, "kernel_ms_per_step": {"matmul": 10.0},
                "kernel_ms_total": 10.0, "kernels_per_step": 100, "gpu_busy": 0.2, "top_kernels": [],
                "sources": {"copies": [{"source": "model.py:98 apply ← model.py:273 forward · aten::linear",
                                        "ms_per_step": 1.25, "launches_per_step": 24.0, "shape": [400, 64, 512]}],
                            "elementwise": []}}
-    before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)], "profiles": [profile],
+    before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)], "profiles": [profiled],
               "curve": [10.0, 9.0, 8.0]}
     monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu.torch.cuda, "get_device_name", lambda: "Test GPU")
     monkeypatch.setattr(gpu, "measure_before", lambda args: before)
-    monkeypatch.setattr(gpu, "measure", lambda name, mode, *a: row(mode if len(a) < 6 else f"{mode} ×{a[5]}",
-                                                                   50.0 if len(a) < 6 else 80.0, 10.5))
-    monkeypatch.setattr(gpu, "profile_steps", lambda *a: profile)
+    def measure(name, mode, batches, steps, warmup, src_len, tgt_len, micro=1, profile=0):
+        return (row(mode if micro == 1 else f"{mode} ×{micro}", 50.0 if micro == 1 else 80.0, 10.5),
+                profiled if profile else None)
+    monkeypatch.setattr(gpu, "measure", measure)
     monkeypatch.setattr(gpu, "loss_curve", lambda *a: [10.0, 9.05, 8.0])
     monkeypatch.setattr(gpu, "attention_kernels", lambda batch: ["flash_fwd"])
     monkeypatch.setattr(gpu, "fp16_overflow_is_skipped", lambda batch: {"first_step_applied": False})
@@ -143,3 +144,25 @@ def test_kernel_sources_names_the_lines_that_launch_copies():
     qkv = [s for s in sources if s.startswith("model.py:") and "_project" in s]
     assert any(s.endswith("· aten::linear") for s in qkv), sources  # the input's cast to bf16, forward
     assert any(s.endswith("· ToCopyBackward0") for s in qkv), sources  # its gradient's cast back, backward
+
+
+def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
+    """measure() and profile_steps() end to end on the CPU, their CUDA calls stood in for: the glue a GPU
+    visit would otherwise be the first to run (micro-batches, the profile of the row's own model)."""
+    import torch.profiler
+
+    for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
+        monkeypatch.setattr(gpu.torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(gpu.torch.cuda, "max_memory_allocated", lambda *a, **k: 0)
+    real = torch.profiler.profile
+    monkeypatch.setattr(torch.profiler, "profile",
+                        lambda activities, **kw: real(activities=[torch.profiler.ProfilerActivity.CPU], **kw))
+    on_gpu = gpu.on_gpu
+    monkeypatch.setattr(gpu, "on_gpu", lambda name, device="cuda": on_gpu(name, "cpu"))
+    batches, src_len, tgt_len = gpu.synthetic_batches(400, 240)
+    row, profiled = gpu.measure("tiny", "bf16", batches, 2, 1, src_len, tgt_len, micro=2, profile=1)
+    assert row["mode"] == "bf16 ×2" and row["micro_batches"] == 2 and row["skipped_steps"] == 0
+    assert row["tgt_tokens_per_step"] > max(b.n_tgt_tokens for b in batches)  # two batches a step
+    assert profiled["mode"] == "bf16 ×2" and profiled["step_ms"] == row["step_ms"]
+    assert set(profiled["sources"]) == {"copies", "elementwise"}
+    assert gpu.measure("tiny", "bf16", batches, 2, 1, src_len, tgt_len)[1] is None  # not profiled unless asked
