@@ -47,6 +47,7 @@ from transformer.data import Example, collate, make_batches
 from transformer.distributed import Dist
 from transformer.model import Transformer, count_parameters, flops_per_token
 from transformer.optim import learning_rate, make_optimizer
+from transformer import train as training
 from transformer.train import train_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +84,13 @@ def on_gpu(name: str, device: str = "cuda") -> tuple:
     return cfg, model, make_optimizer(model, cfg.train), dist
 
 
+def compile_like_the_trainer(raw: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``raw`` compiled as the package's trainer compiles it (train.compile: ``train.compiled``); a package
+    from before that function (``--before``) compiled as its trainer did, by plain torch.compile."""
+    compiled = getattr(training, "compiled", None)
+    return compiled(raw, raw, device) if compiled else torch.compile(raw)
+
+
 def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float,
             micro: int = 1, profile: int = 0) -> tuple[dict, dict | None]:
     """One row of the table: preset ``name`` trained in ``mode``, each step accumulating ``micro`` of
@@ -92,7 +100,7 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     amp_dtype, compiled = MODES[mode]
     cfg, raw, optimizer, dist = on_gpu(name)
     device = dist.device
-    model = torch.compile(raw) if compiled else raw
+    model = compile_like_the_trainer(raw, dist.device) if compiled else raw
     scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
     torch.cuda.reset_peak_memory_stats()
     skipped, tokens = 0, 0
@@ -130,7 +138,7 @@ def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "c
     Issue 47 holds its changes to the curve the earlier package draws this way (``compare_curves``)."""
     amp_dtype, compiled = MODES[mode]
     cfg, raw, optimizer, dist = on_gpu(name, device)
-    model = torch.compile(raw) if compiled else raw
+    model = compile_like_the_trainer(raw, dist.device) if compiled else raw
     t = cfg.train
     scale = t.lr_scale * (steps / t.warmup_steps) ** 0.5  # the peak at the last step: the preset's peak
     curve = []

@@ -166,3 +166,14 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     assert profiled["mode"] == "bf16 ×2" and profiled["step_ms"] == row["step_ms"]
     assert set(profiled["sources"]) == {"copies", "elementwise"}
     assert gpu.measure("tiny", "bf16", batches, 2, 1, src_len, tgt_len)[1] is None  # not profiled unless asked
+
+
+def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
+    """The bf16+compile rows measure what train.compile runs (train.compiled: the sinusoid table made
+    before tracing, a shape-generic graph), not a plain torch.compile of their own."""
+    calls = []
+    monkeypatch.setattr(gpu.torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    _, raw, _, dist = gpu.on_gpu("tiny", device="cpu")
+    assert raw._sinusoids is None
+    assert gpu.compile_like_the_trainer(raw, dist.device) is raw
+    assert calls == [{"dynamic": True}] and raw._sinusoids is not None

@@ -253,6 +253,15 @@ def batch_losses(model: torch.nn.Module, batch: Batch, eps_ls: tuple[float, ...]
     return tuple(label_smoothed_loss(hidden, weight, target, eps) for eps in eps_ls)
 
 
+def compiled(model: torch.nn.Module, raw: Transformer, device: torch.device) -> torch.nn.Module:
+    """``model`` (``raw`` itself, or a DDP wrapper of it) through torch.compile for training (train.compile).
+
+    The sinusoid table is made before tracing, not by the first compiled call, whose guard it would break
+    (a second compilation); batch shapes vary, so the graph is shape-generic from the start."""
+    raw.positions(1, 0, "src_pos", device)
+    return torch.compile(model, dynamic=True)
+
+
 def new_window() -> dict[str, Any]:
     """What the next log line averages: the loss and tokens of its steps, their gradient norms, its start."""
     return {"loss": 0.0, "tokens": 0, "norms": [], "t0": time.monotonic()}
@@ -463,10 +472,7 @@ class Trainer:
         self.raw.train()
         self.model: torch.nn.Module = DistributedDataParallel(self.raw) if dist.enabled else self.raw
         if t.compile:
-            # the sinusoid table is made before tracing, not by the first compiled call (whose guard it would
-            # break: a second compilation); batch shapes vary, so the graph is shape-generic from the start
-            self.raw.positions(1, 0, "src_pos", dist.device)
-            self.model = torch.compile(self.model, dynamic=True)
+            self.model = compiled(self.model, self.raw, dist.device)
         self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
         self.log(f"transformer {__version__}, torch {torch.__version__}, python {platform.python_version()}; seed "
                  f"{t.seed}; config sha256 {cfg.sha256()[:16]}; vocabulary sha256 {tokenizer.sha256[:16]}")
