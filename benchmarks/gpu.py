@@ -254,10 +254,10 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
                 op = a.name
         return " ← ".join(frames) or None, op
 
-    forward: dict[int, list] = {}  # sequence number -> the chain of the first forward operator holding it
+    forward: dict[int, object] = {}  # sequence number -> the first forward operator holding it
     for e in events:
-        if e.sequence_nr >= 0 and e.name.startswith("aten::") and e.sequence_nr not in forward:
-            forward[e.sequence_nr] = chain(e)
+        if e.sequence_nr >= 0 and e.name.startswith("aten::"):
+            forward.setdefault(e.sequence_nr, e)
     sources: dict[str, dict[tuple[str, str], list]] = {k: {} for k in kinds}
     for e in events:
         if str(e.device_type).endswith("CUDA"):
@@ -275,7 +275,7 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
             if node is None:
                 frame, op = where(ancestors)
             else:
-                frame, _ = where(forward.get(node.sequence_nr, []))
+                frame, _ = where(chain(forward.get(node.sequence_nr)))
                 op = node.name[len(BACKWARD):]
             key = (frame or "(no package frame)", op or e.name)
             entry = sources[kind].setdefault(key, [0.0, 0, 0.0, None])
