@@ -427,16 +427,30 @@ def main() -> None:
                         help="steps of base's bf16 loss curve on copy batches, compared with --before's (0: none)")
     parser.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)  # --before's own process
     args = parser.parse_args()
+    for option, values in (("--modes", args.modes), ("--profile", args.profile)):
+        if unknown := [m for m in filter(None, values.split(",")) if m not in MODES]:
+            parser.error(f"{option}: unknown precision {', '.join(unknown)} (known: {', '.join(MODES)})")
+    if args.accumulate < 1:
+        parser.error(f"--accumulate {args.accumulate}: must be at least 1 (1: no micro-batch rows)")
+    # the batches, and where the results go, before minutes of measuring
+    batches, src_len, tgt_len = synthetic_batches(args.tokens, 16 * args.tokens // 27)
+    small = synthetic_batches(args.tokens // args.accumulate, 16 * args.tokens // 27)[0] if args.accumulate > 1 else []
+    if not batches or (args.accumulate > 1 and not small):
+        parser.error(f"--tokens {args.tokens} --accumulate {args.accumulate}: no batch of "
+                     f"{args.tokens // args.accumulate if args.accumulate > 1 and batches else args.tokens} tokens "
+                     "comes out full of these sentences (10 to 45 tokens; a batch is kept over 90% full)")
+    try:
+        args.results.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--results {args.results}: {e.strerror}")
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU")
     before = measure_before(args) if args.before else None
-    batches, src_len, tgt_len = synthetic_batches(args.tokens, 16 * args.tokens // 27)
     print(f"{len(batches)} batches; mean lengths {src_len:.1f} / {tgt_len:.1f}", flush=True)
     measured = [measure(name, mode, batches, args.steps, args.warmup + (10 if "compile" in mode else 0), src_len,
                         tgt_len, profile=args.profile_steps if mode in args.profile.split(",") else 0)
                 for name in args.models.split(",") for mode in args.modes.split(",")]
     if args.accumulate > 1:
-        small, *_ = synthetic_batches(args.tokens // args.accumulate, 16 * args.tokens // 27)
         measured += [measure(name, "bf16", small, args.steps, args.warmup, src_len, tgt_len, args.accumulate)
                      for name in args.models.split(",")]
     rows = [row for row, _ in measured]
@@ -444,7 +458,6 @@ def main() -> None:
     curve = loss_curve("base", "bf16", synthetic_batches(args.tokens, 16 * args.tokens // 27, copy=True)[0],
                        args.curve) if args.curve else None
     if args.rows_only:
-        args.results.mkdir(parents=True, exist_ok=True)
         (args.results / "gpu_train.json").write_text(json.dumps({"rows": rows, "profiles": profiles,
                                                                  "curve": curve}) + "\n")
         return
@@ -467,7 +480,6 @@ def main() -> None:
         if curve and before.get("curve"):
             result["curve"] = {"model": "base", "mode": "bf16", "batches": "copy"} | compare_curves(before["curve"],
                                                                                                   curve)
-    args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gpu_train.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
              f"`{result['command']}` — {result['date']}, torch {result['torch']} (CUDA {result['cuda']}), "

@@ -177,3 +177,21 @@ def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
     assert raw._sinusoids is None
     assert gpu.compile_like_the_trainer(raw, dist.device) is raw
     assert calls == [{"dynamic": True}] and raw._sinusoids is not None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--accumulate", "0"], "--accumulate 0: must be at least 1"),
+    (["--modes", "bf16,bf17"], "--modes: unknown precision bf17"),
+    (["--profile", "fp8"], "--profile: unknown precision fp8"),
+    (["--results", "FILE/sub"], "--results FILE/sub: Not a directory"),
+])
+def test_bad_arguments_are_refused_in_one_line_before_any_measuring(args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("")
+    measured = []
+    monkeypatch.setattr(gpu, "measure", lambda *a, **k: measured.append(a))
+    monkeypatch.setattr(sys, "argv", ["gpu.py", *args])
+    with pytest.raises(SystemExit) as stop:
+        gpu.main()
+    assert stop.value.code == 2 and not measured
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"gpu.py: error: {message}")
