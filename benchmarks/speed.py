@@ -1,7 +1,7 @@
 """Training and translation speed, side by side with fairseq and CTranslate2 on this machine.
 
     python benchmarks/speed.py [--run runs/speed_small] [--train-runs 3] [--train-updates 250]
-                               [--user-run RUN_DIR] [--no-peers]
+                               [--user-run RUN_DIR] [--no-peers] [--train-only]
 
 The setup of ../shared/peers, run by this script itself so that every number comes from one run on
 one machine: Multi30k EN→DE, one joint sentencepiece BPE of 8,000 pieces, the `small` preset
@@ -19,6 +19,9 @@ threads are its own: it gets the environment, not the flush (its C++ threads can
    --train-updates updates from scratch (log every 10). A run's target tokens/s is the median over its
    10-update intervals after update 30; reported: every run's, and the median with min and max. MFU =
    tokens/s × training FLOPs per target token (`flops_per_token` at the data's mean lengths) / peak.
+   With --train-only, 1 and 2 alone, written into speed.json in place of its training figures (the
+   translation figures stay as measured; `train_measured` holds the commit and date of the training
+   ones): a check of the trainer's speed without the hour that translation needs.
 3. Translation of test2016 (1,000 sentences; the first --b1-sentences at batch 1), beam 4, α 0.6,
    maximum length input + 50, with the weights of one model of ours (--run, trained for
    --train-minutes when it does not exist) in every system: ours (fp32, int8 dynamic quantization,
@@ -61,13 +64,14 @@ import sacrebleu
 import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
-from transformer.config import load_config
+from transformer.config import Config, load_config
 from transformer.data import read_lines
 from transformer.prepare import resolve_data_path
 from transformer.export import export_ctranslate2
 from transformer.model import flops_per_token, sinusoidal_positions
 from transformer.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from transformer.train import train
+from transformer.vocabulary import open_vocabulary
 
 from common import ROOT, code_state, recipe_run
 
@@ -224,6 +228,65 @@ def train_speed(bin_dir: Path | None, data_bin: Path, work: Path, runs: int, upd
                       "updates": updates, "mfu": round(statistics.median(v) * flops / (peak * 1e9), 4)}
                for name, v in per_run.items()}
     return per_run, summary
+
+
+def training(args: argparse.Namespace, work: Path, tok: Tokenizer, cfg: Config) -> tuple[Path | None, Path, dict]:
+    """Sections 1 and 2: the peak, the pieces of every split in ``tok``'s vocabulary (and fairseq's
+    binarized data), then the alternating training runs. Returns fairseq's bin/ folder (None with
+    --no-peers), its data folder, and speed.json's training keys."""
+    log("fp32 matmul peak")
+    peak = matmul_peak()
+    log(f"peak {peak:.0f} GFLOP/s")
+    work.mkdir(parents=True, exist_ok=True)
+    means = write_pieces(tok, work / "pieces")
+    flops = flops_per_token(cfg.model, tok.vocab_size, means["en"], means["de"])
+    bin_dir = None if args.no_peers else fairseq_venv()
+    data_bin = work / "fairseq_bin"
+    if bin_dir and not data_bin.is_dir():  # binarized into a temporary folder, renamed when whole
+        p, partial = work / "pieces", work / "fairseq_bin.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        sh([str(bin_dir / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
+            "--trainpref", str(p / "train"), "--validpref", str(p / "valid"), "--testpref", str(p / "test"),
+            "--destdir", str(partial), "--srcdict", str(p / "dict.txt"), "--joined-dictionary", "--workers", "2"],
+           work / "fairseq_preprocess.log")
+        partial.rename(data_bin)
+    runs, summary = train_speed(bin_dir, data_bin, work, args.train_runs, args.train_updates, flops, peak)
+    paired = "fairseq" in summary
+    ratios = {"train_vs_fairseq": round(summary["ours"]["tokens_per_s"] / summary["fairseq"]["tokens_per_s"], 3)
+              if paired else None,
+              "train_vs_fairseq_min_max": [round(min(runs["ours"]) / max(runs["fairseq"]), 3),
+                                           round(max(runs["ours"]) / min(runs["fairseq"]), 3)] if paired else None}
+    return bin_dir, data_bin, {"versions": peer_versions(bin_dir), "matmul_peak_gflops": round(peak, 1),
+                               "flops_per_tgt_token": round(flops),
+                               "mean_lengths": {k: round(v, 2) for k, v in means.items()},
+                               "train_runs": runs, "train": summary, "mfu": summary["ours"]["mfu"],
+                               "train_ratios": ratios}
+
+
+def train_only(args: argparse.Namespace, state: dict) -> None:
+    """--train-only: sections 1 and 2 measured again, written into speed.json in place of its training
+    keys; the translation keys stay as they were measured, and ``train_measured`` says when, at which
+    commit and with which versions the training keys were. The vocabulary is --run's when it has one,
+    else one trained as our runs train theirs (the model itself is not needed)."""
+    path = RESULTS / "speed.json"
+    if not path.is_file():
+        sys.exit(f"--train-only: {path} does not exist yet (run speed.py without it first)")
+    result = json.loads(path.read_text(encoding="utf-8"))
+    work = args.run / "speed_train"
+    if (args.run / "spm.model").is_file():
+        tok, cfg = Tokenizer(args.run / "spm.model"), load_config(str(args.run / "config.toml"))
+    else:
+        cfg = load_config("small", SMALL)
+        work.mkdir(parents=True, exist_ok=True)
+        tok = open_vocabulary(cfg, resolve_data_path(cfg.data.train_src), resolve_data_path(cfg.data.train_tgt),
+                              work / "spm.model", log, resuming=False)
+    _, _, measured = training(args, work, tok, cfg)
+    state["versions"] |= measured.pop("versions")
+    result["ratios"] |= measured.pop("train_ratios")
+    result |= measured | {"train_measured": state}
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (RESULTS / "speed.md").write_text(markdown(result), encoding="utf-8")
+    print(json.dumps({k: result[k] for k in ("train_runs", "train", "ratios", "train_measured")}, indent=2))
 
 
 # ---------------------------------------------------------------------------------------------- fairseq model
@@ -407,58 +470,41 @@ def main() -> None:
     parser.add_argument("--user-run", type=Path, help="the EN→DE recipe's run folder (default: the recipe's "
                         "own run of benchmarks/multi30k.py, as multi30k_en_de.json names it)")
     parser.add_argument("--no-peers", action="store_true", help="measure ours and CTranslate2 only (no fairseq)")
+    parser.add_argument("--train-only", action="store_true", help="measure the peak and training alone and write them "
+                        "into speed.json in place of its training figures (the translation figures stay, with the "
+                        "commit and date they were measured at)")
     parser.add_argument("--markdown", action="store_true", help="measure nothing: rewrite speed.md from speed.json "
                         "(and ct2_backend.json, when there) after a change to this script's text")
     args = parser.parse_args()
     if args.markdown:
         return (RESULTS / "speed.md").write_text(markdown(json.loads((RESULTS / "speed.json").read_text(
             encoding="utf-8"))), encoding="utf-8")
+    if args.train_only and args.no_peers:
+        parser.error("--train-only measures training against fairseq: it cannot run with --no-peers")
     torch.set_num_threads(2)
-    work = args.run / "speed"
     result: dict = {"date": datetime.date.today().isoformat(), **code_state(),
                     "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
                     "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, 2 threads", "cpu_model": cpu_model(),
                     "process_settings": {**PROCESS_ENV, "flush_denormal": "ours, fairseq (Python processes)"},
                     "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                  "sacrebleu": sacrebleu.__version__}}
+    if args.train_only:
+        return train_only(args, result)
+    work = args.run / "speed"
     user_run = args.user_run
     if user_run is None:
         user_run = recipe_run()
     if not (user_run / "config.toml").is_file():
         sys.exit(f"--user-run {user_run}: no finished run there (python benchmarks/multi30k.py trains it)")
 
-    log("fp32 matmul peak")
-    peak = matmul_peak()
-    result["matmul_peak_gflops"] = round(peak, 1)
-    log(f"peak {peak:.0f} GFLOP/s")
-
     if not list_checkpoints(args.run):
         log(f"training our translation model for {args.train_minutes} min into {args.run} (not timed)")
         train(load_config("small", SMALL + [f"train.max_minutes={args.train_minutes}", "train.max_steps=1000000"]),
               args.run, quiet=True)
     tok = Tokenizer(args.run / "spm.model")
-    work.mkdir(parents=True, exist_ok=True)
-    means = write_pieces(tok, work / "pieces")
-    cfg = load_config(str(args.run / "config.toml"))
-    flops = flops_per_token(cfg.model, tok.vocab_size, means["en"], means["de"])
-    result["flops_per_tgt_token"] = round(flops)
-    result["mean_lengths"] = {k: round(v, 2) for k, v in means.items()}
-
-    bin_dir = None if args.no_peers else fairseq_venv()
-    result["versions"] |= peer_versions(bin_dir)
-    data_bin = work / "fairseq_bin"
-    if bin_dir and not data_bin.is_dir():  # binarized into a temporary folder, renamed when whole
-        p, partial = work / "pieces", work / "fairseq_bin.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        sh([str(bin_dir / "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
-            "--trainpref", str(p / "train"), "--validpref", str(p / "valid"), "--testpref", str(p / "test"),
-            "--destdir", str(partial), "--srcdict", str(p / "dict.txt"), "--joined-dictionary", "--workers", "2"],
-           work / "fairseq_preprocess.log")
-        partial.rename(data_bin)
-
-    result["train_runs"], result["train"] = train_speed(bin_dir, data_bin, work, args.train_runs,
-                                                        args.train_updates, flops, peak)
-    result["mfu"] = result["train"]["ours"]["mfu"]
+    bin_dir, data_bin, measured = training(args, work, tok, load_config(str(args.run / "config.toml")))
+    result["versions"] |= measured.pop("versions")
+    result |= measured
 
     # ---- translation: the same weights everywhere
     last = list_checkpoints(args.run)[-1]
@@ -490,13 +536,8 @@ def main() -> None:
     def ratio(a: str, b: str) -> float | None:
         return round(runs[a]["sents_per_s"] / runs[b]["sents_per_s"], 3) if a in runs and b in runs else None
 
-    tr = result["train"]
     result["ratios"] = {
-        "train_vs_fairseq": round(tr["ours"]["tokens_per_s"] / tr["fairseq"]["tokens_per_s"], 3)
-        if "fairseq" in tr else None,
-        "train_vs_fairseq_min_max": [round(min(result["train_runs"]["ours"]) / max(result["train_runs"]["fairseq"]), 3),
-                                     round(max(result["train_runs"]["ours"]) / min(result["train_runs"]["fairseq"]), 3)]
-        if "fairseq" in tr else None,
+        **result.pop("train_ratios"),
         "translate_b64_vs_fairseq": ratio("ours_b64", "fairseq_b64"),
         "translate_b64_vs_ctranslate2": ratio("ours_b64", "ctranslate2_b64"),
         "translate_b1_vs_ctranslate2": ratio("ours_b1", "ctranslate2_b1"),
@@ -537,7 +578,7 @@ the Python ones (ours, fairseq) flushed denormal floats to zero.
 ## Training (target tokens/s: median over a run's 10-update intervals after update 30)
 
 {r['train']['ours']['runs']} runs per system of {r['train']['ours']['updates']} updates each, alternating
-(ours, fairseq, ours, ...).
+(ours, fairseq, ours, ...).{train_measured(r)}
 
 | system | median of the runs (min–max) | each run | MFU |
 |---|---|---|---|
@@ -574,6 +615,17 @@ script: sentencepiece, `translate_batch` with beam 4, length penalty 0.6, batche
 
 BLEU {json.dumps(u['bleu'])}; ours ÷ CTranslate2 (sentences/s): {json.dumps(u['ratios'])}.
 {ct2_threads()}"""
+
+
+def train_measured(r: dict) -> str:
+    """The training section's own provenance when ``--train-only`` measured it after the rest."""
+    t = r.get("train_measured")
+    if not t:
+        return ""
+    return f"""
+Measured again on its own, after the translation figures below: `{t['command']}` — {t['date']},
+commit {t['commit']}, torch {t['versions']['torch']}, fairseq {t['versions'].get('fairseq', '–')}; the
+peak and MFLOP per target token above are this measurement's."""
 
 
 def ct2_threads() -> str:
