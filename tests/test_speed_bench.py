@@ -34,8 +34,8 @@ def test_train_only_replaces_the_training_keys_and_keeps_the_translation(tmp_pat
     monkeypatch.setattr(speed, "open_vocabulary", lambda cfg, src, tgt, path, log, resuming: vocabularies.append(path))
     monkeypatch.setattr(speed, "training", lambda args, work, tok, cfg: (None, work, json.loads(json.dumps(MEASURED))))
     args = argparse.Namespace(run=tmp_path / "no_run")
-    state = {"date": "2026-11-29", "commit": "abc1234", "uncommitted": [], "command": "benchmarks/speed.py --train-only",
-             "versions": {"torch": "2.13.0+cpu"}}
+    state = {"date": "2026-11-29", "commit": "abc1234", "uncommitted": [],
+             "command": "benchmarks/speed.py --train-only", "versions": {"torch": "2.13.0+cpu"}}
     speed.train_only(args, state)
 
     after = json.loads((tmp_path / "speed.json").read_text(encoding="utf-8"))
