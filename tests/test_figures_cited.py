@@ -92,10 +92,10 @@ def quality_table(page: str, section: str) -> list[Figure]:
                       ("41.02", "wu2021_transformer_tiny_multi30k_en_de_test2016/tok_lc_bleu")))
 
 
-SPEED = (("1.16", "ratios/train_vs_fairseq"), ("1.8", "ratios/translate_b64_vs_fairseq"),
+SPEED = (("1.156", "ratios/train_vs_fairseq"), ("1.8", "ratios/translate_b64_vs_fairseq"),
          ("0.662", "ratios/translate_b64_vs_ctranslate2"), ("0.369", "ratios/translate_b1_vs_ctranslate2"),
-         ("1.29", "int8/vs_ctranslate2_int8"), ("1.10", "ratios/train_vs_fairseq_min_max/0"),
-         ("1.19", "ratios/train_vs_fairseq_min_max/1"))
+         ("1.29", "int8/vs_ctranslate2_int8"), ("1.115", "ratios/train_vs_fairseq_min_max/0"),
+         ("1.16", "ratios/train_vs_fairseq_min_max/1"))
 
 FIGURES: list[Figure] = [
     *quality_table("README.md", "Results"),
@@ -259,9 +259,9 @@ FIGURES: list[Figure] = [
              ("1.18", "models/quick/batches/64/speedup"), ("1.16", "models/small/batches/1/speedup"),
              ("1.21", "models/small/batches/64/speedup")),
     *figures("docs/decoding.md", "Speed", "speed.json", *SPEED,
-             ("3,350", "train/ours/tokens_per_s"), ("3,259", "train/ours/min"), ("3,404", "train/ours/max"),
-             ("2,886", "train/fairseq/tokens_per_s"), ("2,856", "train/fairseq/min"),
-             ("2,961", "train/fairseq/max"), ("3", "train/ours/runs"),
+             ("3,511", "train/ours/tokens_per_s"), ("3,480", "train/ours/min"), ("3,523", "train/ours/max"),
+             ("3,038", "train/fairseq/tokens_per_s"), ("3,036", "train/fairseq/min"),
+             ("3,121", "train/fairseq/max"), ("3", "train/ours/runs"),
              ("225.63", "translate/ours_b64/sents_per_s"), ("125.35", "translate/fairseq_b64/sents_per_s"),
              ("341.06", "translate/ctranslate2_b64/sents_per_s"), ("46.64", "translate/ours_b1/sents_per_s"),
              ("22.87", "translate/fairseq_b1/sents_per_s"), ("126.52", "translate/ctranslate2_b1/sents_per_s"),
@@ -279,13 +279,17 @@ FIGURES: list[Figure] = [
              ("1,000", "greedy_agreement/sentences")),
     *figures("docs/decoding.md", "Speed", "speed.json", ("15.14", "translate/ctranslate2_int8_b1/sents_per_s"),
              ("126.52", "translate/ctranslate2_b1/sents_per_s")),
+    *figures("docs/decoding.md", "Speed", "tried/speed_529ba0e.json", ("1.16", "ratios/train_vs_fairseq"),
+             ("1.10", "ratios/train_vs_fairseq_min_max/0"), ("1.19", "ratios/train_vs_fairseq_min_max/1"),
+             ("172.6", "matmul_peak_gflops")),
+    *figures("docs/decoding.md", "Speed", "speed.json", ("204.1", "matmul_peak_gflops")),
     *figures("docs/decoding.md", "Speed", "tried/speed_9d8bb88.json",
              ("0.289", "ratios/translate_b1_vs_ctranslate2"), ("0.765", "ratios/translate_b64_vs_ctranslate2"),
              ("1.41", "int8/vs_ctranslate2_int8")),
     *figures("docs/decoding.md", "Speed", "ct2_backend.json", ("0.09", "int8_over_fp32_b1/picked"),
              ("229.05", "runs/picked_int8_b1_t1/sents_per_s"), ("11.9", "int8_b1_one_over_two_threads"),
              ("1.46", "int8_over_fp32_b1/picked_one_thread"), ("4.87", "runs/mkl_forced_int8_b1/sents_per_s")),
-    *figures("docs/decoding.md", "Speed", "speed.json", ("89", "train/ours/mfu"), ("76", "train/fairseq/mfu"),
+    *figures("docs/decoding.md", "Speed", "speed.json", ("79", "train/ours/mfu"), ("68", "train/fairseq/mfu"),
              scale=100),
     *figures("README.md", "Results", "reliability.json", ("47", "faults_survived"), ("47", "faults_injected"),
              ("0", "lines_lost"), ("4", "foreign_files_refused"), ("4", "foreign_files"), ("0", "cli_tracebacks"),
