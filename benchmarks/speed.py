@@ -25,12 +25,13 @@ threads are its own: it gets the environment, not the flush (its C++ threads can
 3. Translation of test2016 (1,000 sentences; the first --b1-sentences at batch 1), beam 4, α 0.6,
    maximum length input + 50, with the weights of one model of ours (--run, trained for
    --train-minutes when it does not exist) in every system: ours (fp32, int8 dynamic quantization,
-   and fp32 with CTranslate2's stopping rule `--early-stop top`), CTranslate2 fp32 and int8
+   fp32 with CTranslate2's stopping rule `--early-stop top`, and fp32 ranking finished hypotheses
+   as the peers do, `--length-norm length`), CTranslate2 fp32 and int8
    (`transformer export`), fairseq (the weights converted into a fairseq checkpoint whose learned
    position table holds our sinusoids; shown to compute what ours does by its greedy outputs on
    test2016, counted). Each system translates in a warm process of its own (model loaded outside the
    timing), best of --repeat, and must return as many sentences as it was given. fairseq and
-   CTranslate2 normalise by length^α, we by GNMT's ((5+|Y|)/6)^α.
+   CTranslate2 normalise by length^α, we by GNMT's ((5+|Y|)/6)^α unless told `--length-norm length`.
 4. The model users train (--user-run: the Multi30k EN→DE recipe, d_model 128, 4+4 layers, pre-norm),
    translated as a user runs each system, whole processes timed from start to exit on test2016's
    1,000 sentences: `transformer translate` (the paper's search, and `--early-stop top`) against a
@@ -514,6 +515,7 @@ def main() -> None:
     systems = {"ours": (py, "speed_worker.py", "ours", ours),
                "ours_int8": (py, "speed_worker.py", "ours_int8", ours),
                "ours_top_stop": (py, "speed_worker.py", "ours", ours | {"early_stop": "top"}),
+               "ours_length_norm": (py, "speed_worker.py", "ours", ours | {"length_norm": "length"}),
                "ctranslate2": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_float32")}),
                "ctranslate2_int8": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_int8")})}
     if bin_dir:
@@ -550,6 +552,12 @@ def main() -> None:
                           "b64_vs_fairseq": ratio("ours_top_stop_b64", "fairseq_b64"),
                           "b64_vs_bound": ratio("ours_top_stop_b64", "ours_b64"),
                           "bleu_delta": round(runs["ours_top_stop_b64"]["bleu"] - runs["ours_b64"]["bleu"], 2)}
+    # the paper's search ranking hypotheses as fairseq and CTranslate2 do (--length-norm length, |Y|^α)
+    result["length_norm"] = {"b64_vs_ctranslate2": ratio("ours_length_norm_b64", "ctranslate2_b64"),
+                             "b64_vs_fairseq": ratio("ours_length_norm_b64", "fairseq_b64"),
+                             "b1_vs_ctranslate2": ratio("ours_length_norm_b1", "ctranslate2_b1"),
+                             "b64_vs_gnmt": ratio("ours_length_norm_b64", "ours_b64"),
+                             "bleu_delta": round(runs["ours_length_norm_b64"]["bleu"] - runs["ours_b64"]["bleu"], 2)}
     log(f"the users' model: {user_run}")
     result["user_model"] = user_model(user_run, work)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -601,7 +609,7 @@ Ratios (ours ÷ theirs): {json.dumps(r['ratios'])}; int8: {json.dumps(r['int8'])
 finished one). `ours_top_stop` (`--early-stop top`, not the paper's) also stops it once the step's
 best candidate is EOS, the rule of OpenNMT-py and CTranslate2 (fairseq waits for 4 finished
 hypotheses): fewer decoder steps, not exact. Not a target; ratios: {json.dumps(r['top_stop'])}
-
+{length_norm(r)}
 ## The model users train, as users run it
 
 `{u['run']}` ({json.dumps(u['model'])}), averaged weights, test2016 ({u['sentences']} sentences),
@@ -615,6 +623,17 @@ script: sentencepiece, `translate_batch` with beam 4, length penalty 0.6, batche
 
 BLEU {json.dumps(u['bleu'])}; ours ÷ CTranslate2 (sentences/s): {json.dumps(u['ratios'])}.
 {ct2_threads()}"""
+
+
+def length_norm(r: dict) -> str:
+    """The paragraph on ``ours_length_norm``, in runs that measured it (runs before it did not)."""
+    if "length_norm" not in r:
+        return ""
+    return f"""
+`ours_length_norm` (`--length-norm length`) is the paper's search with finished hypotheses ranked as
+fairseq and CTranslate2 rank them, log P / |Y|^α: the same normalisation on both sides of a ratio.
+Ratios: {json.dumps(r['length_norm'])}
+"""
 
 
 def train_measured(r: dict) -> str:

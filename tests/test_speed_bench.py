@@ -56,3 +56,28 @@ def test_train_only_needs_a_full_run_first(tmp_path, monkeypatch):
     monkeypatch.setattr(speed, "RESULTS", tmp_path)
     with pytest.raises(SystemExit, match="does not exist yet"):
         speed.train_only(argparse.Namespace(run=tmp_path / "run"), {})
+
+
+def test_the_worker_hands_the_jobs_length_norm_to_the_search(tiny_run, monkeypatch):
+    """speed.py's ours_length_norm row: the job's length_norm reaches the search (the default, GNMT's,
+    when the job names none)."""
+    import speed_worker
+
+    import transformer.decode
+
+    seen = []
+
+    def fake_translate_ids(model, sources, *args, **kwargs):
+        seen.append(kwargs)
+        return [[] for _ in sources]
+
+    monkeypatch.setattr(transformer.decode, "translate_ids", fake_translate_ids)
+    from transformer.tokenizer import Tokenizer
+
+    checkpoint = sorted((tiny_run / "checkpoints").glob("*.safetensors"))[-1]
+    piece = Tokenizer(tiny_run / "spm.model").vocabulary()[10]
+    job = {"run": str(tiny_run), "checkpoint": str(checkpoint), "sources": [[piece]], "beam": 4, "alpha": 0.6,
+           "max_len_offset": 50, "batch": 64, "repeat": 1}
+    speed_worker.ours(job | {"length_norm": "length"}, int8=False)
+    speed_worker.ours(job, int8=False)
+    assert [k["length_norm"] for k in seen] == ["length", "gnmt"]
