@@ -1,7 +1,7 @@
 """Training and translation speed, side by side with fairseq and CTranslate2 on this machine.
 
     python benchmarks/speed.py [--run runs/speed_small] [--train-runs 3] [--train-updates 250]
-                               [--user-run RUN_DIR] [--no-peers] [--train-only]
+                               [--user-run RUN_DIR] [--no-peers] [--only SECTION]
 
 The setup of ../shared/peers, run by this script itself so that every number comes from one run on
 one machine: Multi30k EN→DE, one joint sentencepiece BPE of 8,000 pieces, the `small` preset
@@ -19,9 +19,9 @@ threads are its own: it gets the environment, not the flush (its C++ threads can
    --train-updates updates from scratch (log every 10). A run's target tokens/s is the median over its
    10-update intervals after update 30; reported: every run's, and the median with min and max. MFU =
    tokens/s × training FLOPs per target token (`flops_per_token` at the data's mean lengths) / peak.
-   With --train-only, 1 and 2 alone, written into speed.json in place of its training figures (the
-   translation figures stay as measured; `train_measured` holds the commit and date of the training
-   ones): a check of the trainer's speed without the hour that translation needs.
+   With --only train, 1 and 2 alone, written into speed.json in place of its training figures (the
+   other figures stay as measured; `remeasured` holds the commit and date of the new ones): a check of
+   the trainer's speed without the hour the rest needs.
 3. Translation of test2016 (1,000 sentences; the first --b1-sentences at batch 1), beam 4, α 0.6,
    maximum length input + 50, with the weights of one model of ours (--run, trained for
    --train-minutes when it does not exist) in every system: ours (fp32, int8 dynamic quantization,
@@ -32,6 +32,7 @@ threads are its own: it gets the environment, not the flush (its C++ threads can
    test2016, counted). Each system translates in a warm process of its own (model loaded outside the
    timing), best of --repeat, and must return as many sentences as it was given. fairseq and
    CTranslate2 normalise by length^α, we by GNMT's ((5+|Y|)/6)^α unless told `--length-norm length`.
+   With --only translate, 3 alone (after training --run if it has no model yet), in the same way.
 4. The model users train (--user-run: the Multi30k EN→DE recipe, d_model 128, 4+4 layers, pre-norm),
    translated as a user runs each system, whole processes timed from start to exit on test2016's
    1,000 sentences: `transformer translate` (the paper's search, and `--early-stop top`) against a
@@ -231,16 +232,11 @@ def train_speed(bin_dir: Path | None, data_bin: Path, work: Path, runs: int, upd
     return per_run, summary
 
 
-def training(args: argparse.Namespace, work: Path, tok: Tokenizer, cfg: Config) -> tuple[Path | None, Path, dict]:
-    """Sections 1 and 2: the peak, the pieces of every split in ``tok``'s vocabulary (and fairseq's
-    binarized data), then the alternating training runs. Returns fairseq's bin/ folder (None with
-    --no-peers), its data folder, and speed.json's training keys."""
-    log("fp32 matmul peak")
-    peak = matmul_peak()
-    log(f"peak {peak:.0f} GFLOP/s")
+def pieces_and_peers(args: argparse.Namespace, work: Path, tok: Tokenizer) -> tuple[Path | None, Path, dict]:
+    """The pieces of every split in ``tok``'s vocabulary, fairseq's environment and its binarized data.
+    Returns fairseq's bin/ folder (None with --no-peers), its data folder, and the mean lengths."""
     work.mkdir(parents=True, exist_ok=True)
     means = write_pieces(tok, work / "pieces")
-    flops = flops_per_token(cfg.model, tok.vocab_size, means["en"], means["de"])
     bin_dir = None if args.no_peers else fairseq_venv()
     data_bin = work / "fairseq_bin"
     if bin_dir and not data_bin.is_dir():  # binarized into a temporary folder, renamed when whole
@@ -251,43 +247,120 @@ def training(args: argparse.Namespace, work: Path, tok: Tokenizer, cfg: Config) 
             "--destdir", str(partial), "--srcdict", str(p / "dict.txt"), "--joined-dictionary", "--workers", "2"],
            work / "fairseq_preprocess.log")
         partial.rename(data_bin)
+    return bin_dir, data_bin, means
+
+
+def training(args: argparse.Namespace, work: Path, cfg: Config, vocab_size: int, bin_dir: Path | None,
+             data_bin: Path, means: dict) -> dict:
+    """Sections 1 and 2: the peak, then the alternating training runs; speed.json's training keys."""
+    log("fp32 matmul peak")
+    peak = matmul_peak()
+    log(f"peak {peak:.0f} GFLOP/s")
+    flops = flops_per_token(cfg.model, vocab_size, means["en"], means["de"])
     runs, summary = train_speed(bin_dir, data_bin, work, args.train_runs, args.train_updates, flops, peak)
     paired = "fairseq" in summary
     ratios = {"train_vs_fairseq": round(summary["ours"]["tokens_per_s"] / summary["fairseq"]["tokens_per_s"], 3)
               if paired else None,
               "train_vs_fairseq_min_max": [round(min(runs["ours"]) / max(runs["fairseq"]), 3),
                                            round(max(runs["ours"]) / min(runs["fairseq"]), 3)] if paired else None}
-    return bin_dir, data_bin, {"versions": peer_versions(bin_dir), "matmul_peak_gflops": round(peak, 1),
-                               "flops_per_tgt_token": round(flops),
-                               "mean_lengths": {k: round(v, 2) for k, v in means.items()},
-                               "train_runs": runs, "train": summary, "mfu": summary["ours"]["mfu"],
-                               "train_ratios": ratios}
+    return {"matmul_peak_gflops": round(peak, 1), "flops_per_tgt_token": round(flops),
+            "mean_lengths": {k: round(v, 2) for k, v in means.items()}, "train_runs": runs, "train": summary,
+            "mfu": summary["ours"]["mfu"], "train_ratios": ratios}
 
 
-def train_only(args: argparse.Namespace, state: dict) -> None:
-    """--train-only: sections 1 and 2 measured again, written into speed.json in place of its training
-    keys; the translation keys stay as they were measured, and ``train_measured`` says when, at which
-    commit and with which versions the training keys were. The vocabulary is --run's when it has one,
-    else one trained as our runs train theirs (the model itself is not needed)."""
+def translation_model(args: argparse.Namespace) -> None:
+    """--run trained for --train-minutes when it has no checkpoint yet (not timed)."""
+    if not list_checkpoints(args.run):
+        log(f"training our translation model for {args.train_minutes} min into {args.run} (not timed)")
+        train(load_config("small", SMALL + [f"train.max_minutes={args.train_minutes}", "train.max_steps=1000000"]),
+              args.run, quiet=True)
+
+
+def translating(args: argparse.Namespace, work: Path, tok: Tokenizer, bin_dir: Path | None, data_bin: Path) -> dict:
+    """Section 3: the same weights in every system; speed.json's translation keys."""
+    last = list_checkpoints(args.run)[-1]
+    for q in ("float32", "int8"):
+        export_ctranslate2(args.run, work / f"ct2_{q}", last, None if q == "float32" else "int8", force=True, log=log)
+    ours, py = {"run": str(args.run), "checkpoint": str(last)}, Path(sys.executable)
+    systems = {"ours": (py, "speed_worker.py", "ours", ours),
+               "ours_int8": (py, "speed_worker.py", "ours_int8", ours),
+               "ours_top_stop": (py, "speed_worker.py", "ours", ours | {"early_stop": "top"}),
+               "ours_length_norm": (py, "speed_worker.py", "ours", ours | {"length_norm": "length"}),
+               "ctranslate2": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_float32")}),
+               "ctranslate2_int8": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_int8")})}
+    if bin_dir:
+        fs_ckpt = fairseq_checkpoint(bin_dir, data_bin, load_checkpoint(last, with_state=False).weights, work)
+        systems["fairseq"] = (bin_dir / "python", "fairseq_worker.py", "translate",
+                              {"checkpoint": str(fs_ckpt), "data_bin": str(data_bin)})
+    lines = read_lines(resolve_data_path("multi30k/test_2016_flickr.en.gz"))
+    refs = read_lines(resolve_data_path("multi30k/test_2016_flickr.de.gz"))
+    vocab = tok.vocabulary()
+    piece_sources = [[vocab[i] for i in ids] for ids in tok.encode_batch(lines)]
+    agreement = greedy_agreement(systems, piece_sources, work)
+    log(f"greedy outputs shared with ours: {agreement}")
+    runs = translation(systems, piece_sources, args.b1_sentences, args.repeat, tok, refs, work)
+    counts = {name.rsplit("_b", 1)[1]: set() for name in runs}
+    for name, r in runs.items():
+        counts[name.rsplit("_b", 1)[1]].add(r["sentences"])
+
+    def ratio(a: str, b: str) -> float | None:
+        return round(runs[a]["sents_per_s"] / runs[b]["sents_per_s"], 3) if a in runs and b in runs else None
+
+    def bleu_delta(a: str) -> float:
+        return round(runs[a]["bleu"] - runs["ours_b64"]["bleu"], 2)
+
+    return {"greedy_agreement": agreement, "translate": runs,
+            "sentences": {f"b{batch}": n.pop() for batch, n in counts.items() if len(n) == 1},
+            "translate_ratios": {"translate_b64_vs_fairseq": ratio("ours_b64", "fairseq_b64"),
+                                 "translate_b64_vs_ctranslate2": ratio("ours_b64", "ctranslate2_b64"),
+                                 "translate_b1_vs_ctranslate2": ratio("ours_b1", "ctranslate2_b1")},
+            "int8": {"sents_per_s": runs["ours_int8_b64"]["sents_per_s"],
+                     "vs_ctranslate2_int8": ratio("ours_int8_b64", "ctranslate2_int8_b64"),
+                     "bleu_delta": bleu_delta("ours_int8_b64")},
+            # not a target: our search with the stopping rule OpenNMT-py and CTranslate2 use (--early-stop top)
+            "top_stop": {"b64_vs_ctranslate2": ratio("ours_top_stop_b64", "ctranslate2_b64"),
+                         "b64_vs_fairseq": ratio("ours_top_stop_b64", "fairseq_b64"),
+                         "b64_vs_bound": ratio("ours_top_stop_b64", "ours_b64"),
+                         "bleu_delta": bleu_delta("ours_top_stop_b64")},
+            # the paper's search ranking hypotheses as fairseq and CTranslate2 do (--length-norm length, |Y|^α)
+            "length_norm": {"b64_vs_ctranslate2": ratio("ours_length_norm_b64", "ctranslate2_b64"),
+                            "b64_vs_fairseq": ratio("ours_length_norm_b64", "fairseq_b64"),
+                            "b1_vs_ctranslate2": ratio("ours_length_norm_b1", "ctranslate2_b1"),
+                            "b64_vs_gnmt": ratio("ours_length_norm_b64", "ours_b64"),
+                            "bleu_delta": bleu_delta("ours_length_norm_b64")}}
+
+
+def remeasure(args: argparse.Namespace, state: dict) -> None:
+    """--only SECTION: that section measured again, written into speed.json in place of its keys; the
+    other sections stay as they were measured, and ``remeasured[SECTION]`` says when, at which commit
+    and with which versions this one was. Training needs a vocabulary, not a model: --run's when it has
+    one, else one trained as our runs train theirs."""
     path = RESULTS / "speed.json"
     if not path.is_file():
-        sys.exit(f"--train-only: {path} does not exist yet (run speed.py without it first)")
+        sys.exit(f"--only {args.only}: {path} does not exist yet (run speed.py without --only first)")
     result = json.loads(path.read_text(encoding="utf-8"))
-    work = args.run / "speed_train"
+    if args.only == "translate":
+        translation_model(args)
     if (args.run / "spm.model").is_file():
+        work = args.run / ("speed" if args.only == "translate" else "speed_train")
         tok, cfg = Tokenizer(args.run / "spm.model"), load_config(str(args.run / "config.toml"))
     else:
-        cfg = load_config("small", SMALL)
+        cfg, work = load_config("small", SMALL), args.run / "speed_train"
         work.mkdir(parents=True, exist_ok=True)
         tok = open_vocabulary(cfg, resolve_data_path(cfg.data.train_src), resolve_data_path(cfg.data.train_tgt),
                               work / "spm.model", log, resuming=False)
-    _, _, measured = training(args, work, tok, cfg)
-    state["versions"] |= measured.pop("versions")
-    result["ratios"] |= measured.pop("train_ratios")
-    result |= measured | {"train_measured": state}
+    bin_dir, data_bin, means = pieces_and_peers(args, work, tok)
+    state["versions"] |= peer_versions(bin_dir)
+    if args.only == "train":
+        measured = training(args, work, cfg, tok.vocab_size, bin_dir, data_bin, means)
+    else:
+        measured = translating(args, work, tok, bin_dir, data_bin)
+    result["ratios"] |= measured.pop(f"{args.only}_ratios")
+    result |= measured
+    result["remeasured"] = result.get("remeasured", {}) | {args.only: state}
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (RESULTS / "speed.md").write_text(markdown(result), encoding="utf-8")
-    print(json.dumps({k: result[k] for k in ("train_runs", "train", "ratios", "train_measured")}, indent=2))
+    print(json.dumps({k: result[k] for k in (*measured, "ratios", "remeasured")}, indent=2))
 
 
 # ---------------------------------------------------------------------------------------------- fairseq model
@@ -471,17 +544,17 @@ def main() -> None:
     parser.add_argument("--user-run", type=Path, help="the EN→DE recipe's run folder (default: the recipe's "
                         "own run of benchmarks/multi30k.py, as multi30k_en_de.json names it)")
     parser.add_argument("--no-peers", action="store_true", help="measure ours and CTranslate2 only (no fairseq)")
-    parser.add_argument("--train-only", action="store_true", help="measure the peak and training alone and write them "
-                        "into speed.json in place of its training figures (the translation figures stay, with the "
-                        "commit and date they were measured at)")
+    parser.add_argument("--only", choices=("train", "translate"), help="measure this section alone and write it "
+                        "into speed.json in place of its figures (the other sections stay, with the commit and date "
+                        "they were measured at)")
     parser.add_argument("--markdown", action="store_true", help="measure nothing: rewrite speed.md from speed.json "
                         "(and ct2_backend.json, when there) after a change to this script's text")
     args = parser.parse_args()
     if args.markdown:
         return (RESULTS / "speed.md").write_text(markdown(json.loads((RESULTS / "speed.json").read_text(
             encoding="utf-8"))), encoding="utf-8")
-    if args.train_only and args.no_peers:
-        parser.error("--train-only measures training against fairseq: it cannot run with --no-peers")
+    if args.only and args.no_peers:
+        parser.error(f"--only {args.only} measures against fairseq: it cannot run with --no-peers")
     torch.set_num_threads(2)
     result: dict = {"date": datetime.date.today().isoformat(), **code_state(),
                     "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
@@ -489,75 +562,22 @@ def main() -> None:
                     "process_settings": {**PROCESS_ENV, "flush_denormal": "ours, fairseq (Python processes)"},
                     "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                  "sacrebleu": sacrebleu.__version__}}
-    if args.train_only:
-        return train_only(args, result)
+    if args.only:
+        return remeasure(args, result)
     work = args.run / "speed"
     user_run = args.user_run
     if user_run is None:
         user_run = recipe_run()
     if not (user_run / "config.toml").is_file():
         sys.exit(f"--user-run {user_run}: no finished run there (python benchmarks/multi30k.py trains it)")
-
-    if not list_checkpoints(args.run):
-        log(f"training our translation model for {args.train_minutes} min into {args.run} (not timed)")
-        train(load_config("small", SMALL + [f"train.max_minutes={args.train_minutes}", "train.max_steps=1000000"]),
-              args.run, quiet=True)
+    translation_model(args)
     tok = Tokenizer(args.run / "spm.model")
-    bin_dir, data_bin, measured = training(args, work, tok, load_config(str(args.run / "config.toml")))
-    result["versions"] |= measured.pop("versions")
-    result |= measured
-
-    # ---- translation: the same weights everywhere
-    last = list_checkpoints(args.run)[-1]
-    for q in ("float32", "int8"):
-        export_ctranslate2(args.run, work / f"ct2_{q}", last, None if q == "float32" else "int8", force=True, log=log)
-    ours, py = {"run": str(args.run), "checkpoint": str(last)}, Path(sys.executable)
-    systems = {"ours": (py, "speed_worker.py", "ours", ours),
-               "ours_int8": (py, "speed_worker.py", "ours_int8", ours),
-               "ours_top_stop": (py, "speed_worker.py", "ours", ours | {"early_stop": "top"}),
-               "ours_length_norm": (py, "speed_worker.py", "ours", ours | {"length_norm": "length"}),
-               "ctranslate2": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_float32")}),
-               "ctranslate2_int8": (py, "speed_worker.py", "ctranslate2", {"model": str(work / "ct2_int8")})}
-    if bin_dir:
-        fs_ckpt = fairseq_checkpoint(bin_dir, data_bin, load_checkpoint(last, with_state=False).weights, work)
-        systems["fairseq"] = (bin_dir / "python", "fairseq_worker.py", "translate",
-                              {"checkpoint": str(fs_ckpt), "data_bin": str(data_bin)})
-    lines = read_lines(resolve_data_path("multi30k/test_2016_flickr.en.gz"))
-    refs = read_lines(resolve_data_path("multi30k/test_2016_flickr.de.gz"))
-    vocab = tok.vocabulary()
-    piece_sources = [[vocab[i] for i in ids] for ids in tok.encode_batch(lines)]
-    result["greedy_agreement"] = greedy_agreement(systems, piece_sources, work)
-    log(f"greedy outputs shared with ours: {result['greedy_agreement']}")
-    runs = translation(systems, piece_sources, args.b1_sentences, args.repeat, tok, refs, work)
-    result["translate"] = runs
-    counts = {name.rsplit("_b", 1)[1]: set() for name in runs}
-    for name, r in runs.items():
-        counts[name.rsplit("_b", 1)[1]].add(r["sentences"])
-    result["sentences"] = {f"b{batch}": n.pop() for batch, n in counts.items() if len(n) == 1}
-
-    def ratio(a: str, b: str) -> float | None:
-        return round(runs[a]["sents_per_s"] / runs[b]["sents_per_s"], 3) if a in runs and b in runs else None
-
-    result["ratios"] = {
-        **result.pop("train_ratios"),
-        "translate_b64_vs_fairseq": ratio("ours_b64", "fairseq_b64"),
-        "translate_b64_vs_ctranslate2": ratio("ours_b64", "ctranslate2_b64"),
-        "translate_b1_vs_ctranslate2": ratio("ours_b1", "ctranslate2_b1"),
-    }
-    result["int8"] = {"sents_per_s": runs["ours_int8_b64"]["sents_per_s"],
-                      "vs_ctranslate2_int8": ratio("ours_int8_b64", "ctranslate2_int8_b64"),
-                      "bleu_delta": round(runs["ours_int8_b64"]["bleu"] - runs["ours_b64"]["bleu"], 2)}
-    # not a target: our search with the stopping rule OpenNMT-py and CTranslate2 use (--early-stop top)
-    result["top_stop"] = {"b64_vs_ctranslate2": ratio("ours_top_stop_b64", "ctranslate2_b64"),
-                          "b64_vs_fairseq": ratio("ours_top_stop_b64", "fairseq_b64"),
-                          "b64_vs_bound": ratio("ours_top_stop_b64", "ours_b64"),
-                          "bleu_delta": round(runs["ours_top_stop_b64"]["bleu"] - runs["ours_b64"]["bleu"], 2)}
-    # the paper's search ranking hypotheses as fairseq and CTranslate2 do (--length-norm length, |Y|^α)
-    result["length_norm"] = {"b64_vs_ctranslate2": ratio("ours_length_norm_b64", "ctranslate2_b64"),
-                             "b64_vs_fairseq": ratio("ours_length_norm_b64", "fairseq_b64"),
-                             "b1_vs_ctranslate2": ratio("ours_length_norm_b1", "ctranslate2_b1"),
-                             "b64_vs_gnmt": ratio("ours_length_norm_b64", "ours_b64"),
-                             "bleu_delta": round(runs["ours_length_norm_b64"]["bleu"] - runs["ours_b64"]["bleu"], 2)}
+    bin_dir, data_bin, means = pieces_and_peers(args, work, tok)
+    result["versions"] |= peer_versions(bin_dir)
+    result |= training(args, work, load_config(str(args.run / "config.toml")), tok.vocab_size, bin_dir, data_bin,
+                       means)
+    result |= translating(args, work, tok, bin_dir, data_bin)
+    result["ratios"] = {**result.pop("train_ratios"), **result.pop("translate_ratios")}
     log(f"the users' model: {user_run}")
     result["user_model"] = user_model(user_run, work)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -586,14 +606,14 @@ the Python ones (ours, fairseq) flushed denormal floats to zero.
 ## Training (target tokens/s: median over a run's 10-update intervals after update 30)
 
 {r['train']['ours']['runs']} runs per system of {r['train']['ours']['updates']} updates each, alternating
-(ours, fairseq, ours, ...).{train_measured(r)}
-
+(ours, fairseq, ours, ...).
+{remeasured(r, 'train')}
 | system | median of the runs (min–max) | each run | MFU |
 |---|---|---|---|
 {train_rows}
 
 ## Translation (test2016, beam 4, α 0.6, max length input + 50; same weights in every system)
-
+{remeasured(r, 'translate')}
 Each system in a warm process of its own, model loaded outside the timing, best of the repeats. Greedy
 outputs shared with ours, word piece for word piece: {json.dumps(r['greedy_agreement'])}. The beams
 rank finished hypotheses differently: fairseq and CTranslate2 divide log P by |Y|^α, ours by GNMT's
@@ -636,15 +656,16 @@ Ratios: {json.dumps(r['length_norm'])}
 """
 
 
-def train_measured(r: dict) -> str:
-    """The training section's own provenance when ``--train-only`` measured it after the rest."""
-    t = r.get("train_measured")
+def remeasured(r: dict, section: str) -> str:
+    """A section's own provenance when ``--only SECTION`` measured it after the rest of the page."""
+    t = r.get("remeasured", {}).get(section)
     if not t:
         return ""
+    peak = "; the peak and MFLOP per target token above are this measurement's" if section == "train" else ""
     return f"""
-Measured again on its own, after the translation figures below: `{t['command']}` — {t['date']},
-commit {t['commit']}, torch {t['versions']['torch']}, fairseq {t['versions'].get('fairseq', '–')}; the
-peak and MFLOP per target token above are this measurement's."""
+Measured again on its own, after the rest of this page: `{t['command']}` — {t['date']}, commit
+{t['commit']}, torch {t['versions']['torch']}, fairseq {t['versions'].get('fairseq', '–')}{peak}.
+"""
 
 
 def ct2_threads() -> str:

@@ -1,6 +1,6 @@
-"""benchmarks/speed.py --train-only (issue 47's CPU check): training measured again is written into
-speed.json in place of its training keys, the translation keys untouched, its provenance beside them.
-The measuring itself (minutes of timed training against fairseq) is stood in for."""
+"""benchmarks/speed.py --only SECTION (issue 47's CPU check is --only train): a section measured again
+is written into speed.json in place of its keys, the other sections untouched, its provenance beside
+them. The measuring itself (minutes of timed runs against fairseq) is stood in for."""
 
 from __future__ import annotations
 
@@ -16,46 +16,113 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import speed  # noqa: E402
 
-MEASURED = {"versions": {"ctranslate2": "9", "fairseq": "0.12.3.1", "fairseq_torch": "2.13.0+cpu"},
-            "matmul_peak_gflops": 170.0, "flops_per_tgt_token": 45750000, "mean_lengths": {"en": 16.0, "de": 16.5},
-            "train_runs": {"ours": [3000, 3100, 3200], "fairseq": [2800, 2900, 3000]},
-            "train": {"ours": {"tokens_per_s": 3100, "min": 3000, "max": 3200, "runs": 3, "updates": 250,
-                               "mfu": 0.83},
-                      "fairseq": {"tokens_per_s": 2900, "min": 2800, "max": 3000, "runs": 3, "updates": 250,
-                                  "mfu": 0.78}},
-            "mfu": 0.83, "train_ratios": {"train_vs_fairseq": 1.069, "train_vs_fairseq_min_max": [1.0, 1.143]}}
+TRAINED = {"matmul_peak_gflops": 170.0, "flops_per_tgt_token": 45750000, "mean_lengths": {"en": 16.0, "de": 16.5},
+           "train_runs": {"ours": [3000, 3100, 3200], "fairseq": [2800, 2900, 3000]},
+           "train": {"ours": {"tokens_per_s": 3100, "min": 3000, "max": 3200, "runs": 3, "updates": 250,
+                              "mfu": 0.83},
+                     "fairseq": {"tokens_per_s": 2900, "min": 2800, "max": 3000, "runs": 3, "updates": 250,
+                                 "mfu": 0.78}},
+           "mfu": 0.83, "train_ratios": {"train_vs_fairseq": 1.069, "train_vs_fairseq_min_max": [1.0, 1.143]}}
+VERSIONS = {"ctranslate2": "9", "fairseq": "0.12.3.1", "fairseq_torch": "2.13.0+cpu"}
 
 
-def test_train_only_replaces_the_training_keys_and_keeps_the_translation(tmp_path, monkeypatch):
+@pytest.fixture
+def stood_in(tmp_path, monkeypatch):
+    """speed.json as committed in a folder of its own, and every measuring step stood in for."""
     shutil.copy(ROOT / "benchmarks" / "results" / "speed.json", tmp_path / "speed.json")
-    before = json.loads((tmp_path / "speed.json").read_text(encoding="utf-8"))
     monkeypatch.setattr(speed, "RESULTS", tmp_path)
-    vocabularies = []
-    monkeypatch.setattr(speed, "open_vocabulary", lambda cfg, src, tgt, path, log, resuming: vocabularies.append(path))
-    monkeypatch.setattr(speed, "training", lambda args, work, tok, cfg: (None, work, json.loads(json.dumps(MEASURED))))
-    args = argparse.Namespace(run=tmp_path / "no_run")
-    state = {"date": "2026-11-29", "commit": "abc1234", "uncommitted": [],
-             "command": "benchmarks/speed.py --train-only", "versions": {"torch": "2.13.0+cpu"}}
-    speed.train_only(args, state)
+    calls = []
+    monkeypatch.setattr(speed, "open_vocabulary",
+                        lambda cfg, src, tgt, path, log, resuming: calls.append(("vocabulary", path)) or FakeTok())
+    monkeypatch.setattr(speed, "pieces_and_peers", lambda args, work, tok: (Path("bin"), work / "fairseq_bin", {}))
+    monkeypatch.setattr(speed, "peer_versions", lambda bin_dir: dict(VERSIONS))
+    monkeypatch.setattr(speed, "training",
+                        lambda *a: calls.append(("training", a[1])) or json.loads(json.dumps(TRAINED)))
+    return tmp_path, calls
 
-    after = json.loads((tmp_path / "speed.json").read_text(encoding="utf-8"))
-    assert vocabularies == [tmp_path / "no_run" / "speed_train" / "spm.model"]  # no model run: a vocabulary alone
-    assert after["train"] == MEASURED["train"] and after["train_runs"] == MEASURED["train_runs"]
-    assert after["ratios"]["train_vs_fairseq"] == 1.069
-    assert after["matmul_peak_gflops"] == 170.0
+
+class FakeTok:
+    vocab_size = 8000
+
+
+def state(commit: str, command: str) -> dict:
+    return {"date": "2026-11-29", "commit": commit, "uncommitted": [], "command": command,
+            "versions": {"torch": "2.13.0+cpu"}}
+
+
+def test_only_train_replaces_the_training_keys_and_keeps_the_rest(stood_in):
+    folder, calls = stood_in
+    before = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
+    run = folder / "no_run"
+    speed.remeasure(argparse.Namespace(run=run, only="train"), state("abc1234", "benchmarks/speed.py --only train"))
+
+    after = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
+    # no model run at --run: a vocabulary alone, trained in a folder of its own
+    assert calls == [("vocabulary", run / "speed_train" / "spm.model"), ("training", run / "speed_train")]
+    assert after["train"] == TRAINED["train"] and after["train_runs"] == TRAINED["train_runs"]
+    assert after["ratios"]["train_vs_fairseq"] == 1.069 and after["matmul_peak_gflops"] == 170.0
     for key in ("translate", "greedy_agreement", "int8", "top_stop", "user_model", "commit", "date"):
         assert after[key] == before[key]
     assert after["ratios"]["translate_b1_vs_ctranslate2"] == before["ratios"]["translate_b1_vs_ctranslate2"]
-    assert after["train_measured"]["commit"] == "abc1234"
-    assert after["train_measured"]["versions"]["fairseq"] == "0.12.3.1"
-    md = (tmp_path / "speed.md").read_text(encoding="utf-8")
-    assert "Measured again on its own" in md and "commit abc1234" in md and "| ours | 3100 (3000–3200)" in md
+    assert after["remeasured"]["train"]["commit"] == "abc1234"
+    assert after["remeasured"]["train"]["versions"]["fairseq"] == "0.12.3.1"
+    assert set(after["remeasured"]) == set(before.get("remeasured", {})) | {"train"}
+    md = (folder / "speed.md").read_text(encoding="utf-8")
+    training_part = md[md.index("## Training"):md.index("## Translation")]
+    assert "Measured again on its own" in training_part and "commit\nabc1234" in training_part
+    assert "| ours | 3100 (3000–3200)" in training_part
 
 
-def test_train_only_needs_a_full_run_first(tmp_path, monkeypatch):
+def test_only_translate_replaces_the_translation_keys_and_keeps_the_rest(stood_in, monkeypatch, tiny_run):
+    folder, calls = stood_in
+    before = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
+    translated = {"greedy_agreement": {"ctranslate2_identical": 5, "sentences": 5},
+                  "translate": {"ours_b64": {"sents_per_s": 1.0, "tgt_tokens_per_s": 9.0, "seconds": 5.0,
+                                             "sentences": 5, "bleu": 1.5}},
+                  "sentences": {"b64": 5}, "int8": {"x": 1}, "top_stop": {"x": 2}, "length_norm": {"x": 3},
+                  "translate_ratios": {"translate_b64_vs_ctranslate2": 0.5}}
+    monkeypatch.setattr(speed, "translating",
+                        lambda args, work, tok, b, d: calls.append(("translating", work)) or dict(translated))
+    speed.remeasure(argparse.Namespace(run=tiny_run, only="translate"), state("def5678", "speed.py --only translate"))
+
+    after = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
+    assert calls == [("translating", tiny_run / "speed")]  # --run has a model: it is used, not trained again
+    for key in ("translate", "greedy_agreement", "int8", "top_stop", "length_norm", "sentences"):
+        assert after[key] == translated[key]
+    for key in ("train", "train_runs", "user_model", "matmul_peak_gflops"):
+        assert after[key] == before[key]
+    assert after["ratios"]["translate_b64_vs_ctranslate2"] == 0.5
+    assert after["ratios"]["train_vs_fairseq"] == before["ratios"]["train_vs_fairseq"]
+    assert after["remeasured"]["translate"]["commit"] == "def5678"
+    md = (folder / "speed.md").read_text(encoding="utf-8")
+    assert "commit\ndef5678" in md[md.index("## Translation"):] and '"x": 3' in md
+
+
+def test_a_full_run_writes_every_section_and_no_remeasured(stood_in, monkeypatch, tiny_run):
+    """main() without --only: the sections' keys composed into one new speed.json (its glue, which a
+    real run reaches only after an hour of measuring)."""
+    folder, calls = stood_in
+    committed = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
+    translated = {k: committed[k] for k in ("greedy_agreement", "translate", "sentences", "int8", "top_stop")}
+    translated |= {"length_norm": {"b64_vs_gnmt": 0.9}, "translate_ratios": {"translate_b1_vs_ctranslate2": 0.4}}
+    monkeypatch.setattr(speed, "translating", lambda *a: calls.append(("translating", a[1])) or dict(translated))
+    monkeypatch.setattr(speed, "user_model", lambda run, work: committed["user_model"])
+    monkeypatch.setattr(speed.torch, "set_num_threads", lambda n: None)  # this process keeps its threads
+    monkeypatch.setattr(sys, "argv", ["speed.py", "--run", str(tiny_run), "--user-run", str(tiny_run)])
+    speed.main()
+
+    after = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
+    assert calls == [("training", tiny_run / "speed"), ("translating", tiny_run / "speed")]
+    assert after["ratios"] == {**TRAINED["train_ratios"], "translate_b1_vs_ctranslate2": 0.4}
+    assert "remeasured" not in after and after["versions"]["fairseq"] == "0.12.3.1"
+    assert after["train"] == TRAINED["train"] and after["length_norm"] == {"b64_vs_gnmt": 0.9}
+    assert '"b64_vs_gnmt": 0.9' in (folder / "speed.md").read_text(encoding="utf-8")
+
+
+def test_only_needs_a_full_run_first(tmp_path, monkeypatch):
     monkeypatch.setattr(speed, "RESULTS", tmp_path)
     with pytest.raises(SystemExit, match="does not exist yet"):
-        speed.train_only(argparse.Namespace(run=tmp_path / "run"), {})
+        speed.remeasure(argparse.Namespace(run=tmp_path / "run", only="train"), {})
 
 
 def test_the_worker_hands_the_jobs_length_norm_to_the_search(tiny_run, monkeypatch):
