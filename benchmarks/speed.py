@@ -657,13 +657,13 @@ Ratios: {json.dumps(r['length_norm'])}
 
 
 def remeasured(r: dict, section: str) -> str:
-    """A section's own provenance when ``--only SECTION`` measured it after the rest of the page."""
+    """A section's own provenance when ``--only SECTION`` measured it apart from the page's run."""
     t = r.get("remeasured", {}).get(section)
     if not t:
         return ""
     peak = "; the peak and MFLOP per target token above are this measurement's" if section == "train" else ""
     return f"""
-Measured again on its own, after the rest of this page: `{t['command']}` — {t['date']}, commit
+Measured apart from the run above: `{t['command']}` — {t['date']}, commit
 {t['commit']}, torch {t['versions']['torch']}, fairseq {t['versions'].get('fairseq', '–')}{peak}.
 """
 

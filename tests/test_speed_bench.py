@@ -69,7 +69,7 @@ def test_only_train_replaces_the_training_keys_and_keeps_the_rest(stood_in):
     assert set(after["remeasured"]) == set(before.get("remeasured", {})) | {"train"}
     md = (folder / "speed.md").read_text(encoding="utf-8")
     training_part = md[md.index("## Training"):md.index("## Translation")]
-    assert "Measured again on its own" in training_part and "commit\nabc1234" in training_part
+    assert "Measured apart from the run above" in training_part and "commit\nabc1234" in training_part
     assert "| ours | 3100 (3000–3200)" in training_part
 
 
