@@ -101,6 +101,9 @@ FAIRSEQ_OPTIM = ["--criterion", "label_smoothed_cross_entropy", "--label-smoothi
                  "--max-tokens", "4096", "--cpu", "--num-workers", "0", "--seed", "1", "--log-format", "simple",
                  "--log-interval", "10"]
 DECODE = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}
+# the options of one section alone (--only refuses another section's), and their defaults
+SECTION_OPTIONS = {"train": ("train_runs", "train_updates"), "translate": ("train_minutes", "b1_sentences", "repeat")}
+DEFAULTS = {"train_minutes": 15.0, "train_runs": 3, "train_updates": 250, "b1_sentences": 200, "repeat": 3}
 
 
 def log(msg: str) -> None:
@@ -536,11 +539,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, default=ROOT / "runs" / "speed_small",
                         help="our translation model's run folder; trained for --train-minutes when it does not exist")
-    parser.add_argument("--train-minutes", type=float, default=15.0)
-    parser.add_argument("--train-runs", type=int, default=3, help="timed training runs per system, alternating")
-    parser.add_argument("--train-updates", type=int, default=250, help="updates in each timed training run")
-    parser.add_argument("--b1-sentences", type=int, default=200, help="sentences translated at batch 1")
-    parser.add_argument("--repeat", type=int, default=3, help="timings per translation setting (best kept)")
+    # defaults filled in after parsing (DEFAULTS), so that --only can tell an option given from one left alone
+    parser.add_argument("--train-minutes", type=float, help="minutes to train --run when it has no model (default 15)")
+    parser.add_argument("--train-runs", type=int, help="timed training runs per system, alternating (default 3)")
+    parser.add_argument("--train-updates", type=int, help="updates in each timed training run (default 250)")
+    parser.add_argument("--b1-sentences", type=int, help="sentences translated at batch 1 (default 200)")
+    parser.add_argument("--repeat", type=int, help="timings per translation setting, best kept (default 3)")
     parser.add_argument("--user-run", type=Path, help="the EN→DE recipe's run folder (default: the recipe's "
                         "own run of benchmarks/multi30k.py, as multi30k_en_de.json names it)")
     parser.add_argument("--no-peers", action="store_true", help="measure ours and CTranslate2 only (no fairseq)")
@@ -550,11 +554,19 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="measure nothing: rewrite speed.md from speed.json "
                         "(and ct2_backend.json, when there) after a change to this script's text")
     args = parser.parse_args()
+    if args.only:
+        refused = [("--markdown", args.markdown), ("--no-peers", args.no_peers), ("--user-run", args.user_run)]
+        refused += [(f"--{name.replace('_', '-')}", getattr(args, name) is not None)
+                    for section, names in SECTION_OPTIONS.items() if section != args.only for name in names]
+        if given := next((option for option, value in refused if value), None):
+            parser.error(f"--only {args.only} cannot run with {given} (it measures {args.only} alone, against "
+                         "fairseq, and writes speed.json)")
+    for name, value in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.markdown:
         return (RESULTS / "speed.md").write_text(markdown(json.loads((RESULTS / "speed.json").read_text(
             encoding="utf-8"))), encoding="utf-8")
-    if args.only and args.no_peers:
-        parser.error(f"--only {args.only} measures against fairseq: it cannot run with --no-peers")
     torch.set_num_threads(2)
     result: dict = {"date": datetime.date.today().isoformat(), **code_state(),
                     "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),

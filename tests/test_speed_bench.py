@@ -119,6 +119,33 @@ def test_a_full_run_writes_every_section_and_no_remeasured(stood_in, monkeypatch
     assert '"b64_vs_gnmt": 0.9' in (folder / "speed.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("section, other", [
+    ("train", "--markdown"), ("train", "--no-peers"), ("train", "--user-run=runs/x"), ("train", "--repeat=2"),
+    ("train", "--b1-sentences=50"), ("train", "--train-minutes=5"), ("translate", "--train-runs=2"),
+    ("translate", "--train-updates=100"), ("translate", "--no-peers"), ("translate", "--user-run=runs/x")])
+def test_only_refuses_the_options_it_would_ignore_in_one_line(section, other, monkeypatch, capsys):
+    monkeypatch.setattr(speed, "remeasure", lambda args, state: pytest.fail("measured despite the refusal"))
+    monkeypatch.setattr(sys, "argv", ["speed.py", "--only", section, other])
+    with pytest.raises(SystemExit) as exit_:
+        speed.main()
+    assert exit_.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--only {section} cannot run with {other.split('=')[0]}" in message
+
+
+@pytest.mark.parametrize("argv, wanted", [
+    (["--only", "train", "--train-runs", "2"], {"train_runs": 2, "train_updates": 250, "repeat": 3}),
+    (["--only", "translate", "--repeat", "5", "--train-minutes", "2"], {"repeat": 5, "train_minutes": 2.0,
+                                                                       "b1_sentences": 200, "train_runs": 3})])
+def test_only_takes_its_own_sections_options_and_the_defaults(argv, wanted, monkeypatch):
+    seen = []
+    monkeypatch.setattr(speed, "remeasure", lambda args, state: seen.append(args))
+    monkeypatch.setattr(speed.torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(sys, "argv", ["speed.py", *argv])
+    speed.main()
+    assert {k: getattr(seen[0], k) for k in wanted} == wanted
+
+
 def test_only_needs_a_full_run_first(tmp_path, monkeypatch):
     monkeypatch.setattr(speed, "RESULTS", tmp_path)
     with pytest.raises(SystemExit, match="does not exist yet"):
