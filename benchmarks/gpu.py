@@ -433,8 +433,9 @@ def main() -> None:
     if args.accumulate < 1:
         parser.error(f"--accumulate {args.accumulate}: must be at least 1 (1: no micro-batch rows)")
     # the batches, and where the results go, before minutes of measuring
-    batches, src_len, tgt_len = synthetic_batches(args.tokens, 16 * args.tokens // 27)
-    small = synthetic_batches(args.tokens // args.accumulate, 16 * args.tokens // 27)[0] if args.accumulate > 1 else []
+    sentences = 16 * args.tokens // 27  # about 16 batches' worth
+    batches, src_len, tgt_len = synthetic_batches(args.tokens, sentences)
+    small = synthetic_batches(args.tokens // args.accumulate, sentences)[0] if args.accumulate > 1 else []
     if not batches or (args.accumulate > 1 and not small):
         parser.error(f"--tokens {args.tokens} --accumulate {args.accumulate}: no batch of "
                      f"{args.tokens // args.accumulate if args.accumulate > 1 and batches else args.tokens} tokens "
@@ -455,7 +456,7 @@ def main() -> None:
                      for name in args.models.split(",")]
     rows = [row for row, _ in measured]
     profiles = [profiled for _, profiled in measured if profiled]
-    curve = loss_curve("base", "bf16", synthetic_batches(args.tokens, 16 * args.tokens // 27, copy=True)[0],
+    curve = loss_curve("base", "bf16", synthetic_batches(args.tokens, sentences, copy=True)[0],
                        args.curve) if args.curve else None
     if args.rows_only:
         (args.results / "gpu_train.json").write_text(json.dumps({"rows": rows, "profiles": profiles,
