@@ -10,10 +10,10 @@ and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU'
 with ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as
 the WMT recipes (update_freq 8) train on one device. It also lists the attention kernels that ran (flash
 / memory-efficient SDPA) and checks on the GPU that an fp16 step whose gradients overflow is skipped and
-leaves the weights alone. With ``--profile MODES`` (default bf16 and bf16+compile), each model's steps in
-those precisions also run under torch.profiler: GPU kernel time per step by kind (matrix products,
-attention, copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share (kernel
-time over the unprofiled step time) — where a step's time goes, before changing it (issue 47) — and, from
+leaves the weights alone. With ``--profile MODES`` (default: bf16 and bf16+compile, those of them that
+--modes measures), each model's steps in those precisions also run under torch.profiler: GPU kernel
+time per step by kind (matrix products, attention, copies, elementwise, ...: ``kernel_kind``), kernels
+per step, and the GPU's busy share (kernel time over the unprofiled step time) — where a step's time goes, before changing it (issue 47) — and, from
 two more steps traced with the host, the lines of the package that launched the copies and elementwise
 kernels (``kernel_sources``). ``--before DIR`` (a folder holding an earlier ``transformer/`` package,
 e.g. ``git archive COMMIT transformer | tar -x -C DIR``) first measures the same rows and profiles with
@@ -419,17 +419,23 @@ def main() -> None:
     parser.add_argument("--accumulate", type=int, default=8,
                         help="also each model in bf16 with a step's tokens split into this many micro-batches "
                              "(the WMT recipes' update_freq on one device; 1: no such rows)")
-    parser.add_argument("--profile", default="bf16,bf16+compile",
-                        help="precisions whose steps are also profiled by kernel kind ('' for none)")
+    parser.add_argument("--profile", help="precisions among --modes whose steps are also profiled by kernel kind "
+                        "('' for none; default: bf16 and bf16+compile, where --modes has them)")
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--before", type=Path, help="folder holding an earlier transformer/ package, measured first")
     parser.add_argument("--curve", type=int, default=200,
                         help="steps of base's bf16 loss curve on copy batches, compared with --before's (0: none)")
     parser.add_argument("--rows-only", action="store_true", help=argparse.SUPPRESS)  # --before's own process
     args = parser.parse_args()
-    for option, values in (("--modes", args.modes), ("--profile", args.profile)):
+    for option, values in (("--modes", args.modes), ("--profile", args.profile or "")):
         if unknown := [m for m in filter(None, values.split(",")) if m not in MODES]:
             parser.error(f"{option}: unknown precision {', '.join(unknown)} (known: {', '.join(MODES)})")
+    modes = args.modes.split(",")
+    if args.profile is None:
+        args.profile = ",".join(m for m in ("bf16", "bf16+compile") if m in modes)
+    elif unmeasured := [m for m in filter(None, args.profile.split(",")) if m not in modes]:
+        parser.error(f"--profile {args.profile}: {', '.join(unmeasured)} not among --modes {args.modes} "
+                     "(a profile runs on a measured row's model)")
     if args.accumulate < 1:
         parser.error(f"--accumulate {args.accumulate}: must be at least 1 (1: no micro-batch rows)")
     # the batches, and where the results go, before minutes of measuring

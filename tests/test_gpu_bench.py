@@ -116,6 +116,28 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     assert "| model.py:98 apply ← model.py:273 forward · aten::linear | 1.25 | 24.0 | [400, 64, 512] |" in md
 
 
+@pytest.mark.parametrize("modes, profiled", [("fp32", []), ("fp32,bf16+compile", ["bf16+compile"])])
+def test_the_default_profile_takes_the_measured_precisions_among_its_own(modes, profiled, tmp_path, monkeypatch):
+    """Left alone, --profile profiles bf16 and bf16+compile where --modes measures them, and refuses nothing."""
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def measure(name, mode, *args, micro=1, profile=0):
+        seen.append((mode, profile))
+        if len(seen) == len(modes.split(",")):
+            raise Stop
+
+    monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu, "measure", measure)
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--modes", modes, "--tokens", "2000",
+                                      "--results", str(tmp_path)])
+    with pytest.raises(Stop):
+        gpu.main()
+    assert [mode for mode, profile in seen if profile] == profiled
+
+
 def test_kernel_sources_names_the_lines_that_launch_copies():
     """On the CPU each aten operator is its own kernel: a tiny model's bf16 autocast steps, traced, must charge
     every copy to a line of the package, autocast's casts of a projection's input to the projection's line in
@@ -183,6 +205,7 @@ def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
     (["--accumulate", "0"], "--accumulate 0: must be at least 1"),
     (["--modes", "bf16,bf17"], "--modes: unknown precision bf17"),
     (["--profile", "fp8"], "--profile: unknown precision fp8"),
+    (["--modes", "fp32", "--profile", "bf16"], "--profile bf16: bf16 not among --modes fp32"),
     (["--results", "FILE/sub"], "--results FILE/sub: Not a directory"),
 ])
 def test_bad_arguments_are_refused_in_one_line_before_any_measuring(args, message, tmp_path, monkeypatch, capsys):
