@@ -7,21 +7,21 @@ around the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --
 the paper's 25k) through the project's own ``train_step``, in each precision (fp32, bf16 autocast, fp16
 autocast with loss scaling, bf16 + torch.compile), and reports step time, target tokens/s, peak memory
 and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak; and,
-with ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as
-the WMT recipes (update_freq 8) train on one device. It also lists the attention kernels that ran (flash
-/ memory-efficient SDPA) and checks on the GPU that an fp16 step whose gradients overflow is skipped and
-leaves the weights alone. With ``--profile MODES`` (default: bf16 and bf16+compile, those of them that
---modes measures), each model's steps in those precisions also run under torch.profiler: GPU kernel
-time per step by kind (matrix products, attention, copies, elementwise, ...: ``kernel_kind``), kernels
-per step, and the GPU's busy share (kernel time over the unprofiled step time) — where a step's time goes, before changing it (issue 47) — and, from
-two more steps traced with the host, the lines of the package that launched the copies and elementwise
-kernels (``kernel_sources``). ``--before DIR`` (a folder holding an earlier ``transformer/`` package,
-e.g. ``git archive COMMIT transformer | tar -x -C DIR``) first measures the same rows and profiles with
-that package, in a process of its own on the same card, and reports each row's speed-up and peak memory
-beside them; and, with ``--curve STEPS`` (default 200), the loss curve of one fixed bf16 run of base on
-batches it can learn (each target its source) with both packages, and how far apart they are
-(``compare_curves``: issue 47 keeps it within 1e-2 relative). Writes benchmarks/results/gpu_train.json
-and .md. Needs a CUDA GPU.
+with ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches,
+as the WMT recipes (update_freq 8) train on one device. It also lists the attention kernels that ran
+(flash / memory-efficient SDPA) and checks on the GPU that an fp16 step whose gradients overflow is
+skipped and leaves the weights alone. With ``--profile MODES`` (default: bf16 and bf16+compile, those of
+them that --modes measures), each model's steps in those precisions also run under torch.profiler: GPU
+kernel time per step by kind (matrix products, attention, copies, elementwise, ...: ``kernel_kind``),
+kernels per step, and the GPU's busy share (kernel time over the unprofiled step time) — where a step's
+time goes, before changing it (issue 47) — and, from two more steps traced with the host, the lines of
+the package that launched the copies and elementwise kernels (``kernel_sources``). ``--before DIR`` (a
+folder holding an earlier ``transformer/`` package, e.g. ``git archive COMMIT transformer | tar -x -C
+DIR``) first measures the same rows and profiles with that package, in a process of its own on the same
+card, and reports each row's speed-up and peak memory beside them; and, with ``--curve STEPS`` (default
+200), the loss curve of one fixed bf16 run of base on batches it can learn (each target its source) with
+both packages, and how far apart they are (``compare_curves``: issue 47 keeps it within 1e-2 relative).
+Writes benchmarks/results/gpu_train.json and .md. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
