@@ -6,8 +6,9 @@
 train: fairseq-train itself (its own command-line entry point), after the process settings every
 measured process gets (denormal floats flushed to zero; the malloc settings come through the
 environment speed.py gives every worker). translate: the model is loaded once, outside the timing,
-and the whole list of sources is translated ``repeat`` times with fairseq's own SequenceGenerator,
-in batches built as fairseq-generate builds them; the fastest is kept. Prints one JSON line, as
+and the whole list of sources is translated ``warmup`` times untimed (default 0), then ``repeat``
+times timed, with fairseq's own SequenceGenerator in batches built as fairseq-generate builds them;
+the fastest is kept. Prints one JSON line, as
 speed_worker.py does. Imports nothing of ours: this environment has fairseq, not our package.
 """
 
@@ -48,6 +49,8 @@ def translate(job: dict) -> dict:
                     outputs[sent_id] = [tgt_dict[t] for t in best if t != tgt_dict.eos()]
         return [outputs[i] for i in sorted(outputs)]
 
+    for _ in range(job.get("warmup", 0)):
+        run()
     best, outputs = float("inf"), []
     for _ in range(job["repeat"]):
         start = time.perf_counter()

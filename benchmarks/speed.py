@@ -29,16 +29,19 @@ threads are its own: it gets the environment, not the flush (its C++ threads can
    as the peers do, `--length-norm length`), CTranslate2 fp32 and int8
    (`transformer export`), fairseq (the weights converted into a fairseq checkpoint whose learned
    position table holds our sinusoids; shown to compute what ours does by its greedy outputs on
-   test2016, counted). Each system translates in a warm process of its own (model loaded outside the
-   timing), best of --repeat, and must return as many sentences as it was given. fairseq and
-   CTranslate2 normalise by length^α, we by GNMT's ((5+|Y|)/6)^α unless told `--length-norm length`.
-   With --only translate, 3 alone (after training --run if it has no model yet), in the same way.
+   test2016, counted). The timings go in --repeat rounds: a round times each system once, in a process
+   of its own (model loaded outside the timing) after one untimed pass, so that the machine's drift
+   reaches every system alike. A system's rate is its best round's; each ratio also gets its range
+   over the rounds (`..._rounds`: round i against round i). Every system must return as many sentences
+   as it was given. fairseq and CTranslate2 normalise by length^α, we by GNMT's ((5+|Y|)/6)^α unless
+   told `--length-norm length`. With --only translate, 3 alone (after training --run if it has no
+   model yet), in the same way.
 4. The model users train (--user-run: the Multi30k EN→DE recipe, d_model 128, 4+4 layers, pre-norm),
    translated as a user runs each system, whole processes timed from start to exit on test2016's
    1,000 sentences: `transformer translate` (the paper's search, and `--early-stop top`) against a
    short CTranslate2 script (sentencepiece in, `translate_batch`, sentencepiece out) on the same
    averaged weights; and each one's start-up: the same command on an empty input. Median of 3,
-   interleaved.
+   interleaved. With --only user, 4 alone.
 
 fairseq (fairseq-fixed 0.12.3.1 with torch 2.13.0 CPU) lives in its own virtual environment, built on
 first use under $TRANSFORMER_PEER_VENV (default ~/.cache/transformer-bench/fairseq); CTranslate2
@@ -102,7 +105,8 @@ FAIRSEQ_OPTIM = ["--criterion", "label_smoothed_cross_entropy", "--label-smoothi
                  "--log-interval", "10"]
 DECODE = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}
 # the options of one section alone (--only refuses another section's), and their defaults
-SECTION_OPTIONS = {"train": ("train_runs", "train_updates"), "translate": ("train_minutes", "b1_sentences", "repeat")}
+SECTION_OPTIONS = {"train": ("train_runs", "train_updates"), "translate": ("train_minutes", "b1_sentences", "repeat"),
+                   "user": ("user_run",)}
 DEFAULTS = {"train_minutes": 15.0, "train_runs": 3, "train_updates": 250, "b1_sentences": 200, "repeat": 3}
 
 
@@ -306,42 +310,68 @@ def translating(args: argparse.Namespace, work: Path, tok: Tokenizer, bin_dir: P
     for name, r in runs.items():
         counts[name.rsplit("_b", 1)[1]].add(r["sentences"])
 
-    def ratio(a: str, b: str) -> float | None:
-        return round(runs[a]["sents_per_s"] / runs[b]["sents_per_s"], 3) if a in runs and b in runs else None
+    def ratio(key: str, a: str, b: str) -> dict:
+        return rate_ratio(runs, key, a, b)
 
     def bleu_delta(a: str) -> float:
         return round(runs[a]["bleu"] - runs["ours_b64"]["bleu"], 2)
 
     return {"greedy_agreement": agreement, "translate": runs,
             "sentences": {f"b{batch}": n.pop() for batch, n in counts.items() if len(n) == 1},
-            "translate_ratios": {"translate_b64_vs_fairseq": ratio("ours_b64", "fairseq_b64"),
-                                 "translate_b64_vs_ctranslate2": ratio("ours_b64", "ctranslate2_b64"),
-                                 "translate_b1_vs_ctranslate2": ratio("ours_b1", "ctranslate2_b1")},
+            "translate_ratios": {**ratio("translate_b64_vs_fairseq", "ours_b64", "fairseq_b64"),
+                                 **ratio("translate_b64_vs_ctranslate2", "ours_b64", "ctranslate2_b64"),
+                                 **ratio("translate_b1_vs_ctranslate2", "ours_b1", "ctranslate2_b1")},
             "int8": {"sents_per_s": runs["ours_int8_b64"]["sents_per_s"],
-                     "vs_ctranslate2_int8": ratio("ours_int8_b64", "ctranslate2_int8_b64"),
+                     **ratio("vs_ctranslate2_int8", "ours_int8_b64", "ctranslate2_int8_b64"),
                      "bleu_delta": bleu_delta("ours_int8_b64")},
             # not a target: our search with the stopping rule OpenNMT-py and CTranslate2 use (--early-stop top)
-            "top_stop": {"b64_vs_ctranslate2": ratio("ours_top_stop_b64", "ctranslate2_b64"),
-                         "b64_vs_fairseq": ratio("ours_top_stop_b64", "fairseq_b64"),
-                         "b64_vs_bound": ratio("ours_top_stop_b64", "ours_b64"),
+            "top_stop": {**ratio("b64_vs_ctranslate2", "ours_top_stop_b64", "ctranslate2_b64"),
+                         **ratio("b64_vs_fairseq", "ours_top_stop_b64", "fairseq_b64"),
+                         **ratio("b64_vs_bound", "ours_top_stop_b64", "ours_b64"),
                          "bleu_delta": bleu_delta("ours_top_stop_b64")},
             # the paper's search ranking hypotheses as fairseq and CTranslate2 do (--length-norm length, |Y|^α)
-            "length_norm": {"b64_vs_ctranslate2": ratio("ours_length_norm_b64", "ctranslate2_b64"),
-                            "b64_vs_fairseq": ratio("ours_length_norm_b64", "fairseq_b64"),
-                            "b1_vs_ctranslate2": ratio("ours_length_norm_b1", "ctranslate2_b1"),
-                            "b64_vs_gnmt": ratio("ours_length_norm_b64", "ours_b64"),
+            "length_norm": {**ratio("b64_vs_ctranslate2", "ours_length_norm_b64", "ctranslate2_b64"),
+                            **ratio("b64_vs_fairseq", "ours_length_norm_b64", "fairseq_b64"),
+                            **ratio("b1_vs_ctranslate2", "ours_length_norm_b1", "ctranslate2_b1"),
+                            **ratio("b64_vs_gnmt", "ours_length_norm_b64", "ours_b64"),
                             "bleu_delta": bleu_delta("ours_length_norm_b64")}}
+
+
+def rate_ratio(runs: dict, key: str, a: str, b: str) -> dict:
+    """``key``: run a's rate over run b's, their best rounds'; ``key``_rounds: the lowest and highest
+    round-by-round ratio (round i of a against round i of b). None for both when b was not run."""
+    if a not in runs or b not in runs:
+        return {key: None, f"{key}_rounds": None}
+    each = [tb / ta for ta, tb in zip(runs[a]["rounds_s"], runs[b]["rounds_s"], strict=True)]
+    return {key: round(runs[a]["sents_per_s"] / runs[b]["sents_per_s"], 3),
+            f"{key}_rounds": [round(min(each), 3), round(max(each), 3)]}
 
 
 def remeasure(args: argparse.Namespace, state: dict) -> None:
     """--only SECTION: that section measured again, written into speed.json in place of its keys; the
     other sections stay as they were measured, and ``remeasured[SECTION]`` says when, at which commit
     and with which versions this one was. Training needs a vocabulary, not a model: --run's when it has
-    one, else one trained as our runs train theirs."""
+    one, else one trained as our runs train theirs; the users' model needs the recipe's finished run."""
     path = RESULTS / "speed.json"
     if not path.is_file():
         sys.exit(f"--only {args.only}: {path} does not exist yet (run speed.py without --only first)")
     result = json.loads(path.read_text(encoding="utf-8"))
+    if args.only == "user":
+        run, work = users_run(args), args.run / "speed"
+        work.mkdir(parents=True, exist_ok=True)
+        state["versions"] |= peer_versions(None)
+        log(f"the users' model: {run}")
+        result["user_model"] = user_model(run, work)
+    else:
+        result |= measure_section(args, state, result["ratios"])
+    result["remeasured"] = result.get("remeasured", {}) | {args.only: state}
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (RESULTS / "speed.md").write_text(markdown(result), encoding="utf-8")
+    print(json.dumps({k: result[k] for k in ("ratios", "remeasured")}, indent=2))
+
+
+def measure_section(args: argparse.Namespace, state: dict, ratios: dict) -> dict:
+    """--only train or translate: the section's keys, and ``ratios`` with the section's replaced."""
     if args.only == "translate":
         translation_model(args)
     if (args.run / "spm.model").is_file():
@@ -358,12 +388,8 @@ def remeasure(args: argparse.Namespace, state: dict) -> None:
         measured = training(args, work, cfg, tok.vocab_size, bin_dir, data_bin, means)
     else:
         measured = translating(args, work, tok, bin_dir, data_bin)
-    result["ratios"] |= measured.pop(f"{args.only}_ratios")
-    result |= measured
-    result["remeasured"] = result.get("remeasured", {}) | {args.only: state}
-    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / "speed.md").write_text(markdown(result), encoding="utf-8")
-    print(json.dumps({k: result[k] for k in (*measured, "ratios", "remeasured")}, indent=2))
+    section_ratios = measured.pop(f"{args.only}_ratios")
+    return measured | {"ratios": ratios | section_ratios}
 
 
 # ---------------------------------------------------------------------------------------------- fairseq model
@@ -446,21 +472,30 @@ def worker(system: tuple[Path, str, str, dict], name: str, job: dict, work: Path
     return result
 
 
-def translation(systems: dict[str, tuple[Path, str, str, dict]], piece_sources: list[list[str]], b1: int, repeat: int,
+def translation(systems: dict[str, tuple[Path, str, str, dict]], piece_sources: list[list[str]], b1: int, rounds: int,
                 tok: Tokenizer, refs: list[str], work: Path) -> dict:
-    """Every system at batch 64 (all of test2016) and batch 1 (the first ``b1`` sentences)."""
+    """Every system at batch 64 (all of test2016) and batch 1 (the first ``b1`` sentences), in ``rounds``
+    rounds: a round times each system once, in a process of its own after one untimed pass, so that the
+    machine's drift over the minutes reaches every system alike and a ratio has a range over rounds.
+    A system's rate is its best round's."""
     index = {p: i for i, p in enumerate(tok.vocabulary())}
     runs = {}
     for batch, n in ((64, len(piece_sources)), (1, b1)):
-        for name, system in systems.items():
-            r = worker(system, name, {"batch": batch, "repeat": repeat, "sources": piece_sources[:n]}, work)
-            texts = [tok.decode([index.get(p, UNK_ID) for p in o]) for o in r["outputs"]]
-            tokens = sum(len(o) for o in r["outputs"])
-            runs[f"{name}_b{batch}"] = {"sents_per_s": round(n / r["seconds"], 2),
-                                        "tgt_tokens_per_s": round(tokens / r["seconds"], 2),
-                                        "seconds": round(r["seconds"], 2), "sentences": r["sentences"],
-                                        "bleu": bleu(texts, refs)}
-            log(f"{name} batch {batch}: {runs[f'{name}_b{batch}']}")
+        seconds: dict[str, list[float]] = {name: [] for name in systems}
+        outputs = {}
+        for i in range(rounds):
+            for name, system in systems.items():
+                r = worker(system, name, {"batch": batch, "repeat": 1, "warmup": 1, "sources": piece_sources[:n]},
+                           work)
+                seconds[name].append(r["seconds"])
+                outputs[name] = r["outputs"]
+                log(f"round {i + 1} of {rounds}, {name} batch {batch}: {n / r['seconds']:.2f} sentences/s")
+        for name, times in seconds.items():
+            texts = [tok.decode([index.get(p, UNK_ID) for p in o]) for o in outputs[name]]
+            tokens, best = sum(len(o) for o in outputs[name]), min(times)
+            runs[f"{name}_b{batch}"] = {"sents_per_s": round(n / best, 2), "tgt_tokens_per_s": round(tokens / best, 2),
+                                        "seconds": round(best, 2), "rounds_s": [round(t, 3) for t in times],
+                                        "sentences": len(outputs[name]), "bleu": bleu(texts, refs)}
     return runs
 
 
@@ -485,9 +520,9 @@ def user_model(run: Path, work: Path, repeat: int = 3) -> dict:
     """The EN→DE recipe's model translated as users run each system: whole processes, start to exit."""
     avg = work / "user_avg.safetensors"
     cfg = load_config(str(run / "config.toml"))
-    if not avg.with_suffix(".json").is_file():
-        sh([sys.executable, "-m", "transformer", "average", str(run), "--last", str(cfg.decode.average_last),
-            "--out", str(avg)])
+    # averaged each time: a file left by an earlier run of the recipe would be another model's
+    sh([sys.executable, "-m", "transformer", "average", str(run), "--last", str(cfg.decode.average_last),
+        "--out", str(avg)])
     ct2_dir = work / "user_ct2"
     export_ctranslate2(run, ct2_dir, avg, None, force=True, log=log)
     src, empty = work / "user_test.en", work / "user_empty.en"
@@ -544,23 +579,24 @@ def main() -> None:
     parser.add_argument("--train-runs", type=int, help="timed training runs per system, alternating (default 3)")
     parser.add_argument("--train-updates", type=int, help="updates in each timed training run (default 250)")
     parser.add_argument("--b1-sentences", type=int, help="sentences translated at batch 1 (default 200)")
-    parser.add_argument("--repeat", type=int, help="timings per translation setting, best kept (default 3)")
+    parser.add_argument("--repeat", type=int, help="rounds of translation timings, each system timed once a round; "
+                        "a system's best round is kept, and each ratio's range over the rounds (default 3)")
     parser.add_argument("--user-run", type=Path, help="the EN→DE recipe's run folder (default: the recipe's "
                         "own run of benchmarks/multi30k.py, as multi30k_en_de.json names it)")
     parser.add_argument("--no-peers", action="store_true", help="measure ours and CTranslate2 only (no fairseq)")
-    parser.add_argument("--only", choices=("train", "translate"), help="measure this section alone and write it "
+    parser.add_argument("--only", choices=tuple(SECTION_OPTIONS), help="measure this section alone and write it "
                         "into speed.json in place of its figures (the other sections stay, with the commit and date "
                         "they were measured at)")
     parser.add_argument("--markdown", action="store_true", help="measure nothing: rewrite speed.md from speed.json "
                         "(and ct2_backend.json, when there) after a change to this script's text")
     args = parser.parse_args()
     if args.only:
-        refused = [("--markdown", args.markdown), ("--no-peers", args.no_peers), ("--user-run", args.user_run)]
+        refused = [("--markdown", args.markdown), ("--no-peers", args.no_peers)]
         refused += [(f"--{name.replace('_', '-')}", getattr(args, name) is not None)
                     for section, names in SECTION_OPTIONS.items() if section != args.only for name in names]
         if given := next((option for option, value in refused if value), None):
             parser.error(f"--only {args.only} cannot run with {given} (it measures {args.only} alone, against "
-                         "fairseq, and writes speed.json)")
+                         f"{'CTranslate2' if args.only == 'user' else 'fairseq'}, and writes speed.json)")
     for name, value in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -576,12 +612,7 @@ def main() -> None:
                                  "sacrebleu": sacrebleu.__version__}}
     if args.only:
         return remeasure(args, result)
-    work = args.run / "speed"
-    user_run = args.user_run
-    if user_run is None:
-        user_run = recipe_run()
-    if not (user_run / "config.toml").is_file():
-        sys.exit(f"--user-run {user_run}: no finished run there (python benchmarks/multi30k.py trains it)")
+    work, user_run = args.run / "speed", users_run(args)
     translation_model(args)
     tok = Tokenizer(args.run / "spm.model")
     bin_dir, data_bin, means = pieces_and_peers(args, work, tok)
@@ -598,12 +629,25 @@ def main() -> None:
     print(json.dumps(result, indent=2))
 
 
+def users_run(args: argparse.Namespace) -> Path:
+    """--user-run, or the recipe's own run that multi30k_en_de.json names; refused when not finished."""
+    run = args.user_run or recipe_run()
+    if not (run / "summary.json").is_file():
+        sys.exit(f"--user-run {run}: no finished run there (python benchmarks/multi30k.py trains it)")
+    return run
+
+
 def markdown(r: dict) -> str:
     rows = "\n".join(f"| {name} | {v['sents_per_s']} | {v['tgt_tokens_per_s']} | {v['sentences']} | {v['bleu']} |"
                      for name, v in r["translate"].items())
     train_rows = "\n".join(f"| {name} | {v['tokens_per_s']} ({v['min']}–{v['max']}) | "
                            f"{', '.join(map(str, r['train_runs'][name]))} | {v['mfu']:.1%} |"
                            for name, v in r["train"].items())
+    rounds = any("rounds_s" in v for v in r["translate"].values())
+    if rounds:
+        rows = "\n".join(f"| {name} | {v['sents_per_s']} | {', '.join(map(str, v.get('rounds_s', [])))} | "
+                         f"{v['tgt_tokens_per_s']} | {v['sentences']} | {v['bleu']} |"
+                         for name, v in r["translate"].items())
     u = r["user_model"]
     user_rows = "\n".join(f"| {name} | {s['median']} ({s['min']}–{s['max']}) |" for name, s in u["seconds"].items())
     return f"""# Speed: ours vs fairseq and CTranslate2 (bench-small, Multi30k EN→DE, CPU)
@@ -626,13 +670,13 @@ the Python ones (ours, fairseq) flushed denormal floats to zero.
 
 ## Translation (test2016, beam 4, α 0.6, max length input + 50; same weights in every system)
 {remeasured(r, 'translate')}
-Each system in a warm process of its own, model loaded outside the timing, best of the repeats. Greedy
+{timing_text(rounds)} Greedy
 outputs shared with ours, word piece for word piece: {json.dumps(r['greedy_agreement'])}. The beams
 rank finished hypotheses differently: fairseq and CTranslate2 divide log P by |Y|^α, ours by GNMT's
 ((5 + |Y|) / 6)^α (§6.1), so beam outputs, lengths and BLEU may differ a little as well as speed.
 
-| system, batch | sentences/s | target tokens/s | sentences | BLEU |
-|---|---|---|---|---|
+| system, batch | sentences/s{' (best round) | each round (s)' if rounds else ''} | target tokens/s | sentences | BLEU |
+|---|---|---|---|---|{'---|' if rounds else ''}
 {rows}
 
 Ratios (ours ÷ theirs): {json.dumps(r['ratios'])}; int8: {json.dumps(r['int8'])}
@@ -643,7 +687,7 @@ best candidate is EOS, the rule of OpenNMT-py and CTranslate2 (fairseq waits for
 hypotheses): fewer decoder steps, not exact. Not a target; ratios: {json.dumps(r['top_stop'])}
 {length_norm(r)}
 ## The model users train, as users run it
-
+{remeasured(r, 'user')}
 `{u['run']}` ({json.dumps(u['model'])}), averaged weights, test2016 ({u['sentences']} sentences),
 whole processes timed from start to exit (`transformer translate --checkpoint AVG`, and a CTranslate2
 script: sentencepiece, `translate_batch` with beam 4, length penalty 0.6, batches of 64, sentencepiece);
@@ -655,6 +699,16 @@ script: sentencepiece, `translate_batch` with beam 4, length penalty 0.6, batche
 
 BLEU {json.dumps(u['bleu'])}; ours ÷ CTranslate2 (sentences/s): {json.dumps(u['ratios'])}.
 {ct2_threads()}"""
+
+
+def timing_text(rounds: bool) -> str:
+    """How the translation table was timed: in rounds (since the rounds came in), or best of the
+    repeats in one process per system (runs before)."""
+    if not rounds:
+        return "Each system in a warm process of its own, model loaded outside the timing, best of the repeats."
+    return ("Timed in rounds: a round times each system once, in a process of its own (model loaded "
+            "outside the timing) after one untimed pass; a system's rate is its best round's, and each "
+            "ratio's `_rounds` is its lowest and highest round-by-round value (round i against round i).")
 
 
 def length_norm(r: dict) -> str:

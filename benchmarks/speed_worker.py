@@ -4,9 +4,10 @@
     python speed_worker.py ct2_file MODEL_DIR --input FILE --output FILE
 
 JOB.json names the model, the source pieces (one line of pieces per sentence), the decoding
-settings, the batch size and the number of timed repeats. The model is loaded first, outside the
-timing; then the whole list is translated ``repeat`` times and the fastest is kept. Prints one JSON
-line: seconds, the number of sentences translated, and the outputs as pieces.
+settings, the batch size, the number of untimed passes (``warmup``, default 0) and of timed ones
+(``repeat``). The model is loaded first, outside the timing; then the whole list is translated
+``warmup`` times untimed and ``repeat`` times timed, and the fastest is kept. Prints one JSON line:
+seconds, the number of sentences translated, and the outputs as pieces.
 
 ct2_file is what a CTranslate2 user runs on a file: sentencepiece in, ``translate_batch`` (beam 4,
 length penalty 0.6, batches of 64, at most the longest input + 50 pieces), sentencepiece out. It
@@ -26,7 +27,10 @@ import time
 from pathlib import Path
 
 
-def time_best(translate, repeat: int) -> tuple[float, list[list[str]]]:
+def time_best(translate, repeat: int, warmup: int = 0) -> tuple[float, list[list[str]]]:
+    """The fastest of ``repeat`` timed passes, after ``warmup`` untimed ones (caches, allocator, kernels)."""
+    for _ in range(warmup):
+        translate()
     best, outputs = float("inf"), []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -54,7 +58,7 @@ def ours(job: dict, int8: bool) -> tuple[float, list[list[str]]]:
                                     length_norm=job.get("length_norm", "gnmt"))
         return [[pieces[i] for i in (o[:o.index(EOS_ID)] if EOS_ID in o else o)] for o in outputs]
 
-    return time_best(translate, job["repeat"])
+    return time_best(translate, job["repeat"], job.get("warmup", 0))
 
 
 def ctranslate2(job: dict) -> tuple[float, list[list[str]]]:
@@ -77,7 +81,7 @@ def ctranslate2(job: dict) -> tuple[float, list[list[str]]]:
                 outputs[i] = r.hypotheses[0]
         return outputs
 
-    return time_best(translate, job["repeat"])
+    return time_best(translate, job["repeat"], job.get("warmup", 0))
 
 
 def ct2_file(model_dir: str, source: str, target: str) -> None:

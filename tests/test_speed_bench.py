@@ -122,7 +122,8 @@ def test_a_full_run_writes_every_section_and_no_remeasured(stood_in, monkeypatch
 @pytest.mark.parametrize("section, other", [
     ("train", "--markdown"), ("train", "--no-peers"), ("train", "--user-run=runs/x"), ("train", "--repeat=2"),
     ("train", "--b1-sentences=50"), ("train", "--train-minutes=5"), ("translate", "--train-runs=2"),
-    ("translate", "--train-updates=100"), ("translate", "--no-peers"), ("translate", "--user-run=runs/x")])
+    ("translate", "--train-updates=100"), ("translate", "--no-peers"), ("translate", "--user-run=runs/x"),
+    ("user", "--repeat=2"), ("user", "--train-runs=2"), ("user", "--no-peers"), ("user", "--markdown")])
 def test_only_refuses_the_options_it_would_ignore_in_one_line(section, other, monkeypatch, capsys):
     monkeypatch.setattr(speed, "remeasure", lambda args, state: pytest.fail("measured despite the refusal"))
     monkeypatch.setattr(sys, "argv", ["speed.py", "--only", section, other])
@@ -144,6 +145,69 @@ def test_only_takes_its_own_sections_options_and_the_defaults(argv, wanted, monk
     monkeypatch.setattr(sys, "argv", ["speed.py", *argv])
     speed.main()
     assert {k: getattr(seen[0], k) for k in wanted} == wanted
+
+
+def test_only_user_replaces_the_users_model_and_keeps_the_rest(stood_in, monkeypatch, tiny_run):
+    folder, calls = stood_in
+    before = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
+    measured = {"run": "runs/x", "model": {}, "sentences": 3, "seconds": {"ours": {"median": 1, "min": 1, "max": 2}},
+                "bleu": {"ours": 9.5}, "ratios": {"exact_vs_ctranslate2": 0.25}, "startup_s": {}}
+    monkeypatch.setattr(speed, "user_model", lambda run, work: calls.append(("user_model", run, work)) or measured)
+    run = tiny_run.parent / "speed_run"
+    speed.remeasure(argparse.Namespace(run=run, only="user", user_run=tiny_run), state("0a1b2c3", "--only user"))
+
+    after = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
+    assert calls == [("user_model", tiny_run, run / "speed")]
+    assert after["user_model"] == measured and after["remeasured"]["user"]["commit"] == "0a1b2c3"
+    for key in ("train", "translate", "ratios", "int8", "matmul_peak_gflops", "commit"):
+        assert after[key] == before[key]
+    md = (folder / "speed.md").read_text(encoding="utf-8")
+    assert "commit\n0a1b2c3" in md[md.index("## The model users train"):] and "0.25" in md
+
+
+def test_only_user_refuses_a_run_that_did_not_finish(stood_in, tmp_path):
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "config.toml").write_text("", encoding="utf-8")
+    with pytest.raises(SystemExit, match="unfinished: no finished run there"):
+        speed.remeasure(argparse.Namespace(run=tmp_path, only="user", user_run=tmp_path / "unfinished"), {})
+
+
+def test_translation_goes_in_rounds_and_gives_each_ratio_its_range(monkeypatch, tmp_path):
+    """Each round times every system once (a process each, one untimed pass first); a system's rate is
+    its best round's, and a ratio's range compares round i with round i."""
+    seconds = {"ours": iter([2.0, 1.0, 4.0, 1.0, 1.0, 1.0]), "theirs": iter([1.0, 2.0, 1.0, 1.0, 1.0, 1.0])}
+    jobs = []
+
+    def fake_worker(system, name, job, work):
+        jobs.append((name, job["batch"], job["repeat"], job["warmup"], len(job["sources"])))
+        return {"seconds": next(seconds[name]), "sentences": len(job["sources"]),
+                "outputs": [["▁ja"] for _ in job["sources"]]}
+
+    class Tok:
+        def vocabulary(self) -> list[str]:
+            return ["<pad>", "<unk>", "</s>", "▁ja"]
+
+        def decode(self, ids: list[int]) -> str:
+            return "ja"
+
+    monkeypatch.setattr(speed, "worker", fake_worker)
+    systems = {"ours": None, "theirs": None}
+    runs = speed.translation(systems, [["▁ja"]] * 4, 2, 3, Tok(), ["ja"] * 4, tmp_path)
+    assert [j[0] for j in jobs] == ["ours", "theirs"] * 6  # interleaved: ours, theirs, ours, theirs, ...
+    assert {j[1:] for j in jobs[:6]} == {(64, 1, 1, 4)} and {j[1:] for j in jobs[6:]} == {(1, 1, 1, 2)}
+    assert runs["ours_b64"]["rounds_s"] == [2.0, 1.0, 4.0] and runs["ours_b64"]["sents_per_s"] == 4.0
+    assert runs["theirs_b64"]["sents_per_s"] == 4.0 and runs["ours_b1"]["sentences"] == 2
+    # best round against best round, 4 / 4; round by round ours ÷ theirs: 1/2, 2/1, 1/4
+    assert speed.rate_ratio(runs, "r", "ours_b64", "theirs_b64") == {"r": 1.0, "r_rounds": [0.25, 2.0]}
+    assert speed.rate_ratio(runs, "r", "ours_b64", "fairseq_b64") == {"r": None, "r_rounds": None}
+
+
+def test_the_worker_times_after_its_untimed_passes():
+    import speed_worker
+
+    timed = []
+    best, outputs = speed_worker.time_best(lambda: timed.append(1) or [["x"]], repeat=2, warmup=3)
+    assert len(timed) == 5 and outputs == [["x"]] and best >= 0
 
 
 def test_only_needs_a_full_run_first(tmp_path, monkeypatch):
