@@ -92,10 +92,14 @@ def quality_table(page: str, section: str) -> list[Figure]:
                       ("41.02", "wu2021_transformer_tiny_multi30k_en_de_test2016/tok_lc_bleu")))
 
 
-SPEED = (("1.156", "ratios/train_vs_fairseq"), ("1.677", "ratios/translate_b64_vs_fairseq"),
-         ("0.713", "ratios/translate_b64_vs_ctranslate2"), ("0.307", "ratios/translate_b1_vs_ctranslate2"),
-         ("1.725", "int8/vs_ctranslate2_int8"), ("1.115", "ratios/train_vs_fairseq_min_max/0"),
-         ("1.16", "ratios/train_vs_fairseq_min_max/1"), ("0.692", "length_norm/b64_vs_ctranslate2"))
+SPEED = (("1.156", "ratios/train_vs_fairseq"), ("1.717", "ratios/translate_b64_vs_fairseq"),
+         ("0.677", "ratios/translate_b64_vs_ctranslate2"), ("0.301", "ratios/translate_b1_vs_ctranslate2"),
+         ("1.414", "int8/vs_ctranslate2_int8"), ("1.115", "ratios/train_vs_fairseq_min_max/0"),
+         ("1.16", "ratios/train_vs_fairseq_min_max/1"), ("0.65", "length_norm/b64_vs_ctranslate2"),
+         ("0.674", "ratios/translate_b64_vs_ctranslate2_rounds/0"),
+         ("0.74", "ratios/translate_b64_vs_ctranslate2_rounds/1"),
+         ("0.293", "ratios/translate_b1_vs_ctranslate2_rounds/0"),
+         ("0.399", "ratios/translate_b1_vs_ctranslate2_rounds/1"))
 
 FIGURES: list[Figure] = [
     *quality_table("README.md", "Results"),
@@ -262,29 +266,46 @@ FIGURES: list[Figure] = [
              ("3,511", "train/ours/tokens_per_s"), ("3,480", "train/ours/min"), ("3,523", "train/ours/max"),
              ("3,038", "train/fairseq/tokens_per_s"), ("3,036", "train/fairseq/min"),
              ("3,121", "train/fairseq/max"), ("3", "train/ours/runs"),
-             ("207.99", "translate/ours_b64/sents_per_s"), ("123.99", "translate/fairseq_b64/sents_per_s"),
-             ("291.61", "translate/ctranslate2_b64/sents_per_s"), ("49.41", "translate/ours_b1/sents_per_s"),
-             ("19.09", "translate/fairseq_b1/sents_per_s"), ("161.0", "translate/ctranslate2_b1/sents_per_s"),
-             ("310.76", "translate/ours_int8_b64/sents_per_s"), ("58.66", "translate/ours_int8_b1/sents_per_s"),
-             ("180.13", "translate/ctranslate2_int8_b64/sents_per_s"),
-             ("15.06", "translate/ctranslate2_int8_b1/sents_per_s"),
-             ("201.8", "translate/ours_length_norm_b64/sents_per_s"),
-             ("46.69", "translate/ours_length_norm_b1/sents_per_s"), ("0.29", "length_norm/b1_vs_ctranslate2"),
-             ("0.97", "length_norm/b64_vs_gnmt"), ("31.66", "translate/ours_length_norm_b64/bleu"),
+             ("223.86", "translate/ours_b64/sents_per_s"), ("130.38", "translate/fairseq_b64/sents_per_s"),
+             ("330.5", "translate/ctranslate2_b64/sents_per_s"), ("48.6", "translate/ours_b1/sents_per_s"),
+             ("21.73", "translate/fairseq_b1/sents_per_s"), ("161.28", "translate/ctranslate2_b1/sents_per_s"),
+             ("314.74", "translate/ours_int8_b64/sents_per_s"), ("60.7", "translate/ours_int8_b1/sents_per_s"),
+             ("222.56", "translate/ctranslate2_int8_b64/sents_per_s"),
+             ("15.17", "translate/ctranslate2_int8_b1/sents_per_s"),
+             ("214.89", "translate/ours_length_norm_b64/sents_per_s"),
+             ("49.63", "translate/ours_length_norm_b1/sents_per_s"), ("0.308", "length_norm/b1_vs_ctranslate2"),
+             ("0.96", "length_norm/b64_vs_gnmt"), ("31.66", "translate/ours_length_norm_b64/bleu"),
+             ("1.829", "ratios/translate_b64_vs_fairseq_rounds/1"),
+             ("1.717", "ratios/translate_b64_vs_fairseq_rounds/0"),
+             ("1.375", "int8/vs_ctranslate2_int8_rounds/0"), ("1.448", "int8/vs_ctranslate2_int8_rounds/1"),
+             ("0.63", "length_norm/b64_vs_ctranslate2_rounds/0"),
+             ("0.708", "length_norm/b64_vs_ctranslate2_rounds/1"),
+             ("0.297", "length_norm/b1_vs_ctranslate2_rounds/0"),
+             ("0.359", "length_norm/b1_vs_ctranslate2_rounds/1"),
+             ("0.936", "length_norm/b64_vs_gnmt_rounds/0"), ("0.96", "length_norm/b64_vs_gnmt_rounds/1"),
+             ("1.24", "translate/ctranslate2_b1/rounds_s/0"), ("1.297", "translate/ctranslate2_b1/rounds_s/1"),
+             ("1.673", "translate/ctranslate2_b1/rounds_s/2"),
+             ("1.335", "top_stop/b64_vs_bound_rounds/0"), ("1.373", "top_stop/b64_vs_bound_rounds/1"),
+             ("0.899", "top_stop/b64_vs_ctranslate2_rounds/0"), ("1.017", "top_stop/b64_vs_ctranslate2_rounds/1"),
              ("31.67", "translate/ctranslate2_b64/bleu"), ("31.67", "translate/fairseq_b64/bleu"),
              ("31.54", "translate/ours_b64/bleu"), ("204.1", "matmul_peak_gflops"),
              ("5.1", "user_model/seconds/ours/median"), ("2.24", "user_model/seconds/ctranslate2/median"),
              ("0.438", "user_model/ratios/exact_vs_ctranslate2"), ("1.47", "user_model/startup_s/ours"),
              ("0.1", "user_model/startup_s/ctranslate2"), ("4.56", "user_model/seconds/ours_top_stop/median"),
              ("0.49", "user_model/ratios/top_stop_vs_ctranslate2"), ("39.53", "user_model/bleu/ours_top_stop"),
-             ("39.61", "user_model/bleu/ours"), ("1.371", "top_stop/b64_vs_bound"),
-             ("0.978", "top_stop/b64_vs_ctranslate2"), ("31.51", "translate/ours_top_stop_b64/bleu"),
+             ("39.61", "user_model/bleu/ours"), ("1.363", "top_stop/b64_vs_bound"),
+             ("0.924", "top_stop/b64_vs_ctranslate2"), ("31.51", "translate/ours_top_stop_b64/bleu"),
              ("990", "greedy_agreement/ctranslate2_identical"), ("988", "greedy_agreement/fairseq_identical"),
              ("1,000", "greedy_agreement/sentences")),
     # printed twice on the page: the table and a paragraph
-    *figures("docs/decoding.md", "Speed", "speed.json", ("15.06", "translate/ctranslate2_int8_b1/sents_per_s"),
-             ("161.0", "translate/ctranslate2_b1/sents_per_s"),
-             ("180.13", "translate/ctranslate2_int8_b64/sents_per_s"), ("31.54", "translate/ours_b64/bleu")),
+    *figures("docs/decoding.md", "Speed", "speed.json", ("15.17", "translate/ctranslate2_int8_b1/sents_per_s"),
+             ("161.28", "translate/ctranslate2_b1/sents_per_s"), ("1.717", "ratios/translate_b64_vs_fairseq"),
+             ("222.56", "translate/ctranslate2_int8_b64/sents_per_s"), ("31.54", "translate/ours_b64/bleu"),
+             ("314.74", "translate/ours_int8_b64/sents_per_s")),
+    *figures("docs/decoding.md", "Speed", "tried/speed_2d0d444.json", ("1.677", "ratios/translate_b64_vs_fairseq"),
+             ("0.713", "ratios/translate_b64_vs_ctranslate2"), ("0.307", "ratios/translate_b1_vs_ctranslate2"),
+             ("1.725", "int8/vs_ctranslate2_int8"), ("180.13", "translate/ctranslate2_int8_b64/sents_per_s"),
+             ("310.76", "translate/ours_int8_b64/sents_per_s")),
     *figures("docs/decoding.md", "Speed", "tried/speed_529ba0e.json", ("1.16", "ratios/train_vs_fairseq"),
              ("1.8", "ratios/translate_b64_vs_fairseq"), ("0.662", "ratios/translate_b64_vs_ctranslate2"),
              ("0.369", "ratios/translate_b1_vs_ctranslate2"), ("1.29", "int8/vs_ctranslate2_int8"),
@@ -474,9 +495,11 @@ def test_a_wrong_or_unmapped_figure_is_caught():
     assert section_text("# A\none 1\n## B\ntwo `2` [x](y3.md)\n# C\nthree 3\n", "A") == "\none 1\n## B\ntwo   [x]\n"
 
 
-@pytest.mark.parametrize("page", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
+@pytest.mark.parametrize("page", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+                                  *sorted(str(p.relative_to(ROOT)) for p in RESULTS.rglob("*.md"))])
 def test_every_relative_link_resolves(page: str):
-    """The README and docs/ link each other and the result files: a moved or renamed file breaks no link."""
+    """The README, docs/ and the result pages link each other: a moved or renamed file, or a result page
+    kept under tried/ with its sibling links unchanged, breaks no link."""
     text = re.sub(r"```.*?```", " ", page_text(page), flags=re.S)
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
         if re.match(r"[a-z]+:", target) or target.startswith("#"):
