@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -310,8 +311,7 @@ def translating(args: argparse.Namespace, work: Path, tok: Tokenizer, bin_dir: P
     for name, r in runs.items():
         counts[name.rsplit("_b", 1)[1]].add(r["sentences"])
 
-    def ratio(key: str, a: str, b: str) -> dict:
-        return rate_ratio(runs, key, a, b)
+    ratio = functools.partial(rate_ratio, runs)
 
     def bleu_delta(a: str) -> float:
         return round(runs[a]["bleu"] - runs["ours_b64"]["bleu"], 2)
