@@ -706,9 +706,9 @@ def timing_text(rounds: bool) -> str:
     repeats in one process per system (runs before)."""
     if not rounds:
         return "Each system in a warm process of its own, model loaded outside the timing, best of the repeats."
-    return ("Timed in rounds: a round times each system once, in a process of its own (model loaded "
-            "outside the timing) after one untimed pass; a system's rate is its best round's, and each "
-            "ratio's `_rounds` is its lowest and highest round-by-round value (round i against round i).")
+    return ("Timed in rounds: a round times each system once, in a process of its own (model loaded outside\n"
+            "the timing) after one untimed pass; a system's rate is its best round's, and each ratio's\n"
+            "`_rounds` is its lowest and highest round-by-round value (round i against round i).")
 
 
 def length_norm(r: dict) -> str:
