@@ -728,9 +728,12 @@ def remeasured(r: dict, section: str) -> str:
     if not t:
         return ""
     peak = "; the peak and MFLOP per target token above are this measurement's" if section == "train" else ""
+    peers = "".join(f", {name} {t['versions'][key]}" for name, key in (("fairseq", "fairseq"),
+                                                                      ("CTranslate2", "ctranslate2"))
+                    if key in t["versions"] and (section, key) != ("train", "ctranslate2"))
     return f"""
 Measured apart from the run above: `{t['command']}` — {t['date']}, commit
-{t['commit']}, torch {t['versions']['torch']}, fairseq {t['versions'].get('fairseq', '–')}{peak}.
+{t['commit']}, torch {t['versions']['torch']}{peers}{peak}.
 """
 
 
