@@ -8,18 +8,19 @@ measured process gets (denormal floats flushed to zero; the malloc settings come
 environment speed.py gives every worker). translate: the model is loaded once, outside the timing,
 and the whole list of sources is translated ``warmup`` times untimed (default 0), then ``repeat``
 times timed, with fairseq's own SequenceGenerator in batches built as fairseq-generate builds them;
-the fastest is kept. Prints one JSON line, as
-speed_worker.py does. Imports nothing of ours: this environment has fairseq, not our package.
+the fastest is kept (speed_worker.time_best, beside this file). Prints one JSON line, as
+speed_worker.py does. Imports nothing of our package: this environment has fairseq, not ours.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+from speed_worker import time_best  # the script's own folder: its module-level imports are the stdlib's
 
 
 def translate(job: dict) -> dict:
@@ -49,13 +50,7 @@ def translate(job: dict) -> dict:
                     outputs[sent_id] = [tgt_dict[t] for t in best if t != tgt_dict.eos()]
         return [outputs[i] for i in sorted(outputs)]
 
-    for _ in range(job.get("warmup", 0)):
-        run()
-    best, outputs = float("inf"), []
-    for _ in range(job["repeat"]):
-        start = time.perf_counter()
-        outputs = run()
-        best = min(best, time.perf_counter() - start)
+    best, outputs = time_best(run, job["repeat"], job.get("warmup", 0))
     return {"seconds": best, "sentences": len(outputs), "outputs": outputs}
 
 

@@ -108,6 +108,10 @@ DECODE = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}
 # the options of one section alone (--only refuses another section's), and their defaults
 SECTION_OPTIONS = {"train": ("train_runs", "train_updates"), "translate": ("train_minutes", "b1_sentences", "repeat"),
                    "user": ("user_run",)}
+# the peers each section measures against: (name, key in versions); fairseq only where it was run
+SECTION_PEERS = {"train": (("fairseq", "fairseq"),),
+                 "translate": (("fairseq", "fairseq"), ("CTranslate2", "ctranslate2")),
+                 "user": (("CTranslate2", "ctranslate2"),)}
 DEFAULTS = {"train_minutes": 15.0, "train_runs": 3, "train_updates": 250, "b1_sentences": 200, "repeat": 3}
 
 
@@ -638,16 +642,14 @@ def users_run(args: argparse.Namespace) -> Path:
 
 
 def markdown(r: dict) -> str:
-    rows = "\n".join(f"| {name} | {v['sents_per_s']} | {v['tgt_tokens_per_s']} | {v['sentences']} | {v['bleu']} |"
+    rounds = any("rounds_s" in v for v in r["translate"].values())  # runs before the rounds had none
+    rows = "\n".join(f"| {name} | {v['sents_per_s']} | "
+                     + (f"{', '.join(map(str, v['rounds_s']))} | " if rounds else "")
+                     + f"{v['tgt_tokens_per_s']} | {v['sentences']} | {v['bleu']} |"
                      for name, v in r["translate"].items())
     train_rows = "\n".join(f"| {name} | {v['tokens_per_s']} ({v['min']}–{v['max']}) | "
                            f"{', '.join(map(str, r['train_runs'][name]))} | {v['mfu']:.1%} |"
                            for name, v in r["train"].items())
-    rounds = any("rounds_s" in v for v in r["translate"].values())
-    if rounds:
-        rows = "\n".join(f"| {name} | {v['sents_per_s']} | {', '.join(map(str, v.get('rounds_s', [])))} | "
-                         f"{v['tgt_tokens_per_s']} | {v['sentences']} | {v['bleu']} |"
-                         for name, v in r["translate"].items())
     u = r["user_model"]
     user_rows = "\n".join(f"| {name} | {s['median']} ({s['min']}–{s['max']}) |" for name, s in u["seconds"].items())
     return f"""# Speed: ours vs fairseq and CTranslate2 (bench-small, Multi30k EN→DE, CPU)
@@ -728,9 +730,7 @@ def remeasured(r: dict, section: str) -> str:
     if not t:
         return ""
     peak = "; the peak and MFLOP per target token above are this measurement's" if section == "train" else ""
-    peers = "".join(f", {name} {t['versions'][key]}" for name, key in (("fairseq", "fairseq"),
-                                                                      ("CTranslate2", "ctranslate2"))
-                    if key in t["versions"] and (section, key) != ("train", "ctranslate2"))
+    peers = "".join(f", {name} {t['versions'][key]}" for name, key in SECTION_PEERS[section] if key in t["versions"])
     return f"""
 Measured apart from the run above: `{t['command']}` — {t['date']}, commit
 {t['commit']}, torch {t['versions']['torch']}{peers}{peak}.
