@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from transformer import loss as loss_module
 from transformer.loss import label_smoothed_loss
 from transformer.optim import cooldown, learning_rate
 
@@ -95,6 +96,32 @@ def test_label_smoothing_under_autocast_equals_casting_twice(hidden_dtype):
     assert torch.equal(loss.detach(), want_loss)
     assert torch.equal(hidden.grad, want_hidden.to(hidden.grad.dtype))
     assert torch.equal(weight.grad, want_weight.to(weight.grad.dtype))
+
+
+def test_label_smoothing_under_autocast_casts_the_weight_once(monkeypatch):
+    """Block by block under bf16 autocast, the [V, D] weight is cast to bf16 once for every block's
+    logits and both gradient products, not once a block (autocast caches casts of the weight, not of
+    the view weight.T that each block's logits read)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default:
+                self.shapes.append(tuple(args[0].shape))
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(loss_module, "_CPU_BLOCK_BYTES", 4 * 13 * 2)  # 2 rows a block: 3 blocks
+    torch.manual_seed(3)
+    hidden = torch.randn(6, 8, requires_grad=True)
+    weight = torch.randn(13, 8, requires_grad=True)
+    target = torch.randint(0, 13, (6,))
+    with torch.autocast("cpu", dtype=torch.bfloat16), Casts() as casts:
+        label_smoothed_loss(hidden, weight, target, 0.1).backward()
+    assert casts.shapes.count((13, 8)) + casts.shapes.count((8, 13)) == 1
 
 
 def test_label_smoothing_gradient_passes_gradcheck_in_float64():

@@ -42,6 +42,9 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         # the dtype the gradient's two products take: under autocast its dtype (each product would
         # cast the [rows, V] gradient again), else the weight's
         mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        # the weight cast once for every block's products: autocast's cache keeps casts of the weight
+        # itself, not of the fresh view weight.T that each block's logits would read
+        weight = weight.to(mm_dtype)
         total = torch.zeros((), dtype=acc, device=hidden.device)
         for start in range(0, hidden.size(0), rows):
             h, t = hidden[start: start + rows], target[start: start + rows, None]
