@@ -13,7 +13,8 @@ from transformer.data import read_lines
 from transformer.decode import translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
-from transformer.train import TrainError, budget_used, train, train_step
+from transformer import train as training
+from transformer.train import TrainError, budget_used, native_bf16, resolved_precision, train, train_step
 from transformer.errors import UserError
 from transformer.vocabulary import VocabularyError
 
@@ -265,6 +266,41 @@ def test_cooldown_anneals_the_logged_rate_to_zero(tmp_path, tiny_overrides):
     assert logged[10] == pytest.approx(eq3(10))  # progress 9/20: still eq. (3)
     assert logged[15] == pytest.approx(eq3(15) * (1 - 14 / 20) / 0.5)
     assert 0 < logged[20] == pytest.approx(eq3(20) * (1 - 19 / 20) / 0.5)
+
+
+@pytest.mark.parametrize("avx512_bf16, amx", [(False, False), (True, False), (False, True)])
+def test_native_bf16_on_a_cpu_reads_its_bf16_instructions(monkeypatch, avx512_bf16, amx):
+    """A CPU multiplies bf16 natively with AVX512-BF16 or AMX; without either it would emulate it."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert native_bf16(torch.device("cpu")) == (avx512_bf16 or amx)
+    assert resolved_precision("auto", torch.device("cpu")) == ("bf16" if avx512_bf16 or amx else "fp32")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: not including_emulation)
+    assert native_bf16(torch.device("cuda")) and not native_bf16(torch.device("meta"))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_an_explicit_precision_is_kept_whatever_the_device(monkeypatch, precision):
+    monkeypatch.setattr(training, "native_bf16", lambda device: True)
+    assert resolved_precision(precision, torch.device("cpu")) == precision
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_trains_in_what_it_resolved_to_and_says_so(tmp_path, tiny_overrides, monkeypatch, native):
+    """train.precision = "auto": bf16 autocast where the device has bf16 units, fp32 elsewhere; the log
+    names the precision it resolved to."""
+    monkeypatch.setattr(training, "native_bf16", lambda device: native)
+    dtypes = set()
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: dtypes.add(out.dtype) if isinstance(module, torch.nn.Linear) else None)
+    try:
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.eval_every=1000",
+                                                     'train.precision="auto"']), tmp_path / "run", quiet=True)
+    finally:
+        hook.remove()
+    want = "bf16" if native else "fp32"
+    assert f"; {want} (auto) on cpu;" in (tmp_path / "run" / "train.log").read_text()
+    assert torch.bfloat16 in dtypes if native else dtypes == {torch.float32}
 
 
 @pytest.mark.parametrize("option", ["train.precision=\"bf16\"", "train.compile=true"])

@@ -127,8 +127,9 @@ class TrainConfig:
     keep_best: Literal["", "valid_loss", "valid_smoothed_loss", "dev_bleu"] = ""
     patience: int = 0
     threads: int = 0  # torch intra-op threads; 0 = torch's default
-    # fp32; bf16 autocast (GPUs that support it); fp16 autocast with dynamic loss scaling
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # fp32; bf16 autocast; fp16 autocast with dynamic loss scaling; auto: bf16 where the device
+    # multiplies bf16 in hardware (a GPU with bf16 units, a CPU with AVX512-BF16 or AMX), else fp32
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     compile: bool = False  # torch.compile the model
     max_bad_steps: int = 20  # consecutive steps with non-finite gradients (skipped) before training stops
     check_every: int = 1000  # steps between cross-rank parameter checksums (data parallel only)

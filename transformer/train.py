@@ -253,6 +253,24 @@ def batch_losses(model: torch.nn.Module, batch: Batch, eps_ls: tuple[float, ...]
     return tuple(label_smoothed_loss(hidden, weight, target, eps) for eps in eps_ls)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bf16 in hardware: there bf16 autocast trains faster than fp32; a device
+    that would emulate it (an older GPU, a CPU without AVX512-BF16 or AMX) trains slower."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":  # torch.cpu's CPUID probes (private, hence looked up)
+        return any(getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
+                                                                            "_is_amx_tile_supported"))
+    return False
+
+
+def resolved_precision(precision: str, device: torch.device) -> str:
+    """train.precision with "auto" resolved for ``device``: bf16 where it is native, else fp32."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
+
+
 def compiled(model: torch.nn.Module, raw: Transformer, device: torch.device) -> torch.nn.Module:
     """``model`` (``raw`` itself, or a DDP wrapper of it) through torch.compile for training (train.compile).
 
@@ -460,7 +478,8 @@ class Trainer:
         self.optimizer = make_optimizer(self.raw, t)
         self.state = TrainState(world_size=dist.world)
         self.pending_best: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # keep_best's, for save()
-        self.scaler = torch.amp.GradScaler(dist.device.type) if t.precision == "fp16" else None  # dynamic loss scale
+        self.precision = resolved_precision(t.precision, dist.device)
+        self.scaler = torch.amp.GradScaler(dist.device.type) if self.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
                           "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size}
         if dist.enabled:
@@ -473,12 +492,13 @@ class Trainer:
         self.model: torch.nn.Module = DistributedDataParallel(self.raw) if dist.enabled else self.raw
         if t.compile:
             self.model = compiled(self.model, self.raw, dist.device)
-        self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[t.precision]
+        self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
         self.log(f"transformer {__version__}, torch {torch.__version__}, python {platform.python_version()}; seed "
                  f"{t.seed}; config sha256 {cfg.sha256()[:16]}; vocabulary sha256 {tokenizer.sha256[:16]}")
+        auto = " (auto)" if t.precision == "auto" else ""
         self.log(f"model: {count_parameters(self.raw):,} parameters; vocabulary {tokenizer.vocab_size}; "
-                 f"{t.precision} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x update_freq "
-                 f"{t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
+                 f"{self.precision}{auto} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x "
+                 f"update_freq {t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
         self.start_epoch(self.state.epoch)  # with subword sampling, its first segmentation: data preparation, off the clock
         valid = (cfg.data.valid_src, cfg.data.valid_tgt)
         self.bleu_pairs = functools.cache(lambda: read_parallel(*map(resolve_data_path, valid))[:t.bleu_sentences])
