@@ -95,7 +95,10 @@ HISTORY: dict[str, str] = {
               "adopted (benchmarks/results/tried/). Made on val: the pick among the six candidates below, and "
               "the decoding."),
     "en_de_quick": ("The five candidates are the pre-norm settings of the GPU sweep that first picked this config "
-                    "on test2016 (scores never committed). Made on val: the pick among them, and the decoding."),
+                    "on test2016 (scores never committed). Made on val: the pick among them, and the decoding. "
+                    "Trained in bf16 (the config's train.precision = \"auto\" on this CPU, which has AVX512-BF16); "
+                    "the same search in fp32 (2026-11-25, about half the updates) had picked d_ff 256: "
+                    "results/tried/multi30k_en_de_quick_fp32.md."),
     "en_fr": ("Two candidates: the earlier post-norm EN→FR recipe and the EN→DE recipe's settings (themselves "
               "proposed by the test-scored EN→DE sweep). Made on val: the pick between them, and the decoding."),
 }

@@ -15,10 +15,12 @@ Python ones (ours, fairseq) denormal floats flushed to zero, as our trainer does
 threads are its own: it gets the environment, not the flush (its C++ threads cannot be reached).
 
 1. Peak: the fp32 matmul FLOP/s torch reaches here (2048³ `torch.mm`, median of 11).
-2. Training: --train-runs runs of each system, alternating (ours, fairseq, ours, fairseq, ...), each
-   --train-updates updates from scratch (log every 10). A run's target tokens/s is the median over its
-   10-update intervals after update 30; reported: every run's, and the median with min and max. MFU =
-   tokens/s × training FLOPs per target token (`flops_per_token` at the data's mean lengths) / peak.
+2. Training: --train-runs runs of each system, alternating (ours, ours in bf16, fairseq, ours, ...),
+   each --train-updates updates from scratch (log every 10). A run's target tokens/s is the median over
+   its 10-update intervals after update 30; reported: every run's, and the median with min and max. MFU =
+   tokens/s × training FLOPs per target token (`flops_per_token` at the data's mean lengths) / peak
+   (fp32's: none for the bf16 row). `ours_bf16` (train.precision = "bf16", what "auto" picks on a CPU
+   with bf16 units) is measured against our fp32, not against fairseq, which trains in fp32 on a CPU.
    With --only train, 1 and 2 alone, written into speed.json in place of its training figures (the
    other figures stay as measured; `remeasured` holds the commit and date of the new ones): a check of
    the trainer's speed without the hour the rest needs.
@@ -201,10 +203,10 @@ def rates_of(metrics: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["tokens_per_s"]) for r in map(json.loads, metrics.open()) if "tokens_per_s" in r]
 
 
-def train_ours(run: Path, updates: int) -> list[tuple[int, float]]:
+def train_ours(run: Path, updates: int, precision: str = "fp32") -> list[tuple[int, float]]:
     """One timed run of our trainer from scratch, as a user starts it; its logged 10-update rates."""
     shutil.rmtree(run, ignore_errors=True)
-    sets = [x for o in SMALL + [f"train.max_steps={updates}"] for x in ("--set", o)]
+    sets = [x for o in SMALL + [f"train.max_steps={updates}", f'train.precision="{precision}"'] for x in ("--set", o)]
     sh([sys.executable, "-m", "transformer", "train", "small", "--out", str(run), "--quiet", *sets],
        run.parent / f"{run.name}.log")
     return rates_of(run / "metrics.jsonl")
@@ -225,21 +227,23 @@ def train_fairseq(bin_dir: Path, data_bin: Path, work: Path, updates: int, name:
 
 def train_speed(bin_dir: Path | None, data_bin: Path, work: Path, runs: int, updates: int, flops: float,
                 peak: float) -> tuple[dict, dict]:
-    """Alternating runs of equal length: ours, fairseq, ours, fairseq, ... Returns (per-run tokens/s by
-    system, summary by system)."""
-    per_run: dict[str, list[int]] = {"ours": []} | ({"fairseq": []} if bin_dir else {})
+    """Alternating runs of equal length: ours, ours in bf16, fairseq, ours, ... Returns (per-run tokens/s
+    by system, summary by system)."""
+    per_run: dict[str, list[int]] = {"ours": [], "ours_bf16": []} | ({"fairseq": []} if bin_dir else {})
     for i in range(runs):
-        log(f"training run {i + 1} of {runs}: ours, {updates} updates")
-        tps, _ = interval_median(train_ours(work / f"train_ours_{i}", updates))
-        per_run["ours"].append(round(tps))
-        log(f"ours: {tps:.0f} target tokens/s")
+        for name, precision in (("ours", "fp32"), ("ours_bf16", "bf16")):
+            log(f"training run {i + 1} of {runs}: {name}, {updates} updates")
+            tps, _ = interval_median(train_ours(work / f"train_{name}_{i}", updates, precision))
+            per_run[name].append(round(tps))
+            log(f"{name}: {tps:.0f} target tokens/s")
         if bin_dir:
             log(f"training run {i + 1} of {runs}: fairseq, {updates} updates")
             tps, _ = interval_median(train_fairseq(bin_dir, data_bin, work, updates, f"train_fairseq_{i}"))
             per_run["fairseq"].append(round(tps))
             log(f"fairseq: {tps:.0f} target tokens/s")
     summary = {name: {"tokens_per_s": round(statistics.median(v)), "min": min(v), "max": max(v), "runs": len(v),
-                      "updates": updates, "mfu": round(statistics.median(v) * flops / (peak * 1e9), 4)}
+                      "updates": updates, "mfu": None if name == "ours_bf16" else
+                      round(statistics.median(v) * flops / (peak * 1e9), 4)}
                for name, v in per_run.items()}
     return per_run, summary
 
@@ -274,7 +278,10 @@ def training(args: argparse.Namespace, work: Path, cfg: Config, vocab_size: int,
     ratios = {"train_vs_fairseq": round(summary["ours"]["tokens_per_s"] / summary["fairseq"]["tokens_per_s"], 3)
               if paired else None,
               "train_vs_fairseq_min_max": [round(min(runs["ours"]) / max(runs["fairseq"]), 3),
-                                           round(max(runs["ours"]) / min(runs["fairseq"]), 3)] if paired else None}
+                                           round(max(runs["ours"]) / min(runs["fairseq"]), 3)] if paired else None,
+              "train_bf16_vs_fp32": round(summary["ours_bf16"]["tokens_per_s"] / summary["ours"]["tokens_per_s"], 3),
+              "train_bf16_vs_fp32_min_max": [round(min(runs["ours_bf16"]) / max(runs["ours"]), 3),
+                                             round(max(runs["ours_bf16"]) / min(runs["ours"]), 3)]}
     return {"matmul_peak_gflops": round(peak, 1), "flops_per_tgt_token": round(flops),
             "mean_lengths": {k: round(v, 2) for k, v in means.items()}, "train_runs": runs, "train": summary,
             "mfu": summary["ours"]["mfu"], "train_ratios": ratios}
@@ -648,7 +655,8 @@ def markdown(r: dict) -> str:
                      + f"{v['tgt_tokens_per_s']} | {v['sentences']} | {v['bleu']} |"
                      for name, v in r["translate"].items())
     train_rows = "\n".join(f"| {name} | {v['tokens_per_s']} ({v['min']}–{v['max']}) | "
-                           f"{', '.join(map(str, r['train_runs'][name]))} | {v['mfu']:.1%} |"
+                           f"{', '.join(map(str, r['train_runs'][name]))} | "
+                           f"{'–' if v['mfu'] is None else format(v['mfu'], '.1%')} |"
                            for name, v in r["train"].items())
     u = r["user_model"]
     user_rows = "\n".join(f"| {name} | {s['median']} ({s['min']}–{s['max']}) |" for name, s in u["seconds"].items())
@@ -664,7 +672,7 @@ the Python ones (ours, fairseq) flushed denormal floats to zero.
 ## Training (target tokens/s: median over a run's 10-update intervals after update 30)
 
 {r['train']['ours']['runs']} runs per system of {r['train']['ours']['updates']} updates each, alternating
-(ours, fairseq, ours, ...).
+({', '.join(r['train'])}, then again); `ours_bf16` is ours with `train.precision = "bf16"`, set against our fp32.
 {remeasured(r, 'train')}
 | system | median of the runs (min–max) | each run | MFU |
 |---|---|---|---|

@@ -58,7 +58,7 @@ SETTINGS: list[tuple[str, str]] = [
     ("*", r"wsj_\d+(–\d+)?"), ("*", r"[A-E]\d\b"), ("*", r"(average\s+of\s+)?the\s+last\s+\d+(\s+checkpoints)?"),
     ("*", r"\d+\s+minutes"), ("*", r"\d+-minute"), ("*", r"[\d,]+-token\s+batches"),
     ("*", r"[Dd]ropout(\s+of)?\s+\d\.\d"), ("*", r"smoothing\s+\d\.\d"), ("*", r"seed\s+\d\b"), ("*", r"UTF-8"),
-    ("*", r"AVX2"),
+    ("*", r"AVX2"), ("*", r"AVX512-BF16"), ("*", r"\b20\d\d-\d\d-\d\d\b"),
     ("docs/decoding.md", r"\+\s+50\s+pieces"), ("docs/decoding.md", r"0-based"), ("docs/decoding.md", r"\d-best"),
     ("docs/decoding.md", r"Vilar\s+2018"),
     ("docs/table3.md", r"t\(0\.975,\s+n−1\)\s+·\s+s\s+·\s+√\(1\s+\+\s+1/n\)"),
@@ -84,13 +84,25 @@ def quality_table(page: str, section: str) -> list[Figure]:
             + figures(page, section, "multi30k_en_de_wu2021.json", ("40.42", "tok_lc_bleu"), ("40.0", "sacrebleu"),
                       ("64.47", "chrf"), ("112.6", "cpu_time/budget_minutes"), ("8,000", "cpu_time/budget_updates"),
                       ("100", "cpu_time/updates_timed"))
-            + figures(page, section, "multi30k_en_de_quick.json", ("33.09", "tok_lc_bleu"), ("32.72", "sacrebleu"),
-                      ("56.0", "chrf"), ("10.0", "train_minutes"), ("1,098", "steps"))
+            + figures(page, section, "multi30k_en_de_quick.json", ("37.87", "tok_lc_bleu"), ("37.5", "sacrebleu"),
+                      ("60.7", "chrf"), ("10.0", "train_minutes"), ("2,255", "steps"))
             + figures(page, section, "multi30k_en_fr.json", ("61.27", "tok_lc_bleu"), ("60.29", "sacrebleu"),
                       ("75.75", "chrf"), ("61.6", "train_minutes"), ("8,600", "steps"))
             + figures(page, section, "published.json",
                       ("41.02", "wu2021_transformer_tiny_multi30k_en_de_test2016/tok_lc_bleu")))
 
+
+# the quick start's five candidates as docs/results.md's bf16 table prints them: updates and val BLEU
+QUICK_CANDIDATES = {
+    precision: [(text, f"candidates/name={name}/{key}")
+                for name, steps, bleu in rows for text, key in ((steps, "steps"), (bleu, "val_tok_lc_bleu"))]
+    for precision, rows in (
+        ("fp32", (("pre_ff512_lr0.5", "933", "24.78"), ("pre_ff512_lr1.0", "920", "27.53"),
+                  ("pre_ff512_lr2.0", "973", "23.85"), ("pre_ff256_lr1.0", "1,144", "30.16"),
+                  ("pre_ff256_lr2.0", "1,142", "25.39"))),
+        ("bf16", (("pre_ff512_lr0.5", "2,194", "34.82"), ("pre_ff512_lr1.0", "2,165", "36.31"),
+                  ("pre_ff512_lr2.0", "2,208", "32.3"), ("pre_ff256_lr1.0", "2,316", "36.12"),
+                  ("pre_ff256_lr2.0", "2,309", "32.56"))))}
 
 SPEED = (("1.153", "ratios/train_vs_fairseq"), ("1.874", "ratios/translate_b64_vs_fairseq"),
          ("0.719", "ratios/translate_b64_vs_ctranslate2"), ("0.338", "ratios/translate_b1_vs_ctranslate2"),
@@ -239,10 +251,17 @@ FIGURES: list[Figure] = [
              ("41.43", "decoding_candidates/average_last=3&beam=5/val_tok_lc_bleu"),
              ("41.42", "decoding_candidates/average_last=3&beam=4/val_tok_lc_bleu")),
     *figures("docs/results.md", "", "multi30k_en_de_quick.json",
-             ("30.16", "candidates/name=pre_ff256_lr1.0/val_tok_lc_bleu"),
-             ("27.53", "candidates/name=pre_ff512_lr1.0/val_tok_lc_bleu"),
-             ("31.54", "decoding_candidates/average_last=1&beam=4/val_tok_lc_bleu"),
-             ("30.19", "decoding_candidates/average_last=5&beam=4/val_tok_lc_bleu")),
+             ("36.31", "candidates/name=pre_ff512_lr1.0/val_tok_lc_bleu"),
+             ("36.12", "candidates/name=pre_ff256_lr1.0/val_tok_lc_bleu"),
+             ("37.3", "decoding_candidates/average_last=1&beam=4/val_tok_lc_bleu"),
+             ("36.66", "decoding_candidates/average_last=5&beam=4/val_tok_lc_bleu"),
+             ("37.87", "tok_lc_bleu")),
+    # the quick start's candidates in fp32 and in bf16 (docs/results.md's table)
+    *[figure for precision, file in (("fp32", "tried/multi30k_en_de_quick_fp32.json"),
+                                     ("bf16", "multi30k_en_de_quick.json"))
+      for figure in figures("docs/results.md", "", file, *QUICK_CANDIDATES[precision])],
+    *figures("docs/results.md", "", "tried/multi30k_en_de_quick_fp32.json", ("33.09", "tok_lc_bleu")),
+    *figures("docs/results.md", "", "tried/fresh_clone_06e2ae4.json", ("1,388", "quickstart/updates")),
     *figures("docs/results.md", "", "multi30k_en_fr.json",
              ("59.56", "candidates/name=pre_ff256_wu/val_tok_lc_bleu"),
              ("52.58", "candidates/name=post_ff256_lr0.5/val_tok_lc_bleu"),

@@ -172,6 +172,30 @@ def test_only_user_refuses_a_run_that_did_not_finish(stood_in, tmp_path):
         speed.remeasure(argparse.Namespace(run=tmp_path, only="user", user_run=tmp_path / "unfinished"), {})
 
 
+def test_training_alternates_ours_in_fp32_and_bf16_with_fairseq(monkeypatch, tmp_path):
+    """Each round trains ours in fp32, ours in bf16, then fairseq; bf16 is set against our fp32 (fairseq
+    trains in fp32 on a CPU), with no MFU against the fp32 peak."""
+    calls, rates = [], {"fp32": 3000.0, "bf16": 5100.0}
+    monkeypatch.setattr(speed, "train_ours", lambda run, updates, precision="fp32": calls.append(
+        (run.name, precision)) or [(step, rates[precision] + len(calls)) for step in range(10, 260, 10)])
+    monkeypatch.setattr(speed, "train_fairseq", lambda bin_dir, data_bin, work, updates, name: calls.append(
+        (name, "fp32")) or [(step, 2500.0) for step in range(10, 260, 10)])
+    monkeypatch.setattr(speed, "matmul_peak", lambda: 100.0)
+    monkeypatch.setattr(speed, "flops_per_token", lambda *a: 1e7)
+    args = argparse.Namespace(train_runs=2, train_updates=250)
+    cfg = argparse.Namespace(model=None)
+    result = speed.training(args, tmp_path, cfg, 8000, Path("bin"), tmp_path, {"en": 16.0, "de": 16.5})
+    assert calls == [("train_ours_0", "fp32"), ("train_ours_bf16_0", "bf16"), ("train_fairseq_0", "fp32"),
+                     ("train_ours_1", "fp32"), ("train_ours_bf16_1", "bf16"), ("train_fairseq_1", "fp32")]
+    assert result["train_runs"] == {"ours": [3001, 3004], "ours_bf16": [5102, 5105], "fairseq": [2500, 2500]}
+    assert result["train"]["ours_bf16"]["mfu"] is None
+    assert result["train"]["ours"]["mfu"] == round(3002.5 * 1e7 / 1e11, 4)  # the median run's rate x FLOPs / peak
+    ratios = result["train_ratios"]
+    assert ratios["train_bf16_vs_fp32"] == round(5104 / 3002, 3)  # medians of two runs: 5103.5 and 3002.5
+    assert ratios["train_bf16_vs_fp32_min_max"] == [round(5102 / 3004, 3), round(5105 / 3001, 3)]
+    assert ratios["train_vs_fairseq"] == round(3002 / 2500, 3)
+
+
 def test_translation_goes_in_rounds_and_gives_each_ratio_its_range(monkeypatch, tmp_path):
     """Each round times every system once (a process each, one untimed pass first); a system's rate is
     its best round's, and a ratio's range compares round i with round i."""
