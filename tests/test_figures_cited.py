@@ -92,17 +92,11 @@ def quality_table(page: str, section: str) -> list[Figure]:
                       ("41.02", "wu2021_transformer_tiny_multi30k_en_de_test2016/tok_lc_bleu")))
 
 
-# the quick start's five candidates as docs/results.md's bf16 table prints them: updates and val BLEU
-QUICK_CANDIDATES = {
-    precision: [(text, f"candidates/name={name}/{key}")
-                for name, steps, bleu in rows for text, key in ((steps, "steps"), (bleu, "val_tok_lc_bleu"))]
-    for precision, rows in (
-        ("fp32", (("pre_ff512_lr0.5", "933", "24.78"), ("pre_ff512_lr1.0", "920", "27.53"),
-                  ("pre_ff512_lr2.0", "973", "23.85"), ("pre_ff256_lr1.0", "1,144", "30.16"),
-                  ("pre_ff256_lr2.0", "1,142", "25.39"))),
-        ("bf16", (("pre_ff512_lr0.5", "2,194", "34.82"), ("pre_ff512_lr1.0", "2,165", "36.31"),
-                  ("pre_ff512_lr2.0", "2,208", "32.3"), ("pre_ff256_lr1.0", "2,316", "36.12"),
-                  ("pre_ff256_lr2.0", "2,309", "32.56"))))}
+def quick_candidates(file: str, *rows: tuple[str, str, str]) -> list[Figure]:
+    """docs/results.md's table of the quick start's candidates: (name, updates, val BLEU) rows of one file."""
+    return figures("docs/results.md", "", file, *[(text, f"candidates/name={name}/{key}") for name, steps, bleu in rows
+                                                  for text, key in ((steps, "steps"), (bleu, "val_tok_lc_bleu"))])
+
 
 SPEED = (("1.164", "ratios/train_vs_fairseq"), ("1.874", "ratios/translate_b64_vs_fairseq"),
          ("0.719", "ratios/translate_b64_vs_ctranslate2"), ("0.338", "ratios/translate_b1_vs_ctranslate2"),
@@ -257,10 +251,12 @@ FIGURES: list[Figure] = [
              ("37.3", "decoding_candidates/average_last=1&beam=4/val_tok_lc_bleu"),
              ("36.66", "decoding_candidates/average_last=5&beam=4/val_tok_lc_bleu"),
              ("37.87", "tok_lc_bleu")),
-    # the quick start's candidates in fp32 and in bf16 (docs/results.md's table)
-    *[figure for precision, file in (("fp32", "tried/multi30k_en_de_quick_fp32.json"),
-                                     ("bf16", "multi30k_en_de_quick.json"))
-      for figure in figures("docs/results.md", "", file, *QUICK_CANDIDATES[precision])],
+    *quick_candidates("tried/multi30k_en_de_quick_fp32.json", ("pre_ff512_lr0.5", "933", "24.78"),
+                      ("pre_ff512_lr1.0", "920", "27.53"), ("pre_ff512_lr2.0", "973", "23.85"),
+                      ("pre_ff256_lr1.0", "1,144", "30.16"), ("pre_ff256_lr2.0", "1,142", "25.39")),
+    *quick_candidates("multi30k_en_de_quick.json", ("pre_ff512_lr0.5", "2,194", "34.82"),
+                      ("pre_ff512_lr1.0", "2,165", "36.31"), ("pre_ff512_lr2.0", "2,208", "32.3"),
+                      ("pre_ff256_lr1.0", "2,316", "36.12"), ("pre_ff256_lr2.0", "2,309", "32.56")),
     *figures("docs/results.md", "", "tried/multi30k_en_de_quick_fp32.json", ("33.09", "tok_lc_bleu")),
     *figures("docs/results.md", "", "tried/fresh_clone_06e2ae4.json", ("1,388", "quickstart/updates")),
     *figures("docs/results.md", "", "multi30k_en_fr.json",
