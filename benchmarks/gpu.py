@@ -8,7 +8,8 @@ the paper's 25k) through the project's own ``train_step``, in each precision (fp
 autocast with loss scaling, bf16 + torch.compile), and reports step time, target tokens/s, peak memory
 and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak; and,
 with ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches,
-as the WMT recipes (update_freq 8) train on one device. It also lists the attention kernels that ran
+as the WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets.
+It also lists the attention kernels that ran
 (flash / memory-efficient SDPA) and checks on the GPU that an fp16 step whose gradients overflow is
 skipped and leaves the weights alone. With ``--profile MODES`` (default: bf16 and bf16+compile, those of
 them that --modes measures), each model's steps in those precisions also run under torch.profiler: GPU
@@ -17,11 +18,15 @@ kernels per step, and the GPU's busy share (kernel time over the unprofiled step
 time goes, before changing it (issue 47) — and, from two more steps traced with the host, the lines of
 the package that launched the copies and elementwise kernels (``kernel_sources``). ``--before DIR`` (a
 folder holding an earlier ``transformer/`` package, e.g. ``git archive COMMIT transformer | tar -x -C
-DIR``) first measures the same rows and profiles with that package, in a process of its own on the same
-card, and reports each row's speed-up and peak memory beside them; and, with ``--curve STEPS`` (default
-200), the loss curve of one fixed bf16 run of base on batches it can learn (each target its source) with
-both packages, and how far apart they are (``compare_curves``: issue 47 keeps it within 1e-2 relative).
-Writes benchmarks/results/gpu_train.json and .md. Needs a CUDA GPU.
+DIR``) first measures the same rows with that package, in a process of its own on the same
+card (rows only: its profile was read on 2026-11-29, benchmarks/results/gpu_visit_2026-11-29/), and
+reports each row's speed-up and peak memory beside them; and, with ``--curve STEPS`` (default 200), the
+loss curve of one fixed bf16 run of base on batches it can learn (each target its source) with both
+packages, and how far apart they are (``compare_curves``: issue 47 keeps it within 1e-2 relative),
+beside how far the earlier package's own curve moves when only rounding changes (every weight nudged by
+``NUDGE`` relative): the floor a change of summation order alone reaches. It also times what a batch of
+a shape never seen before costs, per attention backend (``first_shape_cost``).
+Writes benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -51,6 +56,14 @@ from transformer import train as training
 from transformer.train import train_step
 
 ROOT = Path(__file__).resolve().parent.parent
+T0 = time.perf_counter()
+
+
+def mark(what: str) -> None:
+    """A line of progress with the seconds since the script started: a GPU visit's log then says where
+    its minutes went, also when the visit's time limit cuts it off."""
+    print(f"# {time.perf_counter() - T0:.0f} s: {what}", flush=True)
+
 RESULTS = ROOT / "benchmarks" / "results"
 VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
 MODES = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, False),
@@ -73,6 +86,11 @@ def synthetic_batches(tokens: int, n_sentences: int, seed: int = 0, copy: bool =
     src_len = sum(len(e.src) for e in examples) / len(examples)
     tgt_len = sum(len(e.tgt) for e in examples) / len(examples)
     return batches, src_len, tgt_len
+
+
+def shape(batch) -> tuple:
+    """A batch's shape as the kernels see it: (sentences, source length, target length)."""
+    return (*batch.src.shape, batch.tgt_in.shape[1])
 
 
 def on_gpu(name: str, device: str = "cuda") -> tuple:
@@ -126,18 +144,25 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "skipped_steps": skipped}
     print(json.dumps(row), flush=True)
     profiled = profile_steps(row, step, warmup + steps, profile) if profile else None
+    mark(f"{name} {row['mode']} measured{' and profiled' if profile else ''}")
     del model, raw, optimizer
     torch.cuda.empty_cache()
     return row, profiled
 
 
-def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "cuda") -> list[float]:
+def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "cuda",
+               nudge: float = 0.0) -> list[float]:
     """The per-token label-smoothed loss of each of the first ``steps`` steps of a fixed run: preset
     ``name`` drawn with seed 0, trained in ``mode`` on ``batches`` in order, the learning rate rising
     linearly over the ``steps`` (eq. 3 with its warmup compressed into them) to the preset's own peak.
-    Issue 47 holds its changes to the curve the earlier package draws this way (``compare_curves``)."""
+    Issue 47 holds its changes to the curve the earlier package draws this way (``compare_curves``).
+    ``nudge``: every initial weight times (1 + nudge), a change of rounding alone, for the floor."""
     amp_dtype, compiled = MODES[mode]
     cfg, raw, optimizer, dist = on_gpu(name, device)
+    if nudge:
+        with torch.no_grad():
+            for p in raw.parameters():
+                p.mul_(1 + nudge)
     model = compile_like_the_trainer(raw, dist.device) if compiled else raw
     t = cfg.train
     scale = t.lr_scale * (steps / t.warmup_steps) ** 0.5  # the peak at the last step: the preset's peak
@@ -154,6 +179,7 @@ def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "c
 
 
 CURVE_BOUND = 1e-2  # issue 47: the first 200 steps within 1e-2 relative of today's path
+NUDGE = 2.0**-20  # the floor's change: 8 units in the last place of an fp32 weight
 
 
 def compare_curves(before: list[float], after: list[float]) -> dict:
@@ -355,6 +381,46 @@ def fp16_overflow_is_skipped(batch) -> dict:
             "weights_changed_by_first_finite_step": changed}
 
 
+FIRST_SHAPE_BACKENDS = ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION")  # flash takes no padding mask
+
+
+def first_shape_cost(batches: list, per_backend: int = 8, name: str = "base") -> dict:
+    """What a batch of a shape never seen before costs preset ``name``'s bf16 step, per SDPA backend:
+    ``per_backend`` batches of new shapes each (their own, so no backend meets another's), stepped through
+    once and then again, in ms per step. A length-bucketed run meets new (batch, length) shapes until its buckets
+    have all been seen; cuDNN's attention builds an execution graph for each, forward and backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cfg, model, optimizer, dist = on_gpu(name)
+    train_step(model, optimizer, [batches[-1].to(dist.device)], cfg.train.eps_ls, 1e-4, 0.0, dist, None,
+               torch.bfloat16)  # the process's first step (cuBLAS, the allocator) in neither backend's time
+    costs = {}
+    for i, backend in enumerate(FIRST_SHAPE_BACKENDS):
+        fresh = [b.to(dist.device) for b in batches[i * per_backend:(i + 1) * per_backend]]
+
+        def pass_ms() -> float:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for b in fresh:
+                train_step(model, optimizer, [b], cfg.train.eps_ls, 1e-4, 0.0, dist, None, torch.bfloat16)
+            torch.cuda.synchronize()
+            return 1000 * (time.perf_counter() - start) / len(fresh)
+
+        try:
+            with sdpa_kernel([getattr(SDPBackend, backend)]):
+                first, again = pass_ms(), pass_ms()
+        except RuntimeError as e:  # a backend this card or these masks cannot take
+            costs[backend.lower()] = {"error": str(e).strip().splitlines()[0][:200]}
+            continue
+        costs[backend.lower()] = {"batches": len(fresh), "first_ms": round(first, 1), "again_ms": round(again, 1),
+                                  "per_new_shape_ms": round(first - again, 1)}
+    del model, optimizer
+    torch.cuda.empty_cache()
+    print(json.dumps({"first_shape": costs}), flush=True)
+    mark("first-shape cost measured")
+    return costs
+
+
 # issue 47's changes to the training step, with what each was predicted to save before a GPU measured it
 PREDICTED = [
     ("33ac911", "the loss casts the [rows, V] gradient once for its two products, and its log-softmax reads bf16 "
@@ -392,8 +458,9 @@ def source_lines(profiles: list[dict], top: int = 6) -> list[str]:
 
 
 def measure_before(args) -> dict:
-    """The same rows and profiles with the package in ``args.before``: this script again, in a process
-    whose PYTHONPATH puts that package first, writing into a temporary folder."""
+    """The same rows (not profiled: minutes a GPU visit lacks) and the loss curves with the package in
+    ``args.before``: this script again, in a process whose PYTHONPATH puts that package first, writing into
+    a temporary folder."""
     argv, skip = [], False
     for a in sys.argv[1:]:
         if skip or a.startswith("--before="):
@@ -405,9 +472,10 @@ def measure_before(args) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(args.before.resolve()),
                                                         *filter(None, [os.environ.get("PYTHONPATH")])])}
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv, "--rows-only", "--results", tmp],
+        subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv, "--rows-only", "--profile", "",
+                        "--results", tmp],
                        env=env, check=True)
-        measured = json.loads((Path(tmp) / "gpu_train.json").read_text())
+        measured = json.loads((Path(tmp) / f"{args.name}.json").read_text())
     return {"package": str(args.before), **measured}
 
 
@@ -418,7 +486,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=25_000, help="tokens per side per step (paper: ~25k)")
     parser.add_argument("--models", default="base,big")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for gpu_train.json / .md")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for NAME.json / .md")
+    parser.add_argument("--name", default="gpu_train", help="the result files' name (gpu_visit.sh: one per model)")
+    parser.add_argument("--first-shape", type=int, default=8,
+                        help="batches of new shapes per attention backend for first_shape_cost (0: none)")
     parser.add_argument("--accumulate", type=int, default=8,
                         help="also each model in bf16 with a step's tokens split into this many micro-batches "
                              "(the WMT recipes' update_freq on one device; 1: no such rows)")
@@ -444,11 +515,19 @@ def main() -> None:
     # the batches, and where the results go, before minutes of measuring
     sentences = 16 * args.tokens // 27  # about 16 batches' worth
     batches, src_len, tgt_len = synthetic_batches(args.tokens, sentences)
+    # the micro-batch rows cycle through the shapes their warm-up meets, as the one-batch rows do: what a new
+    # shape costs is first_shape_cost's to measure, on shapes no row met
     small = synthetic_batches(args.tokens // args.accumulate, sentences)[0] if args.accumulate > 1 else []
+    small = small[:args.accumulate * max(args.warmup, 1)]
+    met = {shape(b) for b in small}
+    fresh = [b for b in synthetic_batches(args.tokens // 8, sentences, seed=1)[0] if shape(b) not in met]
     if not batches or (args.accumulate > 1 and not small):
         parser.error(f"--tokens {args.tokens} --accumulate {args.accumulate}: no batch of "
                      f"{args.tokens // args.accumulate if args.accumulate > 1 and batches else args.tokens} tokens "
                      "comes out full of these sentences (10 to 45 tokens; a batch is kept over 90% full)")
+    if args.first_shape < 0 or len(fresh) < len(FIRST_SHAPE_BACKENDS) * args.first_shape + 1:
+        parser.error(f"--first-shape {args.first_shape}: {len(fresh)} batches of new shapes come out of "
+                     f"--tokens {args.tokens} (each backend takes its own, and one more warms up; 0: none)")
     try:
         args.results.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -465,12 +544,15 @@ def main() -> None:
                      for name in args.models.split(",")]
     rows = [row for row, _ in measured]
     profiles = [profiled for _, profiled in measured if profiled]
-    curve = loss_curve("base", "bf16", synthetic_batches(args.tokens, sentences, copy=True)[0],
-                       args.curve) if args.curve else None
+    copies = synthetic_batches(args.tokens, sentences, copy=True)[0]
+    curve = loss_curve("base", "bf16", copies, args.curve) if args.curve else None
     if args.rows_only:
-        (args.results / "gpu_train.json").write_text(json.dumps({"rows": rows, "profiles": profiles,
-                                                                 "curve": curve}) + "\n")
+        nudged = loss_curve("base", "bf16", copies, args.curve, nudge=NUDGE) if args.curve else None
+        mark("loss curves drawn")
+        (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows, "profiles": profiles,
+                                                                 "curve": curve, "curve_nudged": nudged}) + "\n")
         return
+    first_shape = first_shape_cost(fresh, args.first_shape) if args.first_shape else {}
     kernels = attention_kernels(batches[0])
     overflow = fp16_overflow_is_skipped(batches[0])
     print(json.dumps({"attention_kernels": kernels, "fp16_overflow": overflow}, indent=1), flush=True)
@@ -482,15 +564,18 @@ def main() -> None:
               "command": "python " + " ".join(sys.argv), "vocab": VOCAB, "tokens_per_step": args.tokens,
               "mean_src_len": round(src_len, 1), "mean_tgt_len": round(tgt_len, 1),
               "peak_flops_bf16": H100_BF16_FLOPS, "docs_scaling_step_ms_at_mfu_0.4": estimate,
-              "rows": rows, "profiles": profiles, "attention_kernels": kernels, "fp16_overflow": overflow}
+              "rows": rows, "profiles": profiles, "first_shape": first_shape, "attention_kernels": kernels,
+              "fp16_overflow": overflow}
     if before:
         after = {(r["model"], r["mode"]): r for r in rows}
         result["before"] = before | {"speedup": {f"{r['model']} {r['mode']}": round(
             r["step_ms"] / after[(r["model"], r["mode"])]["step_ms"], 3) for r in before["rows"]}}
         if curve and before.get("curve"):
-            result["curve"] = {"model": "base", "mode": "bf16", "batches": "copy"} | compare_curves(before["curve"],
-                                                                                                  curve)
-    (args.results / "gpu_train.json").write_text(json.dumps(result, indent=2) + "\n")
+            floor = compare_curves(before["curve"], before["curve_nudged"])
+            result["curve"] = {"model": "base", "mode": "bf16", "batches": "copy"} | compare_curves(
+                before["curve"], curve) | {"after": curve, "floor": {
+                    "nudge": NUDGE, **{k: floor[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}}}
+    (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
              f"`{result['command']}` — {result['date']}, torch {result['torch']} (CUDA {result['cuda']}), "
              f"Python {result['python']}.", "",
@@ -498,7 +583,8 @@ def main() -> None:
              f"lengths {src_len:.1f} / {tgt_len:.1f}; one optimizer step per batch through `train_step`"
              + (f"; a ×{args.accumulate} row takes the step's tokens as {args.accumulate} micro-batches of "
                 f"~{args.tokens // args.accumulate:,} (the WMT recipes' layout on one device: update_freq "
-                f"{args.accumulate})" if args.accumulate > 1 else "") + ". "
+                f"{args.accumulate}), cycling through the {len(small)} shapes its warm-up meets"
+                if args.accumulate > 1 else "") + ". "
              "MFU = the model's matmul FLOPs per second / the dense bf16 peak "
              f"({H100_BF16_FLOPS / 1e12:.0f} TFLOPS).", "",
              "| model | precision | step (ms) | target tokens/s | model TFLOP/s | MFU | peak memory (GiB) |",
@@ -523,26 +609,35 @@ def main() -> None:
             lines += ["", f"Loss curve kept: base in bf16, the first {c['steps']} steps of one fixed run (seed 0, "
                       "copy batches, the rate rising to base's peak) with both packages: largest gap "
                       f"{c['max_rel_diff']:.2e} relative (step {c['at_step']}), first step "
-                      f"{c['first_step_rel_diff']:.2e}, mean {c['mean_rel_diff']:.2e}; loss {c['loss_first'][1]:.3f} → {c['loss_last'][1]:.3f}; "
-                      f"{'within' if c['within'] else 'NOT within'} the issue's {c['bound']:g}."]
-    for label, profs in (("before", before["profiles"] if before else []), ("", profiles)):
-        if not profs:
-            continue
-        kinds = sorted({k for p in profs for k in p["kernel_ms_per_step"]},
-                       key=lambda k: -max(p["kernel_ms_per_step"].get(k, 0.0) for p in profs))
-        lines += ["", f"Where a step's time goes{' before' if label else ''} (torch.profiler, {args.profile_steps} "
-                  "steps, GPU kernels only): kernel milliseconds per step by kind; busy = kernel time over the "
-                  "unprofiled step time.", "",
+                      f"{c['first_step_rel_diff']:.2e}, mean {c['mean_rel_diff']:.2e}; loss "
+                      f"{c['loss_first'][1]:.3f} → {c['loss_last'][1]:.3f}; "
+                      f"{'within' if c['within'] else 'NOT within'} the issue's {c['bound']:g}. "
+                      "The floor: the earlier package's own run with every initial weight × (1 + "
+                      f"{c['floor']['nudge']:.2e}), a change of rounding alone, moves its curve by up to "
+                      f"{c['floor']['max_rel_diff']:.2e} (step {c['floor']['at_step']}), mean "
+                      f"{c['floor']['mean_rel_diff']:.2e}."]
+    if profiles:
+        kinds = sorted({k for p in profiles for k in p["kernel_ms_per_step"]},
+                       key=lambda k: -max(p["kernel_ms_per_step"].get(k, 0.0) for p in profiles))
+        lines += ["", f"Where a step's time goes (torch.profiler, {args.profile_steps} steps, GPU kernels only): "
+                  "kernel milliseconds per step by kind; busy = kernel time over the unprofiled step time.", "",
                   "| model | precision | step (ms) | GPU busy | kernels per step | " + " | ".join(kinds) + " |",
                   "|---|---|---|---|---|" + "---|" * len(kinds)]
         lines += [f"| {p['model']} | {p['mode']} | {p['step_ms']} | {100 * p['gpu_busy']:.0f}% | "
                   f"{p['kernels_per_step']:,} | " + " | ".join(str(p["kernel_ms_per_step"].get(k, 0.0)) for k in kinds)
-                  + " |" for p in profs]
+                  + " |" for p in profiles]
     lines += source_lines(profiles)
+    if first_shape:
+        lines += ["", "A batch of a shape not met before, base in bf16, per attention backend (`first_shape_cost`): "
+                  "ms per step the first time and again.", "", "| backend | batches | first | again | per new shape |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {name} | {c['batches']} | {c['first_ms']} | {c['again_ms']} | {c['per_new_shape_ms']} |"
+                  if "error" not in c else f"| {name} | refused: {c['error']} | | | |"
+                  for name, c in first_shape.items()]
     lines += ["", f"docs/scaling.md's estimate at MFU 40%: {estimate} ms per step.", "",
               f"Attention kernels in a bf16 step: {', '.join(kernels) or 'none found'}.", "",
               f"fp16 overflow check (loss scale 2^40): {json.dumps(overflow)}.", ""]
-    (args.results / "gpu_train.md").write_text("\n".join(lines))
+    (args.results / f"{args.name}.md").write_text("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,12 @@
 # before47/ = the trainer before issue 47's first change, data/ = test2016, site/ = tomli_w, sacremoses;
 # benchmarks/gpu_prepare.sh builds it):
 #   bash benchmarks/gpu_visit.sh decode   # ~3 min: compile_step (CUDA graph) + gpu_decode before/after
-#   bash benchmarks/gpu_visit.sh train    # ~5-6 min: the fused loss alone (fused_loss.py), then gpu.py base and
-#                                         # big, bf16, compiled and accumulated, profiled, before/after
+#   bash benchmarks/gpu_visit.sh train    # gpu.py before/after, bf16 and compiled, profiled: base (with the
+#                                         # micro-batch row, the loss curves, the first-shape cost) into
+#                                         # gpu_train.*, then big into gpu_train_big.*, each complete on its own.
+#                                         # The 2026-11-29 visit (fused loss, then both models in one gpu.py) was
+#                                         # cut at 560 s: give it the call's 600 s; the log's "# N s" lines say
+#                                         # where the minutes go
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
 # script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
 # still brings back every row printed so far. Their commit fields come from the device's git metadata,
@@ -35,6 +39,7 @@ case "$1" in
     step gpu_decode 12 gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
       --batches 1 64 512 ;;
   train)
-    step fused_loss 2 fused_loss.py
-    step gpu_train 30 gpu.py --before runs/gpu/before47 --models base,big --modes bf16,bf16+compile --steps 20 ;;
+    step gpu_train 30 gpu.py --before runs/gpu/before47 --models base --modes bf16,bf16+compile --steps 20
+    step gpu_train_big 20 gpu.py --before runs/gpu/before47 --models big --modes bf16,bf16+compile --steps 20 \
+      --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_big ;;
 esac

@@ -89,17 +89,24 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
                "sources": {"copies": [{"source": "model.py:98 apply ← model.py:273 forward · aten::linear",
                                        "ms_per_step": 1.25, "launches_per_step": 24.0, "shape": [400, 64, 512]}],
                            "elementwise": []}}
-    before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)], "profiles": [profiled],
-              "curve": [10.0, 9.0, 8.0]}
+    before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)], "profiles": [],
+              "curve": [10.0, 9.0, 8.0], "curve_nudged": [10.0, 9.0, 8.2]}
+    micro_shapes = []
     monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu.torch.cuda, "get_device_name", lambda: "Test GPU")
     monkeypatch.setattr(gpu, "measure_before", lambda args: before)
     def measure(name, mode, batches, steps, warmup, src_len, tgt_len, micro=1, profile=0):
+        if micro > 1:
+            micro_shapes.extend(gpu.shape(b) for b in batches)
         return (row(mode if micro == 1 else f"{mode} ×{micro}", 50.0 if micro == 1 else 80.0, 10.5),
                 profiled if profile else None)
     monkeypatch.setattr(gpu, "measure", measure)
     monkeypatch.setattr(gpu, "loss_curve", lambda *a: [10.0, 9.05, 8.0])
     monkeypatch.setattr(gpu, "attention_kernels", lambda batch: ["flash_fwd"])
+    fresh_shapes = []
+    first = {"cudnn_attention": {"batches": 8, "first_ms": 500.0, "again_ms": 50.0, "per_new_shape_ms": 450.0},
+             "efficient_attention": {"error": "No available kernel."}}
+    monkeypatch.setattr(gpu, "first_shape_cost", lambda batches, n: fresh_shapes.extend(map(gpu.shape, batches)) or first)
     monkeypatch.setattr(gpu, "fp16_overflow_is_skipped", lambda batch: {"first_step_applied": False})
     monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--modes", "bf16", "--tokens", "2000",
                                       "--before", "before47", "--results", str(tmp_path), "--accumulate", "4"])
@@ -107,11 +114,20 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     result = json.loads((tmp_path / "gpu_train.json").read_text())
     assert result["before"]["speedup"] == {"base bf16": 1.2}
     assert result["curve"]["at_step"] == 2 and result["curve"]["within"]  # 9.05 against 9.0: 0.56% <= 1%
+    assert result["curve"]["after"] == [10.0, 9.05, 8.0] and result["first_shape"] == first
+    assert result["curve"]["floor"] == {"nudge": 2.0**-20, "max_rel_diff": pytest.approx(0.025), "at_step": 3,
+                                        "mean_rel_diff": pytest.approx(0.025 / 3)}
+    # the micro-batch rows cycle through the shapes their warm-up meets (5 steps × 4); the first-shape
+    # cost is read on shapes no row met
+    assert len(micro_shapes) == 20 and fresh_shapes and not set(fresh_shapes) & set(micro_shapes)
     md = (tmp_path / "gpu_train.md").read_text()
     assert "| base | bf16 | 60.0 | 50.0 | 1.2× | 20.0% | 20.0% | 10.0 | 10.5 |" in md
     assert [r["mode"] for r in result["rows"]] == ["bf16", "bf16 ×4"] and "| base | bf16 ×4 | 80.0 |" in md
     assert "4 micro-batches of ~500 (the WMT recipes' layout on one device: update_freq 4)" in md
     assert "largest gap 5.56e-03 relative (step 2)" in md
+    assert "moves its curve by up to 2.50e-02 (step 3), mean 8.33e-03." in md
+    assert "| cudnn_attention | 8 | 500.0 | 50.0 | 450.0 |" in md
+    assert "| efficient_attention | refused: No available kernel. | | | |" in md
     assert "base bf16: the copies kernels' sources" in md and "elementwise kernels' sources" not in md  # none found
     assert "| model.py:98 apply ← model.py:273 forward · aten::linear | 1.25 | 24.0 | [400, 64, 512] |" in md
 
@@ -207,6 +223,8 @@ def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
     (["--profile", "fp8"], "--profile: unknown precision fp8"),
     (["--modes", "fp32", "--profile", "bf16"], "--profile bf16: bf16 not among --modes fp32"),
     (["--results", "FILE/sub"], "--results FILE/sub: Not a directory"),
+    (["--first-shape", "100"], "--first-shape 100: "),
+    (["--first-shape", "-1"], "--first-shape -1: "),
 ])
 def test_bad_arguments_are_refused_in_one_line_before_any_measuring(args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -218,3 +236,51 @@ def test_bad_arguments_are_refused_in_one_line_before_any_measuring(args, messag
         gpu.main()
     assert stop.value.code == 2 and not measured
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"gpu.py: error: {message}")
+
+
+def test_the_earlier_package_is_measured_unprofiled_with_its_nudged_curve(tmp_path, monkeypatch):
+    """--before's process gets the same arguments but --before, profiles nothing (the visit's minutes) and
+    brings back its curve and its nudged curve (the floor)."""
+    seen = {}
+
+    def run(argv, env, check):
+        seen["argv"], seen["path"] = argv, env["PYTHONPATH"]
+        out = Path(argv[argv.index("--results") + 1])
+        (out / "gpu_train.json").write_text(json.dumps({"rows": [], "profiles": [], "curve": [1.0],
+                                                        "curve_nudged": [1.1]}))
+    monkeypatch.setattr(gpu.subprocess, "run", run)
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--before", str(tmp_path), "--steps", "3"])
+    args = gpu.argparse.Namespace(before=tmp_path, name="gpu_train")
+    measured = gpu.measure_before(args)
+    argv = seen["argv"][2:]
+    assert "--before" not in argv and argv[:4] == ["--models", "base", "--steps", "3"]
+    assert argv[argv.index("--profile") + 1] == "" and "--rows-only" in argv
+    assert seen["path"].split(gpu.os.pathsep)[0] == str(tmp_path.resolve())
+    assert measured["curve_nudged"] == [1.1] and measured["package"] == str(tmp_path)
+
+
+def test_a_nudged_curve_starts_a_rounding_away_from_the_plain_one():
+    batches = gpu.synthetic_batches(256, 200, copy=True)[0]
+    plain = gpu.loss_curve("tiny", "fp32", batches, 3, device="cpu")
+    nudged = gpu.loss_curve("tiny", "fp32", batches, 3, device="cpu", nudge=gpu.NUDGE)
+    assert nudged != plain and nudged[0] == pytest.approx(plain[0], rel=1e-4)
+
+
+def test_first_shape_cost_runs_each_backend_on_batches_of_its_own(monkeypatch):
+    """The glue of the first-shape measurement on the CPU (its CUDA calls stood in for): each backend steps
+    through its own batches twice, and the cost per new shape is the first pass less the second."""
+    for name in ("synchronize", "empty_cache"):
+        monkeypatch.setattr(gpu.torch.cuda, name, lambda *a, **k: None)
+    on_gpu = gpu.on_gpu
+    monkeypatch.setattr(gpu, "on_gpu", lambda name, device="cuda": on_gpu(name, "cpu"))
+    stepped = []
+    train_step = gpu.train_step
+    monkeypatch.setattr(gpu, "train_step", lambda model, opt, batches, *a: stepped.append(gpu.shape(batches[0]))
+                        or train_step(model, opt, batches, *a))
+    batches = gpu.synthetic_batches(400, 240)[0]
+    costs = gpu.first_shape_cost(batches, per_backend=2, name="tiny")
+    assert list(costs) == [b.lower() for b in gpu.FIRST_SHAPE_BACKENDS]
+    shapes = [gpu.shape(b) for b in batches]
+    assert stepped == [shapes[-1]] + shapes[0:2] * 2 + shapes[2:4] * 2  # a warm step, then each backend's own
+    for c in costs.values():
+        assert c["batches"] == 2 and c["per_new_shape_ms"] == pytest.approx(c["first_ms"] - c["again_ms"], abs=0.11)
