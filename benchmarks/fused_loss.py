@@ -6,8 +6,10 @@ operator-by-operator path, at the paper's base and big shapes (issue 47).
 For each model's d_model, the loss and both gradients (``label_smoothed_loss`` computes them in its
 forward pass) of --tokens target positions over V = 37,000, under bf16 autocast as training runs it:
 milliseconds per call (CUDA events, median of --repeat after a warm-up), peak memory, and how far the
-two paths' loss and gradients are apart. Writes benchmarks/results/fused_loss.json and .md. Needs a
-CUDA GPU and Triton.
+two paths' loss and gradients are apart. Then the kernel alone on [--tokens, V] bf16 logits: its
+milliseconds and the bytes it moves per second (two reads of the logits and one write), against a
+device-to-device copy of the same logits (one read, one write): how near the kernel runs to the
+card's memory bandwidth. Writes benchmarks/results/fused_loss.json and .md. Needs a CUDA GPU and Triton.
 """
 
 from __future__ import annotations
@@ -51,6 +53,36 @@ def timed(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, fuse
             "outputs": [t.detach().float() for t in out]}
 
 
+def events_ms(fn, prepare, repeat: int) -> float:
+    """Median milliseconds of ``fn()`` by CUDA events, ``prepare()`` run untimed before each call."""
+    times = []
+    for _ in range(repeat + 1):  # the first call warms up (the kernel's compilation)
+        prepare()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[1:])
+
+
+def kernel_alone(tokens: int, repeat: int, vocab: int = VOCAB, device: str = "cuda") -> dict:
+    """The Triton kernel on [tokens, vocab] bf16 logits against a copy of them: ms, GB/s, the share."""
+    from transformer.fused_loss import smoothed_loss_and_grad_
+
+    g = torch.Generator(device=device).manual_seed(0)
+    source = (torch.randn(tokens, vocab, device=device, generator=g) * 4).bfloat16()
+    target = torch.randint(0, vocab, (tokens,), device=device, generator=g)
+    logits = torch.empty_like(source)
+    nbytes = source.numel() * source.element_size()
+    kernel = events_ms(lambda: smoothed_loss_and_grad_(logits, target, 0.1), lambda: logits.copy_(source), repeat)
+    copy = events_ms(lambda: logits.copy_(source), lambda: None, repeat)
+    kernel_gbs, copy_gbs = 3 * nbytes / kernel / 1e6, 2 * nbytes / copy / 1e6
+    return {"logits_gib": round(nbytes / 2**30, 2), "kernel_ms": round(kernel, 3), "kernel_gb_s": round(kernel_gbs),
+            "copy_ms": round(copy, 3), "copy_gb_s": round(copy_gbs), "share_of_copy": round(kernel_gbs / copy_gbs, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=25000, help="target positions per call (the paper's batch)")
@@ -72,9 +104,11 @@ def main() -> None:
                       "loss_rel_diff": float((loss_f - loss_p).abs() / loss_p.abs()),
                       "grad_rel_diff": [float((a - b).norm() / b.norm()) for a, b in zip(grads_f, grads_p)]}
         print(name, json.dumps(rows[name]), flush=True)
+    alone = kernel_alone(args.tokens, args.repeat)
+    print("kernel alone", json.dumps(alone), flush=True)
     result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "vocab": VOCAB,
-              "tokens": args.tokens, "rows": rows}
+              "tokens": args.tokens, "rows": rows, "kernel_alone": alone}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fused_loss.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# The label-smoothed loss on {result['gpu']}: Triton kernel against operators", "",
@@ -85,6 +119,10 @@ def main() -> None:
     lines += [f"| {n} | {r['d_model']} | {r['operators']['ms']} | {r['fused']['ms']} | {r['speedup']}× | "
               f"{r['operators']['peak_extra_gib']} / {r['fused']['peak_extra_gib']} | {r['loss_rel_diff']:.1e} | "
               f"{r['grad_rel_diff'][0]:.1e}, {r['grad_rel_diff'][1]:.1e} |" for n, r in rows.items()]
+    lines += ["", f"The kernel alone on {alone['logits_gib']} GiB of bf16 logits ([{args.tokens:,}, {VOCAB:,}]): "
+              f"{alone['kernel_ms']} ms, {alone['kernel_gb_s']:,} GB/s (two reads and a write); a copy of the "
+              f"logits: {alone['copy_ms']} ms, {alone['copy_gb_s']:,} GB/s; the kernel at {alone['share_of_copy']:.0%} "
+              "of the copy's rate."]
     (RESULTS / "fused_loss.md").write_text("\n".join(lines) + "\n")
 
 

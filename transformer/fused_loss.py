@@ -5,7 +5,7 @@ for GPUs: issue 47's "copies" and "elementwise" kernel time.
 [rows, V] logits. Written with PyTorch operators, that block is read and written about ten times:
 an fp32 log-softmax of the bf16 logits, its sums, exp, the subtraction, the cast back to bf16. Here
 one program per row reads its logits twice (an online max / sum of exponentials and the sum of the
-logits, then p - q) and writes p - q over them, in their own dtype: the loss of the row is
+logits, per lane of the program, then p - q) and writes p - q over them, in their own dtype: the loss of the row is
 lse - ε/(V-1)·Σ_v x_v - (1 - ε - ε/(V-1))·x_target, with lse = log Σ_v exp x_v, the same value as
 -Σ_v q_v log p_v because q sums to 1. Sums and exponentials are taken in fp32.
 
@@ -30,17 +30,24 @@ def _smoothed_rows(logits_ptr, stride, target_ptr, loss_ptr, V, eps_i, on_target
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride
     cols = tl.arange(0, BLOCK)
-    m = float("-inf")  # running maximum
-    s = 0.0  # Σ exp(x - m)
-    sx = 0.0  # Σ x
+    # per lane: the running maximum, Σ exp(x - m) and Σ x over the logits the lane has read; the lanes
+    # are combined once, after the pass, so that its iterations only load and accumulate (a reduction
+    # across the program's warps in every iteration would wait on the others' loads each time)
+    none = float("-inf")
+    m = tl.full([BLOCK], none, tl.float32)
+    s = tl.zeros([BLOCK], tl.float32)
+    sx = tl.zeros([BLOCK], tl.float32)
     for start in tl.range(0, V, BLOCK):
         inside = start + cols < V
-        x = tl.load(base + start + cols, mask=inside, other=float("-inf")).to(tl.float32)
-        new_m = tl.maximum(m, tl.max(x, 0))
-        s = s * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0)
-        sx += tl.sum(tl.where(inside, x, 0.0), 0)
+        x = tl.load(base + start + cols, mask=inside, other=none).to(tl.float32)
+        new_m = tl.maximum(m, x)
+        seen = new_m != none  # a lane past V's end has read nothing yet
+        s = tl.where(seen, s * tl.exp(m - new_m) + tl.exp(x - new_m), 0.0)
+        sx += tl.where(inside, x, 0.0)
         m = new_m
-    lse = m + tl.log(s)
+    row_m = tl.max(m, 0)
+    lse = row_m + tl.log(tl.sum(tl.where(m != none, s * tl.exp(m - row_m), 0.0), 0))
+    sx = tl.sum(sx, 0)
     t = tl.load(target_ptr + row)
     x_t = tl.load(base + t).to(tl.float32)  # read before the second pass overwrites it
     tl.store(loss_ptr + row, lse - eps_i * sx - on_target * x_t)
