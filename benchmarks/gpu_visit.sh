@@ -9,7 +9,8 @@
 #                                         # gpu_train.*, then big into gpu_train_big.*, each complete on its own.
 #                                         # The 2026-11-29 visit (fused loss, then both models in one gpu.py) was
 #                                         # cut at 560 s: give it the call's 600 s; the log's "# N s" lines say
-#                                         # where the minutes go
+#                                         # where the minutes go. Last, fused_loss.py: the loss kernel alone
+#                                         # against a copy of its logits (its log stays behind: $OUT takes 8 files)
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
 # script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
 # still brings back every row printed so far. Their commit fields come from the device's git metadata,
@@ -23,13 +24,16 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 R=benchmarks/results
 LOGS=${OUT:-/tmp}
 
-# step NAME TAIL SCRIPT ARGS...: runs benchmarks/SCRIPT, its output logged as it comes, the last TAIL lines
-# shown; then its result files (NAME.json / NAME.md) copied to $OUT
+# step NAME TAIL SCRIPT ARGS...: runs benchmarks/SCRIPT, its output logged as it comes (into $LOG_DIR, default
+# $LOGS), the last TAIL lines shown; then its result files (NAME.json / NAME.md) copied to $OUT. A step that
+# fails says so and the visit goes on to the next: the minutes are spent either way
 step() {
   local name=$1 tail=$2 script=$3
   shift 3
-  python "benchmarks/$script" "$@" 2>&1 | tee "$LOGS/$name.log" | tail -"$tail"
-  if [ -n "${OUT:-}" ]; then cp "$R/$name.json" "$R/$name.md" "$OUT"/; fi
+  rm -f "$R/$name.json" "$R/$name.md"  # the committed ones: never brought back as if measured now
+  python "benchmarks/$script" "$@" 2>&1 | tee "${LOG_DIR:-$LOGS}/$name.log" | tail -"$tail" \
+    || echo "gpu_visit: $script failed; its output: ${LOG_DIR:-$LOGS}/$name.log"
+  if [ -n "${OUT:-}" ]; then cp "$R/$name.json" "$R/$name.md" "$OUT"/ || true; fi
 }
 
 set -o pipefail
@@ -41,5 +45,6 @@ case "$1" in
   train)
     step gpu_train 30 gpu.py --before runs/gpu/before47 --models base --modes bf16,bf16+compile --steps 20
     step gpu_train_big 20 gpu.py --before runs/gpu/before47 --models big --modes bf16,bf16+compile --steps 20 \
-      --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_big ;;
+      --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_big
+    LOG_DIR=/tmp step fused_loss 4 fused_loss.py ;;
 esac
