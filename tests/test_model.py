@@ -330,6 +330,30 @@ def test_parameter_counts_match_the_paper():
         assert abs(params(row, 40960) - millions * 1e6) <= 1e6, row
 
 
+@pytest.mark.parametrize("norm, stream", [("post", torch.bfloat16), ("pre", torch.float32)])
+def test_the_post_norm_stream_keeps_autocasts_dtype(norm, stream):
+    """Under bf16 autocast a post-norm model's residual stream is bf16 from the embeddings' sum on: every
+    layer's output and the decoder's, which the loss projects. Pre-norm's un-normalised stream keeps fp32.
+    Outside autocast the stream is fp32, and the LayerNorms' gains still get fp32 gradients."""
+    model = tiny_model(cfg=dataclasses.replace(TINY, norm=norm))
+    src, tgt = torch.tensor([[5, 6, 7, 1], [8, 9, 1, 0]]), torch.tensor([[2, 5, 6], [2, 7, 0]])
+    seen: list[torch.dtype] = []
+    hooks = [m.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+             for m in [*model.encoder, *model.decoder]]
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = model(src, tgt, logits=False)
+        assert set(seen) == {stream} and len(seen) == 4 and hidden.dtype == stream
+        hidden.float().square().sum().backward()
+        norm1 = model.encoder[0].norm1
+        assert norm1.weight.grad.dtype == torch.float32 and norm1.weight.grad.abs().sum() > 0
+        seen.clear()
+        assert model(src, tgt, logits=False).dtype == torch.float32 and set(seen) == {torch.float32}
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def test_pre_norm_layers_by_hand():
     """model.norm = "pre" (DEVIATION(§3.1), A0): x + Sublayer(LayerNorm(x)) per sub-layer, and a
     final LayerNorm per stack; "post" is LayerNorm(x + Sublayer(x)) (§3.1)."""

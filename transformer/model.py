@@ -186,8 +186,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_ca
     instead of by SDPA at every call). On accelerators the fast path is PyTorch's fused SDPA (flash /
     memory-efficient kernels). The explicit path computes eq. (1) as written and also returns the
     weights [B, H, Tq, Tk] (figures and tests need them); on CPU it is the faster one at translation
-    lengths (a Multi30k training step: 0.58 s against 0.67 s through SDPA's CPU kernel; a tie at
-    60 tokens), so CPU takes it, except for few queries in all (batch × heads × queries <= 64: a
+    lengths (a Multi30k training step is faster through it than through SDPA's CPU kernel; they tie
+    near 60 tokens), so CPU takes it, except for few queries in all (batch × heads × queries <= 64: a
     decoding step's self-attention, and the cross-attention of a sentence's beams, in small batches),
     where SDPA's one call beats the explicit path's five (benchmarks/linear_kernels.py measures both).
     """
@@ -279,10 +279,30 @@ def residual(x: Tensor, norm: nn.LayerNorm, drop: Dropout, pre: bool,
              sublayer: Callable[[Tensor], Tensor]) -> Tensor:
     """A sub-layer with its residual connection: post-norm LayerNorm(x + Dropout(Sublayer(x))) (§3.1,
     §5.4); or pre-norm x + Dropout(Sublayer(LayerNorm(x))) when ``pre`` (DEVIATION(§3.1): model.norm =
-    "pre", the authors' later default, A0)."""
+    "pre", the authors' later default, A0).
+
+    A post-norm stream in bf16 or fp16 (``autocast_stream``) stays so: LayerNorm takes its statistics in
+    fp32 and returns the stream's dtype, its gain and bias read in that dtype (a GPU's kernel takes no
+    mixed dtypes), where autocast would return fp32 on a GPU."""
     if pre:
         return x + drop(sublayer(norm(x)))
-    return norm(x + drop(sublayer(x)))
+    s = x + drop(sublayer(x))
+    if s.dtype == torch.float32:
+        return norm(s)
+    with torch.autocast(s.device.type, enabled=False):
+        return F.layer_norm(s, norm.normalized_shape, norm.weight.to(s.dtype), norm.bias.to(s.dtype), norm.eps)
+
+
+def autocast_stream(x: Tensor, pre: bool) -> Tensor:
+    """The embeddings' sum as the post-norm residual stream under autocast: in autocast's dtype (bf16), as
+    Megatron-LM keeps it by default, not fp32. Each sub-layer's products take bf16 anyway: an fp32
+    stream had every LayerNorm output cast to bf16 for the next products and every gradient cast back
+    (the largest copies left in a GPU profile of base and big), and LayerNorm move twice the bytes.
+    Post-norm only: its stream is normalised after every sub-layer, where pre-norm's sums grow un-
+    normalised through the stack and keep fp32."""
+    if not pre and torch.is_autocast_enabled(x.device.type):
+        return x.to(torch.get_autocast_dtype(x.device.type))
+    return x
 
 
 class EncoderLayer(nn.Module):
@@ -552,7 +572,7 @@ class Transformer(nn.Module):
         """src [B, S] -> memory z [B, S, D] and its padding mask [B, 1, 1, S]."""
         src_mask = padding_mask(src)
         x = self.source_embedding(src) + self.positions(src.size(1), 0, "src_pos", src.device)
-        x = self.drop(x)  # §5.4: dropout on the sums of embeddings and positional encodings
+        x = autocast_stream(self.drop(x), self.cfg.norm == "pre")  # §5.4: dropout on the embeddings' sums
         for layer in self.encoder:
             x = layer(x, src_mask)
         return self.final_norm(x, "enc_norm"), src_mask
@@ -566,7 +586,7 @@ class Transformer(nn.Module):
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor) -> Tensor:
         """Teacher-forced decoder: tgt_in [B, T] (starts with the start symbol) -> hidden [B, T, D]."""
         x = self.target_embedding(tgt_in) + self.positions(tgt_in.size(1), 0, "tgt_pos", tgt_in.device)
-        x = self.drop(x)
+        x = autocast_stream(self.drop(x), self.cfg.norm == "pre")
         for layer in self.decoder:
             x = layer(x, memory, src_mask)
         return self.final_norm(x, "dec_norm")
