@@ -437,6 +437,14 @@ PREDICTED = [
     ("837caed", "the loss casts the [V, D] output weight to bf16 once per call, not once per block of rows.",
      "4 casts fewer at 25k tokens (4 blocks of logits): ~0.45 GB (base) and ~0.9 GB (big) less traffic, "
      "~0.1-0.3 ms, 4 launches."),
+    ("b72b4cf", "the fused loss kernel's first pass accumulates per lane and combines the lanes once, not with "
+     "three reductions across the program's warps in every iteration.", "on 2026-11-29 the kernel moved ~1.6 GB "
+     "in 2.8 ms of base's step, ~0.6 TB/s: toward ~2 TB/s, ~1.5-2 ms less a step for base and for big."),
+    ("f47d82d", "a post-norm model's residual stream in bf16 under autocast (LayerNorm returns bf16).",
+     "the casts between the fp32 stream and the bf16 products go (~4.4 ms of base's eager step, ~8.6 ms of "
+     "big's, by the 2026-11-29 sources), LayerNorm, the residual adds and dropout move half the bytes, ~120 "
+     "small launches more (the gains and biases cast): eager ~5-7 ms of base's 50.9 and ~10-12 of big's 95.8; "
+     "compiled ~2-3 ms of base's 46.5 and ~3-4 of big's 81.0; peak memory down."),
 ]
 
 
@@ -592,8 +600,9 @@ def main() -> None:
     lines += [f"| {r['model']} | {r['mode']} | {r['step_ms']} | {r['tgt_tokens_per_s']:,} | {r['model_tflops']} | "
               f"{100 * r['mfu']:.1f}% | {r['peak_memory_gib']} |" for r in rows]
     if before:
-        lines += ["", "The changes since the issue-47 baseline (a362aed), each with the gain predicted before any GPU "
-                  "measured it (base, bf16, H100-class card); the table below measures them together:", ""]
+        lines += ["", "The changes since the issue-47 baseline (a362aed), each with the gain predicted before a GPU "
+                  "measured it (H100-class card; the first six measured together on 2026-11-29, "
+                  "benchmarks/results/gpu_visit_2026-11-29/); the table below measures them all together:", ""]
         lines += [f"- {commit}: {what} Predicted: {gain}" for commit, what, gain in PREDICTED]
         lines += ["", f"Before (`{before['package']}`, measured first in its own process on the same card):", "",
                   "| model | precision | step (ms) before | after | speed-up | MFU before | after | peak memory "
