@@ -5,27 +5,27 @@
 Trains each model for a few steps on synthetic batches shaped like WMT14 EN-DE (sentence lengths spread
 around the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --tokens tokens per side,
 the paper's 25k) through the project's own ``train_step``, in each precision (fp32, bf16 autocast, fp16
-autocast with loss scaling, bf16 + torch.compile), and reports step time, target tokens/s, peak memory
-and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak; and,
-with ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches,
-as the WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets.
-It also lists the attention kernels that ran
-(flash / memory-efficient SDPA) and checks on the GPU that an fp16 step whose gradients overflow is
-skipped and leaves the weights alone. With ``--profile MODES`` (default: bf16 and bf16+compile, those of
-them that --modes measures), each model's steps in those precisions also run under torch.profiler: GPU
-kernel time per step by kind (matrix products, attention, copies, elementwise, ...: ``kernel_kind``),
-kernels per step, and the GPU's busy share (kernel time over the unprofiled step time) — where a step's
-time goes, before changing it (issue 47) — and, from two more steps traced with the host, the lines of
-the package that launched the copies and elementwise kernels (``kernel_sources``). ``--before DIR`` (a
-folder holding an earlier ``transformer/`` package, e.g. ``git archive COMMIT transformer | tar -x -C
-DIR``) first measures the same rows with that package, in a process of its own on the same
-card (rows only: its profile was read on 2026-11-29, benchmarks/results/gpu_visit_2026-11-29/), and
-reports each row's speed-up and peak memory beside them; and, with ``--curve STEPS`` (default 200), the
-loss curve of one fixed bf16 run of base on batches it can learn (each target its source) with both
-packages, and how far apart they are (``compare_curves``: issue 47 keeps it within 1e-2 relative),
-beside how far the earlier package's own curve moves when only rounding changes (every weight nudged by
-``NUDGE`` relative): the floor a change of summation order alone reaches. It also times what a batch of
-a shape never seen before costs, per attention backend (``first_shape_cost``).
+autocast with loss scaling, bf16 + torch.compile), and reports step time, target tokens/s, peak memory and
+MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak; and, with
+``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as the
+WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets. It also
+lists the attention kernels that ran (flash / memory-efficient SDPA) and checks on the GPU that an fp16
+step whose gradients overflow is skipped and leaves the weights alone. With ``--profile MODES`` (default:
+bf16 and bf16+compile, those of them that --modes measures), each model's steps in those precisions also
+run under torch.profiler: GPU kernel time per step by kind (matrix products, attention, copies,
+elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share (kernel time over the
+unprofiled step time) — where a step's time goes, before changing it (issue 47) — and, from two more steps
+traced with the host, the lines of the package that launched the copies and elementwise kernels
+(``kernel_sources``). ``--before DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git
+archive COMMIT transformer | tar -x -C DIR``) first measures the same rows with that package, in a process
+of its own on the same card (rows only: its profile was read on 2026-11-29,
+benchmarks/results/gpu_visit_2026-11-29/), and reports each row's speed-up and peak memory beside them;
+and, with ``--curve STEPS`` (default 200), the loss curve of one fixed bf16 run of base on batches it can
+learn (each target its source) with both packages, and how far apart they are (``compare_curves``: issue
+47 keeps it within 1e-2 relative), beside how far the earlier package's own curve moves when only rounding
+changes (every weight nudged by ``NUDGE`` relative): the floor a change of summation order alone reaches.
+It also times what a batch of a shape never seen before costs, per attention backend
+(``first_shape_cost``).
 Writes benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Needs a CUDA GPU.
 """
 
@@ -56,6 +56,10 @@ from transformer import train as training
 from transformer.train import train_step
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
+MODES = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, False),
+         "bf16+compile": (torch.bfloat16, True)}
 T0 = time.perf_counter()
 
 
@@ -63,11 +67,6 @@ def mark(what: str) -> None:
     """A line of progress with the seconds since the script started: a GPU visit's log then says where
     its minutes went, also when the visit's time limit cuts it off."""
     print(f"# {time.perf_counter() - T0:.0f} s: {what}", flush=True)
-
-RESULTS = ROOT / "benchmarks" / "results"
-VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
-MODES = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, False),
-         "bf16+compile": (torch.bfloat16, True)}
 
 
 def synthetic_batches(tokens: int, n_sentences: int, seed: int = 0, copy: bool = False) -> tuple[list, float, float]:
@@ -179,7 +178,7 @@ def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "c
 
 
 CURVE_BOUND = 1e-2  # issue 47: the first 200 steps within 1e-2 relative of today's path
-NUDGE = 2.0**-20  # the floor's change: 8 units in the last place of an fp32 weight
+NUDGE = 2.0**-20  # the floor's change: 8 to 16 units in the last place of an fp32 weight
 
 
 def compare_curves(before: list[float], after: list[float]) -> dict:
@@ -387,8 +386,8 @@ FIRST_SHAPE_BACKENDS = ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION")  # flash takes
 def first_shape_cost(batches: list, per_backend: int = 8, name: str = "base") -> dict:
     """What a batch of a shape never seen before costs preset ``name``'s bf16 step, per SDPA backend:
     ``per_backend`` batches of new shapes each (their own, so no backend meets another's), stepped through
-    once and then again, in ms per step. A length-bucketed run meets new (batch, length) shapes until its buckets
-    have all been seen; cuDNN's attention builds an execution graph for each, forward and backward."""
+    once and then again, in ms per step. A length-bucketed run meets new (batch, length) shapes until its
+    buckets have all been seen; cuDNN's attention builds an execution graph for each, forward and backward."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     cfg, model, optimizer, dist = on_gpu(name)
