@@ -30,6 +30,20 @@ VOCAB = 37000
 MODELS = {"base": 512, "big": 1024}
 
 
+def event_times(fn, repeat: int, prepare=lambda: None) -> list[float]:
+    """Milliseconds of ``repeat`` calls of ``fn()`` by CUDA events, ``prepare()`` run untimed before each."""
+    times = []
+    for _ in range(repeat):
+        prepare()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
 def timed(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, fused: bool, repeat: int) -> dict:
     def call() -> tuple[torch.Tensor, ...]:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -40,31 +54,10 @@ def timed(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, fuse
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base_memory = torch.cuda.memory_allocated()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+    times = event_times(call, repeat)
     return {"ms": round(statistics.median(times), 3), "ms_min": round(min(times), 3),
             "peak_extra_gib": round((torch.cuda.max_memory_allocated() - base_memory) / 2**30, 2),
             "outputs": [t.detach().float() for t in out]}
-
-
-def events_ms(fn, prepare, repeat: int) -> float:
-    """Median milliseconds of ``fn()`` by CUDA events, ``prepare()`` run untimed before each call."""
-    times = []
-    for _ in range(repeat + 1):  # the first call warms up (the kernel's compilation)
-        prepare()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[1:])
 
 
 def kernel_alone(tokens: int, repeat: int, vocab: int = VOCAB, device: str = "cuda") -> dict:
@@ -76,8 +69,16 @@ def kernel_alone(tokens: int, repeat: int, vocab: int = VOCAB, device: str = "cu
     target = torch.randint(0, vocab, (tokens,), device=device, generator=g)
     logits = torch.empty_like(source)
     nbytes = source.numel() * source.element_size()
-    kernel = events_ms(lambda: smoothed_loss_and_grad_(logits, target, 0.1), lambda: logits.copy_(source), repeat)
-    copy = events_ms(lambda: logits.copy_(source), lambda: None, repeat)
+    def run() -> None:
+        smoothed_loss_and_grad_(logits, target, 0.1)
+
+    def refill() -> None:
+        logits.copy_(source)
+
+    refill()
+    run()  # the warm-up: the kernel's compilation
+    kernel = statistics.median(event_times(run, repeat, refill))
+    copy = statistics.median(event_times(refill, repeat))
     kernel_gbs, copy_gbs = 3 * nbytes / kernel / 1e6, 2 * nbytes / copy / 1e6
     return {"logits_gib": round(nbytes / 2**30, 2), "kernel_ms": round(kernel, 3), "kernel_gb_s": round(kernel_gbs),
             "copy_ms": round(copy, 3), "copy_gb_s": round(copy_gbs), "share_of_copy": round(kernel_gbs / copy_gbs, 2)}
