@@ -5,9 +5,9 @@ for GPUs: issue 47's "copies" and "elementwise" kernel time.
 [rows, V] logits. Written with PyTorch operators, that block is read and written about ten times:
 an fp32 log-softmax of the bf16 logits, its sums, exp, the subtraction, the cast back to bf16. Here
 one program per row reads its logits twice (an online max / sum of exponentials and the sum of the
-logits, per lane of the program, then p - q) and writes p - q over them, in their own dtype: the loss of the row is
-lse - ε/(V-1)·Σ_v x_v - (1 - ε - ε/(V-1))·x_target, with lse = log Σ_v exp x_v, the same value as
--Σ_v q_v log p_v because q sums to 1. Sums and exponentials are taken in fp32.
+logits, per lane of the program, then p - q) and writes p - q over them, in their own dtype: the loss
+of the row is lse - ε/(V-1)·Σ_v x_v - (1 - ε - ε/(V-1))·x_target, with lse = log Σ_v exp x_v, the same
+value as -Σ_v q_v log p_v because q sums to 1. Sums and exponentials are taken in fp32.
 
 Triton compiles for CUDA GPUs; the CPU has no compiled backend, but Triton's interpreter
 (TRITON_INTERPRET=1 set before this module is imported) runs the same kernel on CPU tensors, which

@@ -297,7 +297,7 @@ def autocast_stream(x: Tensor, pre: bool) -> Tensor:
     """The embeddings' sum as the post-norm residual stream under autocast: in autocast's dtype (bf16), as
     Megatron-LM keeps it by default, not fp32. Each sub-layer's products take bf16 anyway: an fp32
     stream had every LayerNorm output cast to bf16 for the next products and every gradient cast back
-    (the largest copies left in a GPU profile of base and big), and LayerNorm move twice the bytes.
+    (the largest copies left in a GPU profile of base and big), and LayerNorm moved twice the bytes.
     Post-norm only: its stream is normalised after every sub-layer, where pre-norm's sums grow un-
     normalised through the stack and keep fp32."""
     if not pre and torch.is_autocast_enabled(x.device.type):
