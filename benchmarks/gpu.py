@@ -480,7 +480,7 @@ def measure_before(args) -> dict:
                                                         *filter(None, [os.environ.get("PYTHONPATH")])])}
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv, "--rows-only", "--profile", "",
-                        "--results", tmp],
+                        "--first-shape", "0", "--results", tmp],
                        env=env, check=True)
         measured = json.loads((Path(tmp) / f"{args.name}.json").read_text())
     return {"package": str(args.before), **measured}
@@ -527,12 +527,13 @@ def main() -> None:
     small = synthetic_batches(args.tokens // args.accumulate, sentences)[0] if args.accumulate > 1 else []
     small = small[:args.accumulate * max(args.warmup, 1)]
     met = {shape(b) for b in small}
-    fresh = [b for b in synthetic_batches(args.tokens // 8, sentences, seed=1)[0] if shape(b) not in met]
+    fresh = [b for b in synthetic_batches(args.tokens // 8, sentences, seed=1)[0]
+             if shape(b) not in met] if args.first_shape else []
     if not batches or (args.accumulate > 1 and not small):
         parser.error(f"--tokens {args.tokens} --accumulate {args.accumulate}: no batch of "
                      f"{args.tokens // args.accumulate if args.accumulate > 1 and batches else args.tokens} tokens "
                      "comes out full of these sentences (10 to 45 tokens; a batch is kept over 90% full)")
-    if args.first_shape < 0 or len(fresh) < len(FIRST_SHAPE_BACKENDS) * args.first_shape + 1:
+    if args.first_shape < 0 or args.first_shape and len(fresh) < len(FIRST_SHAPE_BACKENDS) * args.first_shape + 1:
         parser.error(f"--first-shape {args.first_shape}: {len(fresh)} batches of new shapes come out of "
                      f"--tokens {args.tokens} (each backend takes its own, and one more warms up; 0: none)")
     try:
@@ -556,8 +557,8 @@ def main() -> None:
     if args.rows_only:
         nudged = loss_curve("base", "bf16", copies, args.curve, nudge=NUDGE) if args.curve else None
         mark("loss curves drawn")
-        (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows, "profiles": profiles,
-                                                                 "curve": curve, "curve_nudged": nudged}) + "\n")
+        (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows, "curve": curve,
+                                                                   "curve_nudged": nudged}) + "\n")
         return
     first_shape = first_shape_cost(fresh, args.first_shape) if args.first_shape else {}
     kernels = attention_kernels(batches[0])

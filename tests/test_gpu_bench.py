@@ -89,7 +89,7 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
                "sources": {"copies": [{"source": "model.py:98 apply ← model.py:273 forward · aten::linear",
                                        "ms_per_step": 1.25, "launches_per_step": 24.0, "shape": [400, 64, 512]}],
                            "elementwise": []}}
-    before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)], "profiles": [],
+    before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)],
               "curve": [10.0, 9.0, 8.0], "curve_nudged": [10.0, 9.0, 8.2]}
     micro_shapes = []
     monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
@@ -106,7 +106,8 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     fresh_shapes = []
     first = {"cudnn_attention": {"batches": 8, "first_ms": 500.0, "again_ms": 50.0, "per_new_shape_ms": 450.0},
              "efficient_attention": {"error": "No available kernel."}}
-    monkeypatch.setattr(gpu, "first_shape_cost", lambda batches, n: fresh_shapes.extend(map(gpu.shape, batches)) or first)
+    monkeypatch.setattr(gpu, "first_shape_cost",
+                        lambda batches, n: fresh_shapes.extend(map(gpu.shape, batches)) or first)
     monkeypatch.setattr(gpu, "fp16_overflow_is_skipped", lambda batch: {"first_step_applied": False})
     monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--modes", "bf16", "--tokens", "2000",
                                       "--before", "before47", "--results", str(tmp_path), "--accumulate", "4"])
@@ -246,7 +247,7 @@ def test_the_earlier_package_is_measured_unprofiled_with_its_nudged_curve(tmp_pa
     def run(argv, env, check):
         seen["argv"], seen["path"] = argv, env["PYTHONPATH"]
         out = Path(argv[argv.index("--results") + 1])
-        (out / "gpu_train.json").write_text(json.dumps({"rows": [], "profiles": [], "curve": [1.0],
+        (out / "gpu_train.json").write_text(json.dumps({"rows": [], "curve": [1.0],
                                                         "curve_nudged": [1.1]}))
     monkeypatch.setattr(gpu.subprocess, "run", run)
     monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--before", str(tmp_path), "--steps", "3"])
@@ -255,6 +256,7 @@ def test_the_earlier_package_is_measured_unprofiled_with_its_nudged_curve(tmp_pa
     argv = seen["argv"][2:]
     assert "--before" not in argv and argv[:4] == ["--models", "base", "--steps", "3"]
     assert argv[argv.index("--profile") + 1] == "" and "--rows-only" in argv
+    assert argv[argv.index("--first-shape") + 1] == "0"  # the first-shape cost is the torch's, read once
     assert seen["path"].split(gpu.os.pathsep)[0] == str(tmp_path.resolve())
     assert measured["curve_nudged"] == [1.1] and measured["package"] == str(tmp_path)
 
