@@ -5,8 +5,10 @@
 Trains each model for a few steps on synthetic batches shaped like WMT14 EN-DE (sentence lengths spread
 around the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --tokens tokens per side,
 the paper's 25k) through the project's own ``train_step``, in each precision (fp32, bf16 autocast, fp16
-autocast with loss scaling, bf16 + torch.compile), and reports step time, target tokens/s, peak memory and
-MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak; and, with
+autocast with loss scaling, bf16 + torch.compile, and the same compiled graphs replayed as CUDA graphs:
+what launching kernels costs the host, measured away), and reports step time, target tokens/s, peak memory
+and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak; for each
+one-batch row, what reading a step's outcome after queueing the next would gain (``host_overlap``); and, with
 ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as the
 WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets. It also
 lists the attention kernels that ran (flash / memory-efficient SDPA) and checks on the GPU that an fp16
@@ -16,9 +18,10 @@ run under torch.profiler: GPU kernel time per step by kind (matrix products, att
 elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share (kernel time over the
 unprofiled step time) — where a step's time goes, before changing it (issue 47) — and, from two more steps
 traced with the host, the lines of the package that launched the copies and elementwise kernels
-(``kernel_sources``). ``--before DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git
-archive COMMIT transformer | tar -x -C DIR``) first measures the same rows with that package, in a process
-of its own on the same card (rows only: its profile was read on 2026-11-29,
+(``kernel_sources``), and from three more, where the GPU waits for the host (``idle_gaps``). ``--before
+DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git archive COMMIT transformer | tar -x
+-C DIR``) first measures the same rows with that package, in a process
+of its own on the same card (rows only, in ``EARLIER_MODES``: its profile was read on 2026-11-29,
 benchmarks/results/gpu_visit_2026-11-29/), and reports each row's speed-up and peak memory beside them;
 and, with ``--curve STEPS`` (default 200), the loss curve of one fixed bf16 run of base on batches it can
 learn (each target its source) with both packages, and how far apart they are (``compare_curves``: issue
@@ -32,16 +35,19 @@ Writes benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Nee
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
 import platform
 import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -58,8 +64,11 @@ from transformer.train import train_step
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
-MODES = {"fp32": (None, False), "bf16": (torch.bfloat16, False), "fp16": (torch.float16, False),
-         "bf16+compile": (torch.bfloat16, True)}
+# precision -> (autocast dtype, torch.compile mode: None eager, "default" as train.compile compiles, "reduce-overhead"
+# the same graphs replayed as CUDA graphs, one per batch shape: what launching costs the host, measured away)
+MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.float16, None),
+         "bf16+compile": (torch.bfloat16, "default"), "bf16+cudagraphs": (torch.bfloat16, "reduce-overhead")}
+EARLIER_MODES = ("fp32", "bf16", "fp16", "bf16+compile")  # those --before's package is measured in
 T0 = time.perf_counter()
 
 
@@ -101,11 +110,50 @@ def on_gpu(name: str, device: str = "cuda") -> tuple:
     return cfg, model, make_optimizer(model, cfg.train), dist
 
 
-def compile_like_the_trainer(raw: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def compile_like_the_trainer(raw: torch.nn.Module, device: torch.device, mode: str = "default") -> torch.nn.Module:
     """``raw`` compiled as the package's trainer compiles it (train.compile: ``train.compiled``); a package
-    from before that function (``--before``) compiled as its trainer did, by plain torch.compile."""
+    from before that function (``--before``) compiled as its trainer did, by plain torch.compile. ``mode``
+    "reduce-overhead": the same, its graphs replayed as CUDA graphs."""
     compiled = getattr(training, "compiled", None)
+    if mode != "default":
+        return compiled(raw, raw, device, mode)
     return compiled(raw, raw, device) if compiled else torch.compile(raw)
+
+
+def pinned(batch):
+    """``batch`` in page-locked host memory, from which its copy to the GPU runs asynchronously (from pageable
+    memory the copy waits for the staging buffer, and so can wait for the GPU)."""
+    return dataclasses.replace(batch, **{k: getattr(batch, k).pin_memory()
+                                         for k in ("src", "tgt_in", "tgt_out", "positions")})
+
+
+def host_overlap(queue, first: int, steps: int, rounds: int = 3) -> dict:
+    """What the host gains by reading a step's outcome late: ``rounds`` rounds of three blocks of ``steps``
+    steps, timed apart, ms per step (the median round). "sync": each step's outcome read before the next is
+    queued, as the trainer does (``train_step``); "late": read after the next step is queued (``queue_step``),
+    so the host launches step i + 1 while the GPU runs step i; "late_pinned": the same with the batches
+    copied from pinned memory. ``queue(i, pin)`` queues step i and returns its ``QueuedStep``."""
+    times: dict[str, list[float]] = {"sync": [], "late": [], "late_pinned": []}
+    i = first
+    for _ in range(rounds):
+        for how, spent in times.items():
+            torch.cuda.synchronize()
+            start, pending = time.perf_counter(), None
+            for _ in range(steps):
+                queued = queue(i, how == "late_pinned")
+                i += 1
+                if how == "sync":
+                    queued.result()
+                    continue
+                if pending is not None:
+                    pending.result()
+                pending = queued
+            if pending is not None:
+                pending.result()
+            torch.cuda.synchronize()
+            spent.append(1000 * (time.perf_counter() - start) / steps)
+    return {"steps": steps, "rounds": rounds, **{f"{how}_ms": round(statistics.median(spent), 2)
+                                                 for how, spent in times.items()}}
 
 
 def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float,
@@ -114,17 +162,30 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     ``batches`` (the WMT recipes' one-device layout is 8 micro-batches of 3,125 tokens: ``--accumulate``);
     and, with ``profile`` steps, the same model's next steps profiled (``profile_steps``: a compiled model is
     compiled once for both)."""
-    amp_dtype, compiled = MODES[mode]
+    from torch._dynamo.utils import counters
+
+    amp_dtype, compile_mode = MODES[mode]
     cfg, raw, optimizer, dist = on_gpu(name)
     device = dist.device
-    model = compile_like_the_trainer(raw, dist.device) if compiled else raw
+    graph_skips = counters["inductor"]["cudagraph_skips"]
+    model = compile_like_the_trainer(raw, dist.device, compile_mode) if compile_mode else raw
     scaler = torch.amp.GradScaler("cuda") if amp_dtype is torch.float16 else None
     torch.cuda.reset_peak_memory_stats()
     skipped, tokens = 0, 0
     start = time.perf_counter()
-    def step(i: int):
-        step_batches = [batches[(i * micro + j) % len(batches)].to(device) for j in range(micro)]
-        return train_step(model, optimizer, step_batches, cfg.train.eps_ls, 1e-4, 0.0, dist, scaler, amp_dtype)
+    queue_step = getattr(training, "queue_step", None)  # a package from before it (--before) reads at once
+    pinned_batches = None
+
+    def step(i: int, pin: bool = False, late: bool = False):
+        nonlocal pinned_batches
+        if pin and pinned_batches is None:
+            pinned_batches = [pinned(b) for b in batches]
+        chosen = pinned_batches if pin else batches
+        step_batches = [chosen[(i * micro + j) % len(chosen)].to(device) for j in range(micro)]
+        if compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # the graphs' outputs of the step before are free
+        return (queue_step if late else train_step)(model, optimizer, step_batches, cfg.train.eps_ls, 1e-4, 0.0,
+                                                    dist, scaler, amp_dtype)
 
     for i in range(warmup + steps):
         if i == warmup:
@@ -141,6 +202,11 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
            "tgt_tokens_per_step": round(tokens / steps), "tgt_tokens_per_s": round(tokens / steps / seconds),
            "model_tflops": round(achieved / 1e12, 1), "mfu": round(achieved / H100_BF16_FLOPS, 3),
            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "skipped_steps": skipped}
+    if compile_mode == "reduce-overhead":  # graphs inductor ran without CUDA graphs (the log says why)
+        row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - graph_skips
+    if queue_step and micro == 1:
+        row["host_overlap"] = host_overlap(lambda i, pin: step(i, pin, late=True), warmup + steps,
+                                           max(2, steps // 2))
     print(json.dumps(row), flush=True)
     profiled = profile_steps(row, step, warmup + steps, profile) if profile else None
     mark(f"{name} {row['mode']} measured{' and profiled' if profile else ''}")
@@ -156,13 +222,13 @@ def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "c
     linearly over the ``steps`` (eq. 3 with its warmup compressed into them) to the preset's own peak.
     Issue 47 holds its changes to the curve the earlier package draws this way (``compare_curves``).
     ``nudge``: every initial weight times (1 + nudge), a change of rounding alone, for the floor."""
-    amp_dtype, compiled = MODES[mode]
+    amp_dtype, compile_mode = MODES[mode]
     cfg, raw, optimizer, dist = on_gpu(name, device)
     if nudge:
         with torch.no_grad():
             for p in raw.parameters():
                 p.mul_(1 + nudge)
-    model = compile_like_the_trainer(raw, dist.device) if compiled else raw
+    model = compile_like_the_trainer(raw, dist.device, compile_mode) if compile_mode else raw
     t = cfg.train
     scale = t.lr_scale * (steps / t.warmup_steps) ** 0.5  # the peak at the last step: the preset's peak
     curve = []
@@ -315,13 +381,74 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
 
 
 SOURCE_STEPS = 2  # steps traced with the host for ``kernel_sources``
+IDLE_STEPS = 3  # steps traced with the host's operators (no stacks, no shapes) for ``idle_gaps``
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # a chrome trace's categories of work on the GPU
+LAUNCHES = ("cuda_runtime", "cuda_driver")  # ... and of the host's calls that queue it (correlation ids)
+HOST_RANGES = ("cpu_op", "user_annotation")  # ... and of the host's operators and named ranges
+LONG_GAP_US = 20.0  # a gap longer than the GPU's own few microseconds from one kernel to the next
+
+
+def idle_gaps(events: list[dict], steps: int, top: int = 10) -> dict:
+    """Where the GPU waits for the host: torch.profiler's chrome trace (``traceEvents``) of ``steps`` steps,
+    CPU and CUDA activities -> the GPU's idle time per step (the holes between its kernels, copies and
+    memsets, all streams together) and, for each hole, what the host was doing: the operator that queued the
+    work after it (the innermost range open on the launching thread at the launch, under the outermost),
+    summed by that operator, largest first. ``queue_ms_median``: how far ahead of the GPU the host queues,
+    from a launch to its kernel's start (near 0: the GPU runs as fast as the host launches)."""
+    work = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_WORK), key=lambda e: e["ts"])
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") in LAUNCHES and "correlation" in e.get("args", {})}
+    gaps, end = [], None  # (µs idle, the work after the hole)
+    for e in work:
+        if end is not None and e["ts"] > end:
+            gaps.append((e["ts"] - end, e))
+        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
+    # the ranges open at each launch, per host thread: one sweep over ranges and launches in time order
+    wanted = {id(launches[c]) for _, e in gaps if (c := e.get("args", {}).get("correlation")) in launches}
+    by_thread: dict[tuple, list] = {}
+    for e in events:
+        if e.get("ph") == "X" and (e.get("cat") in HOST_RANGES or id(e) in wanted):
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    where: dict[int, str] = {}
+    for found in by_thread.values():
+        stack: list[dict] = []
+        for e in sorted(found, key=lambda e: (e["ts"], -e.get("dur", 0.0))):
+            stack = [r for r in stack if r["ts"] + r["dur"] >= e["ts"]]  # those still open (named ranges
+            # need not nest inside operators)
+            if e.get("cat") in HOST_RANGES:
+                stack.append(e)
+            elif stack:
+                outer, inner = stack[0]["name"], stack[-1]["name"]
+                where[id(e)] = inner if outer == inner else f"{outer} › {inner}"
+            else:
+                where[id(e)] = f"{e['name']} (outside any operator)"
+    by_source: dict[str, list] = {}
+    for us, e in gaps:
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        source = where.get(id(launch), "(launch not traced)") if launch else "(launch not traced)"
+        entry = by_source.setdefault(source, [0.0, 0, 0.0])
+        entry[0], entry[1], entry[2] = entry[0] + us, entry[1] + 1, max(entry[2], us)
+    queued = sorted(e["ts"] - launches[c]["ts"] for e in work
+                    if (c := e.get("args", {}).get("correlation")) in launches)
+    idle = sum(us for us, _ in gaps)
+    return {"steps": steps,
+            "span_ms_per_step": round((end - work[0]["ts"]) / 1000 / steps, 2) if work else 0.0,
+            "idle_ms_per_step": round(idle / 1000 / steps, 3), "gaps_per_step": round(len(gaps) / steps, 1),
+            "long_gaps_per_step": round(sum(us > LONG_GAP_US for us, _ in gaps) / steps, 1),
+            "idle_ms_per_step_in_long_gaps": round(sum(us for us, _ in gaps if us > LONG_GAP_US) / 1000 / steps, 3),
+            "queue_ms_median": round(queued[len(queued) // 2] / 1000, 3) if queued else None,
+            "by_launch": [{"launched_by": source, "ms_per_step": round(us / 1000 / steps, 3),
+                           "gaps_per_step": round(n / steps, 1), "longest_us": round(longest, 1)}
+                          for source, (us, n, longest) in sorted(by_source.items(), key=lambda kv: -kv[1][0])[:top]]}
 
 
 def profile_steps(row: dict, step, start: int, steps: int) -> dict:
     """``steps`` more training steps of ``row``'s model (``step(i)`` trains step i, warm already) under
     torch.profiler (GPU kernels only, so the host's tracing does not slow the step), summarised by
     ``kernel_summary`` against the row's unprofiled step time; then ``SOURCE_STEPS`` more traced with the
-    host, for the lines that launched the copies and elementwise kernels (``kernel_sources``)."""
+    host, for the lines that launched the copies and elementwise kernels (``kernel_sources``); then
+    ``IDLE_STEPS`` more traced with the host's operators alone (lighter: no stacks, no shapes), for where
+    the GPU waits for the host (``idle_gaps``)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -339,8 +466,15 @@ def profile_steps(row: dict, step, start: int, steps: int) -> dict:
             step(start + steps + i)
         torch.cuda.synchronize()
     sources = kernel_sources(traced.events(), SOURCE_STEPS, ("copies", "elementwise"))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as timeline:
+        for i in range(IDLE_STEPS):
+            step(start + steps + SOURCE_STEPS + i)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:  # the trace's events with their times: its chrome export
+        timeline.export_chrome_trace(str(Path(tmp) / "trace.json"))
+        idle = idle_gaps(json.loads((Path(tmp) / "trace.json").read_text())["traceEvents"], IDLE_STEPS)
     profiled = {"model": row["model"], "mode": row["mode"], "step_ms": row["step_ms"],
-                **kernel_summary(kernels, steps, row["step_ms"]), "sources": sources}
+                **kernel_summary(kernels, steps, row["step_ms"]), "sources": sources, "idle": idle}
     print(json.dumps(profiled), flush=True)
     return profiled
 
@@ -464,10 +598,28 @@ def source_lines(profiles: list[dict], top: int = 6) -> list[str]:
     return lines
 
 
+def idle_lines(profiles: list[dict], top: int = 6) -> list[str]:
+    """The md's tables of where each profiled step's GPU waits for the host (``idle_gaps``)."""
+    lines = []
+    for p in profiles:
+        if not (idle := p.get("idle")):
+            continue
+        lines += ["", f"{p['model']} {p['mode']}: the GPU idle {idle['idle_ms_per_step']} ms per step "
+                  f"({idle['gaps_per_step']} gaps, {idle['long_gaps_per_step']} of them over {LONG_GAP_US:g} µs "
+                  f"holding {idle['idle_ms_per_step_in_long_gaps']} ms) of a traced span of "
+                  f"{idle['span_ms_per_step']} ms ({idle['steps']} steps traced with the host's operators); "
+                  f"the host queues a median {idle['queue_ms_median']} ms ahead of the GPU. By the operator that "
+                  "queued the work after each gap:", "",
+                  "| launched by | idle ms per step | gaps per step | longest (µs) |", "|---|---|---|---|"]
+        lines += [f"| {r['launched_by']} | {r['ms_per_step']} | {r['gaps_per_step']} | {r['longest_us']} |"
+                  for r in idle["by_launch"][:top]]
+    return lines
+
+
 def measure_before(args) -> dict:
-    """The same rows (not profiled: minutes a GPU visit lacks) and the loss curves with the package in
-    ``args.before``: this script again, in a process whose PYTHONPATH puts that package first, writing into
-    a temporary folder."""
+    """The same rows (not profiled: minutes a GPU visit lacks; in ``EARLIER_MODES`` alone) and the loss curves
+    with the package in ``args.before``: this script again, in a process whose PYTHONPATH puts that package
+    first, writing into a temporary folder."""
     argv, skip = [], False
     for a in sys.argv[1:]:
         if skip or a.startswith("--before="):
@@ -480,7 +632,7 @@ def measure_before(args) -> dict:
                                                         *filter(None, [os.environ.get("PYTHONPATH")])])}
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv, "--rows-only", "--profile", "",
-                        "--first-shape", "0", "--results", tmp],
+                        "--first-shape", "0", "--modes", ",".join(args.earlier_modes), "--results", tmp],
                        env=env, check=True)
         measured = json.loads((Path(tmp) / f"{args.name}.json").read_text())
     return {"package": str(args.before), **measured}
@@ -542,14 +694,31 @@ def main() -> None:
         parser.error(f"--results {args.results}: {e.strerror}")
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU")
-    before = measure_before(args) if args.before else None
+    args.earlier_modes = [m for m in modes if m in EARLIER_MODES]
+    before = measure_before(args) if args.before and args.earlier_modes else None
     print(f"{len(batches)} batches; mean lengths {src_len:.1f} / {tgt_len:.1f}", flush=True)
-    measured = [measure(name, mode, batches, args.steps, args.warmup + (10 if "compile" in mode else 0), src_len,
+    failed: list[dict] = []
+
+    def attempt(name: str, mode: str, *rest, **options):
+        """``measure``, or None where the row fails: its error printed and listed, and the visit's minutes go
+        on to the next row (a mode this card, driver or torch cannot run need not cost the rest)."""
+        try:
+            return measure(name, mode, *rest, **options)
+        except Exception as e:  # noqa: BLE001 — reported in the results, with its traceback in the log
+            traceback.print_exc()
+            failed.append({"model": name, "mode": mode if options.get("micro", 1) == 1 else f"{mode} ×{args.accumulate}",
+                           "error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"})
+            print(json.dumps(failed[-1]), flush=True)
+            torch.cuda.empty_cache()
+            return None
+
+    measured = [attempt(name, mode, batches, args.steps, args.warmup + (10 if MODES[mode][1] else 0), src_len,
                         tgt_len, profile=args.profile_steps if mode in args.profile.split(",") else 0)
                 for name in args.models.split(",") for mode in args.modes.split(",")]
     if args.accumulate > 1:
-        measured += [measure(name, "bf16", small, args.steps, args.warmup, src_len, tgt_len, args.accumulate)
+        measured += [attempt(name, "bf16", small, args.steps, args.warmup, src_len, tgt_len, micro=args.accumulate)
                      for name in args.models.split(",")]
+    measured = [m for m in measured if m is not None]
     rows = [row for row, _ in measured]
     profiles = [profiled for _, profiled in measured if profiled]
     copies = synthetic_batches(args.tokens, sentences, copy=True)[0]
@@ -557,8 +726,8 @@ def main() -> None:
     if args.rows_only:
         nudged = loss_curve("base", "bf16", copies, args.curve, nudge=NUDGE) if args.curve else None
         mark("loss curves drawn")
-        (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows, "curve": curve,
-                                                                   "curve_nudged": nudged}) + "\n")
+        (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows, "failed_rows": failed,
+                                                                   "curve": curve, "curve_nudged": nudged}) + "\n")
         return
     first_shape = first_shape_cost(fresh, args.first_shape) if args.first_shape else {}
     kernels = attention_kernels(batches[0])
@@ -572,12 +741,13 @@ def main() -> None:
               "command": "python " + " ".join(sys.argv), "vocab": VOCAB, "tokens_per_step": args.tokens,
               "mean_src_len": round(src_len, 1), "mean_tgt_len": round(tgt_len, 1),
               "peak_flops_bf16": H100_BF16_FLOPS, "docs_scaling_step_ms_at_mfu_0.4": estimate,
-              "rows": rows, "profiles": profiles, "first_shape": first_shape, "attention_kernels": kernels,
+              "rows": rows, "failed_rows": failed, "profiles": profiles, "first_shape": first_shape, "attention_kernels": kernels,
               "fp16_overflow": overflow}
     if before:
         after = {(r["model"], r["mode"]): r for r in rows}
-        result["before"] = before | {"speedup": {f"{r['model']} {r['mode']}": round(
-            r["step_ms"] / after[(r["model"], r["mode"])]["step_ms"], 3) for r in before["rows"]}}
+        both = [(r, after[(r["model"], r["mode"])]) for r in before["rows"] if (r["model"], r["mode"]) in after]
+        result["before"] = before | {"speedup": {f"{r['model']} {r['mode']}": round(r["step_ms"] / a["step_ms"], 3)
+                                                 for r, a in both}}
         if curve and before.get("curve"):
             floor = compare_curves(before["curve"], before["curve_nudged"])
             result["curve"] = {"model": "base", "mode": "bf16", "batches": "copy"} | compare_curves(
@@ -599,6 +769,18 @@ def main() -> None:
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['mode']} | {r['step_ms']} | {r['tgt_tokens_per_s']:,} | {r['model_tflops']} | "
               f"{100 * r['mfu']:.1f}% | {r['peak_memory_gib']} |" for r in rows]
+    lines += [f"| {f['model']} | {f['mode']} | failed: {f['error']} | | | | |" for f in failed]
+    if overlaps := [r for r in rows if "host_overlap" in r]:
+        o = overlaps[0]["host_overlap"]
+        lines += ["", "Reading a step's outcome late (`host_overlap`, the row's own model after its timed steps): "
+                  f"{o['rounds']} rounds of blocks of {o['steps']} steps, ms per step (median round). At once: each "
+                  "step's outcome read before the next is queued, as the trainer does; late: read after the next "
+                  "step is queued (`queue_step`), so the host launches step i + 1 while the GPU runs step i; "
+                  "pinned: the same with the batches copied from page-locked memory.", "",
+                  "| model | precision | at once | late | late, pinned | gain |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['mode']} | {h['sync_ms']} | {h['late_ms']} | {h['late_pinned_ms']} | "
+                  f"{round(h['sync_ms'] - min(h['late_ms'], h['late_pinned_ms']), 2)} ms |"
+                  for r in overlaps for h in [r["host_overlap"]]]
     if before:
         lines += ["", "The changes since the issue-47 baseline (a362aed), each with the gain predicted before a GPU "
                   "measured it (H100-class card; the first six measured together on 2026-11-29, "
@@ -608,8 +790,7 @@ def main() -> None:
                   "| model | precision | step (ms) before | after | speed-up | MFU before | after | peak memory "
                   "(GiB) before | after |",
                   "|---|---|---|---|---|---|---|---|---|"]
-        for r in before["rows"]:
-            a = next(x for x in rows if (x["model"], x["mode"]) == (r["model"], r["mode"]))
+        for r, a in both:
             lines.append(f"| {r['model']} | {r['mode']} | {r['step_ms']} | {a['step_ms']} | "
                          f"{result['before']['speedup'][r['model'] + ' ' + r['mode']]}× | {100 * r['mfu']:.1f}% | "
                          f"{100 * a['mfu']:.1f}% | {r['peak_memory_gib']} | {a['peak_memory_gib']} |")
@@ -635,7 +816,7 @@ def main() -> None:
         lines += [f"| {p['model']} | {p['mode']} | {p['step_ms']} | {100 * p['gpu_busy']:.0f}% | "
                   f"{p['kernels_per_step']:,} | " + " | ".join(str(p["kernel_ms_per_step"].get(k, 0.0)) for k in kinds)
                   + " |" for p in profiles]
-    lines += source_lines(profiles)
+    lines += source_lines(profiles) + idle_lines(profiles)
     if first_shape:
         lines += ["", "A batch of a shape not met before, base in bf16, per attention backend (`first_shape_cost`): "
                   "ms per step the first time and again.", "", "| backend | batches | first | again | per new shape |",

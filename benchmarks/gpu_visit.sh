@@ -4,13 +4,17 @@
 # before47/ = the trainer before issue 47's first change, data/ = test2016, site/ = tomli_w, sacremoses;
 # benchmarks/gpu_prepare.sh builds it):
 #   bash benchmarks/gpu_visit.sh decode   # ~3 min: compile_step (CUDA graph) + gpu_decode before/after
-#   bash benchmarks/gpu_visit.sh train    # gpu.py before/after, bf16 and compiled, profiled: base (with the
-#                                         # micro-batch row, the loss curves, the first-shape cost) into
-#                                         # gpu_train.*, then big into gpu_train_big.*, each complete on its own.
-#                                         # The 2026-11-29 visit (fused loss, then both models in one gpu.py) was
-#                                         # cut at 560 s: give it the call's 600 s; the log's "# N s" lines say
-#                                         # where the minutes go. Last, fused_loss.py: the loss kernel alone
-#                                         # against a copy of its logits (its log stays behind: $OUT takes 8 files)
+#   bash benchmarks/gpu_visit.sh train    # gpu.py before/after, bf16, compiled and compiled with its graphs
+#                                         # replayed as CUDA graphs (bf16+cudagraphs: what launching costs the
+#                                         # host), profiled: base (with the micro-batch row, the loss curves, the
+#                                         # first-shape cost) into gpu_train.*, then big into gpu_train_big.*,
+#                                         # each complete on its own; last, fused_loss.py: the loss kernel alone
+#                                         # against a copy of its logits (its log stays behind: $OUT takes 8 files).
+#                                         # The 2026-11-29 visit (fused loss, then both models in one gpu.py, no
+#                                         # CUDA-graph rows) was cut at 560 s, so this may outrun one call's
+#                                         # 600 s: the log's "# N s" lines say where the minutes go, and
+#   bash benchmarks/gpu_visit.sh train-base   # is its first part (gpu_train.*) and
+#   bash benchmarks/gpu_visit.sh train-big    # the rest (gpu_train_big.*, fused_loss.*), as two calls
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
 # script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
 # still brings back every row printed so far. Their commit fields come from the device's git metadata,
@@ -19,7 +23,9 @@ set -eu
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
 export PYTHONPATH=$PWD:$PWD/runs/gpu/site${PYTHONPATH:+:$PYTHONPATH}
-case "${1:-}" in decode|train) ;; *) echo "usage: bash benchmarks/gpu_visit.sh decode|train" >&2; exit 2 ;; esac
+case "${1:-}" in decode|train|train-base|train-big) ;;
+  *) echo "usage: bash benchmarks/gpu_visit.sh decode|train|train-base|train-big" >&2; exit 2 ;;
+esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 R=benchmarks/results
 LOGS=${OUT:-/tmp}
@@ -42,9 +48,14 @@ case "$1" in
     step compile_step_cuda 5 compile_step.py --device cuda --run runs/gpu/quick --steps 300
     step gpu_decode 12 gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
       --batches 1 64 512 ;;
-  train)
-    step gpu_train 30 gpu.py --before runs/gpu/before47 --models base --modes bf16,bf16+compile --steps 20
-    step gpu_train_big 20 gpu.py --before runs/gpu/before47 --models big --modes bf16,bf16+compile --steps 20 \
-      --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_big
-    LOG_DIR=/tmp step fused_loss 4 fused_loss.py ;;
+  train|train-base|train-big)
+    if [ "$1" != train-big ]; then
+      step gpu_train 30 gpu.py --before runs/gpu/before47 --models base --modes bf16,bf16+compile,bf16+cudagraphs \
+        --steps 20
+    fi
+    if [ "$1" != train-base ]; then
+      step gpu_train_big 20 gpu.py --before runs/gpu/before47 --models big --modes bf16,bf16+compile,bf16+cudagraphs \
+        --steps 20 --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_big
+      LOG_DIR=/tmp step fused_loss 4 fused_loss.py
+    fi ;;
 esac

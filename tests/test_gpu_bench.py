@@ -83,18 +83,25 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     visit's minutes are not spent finding a formatting fault."""
     def row(mode, ms, gib):
         return {"model": "base", "mode": mode, "parameters": 1, "step_ms": ms, "tgt_tokens_per_step": 25_000,
-                "tgt_tokens_per_s": 1, "model_tflops": 1.0, "mfu": 0.2, "peak_memory_gib": gib, "skipped_steps": 0}
+                "tgt_tokens_per_s": 1, "model_tflops": 1.0, "mfu": 0.2, "peak_memory_gib": gib, "skipped_steps": 0,
+                **({"host_overlap": {"steps": 10, "rounds": 3, "sync_ms": ms, "late_ms": ms - 1.5,
+                                     "late_pinned_ms": ms - 2.25}} if "×" not in mode else {})}
     profiled = {"model": "base", "mode": "bf16", "step_ms": 50.0, "kernel_ms_per_step": {"matmul": 10.0},
                "kernel_ms_total": 10.0, "kernels_per_step": 100, "gpu_busy": 0.2, "top_kernels": [],
                "sources": {"copies": [{"source": "model.py:98 apply ← model.py:273 forward · aten::linear",
                                        "ms_per_step": 1.25, "launches_per_step": 24.0, "shape": [400, 64, 512]}],
-                           "elementwise": []}}
+                           "elementwise": []},
+               "idle": {"steps": 3, "span_ms_per_step": 60.0, "idle_ms_per_step": 12.5, "gaps_per_step": 900.0,
+                        "long_gaps_per_step": 40.0, "idle_ms_per_step_in_long_gaps": 6.0, "queue_ms_median": 0.02,
+                        "by_launch": [{"launched_by": "aten::copy_", "ms_per_step": 2.5, "gaps_per_step": 1.0,
+                                       "longest_us": 2500.0}]}}
     before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)],
               "curve": [10.0, 9.0, 8.0], "curve_nudged": [10.0, 9.0, 8.2]}
     micro_shapes = []
     monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu.torch.cuda, "get_device_name", lambda: "Test GPU")
-    monkeypatch.setattr(gpu, "measure_before", lambda args: before)
+    earlier = []
+    monkeypatch.setattr(gpu, "measure_before", lambda args: earlier.append(args.earlier_modes) or before)
     def measure(name, mode, batches, steps, warmup, src_len, tgt_len, micro=1, profile=0):
         if micro > 1:
             micro_shapes.extend(gpu.shape(b) for b in batches)
@@ -109,9 +116,10 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     monkeypatch.setattr(gpu, "first_shape_cost",
                         lambda batches, n: fresh_shapes.extend(map(gpu.shape, batches)) or first)
     monkeypatch.setattr(gpu, "fp16_overflow_is_skipped", lambda batch: {"first_step_applied": False})
-    monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--modes", "bf16", "--tokens", "2000",
-                                      "--before", "before47", "--results", str(tmp_path), "--accumulate", "4"])
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--modes", "bf16,bf16+cudagraphs", "--tokens",
+                                      "2000", "--before", "before47", "--results", str(tmp_path), "--accumulate", "4"])
     gpu.main()
+    assert earlier == [["bf16"]]  # the earlier package has no CUDA-graph row to measure
     result = json.loads((tmp_path / "gpu_train.json").read_text())
     assert result["before"]["speedup"] == {"base bf16": 1.2}
     assert result["curve"]["at_step"] == 2 and result["curve"]["within"]  # 9.05 against 9.0: 0.56% <= 1%
@@ -123,7 +131,11 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     assert len(micro_shapes) == 20 and fresh_shapes and not set(fresh_shapes) & set(micro_shapes)
     md = (tmp_path / "gpu_train.md").read_text()
     assert "| base | bf16 | 60.0 | 50.0 | 1.2× | 20.0% | 20.0% | 10.0 | 10.5 |" in md
-    assert [r["mode"] for r in result["rows"]] == ["bf16", "bf16 ×4"] and "| base | bf16 ×4 | 80.0 |" in md
+    assert [r["mode"] for r in result["rows"]] == ["bf16", "bf16+cudagraphs", "bf16 ×4"]
+    assert "| base | bf16 ×4 | 80.0 |" in md and "| base | bf16+cudagraphs | 50.0 |" in md
+    assert "3 rounds of blocks of 10 steps" in md and "| base | bf16 | 50.0 | 48.5 | 47.75 | 2.25 ms |" in md
+    assert "base bf16: the GPU idle 12.5 ms per step (900.0 gaps, 40.0 of them over 20 µs holding 6.0 ms)" in md
+    assert "| aten::copy_ | 2.5 | 1.0 | 2500.0 |" in md
     assert "4 micro-batches of ~500 (the WMT recipes' layout on one device: update_freq 4)" in md
     assert "largest gap 5.56e-03 relative (step 2)" in md
     assert "moves its curve by up to 2.50e-02 (step 3), mean 8.33e-03." in md
@@ -138,7 +150,7 @@ def test_the_default_profile_takes_the_measured_precisions_among_its_own(modes, 
     """Left alone, --profile profiles bf16 and bf16+compile where --modes measures them, and refuses nothing."""
     seen = []
 
-    class Stop(Exception):
+    class Stop(BaseException):  # not a failed row (those are caught): the end of what the test needs
         pass
 
     def measure(name, mode, *args, micro=1, profile=0):
@@ -204,7 +216,18 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     assert row["tgt_tokens_per_step"] > max(b.n_tgt_tokens for b in batches)  # two batches a step
     assert profiled["mode"] == "bf16 ×2" and profiled["step_ms"] == row["step_ms"]
     assert set(profiled["sources"]) == {"copies", "elementwise"}
-    assert gpu.measure("tiny", "bf16", batches, 2, 1, src_len, tgt_len)[1] is None  # not profiled unless asked
+    assert profiled["idle"]["gaps_per_step"] == 0 and profiled["idle"]["steps"] == gpu.IDLE_STEPS  # no GPU work
+    assert "host_overlap" not in row  # micro-batch rows: the outcome is read once per step either way
+    monkeypatch.setattr(gpu.torch, "compile", lambda model, **kw: model)
+    monkeypatch.setattr(gpu, "pinned", lambda batch: batch)
+    marks = []
+    monkeypatch.setattr(gpu.torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    row, profiled = gpu.measure("tiny", "bf16+cudagraphs", batches, 2, 1, src_len, tgt_len)
+    assert profiled is None  # not profiled unless asked
+    overlap = row["host_overlap"]
+    assert overlap["steps"] == 2 and overlap["rounds"] == 3 and overlap["sync_ms"] > 0 and overlap["late_pinned_ms"] > 0
+    assert len(marks) == 3 + 3 * 3 * 2  # every step of the CUDA-graph row starts a new step of the graphs
+    assert row["cudagraph_skips"] == 0  # nothing compiled here (torch.compile stood in for)
 
 
 def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
@@ -215,7 +238,9 @@ def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
     _, raw, _, dist = gpu.on_gpu("tiny", device="cpu")
     assert raw._sinusoids is None
     assert gpu.compile_like_the_trainer(raw, dist.device) is raw
-    assert calls == [{"dynamic": True}] and raw._sinusoids is not None
+    assert calls == [{"dynamic": True, "mode": None}] and raw._sinusoids is not None
+    assert gpu.compile_like_the_trainer(raw, dist.device, gpu.MODES["bf16+cudagraphs"][1]) is raw
+    assert calls[1] == {"dynamic": True, "mode": "reduce-overhead"}  # the same graphs, replayed as CUDA graphs
 
 
 @pytest.mark.parametrize("args, message", [
@@ -251,10 +276,11 @@ def test_the_earlier_package_is_measured_unprofiled_with_its_nudged_curve(tmp_pa
                                                         "curve_nudged": [1.1]}))
     monkeypatch.setattr(gpu.subprocess, "run", run)
     monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--before", str(tmp_path), "--steps", "3"])
-    args = gpu.argparse.Namespace(before=tmp_path, name="gpu_train")
+    args = gpu.argparse.Namespace(before=tmp_path, name="gpu_train", earlier_modes=["bf16", "bf16+compile"])
     measured = gpu.measure_before(args)
     argv = seen["argv"][2:]
     assert "--before" not in argv and argv[:4] == ["--models", "base", "--steps", "3"]
+    assert argv[len(argv) - 1 - argv[::-1].index("--modes") + 1] == "bf16,bf16+compile"  # the last --modes wins
     assert argv[argv.index("--profile") + 1] == "" and "--rows-only" in argv
     assert argv[argv.index("--first-shape") + 1] == "0"  # the first-shape cost is the torch's, read once
     assert seen["path"].split(gpu.os.pathsep)[0] == str(tmp_path.resolve())
@@ -286,3 +312,102 @@ def test_first_shape_cost_runs_each_backend_on_batches_of_its_own(monkeypatch):
     assert stepped == [shapes[-1]] + shapes[0:2] * 2 + shapes[2:4] * 2  # a warm step, then each backend's own
     for c in costs.values():
         assert c["batches"] == 2 and c["per_new_shape_ms"] == pytest.approx(c["first_ms"] - c["again_ms"], abs=0.11)
+
+
+def test_host_overlap_reads_each_outcome_once_before_or_after_the_next_step_is_queued(monkeypatch):
+    monkeypatch.setattr(gpu.torch.cuda, "synchronize", lambda: None)
+    log = []
+
+    class Queued:
+        def __init__(self, i):
+            self.i = i
+
+        def result(self):
+            log.append(("read", self.i))
+
+    def queue(i, pin):
+        log.append(("queue", i, pin))
+        return Queued(i)
+
+    out = gpu.host_overlap(queue, first=7, steps=3, rounds=1)
+    assert set(out) == {"steps", "rounds", "sync_ms", "late_ms", "late_pinned_ms"} and out["steps"] == 3
+    assert log[:6] == [("queue", 7, False), ("read", 7), ("queue", 8, False), ("read", 8), ("queue", 9, False),
+                       ("read", 9)]  # at once
+    assert log[6:12] == [("queue", 10, False), ("queue", 11, False), ("read", 10), ("queue", 12, False),
+                         ("read", 11), ("read", 12)]  # a step late
+    assert log[12:] == [("queue", 13, True), ("queue", 14, True), ("read", 13), ("queue", 15, True),
+                        ("read", 14), ("read", 15)]  # a step late, from pinned batches
+
+
+def test_idle_gaps_charges_each_hole_to_the_operator_that_queued_the_work_after_it():
+    """A chrome trace as torch.profiler writes it (CPU and CUDA activities), made by hand: four holes between
+    the GPU's work, each charged to the ranges open on the launching thread when the work after it was queued."""
+    def op(name, ts, dur, tid=1, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+    def launch(corr, ts, tid=1, cat="cuda_runtime", name="cudaLaunchKernel"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": 2.0,
+                "args": {"correlation": corr}}
+
+    def work(corr, ts, dur, cat="kernel", stream=7):
+        return {"ph": "X", "cat": cat, "name": f"k{corr}", "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+                "args": {"correlation": corr, "stream": stream}}
+
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+        op("aten::linear", 0, 100), op("aten::mm", 10, 40), launch(1, 20), work(1, 30, 100),  # busy to 130
+        op("aten::copy_", 200, 30), launch(2, 210, name="cudaMemcpyAsync"), work(2, 215, 5, "gpu_memcpy"),  # 85 µs
+        op("autograd::engine::evaluate_function: MmBackward0", 300, 100, tid=2), op("aten::mm", 310, 80, tid=2),
+        launch(3, 320, tid=2, cat="cuda_driver", name="cuLaunchKernel"), work(3, 325, 10),  # 105 µs
+        work(4, 326, 4, stream=8),  # on another stream, inside the busy time: no hole
+        work(99, 340, 10),  # 5 µs; its launch is not in the trace
+        op("## a named range ##", 5, 600, cat="user_annotation"),  # open at the next launch, not the innermost
+        launch(5, 500), work(5, 505, 1),  # 155 µs, queued by no operator but the named range
+    ]
+    idle = gpu.idle_gaps(events, steps=1)
+    assert idle["idle_ms_per_step"] == 0.35 and idle["gaps_per_step"] == 4.0  # 85 + 105 + 5 + 155 µs
+    assert idle["long_gaps_per_step"] == 3.0 and idle["idle_ms_per_step_in_long_gaps"] == 0.345  # over 20 µs
+    assert idle["span_ms_per_step"] == 0.48 and idle["queue_ms_median"] == 0.005  # queued 10, 5, 5, 5 µs ahead
+    assert [(r["launched_by"], r["ms_per_step"], r["gaps_per_step"], r["longest_us"]) for r in idle["by_launch"]] == [
+        ("## a named range ##", 0.155, 1.0, 155.0),
+        ("autograd::engine::evaluate_function: MmBackward0 › aten::mm", 0.105, 1.0, 105.0),
+        ("## a named range ## › aten::copy_", 0.085, 1.0, 85.0),
+        ("(launch not traced)", 0.005, 1.0, 5.0)]
+    assert gpu.idle_gaps(events, steps=2)["gaps_per_step"] == 2.0  # per step
+    without_ranges = [e for e in events if e.get("cat") not in ("cpu_op", "user_annotation")]
+    assert gpu.idle_gaps(without_ranges, steps=1)["by_launch"][0]["launched_by"] == \
+        "cudaLaunchKernel (outside any operator)"
+    assert gpu.idle_gaps([], steps=1) == {"steps": 1, "span_ms_per_step": 0.0, "idle_ms_per_step": 0.0,
+                                          "gaps_per_step": 0.0, "long_gaps_per_step": 0.0,
+                                          "idle_ms_per_step_in_long_gaps": 0.0, "queue_ms_median": None,
+                                          "by_launch": []}
+
+
+def test_a_row_that_fails_is_reported_and_the_rows_after_it_still_run(tmp_path, monkeypatch, capsys):
+    measured = []
+
+    def measure(name, mode, *args, micro=1, profile=0):
+        measured.append(mode)
+        if mode == "bf16+cudagraphs":
+            raise RuntimeError("no graphs here\nsecond line")
+        return {"model": name, "mode": mode, "parameters": 1, "step_ms": 50.0, "tgt_tokens_per_step": 1,
+                "tgt_tokens_per_s": 1, "model_tflops": 1.0, "mfu": 0.2, "peak_memory_gib": 1.0,
+                "skipped_steps": 0}, None
+
+    monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(gpu.torch.cuda, "get_device_name", lambda: "Test GPU")
+    monkeypatch.setattr(gpu, "measure", measure)
+    monkeypatch.setattr(gpu, "attention_kernels", lambda batch: [])
+    monkeypatch.setattr(gpu, "fp16_overflow_is_skipped", lambda batch: {})
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--modes", "bf16+cudagraphs,bf16", "--tokens",
+                                      "2000", "--results", str(tmp_path), "--accumulate", "1", "--curve", "0",
+                                      "--first-shape", "0"])
+    gpu.main()
+    assert measured == ["bf16+cudagraphs", "bf16"]
+    result = json.loads((tmp_path / "gpu_train.json").read_text())
+    assert [r["mode"] for r in result["rows"]] == ["bf16"]
+    assert result["failed_rows"] == [{"model": "base", "mode": "bf16+cudagraphs",
+                                      "error": "RuntimeError: no graphs here"}]
+    assert "| base | bf16+cudagraphs | failed: RuntimeError: no graphs here |" in (tmp_path / "gpu_train.md").read_text()
+    assert "Traceback" in capsys.readouterr().err  # the cause, in the visit's log

@@ -271,13 +271,15 @@ def resolved_precision(precision: str, device: torch.device) -> str:
     return "bf16" if native_bf16(device) else "fp32"
 
 
-def compiled(model: torch.nn.Module, raw: Transformer, device: torch.device) -> torch.nn.Module:
+def compiled(model: torch.nn.Module, raw: Transformer, device: torch.device,
+             mode: str | None = None) -> torch.nn.Module:
     """``model`` (``raw`` itself, or a DDP wrapper of it) through torch.compile for training (train.compile).
 
     The sinusoid table is made before tracing, not by the first compiled call, whose guard it would break
-    (a second compilation); batch shapes vary, so the graph is shape-generic from the start."""
+    (a second compilation); batch shapes vary, so the graph is shape-generic from the start. ``mode``:
+    torch.compile's (``"reduce-overhead"``: CUDA graphs, one per batch shape met; benchmarks/gpu.py)."""
     raw.positions(1, 0, "src_pos", device)
-    return torch.compile(model, dynamic=True)
+    return torch.compile(model, dynamic=True, mode=mode)
 
 
 def new_window() -> dict[str, Any]:
@@ -293,6 +295,19 @@ class StepResult:
     grad_norm: float  # the gradients' global L2 norm before clipping (train.clip_norm), as fairseq logs it
 
 
+@dataclass
+class QueuedStep:
+    """A step whose work is queued on the device and whose outcome is not read yet (``queue_step``)."""
+
+    outcome: torch.Tensor  # [loss sum, 1.0 if applied, gradient norm], on the device
+    n_tokens: int
+
+    def result(self) -> StepResult:
+        """The step's outcome: its one host synchronisation (it waits for the device to finish the step)."""
+        loss_sum, applied, grad_norm = self.outcome.tolist()
+        return StepResult(loss_sum, self.n_tokens, applied == 1.0, grad_norm)
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch], eps_ls: float,
                lr: float, clip_norm: float = 0.0, dist: Dist | None = None,
                scaler: torch.amp.GradScaler | None = None, amp_dtype: torch.dtype | None = None) -> StepResult:
@@ -304,6 +319,14 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     each rank scales its sum by world / tokens. A step whose gradients are not finite (inf/NaN:
     fp16 overflow, a bad batch) changes nothing: no parameter, optimizer moment or step count.
     """
+    return queue_step(model, optimizer, batches, eps_ls, lr, clip_norm, dist, scaler, amp_dtype).result()
+
+
+def queue_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch], eps_ls: float,
+               lr: float, clip_norm: float = 0.0, dist: Dist | None = None,
+               scaler: torch.amp.GradScaler | None = None, amp_dtype: torch.dtype | None = None) -> QueuedStep:
+    """``train_step`` without waiting for its outcome: on a GPU, with fused Adam, the host can collate and
+    queue the next step while the device still runs this one, and read this one's ``result()`` after."""
     dist = dist or Dist()
     n_tokens = int(distributed.all_sum(dist, [float(sum(b.n_tgt_tokens for b in batches))])[0])
     for group in optimizer.param_groups:
@@ -329,14 +352,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
         optimizer.found_inf = (~finite).float()
         optimizer.step()
         optimizer.found_inf = None
-    elif finite:
+    elif finite:  # the one wait for the device that a step without fused Adam makes before its end
         optimizer.step()
     if scaler:
         scaler.update()  # after an overflow: a smaller scale next step
     optimizer.zero_grad(set_to_none=True)
-    # the step's one host sync
-    loss_sum, applied, grad_norm = torch.stack([total.float(), finite.float(), norm.float()]).tolist()
-    return StepResult(loss_sum, n_tokens, applied == 1.0, grad_norm)
+    return QueuedStep(torch.stack([total.float(), finite.float(), norm.float()]), n_tokens)
 
 
 @torch.inference_mode()
