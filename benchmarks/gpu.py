@@ -8,7 +8,7 @@ the paper's 25k) through the project's own ``train_step``, in each precision (fp
 autocast with loss scaling, bf16 + torch.compile, and the same compiled graphs replayed as CUDA graphs:
 what launching kernels costs the host, measured away), and reports step time, target tokens/s, peak memory
 and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak; for each
-one-batch row, what reading a step's outcome after queueing the next would gain (``host_overlap``); and, with
+one-batch row, what reading a step's outcome after queueing the next gains (``host_overlap``); and, with
 ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as the
 WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets. It also
 lists the attention kernels that ran (flash / memory-efficient SDPA) and checks on the GPU that an fp16
@@ -35,7 +35,6 @@ Writes benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Nee
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -120,19 +119,13 @@ def compile_like_the_trainer(raw: torch.nn.Module, device: torch.device, mode: s
     return compiled(raw, raw, device) if compiled else torch.compile(raw)
 
 
-def pinned(batch):
-    """``batch`` in page-locked host memory, from which its copy to the GPU runs asynchronously (from pageable
-    memory the copy waits for the staging buffer, and so can wait for the GPU)."""
-    return dataclasses.replace(batch, **{k: getattr(batch, k).pin_memory()
-                                         for k in ("src", "tgt_in", "tgt_out", "positions")})
-
-
 def host_overlap(queue, first: int, steps: int, rounds: int = 3) -> dict:
     """What the host gains by reading a step's outcome late: ``rounds`` rounds of three blocks of ``steps``
     steps, timed apart, ms per step (the median round). "sync": each step's outcome read before the next is
-    queued, as the trainer does (``train_step``); "late": read after the next step is queued (``queue_step``),
-    so the host launches step i + 1 while the GPU runs step i; "late_pinned": the same with the batches
-    copied from pinned memory. ``queue(i, pin)`` queues step i and returns its ``QueuedStep``."""
+    queued (``train_step``; the trainer before 2026-12-01); "late": read after the next step is queued
+    (``queue_step``), so the host launches step i + 1 while the GPU runs step i; "late_pinned": the same with
+    the batches copied from pinned memory, as the trainer now runs (``Trainer.run``). ``queue(i, pin)``
+    queues step i and returns its ``QueuedStep``."""
     times: dict[str, list[float]] = {"sync": [], "late": [], "late_pinned": []}
     i = first
     for _ in range(rounds):
@@ -179,7 +172,7 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     def step(i: int, pin: bool = False, late: bool = False):
         nonlocal pinned_batches
         if pin and pinned_batches is None:
-            pinned_batches = [pinned(b) for b in batches]
+            pinned_batches = [b.pin_memory() for b in batches]
         chosen = pinned_batches if pin else batches
         step_batches = [chosen[(i * micro + j) % len(chosen)].to(device) for j in range(micro)]
         if compile_mode == "reduce-overhead":
@@ -774,9 +767,9 @@ def main() -> None:
         o = overlaps[0]["host_overlap"]
         lines += ["", "Reading a step's outcome late (`host_overlap`, the row's own model after its timed steps): "
                   f"{o['rounds']} rounds of blocks of {o['steps']} steps, ms per step (median round). At once: each "
-                  "step's outcome read before the next is queued, as the trainer does; late: read after the next "
-                  "step is queued (`queue_step`), so the host launches step i + 1 while the GPU runs step i; "
-                  "pinned: the same with the batches copied from page-locked memory.", "",
+                  "step's outcome read before the next is queued (the trainer before 2026-12-01); late: read after "
+                  "the next step is queued (`queue_step`), so the host launches step i + 1 while the GPU runs step "
+                  "i; pinned: the same with the batches copied from page-locked memory, as the trainer now runs.", "",
                   "| model | precision | at once | late | late, pinned | gain |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['mode']} | {h['sync_ms']} | {h['late_ms']} | {h['late_pinned_ms']} | "
                   f"{round(h['sync_ms'] - min(h['late_ms'], h['late_pinned_ms']), 2)} ms |"

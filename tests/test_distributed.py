@@ -93,7 +93,7 @@ def test_a_killed_rank_stops_the_job_and_the_run_resumes(tmp_path, tiny_override
         import os, signal
         import transformer.train as T
         from transformer.config import load_config
-        step = T.train_step
+        step = T.queue_step
         calls = 0
         def dying_step(*args, **kwargs):
             global calls
@@ -101,7 +101,7 @@ def test_a_killed_rank_stops_the_job_and_the_run_resumes(tmp_path, tiny_override
             if os.environ["RANK"] == "1" and calls == 5:
                 os.kill(os.getpid(), signal.SIGKILL)
             return step(*args, **kwargs)
-        T.train_step = dying_step
+        T.queue_step = dying_step
         T.train(load_config("tiny", {overrides!r}), {str(run)!r}, quiet=True)
     """)
     assert proc.returncode != 0

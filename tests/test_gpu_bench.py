@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu  # noqa: E402
+from transformer.data import Batch  # noqa: E402
 
 # names as torch.profiler reports them on an H100 (shortened where they run on)
 KERNELS = {
@@ -219,7 +220,7 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     assert profiled["idle"]["gaps_per_step"] == 0 and profiled["idle"]["steps"] == gpu.IDLE_STEPS  # no GPU work
     assert "host_overlap" not in row  # micro-batch rows: the outcome is read once per step either way
     monkeypatch.setattr(gpu.torch, "compile", lambda model, **kw: model)
-    monkeypatch.setattr(gpu, "pinned", lambda batch: batch)
+    monkeypatch.setattr(Batch, "pin_memory", lambda batch: batch)  # page-locked memory needs CUDA
     marks = []
     monkeypatch.setattr(gpu.torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     row, profiled = gpu.measure("tiny", "bf16+cudagraphs", batches, 2, 1, src_len, tgt_len)

@@ -620,3 +620,84 @@ def test_intervals_in_epochs(tmp_path, tiny_overrides):
     assert resumed["step"] == summary["step"] and resumed["valid_nll"] == summary["valid_nll"]
     again = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in again if "valid_nll" in r] == [per_epoch, 2 * per_epoch]
+
+
+@pytest.fixture
+def ledger(monkeypatch):
+    """What the trainer does, in order: ("queue", n, lr) for each step it queues, ("read", n) when it reads a
+    step's outcome, ("validate" | "save", steps in flight) when it reads the weights."""
+    import transformer.train as T
+
+    events, counts = [], {"queued": 0, "read": 0}
+    queue_step = T.queue_step
+
+    def recorded(*args, **kwargs):
+        counts["queued"] += 1
+        n = counts["queued"]
+        events.append(("queue", n, args[4]))
+        queued = queue_step(*args, **kwargs)
+        result = queued.result
+
+        def read():
+            counts["read"] += 1
+            events.append(("read", n))
+            return result()
+        queued.result = read
+        return queued
+
+    def reading(name, real):
+        def wrapper(*args, **kwargs):
+            events.append((name, counts["queued"] - counts["read"]))
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(T, "queue_step", recorded)
+    monkeypatch.setattr(T, "validate", reading("validate", T.validate))
+    monkeypatch.setattr(T.Trainer, "save", reading("save", T.Trainer.save))
+    return events
+
+
+def test_the_host_queues_a_step_ahead_and_reads_the_weights_only_with_none_in_flight(tmp_path, tiny_overrides,
+                                                                                    ledger):
+    """Step k + 1 is queued before step k's outcome is read (on a GPU the host collates and launches it while
+    step k runs), except where booking step k reads the weights (a validation, a checkpoint) or ends the run;
+    each step takes eq. (3)'s rate for its own number."""
+    from transformer.optim import learning_rate
+
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=7", "train.save_every=3", "train.eval_every=3",
+                                                "train.log_every=1", "train.warmup_steps=4"])
+    assert train(cfg, tmp_path / "run", quiet=True)["step"] == 7
+    flow = [e[:2] if e[0] == "queue" else e for e in ledger]
+    assert flow == [("queue", 1), ("queue", 2), ("read", 1), ("queue", 3), ("read", 2), ("read", 3),
+                    ("validate", 0), ("save", 0), ("queue", 4), ("queue", 5), ("read", 4), ("queue", 6), ("read", 5),
+                    ("read", 6), ("validate", 0), ("save", 0), ("queue", 7), ("read", 7), ("save", 0),
+                    ("validate", 0)]  # the last: the summary's
+    eq3 = lambda step: learning_rate(step, cfg.model.d_model, 4, cfg.train.lr_scale)  # noqa: E731
+    assert [e[2] for e in ledger if e[0] == "queue"] == [eq3(n) for n in range(1, 8)]
+
+
+def test_a_skipped_step_read_after_the_next_was_queued_moves_that_one_rate_on(tmp_path, tiny_overrides, ledger,
+                                                                             monkeypatch):
+    """The step queued while a step whose gradients turn out not finite was in flight took the rate of one
+    step further on (the skipped step counted as applied when it was chosen); the steps after it take their
+    own, and the skipped step is counted, not taken."""
+    import transformer.train as T
+    from transformer.optim import learning_rate
+
+    real, calls = T.label_smoothed_loss, {"n": 0}
+
+    def poisoned(hidden, weight, target, eps_ls):
+        calls["n"] += 1
+        loss = real(hidden, weight, target, eps_ls)
+        return loss * float("nan") if calls["n"] == 2 else loss
+    monkeypatch.setattr(T, "label_smoothed_loss", poisoned)
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.save_every=0", "train.eval_every=1000",
+                                                "train.log_every=1", "train.warmup_steps=4"])
+    summary = train(cfg, tmp_path / "run", quiet=True)
+    assert summary["step"] == 4 and summary["skipped_steps"] == 1
+    eq3 = lambda step: learning_rate(step, cfg.model.d_model, 4, cfg.train.lr_scale)  # noqa: E731
+    # queued: 1, 2 (skipped), then with 2 in flight the next at 3's rate, then 3, 4 for applied steps 3 and 4
+    assert [e[2] for e in ledger if e[0] == "queue"] == [eq3(1), eq3(2), eq3(3), eq3(3), eq3(4)]
+    records = map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    logged = [(r["step"], r["lr"]) for r in records]
+    assert logged == [(1, eq3(1)), (2, eq3(3)), (3, eq3(3)), (4, eq3(4))]

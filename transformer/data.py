@@ -175,6 +175,12 @@ class Batch:
                      self.tgt_out.to(device, non_blocking=True), self.n_src_tokens, self.n_tgt_tokens,
                      self.indices, self.positions.to(device, non_blocking=True))
 
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked host memory (a CUDA machine's), from which ``to`` a GPU is queued on
+        the device without the host waiting for it."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(), self.n_src_tokens,
+                     self.n_tgt_tokens, self.indices, self.positions.pin_memory())
+
 
 def pad(seqs: list[list[int]]) -> torch.Tensor:
     """[B, max len] long tensor, PAD on the right; one array built per batch, not one per row (numpy reads

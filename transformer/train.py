@@ -308,6 +308,30 @@ class QueuedStep:
         return StepResult(loss_sum, self.n_tokens, applied == 1.0, grad_norm)
 
 
+@dataclass
+class InFlight:
+    """A step the trainer queued and has not booked yet (``Trainer.run`` queues the next one first)."""
+
+    queued: QueuedStep
+    lr: float
+
+
+@dataclass
+class AfterStep:
+    """What booking an applied step does besides counting it, decided before another step is queued."""
+
+    intervals: int  # Trainer.intervals_done() once the step is applied
+    logged: bool  # a log line
+    evaluates: bool  # ... that validates or translates (rank 0; the others wait for it)
+    save: bool  # a checkpoint
+    check: bool  # the ranks' parameter checksums compared (data parallel)
+
+    @property
+    def reads_weights(self) -> bool:
+        """Whether it reads the weights as the step leaves them: then nothing may be queued before it."""
+        return self.evaluates or self.save or self.check
+
+
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[Batch], eps_ls: float,
                lr: float, clip_norm: float = 0.0, dist: Dist | None = None,
                scaler: torch.amp.GradScaler | None = None, amp_dtype: torch.dtype | None = None) -> StepResult:
@@ -601,18 +625,21 @@ class Trainer:
         self.epoch_order = BatchOrder(len(self.batches), t.seed, self.dist.rank, self.dist.world).epoch_order(epoch)
         self.state.epoch_batches = len(self.epoch_order)
 
-    def intervals_done(self) -> int:
-        """How many train.interval_unit have passed: optimizer steps, or epochs whose last batch is trained
-        (the next epoch starts only when its first batch is drawn)."""
+    def intervals_done(self, step: int | None = None) -> int:
+        """How many train.interval_unit have passed: optimizer steps (``step`` of them, default the steps
+        applied), or epochs whose last batch is trained (the next epoch starts only when its first batch is
+        drawn)."""
         state = self.state
         if self.cfg.train.interval_unit == "steps":
-            return state.step
+            return state.step if step is None else step
         return state.epoch + int(state.batch_in_epoch >= len(self.epoch_order))
 
-    def ends(self, every: int) -> bool:
+    def ends(self, every: int, intervals: tuple[int, int] | None = None) -> bool:
         """Whether the step just taken completed a multiple of ``every`` intervals (0 = never). Counted
-        from the last applied step, so an epoch that ends in a skipped step is reported at the next one."""
-        return bool(every) and self.intervals[1] // every > self.intervals[0] // every
+        from the last applied step, so an epoch that ends in a skipped step is reported at the next one.
+        ``intervals``: (at the last applied step, now) as booking a step in flight would leave them."""
+        before, now = intervals or self.intervals
+        return bool(every) and now // every > before // every
 
     def next_batch(self) -> Batch:
         state = self.state
@@ -621,7 +648,10 @@ class Trainer:
             self.start_epoch(state.epoch)
         indices = self.batches[self.epoch_order[state.batch_in_epoch]]
         state.batch_in_epoch += 1
-        return collate(self.examples, indices)
+        batch = collate(self.examples, indices)
+        # from page-locked memory the copy to a GPU is queued like a kernel; from pageable memory it can wait
+        # for the GPU, and the host would not run ahead of it (``run``)
+        return batch.pin_memory() if self.dist.device.type == "cuda" else batch
 
     def save(self) -> None:
         """A checkpoint of this moment: every rank's random state, rank 0's weights and optimizer."""
@@ -644,19 +674,42 @@ class Trainer:
             raise TrainError(f"cannot write the checkpoint of step {self.state.step} in {self.out / 'checkpoints'}: "
                              f"{e.strerror or e}; earlier checkpoints are intact: make room and --resume") from None
 
-    def learning_rate(self, time_used: float) -> float:
-        """Eq. (3) for the next step, cooled down over the end of the budget when the config says so."""
-        t = self.cfg.train
-        lr = learning_rate(self.state.step + 1, self.cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
+    def learning_rate(self, time_used: float, ahead: int = 0) -> float:
+        """Eq. (3) for the next step, cooled down over the end of the budget when the config says so.
+        ``ahead``: steps in flight, counted as applied (a step queued after one whose gradients turn out
+        not finite takes the rate one step further on; the skipped step itself changes nothing)."""
+        t, done = self.cfg.train, self.state.step + ahead
+        lr = learning_rate(done + 1, self.cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
         if t.cooldown_fraction:  # rank 0's clock decides, so every rank takes the same rate
-            lr *= cooldown(max(self.state.step / t.max_steps, time_used), t.cooldown_fraction)
+            lr *= cooldown(max(done / t.max_steps, time_used), t.cooldown_fraction)
         return lr
 
-    def step(self, lr: float) -> bool:
-        """One optimizer step; False when it was skipped (gradients not finite)."""
-        t, state = self.cfg.train, self.state
-        result = train_step(self.model, self.optimizer, [self.next_batch() for _ in range(t.update_freq)], t.eps_ls,
+    def queue(self, lr: float) -> InFlight:
+        """The next step's batches drawn and its work queued on the device, its outcome not read."""
+        t = self.cfg.train
+        queued = queue_step(self.model, self.optimizer, [self.next_batch() for _ in range(t.update_freq)], t.eps_ls,
                             lr, t.clip_norm, self.dist, self.scaler, self.amp_dtype)
+        return InFlight(queued, lr)
+
+    def after(self) -> AfterStep:
+        """What booking the step in flight will do if it applies: a log line, validation, a checkpoint, the
+        checksums. Called when every step before it is booked and no batch is drawn after its own; every
+        rank calls it once per step (the checkpoint's clock is rank 0's)."""
+        t = self.cfg.train
+        intervals = (self.intervals[1], self.intervals_done(self.state.step + 1))
+        logged = self.ends(t.log_every, intervals) or self.state.step + 1 == t.max_steps
+        due = self.ends(t.save_every, intervals) or (
+            t.save_minutes and time.monotonic() - self.last_save >= 60 * t.save_minutes)
+        return AfterStep(intervals[1], logged, logged and self.evaluates(intervals),
+                         bool(distributed.all_sum(self.dist, [float(bool(due))])[0]),
+                         self.dist.enabled and (self.state.step + 1) % t.check_every == 0)
+
+    def book(self, step: InFlight, plan: AfterStep, bar: tqdm) -> None:
+        """Reads ``step``'s outcome (the wait for the device) and counts it; if it was applied, does what
+        ``plan`` says. A step whose gradients were not finite is counted as skipped, and many in a row stop
+        training."""
+        t, state = self.cfg.train, self.state
+        result = step.queued.result()
         if not result.applied:
             state.skipped_steps += 1
             self.bad_in_a_row += 1
@@ -666,18 +719,27 @@ class Trainer:
                 raise TrainError(f"{self.bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
                                  f"{state.step} (the newest checkpoint holds finite weights). Lower train.lr_scale, "
                                  "or use fp32/bf16 instead of fp16")
-            return False
+            return
         self.bad_in_a_row = 0
         state.step += 1
         state.tgt_tokens += result.n_tokens
         self.window["loss"] += result.loss
         self.window["tokens"] += result.n_tokens
         self.window["norms"].append(result.grad_norm)
-        if self.dist.enabled and state.step % t.check_every == 0:
+        if plan.check:
             sums = distributed.gather(self.dist, distributed.parameter_checksum(self.raw))
             if any(abs(x - sums[0]) > 1e-6 * max(1.0, abs(sums[0])) for x in sums):
                 raise TrainError(f"step {state.step}: the ranks' parameters drifted apart (checksums {sums})")
-        return True
+        bar.update(budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes) - bar.n)
+        self.intervals = (self.intervals[1], plan.intervals)
+        if self.dist.main and plan.logged:
+            self.report(step.lr, bar)
+        if plan.evaluates:  # rank 0 validated: the others wait for it apart
+            distributed.wait_for_rank0(self.dist)
+        if plan.save:
+            self.save()
+            distributed.wait_for_rank0(self.dist)  # while rank 0 writes it
+            self.last_save = time.monotonic()
 
     def evaluate(self) -> dict[str, float]:
         """Validation loss and perplexity of the model as it is now."""
@@ -712,12 +774,12 @@ class Trainer:
                      f"(train.patience); the best, {state.best_value:.4g} at step {state.best_step}, is in "
                      "best.safetensors")
 
-    def bleu_due(self) -> bool:
-        return self.ends(self.cfg.train.bleu_every) and self.cfg.data.task == "translate"
+    def bleu_due(self, intervals: tuple[int, int] | None = None) -> bool:
+        return self.ends(self.cfg.train.bleu_every, intervals) and self.cfg.data.task == "translate"
 
-    def evaluates(self) -> bool:
+    def evaluates(self, intervals: tuple[int, int] | None = None) -> bool:
         """Whether rank 0's log line of this step validates or translates (work the other ranks wait for)."""
-        return self.ends(self.cfg.train.eval_every) or self.bleu_due()
+        return self.ends(self.cfg.train.eval_every, intervals) or self.bleu_due(intervals)
 
     def report(self, lr: float, bar: tqdm) -> None:
         """Rank 0's log line of this step (loss, rate, tokens/s; validation and dev BLEU when due): to the
@@ -756,7 +818,7 @@ class Trainer:
         if dist.main:
             from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
             self.writer = SummaryWriter(str(self.out / "tb"))
-        self.start = last_save = time.monotonic()
+        self.start = self.last_save = time.monotonic()
         self.window = new_window()
         # the bar counts down whichever budget ends first, updates or minutes (in thousandths of it)
         bar = tqdm(total=1000, initial=budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes),
@@ -768,8 +830,19 @@ class Trainer:
         # ran out stops at once, unless the new config allows more
         self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
         stop = StopSignals()
+        # the host runs a step ahead: it queues step k + 1 before it reads step k's outcome, so that on a GPU
+        # the next batch is collated and its kernels launched while step k still runs. Step k is booked
+        # first, with nothing queued after it, where booking it reads the weights (validation, a
+        # checkpoint), where it may be the last, and where training stops.
+        pending: InFlight | None = None
         try:
-            while state.step < t.max_steps:
+            while True:
+                plan = self.after() if pending else None
+                if pending and (plan.reads_weights or state.step + 1 >= t.max_steps):
+                    self.book(pending, plan, bar)
+                    pending = None
+                if state.step >= t.max_steps:
+                    break
                 # rank 0's clock decides, so that every rank stops after the same step; a signal on any rank
                 # stops them all
                 time_used = self.elapsed() / (60 * t.max_minutes) if dist.main and t.max_minutes else 0.0
@@ -777,23 +850,13 @@ class Trainer:
                     dist, [float(time_used >= 1.0), float(stop.received is not None), float(self.out_of_patience),
                            time_used])
                 if out_of_time or stopped or patience:
+                    if pending:
+                        self.book(pending, plan, bar)
                     break
-                lr = self.learning_rate(time_used)
-                if not self.step(lr):
-                    continue
-                bar.update(budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes) - bar.n)
-                self.intervals = (self.intervals[1], self.intervals_done())
-                logged = self.ends(t.log_every) or state.step == t.max_steps
-                if dist.main and logged:
-                    self.report(lr, bar)
-                if logged and self.evaluates():  # rank 0 validated: the others wait for it apart
-                    distributed.wait_for_rank0(dist)
-                due = self.ends(t.save_every) or (
-                    t.save_minutes and time.monotonic() - last_save >= 60 * t.save_minutes)
-                if distributed.all_sum(dist, [float(bool(due))])[0]:  # rank 0's clock decides here too
-                    self.save()
-                    distributed.wait_for_rank0(dist)  # while rank 0 writes it
-                    last_save = time.monotonic()
+                queued = self.queue(self.learning_rate(time_used, ahead=int(bool(pending))))
+                if pending:
+                    self.book(pending, plan, bar)
+                pending = queued
         finally:
             stop.restore()
             if self.run_data.sampled:

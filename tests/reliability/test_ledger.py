@@ -46,7 +46,7 @@ def test_a_fault_that_was_not_survived_shows_in_the_summary(tmp_path, tiny_overr
     def crash(*args, **kwargs) -> None:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(transformer.train, "train_step", crash)
+    monkeypatch.setattr(transformer.train, "queue_step", crash)
     with pytest.raises(RuntimeError, match="illegal memory access"), book.damage("resume that crashes"):
         train(load_config("tiny", ov + ["train.max_steps=8"]), run, resume=True, quiet=True)
     with book.damage("SIGTERM during training"):  # one that was survived, beside them
