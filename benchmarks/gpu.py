@@ -571,6 +571,12 @@ PREDICTED = [
      "big's, by the 2026-11-29 sources), LayerNorm, the residual adds and dropout move half the bytes, ~120 "
      "small launches more (the gains and biases cast): eager ~5-7 ms of base's 50.9 and ~10-12 of big's 95.8; "
      "compiled ~2-3 ms of base's 46.5 and ~3-4 of big's 81.0; peak memory down."),
+    ("015361d", "the trainer queues step k + 1 (its batches collated into pinned memory) before it reads step "
+     "k's outcome.", "not in the before/after rows, whose loop is gpu.py's own (batches collated before timing): "
+     "host_overlap's late_pinned against sync reads it, ~0.5-1.5 ms of base's compiled step and less of big's, "
+     "where the GPU waits between steps for the host's copies, graph guards and first launches; in the trainer "
+     "the collation too (~1.2 ms of host work per 25k-token batch on this CPU). Nothing where the holes lie "
+     "between the kernels of a step."),
 ]
 
 
