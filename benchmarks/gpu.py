@@ -149,6 +149,11 @@ def host_overlap(queue, first: int, steps: int, rounds: int = 3) -> dict:
                                                  for how, spent in times.items()}}
 
 
+def row_mode(mode: str, micro: int) -> str:
+    """A row's name for its precision: a micro-batch row's carries its count (``bf16 ×8``)."""
+    return mode if micro == 1 else f"{mode} ×{micro}"
+
+
 def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float,
             micro: int = 1, profile: int = 0) -> tuple[dict, dict | None]:
     """One row of the table: preset ``name`` trained in ``mode``, each step accumulating ``micro`` of
@@ -190,7 +195,7 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / steps
     achieved = flops_per_token(cfg.model, VOCAB, src_len, tgt_len) * tokens / steps / seconds
-    row = {"model": name, "mode": mode if micro == 1 else f"{mode} ×{micro}", "micro_batches": micro,
+    row = {"model": name, "mode": row_mode(mode, micro), "micro_batches": micro,
            "parameters": count_parameters(raw), "step_ms": round(1000 * seconds, 1),
            "tgt_tokens_per_step": round(tokens / steps), "tgt_tokens_per_s": round(tokens / steps / seconds),
            "model_tflops": round(achieved / 1e12, 1), "mfu": round(achieved / H100_BF16_FLOPS, 3),
@@ -418,7 +423,7 @@ def idle_gaps(events: list[dict], steps: int, top: int = 10) -> dict:
     by_source: dict[str, list] = {}
     for us, e in gaps:
         launch = launches.get(e.get("args", {}).get("correlation"))
-        source = where.get(id(launch), "(launch not traced)") if launch else "(launch not traced)"
+        source = where.get(id(launch), "(launch not traced)")  # id(None) is no launch's
         entry = by_source.setdefault(source, [0.0, 0, 0.0])
         entry[0], entry[1], entry[2] = entry[0] + us, entry[1] + 1, max(entry[2], us)
     queued = sorted(e["ts"] - launches[c]["ts"] for e in work
@@ -705,7 +710,7 @@ def main() -> None:
             return measure(name, mode, *rest, **options)
         except Exception as e:  # noqa: BLE001 — reported in the results, with its traceback in the log
             traceback.print_exc()
-            failed.append({"model": name, "mode": mode if options.get("micro", 1) == 1 else f"{mode} ×{args.accumulate}",
+            failed.append({"model": name, "mode": row_mode(mode, options.get("micro", 1)),
                            "error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"})
             print(json.dumps(failed[-1]), flush=True)
             torch.cuda.empty_cache()
@@ -740,8 +745,8 @@ def main() -> None:
               "command": "python " + " ".join(sys.argv), "vocab": VOCAB, "tokens_per_step": args.tokens,
               "mean_src_len": round(src_len, 1), "mean_tgt_len": round(tgt_len, 1),
               "peak_flops_bf16": H100_BF16_FLOPS, "docs_scaling_step_ms_at_mfu_0.4": estimate,
-              "rows": rows, "failed_rows": failed, "profiles": profiles, "first_shape": first_shape, "attention_kernels": kernels,
-              "fp16_overflow": overflow}
+              "rows": rows, "failed_rows": failed, "profiles": profiles, "first_shape": first_shape,
+              "attention_kernels": kernels, "fp16_overflow": overflow}
     if before:
         after = {(r["model"], r["mode"]): r for r in rows}
         both = [(r, after[(r["model"], r["mode"])]) for r in before["rows"] if (r["model"], r["mode"]) in after]

@@ -695,14 +695,14 @@ class Trainer:
         """What booking the step in flight will do if it applies: a log line, validation, a checkpoint, the
         checksums. Called when every step before it is booked and no batch is drawn after its own; every
         rank calls it once per step (the checkpoint's clock is rank 0's)."""
-        t = self.cfg.train
-        intervals = (self.intervals[1], self.intervals_done(self.state.step + 1))
-        logged = self.ends(t.log_every, intervals) or self.state.step + 1 == t.max_steps
+        t, step = self.cfg.train, self.state.step + 1  # the number the step in flight takes if applied
+        intervals = (self.intervals[1], self.intervals_done(step))
+        logged = self.ends(t.log_every, intervals) or step == t.max_steps
         due = self.ends(t.save_every, intervals) or (
             t.save_minutes and time.monotonic() - self.last_save >= 60 * t.save_minutes)
         return AfterStep(intervals[1], logged, logged and self.evaluates(intervals),
                          bool(distributed.all_sum(self.dist, [float(bool(due))])[0]),
-                         self.dist.enabled and (self.state.step + 1) % t.check_every == 0)
+                         self.dist.enabled and step % t.check_every == 0)
 
     def book(self, step: InFlight, plan: AfterStep, bar: tqdm) -> None:
         """Reads ``step``'s outcome (the wait for the device) and counts it; if it was applied, does what
