@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from transformer import distributed
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import load_config
 from transformer.data import BatchOrder, encode_pairs, make_batches, read_parallel
@@ -140,3 +141,25 @@ def test_rank_zeros_slow_preparation_and_validation_do_not_time_out(tmp_path, ti
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     validated = [r["step"] for r in records if "valid_ppl" in r]
     assert validated == [4]  # the slow validation ran, once
+
+
+def test_the_hosts_values_go_through_the_hosts_own_group(monkeypatch):
+    """The token counts, stop flags and checksums are summed and gathered on ``Dist.control`` from host
+    tensors, never the device's: through NCCL a GPU job's host would wait there for the step in flight.
+    (A device no collective could take stands for the GPU.)"""
+    seen = []
+
+    def all_reduce(t, group=None):
+        seen.append(("sum", t.device.type, group))
+        t.mul_(2)
+
+    def all_gather_object(out, value, group=None):
+        seen.append(("gather", group))
+        out[:] = [value, value]
+
+    monkeypatch.setattr(distributed.torch_dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(distributed.torch_dist, "all_gather_object", all_gather_object)
+    d = distributed.Dist(rank=0, world=2, device=torch.device("meta"), control="the host's group")
+    assert distributed.all_sum(d, [1.0, 3.0]) == [2.0, 6.0]
+    assert distributed.gather(d, "x") == ["x", "x"]
+    assert seen == [("sum", "cpu", "the host's group"), ("gather", "the host's group")]

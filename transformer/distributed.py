@@ -29,6 +29,9 @@ class Dist:
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     waits: object = None  # the CPU process group of ``wait_for_rank0``
+    # the process group of the host's own values (``all_sum``, ``gather``): a CPU group of its own beside
+    # NCCL; None on CPUs, whose default group is gloo's already
+    control: object = None
 
     @property
     def enabled(self) -> bool:
@@ -57,7 +60,9 @@ def setup(timeout_s: float) -> Dist:
         torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                       timeout=datetime.timedelta(seconds=timeout_s))
     waits = torch_dist.new_group(backend="gloo", timeout=RANK0_WAIT)
-    return Dist(torch_dist.get_rank(), world, local_rank, device, waits)
+    control = None if device.type == "cpu" else torch_dist.new_group(
+        backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return Dist(torch_dist.get_rank(), world, local_rank, device, waits, control)
 
 
 # How long the other ranks wait for rank 0's own work (vocabulary, encoding, validation, checkpoints):
@@ -79,11 +84,14 @@ def teardown(d: Dist) -> None:
 
 
 def all_sum(d: Dist, values: list[float]) -> list[float]:
-    """Element-wise sum over ranks of a few scalars, in one all-reduce (float64: token counts stay exact)."""
+    """Element-wise sum over ranks of a few of the host's scalars, in one all-reduce (float64: token counts
+    stay exact). On the host's own group (``Dist.control``): through NCCL the sum would queue behind the
+    step on the GPU and reading it would wait for that step, so a trainer that queues the next step
+    before it reads the last (a token count, the stop flags) could not run ahead."""
     if not d.enabled:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=d.device)
-    torch_dist.all_reduce(t)
+    t = torch.tensor(values, dtype=torch.float64)
+    torch_dist.all_reduce(t, group=d.control)
     return t.tolist()
 
 
@@ -92,7 +100,7 @@ def gather(d: Dist, value):
     if not d.enabled:
         return [value]
     values = [None] * d.world
-    torch_dist.all_gather_object(values, value)
+    torch_dist.all_gather_object(values, value, group=d.control)  # pickled on the host, not through a GPU
     return values
 
 
