@@ -177,16 +177,21 @@ def test_sigterm_stops_a_row_in_one_line_and_running_again_resumes_it(multi30k: 
     assert json.loads((tmp_path / "results" / "table3" / "D3_seed1.json").read_text(encoding="utf-8"))["updates"] == 30
 
 
-def test_bad_requests_are_refused_by_name():
-    bad_row = run_script("--rows", "base,A9")
-    assert bad_row.returncode != 0 and "no row A9" in bad_row.stderr
+def refusal(monkeypatch, *args: str) -> str:
+    """What table3.py says as it stops on ``args``, run in this process (a refusal needs no fresh one)."""
+    monkeypatch.setattr(sys, "argv", ["table3.py", *args])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))  # main() sets it
+    with pytest.raises(SystemExit) as stopped:
+        table3.main()
+    assert isinstance(stopped.value.code, str), stopped.value.code  # sys.exit(message): stderr, status 1
+    return stopped.value.code
+
+
+def test_bad_requests_are_refused_by_name(monkeypatch):
+    assert "no row A9" in refusal(monkeypatch, "--rows", "base,A9")
     for clash in (["--pilot"], ["--seeds", "4"]):
-        refused = run_script("--tabulate", *clash)
-        assert refused.returncode != 0 and f"cannot go with {clash[0]}" in refused.stderr
-    bad_seeds = run_script("--rows", "base", "--seeds", "four")
-    assert bad_seeds.returncode != 0 and "comma-separated integers" in bad_seeds.stderr
-    bad_factor = run_script("--rows", "base", "--factor", "3")
-    assert bad_factor.returncode != 0 and "not divisible" in bad_factor.stderr
+        assert f"cannot go with {clash[0]}" in refusal(monkeypatch, "--tabulate", *clash)
+    assert "comma-separated integers" in refusal(monkeypatch, "--rows", "base", "--seeds", "four")
+    assert "not divisible" in refusal(monkeypatch, "--rows", "base", "--factor", "3")
     if not table3.torch.cuda.is_available():
-        no_gpu = run_script("--device", "cuda")
-        assert no_gpu.returncode != 0 and "no CUDA GPU" in no_gpu.stderr
+        assert "no CUDA GPU" in refusal(monkeypatch, "--device", "cuda")
