@@ -149,3 +149,15 @@ def test_an_added_field_keeps_earlier_hashes():
         del before[section][key]
     assert cfg.sha256() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
     assert load_config("base", ['train.interval_unit="epochs"']).sha256() != cfg.sha256()
+
+
+def test_cuda_graphs_need_compile_shape_buckets_and_one_batch_a_step():
+    graphs = ["train.cuda_graphs=true", "train.compile=true", "train.shape_buckets=8"]
+    assert load_config("tiny", graphs).train.cuda_graphs
+    for left_out in graphs[1:]:
+        with pytest.raises(ConfigError, match="needs train.compile = true and train.shape_buckets > 0"):
+            load_config("tiny", [o for o in graphs if o != left_out])
+    with pytest.raises(ConfigError, match="train.update_freq 8 would chain 8 graphs"):
+        load_config("tiny", graphs + ["train.update_freq=8"])
+    with pytest.raises(ConfigError, match="train.shape_buckets must be >= 0"):
+        load_config("tiny", ["train.shape_buckets=-1"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.data import (BatchOrder, DataError, Example, collate, encode_for_decoding, encode_pairs, lengths,
-                              make_batches, padding_fraction, read_lines, read_parallel)
+from transformer.data import (BatchOrder, DataError, Example, ShapeBuckets, collate, encode_for_decoding, encode_pairs,
+                              lengths, make_batches, padding_fraction, read_lines, read_parallel)
 from transformer.prepare import find_data_root
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -191,6 +192,55 @@ def test_padding_fraction_by_hand() -> None:
     examples = [Example([1, 1], [1]), Example([1, 1, 1, 1], [1, 1, 1])]
     assert padding_fraction(*lengths(examples), [[0, 1]]) == pytest.approx(1 - 10 / 14)
     assert padding_fraction(*lengths(examples), [[0], [1]]) == 0.0
+
+
+@pytest.mark.parametrize("per_doubling", [1, 4, 8])
+def test_shape_buckets_pad_each_length_to_the_next_bucket(per_doubling: int) -> None:
+    buckets = ShapeBuckets(per_doubling, 1000)
+    n = list(range(1, 2049))
+    padded = buckets.lengths(n).tolist()
+    every = [math.ceil(8 * 2 ** (k / per_doubling) - 1e-9) for k in range(11 * per_doubling + 1)]
+    assert padded == [min(b for b in every if b >= x) for x in n]  # the smallest bucket that holds it
+    assert all(p < max(x, 8) * 2 ** (1 / per_doubling) + 1 for x, p in zip(n, padded))
+    assert len(set(padded)) == len({b for b in every if b <= 2048})
+    longer = int(buckets.lengths([30])[0])
+    assert buckets.shape(9, 30) == buckets.shape(30, 2) == (1000 // longer, longer, longer)
+    assert buckets.shape(5000, 3)[0] == 1  # longer than the budget alone: a batch of one, as without buckets
+
+
+@pytest.mark.parametrize("per_doubling", [4, 8])
+def test_bucketed_batches_take_a_shape_per_bucket_within_the_budget(per_doubling: int) -> None:
+    examples = random_examples(3000, seed=per_doubling)
+    buckets = ShapeBuckets(per_doubling, 600)
+    batches = make_batches(examples, 600, buckets)
+    assert sorted(i for b in batches for i in b) == list(range(len(examples)))
+    shapes = buckets.shapes(*lengths(examples), batches)
+    longest = max(max(len(e.src), len(e.tgt)) for e in examples)
+    assert len(shapes) == len(set(buckets.lengths(range(1, longest + 1)).tolist()))  # one per bucket
+    plain = {(len(b), max(len(examples[i].src) for i in b), max(len(examples[i].tgt) for i in b))
+             for b in make_batches(examples, 600)}
+    assert len(plain) > 2 * len(shapes)  # without buckets: more, and more with every new length
+    for b in batches:
+        batch = collate(examples, b, buckets)
+        rows, src_len, tgt_len = batch.src.size(0), batch.src.size(1), batch.tgt_in.size(1)
+        assert (rows, src_len, tgt_len) in shapes and rows * max(src_len, tgt_len) <= 600
+        assert batch.tgt_out.shape == batch.tgt_in.shape == (rows, tgt_len)
+        plain = collate(examples, b)  # the same examples, unpadded: the same rows and counts, then padding
+        n, s, t = plain.src.size(0), plain.src.size(1), plain.tgt_in.size(1)
+        assert torch.equal(batch.src[:n, :s], plain.src) and torch.equal(batch.tgt_out[:n, :t], plain.tgt_out)
+        assert torch.equal(batch.tgt_in[:n, :t], plain.tgt_in)
+        assert (batch.src[:n, s:] == PAD_ID).all() and (batch.tgt_out[:, t:] == PAD_ID).all()
+        assert (batch.src[n:, 0] == EOS_ID).all() and (batch.src[n:, 1:] == PAD_ID).all()  # the added rows
+        assert (batch.tgt_out[n:] == PAD_ID).all() and (batch.tgt_in[n:] == PAD_ID).all()
+        assert (batch.n_src_tokens, batch.n_tgt_tokens, batch.indices) == (plain.n_src_tokens, plain.n_tgt_tokens, b)
+        assert torch.equal(batch.tgt_out.flatten()[batch.positions], plain.tgt_out.flatten()[plain.positions])
+    bucketed = padding_fraction(*lengths(examples), batches, buckets)
+    assert padding_fraction(*lengths(examples), batches) < bucketed < 0.5
+
+
+def test_padding_fraction_of_buckets_by_hand() -> None:
+    examples = [Example([1] * 9, [1] * 3), Example([1] * 2, [1] * 2)]  # both sides: 9 -> 10 (4 per doubling)
+    assert padding_fraction(*lengths(examples), [[0, 1]], ShapeBuckets(4, 40)) == pytest.approx(1 - 16 / (4 * 20))
 
 
 def test_batch_order_is_deterministic_and_sharded() -> None:

@@ -1,6 +1,7 @@
 """Training: exact resume, checkpoint cadence, overfitting a few pairs, loss normalisation."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import load_config
-from transformer.data import read_lines
+from transformer.data import Example, ShapeBuckets, collate, read_lines
 from transformer.decode import translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
@@ -35,12 +36,12 @@ def deterministic(monkeypatch):
     torch.use_deterministic_algorithms(False)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_overrides, deterministic, precision):
+@pytest.mark.parametrize("precision, extra", [("fp32", []), ("fp16", []), ("fp32", ["train.shape_buckets=8"])])
+def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_overrides, deterministic, precision, extra):
     """Weights, optimizer state, losses and (fp16) the loss scaler's state: equal after a resume, on the
-    CPU and, where there is one, on a GPU."""
-    common = tiny_overrides + ["train.log_every=5", "train.eval_every=1000", "train.save_every=10",
-                               f"train.precision={precision!r}".replace("'", '"')]
+    CPU and, where there is one, on a GPU; also with the batches padded to shape buckets."""
+    common = tiny_overrides + extra + ["train.log_every=5", "train.eval_every=1000", "train.save_every=10",
+                                       f"train.precision={precision!r}".replace("'", '"')]
     full = tmp_path / "full"
     train(load_config("tiny", common + ["train.max_steps=30"]), full, quiet=True)
     part = tmp_path / "part"
@@ -701,3 +702,44 @@ def test_a_skipped_step_read_after_the_next_was_queued_moves_that_one_rate_on(tm
     records = map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
     logged = [(r["step"], r["lr"]) for r in records]
     assert logged == [(1, eq3(1)), (2, eq3(3)), (3, eq3(3)), (4, eq3(4))]
+
+
+def test_a_bucketed_batch_has_the_loss_and_gradients_of_the_batch_itself():
+    """Padded to its bucket's shape, rows added, a batch trains the model as it would unpadded: the same
+    loss and the same gradient for every weight (float64, no dropout), nothing not finite (an added row
+    whose every key were masked would make NaN, which the weights' gradients would sum)."""
+    torch.manual_seed(0)
+    model = Transformer(load_config("tiny").model, 60).double().eval()
+    g = torch.Generator().manual_seed(1)
+    examples = [Example(torch.randint(4, 60, (int(n),), generator=g).tolist() + [2],
+                        torch.randint(4, 60, (int(m),), generator=g).tolist() + [2])
+                for n, m in zip(torch.randint(1, 12, (5,), generator=g), torch.randint(1, 12, (5,), generator=g))]
+    results = []
+    for buckets in (None, ShapeBuckets(4, 400)):
+        batch = collate(examples, list(range(5)), buckets)
+        model.zero_grad()
+        loss = training.batch_loss(model, batch, 0.1)
+        loss.backward()
+        results.append((batch.src.shape, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (plain_shape, plain_loss, plain_grads), (shape, loss, grads) = results
+    assert shape[0] > plain_shape[0] and shape[1] > plain_shape[1]  # rows and positions were added
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-12, atol=0)
+    for name, grad in grads.items():
+        assert torch.isfinite(grad).all(), name
+        torch.testing.assert_close(grad, plain_grads[name], rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_cuda_graphs_compile_for_them_and_mark_every_step(tmp_path, tiny_overrides, monkeypatch):
+    """train.cuda_graphs: the model compiled in torch.compile's CUDA-graph mode, every step begun with
+    ``cudagraph_mark_step_begin`` (the step before's graph outputs are free), the batches in shape buckets
+    (the log counts their shapes). The compiler itself is stood in for: on a CPU it would run no graph."""
+    modes, marks = [], []
+    monkeypatch.setattr(training, "compiled", lambda model, raw, device, mode=None: modes.append(mode) or model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.log_every=2", "train.eval_every=1000",
+                                                "train.compile=true", "train.cuda_graphs=true",
+                                                "train.shape_buckets=8"]), run, quiet=True)
+    assert modes == ["reduce-overhead"] and len(marks) == 6
+    assert load_checkpoint(list_checkpoints(run)[-1], with_state=False).meta["step"] == 6
+    assert re.search(r"batches of <= 1024 tokens per side in \d+ shapes; padding", (run / "train.log").read_text())

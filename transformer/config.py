@@ -131,6 +131,11 @@ class TrainConfig:
     # multiplies bf16 in hardware (a GPU with bf16 units, a CPU with AVX512-BF16 or AMX), else fp32
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     compile: bool = False  # torch.compile the model
+    # not in the paper: batches padded to a few shapes (data.ShapeBuckets: N lengths per doubling; 0 = the
+    # batches as §5.1 makes them), and with cuda_graphs (which needs them and compile) the compiled graphs
+    # replayed as CUDA graphs, one per shape: the host no longer launches a step's kernels one by one
+    shape_buckets: int = 0
+    cuda_graphs: bool = False
     max_bad_steps: int = 20  # consecutive steps with non-finite gradients (skipped) before training stops
     check_every: int = 1000  # steps between cross-rank parameter checksums (data parallel only)
     dist_timeout_s: float = 300.0  # a collective that waits longer (a rank died or hung) stops the job
@@ -239,6 +244,15 @@ class Config:
         for name, every in (("train.eval_every", t.eval_every), ("train.bleu_every", t.bleu_every)):
             if every % t.log_every:  # both are computed on a logging step
                 raise ConfigError(f"{name} ({every}) must be a multiple of train.log_every ({t.log_every})")
+        if t.shape_buckets < 0:
+            raise ConfigError(f"train.shape_buckets must be >= 0 (0 = off), got {t.shape_buckets}")
+        if t.cuda_graphs and not (t.compile and t.shape_buckets):
+            raise ConfigError("train.cuda_graphs replays the compiled graphs, one per batch shape: it needs "
+                              "train.compile = true and train.shape_buckets > 0 (e.g. 8)")
+        if t.cuda_graphs and t.update_freq > 1:
+            raise ConfigError(f"train.cuda_graphs replays one forward and backward per step: train.update_freq "
+                              f"{t.update_freq} would chain {t.update_freq} graphs per step for every sequence of "
+                              "shapes; take the step's tokens in one batch (train.max_tokens)")
         if t.bleu_every < 0 or t.bleu_sentences <= 0:
             raise ConfigError("train.bleu_every must be >= 0 and train.bleu_sentences positive")
         if (not m.d_k or not m.d_v) and m.d_model % m.n_heads:
@@ -309,13 +323,13 @@ class Config:
 
 # fields added after config hashes were recorded, with the behaviour every config had before them
 ADDED_FIELDS: dict[str, object] = {"train.interval_unit": "steps", "decode.length_norm": "gnmt",
-                                   "train.init_qkv_gain": 1.0}
+                                   "train.init_qkv_gain": 1.0, "train.shape_buckets": 0, "train.cuda_graphs": False}
 
 RESUME_FIXED: dict[str, str | tuple[str, ...]] = {
     "model": "*",
     "data": ("task", "train_src", "train_tgt", "train_store", "vocab_size", "spm_input_sentences", "max_len"),
     "train": ("max_tokens", "update_freq", "warmup_steps", "lr_scale", "cooldown_fraction", "beta1", "beta2",
-              "adam_eps", "weight_decay", "clip_norm", "eps_ls", "seed", "init_qkv_gain"),
+              "adam_eps", "weight_decay", "clip_norm", "eps_ls", "seed", "init_qkv_gain", "shape_buckets"),
 }
 
 

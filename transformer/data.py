@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import io
 import itertools
+import math
 import multiprocessing
 import os
 import random
@@ -182,48 +183,99 @@ class Batch:
                      self.n_tgt_tokens, self.indices, self.positions.pin_memory())
 
 
-def pad(seqs: list[list[int]]) -> torch.Tensor:
+def pad(seqs: list[list[int]], shape: tuple[int, int] | None = None) -> torch.Tensor:
     """[B, max len] long tensor, PAD on the right; one array built per batch, not one per row (numpy reads
-    the lists several times faster than ``torch.tensor``: the host work between a GPU's steps)."""
+    the lists several times faster than ``torch.tensor``: the host work between a GPU's steps). ``shape``:
+    [rows, length] instead, its rows after the sequences' all PAD (``ShapeBuckets``)."""
     lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
     flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64, count=int(lengths.sum()))
-    out = np.full((len(seqs), int(lengths.max())), PAD_ID, dtype=np.int64)
-    out[np.arange(out.shape[1]) < lengths[:, None]] = flat  # row-major fill
+    out = np.full(shape or (len(seqs), int(lengths.max())), PAD_ID, dtype=np.int64)
+    out[:len(seqs)][np.arange(out.shape[1]) < lengths[:, None]] = flat  # row-major fill
     return torch.from_numpy(out)
 
 
-def collate(examples: list[Example], indices: list[int]) -> Batch:
-    """Pads the examples at ``indices`` into one Batch."""
+@dataclass(frozen=True)
+class ShapeBuckets:
+    """Batches of a few shapes (train.shape_buckets), for CUDA graphs: a graph replays one shape, and a
+    corpus batched by length (§5.1) meets thousands of (sentences, source length, target length).
+
+    Both sides of a batch are padded to the bucket of its longest sentence, source or target: the next of
+    8 · 2^(k / per_doubling), rounded up (``per_doubling`` lengths per doubling: 8 pads a length by at most
+    9%); and its rows to as many as the token budget holds at that length. A batch's shape is then its
+    bucket's, one per bucket up to the longest sentence (padding each side to its own bucket would make
+    the shapes pairs of buckets, several times as many for less padding than more buckets give). The
+    batcher counts those padded tokens (A10), so a batch of its shape fits ``max_tokens``. The added rows
+    are all padding but their source's first position, an EOS: each attention row then has a key to
+    attend to (a row of masked keys only gives NaN, which the weights' gradients would sum). They hold no
+    target token, so no loss, no gradient, and nothing counted.
+
+    DEVIATION(§5.1): opt-in (train.shape_buckets); §5.1 batches pad to each batch's own longest sides.
+    """
+
+    per_doubling: int
+    max_tokens: int
+
+    def lengths(self, lengths: ArrayLike) -> np.ndarray:
+        """Each length padded to its bucket."""
+        n = np.asarray(lengths, dtype=np.int64)
+        doublings = math.log2(max(int(n.max(initial=8)), 8) / 8)
+        k = np.arange(math.ceil(self.per_doubling * doublings) + 1)
+        buckets = np.unique(np.ceil(8 * 2.0 ** (k / self.per_doubling) - 1e-9).astype(np.int64))
+        return buckets[np.searchsorted(buckets, n)]
+
+    def shape(self, src_len: int, tgt_len: int) -> tuple[int, int, int]:
+        """(rows, source length, target length) of a batch whose longest sides are ``src_len``, ``tgt_len``."""
+        length = int(self.lengths([max(src_len, tgt_len)])[0])
+        return max(1, self.max_tokens // length), length, length
+
+    def shapes(self, src_lengths: ArrayLike, tgt_lengths: ArrayLike,
+               batches: list[list[int]]) -> set[tuple[int, int, int]]:
+        """The shapes ``batches`` of examples of these lengths take: CUDA graphs, one each."""
+        src, tgt = np.asarray(src_lengths), np.asarray(tgt_lengths)
+        return {self.shape(int(src[b].max()), int(tgt[b].max())) for b in batches}
+
+
+def collate(examples: list[Example], indices: list[int], buckets: ShapeBuckets | None = None) -> Batch:
+    """Pads the examples at ``indices`` into one Batch (of a bucket's shape with ``buckets``)."""
     chosen = [examples[i] for i in indices]
-    tgt_out = pad([e.tgt for e in chosen])
+    src_shape = tgt_shape = None
+    if buckets:
+        rows, src_len, tgt_len = buckets.shape(max(len(e.src) for e in chosen), max(len(e.tgt) for e in chosen))
+        src_shape, tgt_shape = (rows, src_len), (rows, tgt_len)
+    tgt_out = pad([e.tgt for e in chosen], tgt_shape)
     # §3.1: the decoder's input is the target shifted right behind the start symbol, as long as the target
     # (its EOS falls off, or onto a padding position, which stays padding)
     shifted = torch.cat([torch.full_like(tgt_out[:, :1], BOS_ID), tgt_out[:, :-1]], 1)
     keep = tgt_out != PAD_ID
-    return Batch(src=pad([e.src for e in chosen]), tgt_in=shifted.masked_fill_(~keep, PAD_ID),
+    src = pad([e.src for e in chosen], src_shape)
+    src[len(chosen):, 0] = EOS_ID  # a bucket's added rows: one key for their attention (ShapeBuckets)
+    return Batch(src=src, tgt_in=shifted.masked_fill_(~keep, PAD_ID),
                  tgt_out=tgt_out, n_src_tokens=sum(len(e.src) for e in chosen),
                  n_tgt_tokens=sum(len(e.tgt) for e in chosen), indices=list(indices),
                  positions=keep.flatten().nonzero().squeeze(1))
 
 
-def make_batches(examples: list[Example], max_tokens: int) -> list[list[int]]:
+def make_batches(examples: list[Example], max_tokens: int, buckets: ShapeBuckets | None = None) -> list[list[int]]:
     """§5.1 length batching of in-memory examples: ``make_batches_from_lengths`` on their lengths."""
-    return make_batches_from_lengths(*lengths(examples), max_tokens)
+    return make_batches_from_lengths(*lengths(examples), max_tokens, buckets)
 
 
-def make_batches_from_lengths(src_lengths: ArrayLike, tgt_lengths: ArrayLike,
-                              max_tokens: int) -> list[list[int]]:
+def make_batches_from_lengths(src_lengths: ArrayLike, tgt_lengths: ArrayLike, max_tokens: int,
+                              buckets: ShapeBuckets | None = None) -> list[list[int]]:
     """§5.1 length batching: sort by (target, source) length, then fill greedily.
 
     A batch of B examples takes B * longest source and B * longest target padded positions; each
     must stay <= max_tokens (A10 counts padded tokens). An example longer than max_tokens on its
     own gets a batch of one rather than being lost. Deterministic: shuffling is BatchOrder's job.
     Takes lengths only (EOS included), so a memory-mapped TokenStore of millions of pairs is
-    batched without building an Example per pair.
+    batched without building an Example per pair. With ``buckets`` the lengths are counted padded to
+    their buckets (the shapes ``collate`` gives the batches).
     """
     src, tgt = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
     if src.shape != tgt.shape or src.ndim != 1:
         raise ValueError(f"src_lengths {src.shape} and tgt_lengths {tgt.shape} must be equal 1-d arrays")
+    if buckets:
+        src = tgt = buckets.lengths(np.maximum(src, tgt))
     order = np.lexsort((src, tgt))  # the last key is the primary one; stable: ties keep index order
     batches: list[list[int]] = []
     batch: list[int] = []
@@ -240,13 +292,17 @@ def make_batches_from_lengths(src_lengths: ArrayLike, tgt_lengths: ArrayLike,
     return batches
 
 
-def padding_fraction(src_lengths: ArrayLike, tgt_lengths: ArrayLike, batches: list[list[int]]) -> float:
-    """Share of padded source + target positions that are PAD (how much compute batching wastes)."""
+def padding_fraction(src_lengths: ArrayLike, tgt_lengths: ArrayLike, batches: list[list[int]],
+                     buckets: ShapeBuckets | None = None) -> float:
+    """Share of padded source + target positions that are PAD (how much compute batching wastes), in the
+    buckets' shapes with ``buckets``."""
     src, tgt = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
     total = real = 0
     for batch in batches:
         s, t = src[batch], tgt[batch]
-        total += len(batch) * int(s.max() + t.max())
+        rows, longest_src, longest_tgt = (buckets.shape(int(s.max()), int(t.max())) if buckets else
+                                          (len(batch), int(s.max()), int(t.max())))
+        total += rows * (longest_src + longest_tgt)
         real += int(s.sum() + t.sum())
     return 1.0 - real / total if total else 0.0
 
@@ -295,11 +351,11 @@ class SampledEpochs:
     """
 
     def __init__(self, src: Path, tgt: Path, spm_model: Path, alpha: float, seed: int, max_len: int,
-                 max_tokens: int) -> None:
+                 max_tokens: int, buckets: ShapeBuckets | None = None) -> None:
         self.seed = seed
         self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                          initializer=_start_sampler,
-                                         initargs=(src, tgt, spm_model, alpha, max_len, max_tokens))
+                                         initargs=(src, tgt, spm_model, alpha, max_len, max_tokens, buckets))
         self._ahead: dict[int, Future] = {}
 
     def __call__(self, epoch: int) -> tuple[list[Example], list[list[int]]]:
@@ -315,16 +371,17 @@ class SampledEpochs:
 _sampler: dict = {}  # the worker process's state: its training text, dropout and settings
 
 
-def _start_sampler(src: Path, tgt: Path, spm_model: Path, alpha: float, max_len: int, max_tokens: int) -> None:
+def _start_sampler(src: Path, tgt: Path, spm_model: Path, alpha: float, max_len: int, max_tokens: int,
+                   buckets: ShapeBuckets | None) -> None:
     os.nice(10)  # the next epoch is due in minutes: the training processes come first
     _sampler.update(pairs=read_parallel(src, tgt), dropout=Tokenizer(spm_model).dropout(), alpha=alpha,
-                    max_len=max_len, max_tokens=max_tokens)
+                    max_len=max_len, max_tokens=max_tokens, buckets=buckets)
 
 
 def _sample_epoch(seed: int, epoch: int) -> tuple[list[Example], list[list[int]]]:
     examples = sample_examples(_sampler["pairs"], _sampler["dropout"], _sampler["alpha"], seed, epoch,
                                _sampler["max_len"])
-    return examples, make_batches(examples, _sampler["max_tokens"])
+    return examples, make_batches(examples, _sampler["max_tokens"], _sampler["buckets"])
 
 
 def sample_examples(pairs: list[tuple[str, str]], dropout: BPEDropout, alpha: float, seed: int, epoch: int,

@@ -33,8 +33,8 @@ from .distributed import Dist
 
 from .checkpoint import (average_checkpoints, checkpoints_to_average, epochs_into, latest_checkpoint,
                          list_checkpoints, load_checkpoint, save_checkpoint, write_model)
-from .config import Config, ConfigError, ModelConfig, config_from_dict, dump_toml, read_toml
-from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, collate, encode_pairs,
+from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
+from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, collate, encode_pairs,
                    lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import UserError
 from .loss import label_smoothed_loss
@@ -114,6 +114,11 @@ class Run:
     valid: list[Example]
     batches: list[list[int]]
     sampled: SampledEpochs | None = None  # data.subword_alpha > 0: each epoch's own examples and batches
+
+
+def shape_buckets(t: TrainConfig) -> ShapeBuckets | None:
+    """The shapes train.shape_buckets pads the training batches to; None: the batches as §5.1 makes them."""
+    return ShapeBuckets(t.shape_buckets, t.max_tokens) if t.shape_buckets else None
 
 
 def run_logger(out: Path, quiet: bool = False):
@@ -201,15 +206,17 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         src_lengths, tgt_lengths = lengths(train)
     valid, _ = encode_pairs(read_parallel(resolve_data_path(d.valid_src), resolve_data_path(d.valid_tgt)),
                             tokenizer, max_len=10**9)
-    batches = make_batches_from_lengths(src_lengths, tgt_lengths, cfg.train.max_tokens)
-    log(f"{len(batches)} batches of <= {cfg.train.max_tokens} tokens per side; "
-        f"padding {100 * padding_fraction(src_lengths, tgt_lengths, batches):.1f}% of positions")
+    buckets = shape_buckets(cfg.train)
+    batches = make_batches_from_lengths(src_lengths, tgt_lengths, cfg.train.max_tokens, buckets)
+    shapes = f" in {len(buckets.shapes(src_lengths, tgt_lengths, batches))} shapes" if buckets else ""
+    log(f"{len(batches)} batches of <= {cfg.train.max_tokens} tokens per side{shapes}; "
+        f"padding {100 * padding_fraction(src_lengths, tgt_lengths, batches, buckets):.1f}% of positions")
     sampled = None
     if d.subword_alpha:
         log(f"subword regularization: every epoch segments the training text anew (BPE-dropout, alpha "
             f"{d.subword_alpha}) and is batched again; the batches above are those of the deterministic segmentation")
         sampled = SampledEpochs(train_src, train_tgt, tokenizer.path, d.subword_alpha, cfg.train.seed, d.max_len,
-                                cfg.train.max_tokens)
+                                cfg.train.max_tokens, buckets)
     return Run(cfg, out, tokenizer, train, valid, batches, sampled)
 
 
@@ -246,7 +253,9 @@ def batch_losses(model: torch.nn.Module, batch: Batch, eps_ls: tuple[float, ...]
 
     Goes through ``model(...)`` so that a DistributedDataParallel wrapper sees the forward pass.
     """
-    hidden = model(batch.src, batch.tgt_in, batch.positions, logits=False)
+    # the target positions are selected after the model: a compiled graph then takes the batch's shape alone,
+    # not also its count of target tokens (CUDA graphs replay one shape: train.shape_buckets)
+    hidden = model(batch.src, batch.tgt_in, logits=False).flatten(0, 1).index_select(0, batch.positions)
     inner = getattr(model, "_orig_mod", model)  # through torch.compile's and DDP's wrappers
     weight = (inner.module if isinstance(inner, DistributedDataParallel) else inner).output_weight
     target = batch.tgt_out.flatten().index_select(0, batch.positions)
@@ -535,8 +544,12 @@ class Trainer:
             self.meta_base["init_from"] = self.start_from(init_from, parent)
         self.raw.train()
         self.model: torch.nn.Module = DistributedDataParallel(self.raw) if dist.enabled else self.raw
+        if t.cuda_graphs and dist.enabled:
+            raise TrainError("train.cuda_graphs is for one process: with data parallelism the gradients' all-reduce "
+                             "would be captured in the graphs, which this trainer does not do")
+        self.buckets = shape_buckets(t)
         if t.compile:
-            self.model = compiled(self.model, self.raw, dist.device)
+            self.model = compiled(self.model, self.raw, dist.device, "reduce-overhead" if t.cuda_graphs else None)
         self.amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
         self.log(f"transformer {__version__}, torch {torch.__version__}, python {platform.python_version()}; seed "
                  f"{t.seed}; config sha256 {cfg.sha256()[:16]}; vocabulary sha256 {tokenizer.sha256[:16]}")
@@ -648,7 +661,7 @@ class Trainer:
             self.start_epoch(state.epoch)
         indices = self.batches[self.epoch_order[state.batch_in_epoch]]
         state.batch_in_epoch += 1
-        batch = collate(self.examples, indices)
+        batch = collate(self.examples, indices, self.buckets)
         # from page-locked memory the copy to a GPU is queued like a kernel; from pageable memory it can wait
         # for the GPU, and the host would not run ahead of it (``run``)
         return batch.pin_memory() if self.dist.device.type == "cuda" else batch
@@ -687,6 +700,8 @@ class Trainer:
     def queue(self, lr: float) -> InFlight:
         """The next step's batches drawn and its work queued on the device, its outcome not read."""
         t = self.cfg.train
+        if t.cuda_graphs:  # the outputs of the step before's graphs are no longer read: their memory is free
+            torch.compiler.cudagraph_mark_step_begin()
         queued = queue_step(self.model, self.optimizer, [self.next_batch() for _ in range(t.update_freq)], t.eps_ls,
                             lr, t.clip_norm, self.dist, self.scaler, self.amp_dtype)
         return InFlight(queued, lr)
