@@ -582,6 +582,10 @@ PREDICTED = [
      "where the GPU waits between steps for the host's copies, graph guards and first launches; in the trainer "
      "the collation too (~1.2 ms of host work per 25k-token batch on this CPU). Nothing where the holes lie "
      "between the kernels of a step."),
+    ("eae2463", "the target positions selected after the compiled model, not inside its graph (so that a graph "
+     "takes a batch's shape alone: train.shape_buckets, train.cuda_graphs).", "about nothing: an eager gather of "
+     "the [B·T, D] decoder output and its backward's index_add, ~35 MB (base) and ~70 MB (big) more traffic, "
+     "two launches, < 0.1 ms."),
 ]
 
 
