@@ -82,14 +82,14 @@ def test_dropout_keeps_1_minus_p_and_rescales(p):
 
 def test_a_compiled_training_forward_is_one_graph_with_dropout_on():
     """torch.compile (train.compile) traces training's forward pass as one graph, dropout included (the
-    CPU's mask from random words broke it at every layer, and each break compiled again) and the
-    selection of the target positions too (indices made on the host: a boolean mask's selection has a
-    size only the data tells, a break, and on a GPU a wait for the device)."""
+    CPU's mask from random words broke it at every layer, and each break compiled again). The target
+    positions are selected after it, by indices made on the host (``Batch.positions``: a boolean mask's
+    selection has a size only the data tells, and on a GPU a wait for the device)."""
     torch.manual_seed(0)
     model = Transformer(load_config("tiny").model, 50).train()
     assert model.cfg.p_drop > 0
     batch = collate([Example([5, 6, 7, 2], [8, 9, 2]), Example([5, 2], [8, 9, 10, 11, 2])], [0, 1])
-    explained = torch._dynamo.explain(model)(batch.src, batch.tgt_in, batch.positions, logits=False)
+    explained = torch._dynamo.explain(model)(batch.src, batch.tgt_in, logits=False)
     assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
 
 

@@ -602,15 +602,12 @@ class Transformer(nn.Module):
         """The pre-softmax projection's weight [V, D]: the target embedding's when tied (§3.4)."""
         return self.output_proj.weight if "output_proj" in self._modules else self.target_embedding.weight
 
-    def forward(self, src: Tensor, tgt_in: Tensor, positions: Tensor | None = None, logits: bool = True) -> Tensor:
-        """src [B, S], tgt_in [B, T] -> logits [B, T, V]; with ``positions`` (long [N], indices into the
-        B·T target positions, row-major: ``Batch.positions``) only the logits of those positions, [N, V]:
-        training projects only where there is a target, since the output projection is the largest
-        matmul. ``logits=False``: the decoder's output before the projection ([B, T, D] or [N, D]), for
-        ``loss.label_smoothed_loss`` to project."""
+    def forward(self, src: Tensor, tgt_in: Tensor, logits: bool = True) -> Tensor:
+        """src [B, S], tgt_in [B, T] -> logits [B, T, V]. ``logits=False``: the decoder's output [B, T, D]
+        before the projection, for ``loss.label_smoothed_loss`` to project, which training does at the target
+        positions alone (``train.batch_losses``): the output projection is the largest matmul."""
         memory, src_mask = self.encode(src)
         hidden = self.decode(tgt_in, memory, src_mask)
-        hidden = hidden if positions is None else hidden.flatten(0, 1).index_select(0, positions)
         return self.project(hidden) if logits else hidden
 
     def init_cache(self, memory: Tensor, src_mask: Tensor, beam: int = 1, max_len: int = 1024) -> DecoderCache:
