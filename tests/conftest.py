@@ -35,14 +35,19 @@ def write_slice(multi30k: Path, out: Path, split: str, start: int, n: int) -> tu
     return paths[0], paths[1]
 
 
-@pytest.fixture
-def tiny_overrides(multi30k: Path, tmp_path: Path) -> list[str]:
-    """--set overrides that point the tiny preset at 600 training and 50 validation pairs."""
-    train_src, train_tgt = write_slice(multi30k, tmp_path, "train", 0, 600)
-    valid_src, valid_tgt = write_slice(multi30k, tmp_path, "val", 0, 50)
+def tiny_data(multi30k: Path, folder: Path) -> list[str]:
+    """--set overrides that point the tiny preset at 600 training and 50 validation pairs (written into
+    ``folder``)."""
+    train_src, train_tgt = write_slice(multi30k, folder, "train", 0, 600)
+    valid_src, valid_tgt = write_slice(multi30k, folder, "val", 0, 50)
     return [f'data.train_src="{train_src}"', f'data.train_tgt="{train_tgt}"',
             f'data.valid_src="{valid_src}"', f'data.valid_tgt="{valid_tgt}"', "data.vocab_size=500",
             "train.save_minutes=0", "train.threads=1"]
+
+
+@pytest.fixture
+def tiny_overrides(multi30k: Path, tmp_path: Path) -> list[str]:
+    return tiny_data(multi30k, tmp_path)
 
 
 @pytest.fixture(scope="session")
@@ -52,13 +57,9 @@ def tiny_run(multi30k: Path, tmp_path_factory) -> Path:
     from transformer.train import train
 
     tmp = tmp_path_factory.mktemp("tiny_run")
-    train_src, train_tgt = write_slice(multi30k, tmp, "train", 0, 600)
-    valid_src, valid_tgt = write_slice(multi30k, tmp, "val", 0, 50)
-    cfg = load_config("tiny", [f'data.train_src="{train_src}"', f'data.train_tgt="{train_tgt}"',
-                               f'data.valid_src="{valid_src}"', f'data.valid_tgt="{valid_tgt}"', "data.vocab_size=500",
-                               "train.save_minutes=0", "train.threads=1", "train.max_steps=30", "train.save_every=10",
-                               "train.log_every=5", "train.eval_every=10",
-                               "train.bleu_every=15", "train.bleu_sentences=20"])
+    cfg = load_config("tiny", tiny_data(multi30k, tmp) + ["train.max_steps=30", "train.save_every=10",
+                                                          "train.log_every=5", "train.eval_every=10",
+                                                          "train.bleu_every=15", "train.bleu_sentences=20"])
     train(cfg, tmp / "run", quiet=True)
     return tmp / "run"
 

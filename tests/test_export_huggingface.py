@@ -16,7 +16,7 @@ from transformer.tokenizer import EOS_ID, PAD_ID
 from transformer.train import train
 from transformer.translator import Translator
 
-from tests.conftest import write_slice
+from tests.conftest import tiny_data
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,12 +25,9 @@ transformers = pytest.importorskip("transformers")
 def run(request, multi30k, tmp_path_factory):
     """A tiny model trained at transformers' LayerNorm ε (1e-5): post-norm (Marian), pre-norm (Pegasus)."""
     tmp = tmp_path_factory.mktemp(f"hf_{request.param}")
-    train_src, train_tgt = write_slice(multi30k, tmp, "train", 0, 600)
-    valid_src, valid_tgt = write_slice(multi30k, tmp, "val", 0, 50)
-    cfg = load_config("tiny", [f'data.train_src="{train_src}"', f'data.train_tgt="{train_tgt}"',
-                               f'data.valid_src="{valid_src}"', f'data.valid_tgt="{valid_tgt}"', "data.vocab_size=500",
-                               "train.save_minutes=0", "train.threads=1", "train.max_steps=200", "train.save_every=100",
-                               "decode.average_last=2", f'model.norm="{request.param}"', "model.ln_eps=1e-5"])
+    cfg = load_config("tiny", tiny_data(multi30k, tmp) + ["train.max_steps=200", "train.save_every=100",
+                                                          "decode.average_last=2", f'model.norm="{request.param}"',
+                                                          "model.ln_eps=1e-5"])
     train(cfg, tmp / "run", quiet=True)
     return tmp / "run"
 

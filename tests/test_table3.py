@@ -107,8 +107,18 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=600)
 
 
+def run_here(monkeypatch, capsys, *args: str) -> str:
+    """table3.py's main on ``args`` in this process, where it trains nothing (a fresh process would only add
+    its start-up); what it printed."""
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "table3.py"), *args])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))  # main() sets it
+    capsys.readouterr()
+    table3.main()
+    return capsys.readouterr().out
+
+
 @pytest.mark.slow
-def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path):
+def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path, monkeypatch, capsys):
     src, tgt = write_slice(multi30k, tmp_path, "train", 0, 400)
     args = ["--rows", "base,D3", "--factor", "32", "--updates", "6", "--base-seeds", "2", "--val-sentences", "8",
             "--threads", "1", "--results", str(tmp_path / "results"), "--runs", str(tmp_path / "runs"),
@@ -137,15 +147,13 @@ def test_two_rows_end_to_end_then_read_back(multi30k: Path, tmp_path: Path):
     assert "| D3 | 1 |" in md and "| D3 | " + f"{result['readings'][0]['dev_ppl_delta']:+}" in md
 
     shutil.rmtree(tmp_path / "runs")  # a second run must not need them: finished rows are read back
-    second = run_script(*args)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert second.stdout.count("read back") == 3 and "training into" not in second.stdout
+    second = run_here(monkeypatch, capsys, *args)
+    assert second.count("read back") == 3 and "training into" not in second
     assert not (tmp_path / "runs").exists()
     assert json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))["rows"] == result["rows"]
 
     # --tabulate trains nothing and keeps saying where the rows were trained
-    tabulated = run_script(*args, "--tabulate", "--rows", "A1")
-    assert tabulated.returncode == 0 and "training into" not in tabulated.stdout, tabulated.stderr[-3000:]
+    assert "training into" not in run_here(monkeypatch, capsys, *args, "--tabulate", "--rows", "A1")
     table = json.loads((tmp_path / "results" / "table3.json").read_text(encoding="utf-8"))
     assert table["rows"] == result["rows"] and table["trained_by"] == result["command"]
     assert "--tabulate" in table["command"] and not (tmp_path / "runs").exists()
@@ -177,21 +185,19 @@ def test_sigterm_stops_a_row_in_one_line_and_running_again_resumes_it(multi30k: 
     assert json.loads((tmp_path / "results" / "table3" / "D3_seed1.json").read_text(encoding="utf-8"))["updates"] == 30
 
 
-def refusal(monkeypatch, *args: str) -> str:
-    """What table3.py says as it stops on ``args``, run in this process (a refusal needs no fresh one)."""
-    monkeypatch.setattr(sys, "argv", ["table3.py", *args])
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))  # main() sets it
+def refusal(monkeypatch, capsys, *args: str) -> str:
+    """What table3.py says as it stops on ``args`` (sys.exit's message: stderr, status 1)."""
     with pytest.raises(SystemExit) as stopped:
-        table3.main()
-    assert isinstance(stopped.value.code, str), stopped.value.code  # sys.exit(message): stderr, status 1
+        run_here(monkeypatch, capsys, *args)
+    assert isinstance(stopped.value.code, str), stopped.value.code
     return stopped.value.code
 
 
-def test_bad_requests_are_refused_by_name(monkeypatch):
-    assert "no row A9" in refusal(monkeypatch, "--rows", "base,A9")
+def test_bad_requests_are_refused_by_name(monkeypatch, capsys):
+    assert "no row A9" in refusal(monkeypatch, capsys, "--rows", "base,A9")
     for clash in (["--pilot"], ["--seeds", "4"]):
-        assert f"cannot go with {clash[0]}" in refusal(monkeypatch, "--tabulate", *clash)
-    assert "comma-separated integers" in refusal(monkeypatch, "--rows", "base", "--seeds", "four")
-    assert "not divisible" in refusal(monkeypatch, "--rows", "base", "--factor", "3")
+        assert f"cannot go with {clash[0]}" in refusal(monkeypatch, capsys, "--tabulate", *clash)
+    assert "comma-separated integers" in refusal(monkeypatch, capsys, "--rows", "base", "--seeds", "four")
+    assert "not divisible" in refusal(monkeypatch, capsys, "--rows", "base", "--factor", "3")
     if not table3.torch.cuda.is_available():
-        assert "no CUDA GPU" in refusal(monkeypatch, "--device", "cuda")
+        assert "no CUDA GPU" in refusal(monkeypatch, capsys, "--device", "cuda")
