@@ -21,6 +21,18 @@ def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+def run_here(capsys, *args: str) -> tuple[int, str, str]:
+    """``main`` on ``args`` in this process: (exit status, stdout, stderr). For the refusals, which a fresh
+    interpreter would only slow down (the end-to-end tests above and below run the command itself)."""
+    capsys.readouterr()
+    try:
+        status = main(list(args))
+    except SystemExit as e:  # argparse's usage errors
+        status = e.code
+    said = capsys.readouterr()
+    return status, said.out, said.err
+
+
 @pytest.mark.slow
 def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
     run = tmp_path / "run"
@@ -92,16 +104,16 @@ def test_params_json(capsys):
     (["train", "configs/multi30k_en_de.toml", "--out", "{tmp}/r", "--set", 'data.train_src="/nonexistent/x.en"'],
      "data file not found"),
 ])
-def test_user_errors_exit_1_with_one_line(tmp_path, args, message):
-    result = run_cli(*[a.replace("{tmp}", str(tmp_path)) for a in args])
-    assert result.returncode == 1, result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+def test_user_errors_exit_1_with_one_line(tmp_path, capsys, args, message):
+    status, _, err = run_here(capsys, *[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert status == 1, err
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
 
 
-def test_usage_errors_exit_2():
-    assert run_cli("train").returncode == 2
-    assert run_cli("frobnicate").returncode == 2
+def test_usage_errors_exit_2(capsys):
+    assert run_here(capsys, "train")[0] == 2
+    assert run_here(capsys, "frobnicate")[0] == 2
 
 
 def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tmp_path, capsys, monkeypatch):
@@ -132,10 +144,10 @@ def test_decoding_options_replace_the_runs_own():
         build_parser().parse_args(["translate", "RUN", "--early-stop", "first"])
 
 
-def test_every_command_has_help():
+def test_every_command_has_help(capsys):
     for command in ("train", "translate", "evaluate", "average", "params"):
-        result = run_cli(command, "--help")
-        assert result.returncode == 0 and "usage:" in result.stdout, command
+        status, out, _ = run_here(capsys, command, "--help")
+        assert status == 0 and "usage:" in out, command
 
 
 @pytest.mark.parametrize("flag, value, message", [("--alpha", "nan", "--alpha nan: must be a finite number >= 0"),
@@ -144,11 +156,12 @@ def test_every_command_has_help():
                                                   ("--beam", "0", "--beam 0: must be at least 1"),
                                                   ("--max-len-offset", "-1", "--max-len-offset -1: must be >= 0"),
                                                   ("--batch-size", "0", "--batch-size 0: must be at least 1")])
-def test_decoding_flags_are_checked_as_the_request(tiny_run, flag, value, message):
+def test_decoding_flags_are_checked_as_the_request(tiny_run, tmp_path, capsys, flag, value, message):
     """A flag's value is checked with the request (``DecodeRequest.verify``): NaN is not a length penalty."""
-    result = run_cli("translate", str(tiny_run), flag, value, stdin="a dog runs .\n")
-    assert result.returncode == 1 and message in result.stderr, result.stderr
-    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+    (tmp_path / "in.txt").write_text("a dog runs .\n")
+    status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"), flag, value)
+    assert status == 1 and message in err, err
+    assert out == "" and len(err.strip().splitlines()) == 1
 
 
 SENTENCES = "a dog runs .\ntwo men are talking on a street .\n\na girl in a red coat .\n"
@@ -230,15 +243,17 @@ def test_prefix_and_sampling_from_the_command_line(tiny_run, tmp_path):
     (["--prefix", "{tmp}/two_lines.txt"], "--prefix: 2 given for 4 input lines"),
     (["--prefix", "{tmp}/long.txt", "--max-len-offset", "2"], "prefix of line 1:"),
 ])
-def test_decoding_feature_errors_are_one_line(tiny_run, tmp_path, args, message):
+def test_decoding_feature_errors_are_one_line(tiny_run, tmp_path, capsys, args, message):
     (tmp_path / "two_lines.txt").write_text("a\nb\n")
     (tmp_path / "long.txt").write_text("ein Hund läuft schnell über die grüne Wiese\n\n\n\n")
-    result = run_cli("translate", str(tiny_run), *[a.replace("{tmp}", str(tmp_path)) for a in args], stdin=SENTENCES)
-    assert result.returncode == 1 and message in result.stderr, result.stderr
+    (tmp_path / "in.txt").write_text(SENTENCES)
+    status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
+                                *[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert status == 1 and message in err, err
     # the options are checked before the weights load; the files once the input is read, after it
-    said = [line for line in result.stderr.strip().splitlines() if not line.startswith("averaging the last")]
-    assert result.stdout == "" and len(said) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert len(said) == len(result.stderr.strip().splitlines()) or "{tmp}" in " ".join(args)
+    said = [line for line in err.strip().splitlines() if not line.startswith("averaging the last")]
+    assert out == "" and len(said) == 1 and "Traceback" not in err, err
+    assert len(said) == len(err.strip().splitlines()) or "{tmp}" in " ".join(args)
 
 
 def test_score_errors_are_one_line(tiny_run, tmp_path):
