@@ -84,7 +84,8 @@ def pack_for_inference(model: nn.Module) -> None:
         return
     weights = [m.weight for m in model.modules() if type(m) is nn.Linear and m.weight.dtype == torch.float32
                and m.weight.device.type == "cpu"]
-    weights += [m.output_weight for m in model.modules() if isinstance(m, Transformer) and "output_proj" not in m._modules
+    weights += [m.output_weight for m in model.modules()
+                if isinstance(m, Transformer) and "output_proj" not in m._modules
                 and m.output_weight.device.type == "cpu"]  # tied: the embedding is the projection
     for w in weights:
         pack(w)
