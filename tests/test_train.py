@@ -743,4 +743,6 @@ def test_cuda_graphs_compile_for_them_and_mark_every_step(tmp_path, tiny_overrid
                                                 "train.shape_buckets=8"]), run, quiet=True)
     assert modes == ["reduce-overhead"] and len(marks) == 6
     assert load_checkpoint(list_checkpoints(run)[-1], with_state=False).meta["step"] == 6
-    assert re.search(r"batches of <= 1024 tokens per side in \d+ shapes; padding", (run / "train.log").read_text())
+    log = (run / "train.log").read_text()
+    assert re.search(r"batches of <= 1024 tokens per side in \d+ shapes; padding", log)
+    assert ("no CUDA graphs on cpu" in log) == (not torch.cuda.is_available())

@@ -557,6 +557,8 @@ class Trainer:
         self.log(f"model: {count_parameters(self.raw):,} parameters; vocabulary {tokenizer.vocab_size}; "
                  f"{self.precision}{auto} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x "
                  f"update_freq {t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
+        if t.cuda_graphs and dist.device.type != "cuda":
+            self.log(f"train.cuda_graphs: no CUDA graphs on {dist.device.type}; the compiled graphs run as they are")
         self.start_epoch(self.state.epoch)  # with subword sampling, its first segmentation: data preparation, off the clock
         valid = (cfg.data.valid_src, cfg.data.valid_tgt)
         self.bleu_pairs = functools.cache(lambda: read_parallel(*map(resolve_data_path, valid))[:t.bleu_sentences])
