@@ -111,6 +111,15 @@ def test_user_errors_exit_1_with_one_line(tmp_path, capsys, args, message):
     assert len(err.strip().splitlines()) == 1, err
 
 
+def test_nproc_with_cuda_graphs_is_refused_before_launching(tmp_path, capsys):
+    status, _, err = run_here(capsys, "train", "tiny", "--out", str(tmp_path / "r"), "--nproc", "2", "--set",
+                              "train.compile=true", "--set", "train.cuda_graphs=true", "--set", "train.shape_buckets=8")
+    assert status == 1 and err.strip() == ("error: --nproc 2 with train.cuda_graphs: CUDA graphs are for one process "
+                                           "(with data parallelism the gradients' all-reduce would be captured in "
+                                           "the graphs)"), err
+    assert not (tmp_path / "r").exists()
+
+
 def test_usage_errors_exit_2(capsys):
     assert run_here(capsys, "train")[0] == 2
     assert run_here(capsys, "frobnicate")[0] == 2

@@ -86,6 +86,21 @@ def test_ranks_with_different_configs_are_stopped(tmp_path, tiny_overrides):
     assert "the ranks disagree on the config or the vocabulary" in proc.stderr
 
 
+def test_cuda_graphs_with_several_ranks_are_refused_before_anything_is_written(tmp_path, tiny_overrides):
+    """Under torchrun (started by the user: `transformer train --nproc` refuses it before launching, in
+    test_cli.py) every rank stops with the one line, and the run folder is not made."""
+    run = tmp_path / "run"
+    proc, _ = torchrun_script(tmp_path, f"""
+        from transformer.cli import main
+        raise SystemExit(main(["train", "tiny", "--out", {str(run)!r}, "--quiet",
+                               *[x for o in {tiny_overrides!r} + ["train.compile=true", "train.cuda_graphs=true",
+                                                                  "train.shape_buckets=8"] for x in ("--set", o)]]))
+    """)
+    assert proc.returncode != 0
+    assert proc.stderr.count("error: train.cuda_graphs is for one process") == 2, proc.stderr[-2000:]
+    assert not run.exists()
+
+
 def test_a_killed_rank_stops_the_job_and_the_run_resumes(tmp_path, tiny_overrides):
     run = tmp_path / "run"
     overrides = tiny_overrides + ["train.max_steps=8", "train.save_every=2", "train.threads=1",

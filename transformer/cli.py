@@ -97,6 +97,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     if not 1 <= args.nproc <= slots:
         raise ConfigError(f"--nproc {args.nproc}: give 1 .. {slots}, one process per "
                           f"{'GPU' if gpus else 'CPU core'} of this machine")
+    if args.nproc > 1 and cfg.train.cuda_graphs:  # the trainer refuses it too, where torchrun starts it
+        raise ConfigError(f"--nproc {args.nproc} with train.cuda_graphs: CUDA graphs are for one process (with data "
+                          "parallelism the gradients' all-reduce would be captured in the graphs)")
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         # one node, N processes: the same command under torchrun (many nodes: call torchrun directly)
         import subprocess

@@ -509,6 +509,9 @@ class Trainer:
         if init_from is not None and t.init_qkv_gain != 1.0:  # refused before anything is written
             raise TrainError(f"train.init_qkv_gain = {t.init_qkv_gain:g} sets how a new model's first weights are "
                              f"drawn, and --init-from starts from {init_from}'s instead: give one of them")
+        if t.cuda_graphs and dist.enabled:  # refused before anything is written, as above
+            raise TrainError("train.cuda_graphs is for one process: with data parallelism the gradients' all-reduce "
+                             "would be captured in the graphs, which this trainer does not do")
         parent = None if init_from is None else parent_run(init_from)
         if dist.main:
             out.mkdir(parents=True, exist_ok=True)
@@ -544,9 +547,6 @@ class Trainer:
             self.meta_base["init_from"] = self.start_from(init_from, parent)
         self.raw.train()
         self.model: torch.nn.Module = DistributedDataParallel(self.raw) if dist.enabled else self.raw
-        if t.cuda_graphs and dist.enabled:
-            raise TrainError("train.cuda_graphs is for one process: with data parallelism the gradients' all-reduce "
-                             "would be captured in the graphs, which this trainer does not do")
         self.buckets = shape_buckets(t)
         if t.compile:
             self.model = compiled(self.model, self.raw, dist.device, "reduce-overhead" if t.cuda_graphs else None)
