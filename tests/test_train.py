@@ -143,10 +143,11 @@ def test_tiny_model_overfits_twenty_pairs(tmp_path, multi30k):
     assert outputs == expected
 
 
-def test_training_from_a_token_store_equals_training_from_text(tmp_path, tiny_overrides):
+@pytest.mark.parametrize("extra", [[], ["train.shape_buckets=8"]], ids=["plain", "shape-buckets"])
+def test_training_from_a_token_store_equals_training_from_text(tmp_path, tiny_overrides, extra):
     from transformer.cli import main
     from transformer.checkpoint import list_checkpoints, load_checkpoint
-    overrides = tiny_overrides + ["train.max_steps=4", "train.save_every=4"]
+    overrides = tiny_overrides + extra + ["train.max_steps=4", "train.save_every=4"]
     text = tmp_path / "text"
     train(load_config("tiny", overrides), text, quiet=True)
     store = tmp_path / "store"
@@ -746,3 +747,23 @@ def test_cuda_graphs_compile_for_them_and_mark_every_step(tmp_path, tiny_overrid
     log = (run / "train.log").read_text()
     assert re.search(r"batches of <= 1024 tokens per side in \d+ shapes; padding", log)
     assert ("no CUDA graphs on cpu" in log) == (not torch.cuda.is_available())
+
+
+def test_shape_buckets_hold_for_subword_sampled_epochs_across_an_epoch(tmp_path, tiny_overrides, monkeypatch):
+    """With data.subword_alpha every epoch is batched anew in a worker process: those batches too take the
+    buckets' shapes (rows = budget // length, both sides one bucket length), in the first epoch and the next."""
+    shapes = []
+    collate = training.collate
+
+    def recorded(examples, indices, buckets=None):
+        batch = collate(examples, indices, buckets)
+        if buckets:  # a training batch (validation's are not bucketed)
+            shapes.append((*batch.src.shape, batch.tgt_in.size(1)))
+        return batch
+    monkeypatch.setattr(training, "collate", recorded)
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["data.subword_alpha=0.1", "train.shape_buckets=8", "train.max_steps=24",
+                                                "train.log_every=4", "train.eval_every=1000"]), run, quiet=True)
+    assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["epoch"] >= 1  # crossed an epoch
+    buckets = ShapeBuckets(8, 1024)
+    assert len(shapes) == 24 and all(s == t == buckets.lengths([s])[0] and rows == 1024 // s for rows, s, t in shapes)
