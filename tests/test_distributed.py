@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ from transformer.config import load_config
 from transformer.data import BatchOrder, encode_pairs, make_batches, read_parallel
 from transformer.prepare import resolve_data_path
 from transformer.tokenizer import Tokenizer
-from transformer.train import train
+from transformer.train import TrainError, train
 
 pytestmark = pytest.mark.slow
 ENV = os.environ | {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # gloo on CPUs, GPU or not
@@ -178,3 +179,160 @@ def test_the_hosts_values_go_through_the_hosts_own_group(monkeypatch):
     assert distributed.all_sum(d, [1.0, 3.0]) == [2.0, 6.0]
     assert distributed.gather(d, "x") == ["x", "x"]
     assert seen == [("sum", "cpu", "the host's group"), ("gather", "the host's group")]
+
+
+def test_a_data_error_on_rank_0_reaches_the_others_in_one_line_each_without_the_launchers_report(tmp_path,
+                                                                                                  tiny_overrides):
+    """`transformer train --nproc 2` with a missing training file: rank 0 says so, rank 1 (which waited for its
+    vocabulary) stops with its message instead of failing in a collective, and torchrun's own report of a
+    failed rank (a traceback, a table, its log lines) is not shown."""
+    run = tmp_path / "run"
+    proc = launch(["train", "tiny", "--out", str(run), "--nproc", "2", "--quiet",
+                   *sets(tiny_overrides + [f'data.train_src="{tmp_path / "missing.en"}"'])])
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("launching: torchrun --standalone --nproc-per-node=2 -m transformer train tiny")
+    error = next(line for line in lines if line.startswith("error: "))
+    assert "missing.en" in error
+    assert sorted(lines[1:]) == sorted([error, f"stopped: rank 1 of 2 waited for rank 0, which failed ({error})"])
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    found = []
+    for stat in os.scandir("/proc"):
+        if stat.name.isdigit():
+            try:
+                fields = open(f"/proc/{stat.name}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(stat.name))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds the ranks through Linux's /proc")
+def test_a_rank_killed_under_the_launcher_is_named_in_one_line(tmp_path, tiny_overrides):
+    """A rank killed by SIGKILL (as by the kernel when out of memory) cannot say so: the launcher names it and
+    exits with 128 + 9; the other rank, whose collective lost it, says so in one line. No traceback."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(run), "--nproc", "2",
+                             "--quiet", *sets(tiny_overrides + ["train.max_steps=100000", "train.log_every=1"])],
+                            env=ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        rank1 = next(p for p in children(proc.pid) if b"RANK=1" in open(f"/proc/{p}/environ", "rb").read().split(b"\0"))
+        os.kill(rank1, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
+    assert f"stopped: rank 1 (pid {rank1}) was killed by SIGKILL (out of memory?)" in err.splitlines()
+    assert "Traceback" not in err and "internal error" not in err
+    assert all(line.startswith(("launching: ", "stopped: ")) for line in err.strip().splitlines()), err[-3000:]
+
+
+def test_rank_0s_failure_in_work_the_others_wait_for_stops_them_with_its_message(monkeypatch):
+    """Rank 0 sends how its block went; the others, which ran nothing in it, stop with its one line."""
+    sent, incoming = [], []
+
+    def broadcast_object_list(box, src=0, group=None):
+        assert src == 0 and group == "waits"
+        if incoming:  # another rank receives what rank 0 sent
+            box[0] = incoming.pop()
+        else:
+            sent.append(box[0])
+
+    monkeypatch.setattr(distributed.torch_dist, "broadcast_object_list", broadcast_object_list)
+    rank0 = distributed.Dist(rank=0, world=2, waits="waits")
+    with pytest.raises(TrainError):
+        with distributed.rank0_alone(rank0):
+            raise TrainError("cannot write the checkpoint of step 4")
+    incoming.append(sent[-1])
+    with pytest.raises(distributed.PeerStopped) as stopped:
+        with distributed.rank0_alone(distributed.Dist(rank=1, world=2, waits="waits")):
+            pass
+    assert str(stopped.value) == ("rank 1 of 2 waited for rank 0, which failed (error: cannot write the checkpoint "
+                                  "of step 4)")
+    sent.clear()
+    with distributed.rank0_alone(rank0):
+        pass
+    incoming.append(sent[-1])
+    with distributed.rank0_alone(distributed.Dist(rank=1, world=2, waits="waits")):
+        pass
+    with distributed.rank0_alone(rank0, wait=False):
+        pass
+    assert sent == [None] and not incoming
+    with pytest.raises(ZeroDivisionError):  # a bug on rank 0 is sent as one
+        with distributed.rank0_alone(rank0):
+            1 / 0
+    assert sent[-1] == "internal error: ZeroDivisionError: division by zero"
+
+
+@pytest.mark.parametrize("exits, status, line", [
+    ({0: 1, 1: -signal.SIGTERM}, 1, None),  # rank 0 said why; the launcher then stopped rank 1
+    ({0: 1, 1: -signal.SIGKILL}, 137, "stopped: rank 1 (pid 101) was killed by SIGKILL (out of memory?)"),
+    ({0: -signal.SIGTERM, 1: -signal.SIGSEGV}, 139, "stopped: rank 1 (pid 101) was killed by SIGSEGV"),
+    ({1: -signal.SIGTERM}, 143, "stopped: rank 1 (pid 101) was killed by SIGTERM"),
+])
+def test_the_launcher_names_a_rank_killed_by_a_signal_and_leaves_the_rest_to_the_ranks(exits, status, line,
+                                                                                      monkeypatch, capsys):
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    def failing(argv):
+        assert argv[:4] == ["--standalone", "--nproc-per-node=2", "-m", "transformer"] and argv[4:] == ["train", "x"]
+        raise ChildFailedError("transformer", {r: ProcessFailure(r, 100 + r, code, "<N/A>") for r, code in exits.items()})
+
+    monkeypatch.setattr(torchrun, "main", failing)
+    assert distributed.launch_local(2, ["train", "x"]) == status
+    assert capsys.readouterr().err.splitlines() == ([line] if line else [])
+
+
+def test_a_collective_that_lost_its_peer_is_told_apart_from_a_bug(monkeypatch, tmp_path, capsys):
+    from transformer.cli import INTERNAL_ERROR, internal_error
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    gone = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:31944: "
+                        "Connection reset by peer")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not distributed.lost_contact(gone)  # one process: no peer to lose
+    assert internal_error(gone, ["train"]) == INTERNAL_ERROR
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert distributed.lost_contact(gone) and not distributed.lost_contact(RuntimeError("shape mismatch"))
+    assert internal_error(gone, ["train"]) == 1
+    assert internal_error(ValueError("a bug"), ["train"]) == INTERNAL_ERROR
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("internal error: RuntimeError: [../third_party/gloo")
+    assert err[1].startswith("stopped: rank 0 lost the other processes of its job (one of them stopped or was "
+                             "killed first, and says why): [../third_party/gloo") and "traceback in" in err[1]
+    assert err[2].startswith("internal error: ValueError: a bug — please report it with the traceback in")
+
+
+def test_a_checkpoint_rank_0_cannot_write_stops_the_others_with_its_message(tmp_path, tiny_overrides):
+    """The disk fills while rank 0 writes step 2's checkpoint: it says so, and rank 1, waiting for it, stops
+    with its message rather than fail in the next step's collective."""
+    run = tmp_path / "run"
+    proc, _ = torchrun_script(tmp_path, f"""
+        import errno, os
+        import transformer.train as T
+        from transformer.cli import main
+        if os.environ["RANK"] == "0":
+            def full(*args, **kwargs):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            T.save_checkpoint = full
+        raise SystemExit(main(["train", "tiny", "--out", {str(run)!r}, "--quiet",
+                               *[x for o in {tiny_overrides!r} + ["train.max_steps=4", "train.save_every=2"]
+                                 for x in ("--set", o)]]))
+    """)
+    assert proc.returncode != 0
+    error = (f"error: cannot write the checkpoint of step 2 in {run / 'checkpoints'}: No space left on device; "
+             "earlier checkpoints are intact: make room and --resume")
+    lines = proc.stderr.splitlines()
+    assert error in lines and f"stopped: rank 1 of 2 waited for rank 0, which failed ({error})" in lines, \
+        proc.stderr[-3000:]
+    assert "internal error" not in proc.stderr and "lost the other processes" not in proc.stderr

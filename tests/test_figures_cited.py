@@ -58,7 +58,7 @@ SETTINGS: list[tuple[str, str]] = [
     ("*", r"wsj_\d+(–\d+)?"), ("*", r"[A-E]\d\b"), ("*", r"(average\s+of\s+)?the\s+last\s+\d+(\s+checkpoints)?"),
     ("*", r"\d+\s+minutes"), ("*", r"\d+-minute"), ("*", r"[\d,]+-token\s+batches"),
     ("*", r"[Dd]ropout(\s+of)?\s+\d\.\d"), ("*", r"smoothing\s+\d\.\d"), ("*", r"seed\s+\d\b"), ("*", r"UTF-8"),
-    ("*", r"AVX2"), ("*", r"AVX512-BF16"), ("*", r"\b20\d\d-\d\d-\d\d\b"),
+    ("*", r"AVX2"), ("*", r"AVX512-BF16"), ("*", r"\b20\d\d-\d\d-\d\d\b"), ("*", r"rank\s+\d+\b"),
     ("docs/decoding.md", r"\+\s+50\s+pieces"), ("docs/decoding.md", r"0-based"), ("docs/decoding.md", r"\d-best"),
     ("docs/decoding.md", r"Vilar\s+2018"),
     ("docs/table3.md", r"t\(0\.975,\s+n−1\)\s+·\s+s\s+·\s+√\(1\s+\+\s+1/n\)"),

@@ -2,7 +2,8 @@
 
 Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a usage error,
 70 an internal error (a bug: one line on stderr, the traceback in a log file to report),
-130 / 143 training stopped by SIGINT / SIGTERM after finishing its step and writing a checkpoint.
+130 / 143 training stopped by SIGINT / SIGTERM after finishing its step and writing a checkpoint;
+under `train --nproc N`, 128 + S when a rank was killed by signal S (named in one line).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import inspect
 import json
 import os
+import shlex
 import sys
 import tempfile
 import traceback
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits
-from .errors import UserError
+from .errors import UserError, first_line
 from . import files
 from .files import check_output
 
@@ -102,17 +104,15 @@ def cmd_train(args: argparse.Namespace) -> None:
                           "parallelism the gradients' all-reduce would be captured in the graphs)")
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         # one node, N processes: the same command under torchrun (many nodes: call torchrun directly)
-        import subprocess
-
         argv = ["train", args.config, "--out", str(args.out), *[x for kv in args.set for x in ("--set", kv)],
                 *(["--resume"] if args.resume else []), *(["--quiet"] if args.quiet else []),
                 *(["--allow-config-change"] if args.allow_config_change else []),
                 *(["--init-from", str(args.init_from)] if args.init_from else [])]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-               "-m", "transformer", *argv]
-        print(f"launching: {' '.join(cmd)}", file=sys.stderr)
-        code = subprocess.call(cmd)
-        if code:
+        from .distributed import launch_local
+
+        print(f"launching: torchrun --standalone --nproc-per-node={args.nproc} -m transformer {shlex.join(argv)}",
+              file=sys.stderr)
+        if code := launch_local(args.nproc, argv):
             raise SystemExit(code)
         return
     train(cfg, Path(args.out), resume=args.resume, quiet=args.quiet, allow_config_change=args.allow_config_change,
@@ -809,19 +809,32 @@ INTERNAL_ERROR = 70  # sysexits.h's EX_SOFTWARE: the program failed, not what it
 def internal_error(error: Exception, argv: list[str]) -> int:
     """An exception no check foresaw is a bug, kept apart from the user's errors: one line that says so
     on stderr, the traceback in transformer-error-PID.log under the system's temporary folder (where the
-    user can attach it to a report without a screenful of it in the way), and INTERNAL_ERROR."""
+    user can attach it to a report without a screenful of it in the way), and INTERNAL_ERROR. In a rank of a
+    data-parallel job, a collective that fails because another rank is gone is that rank's doing: one line
+    that says so, and status 1."""
     text = "".join(traceback.format_exception(error))
     log = Path(tempfile.gettempdir()) / f"transformer-error-{os.getpid()}.log"
     try:
         log.write_text(f"transformer {' '.join(argv)}\n\n{text}", encoding="utf-8")
-        where = f"with the traceback in {log}"
+        where = f"the traceback in {log}"
     except OSError:  # no writable temporary folder: the traceback goes where the user can see it
         sys.stderr.write(text)
-        where = "with the traceback above"
-    message = next(iter(str(error).strip().splitlines()), "")  # the first line: torch's C++ errors run to pages
-    message = message if len(message) <= 200 else message[:199] + "…"
-    print(f"internal error: {type(error).__name__}: {message} — please report it {where}", file=sys.stderr)
+        where = "the traceback above"
+    if "WORLD_SIZE" in os.environ:  # a rank of a torchrun job: torch.distributed is loaded already
+        from .distributed import lost_contact
+
+        if lost_contact(error):  # another rank went first: its own output says why
+            say(f"stopped: rank {os.environ.get('RANK', '?')} lost the other processes of its job (one of them "
+                f"stopped or was killed first, and says why): {first_line(error)} ({where})")
+            return 1
+    say(f"internal error: {type(error).__name__}: {first_line(error)} — please report it with {where}")
     return INTERNAL_ERROR
+
+
+def say(line: str) -> None:
+    """``line`` on stderr in one write: the ranks of a data-parallel job share the terminal, and print's
+    separate write of the newline lets their lines run together."""
+    sys.stderr.write(line + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -833,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
                 check_output(getattr(args, dest), option, suffixes, folder)
         args.func(args)
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
-        print(f"{e.label}: {e}", file=sys.stderr)
+        say(f"{e.label}: {e}")
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -5,19 +5,32 @@ trains a replica on its own batches and DistributedDataParallel averages the gra
 GPUs, gloo on CPUs. Every collective has a timeout (``train.dist_timeout_s``): a rank that dies or
 hangs makes the others fail with an error instead of waiting for ever, and torchrun then stops the
 whole job. Work that rank 0 does alone (the vocabulary, encoding the corpus, validation, writing a
-checkpoint) is waited for apart from that timeout (``wait_for_rank0``): it may take longer.
+checkpoint) is waited for apart from that timeout (``rank0_alone``): it may take longer, and when it
+fails the others stop with its message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import signal
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as torch_dist
 
 from .config import ConfigError
+from .errors import UserError, first_line
+
+
+class PeerStopped(UserError):
+    """Rank 0 failed in work the other ranks waited for (preparing the run, validation, a checkpoint):
+    they stop with its message rather than wait for ever or fail in their next collective."""
+
+    label = "stopped"
 
 
 @dataclass
@@ -28,7 +41,7 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    waits: object = None  # the CPU process group of ``wait_for_rank0``
+    waits: object = None  # the CPU process group of ``rank0_alone``
     # the process group of the host's own values (``all_sum``, ``gather``): a CPU group of its own beside
     # NCCL; None on CPUs, whose default group is gloo's already
     control: object = None
@@ -71,11 +84,82 @@ def setup(timeout_s: float) -> Dist:
 RANK0_WAIT = datetime.timedelta(hours=24)
 
 
-def wait_for_rank0(d: Dist) -> None:
-    """Every rank waits here until rank 0 arrives, on a CPU group of its own whose timeout is
-    ``RANK0_WAIT``: rank 0's preparation or validation may take longer than a collective may wait."""
-    if d.enabled:
-        torch_dist.barrier(group=d.waits)
+@contextlib.contextmanager
+def rank0_alone(d: Dist, wait: bool = True) -> Iterator[None]:
+    """Every rank enters this block around work that rank 0 does while the others wait for it, on a CPU
+    group of its own whose timeout is ``RANK0_WAIT`` (rank 0's preparation or validation may take longer
+    than a collective may wait). Rank 0 then tells the others how it went: when the block raised there,
+    its one-line error reaches them and they stop with it (``PeerStopped``). ``wait=False``: no waiting."""
+    if not (d.enabled and wait):
+        yield
+        return
+    try:
+        yield
+    except BaseException as e:
+        if d.main:
+            _rank0_outcome(d, f"{e.label}: {e}" if isinstance(e, UserError) else
+                           f"internal error: {type(e).__name__}: {first_line(e)}")
+        raise
+    if (failure := _rank0_outcome(d, None)) is not None:
+        raise PeerStopped(f"rank {d.rank} of {d.world} waited for rank 0, which failed ({failure})")
+
+
+def _rank0_outcome(d: Dist, failure: str | None) -> str | None:
+    """Rank 0's ``failure`` (None: none), sent to every rank."""
+    box = [failure]
+    torch_dist.broadcast_object_list(box, src=0, group=d.waits)
+    return box[0]
+
+
+def lost_contact(error: BaseException) -> bool:
+    """Whether ``error``, raised in a rank of a torchrun job, is a collective that failed because another
+    rank is gone (it stopped on its own error, or was killed) or hangs: gloo's closed connections and
+    timeouts, NCCL's errors. That rank's own output says why; here the error is the job's, not a bug."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    text = str(error)
+    return isinstance(error, torch_dist.DistError) or isinstance(error, RuntimeError) and any(
+        mark in text for mark in ("gloo", "NCCL", "Connection closed by peer", "Connection reset by peer"))
+
+
+def launch_local(nproc: int, argv: list[str]) -> int:
+    """``python -m transformer ARGV`` in ``nproc`` processes on this machine under PyTorch's elastic launcher
+    (``torchrun --standalone``), called in this process: its exit status. Every rank prints its own one-line
+    error; the launcher's logs and its report of a failed rank (a traceback and a table) are left out, and
+    a rank killed by a signal, which cannot say so itself, is named in one line."""
+    import logging
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several processes, said quietly
+    logging.disable(logging.CRITICAL)  # this process only launches: every log line of it is the launcher's
+    try:
+        torchrun.main(["--standalone", f"--nproc-per-node={nproc}", "-m", "transformer", *argv])
+    except ChildFailedError as e:
+        rank, failure = min(e.failures.items(), key=lambda item: (_blame_order(item[1].exitcode), item[0]))
+        if failure.exitcode > 0:  # the rank said why itself
+            return failure.exitcode
+        try:
+            name = signal.Signals(-failure.exitcode).name
+        except ValueError:
+            name = f"signal {-failure.exitcode}"
+        print(f"stopped: rank {rank} (pid {failure.pid}) was killed by {name}"
+              + (" (out of memory?)" if name == "SIGKILL" else ""), file=sys.stderr)
+        return 128 - failure.exitcode
+    except SignalException as e:  # the launcher passed it to the ranks, which stopped with a checkpoint
+        return 128 + e.sigval
+    finally:
+        logging.disable(logging.NOTSET)
+    return 0
+
+
+def _blame_order(exitcode: int) -> int:
+    """Which failed rank the launcher answers for first: one killed by a signal, which cannot say so itself
+    (the others then lose it); then one that exited with a status, having said why; SIGTERM last, which the
+    launcher itself sends to the ranks left when one fails."""
+    return 0 if exitcode < 0 and exitcode != -signal.SIGTERM else 1 if exitcode > 0 else 2
 
 
 def teardown(d: Dist) -> None:

@@ -8,3 +8,9 @@ class UserError(Exception):
 
     exit_code = 1
     label = "error"
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of ``error``'s message, cut to ``limit`` characters: torch's C++ errors run to pages."""
+    message = next(iter(str(error).strip().splitlines()), "")
+    return message if len(message) <= limit else message[:limit - 1] + "…"

@@ -513,15 +513,14 @@ class Trainer:
             raise TrainError("train.cuda_graphs is for one process: with data parallelism the gradients' all-reduce "
                              "would be captured in the graphs, which this trainer does not do")
         parent = None if init_from is None else parent_run(init_from)
-        if dist.main:
-            out.mkdir(parents=True, exist_ok=True)
-            self.log = run_logger(out, quiet)
-            self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change,
-                                        vocabulary_of=parent)
-            distributed.wait_for_rank0(dist)  # the others wait for rank 0's vocabulary and config
-        else:
+        with distributed.rank0_alone(dist):  # the others wait for rank 0's vocabulary and config
+            if dist.main:
+                out.mkdir(parents=True, exist_ok=True)
+                self.log = run_logger(out, quiet)
+                self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change,
+                                            vocabulary_of=parent)
+        if not dist.main:
             self.log = lambda msg: None
-            distributed.wait_for_rank0(dist)
             self.run_data = prepare_run(cfg, out, resume, self.log, write=False, allow_changes=True,
                                         vocabulary_of=parent)
         tokenizer = self.run_data.tokenizer
@@ -749,13 +748,12 @@ class Trainer:
                 raise TrainError(f"step {state.step}: the ranks' parameters drifted apart (checksums {sums})")
         bar.update(budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes) - bar.n)
         self.intervals = (self.intervals[1], plan.intervals)
-        if self.dist.main and plan.logged:
-            self.report(step.lr, bar)
-        if plan.evaluates:  # rank 0 validated: the others wait for it apart
-            distributed.wait_for_rank0(self.dist)
+        with distributed.rank0_alone(self.dist, wait=plan.evaluates):  # the others wait while rank 0 validates
+            if self.dist.main and plan.logged:
+                self.report(step.lr, bar)
         if plan.save:
-            self.save()
-            distributed.wait_for_rank0(self.dist)  # while rank 0 writes it
+            with distributed.rank0_alone(self.dist):  # while rank 0 writes it
+                self.save()
             self.last_save = time.monotonic()
 
     def evaluate(self) -> dict[str, float]:
