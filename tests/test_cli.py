@@ -103,12 +103,14 @@ def test_params_json(capsys):
     (["params", "bsae"], "did you mean 'base'"),
     (["train", "configs/multi30k_en_de.toml", "--out", "{tmp}/r", "--set", 'data.train_src="/nonexistent/x.en"'],
      "data file not found"),
+    (["train", "tiny", "--out", "{tmp}/r"], "data.train_src is not set"),
 ])
 def test_user_errors_exit_1_with_one_line(tmp_path, capsys, args, message):
     status, _, err = run_here(capsys, *[a.replace("{tmp}", str(tmp_path)) for a in args])
     assert status == 1, err
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "r").exists()  # a run refused for its config or data leaves no folder behind
 
 
 def test_nproc_with_cuda_graphs_is_refused_before_launching(tmp_path, capsys):

@@ -183,18 +183,28 @@ def test_the_hosts_values_go_through_the_hosts_own_group(monkeypatch):
 
 def test_a_data_error_on_rank_0_reaches_the_others_in_one_line_each_without_the_launchers_report(tmp_path,
                                                                                                   tiny_overrides):
-    """`transformer train --nproc 2` with a missing training file: rank 0 says so, rank 1 (which waited for its
-    vocabulary) stops with its message instead of failing in a collective, and torchrun's own report of a
-    failed rank (a traceback, a table, its log lines) is not shown."""
-    run = tmp_path / "run"
-    proc = launch(["train", "tiny", "--out", str(run), "--nproc", "2", "--quiet",
-                   *sets(tiny_overrides + [f'data.train_src="{tmp_path / "missing.en"}"'])])
+    """`transformer train --nproc 2` on training files of unequal line counts: rank 0 says so, rank 1 (which
+    waited for its vocabulary) stops with its message instead of failing in a collective, and torchrun's own
+    report of a failed rank (a traceback, a table, its log lines) is not shown."""
+    src = next(o for o in tiny_overrides if o.startswith("data.train_src=")).split("=", 1)[1].strip('"')
+    short = tmp_path / "short.en"
+    short.write_text("".join(open(src, encoding="utf-8").readlines()[:-1]), encoding="utf-8")
+    proc = launch(["train", "tiny", "--out", str(tmp_path / "run"), "--nproc", "2", "--quiet",
+                   *sets(tiny_overrides + [f'data.train_src="{short}"'])])
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert lines[0].startswith("launching: torchrun --standalone --nproc-per-node=2 -m transformer train tiny")
     error = next(line for line in lines if line.startswith("error: "))
-    assert "missing.en" in error
+    assert "short.en" in error
     assert sorted(lines[1:]) == sorted([error, f"stopped: rank 1 of 2 waited for rank 0, which failed ({error})"])
+
+
+def test_a_missing_data_file_is_refused_before_any_process_starts(tmp_path, tiny_overrides):
+    proc = launch(["train", "tiny", "--out", str(tmp_path / "run"), "--nproc", "2",
+                   *sets(tiny_overrides + [f'data.valid_tgt="{tmp_path / "missing.de"}"'])])
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: data file not found: {tmp_path / 'missing.de'}"
+    assert not (tmp_path / "run").exists()
 
 
 def children(pid: int) -> list[int]:

@@ -91,7 +91,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     import torch
 
     from .config import load_config
-    from .train import train
+    from .train import data_paths, train
 
     cfg = load_config(args.config, args.set)  # errors in the config show before any process starts
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -104,6 +104,7 @@ def cmd_train(args: argparse.Namespace) -> None:
                           "parallelism the gradients' all-reduce would be captured in the graphs)")
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         # one node, N processes: the same command under torchrun (many nodes: call torchrun directly)
+        data_paths(cfg)  # a data file not set or not found, before any process starts
         argv = ["train", args.config, "--out", str(args.out), *[x for kv in args.set for x in ("--set", kv)],
                 *(["--resume"] if args.resume else []), *(["--quiet"] if args.quiet else []),
                 *(["--allow-config-change"] if args.allow_config_change else []),

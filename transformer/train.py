@@ -139,6 +139,17 @@ def weight_shapes(model: ModelConfig, vocab_size: int) -> dict[str, tuple[int, .
         return {name: tuple(w.shape) for name, w in Transformer(model, vocab_size).state_dict().items()}
 
 
+def data_paths(cfg: Config) -> dict[str, Path]:
+    """The files training reads (data.train_src / train_tgt or train_store, valid_src / valid_tgt) by field,
+    each found (``resolve_data_path``); one not set or not found is refused, naming it."""
+    d = cfg.data
+    needed = ("valid_src", "valid_tgt") if d.train_store else ("train_src", "train_tgt", "valid_src", "valid_tgt")
+    for name in needed:
+        if not getattr(d, name):
+            raise ConfigError(f"data.{name} is not set")
+    return {name: resolve_data_path(getattr(d, name)) for name in needed + (("train_store",) if d.train_store else ())}
+
+
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 allow_changes: bool = False, vocabulary_of: Path | None = None) -> Run:
     """Creates or re-opens the run folder, trains or loads the BPE vocabulary, reads the data.
@@ -149,6 +160,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     keeps its name and shape, e.g. dropout, since the checkpoint's weights are loaded as they are). ``vocabulary_of``: a run folder whose
     spm.model this run takes unchanged (fine-tuning) instead of training its own.
     """
+    d, data = cfg.data, data_paths(cfg)  # before the run folder is made or its config written
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.toml"
     has_checkpoints = any((out / "checkpoints").glob("*.json")) if (out / "checkpoints").exists() else False
@@ -173,16 +185,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     if write:
         files.write_text(config_path, dump_toml(cfg))
 
-    d = cfg.data
-    needed = ("valid_src", "valid_tgt") if d.train_store else ("train_src", "train_tgt", "valid_src", "valid_tgt")
-    for name in needed:
-        if not getattr(d, name):
-            raise ConfigError(f"data.{name} is not set")
     spm_path = out / "spm.model"
     if vocabulary_of is not None:
         inherit_vocabulary(vocabulary_of / "spm.model", spm_path, write)
     if d.train_store:  # encoded once by `transformer preprocess`, with its own vocabulary
-        store_path = resolve_data_path(d.train_store)
+        store_path = data["train_store"]
         if not spm_path.exists():
             if not (store_path / "spm.model").exists():
                 raise DataError(f"{store_path}: the token store has no spm.model (write it with `transformer "
@@ -195,7 +202,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             f"empty side, {store.stats['skipped_long']} longer than {store.stats['max_len']} pieces)")
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
-        train_src, train_tgt = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt)
+        train_src, train_tgt = data["train_src"], data["train_tgt"]
         tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log,
                                     resuming=has_checkpoints or vocabulary_of is not None)
         train, stats = encode_pairs(read_parallel(train_src, train_tgt), tokenizer, d.max_len)
@@ -204,8 +211,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         if not train:
             raise DataError(f"{train_src}: no usable training pairs")
         src_lengths, tgt_lengths = lengths(train)
-    valid, _ = encode_pairs(read_parallel(resolve_data_path(d.valid_src), resolve_data_path(d.valid_tgt)),
-                            tokenizer, max_len=10**9)
+    valid, _ = encode_pairs(read_parallel(data["valid_src"], data["valid_tgt"]), tokenizer, max_len=10**9)
     buckets = shape_buckets(cfg.train)
     batches = make_batches_from_lengths(src_lengths, tgt_lengths, cfg.train.max_tokens, buckets)
     shapes = f" in {len(buckets.shapes(src_lengths, tgt_lengths, batches))} shapes" if buckets else ""
@@ -515,7 +521,6 @@ class Trainer:
         parent = None if init_from is None else parent_run(init_from)
         with distributed.rank0_alone(dist):  # the others wait for rank 0's vocabulary and config
             if dist.main:
-                out.mkdir(parents=True, exist_ok=True)
                 self.log = run_logger(out, quiet)
                 self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change,
                                             vocabulary_of=parent)
