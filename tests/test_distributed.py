@@ -283,10 +283,12 @@ def test_rank_0s_failure_in_work_the_others_wait_for_stops_them_with_its_message
 
 
 @pytest.mark.parametrize("exits, status, line", [
-    ({0: 1, 1: -signal.SIGTERM}, 1, None),  # rank 0 said why; the launcher then stopped rank 1
-    ({0: 1, 1: -signal.SIGKILL}, 137, "stopped: rank 1 (pid 101) was killed by SIGKILL (out of memory?)"),
-    ({0: -signal.SIGTERM, 1: -signal.SIGSEGV}, 139, "stopped: rank 1 (pid 101) was killed by SIGSEGV"),
-    ({1: -signal.SIGTERM}, 143, "stopped: rank 1 (pid 101) was killed by SIGTERM"),
+    ({0: (1, 0), 1: (-signal.SIGTERM, 0)}, 1, None),  # rank 0 said why; the launcher then stopped rank 1
+    ({0: (1, 0), 1: (-signal.SIGKILL, 0)}, 137, "stopped: rank 1 (pid 101) was killed by SIGKILL (out of memory?)"),
+    ({0: (-signal.SIGTERM, 0), 1: (-signal.SIGSEGV, 0)}, 139, "stopped: rank 1 (pid 101) was killed by SIGSEGV"),
+    ({1: (-signal.SIGTERM, 0)}, 143, "stopped: rank 1 (pid 101) was killed by SIGTERM"),
+    # rank 1 said why; rank 0, stuck in a collective, outlived the launcher's SIGTERM and was killed 30 s later
+    ({0: (-signal.SIGKILL, 30), 1: (1, 0)}, 1, None),
 ])
 def test_the_launcher_names_a_rank_killed_by_a_signal_and_leaves_the_rest_to_the_ranks(exits, status, line,
                                                                                       monkeypatch, capsys):
@@ -295,7 +297,11 @@ def test_the_launcher_names_a_rank_killed_by_a_signal_and_leaves_the_rest_to_the
 
     def failing(argv):
         assert argv[:4] == ["--standalone", "--nproc-per-node=2", "-m", "transformer"] and argv[4:] == ["train", "x"]
-        raise ChildFailedError("transformer", {r: ProcessFailure(r, 100 + r, code, "<N/A>") for r, code in exits.items()})
+        failures = {}
+        for r, (code, seconds) in exits.items():
+            failures[r] = ProcessFailure(r, 100 + r, code, "<N/A>")
+            failures[r].timestamp = 1_800_000_000 + seconds  # when the launcher found it failed
+        raise ChildFailedError("transformer", failures)
 
     monkeypatch.setattr(torchrun, "main", failing)
     assert distributed.launch_local(2, ["train", "x"]) == status

@@ -138,7 +138,8 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     try:
         torchrun.main(["--standalone", f"--nproc-per-node={nproc}", "-m", "transformer", *argv])
     except ChildFailedError as e:
-        rank, failure = min(e.failures.items(), key=lambda item: (_blame_order(item[1].exitcode), item[0]))
+        rank, failure = min(e.failures.items(),
+                            key=lambda item: (item[1].timestamp, _blame(item[1].exitcode), item[0]))
         if failure.exitcode > 0:  # the rank said why itself
             return failure.exitcode
         try:
@@ -155,10 +156,11 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     return 0
 
 
-def _blame_order(exitcode: int) -> int:
-    """Which failed rank the launcher answers for first: one killed by a signal, which cannot say so itself
-    (the others then lose it); then one that exited with a status, having said why; SIGTERM last, which the
-    launcher itself sends to the ranks left when one fails."""
+def _blame(exitcode: int) -> int:
+    """Which of the ranks that failed in the same second (the launcher's failure times are whole seconds) it
+    answers for first: one killed by a signal, which cannot say so itself (the others then lose it); then
+    one that exited with a status, having said why; SIGTERM last, which the launcher itself sends to the
+    ranks left when one fails (and SIGKILL 30 s later to those still running: a later second)."""
     return 0 if exitcode < 0 and exitcode != -signal.SIGTERM else 1 if exitcode > 0 else 2
 
 
