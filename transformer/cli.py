@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits
-from .errors import UserError, first_line
+from .errors import UserError, first_line, summary
 from . import files
 from .files import check_output
 
@@ -828,7 +828,7 @@ def internal_error(error: Exception, argv: list[str]) -> int:
             say(f"stopped: rank {os.environ.get('RANK', '?')} lost the other processes of its job (one of them "
                 f"stopped or was killed first, and says why): {first_line(error)} ({where})")
             return 1
-    say(f"internal error: {type(error).__name__}: {first_line(error)} — please report it with {where}")
+    say(f"{summary(error)} — please report it with {where}")
     return INTERNAL_ERROR
 
 
@@ -847,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
                 check_output(getattr(args, dest), option, suffixes, folder)
         args.func(args)
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
-        say(f"{e.label}: {e}")
+        say(summary(e))
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

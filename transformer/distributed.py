@@ -23,7 +23,7 @@ import torch
 import torch.distributed as torch_dist
 
 from .config import ConfigError
-from .errors import UserError, first_line
+from .errors import UserError, summary
 
 
 class PeerStopped(UserError):
@@ -97,8 +97,7 @@ def rank0_alone(d: Dist, wait: bool = True) -> Iterator[None]:
         yield
     except BaseException as e:
         if d.main:
-            _rank0_outcome(d, f"{e.label}: {e}" if isinstance(e, UserError) else
-                           f"internal error: {type(e).__name__}: {first_line(e)}")
+            _rank0_outcome(d, summary(e))
         raise
     if (failure := _rank0_outcome(d, None)) is not None:
         raise PeerStopped(f"rank {d.rank} of {d.world} waited for rank 0, which failed ({failure})")

@@ -14,3 +14,11 @@ def first_line(error: BaseException, limit: int = 200) -> str:
     """The first line of ``error``'s message, cut to ``limit`` characters: torch's C++ errors run to pages."""
     message = next(iter(str(error).strip().splitlines()), "")
     return message if len(message) <= limit else message[:limit - 1] + "…"
+
+
+def summary(error: BaseException) -> str:
+    """``error`` in the one line `transformer` names it by: "LABEL: message" for a user's error,
+    "internal error: TYPE: its first line" for any other (a bug)."""
+    if isinstance(error, UserError):
+        return f"{error.label}: {error}"
+    return f"internal error: {type(error).__name__}: {first_line(error)}"
