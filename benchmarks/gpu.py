@@ -49,10 +49,12 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from transformer.config import load_config
 from transformer.cost import H100_BF16_FLOPS, training_cost
+from transformer import data
 from transformer.data import Example, collate, make_batches
 from transformer.distributed import Dist
 from transformer.model import Transformer, count_parameters, flops_per_token
@@ -88,7 +90,13 @@ def synthetic_batches(tokens: int, n_sentences: int, seed: int = 0, copy: bool =
         s, t = rng.randint(9, 43), rng.randint(9, 43)
         src = [rng.randrange(4, VOCAB) for _ in range(s)] + [2]
         examples.append(Example(src, list(src) if copy else [rng.randrange(4, VOCAB) for _ in range(t)] + [2]))
-    batches = [collate(examples, idx) for idx in make_batches(examples, tokens)]
+    # the batches, whichever package runs: sorted by (target, source) length as the package batched
+    # when they were fixed (2026-11-22; it sorts by the longer side since 2026-12-02), then filled to the budget
+    src_lengths, tgt_lengths = [len(e.src) for e in examples], [len(e.tgt) for e in examples]
+    fill = getattr(data, "fill_batches", None)  # a package from before it (--before) sorted so itself
+    plan = (fill(np.lexsort((src_lengths, tgt_lengths)), src_lengths, tgt_lengths, tokens) if fill else
+            make_batches(examples, tokens))
+    batches = [collate(examples, idx) for idx in plan]
     batches = [b for b in batches if b.n_tgt_tokens > 0.9 * tokens]  # full batches only
     src_len = sum(len(e.src) for e in examples) / len(examples)
     tgt_len = sum(len(e.tgt) for e in examples) / len(examples)

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.data import (BatchOrder, DataError, Example, ShapeBuckets, collate, encode_for_decoding, encode_pairs,
-                              lengths, make_batches, padding_fraction, read_lines, read_parallel)
+from transformer.data import (BatchOrder, DataError, Example, ShapeBuckets, batches_sha256, collate, encode_for_decoding,
+                              encode_pairs, lengths, make_batches, padding_fraction, read_lines, read_parallel)
 from transformer.prepare import find_data_root
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -175,7 +175,7 @@ def test_make_batches_respects_padded_budgets_and_covers_all(max_tokens: int) ->
     assert all(batches)
     if max_tokens == 50:
         assert [len(examples) - 1] in batches
-        assert make_batches([Example([3] * 70, [4] * 2), Example([3], [4] * 60)], 50) == [[0], [1]]
+        assert make_batches([Example([3] * 70, [4] * 2), Example([3], [4] * 60)], 50) == [[1], [0]]
     # Greedy filling: a batch is only closed when the next example would break a budget.
     for b, nxt in zip(batches, batches[1:]):
         grown = b + nxt[:1]
@@ -186,6 +186,21 @@ def test_make_batches_respects_padded_budgets_and_covers_all(max_tokens: int) ->
         unsorted.append(list(range(start, start + len(b))))
         start += len(b)
     assert padding_fraction(*lengths(examples), batches) < 0.5 * padding_fraction(*lengths(examples), unsorted)
+
+
+def test_batches_sort_by_the_longer_side() -> None:
+    """The sort key is max(source, target) length (A10's bucket length, the one the budget binds on), then
+    target, then source: pairs whose longer sides match share a batch, whichever side is the longer."""
+    examples = [Example([3] * 9, [4] * 2), Example([3] * 2, [4] * 3), Example([3] * 2, [4] * 9),
+                Example([3] * 3, [4] * 2)]
+    assert make_batches(examples, 18) == [[3, 1], [0, 2]]  # by (target, source): [[3, 0], [1, 2]]
+    assert make_batches(examples, 100) == [[3, 1, 0, 2]]
+
+
+def test_batches_sha256_names_a_plan() -> None:
+    plan = [[0, 1], [2]]
+    assert batches_sha256(plan) == batches_sha256([[0, 1], [2]])
+    assert len({batches_sha256(p) for p in (plan, [[0], [1, 2]], [[1, 0], [2]], [[0, 1, 2]], [])}) == 5
 
 
 def test_padding_fraction_by_hand() -> None:

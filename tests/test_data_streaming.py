@@ -28,8 +28,9 @@ def reference_read_lines(data: bytes) -> list[str]:
 
 
 def reference_make_batches(examples: list[Example], max_tokens: int) -> list[list[int]]:
-    """The list-based make_batches before it took lengths, kept as the reference."""
-    order = sorted(range(len(examples)), key=lambda i: (len(examples[i].tgt), len(examples[i].src)))
+    """A list-based make_batches, the reference: by the longer side's length, then target, then source."""
+    order = sorted(range(len(examples)), key=lambda i: (max(len(examples[i].src), len(examples[i].tgt)),
+                                                        len(examples[i].tgt), len(examples[i].src)))
     batches: list[list[int]] = []
     batch: list[int] = []
     max_src = max_tgt = 0

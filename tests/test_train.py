@@ -51,6 +51,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_overrides, determ
         train(load_config("tiny", common + ["train.max_steps=20"]), part, quiet=True)
     train(load_config("tiny", common + ["train.max_steps=20"]), part, resume=True, quiet=True)
     assert losses(part) == losses(full)
+    assert "training batches differ" not in (part / "train.log").read_text()
     a, b = load_checkpoint(list_checkpoints(full)[-1]), load_checkpoint(list_checkpoints(part)[-1])
     assert a.meta["step"] == b.meta["step"] == 20
     assert a.meta["scaler"] == b.meta["scaler"] and (a.meta["scaler"] is None) == (precision == "fp32")
@@ -83,6 +84,22 @@ def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides
     with pytest.raises(TrainError, match="train.warmup_steps"):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.warmup_steps=7"]), run, resume=True,
               quiet=True)
+
+
+def test_a_resume_that_draws_other_batches_says_so(tmp_path, tiny_overrides):
+    """A checkpoint records its run's batch plan: resumed with other batches (another train.max_tokens here;
+    other data, or a version that batched otherwise, alike) the run goes on and the log says that its data
+    order is no longer an uninterrupted run's."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
+    record = load_checkpoint(list_checkpoints(run)[-1], with_state=False).meta
+    assert re.fullmatch(r"[0-9a-f]{64}", record["batches_sha256"])
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.max_tokens=700"]), run, resume=True,
+          quiet=True, allow_config_change=True)
+    log = (run / "train.log").read_text()
+    assert "the training batches differ from those step_00000002.json's run drew" in log
+    changed = load_checkpoint(list_checkpoints(run)[-1], with_state=False).meta
+    assert changed["step"] == 4 and changed["batches_sha256"] != record["batches_sha256"]
 
 
 def test_the_progress_bar_counts_down_the_budget_that_ends_first():

@@ -34,8 +34,8 @@ from .distributed import Dist
 from .checkpoint import (average_checkpoints, checkpoints_to_average, epochs_into, latest_checkpoint,
                          list_checkpoints, load_checkpoint, save_checkpoint, write_model)
 from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
-from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, collate, encode_pairs,
-                   lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
+from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256, collate,
+                   encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import UserError
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
@@ -542,7 +542,8 @@ class Trainer:
         self.precision = resolved_precision(t.precision, dist.device)
         self.scaler = torch.amp.GradScaler(dist.device.type) if self.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
-                          "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size}
+                          "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size,
+                          "batches_sha256": batches_sha256(self.run_data.batches)}
         if dist.enabled:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         if resume:
@@ -618,6 +619,11 @@ class Trainer:
                      "in the epoch is rescaled and the batch order and dropout masks differ from an uninterrupted run")
             self.state.batch_in_epoch = self.state.batch_in_epoch * self.state.world_size // self.dist.world
             self.state.world_size = self.dist.world
+        if ckpt.meta.get("batches_sha256") != self.meta_base["batches_sha256"]:
+            # a checkpoint before batches were recorded (2026-12-02) was batched by (target, source) length
+            self.log(f"the training batches differ from those {ckpt.path.name}'s run drew (another train.max_tokens, "
+                     "other data, or a version that batched otherwise): the step, the schedule and Adam's moments "
+                     "continue; the data order from here on differs from an uninterrupted run")
         self.log(f"resumed from {ckpt.path.name} at step {self.state.step}")
 
     def reconcile_best(self) -> None:

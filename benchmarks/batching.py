@@ -1,0 +1,102 @@
+"""How much of a batch is padding with §5.1's batcher, against the orders it could sort pairs by.
+
+    python benchmarks/batching.py [--max-tokens 4096 25000]
+
+Multi30k train (EN→DE and EN→FR) encoded as each recipe encodes it (a joint BPE of its vocabulary size, its
+maximum length), cut into batches by the package's greedy fill (`data.fill_batches`: a batch closes when
+the next pair would take a side past the budget of padded tokens) after three sorts of the pairs:
+
+- longer side, then target, then source: the package's (`data.make_batches`), the length the authors'
+  code buckets by (IMPLEMENTATION-NOTES A10) and the one the budget binds on;
+- target, then source: the package's order before 2026-12-02;
+- source, then target: fairseq's (`LanguagePairDataset.ordered_indices`; it breaks ties at random, here
+  by index).
+
+Per order and budget: the batches of an epoch, the share of padded positions that are PAD, and the
+positions computed (source + target, as the batches are padded) relative to the package's order. The
+step's work is chiefly linear in the positions, so the last column is the work per epoch that an order
+costs. Counting only: no timing, so it may share the machine. Writes benchmarks/results/batching.json and
+.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common import code_state
+from transformer.config import load_config
+from transformer.data import encode_pairs, fill_batches, lengths, make_batches_from_lengths, padding_fraction, read_parallel
+from transformer.prepare import resolve_data_path
+from transformer.vocabulary import train_vocabulary
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+ORDERS = {  # name -> the pairs' order from (source lengths, target lengths); None: the package's own
+    "longer side, target, source (ours)": None,
+    "target, source (ours before 2026-12-02)": lambda s, t: np.lexsort((s, t)),
+    "source, target (fairseq)": lambda s, t: np.lexsort((t, s)),
+}
+
+
+def measure(src: np.ndarray, tgt: np.ndarray, max_tokens: int) -> list[dict]:
+    """One row per order: batches, padding share and positions computed at ``max_tokens`` per side."""
+    real, rows = int(src.sum() + tgt.sum()), []
+    for name, order in ORDERS.items():
+        batches = (make_batches_from_lengths(src, tgt, max_tokens) if order is None else
+                   fill_batches(order(src, tgt), src, tgt, max_tokens))
+        padding = padding_fraction(src, tgt, batches)
+        rows.append({"order": name, "max_tokens": max_tokens, "batches": len(batches),
+                     "padding_fraction": round(padding, 4), "positions": round(real / (1 - padding))})
+    for row in rows:
+        row["positions_vs_ours"] = round(row["positions"] / rows[0]["positions"], 4)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[4096, 25000],
+                        help="tokens per side per batch: the recipes' 4,096 and the paper's ~25,000 (§5.1)")
+    args = parser.parse_args()
+    if min(args.max_tokens) < 1:
+        parser.error(f"--max-tokens {min(args.max_tokens)}: must be at least 1")
+    corpora = []
+    for pairs in ("en_de", "en_fr"):
+        cfg = load_config(str(ROOT / "configs" / f"multi30k_{pairs}.toml"))
+        src, tgt = resolve_data_path(cfg.data.train_src), resolve_data_path(cfg.data.train_tgt)
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer = train_vocabulary(cfg, src, tgt, Path(tmp) / "spm.model", log=lambda m: None)
+            examples, _ = encode_pairs(read_parallel(src, tgt), tokenizer, cfg.data.max_len)
+        src_lengths, tgt_lengths = map(np.asarray, lengths(examples))
+        corpora.append({"recipe": f"configs/multi30k_{pairs}.toml", "corpus": str(cfg.data.train_src),
+                        "pairs": len(examples), "vocab_size": cfg.data.vocab_size,
+                        "rows": [r for n in args.max_tokens for r in measure(src_lengths, tgt_lengths, n)]})
+    result = {"benchmark": "batching", "date": datetime.date.today().isoformat(), **code_state(),
+              "command": "python benchmarks/batching.py --max-tokens " + " ".join(map(str, args.max_tokens)),
+              "versions": {"python": platform.python_version(), "torch": torch.__version__}, "corpora": corpora}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "batching.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["# Batching: padding by sort order", "",
+             f"`{result['command']}` — {result['date']}, commit {result['commit']}, torch {torch.__version__}.", "",
+             "Multi30k train as each recipe encodes it, cut by the package's greedy fill after each sort; padding "
+             "is the share of the batches' padded source + target positions that are PAD; positions are those "
+             "computed in an epoch, relative to the package's order (a step's work is chiefly linear in them).", ""]
+    for c in corpora:
+        lines += [f"{c['recipe']}: {c['pairs']:,} pairs, joint BPE of {c['vocab_size']:,}.", "",
+                  "| sorted by | tokens per side | batches | padding | positions vs ours |", "|---|---|---|---|---|"]
+        lines += [f"| {r['order']} | {r['max_tokens']:,} | {r['batches']} | {100 * r['padding_fraction']:.1f}% | "
+                  f"{r['positions_vs_ours']:.3f} |" for r in c["rows"]]
+        lines.append("")
+    (RESULTS / "batching.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
