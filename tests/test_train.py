@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,28 @@ def test_a_resume_that_draws_other_batches_says_so(tmp_path, tiny_overrides):
     assert "the training batches differ from those step_00000002.json's run drew" in log
     changed = load_checkpoint(list_checkpoints(run)[-1], with_state=False).meta
     assert changed["step"] == 4 and changed["batches_sha256"] != record["batches_sha256"]
+
+
+def test_a_log_lines_tokens_per_second_are_its_own_steps(tmp_path, tiny_overrides, monkeypatch):
+    """On a CPU a step is computed as it is queued, before the step before it is booked: a log line's time
+    runs from the end of the line before's last step to the end of its own, never into the step queued
+    after it. Steps of 0.02 s and 0.2 s in turn: each line's tokens over its tokens/s is its own step's."""
+    seconds, tokens = {}, {}
+
+    def timed_step(model, optimizer, batches, *args, **kwargs):
+        k = len(seconds) + 1
+        seconds[k], tokens[k] = 0.02 if k % 2 else 0.2, sum(b.n_tgt_tokens for b in batches)
+        time.sleep(seconds[k])
+        return training.QueuedStep(torch.tensor([float(tokens[k]), 1.0, 1.0]), tokens[k])
+
+    monkeypatch.setattr(training, "queue_step", timed_step)
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.log_every=1", "train.eval_every=3"]),
+          run, quiet=True)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 7))
+    for r in records:  # a step's own time and the trainer's bookkeeping, not the validation at steps 3 and 6
+        assert seconds[r["step"]] <= tokens[r["step"]] / r["tokens_per_s"] < seconds[r["step"]] + 0.08, r
 
 
 def test_the_progress_bar_counts_down_the_budget_that_ends_first():

@@ -297,9 +297,11 @@ def compiled(model: torch.nn.Module, raw: Transformer, device: torch.device,
     return torch.compile(model, dynamic=True, mode=mode)
 
 
-def new_window() -> dict[str, Any]:
-    """What the next log line averages: the loss and tokens of its steps, their gradient norms, its start."""
-    return {"loss": 0.0, "tokens": 0, "norms": [], "t0": time.monotonic()}
+def new_window(t0: float | None = None) -> dict[str, Any]:
+    """What the next log line averages: the loss and tokens of its steps, their gradient norms, its start
+    (``t0``, default now) and the time its last step was done (``t1``)."""
+    start = time.monotonic() if t0 is None else t0
+    return {"loss": 0.0, "tokens": 0, "norms": [], "t0": start, "t1": start}
 
 
 @dataclass
@@ -329,6 +331,8 @@ class InFlight:
 
     queued: QueuedStep
     lr: float
+    # when its work was done, where queueing it did it (a CPU computes as it queues); None: when it is read
+    done_at: float | None = None
 
 
 @dataclass
@@ -716,7 +720,9 @@ class Trainer:
             torch.compiler.cudagraph_mark_step_begin()
         queued = queue_step(self.model, self.optimizer, [self.next_batch() for _ in range(t.update_freq)], t.eps_ls,
                             lr, t.clip_norm, self.dist, self.scaler, self.amp_dtype)
-        return InFlight(queued, lr)
+        # on a CPU the step is done when queue_step returns, before the next one is queued; a log line's time
+        # must not take in the step queued after its last one
+        return InFlight(queued, lr, time.monotonic() if self.dist.device.type == "cpu" else None)
 
     def after(self) -> AfterStep:
         """What booking the step in flight will do if it applies: a log line, validation, a checkpoint, the
@@ -737,6 +743,7 @@ class Trainer:
         training."""
         t, state = self.cfg.train, self.state
         result = step.queued.result()
+        done = step.done_at if step.done_at is not None else time.monotonic()
         if not result.applied:
             state.skipped_steps += 1
             self.bad_in_a_row += 1
@@ -753,6 +760,7 @@ class Trainer:
         self.window["loss"] += result.loss
         self.window["tokens"] += result.n_tokens
         self.window["norms"].append(result.grad_norm)
+        self.window["t1"] = done
         if plan.check:
             sums = distributed.gather(self.dist, distributed.parameter_checksum(self.raw))
             if any(abs(x - sums[0]) > 1e-6 * max(1.0, abs(sums[0])) for x in sums):
@@ -811,7 +819,7 @@ class Trainer:
         """Rank 0's log line of this step (loss, rate, tokens/s; validation and dev BLEU when due): to the
         progress bar, train.log, metrics.jsonl and TensorBoard."""
         t, state, window = self.cfg.train, self.state, self.window
-        dt = time.monotonic() - window["t0"]
+        dt = max(window["t1"] - window["t0"], 1e-9)  # from the window's start to its last step's end
         # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
         # epochs trained (fractional mid-epoch): 7 at the end of the seventh, as fairseq numbers it
         rec = {"step": state.step, "epoch": round(epochs_into(dataclasses.asdict(state)), 3),
@@ -821,10 +829,12 @@ class Trainer:
                "grad_norm_max": max(window["norms"])}
         budget = f"{state.step}/{t.max_steps}" + (f", {rec['minutes']:.1f}/{t.max_minutes:g} min" if t.max_minutes else "")
         bar.set_postfix(step=budget, loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        evaluating = time.monotonic()
         if self.ends(t.eval_every):
             rec.update(self.evaluate())
         if self.bleu_due():
             rec["valid_bleu"] = dev_bleu(self.raw, self.run_data.tokenizer, self.bleu_pairs(), self.cfg)
+        evaluated = time.monotonic() - evaluating
         for key, value in rec.items():
             if key not in ("step", "epoch"):
                 self.writer.add_scalar(key, value, state.step)
@@ -835,7 +845,8 @@ class Trainer:
                   "dev_bleu": "valid_bleu"}.get(t.keep_best)
         if metric in rec:
             self.keep_best(rec[metric])
-        self.window = new_window()
+        # the next line's time runs on from this step's end, less the validation and translation just done
+        self.window = new_window(window["t1"] + evaluated)
 
     def run(self) -> dict[str, Any]:
         """Steps until train.max_steps or train.max_minutes (or a signal), saving on the clock; then the
