@@ -74,12 +74,29 @@ def test_the_tokenizer_gives_our_ids_and_text(run, exported, multi30k):
     assert tok.batch_decode(ids, skip_special_tokens=True) == [ours.decode(i) for i in ids]
 
 
+class EndAtTheLimit(transformers.LogitsProcessor):
+    """Our search's rule at the length limit (search.next_log_probs, DEVIATION(§6.1)): only EOS may come last,
+    scored by the model's own log P(EOS). generate's forced_eos_token_id scores it log 1 instead, which ranks
+    a beam at the limit higher than ours does."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.size(1) < self.limit - 1:
+            return scores
+        return torch.full_like(scores, float("-inf")).index_copy_(1, torch.tensor([EOS_ID]), scores[:, [EOS_ID]])
+
+
 def generate_each(model, tok, lines, offset, **options):
-    """``model.generate`` one sentence at a time with our length limit (|source + EOS| + offset outputs)."""
+    """``model.generate`` one sentence at a time with our length limit (|source + EOS| + offset outputs) and our
+    rule at it."""
     outputs = []
     for line in lines:
         batch = tok([line], return_tensors="pt")
-        ids = model.generate(**batch, max_length=batch["input_ids"].size(1) + offset + 1, do_sample=False, **options)
+        limit = batch["input_ids"].size(1) + offset + 1  # + 1: the decoder's start symbol
+        ids = model.generate(**batch, max_length=limit, do_sample=False, forced_eos_token_id=None,
+                             logits_processor=transformers.LogitsProcessorList([EndAtTheLimit(limit)]), **options)
         outputs.append(tok.batch_decode(ids, skip_special_tokens=True)[0])
     return outputs
 

@@ -338,8 +338,8 @@ def test_score_batches_hold_at_most_max_batch_tokens(translator, max_batch_token
     assert r.status_code == 200, r.json()
     assert len(shapes) == (1 if max_batch_tokens == 8192 else 3)
     assert all(rows == 1 or rows * length <= max_batch_tokens for rows, length in shapes)
-    expected = translator.score(LINES, targets)
-    assert [round(x, 5) for x in r.json()["scores"]] == [round(e.score, 5) for e in expected]
+    expected = translator.score(LINES, targets)  # in one batch: the same sums, in another order of rounding
+    assert r.json()["scores"] == pytest.approx([e.score for e in expected], abs=1e-4)
 
 
 def test_a_parse_prefix_that_cannot_start_a_tree_gets_422(tiny_parse_run):
