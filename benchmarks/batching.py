@@ -33,7 +33,8 @@ import torch
 
 from common import code_state
 from transformer.config import load_config
-from transformer.data import encode_pairs, fill_batches, lengths, make_batches_from_lengths, padding_fraction, read_parallel
+from transformer.data import (encode_pairs, fill_batches, lengths, make_batches_from_lengths, padding_fraction,
+                              read_parallel)
 from transformer.prepare import resolve_data_path
 from transformer.vocabulary import train_vocabulary
 

@@ -11,8 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.data import (BatchOrder, DataError, Example, ShapeBuckets, batches_sha256, collate, encode_for_decoding,
-                              encode_pairs, lengths, make_batches, padding_fraction, read_lines, read_parallel)
+from transformer.data import (BatchOrder, DataError, Example, ShapeBuckets, batches_sha256, collate,
+                              encode_for_decoding, encode_pairs, lengths, make_batches, padding_fraction, read_lines,
+                              read_parallel)
 from transformer.prepare import find_data_root
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 

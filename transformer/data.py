@@ -269,10 +269,10 @@ def make_batches_from_lengths(src_lengths: ArrayLike, tgt_lengths: ArrayLike, ma
     must stay <= max_tokens (A10 counts padded tokens). The sort key is the length the authors' code
     buckets by (A10: max(input, target)) and the one this budget binds on, so a batch's two sides end
     near the same length, with less padding than sorted by one side first (benchmarks/batching.py counts
-    it). An example longer than max_tokens on its own gets a batch of one rather than being lost. Deterministic: shuffling is BatchOrder's job. Takes lengths
-    only (EOS included), so a memory-mapped TokenStore of millions of pairs is batched without building
-    an Example per pair. With ``buckets`` the lengths are counted padded to their buckets (the shapes
-    ``collate`` gives the batches).
+    it). An example longer than max_tokens on its own gets a batch of one rather than being lost.
+    Deterministic: shuffling is BatchOrder's job. Takes lengths only (EOS included), so a memory-mapped
+    TokenStore of millions of pairs is batched without building an Example per pair. With ``buckets``
+    the lengths are counted padded to their buckets (the shapes ``collate`` gives the batches).
     """
     src, tgt = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
     if src.shape != tgt.shape or src.ndim != 1:
