@@ -25,18 +25,14 @@ import argparse
 import datetime
 import json
 import platform
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common import code_state
+from common import code_state, recipe_lengths
 from transformer.config import load_config
-from transformer.data import (encode_pairs, fill_batches, lengths, make_batches_from_lengths, padding_fraction,
-                              read_parallel)
-from transformer.prepare import resolve_data_path
-from transformer.vocabulary import train_vocabulary
+from transformer.data import fill_batches, make_batches_from_lengths, padding_fraction
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -71,13 +67,9 @@ def main() -> None:
     corpora = []
     for pairs in ("en_de", "en_fr"):
         cfg = load_config(str(ROOT / "configs" / f"multi30k_{pairs}.toml"))
-        src, tgt = resolve_data_path(cfg.data.train_src), resolve_data_path(cfg.data.train_tgt)
-        with tempfile.TemporaryDirectory() as tmp:
-            tokenizer = train_vocabulary(cfg, src, tgt, Path(tmp) / "spm.model", log=lambda m: None)
-            examples, _ = encode_pairs(read_parallel(src, tgt), tokenizer, cfg.data.max_len)
-        src_lengths, tgt_lengths = map(np.asarray, lengths(examples))
+        src_lengths, tgt_lengths = map(np.asarray, recipe_lengths(cfg))
         corpora.append({"recipe": f"configs/multi30k_{pairs}.toml", "corpus": str(cfg.data.train_src),
-                        "pairs": len(examples), "vocab_size": cfg.data.vocab_size,
+                        "pairs": len(src_lengths), "vocab_size": cfg.data.vocab_size,
                         "rows": [r for n in args.max_tokens for r in measure(src_lengths, tgt_lengths, n)]})
     result = {"benchmark": "batching", "date": datetime.date.today().isoformat(), **code_state(),
               "command": "python benchmarks/batching.py --max-tokens " + " ".join(map(str, args.max_tokens)),

@@ -9,6 +9,7 @@ import math
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,13 +18,14 @@ from sacrebleu.metrics.bleu import BLEUScore
 from transformer.checkpoint import (average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
                                     write_model)
 from transformer.config import Config, LengthNorm, load_config
-from transformer.data import read_lines
+from transformer.data import encode_pairs, lengths, read_lines, read_parallel
 from transformer.errors import UserError
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu_score
 from transformer.prepare import resolve_data_path
 from transformer.request import DecodeRequest
 from transformer.train import train
 from transformer.translator import Translator
+from transformer.vocabulary import train_vocabulary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,6 +55,17 @@ def code_state() -> dict:
     package, the benchmarks and the configs (changes to docs or results do not change what ran)."""
     return {"commit": git("rev-parse", "--short", "HEAD"),
             "uncommitted": git("status", "--porcelain", "--", "transformer", "benchmarks/*.py", "configs").splitlines()}
+
+
+def recipe_lengths(cfg: Config) -> tuple[list[int], list[int]]:
+    """The source and target lengths (pieces, EOS included) of a recipe's training pairs as its run encodes
+    them: a joint BPE of its vocabulary size trained afresh, the pairs over its maximum length left out. What
+    the counting benchmarks (batching, shape_buckets) batch."""
+    src, tgt = resolve_data_path(cfg.data.train_src), resolve_data_path(cfg.data.train_tgt)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = train_vocabulary(cfg, src, tgt, Path(tmp) / "spm.model", log=lambda m: None)
+        examples, _ = encode_pairs(read_parallel(src, tgt), tokenizer, cfg.data.max_len)
+    return lengths(examples)
 
 
 def recipe_run(pair: str = "en_de") -> Path:

@@ -15,17 +15,14 @@ import argparse
 import datetime
 import json
 import platform
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common import code_state
+from common import code_state, recipe_lengths
 from transformer.config import load_config
-from transformer.data import ShapeBuckets, encode_pairs, lengths, make_batches, padding_fraction, read_parallel
-from transformer.prepare import resolve_data_path
-from transformer.vocabulary import train_vocabulary
+from transformer.data import ShapeBuckets, make_batches_from_lengths, padding_fraction
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -41,16 +38,12 @@ def main() -> None:
     max_tokens = args.max_tokens or cfg.train.max_tokens
     if max_tokens < 1:
         parser.error(f"--max-tokens {max_tokens}: must be at least 1")
-    src, tgt = resolve_data_path(cfg.data.train_src), resolve_data_path(cfg.data.train_tgt)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = train_vocabulary(cfg, src, tgt, Path(tmp) / "spm.model", log=lambda m: None)
-        examples, _ = encode_pairs(read_parallel(src, tgt), tokenizer, cfg.data.max_len)
-    src_lengths, tgt_lengths = map(np.asarray, lengths(examples))
+    src_lengths, tgt_lengths = map(np.asarray, recipe_lengths(cfg))
     real = int(src_lengths.sum() + tgt_lengths.sum())
     rows = []
     for n in PER_DOUBLING:
         buckets = ShapeBuckets(n, max_tokens) if n else None
-        batches = make_batches(examples, max_tokens, buckets)
+        batches = make_batches_from_lengths(src_lengths, tgt_lengths, max_tokens, buckets)
         shapes = (buckets.shapes(src_lengths, tgt_lengths, batches) if buckets else
                   {(len(b), int(src_lengths[b].max()), int(tgt_lengths[b].max())) for b in batches})
         padding = padding_fraction(src_lengths, tgt_lengths, batches, buckets)
@@ -61,13 +54,13 @@ def main() -> None:
     result = {"benchmark": "shape_buckets", "date": datetime.date.today().isoformat(), **code_state(),
               "command": f"python benchmarks/shape_buckets.py --pairs {args.pairs} --max-tokens {max_tokens}",
               "versions": {"python": platform.python_version(), "torch": torch.__version__},
-              "corpus": str(cfg.data.train_src), "pairs": len(examples), "vocab_size": cfg.data.vocab_size,
+              "corpus": str(cfg.data.train_src), "pairs": len(src_lengths), "vocab_size": cfg.data.vocab_size,
               "max_tokens": max_tokens, "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "shape_buckets.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Shape buckets: padding and shapes", "",
              f"`{result['command']}` — {result['date']}, commit {result['commit']}, torch {torch.__version__}.", "",
-             f"Multi30k train ({len(examples):,} pairs, joint BPE of {cfg.data.vocab_size:,} as the recipe trains "
+             f"Multi30k train ({len(src_lengths):,} pairs, joint BPE of {cfg.data.vocab_size:,} as the recipe trains "
              f"it), batched at {max_tokens:,} tokens per side. N = 0 is §5.1's batching; N > 0 pads both sides of "
              "a batch to the bucket of its longest sentence (8 · 2^(k/N)) and adds rows up to the budget "
              "(`train.shape_buckets`).", "",
