@@ -288,7 +288,7 @@ def margins(r: dict) -> str:
 
 def write_markdown(r: dict) -> None:
     cands = "\n".join(f"| {c['name']} | {', '.join(f'{k}={v}' for k, v in c['values'].items())} | {c['steps']} | "
-                      f"{c['valid_ppl']} | {c['val_tok_lc_bleu']} |" for c in r["candidates"])
+                      f"{c['valid_ppl']} | {c['val_tok_lc_bleu']} | {c.get('commit', '?')} |" for c in r["candidates"])
     dec = "\n".join(f"| {c['average_last']} | {c['beam']} | {c['val_tok_lc_bleu']} |" for c in r["decoding_candidates"])
     curve = "\n".join(f"| {c['step']} | {c['minutes']} | {c['val_tok_lc_bleu']} |" for c in r["picked_val_curve"])
     src, tgt, *quick = r["pair"].split("_")
@@ -308,11 +308,12 @@ sacrebleu {r['versions']['sacrebleu']}
 | training | `{r['config']}` as committed, {r['steps']} updates in {r['train_minutes']} min at {r['threads']} threads, timed, alone on the machine by protocol ({r['train_tokens_per_s']} target tokens/s) |
 | decoding | average of the last {r['averaged_checkpoints']} checkpoint(s), beam {r['beam']}, α {r['alpha']}: {r['translate_seconds']} s for {1000} sentences |
 {history}
-Recipe candidates, each trained from scratch with the same budget ({r.get('budget') or f"{r['steps']} updates"}) and scored on val (tok.
-lc BLEU with the paper's decoding: average of the last 5, beam 4); the recipe is the best of them (a tie keeps the recipe):
+Recipe candidates, each trained from scratch with the same budget ({r.get('budget') or f"{r['steps']} updates"}) at the commit in its row
+(read back from earlier sittings; the recipe's own run is the header's commit) and scored on val (tok. lc BLEU with the
+paper's decoding: average of the last 5, beam 4); the recipe is the best of them (a tie keeps the recipe):
 
-| candidate | settings | updates | valid ppl | val BLEU |
-|---|---|---|---|---|
+| candidate | settings | updates | valid ppl | val BLEU | commit |
+|---|---|---|---|---|---|
 {cands}
 
 Decoding candidates on the recipe's own run (val tok. lc BLEU):
