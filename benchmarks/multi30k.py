@@ -288,7 +288,7 @@ def margins(r: dict) -> str:
 
 def write_markdown(r: dict) -> None:
     cands = "\n".join(f"| {c['name']} | {', '.join(f'{k}={v}' for k, v in c['values'].items())} | {c['steps']} | "
-                      f"{c['valid_ppl']} | {c['val_tok_lc_bleu']} | {c.get('commit', '?')} |" for c in r["candidates"])
+                      f"{c['valid_ppl']} | {c['val_tok_lc_bleu']} | {c['commit']} |" for c in r["candidates"])
     dec = "\n".join(f"| {c['average_last']} | {c['beam']} | {c['val_tok_lc_bleu']} |" for c in r["decoding_candidates"])
     curve = "\n".join(f"| {c['step']} | {c['minutes']} | {c['val_tok_lc_bleu']} |" for c in r["picked_val_curve"])
     src, tgt, *quick = r["pair"].split("_")
@@ -309,7 +309,7 @@ sacrebleu {r['versions']['sacrebleu']}
 | decoding | average of the last {r['averaged_checkpoints']} checkpoint(s), beam {r['beam']}, α {r['alpha']}: {r['translate_seconds']} s for {1000} sentences |
 {history}
 Recipe candidates, each trained from scratch with the same budget ({r.get('budget') or f"{r['steps']} updates"}) at the commit in its row
-(read back from earlier sittings; the recipe's own run is the header's commit) and scored on val (tok. lc BLEU with the
+(a candidate's result is kept from the sitting that trained it; the recipe's own run is the header's commit) and scored on val (tok. lc BLEU with the
 paper's decoding: average of the last 5, beam 4); the recipe is the best of them (a tie keeps the recipe):
 
 | candidate | settings | updates | valid ppl | val BLEU | commit |
