@@ -2,15 +2,19 @@
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from transformer.checkpoint import average_checkpoints, list_checkpoints, load_checkpoint
+from transformer import cli
 from transformer.cli import main
 from transformer.data import encode_for_decoding
 from transformer.decode import decode_ids
@@ -240,6 +244,91 @@ def test_prefix_and_sampling_from_the_command_line(tiny_run, tmp_path):
     assert top1.stdout == greedy.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("end", ["^D", "closed output"])
+def test_each_line_typed_at_a_terminal_is_answered_before_the_next(tiny_run, end):
+    """At a terminal `translate` answers a line as soon as it is entered, not at the end of the input, with
+    what one batch of the same lines gives. It ends at the terminal's end of input (^D) with status 0, or,
+    once what reads its output has closed it (`| head`), at its next line with 141 and not a word."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "translate", str(tiny_run), "--batch-size", "1"],
+                            stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(slave)
+    got = []
+    try:
+        for line in SENTENCES.splitlines():
+            os.write(master, f"{line}\n".encode())
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, f"no answer to {line!r} while the input stays open"
+            got.append(proc.stdout.readline().rstrip("\n"))
+        if end == "^D":
+            os.write(master, b"\x04")
+        else:
+            proc.stdout.close()
+            os.write(master, b"a dog runs .\n")
+        status = proc.wait(120)
+        said = [line for line in proc.stderr.read().splitlines() if not line.startswith("averaging the last")]
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(master)
+    assert (status, said) == ((0, []) if end == "^D" else (cli.READER_GONE, []))
+    whole = run_cli("translate", str(tiny_run), "--batch-size", "1", stdin=SENTENCES)
+    assert got == whole.stdout.splitlines() and len(got) == 4
+
+
+def test_a_long_input_is_decoded_and_written_chunk_by_chunk(tiny_run, tmp_path, capsys, monkeypatch):
+    """An input longer than a chunk (3 lines here): the outputs of one chunk, n-best lists numbered by
+    input line, each line's own prefix across the chunks, and draws that go on from chunk to chunk
+    (the same sentence six times, three a chunk: a generator seeded again for each chunk repeats them)."""
+    lines = SENTENCES.splitlines() * 2
+    prefixes = ["ein", "zwei", "", "drei", "zwei", "ein", "", "drei"]
+    (tmp_path / "in.txt").write_text("".join(f"{line}\n" for line in lines))
+    (tmp_path / "prefix.txt").write_text("".join(f"{p}\n" for p in prefixes))
+    (tmp_path / "same.txt").write_text("a dog runs .\n" * 6)
+    nbest = ("translate", str(tiny_run), "--input", str(tmp_path / "in.txt"), "--batch-size", "1", "--nbest", "2",
+             "--prefix", str(tmp_path / "prefix.txt"))
+    sample = ("translate", str(tiny_run), "--input", str(tmp_path / "same.txt"), "--batch-size", "3", "--sample")
+    for page in ("README.md", "docs/decoding.md"):  # what the pages tell users
+        assert f"{cli.CHUNK:,} lines at a time" in (Path(__file__).parents[1] / page).read_text()
+    whole = run_here(capsys, *nbest)
+    monkeypatch.setattr(cli, "CHUNK", 3)
+    chunked = run_here(capsys, *nbest)
+    assert whole[0] == 0 and chunked[:2] == whole[:2], chunked[2]
+    rows = [row.split(" ||| ") for row in chunked[1].splitlines()]
+    assert sorted({int(r[0]) for r in rows}) == list(range(8))
+    assert all(r[1].startswith(prefixes[int(r[0])]) for r in rows if lines[int(r[0])])
+    status, drawn, err = run_here(capsys, *sample)
+    assert status == 0 and len(drawn.splitlines()) == 6, err
+    assert drawn.splitlines()[:3] != drawn.splitlines()[3:]
+
+
+def test_an_input_file_that_can_be_read_once_is_translated(tiny_run, tmp_path, capsys):
+    """`--input <(zcat corpus.gz)`: a pipe given as a file is not counted first (that would use it up)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "in.txt").write_text(SENTENCES)
+    writer = threading.Thread(target=lambda: fifo.write_text(SENTENCES), daemon=True)
+    writer.start()
+    piped = run_here(capsys, "translate", str(tiny_run), "--input", str(fifo))
+    writer.join(60)
+    assert piped[0] == 0 and len(piped[1].splitlines()) == 4, piped[2]
+    assert piped[1] == run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"))[1]
+
+
+def test_prefixes_for_stdin_are_counted_as_its_lines_come(tiny_run, tmp_path):
+    prefixes = tmp_path / "prefix.txt"
+    prefixes.write_text("ein\n")
+    fewer = run_cli("translate", str(tiny_run), "--prefix", str(prefixes), stdin="a dog .\na cat .\n")
+    assert fewer.returncode == 1 and fewer.stdout == "", fewer.stderr
+    assert fewer.stderr.splitlines()[-1] == "error: --prefix: 1 given, for more input lines (line 2 has none)"
+    prefixes.write_text("ein\nzwei\ndrei\n")
+    more = run_cli("translate", str(tiny_run), "--prefix", str(prefixes), stdin="a dog .\na cat .\n")
+    assert more.returncode == 1 and more.stderr.splitlines()[-1] == "error: --prefix: 3 given for 2 input lines"
+    written = more.stdout.splitlines()  # as they were done, before the input ended
+    assert len(written) == 2 and written[0].startswith("ein") and written[1].startswith("zwei")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--nbest", "5"], "--nbest 5 with the run's beam size 4: an n-best list holds at most the beam's hypotheses"),
     (["--nbest", "0"], "--nbest 0: must be at least 1"),
@@ -304,7 +393,11 @@ def test_constraints_appear_in_every_output(tiny_run, tmp_path):
         assert all(phrase in text for phrase in wanted.get(i, [])), (i, text)
     (tmp_path / "three.txt").write_text("a\n\n\n")
     bad = run_cli("translate", str(tiny_run), "--constraints", str(tmp_path / "three.txt"), stdin=SENTENCES)
-    assert bad.returncode == 1 and "--constraints: 3 given for 4 input lines" in bad.stderr
+    assert bad.returncode == 1 and "--constraints: 3 given, for more input lines (line 4 has none)" in bad.stderr
+    (tmp_path / "in.txt").write_text(SENTENCES)  # a file is counted before anything is decoded
+    bad = run_cli("translate", str(tiny_run), "--constraints", str(tmp_path / "three.txt"), "--input",
+                  str(tmp_path / "in.txt"))
+    assert bad.returncode == 1 and bad.stdout == "" and "--constraints: 3 given for 4 input lines" in bad.stderr
 
 
 # --- which options combine: the pair matrix, generated from the one table (request.REFUSED) ----------

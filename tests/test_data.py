@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import math
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transformer.data import (BatchOrder, DataError, Example, ShapeBuckets, batches_sha256, collate,
-                              encode_for_decoding, encode_pairs, lengths, make_batches, padding_fraction, read_lines,
-                              read_parallel)
+                              encode_for_decoding, encode_pairs, iter_lines, lengths, make_batches, padding_fraction,
+                              read_lines, read_parallel)
 from transformer.prepare import find_data_root
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -87,6 +89,33 @@ def test_truncated_gzip_is_a_data_error(tmp_path: Path) -> None:
     f.write_bytes(blob[: len(blob) // 2])
     with pytest.raises(DataError, match=r"cut\.en\.gz"):
         read_lines(f)
+
+
+def test_a_pipes_lines_come_as_they_are_written() -> None:
+    """A pipe (stdin) is read as it is written: a line is yielded before the writer has closed, so a
+    command translates what was typed so far; gzip comes through a pipe too."""
+    read, write = os.pipe()
+    try:
+        lines = iter_lines(Path(f"/dev/fd/{read}"))
+        os.write(write, b"one\n")
+        got: list[str] = []
+        reader = threading.Thread(target=lambda: got.append(next(lines)), daemon=True)
+        reader.start()
+        reader.join(30)  # a reader that waits for the end of the input is still waiting
+        assert got == ["one"]
+        os.write(write, "tw\u00f6\r\n".encode())
+        os.close(write)
+        write = -1
+        assert list(lines) == ["twö"]
+    finally:
+        for fd in (read, write):
+            if fd >= 0:
+                os.close(fd)
+    read, write = os.pipe()
+    os.write(write, gzip.compress(b"a\nb\n"))
+    os.close(write)
+    assert read_lines(Path(f"/dev/fd/{read}")) == ["a", "b"]
+    os.close(read)
 
 
 def test_parallel_files_must_have_equal_line_counts(tmp_path: Path) -> None:

@@ -3,29 +3,35 @@
 Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a usage error,
 70 an internal error (a bug: one line on stderr, the traceback in a log file to report),
 130 / 143 training stopped by SIGINT / SIGTERM after finishing its step and writing a checkpoint;
-under `train --nproc N`, 128 + S when a rank was killed by signal S (named in one line).
+under `train --nproc N`, 128 + S when a rank was killed by signal S (named in one line); 141 (128 +
+SIGPIPE), without a word, when what read the output closed it (`transformer translate RUN | head`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
+import itertools
 import json
 import os
 import shlex
+import stat
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits
 from .errors import UserError, first_line, summary
 from . import files
 from .files import check_output
 
+T = TypeVar("T")
 EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
 
 
@@ -193,18 +199,18 @@ def _request(args: argparse.Namespace):
                          topp=given("topp"), temperature=given("temperature"), seed=given("seed"))
 
 
-def _translator(args: argparse.Namespace, request, lines: list[str] | None = None):
-    """The run's model, with ``request`` checked against it (``Translator.check``; with the input's
-    ``lines`` too when they were read from a file first) before stdin is read, and what loading it said.
-    The command prints that (``_tell``) once its own checks have passed: an error comes first, not
-    after stdin, and alone."""
+def _translator(args: argparse.Namespace, request, total: int | None = None):
+    """The run's model, with ``request`` checked against it (``Translator.check``; against the input's
+    number of lines too, ``total``, when they are a file counted first) before stdin is read, and what
+    loading it said. The command prints that (``_tell``) once its own checks have passed: an error comes
+    first, not after stdin, and alone."""
     from .translator import Translator
 
     said: list[str] = []
     translator = Translator(args.run_dir, args.checkpoint, log=said.append, int8=args.int8, device=args.device,
                             decode={"constrained": False} if getattr(args, "unconstrained", False) else None,
                             ensemble=getattr(args, "ensemble", ()))
-    translator.check(request, lines)
+    translator.check(request, total=total)
     return translator, said
 
 
@@ -216,6 +222,54 @@ def _tell(said: list[str]) -> None:
 
 def _translate_lines(translator, lines: list[str], request) -> list[str]:
     return translator.translate(lines, request, progress=len(lines) > 100 and sys.stderr.isatty())
+
+
+CHUNK = 10_000  # input lines (pairs for `score`) read, decoded and written at a time: memory stays bounded
+
+
+def _at_terminal(path: Path | None) -> bool:
+    """Whether a command's input, ``path`` or stdin when None, is typed at a terminal."""
+    return path is None and sys.stdin is not None and sys.stdin.isatty()
+
+
+def _chunks(items: Iterable[T], path: Path | None) -> Iterator[list[T]]:
+    """``items`` read from ``path`` (stdin when None) ``CHUNK`` at a time, so that a command writes the
+    outputs of a long input as it goes; at a terminal one at a time, each answered as it is typed."""
+    items = iter(items)
+    size = 1 if _at_terminal(path) else CHUNK
+    while chunk := list(itertools.islice(items, size)):
+        yield chunk
+
+
+def _decoded(args: argparse.Namespace, translator, request, total: int | None, said: list[str]
+             ) -> Iterator[tuple[list[str], list[list[tuple[str, float]]]]]:
+    """Each chunk of the input lines (``--input``, else stdin) with its outputs (``Translator.stream``),
+    as soon as it is decoded. What loading the model ``said`` is told (``_tell``) before stdin is read,
+    or once a file's first lines have passed their checks. A bar of sentences shows on a terminal when
+    the outputs do not go to it."""
+    from .data import iter_lines
+
+    if args.input is None:
+        _tell(said)
+    lines = iter_lines(Path("/dev/stdin") if args.input is None else args.input)
+    bar = (sys.stderr.isatty() and not _at_terminal(args.input) and (total is None or total > 100)
+           and (args.output is not None or not sys.stdout.isatty()))
+    return translator.stream(_chunks(lines, args.input), request, progress=bar, total=total,
+                             checked=None if args.input is None else lambda: _tell(said))
+
+
+def _count_lines(path: Path | None) -> int | None:
+    """The number of lines of an input file, read through once before the model loads: a file that cannot
+    be read is refused first, and the prefixes and constraints are checked against its lines. None for
+    stdin and for a pipe given as a file (`--input <(zcat corpus.gz)`), which can be read once only."""
+    from .data import iter_lines
+
+    if path is None:
+        return None
+    with contextlib.suppress(OSError):  # one that cannot be read: iter_lines names the error
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+    return sum(1 for _ in iter_lines(path))
 
 
 def _translate_arguments(p: argparse.ArgumentParser) -> None:
@@ -257,17 +311,23 @@ def cmd_translate(args: argparse.Namespace) -> None:
     alignment, --prefix forces the start of each output, --constraints the phrases it must contain,
     --sample draws outputs instead of searching, --ensemble decodes with several runs' models together.
     Options that do not combine are refused in one line before any decoding (the table:
-    docs/decoding.md).
+    docs/decoding.md). Outputs are written as they are done: every 10,000 lines of a file or a pipe,
+    each line as it is typed at a terminal.
     """
-    from .data import read_lines
-
     request = _request(args)
-    lines = None if args.input is None else read_lines(args.input)  # a file: read before the model loads
-    translator, said = _translator(args, request, lines)
-    _tell(said)
-    lines = read_lines(Path("/dev/stdin")) if lines is None else lines
-    hyps = translator.decode(lines, request, progress=len(lines) > 100 and sys.stderr.isatty())
+    total = _count_lines(args.input)
+    translator, said = _translator(args, request, total)
+    with _line_sink(args.output) as write:
+        start = 0  # the input line number of the chunk's first line, less one
+        for lines, hyps in _decoded(args, translator, request, total, said):
+            write(_translation_rows(translator, request, lines, hyps, start))
+            start += len(lines)
 
+
+def _translation_rows(translator, request, lines: list[str], hyps: list[list[tuple[str, float]]],
+                      start: int) -> list[str]:
+    """`translate`'s output lines for input ``lines`` (from input line ``start``, counted from 0) and their
+    outputs: the text, with the score (--scores), as n-best lines (--nbest), with the alignment (--alignment)."""
     def aligned(i: int, text: str) -> str:
         if not request.alignment:
             return ""
@@ -277,11 +337,10 @@ def cmd_translate(args: argparse.Namespace) -> None:
         return " ||| " + " ".join(f"{s}-{t}" for s, t in pairs)
 
     if request.nbest is not None:
-        rows = [f"{i} ||| {text} ||| {score:.6f}{aligned(i, text)}" for i, h in enumerate(hyps) for text, score in h]
-    else:
-        rows = [(f"{h[0][1]:.6f}\t{h[0][0]}" if request.scores else h[0][0]) + aligned(i, h[0][0])
-                for i, h in enumerate(hyps)]
-    _write_lines(args.output, rows)
+        return [f"{start + i} ||| {text} ||| {score:.6f}{aligned(i, text)}" for i, h in enumerate(hyps)
+                for text, score in h]
+    return [(f"{h[0][1]:.6f}\t{h[0][0]}" if request.scores else h[0][0]) + aligned(i, h[0][0])
+            for i, h in enumerate(hyps)]
 
 
 def _score_arguments(p: argparse.ArgumentParser) -> None:
@@ -298,9 +357,6 @@ def _score_arguments(p: argparse.ArgumentParser) -> None:
                    "(pieces, EOS included) and token_log_probs")
 
 
-SCORE_CHUNK = 10_000  # pairs read, scored and written at a time: memory stays bounded on long files
-
-
 @command("score", _score_arguments)
 def cmd_score(args: argparse.Namespace) -> None:
     """Score given translations with the model (forced decoding).
@@ -311,7 +367,6 @@ def cmd_score(args: argparse.Namespace) -> None:
     Translations are read as text and segmented by the run's vocabulary: a search output whose pieces
     were not that segmentation (a model may write "." where the vocabulary has "▁" ".") scores lower.
     """
-    import itertools
     import math
 
     from .data import DataError, iter_lines, iter_parallel
@@ -331,36 +386,52 @@ def cmd_score(args: argparse.Namespace) -> None:
                                     f"{line.count(chr(9))} tabs")
                 yield tuple(line.split("\t"))
         pairs = stdin_pairs()
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     total, pieces, n = 0.0, 0, 0
-    try:
-        while chunk := list(itertools.islice(pairs, SCORE_CHUNK)):
+    with _line_sink(args.output) as write:
+        for chunk in _chunks(pairs, args.src):
             src, tgt = [s for s, _ in chunk], [t for _, t in chunk]
-            for t, r in zip(tgt, translator.score(src, tgt, args.alpha, length_norm=args.length_norm)):
-                if args.json:
-                    out.write(json.dumps({"score": r.score, "log_prob": r.log_prob,
-                                          "tokens": translator.tokenizer.pieces(t.strip()) + ["</s>"],
-                                          "token_log_probs": r.token_log_probs}, ensure_ascii=False) + "\n")
-                else:
-                    out.write(f"{r.score:.6f}\t{r.log_prob:.6f}\n")
-                total, pieces = total + r.log_prob, pieces + len(r.token_log_probs)
+            scored = translator.score(src, tgt, args.alpha, length_norm=args.length_norm)
+            if args.json:
+                write(json.dumps({"score": r.score, "log_prob": r.log_prob,
+                                  "tokens": translator.tokenizer.pieces(t.strip()) + ["</s>"],
+                                  "token_log_probs": r.token_log_probs}, ensure_ascii=False)
+                      for t, r in zip(tgt, scored))
+            else:
+                write(f"{r.score:.6f}\t{r.log_prob:.6f}" for r in scored)
+            total += sum(r.log_prob for r in scored)
+            pieces += sum(len(r.token_log_probs) for r in scored)
             n += len(chunk)
-    finally:
-        if args.output:
-            out.close()
     _tell(said)  # at the end: a pair may be refused (a tab too many, a file shorter) whenever it is read
     if n:
         print(f"{n} pairs, {pieces} pieces (EOS included): perplexity {math.exp(-total / pieces):.3f}",
               file=sys.stderr)
 
 
-def _write_lines(path: Path | None, lines: list) -> None:
-    """One line per item, to ``path`` or stdout."""
-    text = "".join(f"{line}\n" for line in lines)
-    if path:
-        files.write_text(path, text)  # whole or not at all
-    else:
-        sys.stdout.write(text)
+class ReaderGone(Exception):
+    """What reads a command's stdout has closed it (``... | head``): the command stops, as a Unix filter
+    does, without a word (``main``)."""
+
+
+READER_GONE = 141  # what a shell reports for a filter a closed pipe stopped: 128 + SIGPIPE
+
+
+@contextlib.contextmanager
+def _line_sink(path: Path | None) -> Iterator[Callable[[Iterable[str]], None]]:
+    """Where a command writes its output lines as it makes them: stdout, flushed at every write (a
+    terminal or a pipe has them at once, and a run cut short keeps what it wrote), or the file ``path``,
+    whole or not at all (``files.atomic_path``) when the command ends."""
+    if path is None:
+        def write(lines: Iterable[str]) -> None:
+            try:
+                sys.stdout.write("".join(f"{line}\n" for line in lines))
+                sys.stdout.flush()
+            except BrokenPipeError:
+                raise ReaderGone() from None
+
+        yield write
+        return
+    with files.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
+        yield lambda lines: out.write("".join(f"{line}\n" for line in lines))
 
 
 def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
@@ -444,9 +515,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 def _parse_lines(translator, lines: list[str], request) -> list:
     """Trees for sentences of space-separated words (§6.3): decode, then rebuild with the input's words."""
+    return _trees(lines, _translate_lines(translator, lines, request))
+
+
+def _trees(lines: list[str], outputs: list[str]) -> list:
+    """The trees of decoded ``outputs``, rebuilt with the words of their input ``lines`` (§6.3)."""
     from .trees import delinearize
 
-    outputs = _translate_lines(translator, lines, request)
     return [delinearize(out.split(), line.split())[0] for line, out in zip(lines, outputs)]
 
 
@@ -465,17 +540,15 @@ def cmd_parse(args: argparse.Namespace) -> None:
     tree per line, every sentence gets one (the beam writes only well-formed trees of the input; with
     --unconstrained, ill-formed outputs are repaired); part-of-speech nodes carry the placeholder XX.
     """
-    from .data import read_lines
-
     request = _request(args)
-    lines = None if args.input is None else read_lines(args.input)  # a file: read before the model loads
-    translator, said = _translator(args, request, lines)
+    total = _count_lines(args.input)
+    translator, said = _translator(args, request, total)
     if translator.cfg.data.task != "parse":
         raise ConfigError(f"{args.run_dir}: a translation run (data.task = {translator.cfg.data.task!r}); "
                           "use `transformer translate`")
-    _tell(said)
-    lines = read_lines(Path("/dev/stdin")) if lines is None else lines
-    _write_lines(args.output, _parse_lines(translator, lines, request))
+    with _line_sink(args.output) as write:
+        for lines, hyps in _decoded(args, translator, request, total, said):
+            write(map(str, _trees(lines, [h[0][0] for h in hyps])))
 
 
 def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:
@@ -852,6 +925,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ReaderGone:  # stdout's descriptor now discards, so that the interpreter's last flush fails no more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return READER_GONE
     except Exception as e:  # not a UserError: a bug, told apart (internal_error)
         return internal_error(e, argv)
     return 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import itertools
 import math
 import multiprocessing
@@ -44,8 +43,9 @@ def iter_lines(path: Path) -> Iterator[str]:
     One trailing "\\r" per line is removed (CRLF files), a byte-order mark is removed from the
     first line, a final line without "\\n" counts and a trailing "\\n" does not add an empty line.
     Memory is bounded by the longest line, so corpora of millions of lines (§5.1: 4.5M and 36M
-    pairs) are read without holding them. Binary line iteration splits on b"\\n" alone, which is
-    what keeps U+2028, U+0085 and form feeds inside their line.
+    pairs) are read without holding them; a pipe's or a terminal's lines come as they are written.
+    Binary line iteration splits on b"\\n" alone, which is what keeps U+2028, U+0085 and form feeds
+    inside their line.
     """
     path = Path(path)
     try:
@@ -55,16 +55,13 @@ def iter_lines(path: Path) -> Iterator[str]:
     n = 0
     with f:
         try:
-            head = f.read(2)
-            if f.seekable():
-                f.seek(0)
-                raw: io.BufferedIOBase = f
-            else:  # a pipe (/dev/stdin) cannot be rewound after sniffing: read it whole
-                raw = io.BytesIO(head + f.read())
+            # looked at, not read: a pipe or a terminal (/dev/stdin) cannot be rewound, and its lines are
+            # yielded as they come (at a terminal, each as it is typed)
+            head = f.peek(2)[:2]
         except OSError as e:
             raise DataError(f"{path}: cannot read ({e.strerror})") from None
         zipped = head == b"\x1f\x8b"
-        stream = gzip.GzipFile(fileobj=raw, mode="rb") if zipped else raw
+        stream = gzip.GzipFile(fileobj=f, mode="rb") if zipped else f
         try:
             for n, data in enumerate(stream, 1):
                 try:

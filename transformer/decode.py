@@ -23,7 +23,7 @@ from .tokenizer import EOS_ID
 
 def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.beam_size,
                alpha: float = PAPER.alpha, max_len_offset: int = PAPER.max_len_offset,
-               batch_size: int = PAPER.batch_size, progress: bool = False,
+               batch_size: int = PAPER.batch_size, bar: tqdm | None = None,
                constraint: Constraint | None = None, early_stop: EarlyStop = PAPER.early_stop, nbest: int = 1,
                prefixes: Sequence[Sequence[int]] | None = None, sampling: Sampling | None = None,
                constraints: Sequence[Sequence[Sequence[int]]] | None = None,
@@ -41,8 +41,8 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     one place (``request.DecodeRequest.verify``, which refuses lexical constraints with sampling or
     with a ``constraint``); this driver runs what it is given.
     ``length_norm`` is the length normalisation of every score (``search.length_penalty``).
-    ``progress`` shows a bar of sentences (on stderr). No input is dropped or truncated; an empty
-    source is refused, since attention over no key at all is undefined.
+    ``bar``, a progress bar of sentences, is advanced by each batch's. No input is dropped or truncated;
+    an empty source is refused, since attention over no key at all is undefined.
     """
     if any(len(s) == 0 for s in sources):
         raise ValueError("empty source: every source needs at least its EOS token")
@@ -53,7 +53,6 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     device = next(model.parameters()).device
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     outputs: list[list[Hypothesis]] = [[] for _ in sources]
-    bar = tqdm(total=len(sources), desc="translate", unit="sent", disable=not progress, mininterval=1.0)
     for start in range(0, len(order), batch_size):
         chunk = order[start: start + batch_size]
         src = pad([sources[i] for i in chunk]).to(device)  # [B, S]
@@ -74,19 +73,20 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
                                       early_stop=early_stop, nbest=nbest, length_norm=length_norm)
         for i, out in zip(chunk, decoded):
             outputs[i] = out
-        bar.update(len(chunk))
-    bar.close()
+        if bar is not None:
+            bar.update(len(chunk))
     return outputs
 
 
 def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.beam_size,
                   alpha: float = PAPER.alpha, max_len_offset: int = PAPER.max_len_offset,
-                  batch_size: int = PAPER.batch_size, progress: bool = False, constraint: Constraint | None = None,
+                  batch_size: int = PAPER.batch_size, constraint: Constraint | None = None,
                   early_stop: EarlyStop = PAPER.early_stop,
                   length_norm: LengthNorm = PAPER.length_norm) -> list[list[int]]:
     """``decode_ids``' 1-best outputs, their tokens (no EOS): one per input, in input order."""
     return [hyps[0].tokens for hyps in decode_ids(model, sources, beam_size, alpha, max_len_offset, batch_size,
-                                                  progress, constraint, early_stop, length_norm=length_norm)]
+                                                  constraint=constraint, early_stop=early_stop,
+                                                  length_norm=length_norm)]
 
 
 class Scored(NamedTuple):

@@ -161,9 +161,21 @@ class DecodeRequest:
                                                        "smallest normal float32: the log-probs are divided by it)")
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise bad("seed", self.seed, "must be in 0 .. 2^64 - 1 (a seed of torch's generator)")
-        for key, values in (("prefix", self.prefixes), ("constraints", self.constraints)):
-            if lines is not None and values is not None and len(values) != lines:
+        for key, values in self.per_line().items():
+            if lines is not None and len(values) != lines:
                 raise ConfigError(f"{names[key]}: {len(values)} given for {lines} input lines")
+
+    def per_line(self) -> dict[str, Sequence]:
+        """The options given line by line that the request holds: option ("prefix", "constraints") -> its
+        values, the i-th for input line i."""
+        return {key: values for key, values in (("prefix", self.prefixes), ("constraints", self.constraints))
+                if values is not None}
+
+    def lines(self, start: int, stop: int) -> DecodeRequest:
+        """The request for input lines start .. stop - 1 alone: their own prefixes and constraints (fewer
+        where the request holds fewer)."""
+        cut = {"prefixes": self.prefixes, "constraints": self.constraints}
+        return dataclasses.replace(self, **{k: v[start:stop] for k, v in cut.items() if v is not None})
 
     def resolve(self, run: DecodeConfig) -> DecodeRequest:
         """The request with ``run``'s ``decode.*`` values where it gives none; beam size and early stop

@@ -8,10 +8,11 @@ the paper decodes (§6.1: last 5 for base, last 20 for big); ``checkpoint`` pick
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from .checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint
 from .config import Config, ConfigError, LengthNorm, config_from_dict
@@ -127,32 +128,72 @@ class Translator:
         1) or, with ``request.sample``, drawn; each starts with its line's prefix and holds its line's
         constraints. The request is checked first (``check``). An empty line gives [("", 0.0)].
         ``progress`` shows a bar of sentences on stderr."""
-        request, (sources, prefixes, phrases) = self._checked(request, lines, CLI)  # type: ignore[misc]
-        search = {} if request.sample else {"beam_size": request.beam_size, "early_stop": request.early_stop}
-        with torch.inference_mode():
-            outputs = decode_ids(self.model, sources, alpha=request.alpha, length_norm=request.length_norm,
-                                 max_len_offset=request.max_len_offset,
-                                 batch_size=request.batch_size, progress=progress, constraint=self.constraint,
-                                 nbest=request.nbest or 1, prefixes=prefixes, sampling=request.sampling(self.device),
-                                 constraints=phrases, **search)
-        return [[("", 0.0)] if not line.strip() else [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
-                for line, hyps in zip(lines, outputs)]
+        return next(self.stream([lines], request, progress, total=len(lines)))[1]
+
+    def stream(self, chunks: Iterable[list[str]], request: DecodeRequest = DecodeRequest(),
+               progress: bool = False, total: int | None = None, checked: Callable[[], None] | None = None
+               ) -> Iterator[tuple[list[str], list[list[tuple[str, float]]]]]:
+        """``decode`` for input that comes a chunk of lines at a time (a long file, a terminal): each chunk
+        with its outputs as soon as it is decoded, so that the caller writes them while the rest is read. The
+        request's prefixes and constraints run on through the chunks (line i of the input has the i-th), and
+        so does one generator of draws (a seed gives one sequence of draws, not the same again in every
+        chunk). ``total``: the number of input lines when it is known; the request is checked against it
+        here, before anything is read or decoded. Otherwise the prefixes and constraints are counted as the
+        lines come, and a line without its own, or fewer lines than them, is a ConfigError then.
+        ``checked`` is called once the first chunk has passed its checks, before it is decoded (or once the
+        input turns out empty): the command line says then what it loaded, so that an error in the first
+        lines comes alone."""
+        self._checked(request, None, CLI, total)
+        return self._stream(chunks, request, progress, total, checked or (lambda: None))
+
+    def _stream(self, chunks: Iterable[list[str]], request: DecodeRequest, progress: bool, total: int | None,
+                checked: Callable[[], None]) -> Iterator[tuple[list[str], list[list[tuple[str, float]]]]]:
+        sampling = request.sampling(self.device)
+        done = 0  # input lines decoded so far
+        with tqdm(total=total, desc="translate", unit="sent", disable=not progress, mininterval=1.0) as bar:
+            for lines in chunks:
+                part = request.lines(done, done + len(lines))
+                for key, given in part.per_line().items():
+                    if len(given) < len(lines):
+                        raise ConfigError(f"{CLI[key]}: {done + len(given)} given, for more input lines (line "
+                                          f"{done + len(given) + 1} has none)")
+                part, (sources, prefixes, phrases) = self._checked(part, lines, CLI, first=done)  # type: ignore[misc]
+                if not done:
+                    checked()
+                search = {} if part.sample else {"beam_size": part.beam_size, "early_stop": part.early_stop}
+                with torch.inference_mode():
+                    outputs = decode_ids(self.model, sources, alpha=part.alpha, length_norm=part.length_norm,
+                                         max_len_offset=part.max_len_offset, batch_size=part.batch_size, bar=bar,
+                                         constraint=self.constraint, nbest=part.nbest or 1, prefixes=prefixes,
+                                         sampling=sampling, constraints=phrases, **search)
+                done += len(lines)
+                yield lines, [[("", 0.0)] if not line.strip() else
+                              [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
+                              for line, hyps in zip(lines, outputs)]
+        if not done:
+            checked()
+        for key, given in request.per_line().items():
+            if len(given) != done:
+                raise ConfigError(f"{CLI[key]}: {len(given)} given for {done} input lines")
 
     def check(self, request: DecodeRequest, lines: list[str] | None = None,
-              names: Mapping[str, str] = CLI) -> DecodeRequest:
+              names: Mapping[str, str] = CLI, total: int | None = None) -> DecodeRequest:
         """ConfigError (one line, options spelt as ``names`` spells them) for what ``decode`` would refuse,
         before any decoding: the request against the table of options with this translator's ``setup``
-        (``DecodeRequest.verify``) and, given ``lines``, its prefixes and constraints against them.
-        Returns the request with the run's defaults filled in (``DecodeRequest.resolve``)."""
-        return self._checked(request, lines, names)[0]
+        (``DecodeRequest.verify``) and, given ``lines`` (or only their number, ``total``), its prefixes and
+        constraints against them. Returns the request with the run's defaults filled in
+        (``DecodeRequest.resolve``)."""
+        return self._checked(request, lines, names, total)[0]
 
-    def _checked(self, request: DecodeRequest, lines: list[str] | None, names: Mapping[str, str]
+    def _checked(self, request: DecodeRequest, lines: list[str] | None, names: Mapping[str, str],
+                 total: int | None = None, first: int = 0
                  ) -> tuple[DecodeRequest, tuple[list[list[int]], list[list[int]] | None,
                                                  list[list[list[int]]] | None] | None]:
-        """``check``, and the lines encoded (``_encode``) when given. Beyond ``DecodeRequest.verify``, what
-        the model bounds: a beam no wider than the vocabulary (all that the first step can offer: a wider one
-        only costs), outputs no longer than the model's positions beyond their input."""
-        request.verify(self.setup, self.cfg.decode, None if lines is None else len(lines), names)
+        """``check``, and the lines encoded (``_encode``; ``first``: the input line number of lines[0] less
+        one, for its errors) when given. Beyond ``DecodeRequest.verify``, what the model bounds: a beam no
+        wider than the vocabulary (all that the first step can offer: a wider one only costs), outputs no
+        longer than the model's positions beyond their input."""
+        request.verify(self.setup, self.cfg.decode, total if lines is None else len(lines), names)
         vocab, positions = self.tokenizer.vocab_size, self.cfg.model.max_positions
         if request.beam_size is not None and request.beam_size > vocab:
             raise ConfigError(f"{names['beam']} {request.beam_size}: wider than the vocabulary ({vocab} pieces), "
@@ -161,9 +202,9 @@ class Translator:
             raise ConfigError(f"{names['max_len_offset']} {request.max_len_offset}: more than the model's "
                               f"{positions} positions (model.max_positions)")
         request = request.resolve(self.cfg.decode)
-        return request, None if lines is None else self._encode(lines, request, names)
+        return request, None if lines is None else self._encode(lines, request, names, first)
 
-    def _encode(self, lines: list[str], request: DecodeRequest, names: Mapping[str, str]
+    def _encode(self, lines: list[str], request: DecodeRequest, names: Mapping[str, str], first: int = 0
                 ) -> tuple[list[list[int]], list[list[int]] | None, list[list[list[int]]] | None]:
         """Sources (with EOS), prefixes and constraint phrases as piece ids, checked to fit the outputs'
         maximum length (input length + max_len_offset, EOS included) and, on a parsing run, each line's
@@ -175,19 +216,20 @@ class Translator:
         for i, src in enumerate(sources):  # room for the EOS is needed too
             room = len(src) + request.max_len_offset - 1
             if forced is not None and len(forced[i]) > room:
-                raise ConfigError(f"prefix of line {i + 1}: {len(forced[i])} pieces, but outputs of this input hold "
-                                  f"at most {room} (input length + max_len_offset)")
+                raise ConfigError(f"prefix of line {first + i + 1}: {len(forced[i])} pieces, but outputs of this "
+                                  f"input hold at most {room} (input length + max_len_offset)")
             if phrases is not None and sum(map(len, phrases[i])) > room:
-                raise ConfigError(f"constraints of line {i + 1}: {sum(map(len, phrases[i]))} pieces together, but "
-                                  f"outputs of this input hold at most {room} (input length + max_len_offset)")
+                raise ConfigError(f"constraints of line {first + i + 1}: {sum(map(len, phrases[i]))} pieces "
+                                  f"together, but outputs of this input hold at most {room} (input length + "
+                                  "max_len_offset)")
             if self.constraint is not None and lines[i].strip():
                 prefix = [] if forced is None else forced[i]
                 why = self.constraint.refuses(src, prefix, room + 1)
                 if why is not None and prefix:
-                    raise ConfigError(f"prefix of line {i + 1} on a parsing run: {why}")
+                    raise ConfigError(f"prefix of line {first + i + 1} on a parsing run: {why}")
                 if why is not None:
-                    raise ConfigError(f"line {i + 1} on a parsing run: {why}, {room + 1} pieces with EOS (its input's "
-                                      f"length + {names['max_len_offset']} {request.max_len_offset})")
+                    raise ConfigError(f"line {first + i + 1} on a parsing run: {why}, {room + 1} pieces with EOS "
+                                      f"(its input's length + {names['max_len_offset']} {request.max_len_offset})")
         return sources, forced, phrases
 
     def score(self, sources: list[str], targets: list[str], alpha: float | None = None,
