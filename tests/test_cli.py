@@ -147,6 +147,33 @@ def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tm
     assert text.startswith("transformer evaluate-parse --gold g.mrg") and "Traceback" in text and "in bug" in text
 
 
+@pytest.mark.parametrize("args", [("params", "base"), ("params", "base", "--json"), ("params", "base", "--cost")])
+def test_a_report_into_a_closed_pipe_stops_without_a_word(args):
+    """`transformer params base | true`: a report printed whole (params, evaluate, …) into a pipe whose
+    reader has gone stops the command as `translate`'s lines do, with 141 and not a word (it was an
+    internal error)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "transformer", *args], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (cli.READER_GONE, "")
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_an_internal_error(tmp_path, capsys, monkeypatch):
+    """Only the reader of stdout going away is the user's doing; a broken pipe elsewhere (a subprocess, a
+    socket) is a failure to report."""
+    def bug(path):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("transformer.trees.read_trees", bug)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 70
+    assert capsys.readouterr().err.startswith("internal error: BrokenPipeError")
+
+
 def test_decoding_options_replace_the_runs_own():
     from transformer.cli import _decode_overrides, _request, build_parser
 

@@ -16,6 +16,7 @@ import inspect
 import itertools
 import json
 import os
+import select
 import shlex
 import stat
 import sys
@@ -407,12 +408,20 @@ def cmd_score(args: argparse.Namespace) -> None:
               file=sys.stderr)
 
 
-class ReaderGone(Exception):
-    """What reads a command's stdout has closed it (``... | head``): the command stops, as a Unix filter
-    does, without a word (``main``)."""
-
-
 READER_GONE = 141  # what a shell reports for a filter a closed pipe stopped: 128 + SIGPIPE
+
+
+def _stdout_gone() -> bool:
+    """Whether what reads stdout has closed it (``... | head``, ``| true``): a pipe's write end then reports
+    an error to ``poll``. Any command's output may meet it (``translate``'s lines, ``evaluate``'s or
+    ``params``' report), and the command then stops as a Unix filter does, without a word (``main``); a
+    broken pipe elsewhere is not the user's doing."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or stdout is not a file (a test's capture)
+        return False
 
 
 @contextlib.contextmanager
@@ -422,11 +431,8 @@ def _line_sink(path: Path | None) -> Iterator[Callable[[Iterable[str]], None]]:
     whole or not at all (``files.atomic_path``) when the command ends."""
     if path is None:
         def write(lines: Iterable[str]) -> None:
-            try:
-                sys.stdout.write("".join(f"{line}\n" for line in lines))
-                sys.stdout.flush()
-            except BrokenPipeError:
-                raise ReaderGone() from None
+            sys.stdout.write("".join(f"{line}\n" for line in lines))
+            sys.stdout.flush()
 
         yield write
         return
@@ -925,8 +931,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except ReaderGone:  # stdout's descriptor now discards, so that the interpreter's last flush fails no more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError as e:
+        if not _stdout_gone():
+            return internal_error(e, argv)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's last flush fails no more
         return READER_GONE
     except Exception as e:  # not a UserError: a bug, told apart (internal_error)
         return internal_error(e, argv)
