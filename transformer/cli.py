@@ -413,13 +413,13 @@ READER_GONE = 141  # what a shell reports for a filter a closed pipe stopped: 12
 
 def _stdout_gone() -> bool:
     """Whether what reads stdout has closed it (``... | head``, ``| true``): a pipe's write end then reports
-    an error to ``poll``. Any command's output may meet it (``translate``'s lines, ``evaluate``'s or
+    an error (Linux) or a hang-up (BSD, macOS; a terminal that went) to ``poll``. Any command's output may meet it (``translate``'s lines, ``evaluate``'s or
     ``params``' report), and the command then stops as a Unix filter does, without a word (``main``); a
     broken pipe elsewhere is not the user's doing."""
     try:
         poll = select.poll()
         poll.register(sys.stdout.fileno(), select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poll.poll(0))
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
     except (AttributeError, OSError, ValueError):  # no poll (Windows), or stdout is not a file (a test's capture)
         return False
 
