@@ -632,6 +632,18 @@ def test_keep_best_on_the_label_smoothed_validation_loss(tmp_path, tiny_override
     assert set(validate(model, [], cfg.train.max_tokens)) == {"valid_nll", "valid_ppl"}
 
 
+def test_each_log_line_names_the_epochs_of_its_own_step(tmp_path, tiny_overrides):
+    """A log line's epoch counts the batches its step trained, not the next step's: the host draws those
+    before it books the step (it read one batch ahead on every line but the last)."""
+    import re
+
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.log_every=1", "train.max_steps=5"]), run, quiet=True)
+    per_epoch = int(re.search(r"(\d+) batches of", (run / "train.log").read_text()).group(1))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [round(step / per_epoch, 3) for step in range(1, 6)]
+
+
 def test_intervals_in_epochs(tmp_path, tiny_overrides):
     """train.interval_unit = "epochs" (fairseq's cadence): log lines, validations (and so patience) and
     checkpoints come at the step that ends an epoch; a checkpoint of the budget's end less than half an

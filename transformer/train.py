@@ -331,6 +331,8 @@ class InFlight:
 
     queued: QueuedStep
     lr: float
+    # epochs drawn through its batches (``epochs_into``), for its log line: by then the host has drawn the next step's
+    epoch: float
     # when its work was done, where queueing it did it (a CPU computes as it queues); None: when it is read
     done_at: float | None = None
 
@@ -722,7 +724,8 @@ class Trainer:
                             lr, t.clip_norm, self.dist, self.scaler, self.amp_dtype)
         # on a CPU the step is done when queue_step returns, before the next one is queued; a log line's time
         # must not take in the step queued after its last one
-        return InFlight(queued, lr, time.monotonic() if self.dist.device.type == "cpu" else None)
+        return InFlight(queued, lr, epochs_into(dataclasses.asdict(self.state)),
+                        time.monotonic() if self.dist.device.type == "cpu" else None)
 
     def after(self) -> AfterStep:
         """What booking the step in flight will do if it applies: a log line, validation, a checkpoint, the
@@ -769,7 +772,7 @@ class Trainer:
         self.intervals = (self.intervals[1], plan.intervals)
         with distributed.rank0_alone(self.dist, wait=plan.evaluates):  # the others wait while rank 0 validates
             if self.dist.main and plan.logged:
-                self.report(step.lr, bar)
+                self.report(step, bar)
         if plan.save:
             with distributed.rank0_alone(self.dist):  # while rank 0 writes it
                 self.save()
@@ -815,14 +818,14 @@ class Trainer:
         """Whether rank 0's log line of this step validates or translates (work the other ranks wait for)."""
         return self.ends(self.cfg.train.eval_every, intervals) or self.bleu_due(intervals)
 
-    def report(self, lr: float, bar: tqdm) -> None:
-        """Rank 0's log line of this step (loss, rate, tokens/s; validation and dev BLEU when due): to the
-        progress bar, train.log, metrics.jsonl and TensorBoard."""
-        t, state, window = self.cfg.train, self.state, self.window
+    def report(self, step: InFlight, bar: tqdm) -> None:
+        """Rank 0's log line of ``step``, just booked (loss, rate, tokens/s; validation and dev BLEU when
+        due): to the progress bar, train.log, metrics.jsonl and TensorBoard."""
+        t, state, window, lr = self.cfg.train, self.state, self.window, step.lr
         dt = max(window["t1"] - window["t0"], 1e-9)  # from the window's start to its last step's end
         # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
         # epochs trained (fractional mid-epoch): 7 at the end of the seventh, as fairseq numbers it
-        rec = {"step": state.step, "epoch": round(epochs_into(dataclasses.asdict(state)), 3),
+        rec = {"step": state.step, "epoch": round(step.epoch, 3),
                "minutes": self.elapsed() / 60, "lr": lr,
                "train_loss": window["loss"] * self.dist.world / window["tokens"],
                "tokens_per_s": window["tokens"] / dt, "grad_norm": statistics.fmean(window["norms"]),
