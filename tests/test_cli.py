@@ -16,6 +16,7 @@ import torch
 from transformer.checkpoint import average_checkpoints, list_checkpoints, load_checkpoint
 from transformer import cli
 from transformer.cli import main
+from transformer.config import ConfigError
 from transformer.data import encode_for_decoding
 from transformer.decode import decode_ids
 
@@ -39,9 +40,16 @@ def run_here(capsys, *args: str) -> tuple[int, str, str]:
 
 @pytest.mark.slow
 def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
+    from transformer.data import read_lines
+
+    test = {"src": multi30k / "test_2016_flickr.en.gz", "tgt": multi30k / "test_2016_flickr.de.gz",
+            "tok_ref": multi30k / "tok" / "test_2016_flickr.lc.norm.tok.de.gz"}
+    head = {side: tmp_path / f"t.{side}.de" for side in test}  # the test set's first 20 lines, the run's own
+    for side, path in test.items():
+        head[side].write_text("\n".join(read_lines(path)[:20]) + "\n")
     run = tmp_path / "run"
     sets = [x for o in tiny_overrides + ["train.max_steps=40", "train.save_every=10", "train.log_every=10"]
-            for x in ("--set", o)]
+            + [f'data.test_{side}="{path}"' for side, path in head.items()] for x in ("--set", o)]
     result = run_cli("train", "tiny", "--out", str(run), *sets)
     assert result.returncode == 0, result.stderr
     for name in ("config.toml", "spm.model", "train.log", "metrics.jsonl"):
@@ -67,19 +75,18 @@ def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
     assert result.returncode == 0 and len(result.stdout.split("\n")) == 4, result.stderr
 
     out_json = tmp_path / "scores.json"
-    test_src, test_ref = multi30k / "test_2016_flickr.en.gz", multi30k / "test_2016_flickr.de.gz"
-    head_src, head_ref = tmp_path / "t.en", tmp_path / "t.de"
-    from transformer.data import read_lines
-    head_src.write_text("\n".join(read_lines(test_src)[:20]) + "\n")
-    head_ref.write_text("\n".join(read_lines(test_ref)[:20]) + "\n")
-    tok_ref = tmp_path / "t.tok.de"
-    tok_ref.write_text("\n".join(read_lines(multi30k / "tok" / "test_2016_flickr.lc.norm.tok.de.gz")[:20]) + "\n")
-    result = run_cli("evaluate", str(run), "--src", str(head_src), "--ref", str(head_ref), "--tok-ref",
-                     str(tok_ref), "--lang", "de", "--json", str(out_json), "--beam", "1", "--paper-bleu")
+    result = run_cli("evaluate", str(run), "--src", str(head["src"]), "--ref", str(head["tgt"]), "--tok-ref",
+                     str(head["tok_ref"]), "--lang", "de", "--json", str(out_json), "--beam", "1", "--paper-bleu")
     assert result.returncode == 0, result.stderr
     assert "BLEU = " in result.stdout and "nrefs:1|case:mixed" in result.stdout and "chrF" in result.stdout
     scores = json.loads(out_json.read_text())
     assert {"bleu", "chrf", "signature", "tok_lc_bleu", "paper_bleu"} <= set(scores)
+    # without files: the run's own test set, its tokenized references too, named on stderr
+    result = run_cli("evaluate", str(run), "--json", str(out_json), "--beam", "1")
+    assert result.returncode == 0, result.stderr
+    assert f"data.test_tok_ref {head['tok_ref']}" in result.stderr and f"data.test_src {head['src']}" in result.stderr
+    assert {k: v for k, v in json.loads(out_json.read_text()).items() if k != "paper_bleu"} == \
+        {k: v for k, v in scores.items() if k != "paper_bleu"}
 
 
 def test_params_cost_recomputes_table_2(capsys):
@@ -598,3 +605,25 @@ def test_the_smallest_temperature_samples_the_greedy_output(tmp_path, capsys):
         assert main(["translate", str(REFERENCE_RUN), "--input", str(tmp_path / "in.txt"), "--scores", *args]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and outputs[0].count("\n") == 2
+
+
+def test_the_decoding_commands_the_pages_show_are_taken(monkeypatch):
+    """Each `transformer translate|evaluate|parse ...` example in the README and docs/ (not the synopses
+    in brackets) parses, and its options combine (request.REFUSED): a user who copies it is not refused."""
+    import re
+    import shlex
+
+    import transformer.data
+
+    monkeypatch.setattr(transformer.data, "read_lines", lambda path: [])  # the examples' prefix files are not here
+    root = Path(__file__).parents[1]
+    shown = [(page.name, line) for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+             for line in page.read_text().splitlines()
+             if re.match(r"(echo .*\| )?transformer (translate|evaluate|parse) ", line) and "[" not in line]
+    assert len(shown) >= 5, shown
+    for page, line in shown:
+        argv = shlex.split(line.split("| ")[-1], comments=True)[1:]
+        try:
+            cli._request(cli.build_parser().parse_args(argv)).verify()
+        except ConfigError as e:
+            pytest.fail(f"{page}: {line}: {e}")

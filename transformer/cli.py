@@ -449,7 +449,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the run's data.test_src)")
     p.add_argument("--ref", type=Path, help="reference translations (raw text), or gold trees for a parsing run "
                    "(default: the run's data.test_tgt)")
-    p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...)")
+    p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...; default: "
+                   "the run's data.test_tok_ref when --src and --ref are the run's too)")
     p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported (Table 2: "
                    "Moses tokenizer and compound splitting, as the authors' get_ende_bleu.sh)")
@@ -462,7 +463,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     """Translate a test set and score it with sacreBLEU and chrF.
 
     Prints detokenized cased sacreBLEU with its signature and chrF; with --tok-ref also the Multi30k
-    literature's tokenized lowercased BLEU.
+    literature's tokenized lowercased BLEU. Without --src and --ref, the run's own test set (its config's
+    data.test_*), named on stderr.
     """
     from .data import read_lines
     from .prepare import resolve_data_path
@@ -471,12 +473,19 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     request = _request(args)
     translator, said = _translator(args, request)
     d = translator.cfg.data
-    for name, default in (("src", d.test_src), ("ref", d.test_tgt)):
-        if getattr(args, name) is None:
-            if not default:
-                field = "data.test_" + name.replace("ref", "tgt")
-                raise ConfigError(f"--{name} not given and the run's config has no {field}")
-            setattr(args, name, default)
+    fields = {"src": ("data.test_src", d.test_src), "ref": ("data.test_tgt", d.test_tgt)}
+    defaulted = [name for name in fields if getattr(args, name) is None]
+    for name in defaulted:
+        field, default = fields[name]
+        if not default:
+            raise ConfigError(f"--{name} not given and the run's config has no {field}")
+        setattr(args, name, default)
+    if defaulted == ["src", "ref"] and args.tok_ref is None and d.test_tok_ref:  # the run's test set, whole
+        fields["tok_ref"] = ("data.test_tok_ref", d.test_tok_ref)
+        defaulted.append("tok_ref")
+        args.tok_ref = d.test_tok_ref
+    if defaulted:  # a copied recipe's test set is not the user's own: say which files are scored
+        said.append("scoring the run's " + ", ".join(f"{fields[n][0]} {getattr(args, n)}" for n in defaulted))
     args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
     src = read_lines(args.src)
     if d.task == "parse":
