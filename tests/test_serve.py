@@ -350,3 +350,18 @@ def test_a_parse_prefix_that_cannot_start_a_tree_gets_422(tiny_parse_run):
             "prefix of line 1 on a parsing run: its piece 1, 'The', cannot continue a tree of the input"), r.json()
         r = c.post("/v1/translate", json={"text": ["The dog barked ."], "prefix": ["(S (NP"]})
         assert r.status_code == 200 and r.json()["translations"][0].startswith("(S (NP")
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_anything_is_said(tmp_path, capsys):
+    """Before the model is loaded, and before "serving ... on": uvicorn binding it itself printed that line,
+    then its own error, and exited 3."""
+    import socket
+
+    from transformer.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["serve", str(tmp_path / "not a run"), "--port", str(port)]) == 1
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"error: --host 127.0.0.1 --port {port}: cannot listen there (Address already in "
+                              "use): another program listens there; give another --port\n")

@@ -847,7 +847,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     p.add_argument("--no-batching", action="store_true", help="decode one request at a time")
     for f in dataclasses.fields(ServeLimits):  # the limits' one source of defaults and help texts
         if "help" in f.metadata:
@@ -859,9 +859,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     """HTTP API and web page: translation and attention (FastAPI + uvicorn).
 
-    POST /v1/translate {"text": [...], "beam": 4, "alpha": 0.6}; POST /v1/attention {"text": "..."}; GET
-    /health; GET / the web page; GET /docs the OpenAPI description. Requests from all clients are decoded
-    together (dynamic batching).
+    POST /v1/translate {"text": [...], "beam": 4, "alpha": 0.6, ...}; POST /v1/score {"text": [...],
+    "translation": [...]}; POST /v1/attention {"text": "..."}; GET /health; GET / the web page; GET /docs
+    the OpenAPI description. Requests from all clients are decoded together (dynamic batching).
     """
     try:
         from .serve import serve

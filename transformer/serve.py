@@ -26,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import html
 import itertools
 import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -630,16 +632,40 @@ def deadline_protocol(seconds: float, max_connections: int) -> type:
 def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path | None = None,
           int8: bool = False, device: str | None = None, decode: dict[str, object] | None = None) -> None:
     """``decode``: ``decode.*`` fields replacing the run's own (the command line's --beam, --alpha, ...),
-    the defaults of requests that do not give them. Every option is checked before the port is bound."""
+    the defaults of requests that do not give them. Every option is checked, and the port taken, before
+    the model is loaded; the server says where it listens once it does."""
     import uvicorn
 
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port {port}: give a TCP port, 1 .. 65535")
     defaults = DecodeRequest(**(decode or {}))  # checked as a request's options, naming them, before loading
     defaults.verify()
-    translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode)
-    translator.check(defaults)  # and against the model
-    app = create_app(translator, limits, name=Path(run_dir).resolve().name)
-    print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,
-                http=deadline_protocol(limits.request_timeout, limits.max_connections))
+    sock = listen(host, port)
+    try:
+        translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode)
+        translator.check(defaults)  # and against the model
+        app = create_app(translator, limits, name=Path(run_dir).resolve().name)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,
+                                http=deadline_protocol(limits.request_timeout, limits.max_connections))
+        print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port``, or a UserError in one line saying why not (uvicorn binding
+    it would log its own error after the server had said it was serving, and exit 3)."""
+    sock = None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's own backlog
+        return sock
+    except OSError as e:
+        if sock is not None:
+            sock.close()
+        hint = ": another program listens there; give another --port" if e.errno == errno.EADDRINUSE else ""
+        raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e}){hint}") from None

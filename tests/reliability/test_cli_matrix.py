@@ -215,7 +215,7 @@ def paths(scene: dict[str, str], tmp_path: Path, request, monkeypatch) -> dict[s
     def started(*args, **kwargs):
         raise WorkStarted()
 
-    for owner, name in ((uvicorn, "run"), (transformer.train.Trainer, "run"), (subprocess, "call"),
+    for owner, name in ((uvicorn.Server, "run"), (transformer.train.Trainer, "run"), (subprocess, "call"),
                         (transformer.prepare, "_download"), (transformer.store, "write_store")):
         monkeypatch.setattr(owner, name, started)
 
