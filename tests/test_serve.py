@@ -105,6 +105,28 @@ def test_nbest_scores_prefixes_and_sampling_through_the_api(client, translator):
     assert draws[0] == draws[1] != draws[2]
 
 
+def test_the_search_settings_through_the_api(client, translator):
+    """early_stop, length_norm and max_len_offset, as the command line's --early-stop, --length-norm and
+    --max-len-offset; every option the API spells is a key of the request (alignment is the command line's)."""
+    from transformer.request import API
+    from transformer.serve import TranslateRequest
+
+    assert {k for k, v in API.items() if k == v} == set(TranslateRequest.model_fields) - {"text"}
+    body = {"text": LINES, "beam": 3, "nbest": 3, "early_stop": "top", "length_norm": "length", "max_len_offset": 3}
+    r = client.post("/v1/translate", json=body)
+    assert r.status_code == 200, r.json()
+    asked = DecodeRequest(beam_size=3, nbest=3, early_stop="top", length_norm="length", max_len_offset=3)
+    expected = translator.decode(LINES, asked)
+    assert [[(h["text"], round(h["score"], 5)) for h in hyps] for hyps in r.json()["nbest"]] == \
+        [[(t, round(x, 5)) for t, x in hyps] for hyps in expected]
+    assert expected != translator.decode(LINES, DecodeRequest(beam_size=3, nbest=3))  # the settings took effect
+    for key, value, message in (("early_stop", "first", "early_stop first: must be one of bound, top"),
+                                ("length_norm", "none", "length_norm none: must be one of gnmt, length"),
+                                ("max_len_offset", -1, "max_len_offset -1: must be >= 0")):
+        r = client.post("/v1/translate", json={"text": LINES[:1], key: value})
+        assert r.status_code == 422 and message in r.json()["error"], r.json()
+
+
 def test_score_endpoint_equals_the_translator(client, translator):
     body = {"text": LINES[:2], "translation": ["Ein Hund rennt.", "Zwei Männer reden."]}
     r = client.post("/v1/score", json=body)

@@ -75,6 +75,13 @@ class TranslateRequest(BaseModel):
     topp: float | None = Field(None, description="sample: nucleus, the most probable tokens whose probability "
                                                  "reaches topp, in (0, 1]")
     temperature: float | None = Field(None, description="sample: divides the log-probs (>= 1.2e-38)")
+    early_stop: str | None = Field(None, description="when the beam stops a sentence: \"bound\" (§6.1: once no alive "
+                                                     "hypothesis can beat its best finished one) or \"top\" (also once "
+                                                     "the step's best candidate ends); default: the run's")
+    length_norm: str | None = Field(None, description="what log P is divided by: \"gnmt\" (§6.1, ((5 + |Y|) / 6)^α) "
+                                                      "or \"length\" (|Y|^α); default: the run's")
+    max_len_offset: int | None = Field(None, description="outputs of at most input length + this pieces (default: "
+                                                         "the run's, 50 in §6.1)")
 
 
 class Hypothesis(BaseModel):
@@ -396,7 +403,9 @@ def _decode_request(req: TranslateRequest, translator: Translator, lines: list[s
     def normal(text: str) -> str:
         return " ".join(text.split())
 
-    asked = DecodeRequest(beam_size=req.beam, alpha=req.alpha, nbest=req.nbest, scores=req.scores,
+    asked = DecodeRequest(beam_size=req.beam, alpha=req.alpha, length_norm=req.length_norm,  # type: ignore[arg-type]
+                          early_stop=req.early_stop, max_len_offset=req.max_len_offset,  # type: ignore[arg-type]
+                          nbest=req.nbest, scores=req.scores,
                           prefixes=None if req.prefix is None else [normal(p) for p in req.prefix],
                           constraints=None if req.constraints is None else [[normal(c) for c in cs]
                                                                            for cs in req.constraints],
