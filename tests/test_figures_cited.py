@@ -46,7 +46,7 @@ CHECKED = {
     "docs/parsing.md": ("Result",),
     "docs/table3.md": ("",),
     "docs/reliability.md": ("",),
-    "docs/exports.md": ("Hugging Face transformers and ONNX",),
+    "docs/exports.md": ("CTranslate2", "Hugging Face transformers and ONNX"),
 }
 
 # numbers in checked sections that are settings, references or names, not measurements: (page, regular
@@ -134,6 +134,8 @@ FIGURES: list[Figure] = [
     *figures("README.md", "Results", "speed.json", *SPEED),
     *figures("README.md", "Results", "tried/speed_14acdcb.json", ("1.139", "ratios/train_vs_fairseq"),
              ("2.31", "ratios/train_bf16_vs_fp32")),
+    *figures("docs/exports.md", "CTranslate2", "speed.json", ("990", "greedy_agreement/ctranslate2_identical"),
+             ("1,000", "greedy_agreement/sentences")),
     *figures("docs/exports.md", "Hugging Face transformers and ONNX", "export.json",
              ("100.0", "greedy_identical/transformers"), ("99.9", "beam_identical/transformers"),
              ("96.1", "beam_alpha0.6_identical/transformers"), ("95.6", "beam_alpha0.6_identical/ctranslate2_from_hf"),
