@@ -44,3 +44,17 @@ def test_a_translation_written_to_a_file_is_whole(tmp_path, capsys):
     src.write_text("A dog runs.\nTwo men.\n")
     assert main(["translate", str(RUN), "--input", str(src), "--output", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 2 and not list(tmp_path.glob(".out.txt.*"))
+
+
+def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
+    """--output in.txt --input in.txt replaced the input with its translation: the source was gone."""
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\n")
+    refused(capsys, ["translate", str(RUN), "--input", str(src), "--output", str(src)],
+            f"--output {src}: is --input {src}, which the command reads")
+    (tmp_path / "same.txt").symlink_to(src)
+    refused(capsys, ["score", str(RUN), "--src", str(src), "--tgt", str(src), "--output", str(tmp_path / "same.txt")],
+            "which the command reads")
+    refused(capsys, ["evaluate", str(RUN), "--src", str(src), "--ref", str(src), "--hyp-out", str(src)],
+            f"--hyp-out {src}: is --src {src}")
+    assert src.read_text() == "A dog runs.\n"

@@ -30,7 +30,7 @@ from typing import TypeVar
 from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits
 from .errors import UserError, first_line, summary
 from . import files
-from .files import check_output
+from .files import OutputError, check_output
 
 T = TypeVar("T")
 EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
@@ -926,13 +926,26 @@ def say(line: str) -> None:
     sys.stderr.write(line + "\n")
 
 
+def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: dict) -> None:
+    """OutputError if ``path`` is a file the command also reads (``--output in.txt --input in.txt``): the
+    output would replace it, and the input be lost."""
+    if not Path(path).is_file():
+        return
+    for dest, value in vars(args).items():
+        if dest not in outputs and isinstance(value, Path) and value.is_file() and os.path.samefile(value, path):
+            raise OutputError(f"{option} {path}: is --{dest.replace('_', '-')} {value}, which the command reads; "
+                              "writing it would replace that file: give another")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
-        for dest, (option, suffixes, folder) in (getattr(args, "outputs", None) or {}).items():
+        outputs = getattr(args, "outputs", None) or {}
+        for dest, (option, suffixes, folder) in outputs.items():
             if getattr(args, dest) is not None:
                 check_output(getattr(args, dest), option, suffixes, folder)
+                _not_an_input(args, getattr(args, dest), option, outputs)
         args.func(args)
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
         say(summary(e))
