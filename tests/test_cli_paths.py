@@ -58,3 +58,14 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
     refused(capsys, ["evaluate", str(RUN), "--src", str(src), "--ref", str(src), "--hyp-out", str(src)],
             f"--hyp-out {src}: is --src {src}")
     assert src.read_text() == "A dog runs.\n"
+
+
+def test_a_checkpoint_that_is_not_there_or_not_ours_is_named_so(tmp_path, capsys):
+    """A missing --checkpoint was told as its JSON record missing, "an unfinished write"."""
+    gone = tmp_path / "x.safetensors"
+    refused(capsys, ["translate", str(RUN), "--checkpoint", str(gone)], f"error: --checkpoint {gone}: no such file\n")
+    exported = tmp_path / "model.safetensors"  # a Hugging Face export's weights, alone
+    exported.write_bytes(b"")
+    refused(capsys, ["translate", str(RUN), "--checkpoint", str(exported)],
+            "model.json: missing (model.safetensors without its JSON record is an unfinished write, or weights "
+            "from elsewhere (an export?)")

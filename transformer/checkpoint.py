@@ -204,8 +204,10 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
         raise CheckpointError(f"{path.name}: pickle files are refused (they can run code when loaded); "
                               "convert the weights to safetensors")
     json_path = _json_for(path)
-    record = read_record(json_path, CheckpointError, "tensor files without their JSON are an unfinished write, "
-                         "not a checkpoint", FORMAT, label=json_path.name)
+    if not path.exists():
+        raise CheckpointError(f"{path.name}: {'a folder, not a checkpoint file' if path.is_dir() else 'no such file'}")
+    record = read_record(json_path, CheckpointError, f"{path.name} without its JSON record is an unfinished write, "
+                         "or weights from elsewhere (an export?): not a checkpoint", FORMAT, label=json_path.name)
     files = record.get("files")
     if not isinstance(files, dict) or "weights" not in files:
         raise CheckpointError(f"{json_path.name}: record lists no weights file")

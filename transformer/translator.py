@@ -268,7 +268,8 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         try:
             ckpt = load_checkpoint(Path(checkpoint), with_state=False)
         except CheckpointError as e:  # its messages name the file alone: say which option gave it
-            raise CheckpointError(f"--checkpoint {checkpoint}: {e}") from None
+            said = str(e).removeprefix(f"{Path(checkpoint).name}: ")  # the option names it already
+            raise CheckpointError(f"--checkpoint {checkpoint}: {said}") from None
         meta = ckpt.meta
     if meta.get("vocab_sha256") not in (None, tokenizer.sha256):
         raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {run_dir / 'spm.model'}")
