@@ -580,9 +580,10 @@ def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(t
     naming the fields, those that do not (d_ff): the checkpoint's weights could not be loaded into them."""
     run = tmp_path / "run"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
-    with pytest.raises(TrainError, match=r"--allow-config-change cannot resume .*model\.d_ff: 128 -> 96"):
-        train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.d_ff=96"]), run, resume=True,
-              quiet=True, allow_config_change=True)
+    for allow in (True, False):  # without the option, the refusal did not say that it would not help
+        with pytest.raises(TrainError, match=r"--resume cannot take .*model\.d_ff: 128 -> 96.* --init-from"):
+            train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.d_ff=96"]), run, resume=True,
+                  quiet=True, allow_config_change=allow)
     done = train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.p_drop=0.2"]), run, resume=True,
                  quiet=True, allow_config_change=True)
     assert done["step"] == 4

@@ -169,14 +169,14 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     if config_path.exists() and resume:
         saved = config_from_dict(read_toml(config_path), str(config_path))
         if changed := cfg.resume_differences(saved):
+            model = [c for c in changed if c.startswith("model.")]
+            if model and weight_shapes(saved.model, saved.data.vocab_size) != weight_shapes(cfg.model, saved.data.vocab_size):
+                raise TrainError(f"--resume cannot take model changes that change the weights' shapes, "
+                                 f"{'; '.join(model)}: the checkpoint's weights would not fit them (even with "
+                                 f"--allow-config-change); start a new run from them with --init-from {out}")
             if not allow_changes:
                 raise TrainError(f"--resume with a config that differs from {config_path} in: {'; '.join(changed)} "
                                  "(pass --allow-config-change to resume anyway)")
-            model = [c for c in changed if c.startswith("model.")]
-            if model and weight_shapes(saved.model, saved.data.vocab_size) != weight_shapes(cfg.model, saved.data.vocab_size):
-                raise TrainError(f"--allow-config-change cannot resume with model changes that change the weights' "
-                                 f"shapes: {'; '.join(model)} (the checkpoint's weights would not fit; start a new "
-                                 "run from them with --init-from instead)")
             log(f"resuming with changed config (--allow-config-change): {'; '.join(changed)}")
         budget = [f"train.{k}: {getattr(saved.train, k)!r} -> {getattr(cfg.train, k)!r}"
                   for k in ("max_steps", "max_minutes") if getattr(saved.train, k) != getattr(cfg.train, k)]
