@@ -69,3 +69,14 @@ def test_a_checkpoint_that_is_not_there_or_not_ours_is_named_so(tmp_path, capsys
     refused(capsys, ["translate", str(RUN), "--checkpoint", str(exported)],
             "model.json: missing (model.safetensors without its JSON record is an unfinished write, or weights "
             "from elsewhere (an export?)")
+
+
+@pytest.mark.parametrize("argv", [["translate"], ["average", "--last", "1", "--out", "{tmp}/a.safetensors"], ["plot"],
+                                  ["export", "--format", "ctranslate2", "--out", "{tmp}/ct2"]])
+def test_a_run_folder_that_is_not_there_is_named_so(argv, tmp_path, capsys):
+    """It was told as a run without checkpoints, spm.model or metrics.jsonl."""
+    command, *options = [a.format(tmp=tmp_path) for a in argv]
+    gone, a_file = tmp_path / "runs" / "mine", tmp_path / "in.txt"
+    a_file.write_text("A dog runs.\n")
+    refused(capsys, [command, str(gone), *options], f"error: {gone}: no such folder\n")
+    refused(capsys, [command, str(a_file), *options], f"error: {a_file}: a file, not a run folder\n")

@@ -218,6 +218,15 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
     return Checkpoint(path=json_path, weights=weights, state=state, meta=record)
 
 
+def run_folder(run_dir: Path) -> Path:
+    """``run_dir``, a folder that is there: else a CheckpointError that says so (a mistyped run folder was told
+    as a run without checkpoints, or without spm.model)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: {'a file, not a run folder' if run_dir.exists() else 'no such folder'}")
+    return run_dir
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """The JSON records of a run's training checkpoints, oldest step first."""
     ckpt_dir = Path(run_dir) / "checkpoints"

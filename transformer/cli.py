@@ -609,11 +609,12 @@ def cmd_average(args: argparse.Namespace) -> None:
 
     Uniform mean in float64 of the last N checkpoints' weights; writes a model file usable with --checkpoint.
     """
-    from .checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, load_checkpoint, write_model
+    from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, load_checkpoint, run_folder,
+                             write_model)
 
     if args.last < 1:
         raise ConfigError(f"--last must be >= 1, got {args.last}")
-    paths = checkpoints_to_average(args.run_dir, args.last)
+    paths = checkpoints_to_average(run_folder(args.run_dir), args.last)
     if not paths:
         raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
     meta = load_checkpoint(paths[-1], with_state=False).meta
@@ -834,9 +835,10 @@ def cmd_plot(args: argparse.Namespace) -> None:
     Training and validation loss, perplexity, learning rate and dev BLEU (when train.bleu_every is set) against
     updates and wall-clock minutes, from RUN_DIR/metrics.jsonl.
     """
+    from .checkpoint import run_folder
     from .figures import FigureError, plot_training
 
-    metrics = args.run_dir / "metrics.jsonl"
+    metrics = run_folder(args.run_dir) / "metrics.jsonl"
     if not metrics.is_file():
         raise FigureError(f"{args.run_dir}: no metrics.jsonl (not a run folder, or no step logged yet)")
     out = args.out or args.run_dir / "training.png"

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint
+from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
+                         run_folder)
 from .config import Config, ConfigError, LengthNorm, config_from_dict
 from .data import encode_for_decoding
 from .decode import Scored, decode_ids, score_ids
@@ -245,7 +246,7 @@ class Translator:
 
 
 def _tokenizer(run_dir: Path) -> Tokenizer:
-    spm_path = run_dir / "spm.model"
+    spm_path = run_folder(run_dir) / "spm.model"
     if not spm_path.is_file():
         raise CheckpointError(f"{run_dir}: not a run folder (no spm.model); train one with `transformer train`")
     return Tokenizer(spm_path)
