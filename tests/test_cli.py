@@ -194,9 +194,16 @@ def test_decoding_options_replace_the_runs_own():
 
 
 def test_every_command_has_help(capsys):
-    for command in ("train", "translate", "evaluate", "average", "params"):
+    """--help of every command, and a help text for each of its arguments (params' preset, plot's run
+    folder and evaluate-parse's files had none)."""
+    import argparse
+
+    commands = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"train", "translate", "evaluate", "average", "params", "serve", "export"} <= set(commands)
+    for command, parser in commands.items():
         status, out, _ = run_here(capsys, command, "--help")
         assert status == 0 and "usage:" in out, command
+        assert [a.dest for a in parser._actions if not a.help] == [], command
 
 
 @pytest.mark.parametrize("flag, value, message", [("--alpha", "nan", "--alpha nan: must be a finite number >= 0"),

@@ -63,11 +63,15 @@ def command(name: str, arguments: Callable[[argparse.ArgumentParser], None]) -> 
     return register
 
 
+def _set_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
+
+
 def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...)")
     _output(p, "--out", folder=True, required=True, help="run folder")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
+    _set_option(p)
     p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept a config that changes the data, the optimisation or the model "
@@ -567,9 +571,9 @@ def cmd_parse(args: argparse.Namespace) -> None:
 
 
 def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gold", type=Path, required=True)
-    p.add_argument("--test", type=Path, required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--gold", type=Path, required=True, help="gold trees, bracketed (a .mrg file, say)")
+    p.add_argument("--test", type=Path, required=True, help="the trees to score, one per gold tree, in order")
+    p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
 
 
 @command("evaluate-parse", _evaluate_parse_arguments)
@@ -597,7 +601,7 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
 
 
 def _average_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
     p.add_argument("--last", type=int, required=True, help="how many checkpoints (paper: 5 base, 20 big)")
     _output(p, "--out", suffixes=(".safetensors",), required=True,
             help="output .safetensors file (a .json is written beside)")
@@ -625,9 +629,9 @@ def cmd_average(args: argparse.Namespace) -> None:
 
 
 def _params_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset")
+    p.add_argument("preset", help="config file or preset name (base, big, C4, ...; `transformer params base`)")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    _set_option(p)
     p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F} '
                    '(with --cost: the whole report)')
     p.add_argument("--cost", action="store_true", help="training cost of the config's run (train.max_steps x "
@@ -678,7 +682,7 @@ def cmd_params(args: argparse.Namespace) -> None:
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="config file or preset name; its data section names the corpus")
     _output(p, "--out", folder=True, required=True, help="store folder to create (must be new or empty)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    _set_option(p)
     p.add_argument("--spm", type=Path, help="sentencepiece model to use (e.g. RUN/spm.model); default: train one")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
 
@@ -722,7 +726,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
 
 
 def _prepare_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=["wmt14-en-de", "wmt14-en-fr"])
+    p.add_argument("corpus", choices=["wmt14-en-de", "wmt14-en-fr"], help="the paper's WMT 2014 task (§5.1)")
     _output(p, "--dest", folder=True, required=True, help="output folder")
     p.add_argument("--mirror", help="base URL or folder holding the same archives (a local copy)")
 
@@ -736,7 +740,7 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     """
     from .prepare import prepare
 
-    manifest = prepare(args.name, Path(args.dest), args.mirror, log=lambda m: print(m, file=sys.stderr))
+    manifest = prepare(args.corpus, Path(args.dest), args.mirror, log=lambda m: print(m, file=sys.stderr))
     print(json.dumps({k: v for k, v in manifest.items() if k != "archives"}, indent=2))
 
 
@@ -824,7 +828,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 
 def _plot_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
     _output(p, "--out", suffixes=(".png",), help="PNG file (default RUN_DIR/training.png)")
 
 
