@@ -357,6 +357,23 @@ def test_an_input_file_that_can_be_read_once_is_translated(tiny_run, tmp_path, c
     assert piped[1] == run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"))[1]
 
 
+def test_a_prefix_or_constraint_for_an_empty_line_is_refused(tiny_run, tmp_path, capsys):
+    """An empty line gets an empty line: its prefix or constraints were dropped without a word."""
+    (tmp_path / "in.txt").write_text("a dog runs .\n\na cat .\n")
+    (tmp_path / "prefix.txt").write_text("ein\nzwei\n\n")
+    (tmp_path / "constraints.txt").write_text("\nHund\n\n")
+    for option, file in (("--prefix", "prefix.txt"), ("--constraints", "constraints.txt")):
+        status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
+                                    option, str(tmp_path / file))
+        assert (status, out) == (1, "") and err.endswith(f"error: {option.removeprefix('--')} of line 2: the line is "
+                                                         f"empty, and an empty line gets an empty line, which cannot "
+                                                         f"hold its {option.removeprefix('--')}\n"), err
+    (tmp_path / "prefix.txt").write_text("ein\n\nzwei\n")  # none for the empty line: it is answered, empty
+    status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
+                                "--prefix", str(tmp_path / "prefix.txt"))
+    assert status == 0 and out.split("\n")[1] == "" and out.split("\n")[2].startswith("zwei"), err
+
+
 def test_prefixes_for_stdin_are_counted_as_its_lines_come(tiny_run, tmp_path):
     prefixes = tmp_path / "prefix.txt"
     prefixes.write_text("ein\n")

@@ -151,6 +151,8 @@ def test_score_endpoint_equals_the_translator(client, translator):
     ("/v1/translate", {"text": ["a"], "constraints": [["x"], ["y"]]}, "constraints: 2 given for 1 input lines"),
     ("/v1/translate", {"text": ["a"], "constraints": [["x y z " * 30]]}, "constraints of line 1"),
     ("/v1/translate", {"text": ["a"], "prefix": ["x y z " * 30]}, "prefix of line 1"),
+    ("/v1/translate", {"text": ["a", " "], "prefix": ["", "x"]}, "prefix of line 2: the line is empty"),
+    ("/v1/translate", {"text": ["", "a"], "constraints": [["x"], []]}, "constraints of line 1: the line is empty"),
     ("/v1/score", {"text": ["a", "b"], "translation": ["x"]}, "translation: 1 sentences for 2"),
     ("/v1/score", {"text": ["a"] * 5, "translation": ["x"] * 5}, "5 sentences, more than the limit of 4"),
     ("/v1/score", {"text": ["a"], "translation": ["x"], "alpha": -0.5}, "alpha -0.5: must be a finite number >= 0"),

@@ -215,6 +215,12 @@ class Translator:
         phrases = None if request.constraints is None else [
             [self.tokenizer.encode(c.strip()) for c in cs if c.strip()] for cs in request.constraints]
         for i, src in enumerate(sources):  # room for the EOS is needed too
+            if not lines[i].strip():  # answered with an empty line: a prefix or constraint would be dropped
+                for key, given in (("prefix", forced), ("constraints", phrases)):
+                    if given is not None and given[i]:
+                        raise ConfigError(f"{key} of line {first + i + 1}: the line is empty, and an empty line "
+                                          f"gets an empty line, which cannot hold its {key}")
+                continue
             room = len(src) + request.max_len_offset - 1
             if forced is not None and len(forced[i]) > room:
                 raise ConfigError(f"prefix of line {first + i + 1}: {len(forced[i])} pieces, but outputs of this "
@@ -223,7 +229,7 @@ class Translator:
                 raise ConfigError(f"constraints of line {first + i + 1}: {sum(map(len, phrases[i]))} pieces "
                                   f"together, but outputs of this input hold at most {room} (input length + "
                                   "max_len_offset)")
-            if self.constraint is not None and lines[i].strip():
+            if self.constraint is not None:
                 prefix = [] if forced is None else forced[i]
                 why = self.constraint.refuses(src, prefix, room + 1)
                 if why is not None and prefix:
