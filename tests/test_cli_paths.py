@@ -80,3 +80,16 @@ def test_a_run_folder_that_is_not_there_is_named_so(argv, tmp_path, capsys):
     a_file.write_text("A dog runs.\n")
     refused(capsys, [command, str(gone), *options], f"error: {gone}: no such folder\n")
     refused(capsys, [command, str(a_file), *options], f"error: {a_file}: a file, not a run folder\n")
+
+
+def test_an_output_named_gz_is_compressed(tmp_path, capsys):
+    """As the inputs may be (--output out.txt.gz was written as plain text)."""
+    import gzip
+
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\nTwo men.\n")
+    assert main(["translate", str(RUN), "--input", str(src), "--output", str(tmp_path / "out.txt")]) == 0
+    assert main(["translate", str(RUN), "--input", str(src), "--output", str(tmp_path / "out.txt.gz")]) == 0
+    assert gzip.decompress((tmp_path / "out.txt.gz").read_bytes()) == (tmp_path / "out.txt").read_bytes()
+    assert main(["score", str(RUN), "--src", str(src), "--tgt", str(src), "--output", str(tmp_path / "s.gz")]) == 0
+    assert len(gzip.decompress((tmp_path / "s.gz").read_bytes()).decode().splitlines()) == 2

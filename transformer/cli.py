@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gzip
 import inspect
 import itertools
 import json
@@ -432,7 +433,8 @@ def _stdout_gone() -> bool:
 def _line_sink(path: Path | None) -> Iterator[Callable[[Iterable[str]], None]]:
     """Where a command writes its output lines as it makes them: stdout, flushed at every write (a
     terminal or a pipe has them at once, and a run cut short keeps what it wrote), or the file ``path``,
-    whole or not at all (``files.atomic_path``) when the command ends."""
+    whole or not at all (``files.atomic_path``) when the command ends; gzip-compressed when its name ends in
+    .gz, as the inputs may be."""
     if path is None:
         def write(lines: Iterable[str]) -> None:
             sys.stdout.write("".join(f"{line}\n" for line in lines))
@@ -440,7 +442,8 @@ def _line_sink(path: Path | None) -> Iterator[Callable[[Iterable[str]], None]]:
 
         yield write
         return
-    with files.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as out:
+    opener = gzip.open if Path(path).name.endswith(".gz") else open
+    with files.atomic_path(path) as tmp, opener(tmp, "wt", encoding="utf-8") as out:
         yield lambda lines: out.write("".join(f"{line}\n" for line in lines))
 
 
@@ -527,7 +530,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
             print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")
     if args.hyp_out:
-        files.write_text(args.hyp_out, "".join(h + "\n" for h in hyps))
+        with _line_sink(args.hyp_out) as write:
+            write(hyps)
     if args.json:
         files.write_text(args.json, json.dumps(scores, indent=2) + "\n")
 
