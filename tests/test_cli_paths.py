@@ -93,3 +93,19 @@ def test_an_output_named_gz_is_compressed(tmp_path, capsys):
     assert gzip.decompress((tmp_path / "out.txt.gz").read_bytes()) == (tmp_path / "out.txt").read_bytes()
     assert main(["score", str(RUN), "--src", str(src), "--tgt", str(src), "--output", str(tmp_path / "s.gz")]) == 0
     assert len(gzip.decompress((tmp_path / "s.gz").read_bytes()).decode().splitlines()) == 2
+
+
+def test_the_language_moses_tokenizes_as_is_a_language(tmp_path):
+    """evaluate --paper-bleu with --ref ref.txt tokenized as language "txt"."""
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from transformer.cli import _target_language
+    from transformer.config import ConfigError
+
+    run = SimpleNamespace(train_tgt="data/train.fr.gz")
+    assert _target_language(Namespace(lang="de", ref=Path("ref.txt")), run) == "de"
+    assert _target_language(Namespace(lang=None, ref=Path("test_2016_flickr.de.gz")), run) == "de"
+    assert _target_language(Namespace(lang=None, ref=Path("ref.txt")), run) == "fr"
+    with pytest.raises(ConfigError, match=r"--lang not given, and neither --ref ref.txt nor .* train.tgt ends in a language code"):
+        _target_language(Namespace(lang=None, ref=Path("ref.txt")), SimpleNamespace(train_tgt="train.tgt"))

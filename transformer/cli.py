@@ -458,7 +458,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the run's data.test_tgt)")
     p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...; default: "
                    "the run's data.test_tok_ref when --src and --ref are the run's too)")
-    p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix)")
+    p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix, test.de, "
+                   "else the run's data.train_tgt's)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported (Table 2: "
                    "Moses tokenizer and compound splitting, as the authors' get_ende_bleu.sh)")
     _output(p, "--json", help='write {"bleu", "chrf", "signature", ...} to this file')
@@ -516,12 +517,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         tok_ref = None if args.tok_ref is None else read_lines(resolve_data_path(str(args.tok_ref)))
         if tok_ref is not None and len(tok_ref) != len(ref):
             raise ConfigError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but --ref {args.ref} has {len(ref)}")
+        lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
         _tell(said)
         hyps = _translate_lines(translator, src, request)
         scores = sacrebleu_scores(hyps, ref)
         print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
         print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
-        lang = args.lang or Path(args.ref).name.removesuffix(".gz").rsplit(".", 1)[-1]
         if args.paper_bleu:
             scores["paper_bleu"] = paper_bleu(hyps, ref, lang)
             print(f"tokenized BLEU = {scores['paper_bleu']:.2f}  (as Table 2: Moses tokenizer, ##AT## compound "
@@ -534,6 +535,20 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             write(hyps)
     if args.json:
         files.write_text(args.json, json.dumps(scores, indent=2) + "\n")
+
+
+def _target_language(args: argparse.Namespace, data) -> str:
+    """The language Moses tokenizes the outputs as: --lang, else the two letters that end --ref's name
+    (test.de, test.de.gz), else the run's data.train_tgt's; a ConfigError before any decoding otherwise (a
+    reference named ref.txt was tokenized as language "txt")."""
+    if args.lang:
+        return args.lang
+    for path in (args.ref, data.train_tgt):
+        code = Path(str(path)).name.removesuffix(".gz").rsplit(".", 1)[-1]
+        if len(code) == 2 and code.isalpha():
+            return code.lower()
+    raise ConfigError(f"--lang not given, and neither --ref {args.ref} nor the run's data.train_tgt "
+                      f"{data.train_tgt or '(none)'} ends in a language code (.de, .fr, ...): give --lang")
 
 
 def _parse_lines(translator, lines: list[str], request) -> list:
