@@ -109,3 +109,10 @@ def test_the_language_moses_tokenizes_as_is_a_language(tmp_path):
     assert _target_language(Namespace(lang=None, ref=Path("ref.txt")), run) == "fr"
     with pytest.raises(ConfigError, match=r"--lang not given, and neither --ref ref.txt nor .* train.tgt ends in a language code"):
         _target_language(Namespace(lang=None, ref=Path("ref.txt")), SimpleNamespace(train_tgt="train.tgt"))
+
+
+def test_attention_of_an_empty_sentence_says_only_that(tmp_path, capsys):
+    """It printed "translation: " (the empty line's) before its error."""
+    refused(capsys, ["attention", str(RUN), "--src", " ", "--out", str(tmp_path / "a.png")],
+            "error: the source sentence is empty\n")
+    assert not list(tmp_path.iterdir())

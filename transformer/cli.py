@@ -832,13 +832,12 @@ def cmd_attention(args: argparse.Namespace) -> None:
         raise FigureError(f"--heads {args.heads!r}: give 'all' or head numbers such as 1,3") from None
     request = _request(args)
     translator, said = _translator(args, request)
-    tgt = args.tgt
-    if tgt is None:
-        tgt = _translate_lines(translator, [args.src], request)[0]
+    tgt = args.tgt if args.tgt is not None else _translate_lines(translator, [args.src], request)[0]
+    maps = attention_maps(translator, args.src, tgt)  # checks the sentence: nothing is said before its error
+    if args.tgt is None:
         print(f"translation: {tgt}", file=sys.stderr)
-    maps = attention_maps(translator, args.src, tgt)
     if args.out.suffix.lower() == ".html":  # holds sub-word and word maps both
-        args.out.write_text(attention_html(maps, f"attention: {args.src}"), encoding="utf-8")
+        files.write_text(args.out, attention_html(maps, f"attention: {args.src}"))
     else:  # --layer and --heads are checked against the model here
         draw_attention(maps.merged() if args.words else maps, KIND_NAMES[args.kind], args.layer, heads, args.out,
                        args.style)

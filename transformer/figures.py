@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from . import files
 from .errors import UserError
 from .model import record_attention
 from .tokenizer import BOS_ID, EOS_ID
@@ -185,7 +186,8 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
         ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    with files.atomic_path(out) as tmp:  # whole or not at all, as every file the package writes
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
 
@@ -257,6 +259,7 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
             ax.grid(alpha=0.3)
     fig.suptitle(str(metrics_path.parent.name))
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    with files.atomic_path(out) as tmp:  # whole or not at all, as every file the package writes
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return drawn
