@@ -240,7 +240,7 @@ def test_nbest_scores_and_score_agree(tiny_run, tmp_path):
     assert [line.split("\t") for line in scored.stdout.splitlines()] == [[r[2], r[1]] for r in firsts]
     src = tmp_path / "src.txt"
     tgt = tmp_path / "tgt.txt"
-    keep = [r for r in rows if r[0] != "2"]  # not the empty input line
+    keep = rows  # the empty input line too: its empty output scores 0, as translate scored it
     src.write_text("".join(SENTENCES.splitlines(keepends=True)[int(r[0])] for r in keep))
     tgt.write_text("".join(r[1] + "\n" for r in keep))
     result = run_cli("score", str(tiny_run), "--src", str(src), "--tgt", str(tgt))
@@ -260,6 +260,7 @@ def test_nbest_scores_and_score_agree(tiny_run, tmp_path):
     got = [float(line.split("\t")[0]) for line in result.stdout.splitlines()]
     checked = [(g, float(r[2])) for g, r in zip(got, keep) if r[1] in canonical]
     assert checked and max(abs(g - x) for g, x in checked) < 1e-4
+    assert [(g, r[2]) for g, r in zip(got, keep) if r[0] == "2"] == [(0.0, "0.000000")]  # it was -3.5
     stdin = run_cli("score", str(tiny_run), "--json", stdin="".join(
         f"{a.strip()}\t{b.strip()}\n" for a, b in zip(src.read_text().splitlines(), tgt.read_text().splitlines())))
     records = [json.loads(line) for line in stdin.stdout.splitlines()]

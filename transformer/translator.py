@@ -244,11 +244,14 @@ class Translator:
         """How the model scores given translations (forced decoding), pair by pair: ``Scored`` with the
         beam's length-normalised score (the run's ``alpha`` and ``length_norm`` unless given), log
         P(target | source) and each piece's log-prob (EOS last); ``max_tokens`` target positions at most
-        per batch (``decode.score_ids``)."""
+        per batch (``decode.score_ids``). An empty source with an empty target scores 0, its EOS certain,
+        as ``decode`` answers an empty line: score(line, translate(line)) is translate's score for every line."""
         ids = encode_for_decoding(sources, self.tokenizer)
-        return score_ids(self.model, ids, [self.tokenizer.encode(t.strip()) for t in targets],
-                         self.cfg.decode.alpha if alpha is None else alpha, max_tokens,
-                         length_norm or self.cfg.decode.length_norm)
+        scored = score_ids(self.model, ids, [self.tokenizer.encode(t.strip()) for t in targets],
+                           self.cfg.decode.alpha if alpha is None else alpha, max_tokens,
+                           length_norm or self.cfg.decode.length_norm)
+        return [Scored(0.0, 0.0, [0.0]) if not src.strip() and not tgt.strip() else s
+                for src, tgt, s in zip(sources, targets, scored)]
 
 
 def _tokenizer(run_dir: Path) -> Tokenizer:
