@@ -162,6 +162,17 @@ def test_bad_feature_requests_get_json_errors(client, path, body, message):
     assert r.status_code == 422 and message in r.json()["error"] + json.dumps(r.json().get("detail", "")), r.json()
 
 
+def test_a_body_not_sent_as_json_is_told_so(client):
+    """curl -d '{...}' without a Content-Type sends a form: 'invalid request', 'Input should be a valid
+    dictionary' said nothing of it."""
+    body = json.dumps({"text": LINES[:1]})
+    for headers in ({}, {"content-type": "text/plain"}):
+        r = client.post("/v1/translate", content=body, headers=headers)
+        assert r.status_code == 415 and "Content-Type: application/json" in r.json()["error"], r.json()
+    r = client.post("/v1/translate", content=body, headers={"content-type": "application/json; charset=utf-8"})
+    assert r.status_code == 200
+
+
 def test_malformed_json_and_large_bodies(client):
     r = client.post("/v1/translate", content=b'{"text": ["a"', headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON")

@@ -460,12 +460,18 @@ def _attention(translator: Translator, limits: Limits, text: str, translation: s
 
 
 def _answer_errors_in_json(app: FastAPI) -> None:
-    """Every error in one shape, {"error": ...}: invalid requests (422, or 400 for malformed JSON), our
-    limits (with Retry-After on a 503), and FastAPI's own (a body it cannot parse, 404, 405)."""
+    """Every error in one shape, {"error": ...}: invalid requests (422, 400 for malformed JSON, 415 for a
+    body not sent as JSON), our limits (with Retry-After on a 503), and FastAPI's own (a body it cannot
+    parse, 404, 405)."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
+        kind = request.headers.get("content-type", "")
+        mime = kind.split(";")[0].strip().lower()
+        if mime != "application/json" and not mime.endswith("+json"):  # FastAPI reads it as no object at all
+            return JSONResponse({"error": f"the body must be JSON, sent with Content-Type: application/json (this "
+                                          f"request's: {kind or 'none'})"}, status_code=415)
         if any(e.get("type") == "json_invalid" for e in errors):
             return JSONResponse({"error": "malformed JSON: " + errors[0].get("msg", "")}, status_code=400)
         detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]), "problem": e.get("msg", "")}

@@ -225,7 +225,7 @@ def test_malformed_and_mistyped_requests_get_json_errors(server, ledger):
                 assert_still_correct(server)
         with ledger.damage("JSON sent as text/plain"):
             r = http.post("/v1/translate", content=b'{"text": ["a"]}', headers={"content-type": "text/plain"})
-            assert r.status_code == 422 and "error" in r.json()
+            assert r.status_code == 415 and "Content-Type: application/json" in r.json()["error"]
             assert_still_correct(server)
         with ledger.damage("GET on a POST route"):
             r = http.get("/v1/translate")
