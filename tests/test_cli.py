@@ -162,8 +162,10 @@ def test_a_report_into_a_closed_pipe_stops_without_a_word(args):
     read, write = os.pipe()
     os.close(read)
     try:
+        buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a user runs it: the
+        # report waits in stdout's buffer, and meets the closed pipe when it is flushed (it exited 120 there)
         done = subprocess.run([sys.executable, "-m", "transformer", *args], stdout=write, stderr=subprocess.PIPE,
-                              text=True, timeout=120)
+                              text=True, timeout=120, env=buffered)
     finally:
         os.close(write)
     assert (done.returncode, done.stderr) == (cli.READER_GONE, "")

@@ -400,3 +400,14 @@ def test_a_port_in_use_is_refused_in_one_line_before_anything_is_said(tmp_path, 
     out, err = capsys.readouterr()
     assert (out, err) == ("", f"error: --host 127.0.0.1 --port {port}: cannot listen there (Address already in "
                               "use): another program listens there; give another --port\n")
+
+
+def test_localhost_is_listened_on_as_uvicorn_would():
+    """IPv4 for a name, as uvicorn binds: getaddrinfo's first answer for "localhost" may be ::1."""
+    import socket
+
+    from transformer.serve import listen
+
+    for host, family in (("localhost", socket.AF_INET), ("127.0.0.1", socket.AF_INET)):
+        with listen(host, 0) as sock:
+            assert sock.family == family and sock.getsockname()[0] == "127.0.0.1"

@@ -971,6 +971,7 @@ def main(argv: list[str] | None = None) -> int:
                 check_output(getattr(args, dest), option, suffixes, folder)
                 _not_an_input(args, getattr(args, dest), option, outputs)
         args.func(args)
+        sys.stdout.flush()  # a report still in the buffer meets a closed pipe here, not in the interpreter's exit
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
         say(summary(e))
         return e.exit_code

@@ -672,8 +672,9 @@ def listen(host: str, port: int) -> socket.socket:
     """A socket listening on ``host``:``port``, or a UserError in one line saying why not (uvicorn binding
     it would log its own error after the server had said it was serving, and exit 3)."""
     sock = None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn: "localhost" is 127.0.0.1, not ::1
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait
         sock.bind(address)
