@@ -205,7 +205,7 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
                               "convert the weights to safetensors")
     json_path = _json_for(path)
     if not path.exists():
-        raise CheckpointError(f"{path.name}: {'a folder, not a checkpoint file' if path.is_dir() else 'no such file'}")
+        raise CheckpointError(f"{path.name}: no such file")
     record = read_record(json_path, CheckpointError, f"{path.name} without its JSON record is an unfinished write, "
                          "or weights from elsewhere (an export?): not a checkpoint", FORMAT, label=json_path.name)
     files = record.get("files")

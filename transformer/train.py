@@ -724,7 +724,7 @@ class Trainer:
                             lr, t.clip_norm, self.dist, self.scaler, self.amp_dtype)
         # on a CPU the step is done when queue_step returns, before the next one is queued; a log line's time
         # must not take in the step queued after its last one
-        return InFlight(queued, lr, epochs_into(dataclasses.asdict(self.state)),
+        return InFlight(queued, lr, epochs_into(vars(self.state)),  # every step: the fields, not asdict's deep copy
                         time.monotonic() if self.dist.device.type == "cpu" else None)
 
     def after(self) -> AfterStep:
