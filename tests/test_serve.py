@@ -105,9 +105,33 @@ def test_nbest_scores_prefixes_and_sampling_through_the_api(client, translator):
     assert draws[0] == draws[1] != draws[2]
 
 
+def test_alignment_through_the_api(client, translator):
+    """"alignment" answers what `translate --alignment` writes: each output's word pairs (figures.align), of
+    the translation and of every n-best hypothesis; an empty line aligns nothing. Requests that ask for it
+    and requests that do not are each answered their own way."""
+    from transformer.figures import align
+
+    prefixes = ["Ein Hund läuft", "Zwei Männer", ""]  # the tiny model's own outputs are empty: words to align
+    r = client.post("/v1/translate", json={"text": LINES[:2] + [""], "beam": 3, "alignment": True, "prefix": prefixes})
+    assert r.status_code == 200, r.json()
+    data = r.json()
+    assert data["translations"][:2] == translator.translate(LINES[:2], DecodeRequest(beam_size=3,
+                                                                                     prefixes=prefixes[:2]))
+    assert data["alignments"] == [[list(p) for p in align(translator, s, t)]
+                                  for s, t in zip(LINES[:2], data["translations"])] + [[]]
+    assert all(data["alignments"][:2]) and "nbest" not in data
+    r = client.post("/v1/translate", json={"text": LINES[:1], "beam": 3, "nbest": 2, "alignment": True,
+                                           "prefix": prefixes[:1]}).json()
+    assert "alignments" not in r and len(r["nbest"][0]) == 2 and all(h["alignment"] for h in r["nbest"][0])
+    assert [h["alignment"] for h in r["nbest"][0]] == [[list(p) for p in align(translator, LINES[0], h["text"])]
+                                                       for h in r["nbest"][0]]
+    plain = client.post("/v1/translate", json={"text": LINES[:1], "beam": 3, "nbest": 2}).json()
+    assert all(set(h) == {"text", "score"} for h in plain["nbest"][0])
+
+
 def test_the_search_settings_through_the_api(client, translator):
     """early_stop, length_norm and max_len_offset, as the command line's --early-stop, --length-norm and
-    --max-len-offset; every option the API spells is a key of the request (alignment is the command line's)."""
+    --max-len-offset; every option the API spells is a key of the request."""
     from transformer.request import API
     from transformer.serve import TranslateRequest
 

@@ -337,10 +337,9 @@ def _translation_rows(translator, request, lines: list[str], hyps: list[list[tup
     def aligned(i: int, text: str) -> str:
         if not request.alignment:
             return ""
-        from .figures import attention_maps, word_alignment
+        from .figures import align
 
-        pairs = word_alignment(attention_maps(translator, lines[i], text)) if lines[i].strip() else []
-        return " ||| " + " ".join(f"{s}-{t}" for s, t in pairs)
+        return " ||| " + " ".join(f"{s}-{t}" for s, t in align(translator, lines[i], text))
 
     if request.nbest is not None:
         return [f"{start + i} ||| {text} ||| {score:.6f}{aligned(i, text)}" for i, h in enumerate(hyps)

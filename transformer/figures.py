@@ -127,6 +127,12 @@ def word_alignment(maps: AttentionMaps) -> list[tuple[int, int]]:
     return sorted({(src_word[s], tgt_word[t]) for t, s in enumerate(links.argmax(-1).tolist())})
 
 
+def align(translator, src: str, tgt: str) -> list[tuple[int, int]]:
+    """``word_alignment`` of ``src`` and its translation ``tgt`` (one teacher-forced pass); an empty source
+    aligns nothing. What `translate --alignment` and the server's "alignment" answer."""
+    return word_alignment(attention_maps(translator, src, tgt)) if src.strip() else []
+
+
 def _select(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None) -> tuple[torch.Tensor, list[int]]:
     n_layers, n_heads = maps.weights[kind].shape[:2]
     if not 1 <= layer <= n_layers:

@@ -45,7 +45,7 @@ from starlette.exceptions import HTTPException
 
 from .config import ConfigError, ServeLimits as Limits
 from .errors import UserError
-from .figures import attention_maps, web_page
+from .figures import align, attention_maps, web_page
 from .request import API, DecodeRequest
 from .translator import Translator
 
@@ -63,6 +63,9 @@ class TranslateRequest(BaseModel):
                                                 "sentence with their scores, best first")
     scores: bool = Field(False, description="also answer each translation's score, log P / lp(|Y|) (not with "
                                             "nbest, whose hypotheses carry theirs)")
+    alignment: bool = Field(False, description="also answer each translation's word alignment: 0-based [source "
+                                               "word, target word] pairs from the cross-attention (as translate "
+                                               "--alignment)")
     prefix: list[str] | None = Field(None, description="one target prefix per sentence (\"\": none); each "
                                                        "translation starts with its prefix")
     constraints: list[list[str]] | None = Field(None, description="per sentence, the phrases its translation must "
@@ -87,11 +90,13 @@ class TranslateRequest(BaseModel):
 class Hypothesis(BaseModel):
     text: str
     score: float
+    alignment: list[tuple[int, int]] | None = None
 
 
 class TranslateResponse(BaseModel):
     translations: list[str]
     scores: list[float] | None = None
+    alignments: list[list[tuple[int, int]]] | None = None
     nbest: list[list[Hypothesis]] | None = None
 
 
@@ -261,7 +266,10 @@ class Batcher:
             request = dataclasses.replace(job.request, prefixes=joined("prefix", ""),
                                           constraints=joined("constraints", []),
                                           batch_size=max(1, self.limits.max_batch_tokens // (job.rows * longest)))
-            return live, self.translator.decode(lines, request)
+            found = self.translator.decode(lines, request)
+            if job.request.alignment:  # each hypothesis with its word alignment: (text, score, pairs)
+                found = [[(t, x, align(self.translator, line, t)) for t, x in hyps] for line, hyps in zip(lines, found)]
+            return live, found
 
         try:
             live, outputs = await asyncio.get_running_loop().run_in_executor(self.executor, work)
@@ -405,7 +413,7 @@ def _decode_request(req: TranslateRequest, translator: Translator, lines: list[s
 
     asked = DecodeRequest(beam_size=req.beam, alpha=req.alpha, length_norm=req.length_norm,  # type: ignore[arg-type]
                           early_stop=req.early_stop, max_len_offset=req.max_len_offset,  # type: ignore[arg-type]
-                          nbest=req.nbest, scores=req.scores,
+                          nbest=req.nbest, scores=req.scores, alignment=req.alignment,
                           prefixes=None if req.prefix is None else [normal(p) for p in req.prefix],
                           constraints=None if req.constraints is None else [[normal(c) for c in cs]
                                                                            for cs in req.constraints],
@@ -421,12 +429,14 @@ def _decode_request(req: TranslateRequest, translator: Translator, lines: list[s
     return asked
 
 
-def _answer(req: TranslateRequest, found: list[list[tuple[str, float]]]) -> TranslateResponse:
-    """The response: the translations, and the scores or n-best lists when the request asked for them."""
+def _answer(req: TranslateRequest, found: list[list[tuple]]) -> TranslateResponse:
+    """The response: the translations, and the scores, alignments or n-best lists when the request asked for
+    them (``found``: per sentence its hypotheses, (text, score), with the alignment third when asked)."""
     return TranslateResponse(translations=[h[0][0] for h in found],
                              scores=[h[0][1] for h in found] if req.scores else None,
-                             nbest=[[Hypothesis(text=t, score=x) for t, x in h] for h in found]
-                             if req.nbest is not None else None)
+                             alignments=[h[0][2] for h in found] if req.alignment and req.nbest is None else None,
+                             nbest=[[Hypothesis(text=x[0], score=x[1], alignment=x[2] if req.alignment else None)
+                                     for x in h] for h in found] if req.nbest is not None else None)
 
 
 async def _queued(batcher: Batcher, request: Request, lines: list[str], job: Job,
@@ -529,7 +539,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         job = Job("translate", dataclasses.replace(asked, prefixes=None, constraints=None, scores=False),
                   next(numbers) if asked.sample else None)
         outputs = await _queued(state["batcher"], request, [lines[i] for i in keep], job, extra or None)
-        found: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in lines]
+        found: list[list[tuple]] = [[("", 0.0, [])] for _ in lines]  # an empty line: an empty translation
         for i, hyps in zip(keep, outputs):
             found[i] = hyps
         return _answer(req, found)
