@@ -72,6 +72,39 @@ def test_set_overrides_and_validation():
         load_config("tiny", ["train.init_qkv_gain=0"])
 
 
+@pytest.mark.parametrize("override, message", [
+    ("train.clip_norm=-1", r"train.clip_norm \(0 = no clipping\) must be >= 0, got -1.0"),  # would ascend the loss
+    ("train.weight_decay=-0.1", "train.weight_decay must be >= 0, got -0.1"),
+    ("train.seed=-1", r"train.seed must be in \[0, 2\^32 - 1\], got -1"),
+    ("train.seed=4294967296", "train.seed must be in"),
+    ("model.ln_eps=-1e-6", "model.ln_eps must be positive, got -1e-06"),
+    ("data.spm_input_sentences=0", "data.spm_input_sentences must be positive, got 0"),
+    ("train.bleu_every=-1", "train.bleu_every must be >= 0, got -1"),
+    ("train.beta2=1", r"train.beta2 must be in \[0, 1\), got 1.0"),
+    ("decode.max_len_offset=-1", "decode.max_len_offset must be >= 0, got -1"),
+    ("train.threads=-2", "train.threads .* must be >= 0, got -2"),
+])
+def test_values_training_cannot_use_are_refused_naming_the_value(override, message):
+    """Each bad value is refused in one line with the value, before training: a negative clip_norm passed,
+    and training climbed its own loss; the others ended in torch's or sentencepiece's exceptions."""
+    with pytest.raises(ConfigError, match=message):
+        load_config("tiny", [override])
+
+
+def test_learned_positions_must_hold_the_longest_pair():
+    with pytest.raises(ConfigError, match=r"model.max_positions \(8\) must be >= data.max_len \(60\)"):
+        load_config("tiny", ["model.positional=learned", "model.max_positions=8", "data.max_len=60"])
+    assert load_config("tiny", ["model.positional=learned", "model.max_positions=60", "data.max_len=60"])
+    assert load_config("tiny", ["model.max_positions=8", "data.max_len=60"])  # sinusoids: the table is unused
+
+
+def test_other_toolkits_names_get_ours():
+    with pytest.raises(ConfigError, match="unknown key train.label_smoothing; did you mean train.eps_ls"):
+        load_config("tiny", ["train.label_smoothing=0.2"])
+    with pytest.raises(ConfigError, match="did you mean model.p_drop"):
+        config_from_dict({"model": {"dropout": 0.3}})
+
+
 def test_unknown_preset_suggests():
     with pytest.raises(ConfigError, match="did you mean 'base'"):
         load_config("bsae")
@@ -99,7 +132,7 @@ FIELDS = {
     "model.p_drop": NUMBER(0.0, 0.99), "model.ln_eps": NUMBER(1e-12, 1.0), "train.lr_scale": NUMBER(1e-6, 1e6),
     "train.cooldown_fraction": NUMBER(0.0, 1.0), "train.adam_eps": NUMBER(1e-30, 1.0),
     "train.max_minutes": NUMBER(0.0, 1e9), "decode.alpha": NUMBER(0.0, 10.0),
-    "train.max_steps": st.integers(1, 2**62), "train.seed": st.integers(-2**62, 2**62), "model.bias": st.booleans(),
+    "train.max_steps": st.integers(1, 2**62), "train.seed": st.integers(0, 2**32 - 1), "model.bias": st.booleans(),
 }
 
 

@@ -14,8 +14,8 @@ from transformer.decode import decode_ids, score_ids, translate_ids
 from transformer.ensemble import Ensemble
 from transformer.sampling import Sampling
 from transformer.search import (beam_hypotheses, beam_search, beam_step, greedy_hypotheses, greedy_search,
-                                length_penalty, row_topk, top_next_tokens)
-from transformer.model import Transformer
+                                length_penalty, max_lengths, row_topk, top_next_tokens)
+from transformer.model import PositionsError, Transformer
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 A, B, C = 3, 4, 5  # ordinary tokens of the scripted model (2 is UNK)
@@ -54,6 +54,8 @@ class ScriptedCache:
 
 class ScriptedModel:
     """Next-token probabilities from a fixed table keyed by the tokens generated so far (no BOS)."""
+
+    max_output_length = None  # no learned position table
 
     def __init__(self, table: dict[tuple[int, ...], dict[int, float]], default: dict[int, float] | None = None,
                  vocab: int = 6):
@@ -211,6 +213,24 @@ def test_length_limit_is_per_sentence_forces_eos_and_prunes():
     # [] (.01) is finished first, but A^k at .99^k stays ahead of it until EOS is forced
     assert beam_search(model, src, beam_size=2, max_len_offset=2) == [[A] * 3, [A] * 5]
     assert model.rows == [4, 4, 4, 4, 2, 2]
+
+
+def test_outputs_end_within_a_learned_position_table():
+    """Table 3 row E: the output limit (input + 50) is cut to the learned table's rows, so a long input is
+    decoded, not refused mid-search (it was: "sequence of 65 positions exceeds the learned position table")."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_enc_layers=1, n_dec_layers=1, d_model=16, d_ff=32, n_heads=2, p_drop=0.0,
+                      positional="learned", max_positions=12)
+    model = Transformer(cfg, VOCAB).eval()
+    with torch.no_grad():  # EOS's logit 0 among logits of hundreds: every output runs to its limit
+        model.embed.weight.mul_(100)[EOS_ID] = 0
+    src = pad([[5] * 9 + [EOS_ID], [6, EOS_ID]])
+    assert max_lengths(src, 50, model.max_output_length).tolist() == [12, 12]
+    assert max_lengths(src, 50).tolist() == [60, 52]
+    for found in (greedy_search(model, src, max_len_offset=50), beam_search(model, src, beam_size=2, max_len_offset=50)):
+        assert [len(y) for y in found] == [11, 11]  # 11 tokens and the forced EOS: 12 positions
+    with pytest.raises(PositionsError, match="13 positions, more than the learned position table holds"):
+        model.encode(pad([[5] * 12 + [EOS_ID]]))
 
 
 # --- a small real Transformer ---------------------------------------------------------------------

@@ -226,7 +226,9 @@ class Config:
             "model.n_enc_layers": m.n_enc_layers, "model.n_dec_layers": m.n_dec_layers,
             "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.n_heads": m.n_heads,
             "model.max_positions": m.max_positions, "data.vocab_size": self.data.vocab_size,
-            "data.max_len": self.data.max_len, "train.max_tokens": t.max_tokens,
+            "data.max_len": self.data.max_len, "data.spm_input_sentences": self.data.spm_input_sentences,
+            "train.max_tokens": t.max_tokens, "model.ln_eps": m.ln_eps, "train.adam_eps": t.adam_eps,
+            "train.lr_scale": t.lr_scale, "train.bleu_sentences": t.bleu_sentences,
             "train.update_freq": t.update_freq, "train.max_steps": t.max_steps,
             "train.warmup_steps": t.warmup_steps, "train.log_every": t.log_every,
             "train.eval_every": t.eval_every, "train.keep_last": t.keep_last,
@@ -241,6 +243,21 @@ class Config:
         if self.data.vocab_size > MAX_VOCAB:
             raise ConfigError(f"data.vocab_size must be at most {MAX_VOCAB:,} (piece ids are int32), got "
                               f"{self.data.vocab_size}")
+        at_least_zero = {
+            "train.bleu_every": t.bleu_every, "train.clip_norm (0 = no clipping)": t.clip_norm,
+            "train.weight_decay": t.weight_decay, "train.max_minutes (0 = no time budget)": t.max_minutes,
+            "train.save_minutes": t.save_minutes, "train.save_every": t.save_every,
+            "train.threads (0 = torch's default)": t.threads,
+            "decode.max_len_offset": d.max_len_offset,
+        }
+        for name, value in at_least_zero.items():
+            if value < 0:
+                raise ConfigError(f"{name} must be >= 0, got {value}")
+        if not 0 <= t.seed < 2**32:  # sentencepiece's sampling seed is an unsigned 32-bit int
+            raise ConfigError(f"train.seed must be in [0, 2^32 - 1], got {t.seed}")
+        if m.positional == "learned" and m.max_positions < self.data.max_len:
+            raise ConfigError(f"model.max_positions ({m.max_positions}) must be >= data.max_len ({self.data.max_len}): "
+                              "the learned position table needs a row for each position of the longest pair kept")
         for name, every in (("train.eval_every", t.eval_every), ("train.bleu_every", t.bleu_every)):
             if every % t.log_every:  # both are computed on a logging step
                 raise ConfigError(f"{name} ({every}) must be a multiple of train.log_every ({t.log_every})")
@@ -253,8 +270,6 @@ class Config:
             raise ConfigError(f"train.cuda_graphs replays one forward and backward per step: train.update_freq "
                               f"{t.update_freq} would chain {t.update_freq} graphs per step for every sequence of "
                               "shapes; take the step's tokens in one batch (train.max_tokens)")
-        if t.bleu_every < 0 or t.bleu_sentences <= 0:
-            raise ConfigError("train.bleu_every must be >= 0 and train.bleu_sentences positive")
         if (not m.d_k or not m.d_v) and m.d_model % m.n_heads:
             raise ConfigError(
                 f"model.d_model ({m.d_model}) is not divisible by model.n_heads ({m.n_heads}); "
@@ -265,10 +280,9 @@ class Config:
                         ("model.p_drop_relu", m.p_drop_relu), ("train.eps_ls", t.eps_ls)]:
             if not 0.0 <= p < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {p}")
-        if not 0.0 <= t.beta1 < 1.0 or not 0.0 <= t.beta2 < 1.0:
-            raise ConfigError("train.beta1 and train.beta2 must be in [0, 1)")
-        if t.adam_eps <= 0 or t.lr_scale <= 0:
-            raise ConfigError("train.adam_eps and train.lr_scale must be positive")
+        for name, beta in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
+            if not 0.0 <= beta < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {beta}")
         if not 0.0 <= t.cooldown_fraction <= 1.0:
             raise ConfigError(f"train.cooldown_fraction must be in [0, 1], got {t.cooldown_fraction}")
         if t.patience < 0 or (t.patience and not t.keep_best):
@@ -283,10 +297,8 @@ class Config:
             raise ConfigError("train.keep_best = \"dev_bleu\" needs train.bleu_every > 0 (a translation run)")
         if not t.init_qkv_gain > 0:
             raise ConfigError(f"train.init_qkv_gain must be > 0, got {t.init_qkv_gain}")
-        if t.max_minutes < 0 or t.save_minutes < 0 or t.save_every < 0 or t.threads < 0:
-            raise ConfigError("train.max_minutes, save_minutes, save_every and threads must be >= 0")
-        if not 0 <= d.alpha <= MAX_ALPHA or d.max_len_offset < 0:
-            raise ConfigError(f"decode.alpha must be in [0, {MAX_ALPHA:g}] and decode.max_len_offset >= 0")
+        if not 0 <= d.alpha <= MAX_ALPHA:
+            raise ConfigError(f"decode.alpha must be in [0, {MAX_ALPHA:g}], got {d.alpha}")
         return self
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -360,13 +372,25 @@ def _check_section(section: str, where: str) -> type:
     return _SECTIONS[section]
 
 
+# What fairseq, Marian, OpenNMT-py and the paper call a setting that has another name here: the hint given for it.
+OTHER_NAMES: dict[str, str] = {
+    "label_smoothing": "train.eps_ls", "dropout": "model.p_drop", "attention_dropout": "model.p_drop_attn",
+    "relu_dropout": "model.p_drop_relu", "activation_dropout": "model.p_drop_relu", "lr": "train.lr_scale",
+    "learning_rate": "train.lr_scale", "warmup_updates": "train.warmup_steps", "warmup": "train.warmup_steps",
+    "max_update": "train.max_steps", "train_steps": "train.max_steps", "batch_size": "train.max_tokens",
+    "clip_grad_norm": "train.clip_norm", "max_grad_norm": "train.clip_norm", "layers": "model.n_enc_layers",
+    "encoder_layers": "model.n_enc_layers", "decoder_layers": "model.n_dec_layers", "heads": "model.n_heads",
+    "beam": "decode.beam_size", "lenpen": "decode.alpha", "length_penalty": "decode.alpha",
+}
+
+
 def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
     cls = _check_section(section, where)
     hints = typing.get_type_hints(cls)
     if key not in hints:
-        hint = difflib.get_close_matches(key, hints, n=1)
-        raise ConfigError(f"{where}: unknown key {section}.{key}"
-                          + (f"; did you mean {section}.{hint[0]}?" if hint else ""))
+        hint = [OTHER_NAMES[key]] if key in OTHER_NAMES else [
+            f"{section}.{k}" for k in difflib.get_close_matches(key, hints, n=1)]
+        raise ConfigError(f"{where}: unknown key {section}.{key}" + (f"; did you mean {hint[0]}?" if hint else ""))
     setattr(getattr(cfg, section), key, _check_type(where, f"{section}.{key}", value, hints[key]))
 
 

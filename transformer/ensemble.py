@@ -44,6 +44,12 @@ class Ensemble(torch.nn.Module):
     def vocab_size(self) -> int:
         return self.models[0].vocab_size
 
+    @property
+    def max_output_length(self) -> int | None:
+        """The shortest of the models' limits (``Transformer.max_output_length``)."""
+        limits = [m.max_output_length for m in self.models if m.max_output_length is not None]
+        return min(limits, default=None)
+
     def _mean(self, logits: list[Tensor]) -> Tensor:
         log_probs = torch.stack([x.float().log_softmax(-1) for x in logits])  # [M, ..., V]
         return log_probs.logsumexp(0) - math.log(len(logits))

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .errors import UserError
 from .tokenizer import PAD_ID
 
 
@@ -496,6 +497,10 @@ class Embedding(nn.Module):
         return x.masked_fill((tokens == PAD_ID)[..., None], 0.0)
 
 
+class PositionsError(UserError):
+    """A sentence longer than a learned position table (Table 3 row E) has rows: the user's input, not a bug."""
+
+
 class Transformer(nn.Module):
     """Encoder-decoder Transformer (§3, Figure 1), configured by ``ModelConfig``.
 
@@ -565,8 +570,8 @@ class Transformer(nn.Module):
                 self._sinusoids = table_ = sinusoidal_positions(size, self.cfg.d_model, 0, device)
             return table_[offset:end]
         if offset + length > self.cfg.max_positions:
-            raise ValueError(f"sequence of {offset + length} positions exceeds the learned position "
-                             f"table (model.max_positions = {self.cfg.max_positions})")
+            raise PositionsError(f"a sequence of {offset + length} positions, more than the learned position table "
+                                 f"holds (model.max_positions = {self.cfg.max_positions}): give a shorter sentence")
         return getattr(self, table).weight[offset: offset + length]
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
@@ -597,6 +602,12 @@ class Transformer(nn.Module):
         if "output_proj" in self._modules:  # untied, or a quantized copy of the tied weights
             return apply(self.output_proj, hidden)
         return linear(hidden, self.target_embedding.weight)
+
+    @property
+    def max_output_length(self) -> int | None:
+        """The most target positions an output can have, its EOS included: the learned table's rows (Table 3
+        row E); None for sinusoids, which have no end."""
+        return self.cfg.max_positions if self.cfg.positional == "learned" else None
 
     @property
     def output_weight(self) -> Tensor:

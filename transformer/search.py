@@ -46,13 +46,14 @@ def length_penalty(length: int | Tensor, alpha: float, norm: LengthNorm = "gnmt"
     return (length if norm == "length" else (5 + length) / 6) ** alpha
 
 
-def max_lengths(src: Tensor, max_len_offset: int) -> Tensor:
-    """src [B, S] -> [B] largest |Y| (EOS included): each sentence's own length (EOS included) + offset.
+def max_lengths(src: Tensor, max_len_offset: int, limit: int | None = None) -> Tensor:
+    """src [B, S] -> [B] largest |Y| (EOS included): each sentence's own length (EOS included) + offset,
+    and at most ``limit``, the positions a learned table has (``Transformer.max_output_length``).
 
     DEVIATION(§6.1): "input length + 50" is per sentence; the authors' code used the padded batch
     length (A11), which made a sentence's output limit depend on the batch it happened to be in.
     """
-    return ((src != PAD_ID).sum(1) + max_len_offset).clamp(min=1)
+    return ((src != PAD_ID).sum(1) + max_len_offset).clamp(min=1, max=limit)
 
 
 def next_log_probs(logits: Tensor, step: int, max_len: Tensor, allowed: Tensor | None = None,
@@ -168,7 +169,7 @@ def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_of
     Each output has at most len(src) + max_len_offset - 1 tokens (len(src) counting its EOS): the
     limit counts the output's EOS, which is forced at the last position (see ``max_lengths``).
     """
-    max_len = max_lengths(src, max_len_offset)
+    max_len = max_lengths(src, max_len_offset, model.max_output_length)
     next_logits = NextTokenLogits(model, src, 1, int(max_len.max()), use_cache)
     prefix = src.new_full((src.size(0), 1), BOS_ID)  # [n, t]
     sentence = torch.arange(src.size(0), device=src.device)  # [n] index into the batch
@@ -288,7 +289,7 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest = {nbest}: expected 1..beam size ({beam_size})")
     batch, dev = src.size(0), src.device
-    max_len = max_lengths(src, max_len_offset)  # [n]
+    max_len = max_lengths(src, max_len_offset, model.max_output_length)  # [n]
     next_logits = NextTokenLogits(model, src, beam_size, int(max_len.max()), use_cache)  # B*beam rows
     if constraint is not None:
         constraint.begin(src, beam_size, max_len)

@@ -214,14 +214,19 @@ class Translator:
         forced = None if request.prefixes is None else [self.tokenizer.encode(p.strip()) for p in request.prefixes]
         phrases = None if request.constraints is None else [
             [self.tokenizer.encode(c.strip()) for c in cs if c.strip()] for cs in request.constraints]
+        limit = self.model.max_output_length  # a learned position table's rows (Table 3 row E), else None
         for i, src in enumerate(sources):  # room for the EOS is needed too
+            if limit is not None and len(src) > limit:
+                raise ConfigError(f"line {first + i + 1}: {len(src)} pieces with EOS, more than the model's learned "
+                                  f"positions (model.max_positions = {limit}): give a shorter sentence")
             if not lines[i].strip():  # answered with an empty line: a prefix or constraint would be dropped
                 for key, given in (("prefix", forced), ("constraints", phrases)):
                     if given is not None and given[i]:
                         raise ConfigError(f"{key} of line {first + i + 1}: the line is empty, and an empty line "
                                           f"gets an empty line, which cannot hold its {key}")
                 continue
-            room = len(src) + request.max_len_offset - 1
+            room = len(src) + request.max_len_offset - 1 if limit is None else min(len(src) + request.max_len_offset,
+                                                                                   limit) - 1
             if forced is not None and len(forced[i]) > room:
                 raise ConfigError(f"prefix of line {first + i + 1}: {len(forced[i])} pieces, but outputs of this "
                                   f"input hold at most {room} (input length + max_len_offset)")
