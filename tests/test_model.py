@@ -9,7 +9,7 @@ from torch import nn
 
 from transformer.config import ModelConfig, load_config
 from transformer.data import Example, collate
-from transformer.model import (_ONEDNN, MultiHeadAttention, Transformer, attention, count_parameters, dropout,
+from transformer.model import (_ONEDNN, MultiHeadAttention, PositionsError, Transformer, attention, count_parameters, dropout,
                                pack_for_inference, padding_mask, record_attention, sinusoidal_positions)
 from transformer.tokenizer import PAD_ID
 
@@ -311,7 +311,7 @@ def test_learned_positions_row_e():
     model = tiny_model(cfg=cfg)
     assert model.src_pos.weight.shape == (8, TINY.d_model)
     model(torch.tensor([[5, 6, 1]]), torch.tensor([[PAD_ID, 7]]))
-    with pytest.raises(ValueError, match="max_positions"):
+    with pytest.raises(PositionsError, match="max_positions = 8"):
         model(torch.tensor([[5] * 9]), torch.tensor([[PAD_ID]]))
 
 
