@@ -654,3 +654,11 @@ def test_the_decoding_commands_the_pages_show_are_taken(monkeypatch):
             cli._request(cli.build_parser().parse_args(argv)).verify()
         except ConfigError as e:
             pytest.fail(f"{page}: {line}: {e}")
+
+
+def test_evaluate_of_an_empty_source_is_one_line(tiny_run, tmp_path, capsys):
+    """An empty --src with an empty --ref ended in "internal error: IndexError" inside sacreBLEU."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(empty), "--ref", str(empty))
+    assert status == 1 and f"--src {empty}: no sentences to evaluate" in err and "internal" not in err, err

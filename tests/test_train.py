@@ -581,7 +581,7 @@ def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(t
     run = tmp_path / "run"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
     for allow in (True, False):  # without the option, the refusal did not say that it would not help
-        with pytest.raises(TrainError, match=r"--resume cannot take .*model\.d_ff: 128 -> 96.* --init-from"):
+        with pytest.raises(TrainError, match=r"--resume cannot take .*model\.d_ff: 128 -> 96.* new run, with another --out"):
             train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.d_ff=96"]), run, resume=True,
                   quiet=True, allow_config_change=allow)
     done = train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.p_drop=0.2"]), run, resume=True,
@@ -820,3 +820,47 @@ def test_shape_buckets_hold_for_subword_sampled_epochs_across_an_epoch(tmp_path,
     assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["epoch"] >= 1  # crossed an epoch
     buckets = ShapeBuckets(8, 1024)
     assert len(shapes) == 24 and all(s == t == buckets.lengths([s])[0] and rows == 1024 // s for rows, s, t in shapes)
+
+
+def _set(overrides: list[str], key: str, value: Path) -> list[str]:
+    return [o for o in overrides if not o.startswith(f"data.{key}=")] + [f'data.{key}="{value}"']
+
+
+def test_a_validation_set_without_usable_pairs_is_refused(tmp_path, tiny_overrides):
+    """An empty or blank validation set gave valid_ppl 1 (0 / max(n, 1)), a "best" checkpoint at its first
+    evaluation and a patience stop; with dev BLEU, an IndexError after training. Now: one line, before any step."""
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n \n")
+    overrides = _set(_set(tiny_overrides, "valid_src", blank), "valid_tgt", blank)
+    with pytest.raises(UserError, match=r"blank.txt: no usable validation pairs"):
+        train(load_config("tiny", overrides + ["train.max_steps=2"]), tmp_path / "run", quiet=True)
+    assert not list_checkpoints(tmp_path / "run")
+
+
+def test_validation_pairs_keep_the_training_length_bound(tmp_path, tiny_overrides):
+    """A stray long validation line (two joined lines, a document) is skipped and counted as in training:
+    kept, it cost memory and time with the square of its length at every validation."""
+    valid = next(Path(o.split("=", 1)[1].strip('"')) for o in tiny_overrides if o.startswith("data.valid_src="))
+    long = tmp_path / "valid_long.en"
+    lines = valid.read_text().splitlines()
+    long.write_text("\n".join(lines[:3] + [" ".join(["word"] * 400)] + lines[4:]) + "\n")
+    run = tmp_path / "run"
+    train(load_config("tiny", _set(tiny_overrides, "valid_src", long) + ["train.max_steps=2", "data.max_len=64"]),
+          run, quiet=True)
+    log = (run / "train.log").read_text()
+    assert f"valid: {len(lines) - 1} pairs used of {len(lines)}; skipped 0 with an empty side, 1 longer than 64" in log
+
+
+def test_training_files_are_checked_before_a_vocabulary_is_trained(tmp_path, tiny_overrides):
+    """Files of unequal lengths were refused after the BPE was trained on them, and that vocabulary then
+    refused the corrected files ("trained from other inputs"): the user had to delete it by hand."""
+    src = next(Path(o.split("=", 1)[1].strip('"')) for o in tiny_overrides if o.startswith("data.train_src="))
+    short = tmp_path / "short.en"
+    short.write_text("".join(src.read_text().splitlines(keepends=True)[:-1]))
+    run = tmp_path / "run"
+    with pytest.raises(UserError, match="differ in length"):
+        train(load_config("tiny", _set(tiny_overrides, "train_src", short) + ["train.max_steps=1"]), run, quiet=True)
+    assert not (run / "spm.model").exists()
+    shutil.copyfile(src, short)  # corrected in place: the same command now trains
+    done = train(load_config("tiny", _set(tiny_overrides, "train_src", short) + ["train.max_steps=1"]), run, quiet=True)
+    assert done["step"] == 1

@@ -495,6 +495,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         said.append("scoring the run's " + ", ".join(f"{fields[n][0]} {getattr(args, n)}" for n in defaulted))
     args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
     src = read_lines(args.src)
+    if not any(line.strip() for line in src):
+        raise ConfigError(f"--src {args.src}: no sentences to evaluate (the file is empty or blank)")
     if d.task == "parse":
         from .evaluate import score_trees
         from .trees import read_trees

@@ -173,7 +173,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             if model and weight_shapes(saved.model, saved.data.vocab_size) != weight_shapes(cfg.model, saved.data.vocab_size):
                 raise TrainError(f"--resume cannot take model changes that change the weights' shapes, "
                                  f"{'; '.join(model)}: the checkpoint's weights would not fit them (even with "
-                                 f"--allow-config-change); start a new run from them with --init-from {out}")
+                                 "--allow-config-change, or --init-from); train this model as a new run, with "
+                                 "another --out")
             if not allow_changes:
                 raise TrainError(f"--resume with a config that differs from {config_path} in: {'; '.join(changed)} "
                                  "(pass --allow-config-change to resume anyway)")
@@ -203,15 +204,24 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = data["train_src"], data["train_tgt"]
+        pairs = read_parallel(train_src, train_tgt)  # checked (line counts, UTF-8) before a vocabulary is trained on them
         tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log,
                                     resuming=has_checkpoints or vocabulary_of is not None)
-        train, stats = encode_pairs(read_parallel(train_src, train_tgt), tokenizer, d.max_len)
+        train, stats = encode_pairs(pairs, tokenizer, d.max_len)
+        del pairs
         log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "
             f"side, {stats.skipped_long} longer than {d.max_len} pieces")
         if not train:
             raise DataError(f"{train_src}: no usable training pairs")
         src_lengths, tgt_lengths = lengths(train)
-    valid, _ = encode_pairs(read_parallel(data["valid_src"], data["valid_tgt"]), tokenizer, max_len=10**9)
+    # the training pairs' length bound holds here too: one stray long line would take memory and time with the
+    # square of its length at every validation, and a learned position table (row E) has no rows beyond it
+    valid, stats = encode_pairs(read_parallel(data["valid_src"], data["valid_tgt"]), tokenizer, d.max_len)
+    log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
+        f"{stats.skipped_long} longer than {d.max_len} pieces")
+    if not valid:
+        raise DataError(f"{data['valid_src']}: no usable validation pairs (validation loss, patience and the best "
+                        "checkpoint need some)")
     buckets = shape_buckets(cfg.train)
     batches = make_batches_from_lengths(src_lengths, tgt_lengths, cfg.train.max_tokens, buckets)
     shapes = f" in {len(buckets.shapes(src_lengths, tgt_lengths, batches))} shapes" if buckets else ""
