@@ -662,3 +662,21 @@ def test_evaluate_of_an_empty_source_is_one_line(tiny_run, tmp_path, capsys):
     empty.write_text("")
     status, out, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(empty), "--ref", str(empty))
     assert status == 1 and f"--src {empty}: no sentences to evaluate" in err and "internal" not in err, err
+
+
+def test_train_log_lines_reach_a_pipe_as_they_are_said(tmp_path, tiny_overrides):
+    """Under nohup, `| tee` or a batch system, stdout is a pipe or a file: each log line reaches it when it is
+    said, not in one block when the process ends (tqdm.write does not flush). Run without PYTHONUNBUFFERED,
+    as users run it: the first step's line arrives while training goes on, and SIGTERM then stops it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    sets = [a for o in tiny_overrides + ["train.max_steps=100000", "train.log_every=2", "train.eval_every=1000"]
+            for a in ("--set", o)]
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(tmp_path / "run"),
+                             *sets], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        first = next(line for line in proc.stdout if line.startswith("step="))
+        assert proc.poll() is None, "the step line came only when the process ended"
+        assert first.startswith("step=2 ")
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=120)

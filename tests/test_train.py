@@ -294,6 +294,8 @@ def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path
     with pytest.raises(TrainError, match="3 steps in a row had non-finite gradients"):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=20", "train.max_bad_steps=3"]),
               tmp_path / "run2", quiet=True)
+    last = (tmp_path / "run2" / "train.log").read_text().splitlines()[-1]
+    assert "error: 3 steps in a row had non-finite gradients" in last  # the log says why the run ended
 
 
 def test_cooldown_anneals_the_logged_rate_to_zero(tmp_path, tiny_overrides):

@@ -947,7 +947,10 @@ def internal_error(error: Exception, argv: list[str]) -> int:
 
 def say(line: str) -> None:
     """``line`` on stderr in one write: the ranks of a data-parallel job share the terminal, and print's
-    separate write of the newline lets their lines run together."""
+    separate write of the newline lets their lines run together. What stdout holds goes first, so that
+    ``2>&1`` keeps the order in which things were said."""
+    with contextlib.suppress(OSError, ValueError):  # a closed or broken stdout: the line is still said
+        sys.stdout.flush()
     sys.stderr.write(line + "\n")
 
 

@@ -19,6 +19,7 @@ import shutil
 import signal
 import statistics
 import threading
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from .checkpoint import (average_checkpoints, checkpoints_to_average, epochs_int
 from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256, collate,
                    encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
-from .errors import UserError
+from .errors import UserError, summary as error_line
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import cooldown, learning_rate, make_optimizer
@@ -130,6 +131,7 @@ def run_logger(out: Path, quiet: bool = False):
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
         if not quiet:
             tqdm.write(msg)
+            sys.stdout.flush()  # a pipe, nohup or a batch system's log gets each line as it is said
     return log
 
 
@@ -907,6 +909,9 @@ class Trainer:
                 if pending:
                     self.book(pending, plan, bar)
                 pending = queued
+        except Exception as e:
+            self.log(error_line(e))  # train.log says why the run ended, not only the terminal
+            raise
         finally:
             stop.restore()
             if self.run_data.sampled:
