@@ -667,7 +667,8 @@ def test_evaluate_of_an_empty_source_is_one_line(tiny_run, tmp_path, capsys):
 def test_train_log_lines_reach_a_pipe_as_they_are_said(tmp_path, tiny_overrides):
     """Under nohup, `| tee` or a batch system, stdout is a pipe or a file: each log line reaches it when it is
     said, not in one block when the process ends (tqdm.write does not flush). Run without PYTHONUNBUFFERED,
-    as users run it: the first step's line arrives while training goes on, and SIGTERM then stops it."""
+    as users run it: the first step's line arrives while training goes on (buffered, it came with some 50 more,
+    when 8 KiB had gathered), and SIGTERM then stops it."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     sets = [a for o in tiny_overrides + ["train.max_steps=100000", "train.log_every=2", "train.eval_every=1000"]
             for a in ("--set", o)]
@@ -675,8 +676,8 @@ def test_train_log_lines_reach_a_pipe_as_they_are_said(tmp_path, tiny_overrides)
                              *sets], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         first = next(line for line in proc.stdout if line.startswith("step="))
-        assert proc.poll() is None, "the step line came only when the process ended"
-        assert first.startswith("step=2 ")
+        logged = (tmp_path / "run" / "train.log").read_text().count(" step=")
+        assert first.startswith("step=2 ") and logged < 25, f"step=2 came when train.log had {logged} step lines"
     finally:
         proc.terminate()
         proc.communicate(timeout=120)
