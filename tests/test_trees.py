@@ -14,7 +14,7 @@ from transformer.model import Transformer
 from transformer.tokenizer import EOS_ID
 from transformer.prepare import PTB_SPLITS, write_ptb_splits
 from transformer.trees import (Tree, TreeConstraint, TreeError, delinearize, linearize, normalize, parse_brackets,
-                               read_trees, tree_symbols, with_tags)
+                               ptb_escape, read_trees, tree_symbols, with_tags)
 
 PTB = DATA / "ptb-sample"
 
@@ -111,8 +111,52 @@ def test_linearize_with_words():
 def test_unbalanced_text_is_refused_with_its_place():
     with pytest.raises(TreeError, match="never closed"):
         parse_brackets("(S (A a)", "x.mrg")
-    with pytest.raises(TreeError, match="x.mrg: tree 2"):
+    with pytest.raises(TreeError, match=r"x.mrg: tree 1 \(line 1\)"):
         parse_brackets("(S (A a)) )", "x.mrg")
+
+
+def test_a_bracket_too_many_is_placed_in_its_own_tree_and_line(tmp_path, capsys):
+    """The ')' too many closes line 1's tree early and the rest reads as trees of their own: the error
+    is still tree 1, line 1 (it said tree 4). An empty gold or test file is an error, not F1 0."""
+    good = "(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))"
+    extra = "(S (NP (DT The) (NN dog))) (VP (VBD barked)) (. .))"
+    with pytest.raises(TreeError, match=r"^t2.txt: tree 1 \(line 1\): '\)' without an open bracket$"):
+        parse_brackets(f"{extra}\n{good}\n", "t2.txt")
+    with pytest.raises(TreeError, match=r"^t2.txt: tree 2 \(line 2\): '\)'"):
+        parse_brackets(f"{good}\n{extra}\n{good}\n", "t2.txt")
+    mrg = "( (S (NP (DT The) (NN dog))\n    (VP (VBD barked)) ) )\n( (S (NP (NN dog))) ))\n"  # a tree on two lines
+    with pytest.raises(TreeError, match=r"^x.mrg: tree 2 \(line 3\): '\)'"):
+        parse_brackets(mrg, "x.mrg")
+    with pytest.raises(TreeError, match=r"^x.mrg: tree 2 \(from line 2\): 1 bracket\(s\) never closed$"):
+        parse_brackets(f"{good}\n(S (NP (DT The) (NN dog))\n(S (NP (DT A) (NN cat)))\n", "x.mrg")
+    with pytest.raises(TreeError, match=r"^x.mrg: tree 2 \(line 2\): word 'x' outside any bracket$"):
+        parse_brackets(f"{good}\nx {good}\n", "x.mrg")
+    (tmp_path / "gold.txt").write_text(f"{good}\n")
+    (tmp_path / "empty.txt").write_text("\n")
+    assert main(["evaluate-parse", "--gold", str(tmp_path / "gold.txt"), "--test", str(tmp_path / "gold.txt")]) == 0
+    for gold, test in (("empty.txt", "empty.txt"), ("gold.txt", "empty.txt")):
+        capsys.readouterr()
+        assert main(["evaluate-parse", "--gold", str(tmp_path / gold), "--test", str(tmp_path / test)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{tmp_path / 'empty.txt'}: no trees" in err, err
+
+
+def test_bracket_words_are_written_as_the_treebank_writes_them():
+    """`parse` on "The ( dog ) barked ." wrote (XX () and (XX )), which no tree reader reads back: a word
+    that is or holds a bracket is written -LRB- -RRB- -LCB- -RCB-, as the treebank (and the training data)."""
+    assert [ptb_escape(w) for w in ["(", ")", "{", "}", "dog", "(s)", "-LRB-"]] == [
+        "-LRB-", "-RRB-", "-LCB-", "-RCB-", "dog", "-LRB-s-RRB-", "-LRB-"]
+    assert str(Tree("S", [Tree("XX", ["("]), Tree("XX", ["a)"]), Tree("XX", ["}"])])) == \
+        "(S (XX -LRB-) (XX a-RRB-) (XX -RCB-))"
+    words = "The ( dog ) barked .".split()
+    escaped = ["The", "-LRB-", "dog", "-RRB-", "barked", "."]
+    # the model writes the treebank's tokens for its input's brackets: a well-formed tree of that input
+    t, well_formed = delinearize("(S (NP The -LRB- dog -RRB- )NP (VP barked )VP . )S".split(), words)
+    assert well_formed and str(t) == "(S (NP (XX The) (XX -LRB-) (XX dog) (XX -RRB-)) (VP (XX barked)) (XX .))"
+    # a model that copied the bare brackets: repaired, and still a tree that reads back with every word
+    for tokens in ("(S (NP The ( dog ) )NP (VP barked )VP . )S", "", "(S The ) ( )S"):
+        t, _ = delinearize(tokens.split(), words)
+        assert t.words() == escaped and tree(str(t)) == t, (tokens, str(t))
 
 
 @pytest.mark.skipif(not PTB.is_dir(), reason="ptb-sample not found (set TRANSFORMER_DATA)")
@@ -254,3 +298,28 @@ def test_parse_and_evaluate_commands_on_a_briefly_trained_parsing_run(tmp_path, 
     gold.write_text("".join(line + "\n" for line in (tmp_path / "test.gold").read_text().splitlines()[:6]))
     assert main(["evaluate", str(run), "--beam", "2", "--src", str(tmp_path / "in.txt"), "--ref", str(gold)]) == 0
     assert "F1 = " in capsys.readouterr().out
+
+
+def test_a_parsing_run_reads_bracket_words_as_the_treebank_writes_them(tiny_parse_run, tmp_path, capsys):
+    """`parse` of "The ( dog ) barked ." gives the model the pieces of "-LRB-" and "-RRB-", as it was trained
+    (the treebank's words), not of bare brackets; the tree it writes reads back with those words. The parse
+    evaluation names the files when a tree's words differ."""
+    from transformer.request import CLI, DecodeRequest
+    from transformer.translator import Translator
+
+    translator = Translator(tiny_parse_run, log=lambda m: None)
+    raw, escaped = "The ( dog ) barked .", "The -LRB- dog -RRB- barked ."
+    sources = translator._checked(DecodeRequest(), [raw, escaped], CLI)[1][0]
+    assert sources[0] == sources[1]
+    src = tmp_path / "in.txt"
+    src.write_text(raw + "\n")
+    assert main(["parse", str(tiny_parse_run), "--input", str(src), "--output", str(tmp_path / "out.txt")]) == 0
+    (tree,) = parse_brackets((tmp_path / "out.txt").read_text())
+    assert tree.words() == escaped.split()
+    gold = tmp_path / "gold.txt"
+    gold.write_text("(S (NP (DT A) (NN cat)) (VP (VBD sat)) (. .))\n")
+    (tmp_path / "test.txt").write_text("(S (NP (DT A) (NN dog)) (VP (VBD sat)) (. .))\n")
+    capsys.readouterr()
+    assert main(["evaluate-parse", "--gold", str(gold), "--test", str(tmp_path / "test.txt")]) == 1
+    assert f"--test {tmp_path / 'test.txt'} against --gold {gold}: tree 1: the test tree's words differ" in \
+        capsys.readouterr().err

@@ -499,14 +499,17 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--src {args.src}: no sentences to evaluate (the file is empty or blank)")
     if d.task == "parse":
         from .evaluate import score_trees
-        from .trees import read_trees
+        from .trees import TreeError, read_trees
 
         gold = read_trees(args.ref)
         if len(src) != len(gold):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(gold)} trees")
         _tell(said)
         trees = _parse_lines(translator, src, request)
-        scores = score_trees(gold, trees).as_dict()
+        try:
+            scores = score_trees(gold, trees).as_dict()
+        except TreeError as e:
+            raise TreeError(f"--ref {args.ref}: {e}") from None
         print(f"F1 = {scores['f1']:.2f}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
               f"({scores['matched']} of {scores['gold_brackets']} gold / {scores['test_brackets']} test brackets, "
               f"{scores['sentences']} sentences; EVALB COLLINS.prm rules)")
@@ -610,7 +613,10 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     test = [normalize(t) for t in read_trees(args.test)]
     if len(gold) != len(test):
         raise TreeError(f"--gold {args.gold} has {len(gold)} trees but --test {args.test} has {len(test)}")
-    scores = score_trees([g for g in gold if g], [t for t in test if t]).as_dict()
+    try:
+        scores = score_trees(gold, test).as_dict()
+    except TreeError as e:
+        raise TreeError(f"--test {args.test} against --gold {args.gold}: {e}") from None
     if args.json:
         print(json.dumps(scores))
         return

@@ -160,12 +160,19 @@ class ParseScore:
                 "sentences": self.sentences}
 
 
-def score_trees(gold: list[Tree], test: list[Tree]) -> ParseScore:
-    """Labelled bracket precision / recall / F1 as EVALB with COLLINS.prm (module docstring)."""
+def score_trees(gold: list[Tree | None], test: list[Tree | None]) -> ParseScore:
+    """Labelled bracket precision / recall / F1 as EVALB with COLLINS.prm (module docstring). A pair whose
+    trees normalisation left empty (None: a tree of traces alone) is skipped; errors name the tree by its
+    place in the files."""
     if len(gold) != len(test):
         raise TreeError(f"{len(gold)} gold trees but {len(test)} test trees")
     score = ParseScore()
     for i, (g, t) in enumerate(zip(gold, test), 1):
+        if g is None and t is None:
+            continue
+        if g is None or t is None:
+            raise TreeError(f"tree {i}: the {'gold' if g is None else 'test'} tree is empty once normalised, the "
+                            "other is not")
         if g.words() != t.words():
             raise TreeError(f"tree {i}: the test tree's words differ from the gold tree's "
                             f"({' '.join(t.words()[:8])} ... vs {' '.join(g.words()[:8])} ...)")

@@ -210,6 +210,10 @@ class Translator:
         """Sources (with EOS), prefixes and constraint phrases as piece ids, checked to fit the outputs'
         maximum length (input length + max_len_offset, EOS included) and, on a parsing run, each line's
         tree (after its prefix) to fit it: ConfigError naming the line."""
+        if self.cfg.data.task == "parse":  # §6.3: brackets as the treebank writes them, the words trained on
+            from .trees import ptb_escape
+
+            lines = [" ".join(map(ptb_escape, line.split())) for line in lines]
         sources = encode_for_decoding(lines, self.tokenizer)
         forced = None if request.prefixes is None else [self.tokenizer.encode(p.strip()) for p in request.prefixes]
         phrases = None if request.constraints is None else [

@@ -13,6 +13,9 @@ Normalisation of a treebank tree (documented, and undone by nothing: it defines 
   start with "-", such as the tags ``-LRB-`` and ``-RRB-``, are kept as they are);
 - the treebank's unlabelled outermost bracket ``( (S ...) )`` is dropped: the tree is its child.
 
+Words that are brackets are written as the treebank writes them, ``(`` ``)`` ``{`` ``}`` as -LRB- -RRB- -LCB-
+-RCB- (``ptb_escape``): the training words are so, and a bare bracket in a tree would not read back.
+
 Scoring these trees against gold ones is in evaluate.py (EVALB's rules); the task's files are
 built by prepare.py.
 """
@@ -35,6 +38,8 @@ from .tokenizer import EOS_ID, PAD_ID
 
 PLACEHOLDER = "XX"  # every part-of-speech tag in the target sequence (Vinyals et al. 2015)
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
+_BRACKET = re.compile(r"[(){}]")
+_PTB_BRACKETS = {"(": "-LRB-", ")": "-RRB-", "{": "-LCB-", "}": "-RCB-"}  # the treebank's tokens for them
 
 
 class TreeError(UserError, ValueError):
@@ -61,42 +66,64 @@ class Tree:
         return [t for c in self.children if isinstance(c, Tree) for t in c.tags()]
 
     def __str__(self) -> str:
-        """Penn Treebank bracketing on one line: (S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))."""
-        return f"({self.label} {' '.join(str(c) for c in self.children)})"
+        """Penn Treebank bracketing on one line: (S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .)); words
+        are escaped (``ptb_escape``), so that the line reads back."""
+        return f"({self.label} {' '.join(ptb_escape(c) if isinstance(c, str) else str(c) for c in self.children)})"
+
+
+def ptb_escape(word: str) -> str:
+    """``word`` with its brackets as the Penn Treebank writes them: "(" -> -LRB-, ")" -> -RRB-, "{" -> -LCB-,
+    "}" -> -RCB-. A bare "(" or ")" would open or close a constituent when the tree is read back, and the
+    parsing model was trained on the treebank's tokens, not on the brackets."""
+    return _BRACKET.sub(lambda m: _PTB_BRACKETS[m.group()], word)
 
 
 def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
-    """All trees of a bracketed text (a .mrg file, or one tree per line)."""
-    tokens = _TOKEN.findall(text)
+    """All trees of a bracketed text (a .mrg file, or one tree per line); an error names the tree and its line.
+
+    Trees are numbered by the lines they start on: what starts on the line where the tree before it closed
+    is counted as that tree. A ')' too many in a tree written on one line closes it early and leaves the
+    rest to read as further trees; the error is still in the line's tree, not in the third or fourth.
+    """
+    tokens, line, seen = [], 1, 0
+    for m in _TOKEN.finditer(text):
+        line += text.count("\n", seen, m.start())
+        tokens.append((m.group(), line))
+        seen = m.start()
     trees, stack = [], []
+    number, start, last = 0, 0, 0  # the tree's number, its first line; the line the tree before ended on
     i = 0
     while i < len(tokens):
-        tok = tokens[i]
+        tok, line = tokens[i]
+        if not stack and (number == 0 or line > last):
+            number, start = number + 1, line
         if tok == "(":
             label = ""
-            if i + 1 < len(tokens) and tokens[i + 1] not in "()":
-                label, i = tokens[i + 1], i + 1
+            if i + 1 < len(tokens) and tokens[i + 1][0] not in "()":
+                label, i = tokens[i + 1][0], i + 1
             stack.append(Tree(label))
         elif tok == ")":
             if not stack:
-                raise TreeError(f"{where}: tree {len(trees) + 1}: ')' without an open bracket")
+                raise TreeError(f"{where}: tree {number} (line {line}): ')' without an open bracket")
             node = stack.pop()
             if stack:
                 stack[-1].children.append(node)
             else:
                 trees.append(node)
+                last = line
         else:
             if not stack:
-                raise TreeError(f"{where}: tree {len(trees) + 1}: word {tok!r} outside any bracket")
+                raise TreeError(f"{where}: tree {number} (line {line}): word {tok!r} outside any bracket")
             stack[-1].children.append(tok)
         i += 1
     if stack:
-        raise TreeError(f"{where}: tree {len(trees) + 1}: {len(stack)} bracket(s) never closed")
+        raise TreeError(f"{where}: tree {number} (from line {start}): {len(stack)} bracket(s) never closed")
     return trees
 
 
 def read_trees(path: Path) -> list[Tree]:
-    """The bracketed trees in a file; one that cannot be read is a TreeError naming it."""
+    """The bracketed trees in a file; one that cannot be read, or holds no tree, is a TreeError naming it
+    (an empty gold or test file would score F1 0 as if parsed)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -104,7 +131,10 @@ def read_trees(path: Path) -> list[Tree]:
         raise TreeError(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
         raise TreeError(f"{path}: invalid UTF-8 at byte {e.start}; the file must be UTF-8 text") from None
-    return parse_brackets(text, str(path))
+    trees = parse_brackets(text, str(path))
+    if not trees:
+        raise TreeError(f"{path}: no trees in it (the file is empty)")
+    return trees
 
 
 def _strip_label(label: str) -> str:
@@ -156,8 +186,10 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> t
     a leaf no input word aligns with is dropped, and an input word no leaf aligns with joins the
     constituent of the word before it, right after it. So a word the decoder skipped or repeated
     costs the brackets around it, not every bracket after it. Constituents left empty are removed;
-    several top-level pieces, or none, are wrapped in one ``root_label`` constituent.
+    several top-level pieces, or none, are wrapped in one ``root_label`` constituent. ``words`` are taken
+    escaped (``ptb_escape``), as the model reads and writes them: "(" is the word -LRB-.
     """
+    words = [ptb_escape(w) for w in words]
     well_formed = True
     top: list[Tree] = []
     stack: list[Tree] = []
