@@ -342,3 +342,25 @@ def test_translate_and_average_use_the_clock_rule(tmp_path, tiny_overrides):
     messages = []
     Translator(run, log=messages.append)
     assert messages == ["averaging the last 2 checkpoint(s): step_00000004, step_00000009"]
+
+
+def test_a_model_file_among_the_checkpoints_is_not_resumed_from(tmp_path, tiny_overrides, capsys):
+    """`average --out RUN/checkpoints/step_N.safetensors` replaced a training checkpoint with a model file,
+    and --resume then died with "internal error: KeyError: 'optim_param_groups'". average now refuses that
+    folder, and resume skips such a file (saying so) for the newest checkpoint that holds a training state."""
+    from transformer.cli import main
+
+    run = tmp_path / "run"
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.save_every=2"])
+    train(cfg, run, quiet=True)
+    last = list_checkpoints(run)[-1]
+    status = main(["average", str(run), "--last", "2", "--out", str(last.with_suffix(".safetensors"))])
+    assert status == 1 and "in the run's checkpoints folder" in capsys.readouterr().err
+    assert "train_state" in load_checkpoint(last, with_state=False).meta  # untouched
+    model = load_checkpoint(last, with_state=False)
+    write_model(run / "checkpoints" / "step_00000005.safetensors", model.weights,
+                {"config": model.meta["config"], "vocab_sha256": model.meta["vocab_sha256"]})
+    said = []
+    assert latest_checkpoint(run, warn=said.append).path == last
+    assert said == ["skipping step_00000005.json: weights without the training state (a model file, not a "
+                    "training checkpoint)"]

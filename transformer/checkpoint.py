@@ -275,12 +275,17 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) -> Checkpoint | None:
-    """The newest checkpoint that verifies; each refused newer one is reported through warn()."""
+    """The newest checkpoint that verifies and holds a training state to resume from; each refused newer
+    one is reported through warn() (a model file without the optimizer's state, `average`'s, say)."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            return load_checkpoint(path)
+            ckpt = load_checkpoint(path)
         except CheckpointError as e:
             warn(f"skipping {e}")
+            continue
+        if ckpt.state is not None:  # save_checkpoint's optimizer state: write_model writes none
+            return ckpt
+        warn(f"skipping {path.name}: weights without the training state (a model file, not a training checkpoint)")
     return None
 
 

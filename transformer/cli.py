@@ -644,6 +644,10 @@ def cmd_average(args: argparse.Namespace) -> None:
 
     if args.last < 1:
         raise ConfigError(f"--last must be >= 1, got {args.last}")
+    checkpoints = (run_folder(args.run_dir) / "checkpoints").resolve()
+    if Path(args.out).resolve().parent == checkpoints:
+        raise OutputError(f"--out {args.out}: in the run's checkpoints folder, where it would replace or pass for a "
+                          f"training checkpoint; write it beside them (e.g. {args.run_dir}/average.safetensors)")
     paths = checkpoints_to_average(run_folder(args.run_dir), args.last)
     if not paths:
         raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
