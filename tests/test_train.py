@@ -1,6 +1,7 @@
 """Training: exact resume, checkpoint cadence, overfitting a few pairs, loss normalisation."""
 
 import json
+import os
 import re
 import shutil
 import time
@@ -866,3 +867,21 @@ def test_training_files_are_checked_before_a_vocabulary_is_trained(tmp_path, tin
     shutil.copyfile(src, short)  # corrected in place: the same command now trains
     done = train(load_config("tiny", _set(tiny_overrides, "train_src", short) + ["train.max_steps=1"]), run, quiet=True)
     assert done["step"] == 1
+
+
+def test_one_training_writes_a_run_folder_at_a_time(tmp_path, tiny_overrides):
+    """Two trainings started into one folder both ran: interleaved metrics.jsonl, each overwriting the other's
+    checkpoints. The second is now refused at once, naming the holder; the lock goes with its holder."""
+    from transformer import files
+
+    run = tmp_path / "run"
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=2"])
+    holder = files.hold_folder(run, "--out")  # as another process's training would
+    try:
+        with pytest.raises(UserError, match=rf"--out {run}: pid {os.getpid()} on .* is writing this folder"):
+            train(cfg, run, quiet=True)
+        assert not (run / "config.toml").exists()
+    finally:
+        holder.close()
+    assert train(cfg, run, quiet=True)["step"] == 2
+    assert train(load_config("tiny", tiny_overrides + ["train.max_steps=3"]), run, resume=True, quiet=True)["step"] == 3

@@ -18,7 +18,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 from pathlib import Path
 
 from tqdm import tqdm
@@ -76,6 +76,31 @@ def write_text(path: Path, text: str) -> None:
 
 class OutputError(UserError):
     """An output path the command could not write: refused before the work that would fill it."""
+
+
+def hold_folder(folder: Path, option: str) -> IO[str]:
+    """An exclusive lock on ``folder`` (its file ".lock", created with the folder), held until the returned
+    file is closed: a second process that would write the same folder (two trainings started into one
+    run folder) is refused at once, with the holder's pid, instead of interleaving their checkpoints and
+    logs. The lock is the kernel's (flock): it ends with its process, however that ends."""
+    import fcntl
+    import socket
+
+    folder.mkdir(parents=True, exist_ok=True)
+    f = open(folder / ".lock", "a+", encoding="utf-8")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise OutputError(f"{option} {folder}: {holder} is writing this folder; wait for it to end, or choose "
+                          f"another {option}") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    return f
 
 
 def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder: bool = False) -> Path:

@@ -508,8 +508,9 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     keep_freed_memory()
     dist = distributed.setup(t.dist_timeout_s)
     try:
-        return Trainer(cfg, Path(out), resume, quiet, dist, allow_config_change,
-                       None if init_from is None else Path(init_from)).run()
+        with contextlib.ExitStack() as held:  # the run folder's lock (rank 0's), released however training ends
+            return Trainer(cfg, Path(out), resume, quiet, dist, allow_config_change,
+                           None if init_from is None else Path(init_from), held).run()
     finally:
         distributed.teardown(dist)
 
@@ -528,7 +529,8 @@ class Trainer:
     batch, a step, the log line with validation, a checkpoint, and the loop that calls them (``run``)."""
 
     def __init__(self, cfg: Config, out: Path, resume: bool, quiet: bool, dist: Dist,
-                 allow_config_change: bool, init_from: Path | None = None) -> None:
+                 allow_config_change: bool, init_from: Path | None = None,
+                 held: contextlib.ExitStack | None = None) -> None:
         self.cfg, self.out, self.quiet, self.dist, t = cfg, out, quiet, dist, cfg.train
         if init_from is not None and t.init_qkv_gain != 1.0:  # refused before anything is written
             raise TrainError(f"train.init_qkv_gain = {t.init_qkv_gain:g} sets how a new model's first weights are "
@@ -539,6 +541,8 @@ class Trainer:
         parent = None if init_from is None else parent_run(init_from)
         with distributed.rank0_alone(dist):  # the others wait for rank 0's vocabulary and config
             if dist.main:
+                if held is not None:  # one training writes a run folder at a time
+                    held.enter_context(files.hold_folder(out, "--out"))
                 self.log = run_logger(out, quiet)
                 self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change,
                                             vocabulary_of=parent)
