@@ -100,6 +100,20 @@ def test_params_cost_recomputes_table_2(capsys):
     assert hours[0] == pytest.approx(8 * hours[1])  # time scales with the devices at a fixed MFU
 
 
+def test_params_cost_compares_table_2_for_its_two_models_and_says_the_papers_batch(capsys):
+    """Table 2 has the base and the big model: C5 (d_model 1024, base's schedule) was compared with the big's
+    3.5 days, and the base preset's default 4,096-token batch was compared without a word about §5.1's 25k."""
+    assert main(["params", "C5", "--cost"]) == 0
+    out = capsys.readouterr().out
+    assert "Table 2 gives the training cost of the base and the big model only" in out and "(big)" not in out
+    assert main(["params", "base", "--cost"]) == 0
+    out = capsys.readouterr().out
+    assert "Table 2 (base)" in out and "the paper trained 100,000 steps of ~25,000 tokens" in out
+    assert main(["params", "wmt14_en_fr_big", "--cost"]) == 0  # big's shape, EN-FR's dropout
+    out = capsys.readouterr().out
+    assert "Table 2 (big)" in out and "the paper trained" not in out
+
+
 def test_params_json(capsys):
     assert main(["params", "base", "--vocab", "40960", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import Config
+from .config import Config, ModelConfig, load_config
 from .model import Transformer, count_parameters, flops_per_token
 
 P100_FP32_FLOPS = 9.5e12  # Table 2's footnote
 PAPER_HOURS = {"base": 12.0, "big": 3.5 * 24}  # §5.2: 8 P100 GPUs
+PAPER_TOKENS_PER_STEP = 25_000  # §5.1: "approximately 25000 source tokens and 25000 target tokens" a batch
 H100_BF16_FLOPS = 989e12  # H100 SXM dense bf16 tensor-core peak (NVIDIA datasheet)
 
 
@@ -71,21 +72,35 @@ def cost_report(cfg: Config, preset: str, vocab: int, devices: list[int], mfu: f
               "flops_per_token": c.flops_per_token, "tokens_per_step": c.tokens_per_step, "steps": c.steps,
               "flops_per_step": c.flops_per_token * c.tokens_per_step, "total_flops": c.total_flops,
               "mfu": mfu, "peak_flops": H100_BF16_FLOPS, "per_devices": rows}
-    kind = "big" if cfg.model.d_model >= 1024 else "base"
-    paper = 8 * P100_FP32_FLOPS * PAPER_HOURS[kind] * 3600
-    report["table2"] = {"model": kind, "paper_flops": paper, "model_flops_share": c.total_flops / paper}
+    # Table 2 gives the training cost of the base and the big model alone (the big's shape with EN-FR's dropout
+    # included): another shape (a Table 3 row, say) is compared with none
+    def shape(m: ModelConfig) -> tuple:
+        return m.n_enc_layers, m.n_dec_layers, m.d_model, m.d_ff, m.n_heads, m.d_k, m.d_v
+
+    kind = next((k for k in PAPER_HOURS if shape(cfg.model) == shape(load_config(k).model)), None)
+    if kind is not None:
+        paper = 8 * P100_FP32_FLOPS * PAPER_HOURS[kind] * 3600
+        report["table2"] = {"model": kind, "paper_flops": paper, "model_flops_share": c.total_flops / paper,
+                            "paper_tokens_per_step": PAPER_TOKENS_PER_STEP, "paper_steps": load_config(kind).train.max_steps}
     return report
 
 
 def format_cost_report(r: dict) -> str:
     """``cost_report`` as the lines a terminal shows: a summary, Table 2's comparison, a table per device count."""
-    kind, paper = r["table2"]["model"], r["table2"]["paper_flops"]
     lines = [f"{r['preset']}: {r['parameters'] / 1e6:.1f}M parameters (vocabulary {r['vocab']}); "
              f"{r['flops_per_token'] / 1e9:.3f} GFLOP per target token (training, 27-token sentences); "
-             f"{r['tokens_per_step']:,} tokens per step x {r['steps']:,} steps = {r['total_flops']:.3g} FLOPs",
-             f"Table 2 ({kind}): 8 P100 x {PAPER_HOURS[kind]:g} h x 9.5 TFLOPS = {paper:.3g} FLOPs; "
-             f"the model's own FLOPs are {r['total_flops'] / paper:.0%} of that",
-             f"on H100 (bf16 dense peak {H100_BF16_FLOPS / 1e12:.0f} TFLOPS) at MFU {r['mfu']:.0%}:",
+             f"{r['tokens_per_step']:,} tokens per step x {r['steps']:,} steps = {r['total_flops']:.3g} FLOPs"]
+    if (t2 := r.get("table2")) is None:
+        lines.append("Table 2 gives the training cost of the base and the big model only: nothing to compare")
+    else:
+        kind, paper = t2["model"], t2["paper_flops"]
+        lines.append(f"Table 2 ({kind}): 8 P100 x {PAPER_HOURS[kind]:g} h x 9.5 TFLOPS = {paper:.3g} FLOPs; "
+                     f"the model's own FLOPs are {r['total_flops'] / paper:.0%} of that")
+        if (r["tokens_per_step"], r["steps"]) != (t2["paper_tokens_per_step"], t2["paper_steps"]):
+            lines.append(f"  (the paper trained {t2['paper_steps']:,} steps of ~{t2['paper_tokens_per_step']:,} tokens "
+                         f"(§5.1-5.2), this config {r['steps']:,} of {r['tokens_per_step']:,}: the WMT recipes, "
+                         f"configs/wmt14_en_de_{kind}.toml, hold the paper's batch)")
+    lines += [f"on H100 (bf16 dense peak {H100_BF16_FLOPS / 1e12:.0f} TFLOPS) at MFU {r['mfu']:.0%}:",
              "devices | tokens per device | step (ms) | hours | memory per device (GiB, estimate)"]
     lines += [f"{d['devices']:>7} | {r['tokens_per_step'] // d['devices']:>17,} | {1000 * d['step_seconds']:9.1f} | "
               f"{d['hours']:5.2f} | {d['memory_gib_per_device']:.1f}" for d in r["per_devices"]]
