@@ -105,6 +105,18 @@ def test_other_toolkits_names_get_ours():
         config_from_dict({"model": {"dropout": 0.3}})
 
 
+def test_a_preset_given_as_a_path_outside_the_checkout_is_named(tmp_path, monkeypatch):
+    """`train configs/tiny.toml` from another folder said only "config file not found"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="configs/tiny.toml; the preset is named 'tiny' alone"):
+        load_config("configs/tiny.toml")
+    with pytest.raises(ConfigError, match=f"config file not found: mine.toml \\(from {tmp_path}\\)"):
+        load_config("mine.toml")
+    (tmp_path / "folder.toml").mkdir()
+    with pytest.raises(ConfigError, match="folder.toml: a folder, not a config file"):
+        load_config("folder.toml")
+
+
 def test_unknown_preset_suggests():
     with pytest.raises(ConfigError, match="did you mean 'base'"):
         load_config("bsae")

@@ -117,6 +117,31 @@ def test_plot_draws_the_runs_own_log(tiny_run, tmp_path):
     assert main(["plot", str(tmp_path / "nowhere")]) == 1
 
 
+def test_the_plots_legend_says_the_training_loss_is_smoothed(tiny_run, tmp_path, monkeypatch):
+    """train_loss is label-smoothed and valid_nll is not: drawn on one axis under the bare keys, validation
+    looked better than training."""
+    import matplotlib.figure
+
+    legends = []
+    save = matplotlib.figure.Figure.savefig
+
+    def recording(fig, *args, **kwargs):
+        legends.extend(t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts())
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", recording)
+    plot_training(tiny_run / "metrics.jsonl", tmp_path / "curves.png")
+    assert "train_loss (label-smoothed, §5.4)" in legends and "valid_nll (no smoothing)" in legends
+
+
+def test_words_of_pieces_drop_a_lone_word_start():
+    """sentencepiece writes "A ." as "▁A", "▁", ".": the figure's word was "▁."."""
+    from transformer.figures import _word_groups
+
+    assert _word_groups(["▁A", "▁", ".", "</s>"]) == (["A", ".", "</s>"], [[0], [1, 2], [3]])
+    assert _word_groups(["<s>", "▁"]) == (["<s>", "▁"], [[0], [1]])
+
+
 def test_word_alignment_on_a_hand_built_case():
     """Source "▁the ▁hou se </s>" (words 0, 1), target "▁das ▁Ha us </s>" (words 0, 1). The penultimate
     of 3 layers decides (layer 1); the other layers point elsewhere, and EOS links to nothing."""

@@ -885,3 +885,17 @@ def test_one_training_writes_a_run_folder_at_a_time(tmp_path, tiny_overrides):
         holder.close()
     assert train(cfg, run, quiet=True)["step"] == 2
     assert train(load_config("tiny", tiny_overrides + ["train.max_steps=3"]), run, resume=True, quiet=True)["step"] == 3
+
+
+def test_the_log_says_what_the_batch_and_length_bounds_did(tmp_path, tiny_overrides):
+    """A max_tokens below some pairs' length logged "batches of <= 40 tokens" while longer pairs formed batches
+    of their own; a max_len that leaves most pairs out trained on the rest without a word."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=1", "train.max_tokens=18", "data.max_len=20"]),
+          run, quiet=True)
+    log = (run / "train.log").read_text()
+    used, total, long = map(int, re.search(r"train: (\d+) pairs used of (\d+); .*, (\d+) longer than 20", log).groups())
+    assert long > used and f"warning: most training pairs ({long} of {total}) are longer than data.max_len" in log
+    alone = re.search(r"batches of <= 18 tokens per side \((\d+) pairs longer than that, each a batch of its own\)",
+                      log)
+    assert alone and int(alone.group(1)) > 0

@@ -414,8 +414,13 @@ def resolve_config_path(name_or_path: str) -> Path:
     """A path to a TOML file, or a preset name looked up in configs/ and configs/table3/."""
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
+        if path.is_dir():
+            raise ConfigError(f"{path}: a folder, not a config file")
         if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+            presets = (PRESET_DIR / f"{path.stem}.toml", PRESET_DIR / "table3" / f"{path.stem}.toml")
+            hint = (f"; the preset is named {path.stem!r} alone, found from any folder" if any(p.is_file() for p in presets)
+                    else f" (from {Path.cwd()})")
+            raise ConfigError(f"config file not found: {path}{hint}")
         return path
     for candidate in (PRESET_DIR / f"{name_or_path}.toml", PRESET_DIR / "table3" / f"{name_or_path}.toml"):
         if candidate.is_file():

@@ -85,12 +85,12 @@ def _word_groups(tokens: list[str]) -> tuple[list[str], list[list[int]]]:
     for i, tok in enumerate(tokens):
         special = tok in ("<s>", "</s>")
         if not groups or special or tok.startswith("▁") or words[-1] in ("<s>", "</s>"):
-            words.append(tok.removeprefix("▁") or tok)
+            words.append(tok if special else tok.removeprefix("▁"))  # a lone "▁" starts a word of what follows
             groups.append([i])
         else:
             words[-1] += tok
             groups[-1].append(i)
-    return words, groups
+    return [w or "▁" for w in words], groups  # a "▁" with nothing after it is shown as itself
 
 
 def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
@@ -222,6 +222,11 @@ def web_page(name: str, fields: dict[str, str]) -> str:
     return pattern.sub(lambda m: fields[m.group(0)], page)
 
 
+# the legend's words for a series whose key alone would mislead: the training loss is label-smoothed (§5.4), so
+# it sits above the validation NLL of the same model without any overfitting
+SERIES_NAMES = {"train_loss": "train_loss (label-smoothed, §5.4)", "valid_nll": "valid_nll (no smoothing)"}
+
+
 def plot_training(metrics_path: Path, out: Path) -> list[str]:
     """Training and validation loss, perplexity, learning rate and dev BLEU against steps and minutes,
     from a run's ``metrics.jsonl``. Returns the names of the series that were drawn."""
@@ -250,7 +255,8 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
                 points = [(r[x_key], r[key]) for r in records if key in r and x_key in r]
                 if points:
                     xs, ys = zip(*points)
-                    ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3, label=key)
+                    ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3,
+                            label=SERIES_NAMES.get(key, key))
                     if col == 0:
                         drawn.append(key)
             if label == "perplexity":

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
@@ -153,16 +154,21 @@ def data_paths(cfg: Config) -> dict[str, Path]:
 
 
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
-                allow_changes: bool = False, vocabulary_of: Path | None = None) -> Run:
+                allow_changes: bool = False, vocabulary_of: Path | None = None,
+                held: contextlib.ExitStack | None = None) -> Run:
     """Creates or re-opens the run folder, trains or loads the BPE vocabulary, reads the data.
 
     ``write=False`` (data-parallel ranks other than 0) only reads what rank 0 wrote. Resuming with
     a config that changes the model, the data or the optimisation is refused with the list of
     fields, unless ``allow_changes`` (then the list is logged; model changes only where every weight
     keeps its name and shape, e.g. dropout, since the checkpoint's weights are loaded as they are). ``vocabulary_of``: a run folder whose
-    spm.model this run takes unchanged (fine-tuning) instead of training its own.
+    spm.model this run takes unchanged (fine-tuning) instead of training its own. ``held``: where the run
+    folder's lock is kept (``files.hold_folder``), taken as the folder is made, so that one training at a time
+    writes it.
     """
     d, data = cfg.data, data_paths(cfg)  # before the run folder is made or its config written
+    if held is not None:
+        held.enter_context(files.hold_folder(out, "--out"))
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.toml"
     has_checkpoints = any((out / "checkpoints").glob("*.json")) if (out / "checkpoints").exists() else False
@@ -215,20 +221,29 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             f"side, {stats.skipped_long} longer than {d.max_len} pieces")
         if not train:
             raise DataError(f"{train_src}: no usable training pairs")
+        if stats.skipped_long > len(train):
+            log(f"warning: most training pairs ({stats.skipped_long} of {stats.n_pairs}) are longer than data.max_len "
+                f"({d.max_len} pieces with EOS) and are left out; raise data.max_len to train on them")
         src_lengths, tgt_lengths = lengths(train)
+    if tokenizer.vocab_size != d.vocab_size:  # a token store's or an inherited vocabulary decides the model's
+        log(f"vocabulary: {tokenizer.vocab_size} pieces ({tokenizer.path}); data.vocab_size {d.vocab_size} does "
+            "not apply")
     # the training pairs' length bound holds here too: one stray long line would take memory and time with the
     # square of its length at every validation, and a learned position table (row E) has no rows beyond it
     valid, stats = encode_pairs(read_parallel(data["valid_src"], data["valid_tgt"]), tokenizer, d.max_len)
     log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
         f"{stats.skipped_long} longer than {d.max_len} pieces")
     if not valid:
-        raise DataError(f"{data['valid_src']}: no usable validation pairs (validation loss, patience and the best "
-                        "checkpoint need some)")
+        raise DataError(f"{data['valid_src']}: no usable validation pairs of {stats.n_pairs} ({stats.skipped_empty} "
+                        f"with an empty side, {stats.skipped_long} longer than data.max_len {d.max_len}); validation "
+                        "loss, patience and the best checkpoint need some")
     buckets = shape_buckets(cfg.train)
     batches = make_batches_from_lengths(src_lengths, tgt_lengths, cfg.train.max_tokens, buckets)
     shapes = f" in {len(buckets.shapes(src_lengths, tgt_lengths, batches))} shapes" if buckets else ""
-    log(f"{len(batches)} batches of <= {cfg.train.max_tokens} tokens per side{shapes}; "
-        f"padding {100 * padding_fraction(src_lengths, tgt_lengths, batches, buckets):.1f}% of positions")
+    alone = int((np.maximum(src_lengths, tgt_lengths) > cfg.train.max_tokens).sum())
+    log(f"{len(batches)} batches of <= {cfg.train.max_tokens} tokens per side{shapes}"
+        + (f" ({alone} pairs longer than that, each a batch of its own)" if alone else "")
+        + f"; padding {100 * padding_fraction(src_lengths, tgt_lengths, batches, buckets):.1f}% of positions")
     sampled = None
     if d.subword_alpha:
         log(f"subword regularization: every epoch segments the training text anew (BPE-dropout, alpha "
@@ -541,11 +556,9 @@ class Trainer:
         parent = None if init_from is None else parent_run(init_from)
         with distributed.rank0_alone(dist):  # the others wait for rank 0's vocabulary and config
             if dist.main:
-                if held is not None:  # one training writes a run folder at a time
-                    held.enter_context(files.hold_folder(out, "--out"))
                 self.log = run_logger(out, quiet)
                 self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change,
-                                            vocabulary_of=parent)
+                                            vocabulary_of=parent, held=held)
         if not dist.main:
             self.log = lambda msg: None
             self.run_data = prepare_run(cfg, out, resume, self.log, write=False, allow_changes=True,
