@@ -206,3 +206,15 @@ def test_cuda_graphs_need_compile_shape_buckets_and_one_batch_a_step():
         load_config("tiny", graphs + ["train.update_freq=8"])
     with pytest.raises(ConfigError, match="train.shape_buckets must be >= 0"):
         load_config("tiny", ["train.shape_buckets=-1"])
+
+
+def test_a_resume_may_spell_a_data_file_another_way(tmp_path, monkeypatch):
+    """`--resume` with the training file given as an absolute path, where the run was started with a relative
+    one, was refused as a change of data.train_src; another file still is."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.en").write_text("a\n")
+    (tmp_path / "other.en").write_text("a\n")
+    saved = load_config("tiny", ['data.train_src="train.en"'])
+    assert load_config("tiny", [f'data.train_src="{tmp_path / "train.en"}"']).resume_differences(saved) == []
+    assert load_config("tiny", ['data.train_src="other.en"']).resume_differences(saved) == [
+        "data.train_src: 'train.en' -> 'other.en'"]

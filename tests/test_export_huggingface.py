@@ -3,6 +3,7 @@ generate, ONNX Runtime and CTranslate2 (converted from the export) translate as 
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,6 +157,8 @@ def test_the_folder_says_what_it_holds(run, exported):
     assert (generation["num_beams"], generation["length_penalty"]) == (cfg.decode.beam_size, cfg.decode.alpha)
     card = (exported / "README.md").read_text(encoding="utf-8")
     assert "AutoModelForSeq2SeqLM" in card and f"d_model {cfg.model.d_model}" in card
+    valid = Path(cfg.data.valid_src)  # absolute here: the card, which may be published, shows the name alone
+    assert valid.is_absolute() and f"validated on `{valid.name}`" in card and str(valid.parent) not in card
     assert (exported / "model.safetensors").is_file()
     with pytest.raises(ExportError, match="not empty"):
         export_huggingface(run, exported, log=lambda m: None)

@@ -899,3 +899,13 @@ def test_the_log_says_what_the_batch_and_length_bounds_did(tmp_path, tiny_overri
     alone = re.search(r"batches of <= 18 tokens per side \((\d+) pairs longer than that, each a batch of its own\)",
                       log)
     assert alone and int(alone.group(1)) > 0
+
+
+def test_extending_a_cooled_down_run_says_the_rate_rises_again(tmp_path, tiny_overrides):
+    """The cooldown is the budget's last part: a finished run given more steps goes back up to eq. (3)'s rate,
+    which the log did not say."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.cooldown_fraction=0.5"]), run, quiet=True)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=3", "train.cooldown_fraction=0.5"]), run,
+          resume=True, quiet=True)
+    assert "the cooldown (train.cooldown_fraction 0.5) is the new budget's last part" in (run / "train.log").read_text()

@@ -12,6 +12,7 @@ import difflib
 import hashlib
 import json
 import math
+import os
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -312,7 +313,7 @@ class Config:
         for section, keys in RESUME_FIXED.items():
             old, new = dataclasses.asdict(getattr(saved, section)), dataclasses.asdict(getattr(self, section))
             for key in (old if keys == "*" else keys):
-                if old[key] != new[key]:
+                if old[key] != new[key] and not _same_file(old[key], new[key]):
                     out.append(f"{section}.{key}: {old[key]!r} -> {new[key]!r}")
         return out
 
@@ -343,6 +344,17 @@ RESUME_FIXED: dict[str, str | tuple[str, ...]] = {
     "train": ("max_tokens", "update_freq", "warmup_steps", "lr_scale", "cooldown_fraction", "beta1", "beta2",
               "adam_eps", "weight_decay", "clip_norm", "eps_ls", "seed", "init_qkv_gain", "shape_buckets"),
 }
+
+
+def _same_file(a: object, b: object) -> bool:
+    """Whether two values of a field are two spellings of one existing file or folder (a relative and an
+    absolute path, say): a resume with either reads the same data."""
+    if not (isinstance(a, str) and isinstance(b, str) and a and b):
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either is not there (from this folder): they are compared as written
+        return False
 
 
 def _check_type(where: str, key: str, value: Any, annotation: Any) -> Any:

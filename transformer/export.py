@@ -266,6 +266,12 @@ def huggingface_model(model: Transformer, max_positions: int = 1024):
     return hf
 
 
+def _shown(path: str) -> str:
+    """A data path as a model card, which may be published, shows it: an absolute path by its file name alone
+    (it would tell the exporting machine's folders, and means nothing elsewhere)."""
+    return Path(path).name if Path(path).is_absolute() else path
+
+
 def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int) -> str:
     """README.md of an exported folder: what the model is, how it was trained and scored."""
     m, d = cfg.model, cfg.data
@@ -290,7 +296,7 @@ A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and 
 
 - Model: {m.n_enc_layers}+{m.n_dec_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads,
   {m.norm}-norm, a joint vocabulary of {vocab_size:,} sentencepiece BPE pieces.
-- Data: `{d.train_src}` / `{d.train_tgt}`; validated on `{d.valid_src}`.
+- Data: `{_shown(d.train_src)}` / `{_shown(d.train_tgt)}`; validated on `{_shown(d.valid_src)}`.
 - Training: {trained}.
 - Decoding as trained: beam {cfg.decode.beam_size}, length penalty α {cfg.decode.alpha} ({norm}), the average of
   the last {cfg.decode.average_last} checkpoints (these weights).

@@ -190,7 +190,10 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         budget = [f"train.{k}: {getattr(saved.train, k)!r} -> {getattr(cfg.train, k)!r}"
                   for k in ("max_steps", "max_minutes") if getattr(saved.train, k) != getattr(cfg.train, k)]
         if budget:  # a budget is not part of what a run is: continuing a run for longer (or less) needs no flag
-            log(f"resuming with another budget: {'; '.join(budget)}")
+            cooldown = cfg.train.cooldown_fraction
+            log(f"resuming with another budget: {'; '.join(budget)}" + (
+                f"; the cooldown (train.cooldown_fraction {cooldown:g}) is the new budget's last part, so a run "
+                "already cooled down goes back to eq. (3)'s rate until then" if cooldown else ""))
     if write:
         files.write_text(config_path, dump_toml(cfg))
 
