@@ -39,6 +39,13 @@ def test_a_missing_sentencepiece_model_is_named(tmp_path, capsys, multi30k):
                      f'data.train_tgt="{multi30k / "val.de.gz"}"'], f"--spm {tmp_path / 'no.model'}: no such file")
 
 
+def test_preprocess_takes_a_run_folder_for_its_vocabulary(tmp_path, capsys, multi30k, tiny_run):
+    """`--spm RUN` said "no such file": the run's spm.model is what is meant."""
+    sets = ["--set", f'data.train_src="{multi30k / "val.en.gz"}"', "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"']
+    assert main(["preprocess", "tiny", "--out", str(tmp_path / "store"), "--spm", str(tiny_run), *sets]) == 0
+    assert (tmp_path / "store" / "spm.model").read_bytes() == (tiny_run / "spm.model").read_bytes()
+
+
 def test_a_translation_written_to_a_file_is_whole(tmp_path, capsys):
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("A dog runs.\nTwo men.\n")

@@ -130,6 +130,16 @@ def test_unequal_line_counts_are_refused(corpus: tuple[Path, Path, Tokenizer], t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.en", "t.de"]  # nothing half-written
 
 
+def test_a_corpus_without_usable_pairs_writes_no_store(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path) -> None:
+    """Empty files made a store of 0 pairs, "train with --set data.train_store=...", which training then refused."""
+    src, tgt = tmp_path / "s.en", tmp_path / "t.de"
+    src.write_text("", encoding="utf-8")
+    tgt.write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match=r"s\.en: no usable training pairs of 0 \(0 with an empty side"):
+        write_store(src, tgt, corpus[2], tmp_path / "store", 10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.en", "t.de"]
+
+
 def test_existing_output_is_refused_unless_overwrite(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path) -> None:
     tok = corpus[2]
     src, tgt = tmp_path / "s.en", tmp_path / "t.de"

@@ -713,7 +713,8 @@ def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="config file or preset name; its data section names the corpus")
     _output(p, "--out", folder=True, required=True, help="store folder to create (must be new or empty)")
     _set_option(p)
-    p.add_argument("--spm", type=Path, help="sentencepiece model to use (e.g. RUN/spm.model); default: train one")
+    p.add_argument("--spm", type=Path, help="sentencepiece model to use (RUN/spm.model, or the run folder RUN); "
+                   "default: train one")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
 
 
@@ -738,6 +739,8 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     d = cfg.data
     if not d.train_src or not d.train_tgt:
         raise ConfigError("data.train_src and data.train_tgt must be set (the corpus to encode)")
+    if args.spm is not None and args.spm.is_dir() and (args.spm / "spm.model").is_file():
+        args.spm = args.spm / "spm.model"  # a run folder: its vocabulary
     if args.spm is not None and not args.spm.is_file():
         raise ConfigError(f"--spm {args.spm}: no such file (a sentencepiece model, e.g. RUN/spm.model)")
     tokenizer = None if args.spm is None else Tokenizer(args.spm)  # read where it was given: its errors name it

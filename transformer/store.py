@@ -82,6 +82,9 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
                 bar.update(len(chunk))
         for f in files.values():
             f.close()
+        if not counts["n_kept"]:  # training would refuse it: say so here, and write nothing
+            raise DataError(f"{src}: no usable training pairs of {counts['n_pairs']:,} ({counts['skipped_empty']:,} "
+                            f"with an empty side, {counts['skipped_long']:,} longer than {max_len} pieces)")
         meta = {"format": FORMAT, "version": VERSION, "vocab_size": tokenizer.vocab_size,
                 "vocab_sha256": tokenizer.sha256, "dtype": ids_dtype.name, "length_dtype": len_dtype.name,
                 **counts, "max_len": max_len,
