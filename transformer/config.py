@@ -430,7 +430,8 @@ def resolve_config_path(name_or_path: str) -> Path:
             raise ConfigError(f"{path}: a folder, not a config file")
         if not path.is_file():
             presets = (PRESET_DIR / f"{path.stem}.toml", PRESET_DIR / "table3" / f"{path.stem}.toml")
-            hint = (f"; the preset is named {path.stem!r} alone, found from any folder" if any(p.is_file() for p in presets)
+            preset = any(p.is_file() for p in presets)
+            hint = (f"; the preset is named {path.stem!r} alone, found from any folder" if preset
                     else f" (from {Path.cwd()})")
             raise ConfigError(f"config file not found: {path}{hint}")
         return path

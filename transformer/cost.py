@@ -81,7 +81,8 @@ def cost_report(cfg: Config, preset: str, vocab: int, devices: list[int], mfu: f
     if kind is not None:
         paper = 8 * P100_FP32_FLOPS * PAPER_HOURS[kind] * 3600
         report["table2"] = {"model": kind, "paper_flops": paper, "model_flops_share": c.total_flops / paper,
-                            "paper_tokens_per_step": PAPER_TOKENS_PER_STEP, "paper_steps": load_config(kind).train.max_steps}
+                            "paper_tokens_per_step": PAPER_TOKENS_PER_STEP,
+                            "paper_steps": load_config(kind).train.max_steps}
     return report
 
 

@@ -55,8 +55,9 @@ CLI: dict[str, str] = {
     "batch_size": "--batch-size",
     "topk": "--topk", "topp": "--topp", "temperature": "--temperature", "seed": "--seed",
 }
-API: dict[str, str] = CLI | {k: k for k in ("beam", "early_stop", "nbest", "scores", "alignment", "prefix", "constraints",
-                                             "sample", "alpha", "length_norm", "max_len_offset", *SAMPLING_SETTINGS)}
+API: dict[str, str] = CLI | {k: k for k in ("beam", "early_stop", "nbest", "scores", "alignment", "prefix",
+                                             "constraints", "sample", "alpha", "length_norm", "max_len_offset",
+                                             *SAMPLING_SETTINGS)}
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = data["train_src"], data["train_tgt"]
-        pairs = read_parallel(train_src, train_tgt)  # checked (line counts, UTF-8) before a vocabulary is trained on them
+        pairs = read_parallel(train_src, train_tgt)  # checked (line counts, UTF-8) before a BPE is trained on them
         tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log,
                                     resuming=has_checkpoints or vocabulary_of is not None)
         train, stats = encode_pairs(pairs, tokenizer, d.max_len)
