@@ -52,6 +52,8 @@ def max_lengths(src: Tensor, max_len_offset: int, limit: int | None = None) -> T
 
     DEVIATION(§6.1): "input length + 50" is per sentence; the authors' code used the padded batch
     length (A11), which made a sentence's output limit depend on the batch it happened to be in.
+    DEVIATION(§6.1, Table 3 row E): a learned position table ends the output at its last row, where
+    input + 50 would go beyond it.
     """
     return ((src != PAD_ID).sum(1) + max_len_offset).clamp(min=1, max=limit)
 
