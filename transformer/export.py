@@ -383,7 +383,9 @@ def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, force:
     except ImportError:
         raise ExportError("optimum's ONNX exporter is not installed: pip install 'transformer[hf]'") from None
     with _staged(out, force) as folder, tempfile.TemporaryDirectory() as tmp:
-        hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint, log=lambda m: None)
+        # its note on LayerNorm's ε holds for the ONNX graphs too; where it wrote the staging folder does not
+        hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint,
+                                    log=lambda m: log(m) if m.startswith("note:") else None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's notes on Python branches of transformers' code
             main_export(str(hf_dir), output=folder, task="text2text-generation-with-past", device="cpu",
