@@ -18,8 +18,8 @@ import platform
 import shutil
 import signal
 import statistics
-import threading
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
