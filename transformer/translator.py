@@ -229,8 +229,8 @@ class Translator:
                         raise ConfigError(f"{key} of line {first + i + 1}: the line is empty, and an empty line "
                                           f"gets an empty line, which cannot hold its {key}")
                 continue
-            room = len(src) + request.max_len_offset - 1 if limit is None else min(len(src) + request.max_len_offset,
-                                                                                   limit) - 1
+            end = len(src) + request.max_len_offset  # search.max_lengths: the output's positions, EOS included
+            room = (end if limit is None else min(end, limit)) - 1
             if forced is not None and len(forced[i]) > room:
                 raise ConfigError(f"prefix of line {first + i + 1}: {len(forced[i])} pieces, but outputs of this "
                                   f"input hold at most {room} (input length + max_len_offset)")
