@@ -1,6 +1,7 @@
 """Configs: every preset loads and validates; errors name the field and suggest the fix."""
 
 import functools
+import re
 import tomllib
 
 import pytest
@@ -89,6 +90,21 @@ def test_values_training_cannot_use_are_refused_naming_the_value(override, messa
     and training climbed its own loss; the others ended in torch's or sentencepiece's exceptions."""
     with pytest.raises(ConfigError, match=message):
         load_config("tiny", [override])
+
+
+def test_a_refused_value_names_the_file_or_set_that_gave_it(tmp_path):
+    """A long config and several --set: the error says which one gave the value it refuses (the last that
+    set it), and for a rule between two fields, the first field it names that was given."""
+    path = tmp_path / "mine.toml"
+    path.write_text('[train]\nclip_norm = -1\n[model]\npositional = "learned"\nmax_positions = 8\n')
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: train.clip_norm .* got -1.0$"):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match=r"^--set train.clip_norm=-2: train.clip_norm .* got -2.0$"):
+        load_config(str(path), ["train.clip_norm=-2"])
+    with pytest.raises(ConfigError, match=r"^--set data.max_len=2000: model.max_positions \(1024\) must be >= data"):
+        load_config("tiny", ["model.positional=learned", "data.max_len=2000", "train.max_steps=9"])
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: model.max_positions \(8\)"):
+        load_config(str(path), ["train.clip_norm=1", "data.max_len=60"])
 
 
 def test_learned_positions_must_hold_the_longest_pair():

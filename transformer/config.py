@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tomllib
 import typing
 from dataclasses import dataclass, field
@@ -463,10 +464,16 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         path = resolve_config_path(name_or_path)
         where, data = str(path), read_toml(path)
     cfg = config_from_dict(data, where)
+    given = {f"{section}.{key}": where for section, values in data.items() for key in values}
     for text in overrides or []:
         section, key, value = _parse_override(text)
         _apply(cfg, section, key, value, f"--set {text}")
-    return cfg.validate()
+        given[f"{section}.{key}"] = f"--set {text}"
+    try:
+        return cfg.validate()
+    except ConfigError as e:  # say where the value came from, as the type checks do
+        named = [name for name in re.findall(r"\b[a-z]+\.[a-z0-9_]+\b", str(e)) if name in given]
+        raise ConfigError(f"{given[named[0]]}: {e}" if named else str(e)) from None
 
 
 def read_toml(path: Path) -> dict[str, Any]:
