@@ -247,7 +247,8 @@ def test_nbest_scores_and_score_agree(tiny_run, tmp_path):
     scored = run_cli("translate", str(tiny_run), "--beam", "3", "--scores", stdin=SENTENCES)
     assert plain.returncode == nbest.returncode == scored.returncode == 0, nbest.stderr
     rows = [line.split(" ||| ") for line in nbest.stdout.splitlines()]
-    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 3, 3, 3]  # an empty line: one empty hypothesis
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]  # K lines for an empty line too
+    assert [r[1:] for r in rows if r[0] == "2"] == [["", "0.000000"]] * 3
     firsts = [r for i, r in enumerate(rows) if i == 0 or rows[i - 1][0] != r[0]]
     assert [r[1] for r in firsts] == plain.stdout.splitlines()
     for i in {r[0] for r in rows}:
@@ -276,7 +277,7 @@ def test_nbest_scores_and_score_agree(tiny_run, tmp_path):
     got = [float(line.split("\t")[0]) for line in result.stdout.splitlines()]
     checked = [(g, float(r[2])) for g, r in zip(got, keep) if r[1] in canonical]
     assert checked and max(abs(g - x) for g, x in checked) < 1e-4
-    assert [(g, r[2]) for g, r in zip(got, keep) if r[0] == "2"] == [(0.0, "0.000000")]  # it was -3.5
+    assert [(g, r[2]) for g, r in zip(got, keep) if r[0] == "2"] == [(0.0, "0.000000")] * 3  # it was -3.5
     stdin = run_cli("score", str(tiny_run), "--json", stdin="".join(
         f"{a.strip()}\t{b.strip()}\n" for a, b in zip(src.read_text().splitlines(), tgt.read_text().splitlines())))
     records = [json.loads(line) for line in stdin.stdout.splitlines()]

@@ -90,6 +90,7 @@ def test_nbest_scores_prefixes_and_sampling_through_the_api(client, translator):
     assert [[(h["text"], round(h["score"], 5)) for h in hyps] for hyps in data["nbest"][:2]] == \
         [[(t, round(x, 5)) for t, x in hyps] for hyps in expected]
     assert data["translations"] == [hyps[0]["text"] for hyps in data["nbest"]] and data["translations"][2] == ""
+    assert data["nbest"][2] == [{"text": "", "score": 0.0}] * 3  # K hypotheses for an empty sentence too
     scored = client.post("/v1/translate", json={"text": LINES[:2] + [""], "beam": 3, "scores": True}).json()
     assert scored["translations"] == data["translations"] and "nbest" not in scored
     assert scored["scores"][:2] == [hyps[0]["score"] for hyps in data["nbest"][:2]]

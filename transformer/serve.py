@@ -539,7 +539,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         job = Job("translate", dataclasses.replace(asked, prefixes=None, constraints=None, scores=False),
                   next(numbers) if asked.sample else None)
         outputs = await _queued(state["batcher"], request, [lines[i] for i in keep], job, extra or None)
-        found: list[list[tuple]] = [[("", 0.0, [])] for _ in lines]  # an empty line: an empty translation
+        found: list[list[tuple]] = [[("", 0.0, [])] * (asked.nbest or 1) for _ in lines]  # empty line: empty outputs
         for i, hyps in zip(keep, outputs):
             found[i] = hyps
         return _answer(req, found)

@@ -127,7 +127,7 @@ class Translator:
         """For each input line, in order, its outputs with their scores (log P / lp(|Y|), as the beam
         ranks them), best first: ``request.nbest`` of them (one without), by beam search (greedy at beam
         1) or, with ``request.sample``, drawn; each starts with its line's prefix and holds its line's
-        constraints. The request is checked first (``check``). An empty line gives [("", 0.0)].
+        constraints. The request is checked first (``check``). An empty line's outputs are all ("", 0.0).
         ``progress`` shows a bar of sentences on stderr."""
         return next(self.stream([lines], request, progress, total=len(lines)))[1]
 
@@ -168,7 +168,7 @@ class Translator:
                                          constraint=self.constraint, nbest=part.nbest or 1, prefixes=prefixes,
                                          sampling=sampling, constraints=phrases, **search)
                 done += len(lines)
-                yield lines, [[("", 0.0)] if not line.strip() else
+                yield lines, [[("", 0.0)] * (part.nbest or 1) if not line.strip() else
                               [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
                               for line, hyps in zip(lines, outputs)]
         if not done:
