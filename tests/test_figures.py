@@ -100,8 +100,15 @@ def test_cli_draws_png_and_html_for_each_kind(tiny_run, tmp_path, kind):
 
 def test_cli_refuses_bad_requests(tiny_run, tmp_path, capsys):
     assert main(["attention", str(tiny_run), "--src", SRC, "--layer", "9", "--out", str(tmp_path / "a.png")]) == 1
-    assert "--layer 9: the model has 2 layers" in capsys.readouterr().err
+    assert "--layer 9: the model has 2 layers" in (err := capsys.readouterr().err)
+    assert "translation:" not in err  # refused before decoding
+    assert main(["attention", str(tiny_run), "--src", SRC, "--kind", "cross", "--heads", "2,9",
+                 "--out", str(tmp_path / "a.png")]) == 1
+    assert (err := capsys.readouterr().err).endswith("--heads [9]: the model has 4 heads (1..4)\n") and "translation:" not in err
     assert main(["attention", str(tiny_run), "--src", SRC, "--heads", "x", "--out", str(tmp_path / "a.png")]) == 1
+    assert capsys.readouterr().err.startswith("error: --heads 'x'")
+    assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", " ", "--out", str(tmp_path / "a.png")]) == 1
+    assert capsys.readouterr().err.startswith("error: --tgt is empty")
     assert main(["attention", str(tiny_run), "--src", SRC, "--out", str(tmp_path / "a.jpg")]) == 1
     assert "give a .png or .html" in capsys.readouterr().err
 

@@ -838,21 +838,27 @@ def cmd_attention(args: argparse.Namespace) -> None:
     head (Figure 3) and per-head heatmaps (Figures 4-5) as a PNG, or an interactive self-contained HTML page
     with every layer, head and kind (hover a token to isolate its attention).
     """
-    from .figures import KIND_NAMES, FigureError, attention_html, attention_maps, draw_attention
+    from .figures import KIND_NAMES, FigureError, attention_html, attention_maps, chosen_heads, draw_attention
 
     try:
         heads = None if args.heads == "all" else [int(h) for h in args.heads.split(",")]
     except ValueError:
         raise FigureError(f"--heads {args.heads!r}: give 'all' or head numbers such as 1,3") from None
+    if args.tgt is not None and not args.tgt.strip():
+        raise FigureError("--tgt is empty: give the target sentence, or leave --tgt out to draw the model's own "
+                          "translation")
     request = _request(args)
     translator, said = _translator(args, request)
+    if args.out.suffix.lower() != ".html":  # --layer and --heads, before any decoding
+        m = translator.cfg.model
+        chosen_heads(m.n_enc_layers if args.kind == "enc-self" else m.n_dec_layers, m.n_heads, args.layer, heads)
     tgt = args.tgt if args.tgt is not None else _translate_lines(translator, [args.src], request)[0]
     maps = attention_maps(translator, args.src, tgt)  # checks the sentence: nothing is said before its error
     if args.tgt is None:
         print(f"translation: {tgt}", file=sys.stderr)
     if args.out.suffix.lower() == ".html":  # holds sub-word and word maps both
         files.write_text(args.out, attention_html(maps, f"attention: {args.src}"))
-    else:  # --layer and --heads are checked against the model here
+    else:
         draw_attention(maps.merged() if args.words else maps, KIND_NAMES[args.kind], args.layer, heads, args.out,
                        args.style)
     _tell(said)

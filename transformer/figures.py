@@ -133,15 +133,20 @@ def align(translator, src: str, tgt: str) -> list[tuple[int, int]]:
     return word_alignment(attention_maps(translator, src, tgt)) if src.strip() else []
 
 
-def _select(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None) -> tuple[torch.Tensor, list[int]]:
-    n_layers, n_heads = maps.weights[kind].shape[:2]
+def chosen_heads(n_layers: int, n_heads: int, layer: int, heads: list[int] | None) -> list[int]:
+    """The heads to draw (all when ``heads`` is None); a FigureError for a layer or head the model has not,
+    so that the command checks them before it decodes."""
     if not 1 <= layer <= n_layers:
         raise FigureError(f"--layer {layer}: the model has {n_layers} layers (1..{n_layers})")
     heads = heads or list(range(1, n_heads + 1))
     bad = [h for h in heads if not 1 <= h <= n_heads]
     if bad:
         raise FigureError(f"--heads {bad}: the model has {n_heads} heads (1..{n_heads})")
-    return maps.weights[kind][layer - 1], heads
+    return heads
+
+
+def _select(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None) -> tuple[torch.Tensor, list[int]]:
+    return maps.weights[kind][layer - 1], chosen_heads(*maps.weights[kind].shape[:2], layer, heads)
 
 
 def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None, out: Path,
