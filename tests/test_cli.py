@@ -679,6 +679,19 @@ def test_evaluate_of_an_empty_source_is_one_line(tiny_run, tmp_path, capsys):
     assert status == 1 and f"--src {empty}: no sentences to evaluate" in err and "internal" not in err, err
 
 
+def test_a_long_decode_into_a_log_says_it_is_under_way(tiny_run, tmp_path, capsys, multi30k):
+    """stderr into a file (nohup, a batch job): no progress bar, so evaluate said nothing until its scores, and
+    a parsing run's minutes of decoding looked hung. It now says what it decodes first."""
+    from transformer.data import read_lines
+
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_text("\n".join(read_lines(multi30k / "val.en.gz")[:101]) + "\n")
+    ref.write_text("\n".join(read_lines(multi30k / "val.de.gz")[:101]) + "\n")
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(src), "--ref", str(ref), "--beam", "1")
+    assert status == 0 and "BLEU = " in out
+    assert "decoding 101 sentences (no progress bar: stderr is not a terminal)" in err.splitlines(), err
+
+
 def test_train_log_lines_reach_a_pipe_as_they_are_said(tmp_path, tiny_overrides):
     """Under nohup, `| tee` or a batch system, stdout is a pipe or a file: each log line reaches it when it is
     said, not in one block when the process ends (tqdm.write does not flush). Run without PYTHONUNBUFFERED,

@@ -227,7 +227,13 @@ def _tell(said: list[str]) -> None:
 
 
 def _translate_lines(translator, lines: list[str], request) -> list[str]:
-    return translator.translate(lines, request, progress=len(lines) > 100 and sys.stderr.isatty())
+    """``translator.translate`` with a progress bar at a terminal; into a log, where a bar's redraws do not
+    belong, one line first, so that a long decode (a parsing run's, minutes) does not look hung."""
+    long = len(lines) > 100
+    if long and not sys.stderr.isatty():
+        print(f"decoding {len(lines):,} sentences (no progress bar: stderr is not a terminal)", file=sys.stderr,
+              flush=True)
+    return translator.translate(lines, request, progress=long and sys.stderr.isatty())
 
 
 CHUNK = 10_000  # input lines (pairs for `score`) read, decoded and written at a time: memory stays bounded
