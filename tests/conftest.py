@@ -65,6 +65,28 @@ def tiny_run(multi30k: Path, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def trained_tiny(multi30k: Path, tmp_path_factory):
+    """trained_tiny(norm): a tiny model trained for 200 steps, post-norm (§3.1) or pre-norm (model.norm =
+    "pre"), at transformers' LayerNorm ε 1e-5, each once for the session: the export tests share them, and
+    exporting or decoding leaves a run folder as it was."""
+    from transformer.config import load_config
+    from transformer.train import train
+
+    runs: dict[str, Path] = {}
+
+    def run(norm: str) -> Path:
+        if norm not in runs:
+            tmp = tmp_path_factory.mktemp(f"trained_{norm}")
+            cfg = load_config("tiny", tiny_data(multi30k, tmp) + [
+                "train.max_steps=200", "train.save_every=100", "decode.average_last=2", f'model.norm="{norm}"',
+                "model.ln_eps=1e-5"])
+            train(cfg, tmp / "run", quiet=True)
+            runs[norm] = tmp / "run"
+        return runs[norm]
+    return run
+
+
+@pytest.fixture(scope="session")
 def tiny_parse_run(tmp_path_factory) -> Path:
     """A parsing run (§6.3) trained for 4 steps on the WSJ sample, beam 4 and outputs of at most the
     input + 20 pieces: untrained, but its beam writes only trees of the input (trees.TreeConstraint)."""

@@ -2,38 +2,18 @@
 
 import pytest
 
-from transformer.config import load_config
 from transformer.data import encode_for_decoding, read_lines
 from transformer.export import ExportError, export_ctranslate2
 from transformer.request import DecodeRequest
-from transformer.train import train
 from transformer.translator import Translator
-
-from tests.conftest import tiny_data
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
 
-@pytest.fixture(scope="module")
-def trained(multi30k, tmp_path_factory):
-    """trained(norm): a tiny model trained for 200 steps, post-norm (§3.1) or pre-norm (model.norm = "pre"),
-    once for the module: exporting and decoding leave a run folder as it was."""
-    runs = {}
-
-    def run(norm: str):
-        if norm not in runs:
-            tmp = tmp_path_factory.mktemp(f"ct2_{norm}")
-            runs[norm] = tmp / "run"
-            train(load_config("tiny", tiny_data(multi30k, tmp) + ["train.max_steps=200", "train.save_every=100",
-                                                                  "decode.average_last=2", f'model.norm="{norm}"']),
-                  runs[norm], quiet=True)
-        return runs[norm]
-    return run
-
-
 @pytest.fixture(params=["post", "pre"])
-def run(request, trained):
-    return trained(request.param)
+def run(request, trained_tiny):
+    """A tiny run, post-norm (§3.1) or pre-norm: tests/conftest.py trains each once for the session."""
+    return trained_tiny(request.param)
 
 
 def ctranslate2_outputs(model_dir, translator, lines, beam, length_penalty=0.0):
@@ -63,13 +43,13 @@ def test_exported_model_translates_as_ours_greedy(run, tmp_path, multi30k):
     assert ctranslate2_outputs(out, translator, lines, beam=1) == ours
 
 
-def test_exported_model_translates_as_ours_beam4(tmp_path, trained, multi30k):
+def test_exported_model_translates_as_ours_beam4(tmp_path, trained_tiny, multi30k):
     """Beam 4, α 0.6 (the paper's decoding), as `benchmarks/speed.py` times it: most outputs are the
     same. Some may differ, and the count is reported: CTranslate2 normalises a hypothesis's score by
     length^α where we use GNMT's ((5 + length) / 6)^α, and it stops a sentence once the step's best
     candidate ends, where we stop by the exact bound (§6.1). Pre-norm: after 200 updates the tiny
     post-norm model's beam ends every sentence at once (empty outputs), which would compare nothing."""
-    run = trained("pre")
+    run = trained_tiny("pre")
     lines = read_lines(multi30k / "val.en.gz")[:40]
     out = export_ctranslate2(run, tmp_path / "ct2", log=lambda m: None)
     translator = Translator(run, log=lambda m: None)

@@ -14,23 +14,16 @@ from transformer.export import ExportError, export_ctranslate2, export_huggingfa
 from transformer.model import Transformer
 from transformer.request import DecodeRequest
 from transformer.tokenizer import EOS_ID, PAD_ID
-from transformer.train import train
 from transformer.translator import Translator
 
-from tests.conftest import tiny_data
 
 transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module", params=["post", "pre"])
-def run(request, multi30k, tmp_path_factory):
+def run(request, trained_tiny):
     """A tiny model trained at transformers' LayerNorm ε (1e-5): post-norm (Marian), pre-norm (Pegasus)."""
-    tmp = tmp_path_factory.mktemp(f"hf_{request.param}")
-    cfg = load_config("tiny", tiny_data(multi30k, tmp) + ["train.max_steps=200", "train.save_every=100",
-                                                          "decode.average_last=2", f'model.norm="{request.param}"',
-                                                          "model.ln_eps=1e-5"])
-    train(cfg, tmp / "run", quiet=True)
-    return tmp / "run"
+    return trained_tiny(request.param)
 
 
 @pytest.fixture(scope="module")
