@@ -3,6 +3,7 @@ generate, ONNX Runtime and CTranslate2 (converted from the export) translate as 
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -106,17 +107,31 @@ def test_generate_translates_as_ours(run, exported, multi30k, beam, alpha):
     assert got == want
 
 
-def test_onnx_runtime_translates_as_ours(run, tmp_path, multi30k):
+def test_onnx_runtime_translates_as_ours(run, tmp_path, multi30k, capfd):
+    """ONNX Runtime translates the ONNX export as we do, and the export says only its own lines: optimum's and transformers' notes on their own calls (a
+    check that wants accelerate, a deprecated argument) went to the user's terminal."""
     pytest.importorskip("optimum.onnxruntime")
     from optimum.onnxruntime import ORTModelForSeq2SeqLM
 
+    capfd.readouterr()
     out = export_onnx(run, tmp_path / "onnx", log=lambda m: None)
+    assert capfd.readouterr().err == ""
     assert {"encoder_model.onnx", "decoder_model.onnx", "decoder_with_past_model.onnx"} <= {p.name for p in out.iterdir()}
     ours = quiet(run)
     lines = read_lines(multi30k / "val.en.gz")[:16]
     got = generate_each(ORTModelForSeq2SeqLM.from_pretrained(out), transformers.AutoTokenizer.from_pretrained(out),
                         lines, ours.cfg.decode.max_len_offset, num_beams=1)
     assert got == ours.translate(lines, DecodeRequest(beam_size=1))
+
+
+def test_the_export_warns_of_nothing(tiny_run, tmp_path):
+    """The model's config held forced_eos_token_id, a generation setting: transformers warned at every export
+    that it moved it to the generation config, which holds it already."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = export_huggingface(tiny_run, tmp_path / "hf", log=lambda m: None)
+    assert [str(w.message) for w in caught] == []
+    assert json.loads((out / "generation_config.json").read_text())["forced_eos_token_id"] == EOS_ID
 
 
 def test_onnx_export_passes_on_the_layernorm_note(tiny_run, tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
 import tempfile
 import warnings
@@ -202,8 +203,8 @@ def huggingface_model(model: Transformer, max_positions: int = 1024):
                   activation_function="relu", dropout=cfg.p_drop, attention_dropout=cfg.p_drop_attn,
                   activation_dropout=cfg.p_drop_relu, max_position_embeddings=max_positions,
                   scale_embedding=True, pad_token_id=vocab if marian else PAD_ID, eos_token_id=EOS_ID,
-                  decoder_start_token_id=PAD_ID,
-                  forced_eos_token_id=EOS_ID, tie_word_embeddings=False, is_encoder_decoder=True)
+                  decoder_start_token_id=PAD_ID,  # forcing EOS at the length limit: the generation config's
+                  forced_eos_token_id=None, tie_word_embeddings=False, is_encoder_decoder=True)
     if marian:
         hf = MarianMTModel(MarianConfig(**common, decoder_vocab_size=rows,
                                         share_encoder_decoder_embeddings=cfg.share_embeddings))
@@ -374,6 +375,22 @@ def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -
     return architecture, translator.cfg.model.ln_eps
 
 
+@contextlib.contextmanager
+def _libraries_quiet() -> Iterator[None]:
+    """transformers' and optimum's log warnings held back: during the ONNX conversion they speak of their own
+    calls (a deprecated argument one passes the other, a check that wants accelerate), nothing the user can
+    act on; errors still show."""
+    loggers = [logging.getLogger(name) for name in ("transformers", "optimum")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, force: bool = False, log=print) -> Path:
     """The ``transformers`` export converted by ``optimum``'s ONNX exporter: encoder and decoder (with past
     keys and values) graphs, config and tokenizer, for ``optimum.onnxruntime.ORTModelForSeq2SeqLM``."""
@@ -386,7 +403,7 @@ def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, force:
         # its note on LayerNorm's ε holds for the ONNX graphs too; where it wrote the staging folder does not
         hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint,
                                     log=lambda m: log(m) if m.startswith("note:") else None)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _libraries_quiet():
             warnings.simplefilter("ignore")  # the tracer's notes on Python branches of transformers' code
             main_export(str(hf_dir), output=folder, task="text2text-generation-with-past", device="cpu",
                         do_validation=False)
