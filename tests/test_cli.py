@@ -692,6 +692,25 @@ def test_a_long_decode_into_a_log_says_it_is_under_way(tiny_run, tmp_path, capsy
     assert "decoding 101 sentences (no progress bar: stderr is not a terminal)" in err.splitlines(), err
 
 
+def test_a_config_kept_in_the_run_folder_is_not_written_over(tmp_path, tiny_overrides, capsys):
+    """`train exp/config.toml --out exp` wrote the run's resolved config over the user's file, its comments and
+    layout lost. Refused before anything is written; a run's own config.toml given back (to resume, say) is not."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    mine = ("# my experiment: a small model, 2 steps\n[model]\nn_enc_layers = 1\nn_dec_layers = 1\nd_model = 32\n"
+            "d_ff = 64\nn_heads = 2\n[train]\nmax_steps = 2\nlog_every = 1\neval_every = 2\nwarmup_steps = 2\n")
+    (exp / "config.toml").write_text(mine)
+    sets = [a for o in tiny_overrides for a in ("--set", o)]
+    status, _, err = run_here(capsys, "train", str(exp / "config.toml"), "--out", str(exp), "--quiet", *sets)
+    assert status == 1 and "give it another name, e.g." in err and str(exp / "experiment.toml") in err, err
+    assert (exp / "config.toml").read_text() == mine and sorted(p.name for p in exp.iterdir()) == ["config.toml"]
+    (exp / "config.toml").rename(exp / "experiment.toml")
+    assert run_here(capsys, "train", str(exp / "experiment.toml"), "--out", str(exp), "--quiet", *sets)[0] == 0
+    status, _, err = run_here(capsys, "train", str(exp / "config.toml"), "--out", str(exp), "--quiet", "--resume",
+                              "--set", "train.max_steps=3")
+    assert status == 0, err
+
+
 def test_train_log_lines_reach_a_pipe_as_they_are_said(tmp_path, tiny_overrides):
     """Under nohup, `| tee` or a batch system, stdout is a pipe or a file: each log line reaches it when it is
     said, not in one block when the process ends (tqdm.write does not flush). Run without PYTHONUNBUFFERED,

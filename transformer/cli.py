@@ -102,10 +102,16 @@ def cmd_train(args: argparse.Namespace) -> None:
     """
     import torch
 
-    from .config import load_config
+    from .config import dump_toml, load_config, resolve_config_path
     from .train import data_paths, train
 
     cfg = load_config(args.config, args.set)  # errors in the config show before any process starts
+    own = Path(args.out) / "config.toml"  # where training writes the run's resolved config
+    given = resolve_config_path(args.config)
+    if (own.exists() and own.samefile(given) and not (Path(args.out) / "train.log").exists()
+            and given.read_text(encoding="utf-8") != dump_toml(cfg)):
+        raise ConfigError(f"{given}: training writes the run's resolved config to {own}, over your file (its "
+                          f"comments and layout): give it another name, e.g. {own.with_name('experiment.toml')}")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     slots = gpus or os.cpu_count() or 1
     if not 1 <= args.nproc <= slots:
