@@ -45,6 +45,32 @@ def test_specific_rows():
     assert (big.model.d_model, big.model.p_drop, big.decode.average_last) == (1024, 0.3, 20)
 
 
+def test_the_papers_decoding_and_averaging_per_preset():
+    """§6.1: base averages the last 5 checkpoints, written at 10-minute intervals, big the last 20; EN-FR big
+    drops with 0.1, not 0.3; §6.2: Table 3 was decoded without checkpoint averaging."""
+    for name in ("base", "wmt14_en_de_base"):
+        cfg = load_config(name)
+        assert (cfg.decode.average_last, cfg.train.save_minutes) == (5, 10), name
+    for name in ("big", "wmt14_en_de_big", "wmt14_en_fr_big"):
+        cfg = load_config(name)
+        assert (cfg.decode.average_last, cfg.train.save_minutes, cfg.train.max_steps) == (20, 10, 300_000), name
+        assert (cfg.model.d_model, cfg.model.d_ff, cfg.model.n_heads) == (1024, 4096, 16), name
+    assert load_config("wmt14_en_de_big").model.p_drop == 0.3 and load_config("wmt14_en_fr_big").model.p_drop == 0.1
+    for row in (p.stem for p in (PRESET_DIR / "table3").glob("*.toml")):
+        assert load_config(row).decode.average_last == 1, row
+
+
+def test_the_parsing_preset_is_section_6_3s_model():
+    """§6.3: 4 layers of d_model 1024, a 16K vocabulary, everything else the base model's (d_ff 2048, h 8);
+    decoding with beam 21, α 0.3, input + 300; a parsing task, decoded freely as the paper decodes."""
+    cfg, base = load_config("parse"), load_config("base")
+    m = cfg.model
+    assert (m.n_enc_layers, m.n_dec_layers, m.d_model, cfg.data.vocab_size) == (4, 4, 1024, 16_000)
+    assert (m.d_ff, m.n_heads, m.norm, m.positional) == (base.model.d_ff, base.model.n_heads, "post", "sinusoidal")
+    assert (cfg.decode.beam_size, cfg.decode.alpha, cfg.decode.max_len_offset) == (21, 0.3, 300)
+    assert cfg.data.task == "parse" and not cfg.decode.constrained
+
+
 def test_unknown_key_suggests_closest():
     with pytest.raises(ConfigError, match="did you mean model.d_model"):
         config_from_dict({"model": {"d_modle": 3}})

@@ -84,9 +84,9 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    "and the schedule (warmup included) start afresh from this config")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on the terminal")
     p.add_argument("--nproc", type=int, default=1, metavar="N",
-                   help="data-parallel processes on this machine (one per GPU; gloo on CPU): runs this command "
-                        "under torchrun. Many machines: torchrun --nnodes M --nproc-per-node G -m transformer "
-                        "train ... (§5.2). Tokens per step = train.max_tokens x update_freq x processes")
+                   help="data-parallel processes on this machine (§5.2: one machine, 8 GPUs; here one per GPU, gloo "
+                        "on CPU): runs this command under torchrun. Many machines: torchrun --nnodes M "
+                        "--nproc-per-node G -m transformer train ARGS. Tokens per step = train.max_tokens x update_freq x processes")
 
 
 @command("train", _train_arguments)
@@ -471,8 +471,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "the run's data.test_tok_ref when --src and --ref are the run's too)")
     p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix, test.de, "
                    "else the run's data.train_tgt's)")
-    p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported (Table 2: "
-                   "Moses tokenizer and compound splitting, as the authors' get_ende_bleu.sh)")
+    p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported in Table 2, "
+                   "computed as the authors did (A13: Moses tokenizer and compound splitting, get_ende_bleu.sh)")
     _output(p, "--json", help='write {"bleu", "chrf", "signature", ...} to this file')
     _output(p, "--hyp-out", help="also write the translations to this file")
 
@@ -541,8 +541,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
         if args.paper_bleu:
             scores["paper_bleu"] = paper_bleu(hyps, ref, lang)
-            print(f"tokenized BLEU = {scores['paper_bleu']:.2f}  (as Table 2: Moses tokenizer, ##AT## compound "
-                  f"splitting, cased, multi-bleu; {lang})")
+            print(f"tokenized BLEU = {scores['paper_bleu']:.2f}  (as the authors scored Table 2: Moses tokenizer, "
+                  f"##AT## compound splitting, cased, multi-bleu; {lang})")
         if tok_ref is not None:
             scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
             print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")

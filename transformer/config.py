@@ -108,7 +108,7 @@ class TrainConfig:
     seed: int = 1
     # scale on the Xavier bound of the attention's query, key and value projections at initialisation: 1 as
     # the authors' later code (separate matrices, A8); 1/√2 (0.7071) as their first code's fused q/k/v
-    # kernel and fairseq's MultiheadAttention draw them. DEVIATION(§5, A8) when not 1
+    # kernel and fairseq's MultiheadAttention draw them. DEVIATION(A8; the paper is silent) when not 1
     init_qkv_gain: float = 1.0
     # the unit of log_every, eval_every, bleu_every and save_every, and so of patience and of the
     # checkpoints decoding averages: "epochs" counts passes over the training data (at the step that ends
