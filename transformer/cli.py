@@ -235,13 +235,14 @@ def _tell(said: list[str]) -> None:
 def _translate_lines(translator, lines: list[str], request) -> list[str]:
     """``translator.translate`` with a progress bar at a terminal; into a log, where a bar's redraws do not
     belong, one line first, so that a long decode (a parsing run's, minutes) does not look hung."""
-    long = len(lines) > 100
+    long = len(lines) > BAR_LINES
     if long and not sys.stderr.isatty():
         print(f"decoding {len(lines):,} sentences (no progress bar: stderr is not a terminal)", file=sys.stderr,
               flush=True)
     return translator.translate(lines, request, progress=long and sys.stderr.isatty())
 
 
+BAR_LINES = 100  # more input lines than this get a progress bar (at a terminal)
 CHUNK = 10_000  # input lines (pairs for `score`) read, decoded and written at a time: memory stays bounded
 
 
@@ -270,7 +271,7 @@ def _decoded(args: argparse.Namespace, translator, request, total: int | None, s
     if args.input is None:
         _tell(said)
     lines = iter_lines(Path("/dev/stdin") if args.input is None else args.input)
-    bar = (sys.stderr.isatty() and not _at_terminal(args.input) and (total is None or total > 100)
+    bar = (sys.stderr.isatty() and not _at_terminal(args.input) and (total is None or total > BAR_LINES)
            and (args.output is not None or not sys.stdout.isatty()))
     return translator.stream(_chunks(lines, args.input), request, progress=bar, total=total,
                              checked=None if args.input is None else lambda: _tell(said))
