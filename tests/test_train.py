@@ -413,7 +413,7 @@ def test_a_finished_run_writes_its_summary(tmp_path, tiny_overrides):
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary and summary["step"] == 3
 
 
-def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides):
+def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides, capsys):
     """Fine-tuning: the new run's spm.model is the old one's bytes, its first weights the old run's
     averaged ones, so before any update its validation loss on the old data is the old run's; a model
     that does not fit, a missing run and a pickle are refused."""
@@ -450,6 +450,21 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     (old / "model.pt").write_bytes(b"\x80\x04")
     with pytest.raises(UserError, match="pickle files are refused"):
         train(cfg, tmp_path / "y", quiet=True, init_from=old / "model.pt")
+
+    # the file `transformer average` writes elsewhere (as the docs show) takes the vocabulary of the run it names
+    from transformer.cli import main
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert main(["average", str(old), "--last", "10", "--out", str(elsewhere / "avg.safetensors")]) == 0
+    assert "averaged 3 checkpoints (--last 10: the run holds 3)" in capsys.readouterr().out
+    tuned = train(cfg, tmp_path / "from_average", quiet=True, init_from=elsewhere / "avg.safetensors")
+    assert tuned["init_from"]["weights"] == ["avg"] and tuned["step"] == 2
+    assert (tmp_path / "from_average" / "spm.model").read_bytes() == (old / "spm.model").read_bytes()
+    for suffix in (".safetensors", ".json"):  # a training checkpoint copied out names no run
+        shutil.copy(list_checkpoints(old)[0].with_suffix(suffix), elsewhere / f"step{suffix}")
+    with pytest.raises(TrainError, match="names no run whose vocabulary it was trained with: put it in its run"):
+        train(cfg, tmp_path / "z", quiet=True, init_from=elsewhere / "step.safetensors")
 
 
 SCRIPT = {2: 5.0, 4: 4.0, 6: 4.5, 8: 3.0, 10: 3.5, 12: 3.2, 14: 3.1, 16: 2.0}  # validation NLL by step

@@ -194,6 +194,14 @@ def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dic
         raise CheckpointError(f"{name}: not a valid safetensors file ({e})") from None
 
 
+def checkpoint_record(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON record (its config, vocabulary hash, what it was averaged from), its tensors unread."""
+    path = Path(path)
+    json_path = _json_for(path)
+    return read_record(json_path, CheckpointError, f"{path.name} without its JSON record is an unfinished write, "
+                       "or weights from elsewhere (an export?): not a checkpoint", FORMAT, label=json_path.name)
+
+
 def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
     """Loads and verifies a checkpoint given its .json or its weights .safetensors.
 
@@ -203,11 +211,10 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
     if path.suffix in PICKLE_SUFFIXES:
         raise CheckpointError(f"{path.name}: pickle files are refused (they can run code when loaded); "
                               "convert the weights to safetensors")
-    json_path = _json_for(path)
     if not path.exists():
         raise CheckpointError(f"{path.name}: no such file")
-    record = read_record(json_path, CheckpointError, f"{path.name} without its JSON record is an unfinished write, "
-                         "or weights from elsewhere (an export?): not a checkpoint", FORMAT, label=json_path.name)
+    record = checkpoint_record(path)
+    json_path = _json_for(path)
     files = record.get("files")
     if not isinstance(files, dict) or "weights" not in files:
         raise CheckpointError(f"{json_path.name}: record lists no weights file")

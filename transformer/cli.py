@@ -666,9 +666,12 @@ def cmd_average(args: argparse.Namespace) -> None:
         raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
     meta = load_checkpoint(paths[-1], with_state=False).meta
     keep = ("config", "vocab_sha256", "model_hash", "vocab_size")
-    meta = {k: meta[k] for k in keep if k in meta} | {"averaged": [p.name for p in paths]}
+    # the run it comes from: `train --init-from FILE` takes that run's vocabulary when FILE is kept elsewhere
+    meta = {k: meta[k] for k in keep if k in meta} | {"averaged": [p.name for p in paths],
+                                                       "run": str(Path(args.run_dir).resolve())}
     write_model(args.out, average_checkpoints(paths), meta)
-    print(f"averaged {len(paths)} checkpoints ({', '.join(p.stem for p in paths)}) -> {args.out}")
+    fewer = f" (--last {args.last}: the run holds {len(paths)})" if len(paths) < args.last else ""
+    print(f"averaged {len(paths)} checkpoints{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
 
 
 def _params_arguments(p: argparse.ArgumentParser) -> None:

@@ -33,8 +33,8 @@ from tqdm import tqdm
 from . import __version__, distributed, files
 from .distributed import Dist
 
-from .checkpoint import (average_checkpoints, checkpoints_to_average, epochs_into, latest_checkpoint,
-                         list_checkpoints, load_checkpoint, save_checkpoint, write_model)
+from .checkpoint import (average_checkpoints, checkpoint_record, checkpoints_to_average, epochs_into,
+                         latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, write_model)
 from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256, collate,
                    encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
@@ -257,16 +257,19 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
 
 
 def parent_run(init_from: Path) -> Path:
-    """The run folder ``--init-from`` names: itself, or the run a weights file lies in (beside its
-    spm.model, or in its checkpoints/)."""
+    """The run folder ``--init-from`` names: itself, the run a weights file lies in (beside its spm.model, or
+    in its checkpoints/), or, for a file `transformer average` wrote elsewhere, the run it was averaged from."""
     if init_from.is_dir():
         run = init_from
     elif init_from.is_file():
         run = init_from.parent.parent if init_from.parent.name == "checkpoints" else init_from.parent
+        if not (run / "spm.model").is_file() and (named := checkpoint_record(init_from).get("run")):
+            run = Path(named)
     else:
         raise TrainError(f"--init-from {init_from}: no such run folder or weights file")
     if not (run / "spm.model").is_file():
-        raise TrainError(f"--init-from {init_from}: {run} is not a run folder (no spm.model)")
+        raise TrainError(f"--init-from {init_from}: {run} is not a run folder (no spm.model), and the file names "
+                         "no run whose vocabulary it was trained with: put it in its run folder, beside spm.model")
     return run
 
 
