@@ -9,7 +9,8 @@ latency, once with dynamic batching (the default) and once with --no-batching (o
 time), and reports ``batching_gain`` = requests/s batched ÷ requests/s unbatched.
 
 Without --run it trains the quick Multi30k EN→DE recipe for --train-minutes into runs/serve_bench
-(reused when it exists). Writes benchmarks/results/serve_load.json and .md. Run it alone on the machine.
+(reused when it exists). Writes serve_load.json and .md into --results (default benchmarks/results). Run it
+alone on the machine.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--requests", type=int, default=20, help="requests per client")
     parser.add_argument("--max-wait-ms", type=float, default=10.0)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for serve_load.json / .md (default "
+                        "benchmarks/results, the project's committed reading: give another for your own run)")
     args = parser.parse_args()
 
     run = args.run
@@ -115,12 +118,12 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "fastapi": fastapi.__version__,
                      "uvicorn": uvicorn.__version__, "httpx": httpx.__version__},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "serve_load.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "serve_load.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     rows = "\n".join(f"| {name} | {r['requests']} | {r['errors']} | {r['requests_per_s']} | {r['p50_ms']} | "
                      f"{r['p99_ms']} | {r['server_batches']} |" for name, r in (("dynamic batching", batched),
                                                                               ("one request at a time", single)))
-    (RESULTS / "serve_load.md").write_text(f"""# `transformer serve` under load ({result['date']})
+    (args.results / "serve_load.md").write_text(f"""# `transformer serve` under load ({result['date']})
 
 `{result['command']}`: {args.clients} concurrent clients on loopback, {args.requests} requests each, one test2016
 sentence per request, beam 4, α 0.6; model `{run.name}`; commit {result['commit']}. {result['machine']};
