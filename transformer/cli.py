@@ -404,7 +404,7 @@ def cmd_score(args: argparse.Namespace) -> None:
                                     f"{line.count(chr(9))} tabs")
                 yield tuple(line.split("\t"))
         pairs = stdin_pairs()
-    total, pieces, n = 0.0, 0, 0
+    total, pieces, n, empty = 0.0, 0, 0, 0
     with _line_sink(args.output) as write:
         for chunk in _chunks(pairs, args.src):
             src, tgt = [s for s, _ in chunk], [t for _, t in chunk]
@@ -416,13 +416,15 @@ def cmd_score(args: argparse.Namespace) -> None:
                       for t, r in zip(tgt, scored))
             else:
                 write(f"{r.score:.6f}\t{r.log_prob:.6f}" for r in scored)
-            total += sum(r.log_prob for r in scored)
-            pieces += sum(len(r.token_log_probs) for r in scored)
-            n += len(chunk)
+            counted = [r for s, r in zip(src, scored) if s.strip()]  # an empty source's 0 is no model's judgement
+            total += sum(r.log_prob for r in counted)
+            pieces += sum(len(r.token_log_probs) for r in counted)
+            n, empty = n + len(chunk), empty + len(chunk) - len(counted)
     _tell(said)  # at the end: a pair may be refused (a tab too many, a file shorter) whenever it is read
     if n:
-        print(f"{n} pairs, {pieces} pieces (EOS included): perplexity {math.exp(-total / pieces):.3f}",
-              file=sys.stderr)
+        left_out = f" ({empty} with an empty source, scored 0, left out)" if empty else ""
+        print(f"{n} pairs{left_out}, {pieces} pieces (EOS included): "
+              + (f"perplexity {math.exp(-total / pieces):.3f}" if pieces else "no perplexity"), file=sys.stderr)
 
 
 READER_GONE = 141  # what a shell reports for a filter a closed pipe stopped: 128 + SIGPIPE
