@@ -697,6 +697,21 @@ def test_score_perplexity_leaves_out_empty_sources(tiny_run, tmp_path, capsys):
     assert perplexity("\n", "\n").endswith("0 pieces (EOS included): no perplexity")
 
 
+def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_overrides, multi30k, capsys):
+    """The README's own-data command moves a German recipe to French with --set but keeps its test set: evaluate
+    without files scored French outputs against German references (BLEU 0.00, exit 0)."""
+    from transformer.config import load_config
+    from transformer.train import train
+
+    test = [f'data.test_src="{multi30k}/test_2016_flickr.en.gz"', f'data.test_tgt="{multi30k}/test_2016_flickr.de.gz"']
+    train(load_config("tiny", tiny_overrides + test + ['data.tgt_lang="fr"', "train.max_steps=1"]), tmp_path / "run",
+          quiet=True)
+    status, out, err = run_here(capsys, "evaluate", str(tmp_path / "run"))
+    assert status == 1 and out == "", err
+    assert err.startswith(f"error: --ref not given, and the run's data.test_tgt {multi30k}/test_2016_flickr.de.gz is in "
+                          "'de' where its data.tgt_lang is 'fr'"), err
+
+
 def test_a_long_decode_into_a_log_says_it_is_under_way(tiny_run, tmp_path, capsys, monkeypatch):
     """stderr into a file (nohup, a batch job): no progress bar, so evaluate said nothing until its scores, and
     a parsing run's minutes of decoding looked hung. It now says what it decodes first (here a "long" input is

@@ -506,6 +506,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         fields["tok_ref"] = ("data.test_tok_ref", d.test_tok_ref)
         defaulted.append("tok_ref")
         args.tok_ref = d.test_tok_ref
+    for name in defaulted:  # a recipe's test set kept when --set moved the run to other languages
+        side = "src" if name == "src" else "tgt"
+        lang, code = getattr(d, f"{side}_lang").lower(), _language_code(getattr(args, name))
+        if code and len(lang) == 2 and code != lang:
+            raise ConfigError(f"--{name} not given, and the run's {fields[name][0]} {getattr(args, name)} is in "
+                              f"'{code}' where its data.{side}_lang is '{lang}' (the recipe's test set, kept when the "
+                              "run was pointed at other data): give --src and --ref")
     if defaulted:  # a copied recipe's test set is not the user's own: say which files are scored
         said.append("scoring the run's " + ", ".join(f"{fields[n][0]} {getattr(args, n)}" for n in defaulted))
     args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
@@ -563,11 +570,16 @@ def _target_language(args: argparse.Namespace, data) -> str:
     if args.lang:
         return args.lang
     for path in (args.ref, data.train_tgt):
-        code = Path(str(path)).name.removesuffix(".gz").rsplit(".", 1)[-1]
-        if len(code) == 2 and code.isalpha():
-            return code.lower()
+        if code := _language_code(path):
+            return code
     raise ConfigError(f"--lang not given, and neither --ref {args.ref} nor the run's data.train_tgt "
                       f"{data.train_tgt or '(none)'} ends in a language code (.de, .fr, ...): give --lang")
+
+
+def _language_code(path: object) -> str | None:
+    """The two letters that end a file's name (test.de, test.de.gz), lower-cased; None when it has none."""
+    code = Path(str(path)).name.removesuffix(".gz").rsplit(".", 1)[-1]
+    return code.lower() if len(code) == 2 and code.isalpha() else None
 
 
 def _parse_lines(translator, lines: list[str], request) -> list:
