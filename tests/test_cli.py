@@ -44,7 +44,7 @@ def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
 
     test = {"src": multi30k / "test_2016_flickr.en.gz", "tgt": multi30k / "test_2016_flickr.de.gz",
             "tok_ref": multi30k / "tok" / "test_2016_flickr.lc.norm.tok.de.gz"}
-    head = {side: tmp_path / f"t.{side}.de" for side in test}  # the test set's first 20 lines, the run's own
+    head = {side: tmp_path / f"t.{side}.{'en' if side == 'src' else 'de'}" for side in test}  # its first 20 lines
     for side, path in test.items():
         head[side].write_text("\n".join(read_lines(path)[:20]) + "\n")
     run = tmp_path / "run"
@@ -703,9 +703,16 @@ def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_ove
     from transformer.config import load_config
     from transformer.train import train
 
+    import shutil
+
+    french = []  # the user's own target files, named as French (their text does not matter here)
+    for split in ("train", "valid"):
+        german = next(o for o in tiny_overrides if o.startswith(f"data.{split}_tgt=")).split("=", 1)[1].strip('"')
+        shutil.copy(german, tmp_path / f"{split}.fr")
+        french.append(f'data.{split}_tgt="{tmp_path / f"{split}.fr"}"')
     test = [f'data.test_src="{multi30k}/test_2016_flickr.en.gz"', f'data.test_tgt="{multi30k}/test_2016_flickr.de.gz"']
-    train(load_config("tiny", tiny_overrides + test + ['data.tgt_lang="fr"', "train.max_steps=1"]), tmp_path / "run",
-          quiet=True)
+    train(load_config("tiny", tiny_overrides + french + test + ['data.tgt_lang="fr"', "train.max_steps=1"]),
+          tmp_path / "run", quiet=True)
     status, out, err = run_here(capsys, "evaluate", str(tmp_path / "run"))
     assert status == 1 and out == "", err
     assert err.startswith(f"error: --ref not given, and the run's data.test_tgt {multi30k}/test_2016_flickr.de.gz is in "

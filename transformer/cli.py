@@ -506,10 +506,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         fields["tok_ref"] = ("data.test_tok_ref", d.test_tok_ref)
         defaulted.append("tok_ref")
         args.tok_ref = d.test_tok_ref
-    for name in defaulted:  # a recipe's test set kept when --set moved the run to other languages
+    for name in defaulted:  # a recipe's test set kept when --set moved the run to other languages and data
         side = "src" if name == "src" else "tgt"
         lang, code = getattr(d, f"{side}_lang").lower(), _language_code(getattr(args, name))
-        if code and len(lang) == 2 and code != lang:
+        if code and len(lang) == 2 and code not in (lang, _language_code(getattr(d, f"train_{side}"))):
             raise ConfigError(f"--{name} not given, and the run's {fields[name][0]} {getattr(args, name)} is in "
                               f"'{code}' where its data.{side}_lang is '{lang}' (the recipe's test set, kept when the "
                               "run was pointed at other data): give --src and --ref")
