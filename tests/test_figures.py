@@ -89,12 +89,17 @@ def test_user_text_cannot_leave_its_place_in_the_page(text):
 
 
 @pytest.mark.parametrize("kind", ["enc-self", "dec-self", "cross"])
-def test_cli_draws_png_and_html_for_each_kind(tiny_run, tmp_path, kind):
+def test_cli_draws_png_and_html_for_each_kind(tiny_run, tmp_path, kind, capsys):
     png, html = tmp_path / f"{kind}.png", tmp_path / f"{kind}.html"
     assert main(["attention", str(tiny_run), "--src", SRC, "--kind", kind, "--layer", "2", "--heads", "1,2",
                  "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", TGT, "--words", "--out", str(html)]) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", TGT, "--kind", kind, "--layer", "2", "--out",
+                 str(html)]) == 0
+    assert ("note: --kind, --layer shape a PNG only" if kind != "enc-self" else "note: --layer shapes a PNG only") in \
+        capsys.readouterr().err
     assert "renderAttention" in html.read_text(encoding="utf-8")
 
 

@@ -882,6 +882,10 @@ def cmd_attention(args: argparse.Namespace) -> None:
     if args.out.suffix.lower() != ".html":  # --layer and --heads, before any decoding
         m = translator.cfg.model
         chosen_heads(m.n_enc_layers if args.kind == "enc-self" else m.n_dec_layers, m.n_heads, args.layer, heads)
+    elif given := [f"--{name}" for name, default in (("kind", "enc-self"), ("layer", 1), ("heads", "all"),
+                                                      ("style", "both")) if getattr(args, name) != default]:
+        said.append(f"note: {', '.join(given)} {'shape' if len(given) > 1 else 'shapes'} a PNG only; the HTML page "
+                    "holds every kind, layer and head")
     tgt = args.tgt if args.tgt is not None else _translate_lines(translator, [args.src], request)[0]
     maps = attention_maps(translator, args.src, tgt)  # checks the sentence: nothing is said before its error
     if args.tgt is None:
