@@ -86,7 +86,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=1, metavar="N",
                    help="data-parallel processes on this machine (§5.2: one machine, 8 GPUs; here one per GPU, gloo "
                         "on CPU): runs this command under torchrun. Many machines: torchrun --nnodes M "
-                        "--nproc-per-node G -m transformer train ARGS. Tokens per step = train.max_tokens x update_freq x processes")
+                        "--nproc-per-node G -m transformer train ARGS. Tokens per step = train.max_tokens x "
+                        "update_freq x processes")
 
 
 @command("train", _train_arguments)

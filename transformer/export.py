@@ -203,8 +203,8 @@ def huggingface_model(model: Transformer, max_positions: int = 1024):
                   activation_function="relu", dropout=cfg.p_drop, attention_dropout=cfg.p_drop_attn,
                   activation_dropout=cfg.p_drop_relu, max_position_embeddings=max_positions,
                   scale_embedding=True, pad_token_id=vocab if marian else PAD_ID, eos_token_id=EOS_ID,
-                  decoder_start_token_id=PAD_ID,  # forcing EOS at the length limit: the generation config's
-                  forced_eos_token_id=None, tie_word_embeddings=False, is_encoder_decoder=True)
+                  decoder_start_token_id=PAD_ID, tie_word_embeddings=False, is_encoder_decoder=True,
+                  forced_eos_token_id=None)  # a generation setting: _write_huggingface's generation config holds it
     if marian:
         hf = MarianMTModel(MarianConfig(**common, decoder_vocab_size=rows,
                                         share_encoder_decoder_embeddings=cfg.share_embeddings))
