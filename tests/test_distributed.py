@@ -125,6 +125,8 @@ def test_a_killed_rank_stops_the_job_and_the_run_resumes(tmp_path, tiny_override
     assert seconds < 120  # no hang: torchrun stops the job when a rank dies
     done = list_checkpoints(run)
     assert done and load_checkpoint(done[-1]).meta["train_state"]["step"] == 4
+    log = (run / "train.log").read_text()  # rank 0 says it lost rank 1, not that it met a bug
+    assert "stopped: rank 0 lost the other processes of its job" in log and "internal error" not in log, log[-2000:]
     resumed = launch(["train", "tiny", "--out", str(run), "--nproc", "2", "--resume", "--quiet", *sets(overrides)])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 8

@@ -270,7 +270,8 @@ def test_the_device_side_skip_equals_the_host_side_one():
             assert torch.equal(state_a["state"][i][k], v), (i, k)
 
 
-def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path, tiny_overrides, monkeypatch):
+def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path, tiny_overrides, monkeypatch,
+                                                                         capsys):
     import transformer.train as T
     from transformer.checkpoint import list_checkpoints, load_checkpoint
     real, calls = T.label_smoothed_loss, {"n": 0}
@@ -292,11 +293,16 @@ def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path
 
     monkeypatch.setattr(T, "label_smoothed_loss", lambda *a: poisoned(*a, bad=range(3, 100)))
     calls["n"] = 0
-    with pytest.raises(TrainError, match="3 steps in a row had non-finite gradients"):
-        train(load_config("tiny", tiny_overrides + ["train.max_steps=20", "train.max_bad_steps=3"]),
-              tmp_path / "run2", quiet=True)
+    from transformer.cli import main
+
+    sets = [a for o in tiny_overrides + ["train.max_steps=20", "train.max_bad_steps=3"] for a in ("--set", o)]
+    capsys.readouterr()
+    assert main(["train", "tiny", "--out", str(tmp_path / "run2"), *sets]) == 1
+    said = capsys.readouterr()
     last = (tmp_path / "run2" / "train.log").read_text().splitlines()[-1]
     assert "error: 3 steps in a row had non-finite gradients" in last  # the log says why the run ended
+    # and the terminal once, from the command line (the log's line went there too, before its own)
+    assert (said.out + said.err).count("3 steps in a row had non-finite gradients") == 1, said
 
 
 def test_cooldown_anneals_the_logged_rate_to_zero(tmp_path, tiny_overrides):

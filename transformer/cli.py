@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits
-from .errors import UserError, first_line, summary
+from .errors import UserError, summary
 from . import files
 from .files import OutputError, check_output
 
@@ -989,11 +989,10 @@ def internal_error(error: Exception, argv: list[str]) -> int:
         sys.stderr.write(text)
         where = "the traceback above"
     if "WORLD_SIZE" in os.environ:  # a rank of a torchrun job: torch.distributed is loaded already
-        from .distributed import lost_contact
+        from .distributed import lost_contact_line
 
-        if lost_contact(error):  # another rank went first: its own output says why
-            say(f"stopped: rank {os.environ.get('RANK', '?')} lost the other processes of its job (one of them "
-                f"stopped or was killed first, and says why): {first_line(error)} ({where})")
+        if line := lost_contact_line(error):  # another rank went first: its own output says why
+            say(f"{line} ({where})")
             return 1
     say(f"{summary(error)} — please report it with {where}")
     return INTERNAL_ERROR

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as torch_dist
 
 from .config import ConfigError
-from .errors import UserError, summary
+from .errors import UserError, first_line, summary
 
 
 class PeerStopped(UserError):
@@ -119,6 +119,14 @@ def lost_contact(error: BaseException) -> bool:
     text = str(error)
     return isinstance(error, torch_dist.DistError) or isinstance(error, RuntimeError) and any(
         mark in text for mark in ("gloo", "NCCL", "Connection closed by peer", "Connection reset by peer"))
+
+
+def lost_contact_line(error: BaseException) -> str | None:
+    """The line a rank says when ``lost_contact(error)`` (None otherwise): the job's ending, not a bug."""
+    if not lost_contact(error):
+        return None
+    return (f"stopped: rank {os.environ.get('RANK', '?')} lost the other processes of its job (one of them stopped "
+            f"or was killed first, and says why): {first_line(error)}")
 
 
 def launch_local(nproc: int, argv: list[str]) -> int:

@@ -124,13 +124,14 @@ def shape_buckets(t: TrainConfig) -> ShapeBuckets | None:
 
 
 def run_logger(out: Path, quiet: bool = False):
-    """Returns log(msg): appends to train.log and prints above the progress bar."""
+    """Returns log(msg): appends to train.log and prints above the progress bar (not with ``terminal=False``:
+    what the command line says there itself)."""
     path = out / "train.log"
 
-    def log(msg: str) -> None:
+    def log(msg: str, terminal: bool = True) -> None:
         with path.open("a", encoding="utf-8") as f:
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
-        if not quiet:
+        if terminal and not quiet:
             tqdm.write(msg)
             sys.stdout.flush()  # a pipe, nohup or a batch system's log gets each line as it is said
     return log
@@ -567,7 +568,7 @@ class Trainer:
                 self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change,
                                             vocabulary_of=parent, held=held)
         if not dist.main:
-            self.log = lambda msg: None
+            self.log = lambda msg, terminal=True: None
             self.run_data = prepare_run(cfg, out, resume, self.log, write=False, allow_changes=True,
                                         vocabulary_of=parent)
         tokenizer = self.run_data.tokenizer
@@ -934,7 +935,8 @@ class Trainer:
                     self.book(pending, plan, bar)
                 pending = queued
         except Exception as e:
-            self.log(error_line(e))  # train.log says why the run ended, not only the terminal
+            # train.log says why the run ended; the command line says it on the terminal
+            self.log(distributed.lost_contact_line(e) or error_line(e), terminal=False)
             raise
         finally:
             stop.restore()
