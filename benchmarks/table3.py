@@ -337,8 +337,9 @@ def markdown(r: dict) -> str:
     sentences = ", ".join(sorted({f"{row['val_sentences']:,}" for row in r["rows"]}))
     made = (f"`{r['command']}` — {r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions']['torch']}"
             if "trained_by" not in r else
-            f"Rows trained by `{r['trained_by']}` on {r['machine']} (torch {r['versions']['torch']}; each row's file "
-            f"names its commit and date); tabulated by `{r['command']}` — {r['date']}, commit {r['commit']}")
+            f"Rows trained by `benchmarks/table3.py` over several sittings (the last: `{r['trained_by']}`) on "
+            f"{r['machine']} (torch {r['versions']['torch']}; each row's file names its commit and date); "
+            f"tabulated by `{r['command']}` — {r['date']}, commit {r['commit']}")
     missing = f"\nNot finished yet: {', '.join(r['missing'])}.\n" if r["missing"] else ""
     return f"""# Table 3 (§6.2) on Multi30k EN→DE, beside the paper's
 
