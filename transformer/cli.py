@@ -483,11 +483,12 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
 
 @command("evaluate", _evaluate_arguments)
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    """Translate a test set and score it with sacreBLEU and chrF.
+    """Translate a test set and score it with sacreBLEU and chrF (a parsing run: parse it, F1 as EVALB).
 
     Prints detokenized cased sacreBLEU with its signature and chrF; with --tok-ref also the Multi30k
-    literature's tokenized lowercased BLEU. Without --src and --ref, the run's own test set (its config's
-    data.test_*), named on stderr.
+    literature's tokenized lowercased BLEU. A parsing run's outputs are scored against --ref's gold trees:
+    labelled bracket F1, precision and recall with EVALB's COLLINS.prm rules (§6.3). Without --src and
+    --ref, the run's own test set (its config's data.test_*), named on stderr.
     """
     from .data import read_lines
     from .prepare import resolve_data_path
