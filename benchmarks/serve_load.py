@@ -89,6 +89,10 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for serve_load.json / .md (default "
                         "benchmarks/results, the project's committed reading: give another for your own run)")
     args = parser.parse_args()
+    try:  # before any training or measuring: a folder that cannot be made would lose the reading at the end
+        args.results.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--results {args.results}: {e.strerror}")
 
     run = args.run
     if run is None:
@@ -118,7 +122,6 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "fastapi": fastapi.__version__,
                      "uvicorn": uvicorn.__version__, "httpx": httpx.__version__},
     }
-    args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "serve_load.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     rows = "\n".join(f"| {name} | {r['requests']} | {r['errors']} | {r['requests_per_s']} | {r['p50_ms']} | "
                      f"{r['p99_ms']} | {r['server_batches']} |" for name, r in (("dynamic batching", batched),

@@ -211,10 +211,10 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
     if path.suffix in PICKLE_SUFFIXES:
         raise CheckpointError(f"{path.name}: pickle files are refused (they can run code when loaded); "
                               "convert the weights to safetensors")
+    json_path = _json_for(path)
     if not path.exists():
         raise CheckpointError(f"{path.name}: no such file")
     record = checkpoint_record(path)
-    json_path = _json_for(path)
     files = record.get("files")
     if not isinstance(files, dict) or "weights" not in files:
         raise CheckpointError(f"{json_path.name}: record lists no weights file")
