@@ -17,11 +17,13 @@ import inspect
 import itertools
 import json
 import os
+import queue
 import select
 import shlex
 import stat
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -252,13 +254,62 @@ def _at_terminal(path: Path | None) -> bool:
     return path is None and sys.stdin is not None and sys.stdin.isatty()
 
 
-def _chunks(items: Iterable[T], path: Path | None) -> Iterator[list[T]]:
+def _chunks(items: Iterable[T], path: Path | None, ready: bool = True) -> Iterator[list[T]]:
     """``items`` read from ``path`` (stdin when None) ``CHUNK`` at a time, so that a command writes the
-    outputs of a long input as it goes; at a terminal one at a time, each answered as it is typed."""
+    outputs of a long input as it goes; at a terminal one at a time, each answered as it is typed. On a
+    pipe (stdin, ``ready``), as many as have come, up to ``CHUNK``: a program that writes a line and waits
+    for its answer gets it (``_ready_chunks``), and ``cat corpus |`` still decodes in full chunks, read
+    while the last one decodes. ``ready`` False keeps a pipe's chunks whole, for outputs that hang on
+    where the chunks end (``--sample``'s draws)."""
+    if path is None and ready and not _at_terminal(path):
+        yield from _ready_chunks(items, CHUNK)
+        return
     items = iter(items)
     size = 1 if _at_terminal(path) else CHUNK
     while chunk := list(itertools.islice(items, size)):
         yield chunk
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """What reading raised, carried from the reading thread to be raised where the items are taken."""
+
+    error: BaseException
+
+
+def _ready_chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Chunks of ``items`` as they become ready: the first item waited for, then those already read, at
+    most ``size``. A thread reads ahead (no more than ``size`` items, so memory stays bounded) while the
+    caller decodes; an error reading raises here, after the items before it."""
+    end = object()  # items are lines or pairs, never this
+    ahead: queue.Queue = queue.Queue(maxsize=size)
+
+    def read() -> None:
+        try:
+            for item in items:
+                ahead.put(item)
+        except BaseException as e:  # noqa: BLE001 - carried over to the caller's thread, raised there
+            ahead.put(_Failed(e))
+        ahead.put(end)
+
+    threading.Thread(target=read, name="input", daemon=True).start()
+    pending = ahead.get()  # the first item of a chunk is waited for
+    while pending is not end:
+        if isinstance(pending, _Failed):
+            raise pending.error
+        chunk, pending = [pending], None
+        while len(chunk) < size:
+            try:
+                got = ahead.get_nowait()
+            except queue.Empty:
+                break
+            if got is end or isinstance(got, _Failed):
+                pending = got
+                break
+            chunk.append(got)
+        yield chunk
+        if pending is None:
+            pending = ahead.get()
 
 
 def _decoded(args: argparse.Namespace, translator, request, total: int | None, said: list[str]
@@ -274,7 +325,7 @@ def _decoded(args: argparse.Namespace, translator, request, total: int | None, s
     lines = iter_lines(Path("/dev/stdin") if args.input is None else args.input)
     bar = (sys.stderr.isatty() and not _at_terminal(args.input) and (total is None or total > BAR_LINES)
            and (args.output is not None or not sys.stdout.isatty()))
-    return translator.stream(_chunks(lines, args.input), request, progress=bar, total=total,
+    return translator.stream(_chunks(lines, args.input, ready=not request.sample), request, progress=bar, total=total,
                              checked=None if args.input is None else lambda: _tell(said))
 
 
