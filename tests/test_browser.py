@@ -71,11 +71,48 @@ def test_page_translates_and_shows_attention(server, browser):
     browser.find_element(By.CSS_SELECTOR, "select[name='style'] option[value='heatmap']").click()
     browser.find_element(By.CSS_SELECTOR, "select[name='kind'] option[value='cross']").click()
     assert browser.find_elements(By.CSS_SELECTOR, "#attention figure.attn-heatmap rect")
-    # a bad request shows its error on the page, and the page keeps working
-    browser.find_element(By.ID, "beam").clear()
-    browser.find_element(By.ID, "beam").send_keys("99")
+
+    def shown():
+        return (browser.find_element(By.ID, "translation").text, browser.find_element(By.ID, "error").text,
+                len(browser.find_elements(By.CSS_SELECTOR, "#attention svg")))
+
+    def enter(field, value):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+
+    def last_results():  # the tiny model's translation may be empty: a stand-in makes a stale one visible
+        browser.execute_script("document.getElementById('translation').textContent = 'the last translation'")
+        assert shown()[2] > 0
+
+    # the requests the page sends, recorded: [path, body]
+    browser.execute_script("window.sent = []; const f = window.fetch;"
+                           "window.fetch = (path, options) => { sent.push([path, options.body]); return f(path, options); };")
+    # a beam or α that is no number the server takes is refused in the page, and the last results go with it
+    last_results()
+    for field, value, message in (("beam", "2.5", "beam must be a whole number from 1 to 16"),
+                                  ("beam", "99", "beam must be a whole number from 1 to 16"),
+                                  ("alpha", "1e", "α must be a number")):
+        enter(field, value)
+        browser.find_element(By.ID, "go").click()
+        assert shown() == ("", message + " (empty: the run's default)", 0)
+        browser.find_element(By.ID, field).clear()
+    assert browser.execute_script("return sent") == []
+    # empty fields mean the run's defaults: the keys are left out (not alpha 0); clicks during a round are
+    # ignored (the button is off until it ends), so one round's error never sits beside another's figure
+    assert browser.execute_script("const go = document.getElementById('go');"
+                                  "for (let i = 0; i < 4; i++) go.click(); return go.disabled;")
+    wait.until(lambda b: b.find_element(By.ID, "go").is_enabled())
+    assert shown() == (expected.strip(), "", 1)
+    sent = browser.execute_script("return sent")
+    assert [path for path, _ in sent] == ["/v1/translate", "/v1/attention"]
+    assert json.loads(sent[0][1]) == {"text": ["A dog runs on the beach."]}
+    # a request the server refuses shows its error, and not the last input's translation and attention
+    last_results()
+    enter("alpha", "50")
     browser.find_element(By.ID, "go").click()
-    wait.until(lambda b: "beam: 99, more than the limit of 16" in b.find_element(By.ID, "error").text)
+    wait.until(lambda b: b.find_element(By.ID, "go").is_enabled())
+    translation, error, figures = shown()
+    assert (translation, figures) == ("", 0) and error.startswith("alpha 50.0: must be a finite number")
 
 
 def test_words_view_merges_pieces_as_the_png_figures_do(server, browser, tiny_run):
@@ -84,7 +121,7 @@ def test_words_view_merges_pieces_as_the_png_figures_do(server, browser, tiny_ru
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from transformer.figures import attention_maps
+    from transformer.figures import _word_groups, attention_maps
     from transformer.translator import Translator
 
     source = "A dog runs on the beach with its owner."
@@ -102,6 +139,9 @@ def test_words_view_merges_pieces_as_the_png_figures_do(server, browser, tiny_ru
     cells = [float(r.get_attribute("data-weight")) for r in browser.find_elements(By.CSS_SELECTOR, "#attention rect")]
     expected = words.weights["cross"][0, 0].flatten().tolist()  # layer 1, head 1
     assert len(cells) == len(expected) and max(abs(a - b) for a, b in zip(cells, expected)) < 2e-3
+    # SentencePiece's lone "▁" (before "(" or digits) starts a word of the pieces after it, not shown itself
+    for tokens in (["▁", "(", "on", ")", "</s>"], ["<s>", "▁", "1", "2", "▁x", "▁", "</s>"]):
+        assert browser.execute_script("return wordGroups(arguments[0])", tokens) == list(_word_groups(tokens))
 
 
 HOSTILE = "</script><script>window.pwned = 1</script><!--<script> & &amp; /*{{DATA}}*/null {{TITLE}}"

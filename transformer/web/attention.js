@@ -38,19 +38,20 @@ function unpack(maps) {
   return out;
 }
 
+// words and the piece indices of each, exactly as figures._word_groups (the PNG figures) makes them
 function wordGroups(tokens) {
   const words = [], groups = [];
   tokens.forEach((tok, i) => {
     const special = tok === "<s>" || tok === "</s>";
     if (!groups.length || special || tok.startsWith("\u2581") || ["<s>", "</s>"].includes(words[words.length - 1])) {
-      words.push(tok.replace(/^\u2581/, "") || tok);
+      words.push(special ? tok : tok.replace(/^\u2581/, ""));  // a lone "▁" starts a word of what follows
       groups.push([i]);
     } else {
       words[words.length - 1] += tok;
       groups[groups.length - 1].push(i);
     }
   });
-  return [words, groups];
+  return [words.map(w => w || "\u2581"), groups];  // a "▁" with nothing after it is shown as itself
 }
 
 function mergeWords(maps) {
