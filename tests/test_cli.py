@@ -417,6 +417,18 @@ def test_a_prefix_or_constraint_for_an_empty_line_is_refused(tiny_run, tmp_path,
     assert status == 0 and out.split("\n")[1] == "" and out.split("\n")[2].startswith("zwei"), err
 
 
+def test_a_prefix_the_vocabulary_cannot_write_is_refused(tiny_run, tmp_path, capsys):
+    """A character no piece holds becomes "⁇": the output did not start with its prefix (nor hold its
+    constraint), and nothing said so."""
+    (tmp_path / "in.txt").write_text("a dog runs .\na cat .\n")
+    (tmp_path / "prefix.txt").write_text("ein\n🐶 Hund\n")
+    status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
+                                "--prefix", str(tmp_path / "prefix.txt"))
+    assert (status, out) == (1, "") and err.endswith(
+        "error: prefix of line 2: the model's vocabulary has no piece for '🐶', so no output can hold the prefix "
+        "as written: leave these characters out or replace them\n"), err
+
+
 def test_prefixes_for_stdin_are_counted_as_its_lines_come(tiny_run, tmp_path):
     prefixes = tmp_path / "prefix.txt"
     prefixes.write_text("ein\n")

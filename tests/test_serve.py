@@ -1,6 +1,7 @@
 """`transformer serve`: the HTTP API in-process, dynamic batching, and limits that answer in JSON."""
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -15,7 +16,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from transformer.figures import attention_maps  # noqa: E402
 from transformer.request import DecodeRequest  # noqa: E402
 from transformer.config import ConfigError  # noqa: E402
-from transformer.serve import MAX_RESTARTS, Batcher, LimitError, Limits, create_app  # noqa: E402
+from transformer.serve import MAX_RESTARTS, Batcher, LimitError, Limits, _in_model_thread, create_app  # noqa: E402
 from transformer.translator import Translator  # noqa: E402
 
 LINES = ["A dog runs on the beach.", "Two men are talking.", "A girl in a red dress is jumping."]
@@ -181,9 +182,22 @@ def test_score_endpoint_equals_the_translator(client, translator):
     ("/v1/score", {"text": ["a", "b"], "translation": ["x"]}, "translation: 1 sentences for 2"),
     ("/v1/score", {"text": ["a"] * 5, "translation": ["x"] * 5}, "5 sentences, more than the limit of 4"),
     ("/v1/score", {"text": ["a"], "translation": ["x"], "alpha": -0.5}, "alpha -0.5: must be a finite number >= 0"),
+    # a character no piece holds came out as "⁇": the output did not start with the prefix it was promised
+    ("/v1/translate", {"text": ["a dog"], "prefix": ["ein 🐶"]},
+     "prefix of line 1: the model's vocabulary has no piece for '🐶', so no output can hold the prefix as written"),
+    ("/v1/translate", {"text": ["a", "a dog"], "constraints": [[], ["Hund", "🐶 «x»"]]},
+     "constraints of line 2: the model's vocabulary has no piece for '🐶', '«', '»'"),
+    # a JSON string may hold a lone surrogate, which is no character: the tokenizer failed on it (500)
+    ("/v1/translate", {"text": ["a \ud800"]}, '"field": "text.0", "problem": "Value error, not Unicode text: a lone '
+                                             'surrogate (U+D800) at character 3"'),
+    ("/v1/translate", {"text": ["a"], "prefix": ["\udfff"]}, '"field": "prefix.0"'),
+    ("/v1/translate", {"text": ["a"], "constraints": [["x", "\ud800"]]}, '"field": "constraints.0.1"'),
+    ("/v1/score", {"text": ["a"], "translation": ["\ud800"]}, '"field": "translation.0"'),
+    ("/v1/attention", {"text": "\ud800"}, '"field": "text"'),
+    ("/v1/attention", {"text": "a", "translation": "\ud800"}, '"field": "translation"'),
 ])
 def test_bad_feature_requests_get_json_errors(client, path, body, message):
-    r = client.post(path, json=body)
+    r = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})  # "\ud800" as sent
     assert r.status_code == 422 and message in r.json()["error"] + json.dumps(r.json().get("detail", "")), r.json()
 
 
@@ -235,6 +249,8 @@ def test_attention_requests_are_bounded_in_pieces(translator):
 
 def test_health_page_and_openapi(client):
     assert client.get("/health").json()["status"] == "ok"
+    for path in ("/health", "/"):  # what uptime checkers send
+        assert client.head(path).status_code == 200
     page = client.get("/")
     assert page.status_code == 200 and "renderAttention" in page.text and "/v1/translate" in page.text
     paths = client.get("/openapi.json").json()["paths"]
@@ -255,9 +271,29 @@ def run_batcher(translator, limits: Limits, scenario):
 
 
 def test_a_full_queue_refuses_at_once_with_retry_after(translator):
+    async def scenario(batcher):
+        gate = threading.Event()
+        batcher.executor.submit(gate.wait)  # the model thread is busy: the first request waits in it
+        first = asyncio.create_task(batcher.translate(LINES[:2], BEAM2))
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(batcher.translate(LINES[:2], BEAM2))  # 2 sentences queued, the limit 3
+        await asyncio.sleep(0.05)
+        with pytest.raises(LimitError) as busy:
+            await batcher.translate(LINES[:2], BEAM2)
+        gate.set()
+        return busy.value, await first, await second
+
+    _, (busy, first, second) = run_batcher(translator, Limits(max_queued=3), scenario)
+    assert busy.status == 503 and busy.retry_after == 1 and busy.message.startswith("busy: 2 sentences are waiting")
+    assert first == second == translator.translate(LINES[:2], BEAM2)
+
+
+def test_a_request_larger_than_the_queue_gets_422_not_a_503_to_retry_for_ever(translator):
     with TestClient(create_app(translator, Limits(max_queued=2))) as c:
         r = c.post("/v1/translate", json={"text": LINES})
-        assert r.status_code == 503 and r.headers["retry-after"] == "1" and "busy" in r.json()["error"]
+        assert r.status_code == 422 and "retry-after" not in r.headers, r.json()
+        assert r.json()["error"] == ("3 sentences, more than this server queues at once (the limit is 2, "
+                                     "--max-queued): send them in smaller requests")
         assert c.post("/v1/translate", json={"text": LINES[:2]}).status_code == 200
 
 
@@ -265,9 +301,12 @@ def test_a_full_queue_refuses_at_once_with_retry_after(translator):
 def decoded(translator, monkeypatch) -> list[str]:
     """Every line the translator is asked to decode, in order."""
     lines_seen: list[str] = []
-    real = translator.decode  # what the server's worker calls (translate calls it too)
-    monkeypatch.setattr(translator, "decode",
-                        lambda lines, *a, **k: lines_seen.extend(lines) or real(lines, *a, **k))
+    real = translator.stream  # what the server's worker calls (translate calls it too)
+
+    def stream(chunks, *args, **kwargs):
+        return real((lines_seen.extend(lines) or lines for lines in chunks), *args, **kwargs)
+
+    monkeypatch.setattr(translator, "stream", stream)
     return lines_seen
 
 
@@ -305,6 +344,82 @@ def test_a_request_whose_client_left_is_dropped_before_decoding(translator, deco
 
     batcher, _ = run_batcher(translator, Limits(), scenario)
     assert decoded == ["A dog."] and batcher.dropped == 1
+
+
+@pytest.mark.parametrize("how", ["client gone", "server stopping"])
+def test_work_no_one_waits_for_stops_at_the_next_batch(translator, monkeypatch, how):
+    """A request decoded in several batches (--max-batch-tokens) whose client leaves mid-decode, or while
+    the server shuts down (Ctrl-C), is not decoded further: one long request held the model thread, and
+    the server's exit, for minutes. The next request is served (or, stopping, refused with 503)."""
+    reached, gate, seen = threading.Event(), threading.Event(), []
+    real = translator.stream
+
+    def stream(chunks, *args, **kwargs):
+        def held():
+            for lines in chunks:
+                seen.extend(lines)
+                yield lines
+                reached.set()  # the first batch is decoded; the next is asked for once the gate opens
+                gate.wait(30)
+        return real(held(), *args, **kwargs)
+
+    monkeypatch.setattr(translator, "stream", stream)
+
+    async def scenario(batcher):
+        gone = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(batcher.translate(LINES, BEAM2, gone))
+        assert await asyncio.to_thread(reached.wait, 30)
+        if how == "client gone":
+            gone.set_result("http.disconnect")
+        else:
+            batcher.stop()
+        await asyncio.sleep(0.05)
+        gate.set()
+        with pytest.raises(LimitError) as e:
+            await task
+        with pytest.raises(LimitError) if how == "server stopping" else contextlib.nullcontext() as after:
+            await batcher.translate(["A dog."], BEAM2)
+        return e.value, after
+
+    batcher, (error, after) = run_batcher(translator, Limits(max_batch_tokens=8), scenario)
+    assert len(seen) == (1 if how == "server stopping" else 2), seen  # one of the three lines; then "A dog."
+    if how == "client gone":
+        assert error.status == 499 and seen[1] == "A dog."
+    else:
+        assert error.status == 503 and after.value.status == 503
+        assert error.message == after.value.message == "the server is shutting down"
+
+
+def test_an_attention_request_is_dropped_when_its_client_leaves_or_its_wait_ends(translator):
+    """/v1/attention waits for the model thread as a translation does: its client's leaving frees its slot
+    (the web page's "busy" for everyone else), a wait past --queue-timeout is a 503, neither is computed."""
+    ran = []
+
+    class Client:  # the ASGI request's receive(): its next message is the client leaving
+        def __init__(self):
+            self.left = asyncio.get_running_loop().create_future()
+
+        async def receive(self):
+            return await self.left
+
+    async def scenario():
+        executor = ThreadPoolExecutor(1)
+        gate = threading.Event()
+        executor.submit(gate.wait, 30)  # the model thread is busy decoding
+        client = Client()
+        leaving = asyncio.create_task(_in_model_thread(executor, client, 30, lambda: ran.append("gone")))
+        await asyncio.sleep(0.05)
+        client.left.set_result({"type": "http.disconnect"})
+        with pytest.raises(LimitError) as gone:
+            await leaving
+        with pytest.raises(LimitError) as late:
+            await _in_model_thread(executor, Client(), 0.2, lambda: ran.append("late"))
+        gate.set()
+        return gone.value, late.value, await _in_model_thread(executor, Client(), 30, lambda: "maps")
+
+    gone, late, answered = asyncio.run(scenario())
+    assert (gone.status, late.status, answered, ran) == (499, 503, "maps", [])
+    assert late.message.startswith("waited 0.2 s for the model")
 
 
 def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(translator, monkeypatch):
@@ -353,16 +468,19 @@ def test_limits_must_be_positive_and_finite(field, value):
 def test_an_error_in_the_decoding_thread_answers_json_and_the_server_goes_on(translator, monkeypatch):
     """What decoding raises reaches the client as {"error": one line}: 500 for a failure, 422 for a user
     error the checks before queueing let through; the worker is not restarted, the next request is served."""
-    real = translator.decode
+    real = translator.stream
 
-    def decode(lines, request=DecodeRequest(), progress=False):
-        if lines == ["A broken dog."]:
-            raise RuntimeError("a bug in decoding\nand its second line")
-        if lines == ["A refused dog."]:
-            raise ConfigError("a rule no check saw")
-        return real(lines, request, progress)
+    def stream(chunks, *args, **kwargs):
+        def checked():
+            for lines in chunks:
+                if lines == ["A broken dog."]:
+                    raise RuntimeError("a bug in decoding\nand its second line")
+                if lines == ["A refused dog."]:
+                    raise ConfigError("a rule no check saw")
+                yield lines
+        return real(checked(), *args, **kwargs)
 
-    monkeypatch.setattr(translator, "decode", decode)
+    monkeypatch.setattr(translator, "stream", stream)
     with TestClient(create_app(translator, Limits())) as c:
         r = c.post("/v1/translate", json={"text": ["A broken dog."]})
         assert r.status_code == 500 and r.json() == {"error": "decoding failed: RuntimeError: a bug in decoding"}

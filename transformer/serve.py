@@ -6,17 +6,19 @@ one worker thread runs the model, so torch's own threads are never oversubscribe
 bad request cannot stall the event loop.
 
 No request can take the server down, and the work any one client can cause is bounded: at most
-``max_queued`` sentences wait for decoding (beyond, 503 with Retry-After at once), a request that has
-waited ``queue_timeout`` seconds without being decoded gets 503, a request whose client has gone is
-dropped before it is decoded, at most ``max_attention_queued`` attention requests are in progress
-(beyond, 503), an attention request holds at most ``max_attention_pieces`` pieces per side, and a
-connection opened while ``max_connections`` are open gets 503 for its request. If decoding a batch
+``max_queued`` sentences wait for decoding (beyond, 503 with Retry-After at once; a request of more
+than that, 422), a request that has waited ``queue_timeout`` seconds without being decoded gets 503
+(an attention request too), a request whose client has gone is dropped before it is decoded, or, once
+begun, after its current batch (a request is decoded one ``max_batch_tokens`` batch after another), at
+most ``max_attention_queued`` attention requests are in progress (beyond, 503), an attention request
+holds at most ``max_attention_pieces`` pieces per side, and a connection opened while ``max_connections``
+are open gets 503 for its request. Ctrl-C stops decoding at the next batch and answers 503 to what waits. If decoding a batch
 raises, its requests get 500 and the server goes on; if the decoding worker itself fails, the requests
 waiting for it get 500 and it is restarted; after ``MAX_RESTARTS`` failures the server answers 503 and
 /health says why. Every error is JSON, {"error": one line}: 413 body too large, 422 too many sentences
 / too long a sentence / a beam over the limit / options that do not combine or a value out of range
 (``request.DecodeRequest.verify``, the same table as the command line's) / a wrong type or unknown
-key, 400 malformed JSON, 500 anything that fails while answering. A request must arrive whole within ``request_timeout`` seconds, else its
+key / a lone surrogate in a string, 400 malformed JSON, 500 anything that fails while answering. A request must arrive whole within ``request_timeout`` seconds, else its
 connection is closed, so slow or stalled clients (slowloris) cannot hold connections for ever;
 tests/reliability/test_server_abuse.py checks all of this against a real server.
 """
@@ -33,14 +35,16 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from .config import ConfigError, ServeLimits as Limits
@@ -52,23 +56,38 @@ from .translator import Translator
 MAX_RESTARTS = 3  # decoding worker failures after which the server stops decoding and says so
 
 
+def _unicode(text: str) -> str:
+    """A request's text as it is, if it is Unicode text: a JSON string may hold a lone surrogate ("\\ud800"),
+    which is no character, and the tokenizer would fail on it (a 500)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not Unicode text: a lone surrogate (U+{ord(text[e.start]):04X}) at character "
+                         f"{e.start + 1}") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+
+
 class TranslateRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")  # "beam": true or "4", or a misspelt key: 422
 
     # the fields of a request.DecodeRequest, checked there (its table of options, spelt as the API spells them)
-    text: list[str] = Field(description="sentences to translate, one output per input")
+    text: list[Text] = Field(description="sentences to translate, one output per input")
     beam: int | None = Field(None, description="beam size (default: the run's, 4 in the paper §6.1); 1 = greedy")
     alpha: float | None = Field(None, description="GNMT length penalty α >= 0 (default: the run's, 0.6 in §6.1)")
     nbest: int | None = Field(None, description="also answer the nbest (<= beam) best hypotheses of each "
-                                                "sentence with their scores, best first")
+                                                "sentence with their scores, best first (with constraints, only "
+                                                "those that meet them, when any does: maybe fewer)")
     scores: bool = Field(False, description="also answer each translation's score, log P / lp(|Y|) (not with "
                                             "nbest, whose hypotheses carry theirs)")
     alignment: bool = Field(False, description="also answer each translation's word alignment: 0-based [source "
                                                "word, target word] pairs from the cross-attention (as translate "
                                                "--alignment)")
-    prefix: list[str] | None = Field(None, description="one target prefix per sentence (\"\": none); each "
+    prefix: list[Text] | None = Field(None, description="one target prefix per sentence (\"\": none); each "
                                                        "translation starts with its prefix")
-    constraints: list[list[str]] | None = Field(None, description="per sentence, the phrases its translation must "
+    constraints: list[list[Text]] | None = Field(None, description="per sentence, the phrases its translation must "
                                                                 "contain (lexically constrained beam search)")
     sample: bool = Field(False, description="draw the outputs from the model's distribution instead of "
                                             "searching (with nbest: that many draws); not with beam")
@@ -103,8 +122,8 @@ class TranslateResponse(BaseModel):
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    text: list[str] = Field(description="source sentences")
-    translation: list[str] = Field(description="their translations to score, one per source sentence")
+    text: list[Text] = Field(description="source sentences")
+    translation: list[Text] = Field(description="their translations to score, one per source sentence")
     alpha: float | None = Field(None, description="GNMT length penalty α >= 0 of the score")
 
 
@@ -116,8 +135,8 @@ class ScoreResponse(BaseModel):
 class AttentionRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    text: str = Field(description="one source sentence")
-    translation: str | None = Field(None, description="target to teacher-force (default: the model's own "
+    text: Text = Field(description="one source sentence")
+    translation: Text | None = Field(None, description="target to teacher-force (default: the model's own "
                                                       "translation with the run's beam settings)")
 
 
@@ -151,7 +170,12 @@ class _Pending:
     tokens: int  # source tokens x beam
     future: asyncio.Future = field(repr=False)
     started: bool = False  # taken into a batch: decoding it has begun
-    abandoned: bool = False  # its client went away or its wait timed out: never decoded
+    abandoned: bool = False  # its client went away or its wait timed out: not decoded (further)
+
+
+class _Stopped(Exception):
+    """Raised in the model thread between two decoding batches of a job that no one waits for any more
+    (every client gone) or when the server shuts down."""
 
 
 class Batcher:
@@ -168,6 +192,12 @@ class Batcher:
         self.alive = True  # False once supervise has given up restarting the worker
         self.current: list[_Pending] = []  # taken from the queue by the worker, not yet answered
         self.lock = threading.Lock()  # a request's started / abandoned flags, set from two threads
+        self.stopping = False  # the server is shutting down: what is decoding stops at its next batch
+
+    def stop(self) -> None:
+        """Decoding stops at the next batch, and what waits gets 503: the server is shutting down (a
+        signal handler's call, so that Ctrl-C does not wait for a long request to finish)."""
+        self.stopping = True
 
     async def translate(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
                         disconnected: asyncio.Future | None = None) -> list[str]:
@@ -181,9 +211,14 @@ class Batcher:
         score), best first; score: ``decode.Scored``); LimitError (503) when the queue is full, the
         wait for decoding passes ``queue_timeout``, or decoding has stopped. ``disconnected``
         completes when the client goes away: the request is then dropped, not decoded."""
+        if self.stopping:
+            raise LimitError(503, "the server is shutting down")
         if not self.alive:
             raise LimitError(503, f"decoding has stopped after {len(self.failures)} failures "
                                   f"(last: {self.failures[-1] if self.failures else 'none'})")
+        if len(lines) > self.limits.max_queued:  # a 503 would be retried for ever
+            raise LimitError(422, f"{len(lines)} sentences, more than this server queues at once (the limit is "
+                                  f"{self.limits.max_queued}, --max-queued): send them in smaller requests")
         if self.queued + len(lines) > self.limits.max_queued:
             self.shed += 1
             raise LimitError(503, f"busy: {self.queued} sentences are waiting to be decoded (the limit is "
@@ -204,7 +239,13 @@ class Batcher:
             self.timed_out += 1
             raise LimitError(503, f"waited {self.limits.queue_timeout:g} s without being decoded (the server is "
                                   "busy); try again shortly", retry_after=max(1, round(self.limits.queue_timeout)))
-        return await pending.future  # decoding had begun: a batch's time is bounded by its size
+        if pending.future not in done:  # decoding has begun: it runs on while the client waits for it
+            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+            if pending.future not in done:  # gone mid-decode: the batches left of its work are not decoded
+                with self.lock:
+                    pending.abandoned = True
+                raise LimitError(499, "the client went away")
+        return pending.future.result()
 
     def _take(self, pending: _Pending) -> bool:
         """Counts ``pending`` out of the queue; whether it is still to be decoded."""
@@ -262,17 +303,44 @@ class Batcher:
             if job.kind == "score":
                 return live, self.translator.score(lines, [t for p in live for t in p.extra["translation"]],
                                                    job.request.alpha, self.limits.max_batch_tokens)
-            longest = max(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
-            request = dataclasses.replace(job.request, prefixes=joined("prefix", ""),
-                                          constraints=joined("constraints", []),
-                                          batch_size=max(1, self.limits.max_batch_tokens // (job.rows * longest)))
-            found = self.translator.decode(lines, request)
+            lengths = [len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines)]
+            size = max(1, self.limits.max_batch_tokens // (job.rows * max(lengths)))
+            # decoded one batch at a time, longest first (as decode_ids orders them, so the batches and a
+            # sampling job's draws are the ones of a single call), so that between two batches the work
+            # stops when no client waits for it any more, or the server stops
+            order = sorted(range(len(lines)), key=lambda i: -lengths[i])
+            prefixes, constraints = joined("prefix", ""), joined("constraints", [])
+            request = dataclasses.replace(job.request, batch_size=size,
+                                          prefixes=None if prefixes is None else [prefixes[i] for i in order],
+                                          constraints=None if constraints is None else [constraints[i] for i in order])
+
+            def batches() -> Iterator[list[str]]:
+                for start in range(0, len(order), size):
+                    if self.stopping or all(p.abandoned for p in live):
+                        raise _Stopped
+                    yield [lines[i] for i in order[start: start + size]]
+
+            found: list = [None] * len(lines)
+            placed = iter(order)  # where each output goes back to, in the order they come
+            for _, part in self.translator.stream(batches(), request, total=len(lines)):
+                for hyps in part:
+                    found[next(placed)] = hyps
             if job.request.alignment:  # each hypothesis with its word alignment: (text, score, pairs)
                 found = [[(t, x, align(self.translator, line, t)) for t, x in hyps] for line, hyps in zip(lines, found)]
             return live, found
 
         try:
             live, outputs = await asyncio.get_running_loop().run_in_executor(self.executor, work)
+        except _Stopped:  # no one waits for it, or the server stops: whoever still waits is told so
+            for p in batch:
+                if p.future.done():
+                    continue
+                if self.stopping:
+                    p.future.set_exception(LimitError(503, "the server is shutting down"))
+                else:
+                    p.future.cancel()
+            self.dropped += len(batch)
+            return
         except Exception as e:  # noqa: BLE001  every waiting client gets the error, the server goes on
             for p in batch:
                 if not p.future.done():
@@ -452,6 +520,40 @@ async def _queued(batcher: Batcher, request: Request, lines: list[str], job: Job
         gone.cancel()
 
 
+async def _in_model_thread(executor: ThreadPoolExecutor, request: Request, timeout: float, work):
+    """``work()`` in the model thread, for a request outside the batcher (attention): as a queued one, it
+    is dropped if its client goes away (499) or it has waited ``timeout`` seconds (503) before the thread
+    takes it up, and its client's leaving frees its attention slot at once."""
+    lock, flags = threading.Lock(), {"started": False, "dropped": False}
+
+    def guarded():
+        with lock:
+            if flags["dropped"]:
+                return None
+            flags["started"] = True
+        return work()
+
+    result = asyncio.get_running_loop().run_in_executor(executor, guarded)
+    result.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error after the client left: no one's
+    gone = asyncio.ensure_future(request.receive())  # the body is read: the next message is the client leaving
+    try:
+        done, _ = await asyncio.wait({result, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        with lock:
+            flags["dropped"] = result not in done and not flags["started"]
+        if flags["dropped"]:
+            if gone in done:
+                raise LimitError(499, "the client went away")
+            raise LimitError(503, f"waited {timeout:g} s for the model (the server is busy); try again shortly",
+                             retry_after=max(1, round(timeout)))
+        if result not in done:
+            done, _ = await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if result not in done:
+                raise LimitError(499, "the client went away")
+        return result.result()
+    finally:
+        gone.cancel()
+
+
 def _check_pieces(translator: Translator, limits: Limits, text: str | None, where: str) -> None:
     """422 for an empty source sentence, or a side of more pieces (with EOS) than --max-attention-pieces."""
     if where == "text" and not text.strip():
@@ -505,7 +607,6 @@ def _answer_errors_in_json(app: FastAPI) -> None:
 def create_app(translator: Translator, limits: Limits = Limits(), name: str = "transformer") -> FastAPI:
     """The ASGI app; ``uvicorn`` serves it, tests call it in-process."""
     executor = ThreadPoolExecutor(1, thread_name_prefix="model")
-    state: dict[str, Batcher] = {}
     attention_slots = asyncio.Semaphore(limits.max_attention_queued)
     decode = translator.cfg.decode
     max_beam = max(limits.max_beam, decode.beam_size)  # the run's own beam (21 for parsing, §6.3) is allowed
@@ -513,7 +614,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        state["batcher"] = batcher = Batcher(translator, limits, executor)
+        app.state.batcher = batcher = Batcher(translator, limits, executor)  # serve's Ctrl-C stops it
         worker = asyncio.create_task(batcher.supervise())
         yield
         worker.cancel()
@@ -538,7 +639,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
                                                                      ("constraints", asked.constraints)) if values}
         job = Job("translate", dataclasses.replace(asked, prefixes=None, constraints=None, scores=False),
                   next(numbers) if asked.sample else None)
-        outputs = await _queued(state["batcher"], request, [lines[i] for i in keep], job, extra or None)
+        outputs = await _queued(app.state.batcher, request, [lines[i] for i in keep], job, extra or None)
         found: list[list[tuple]] = [[("", 0.0, [])] * (asked.nbest or 1) for _ in lines]  # empty line: empty outputs
         for i, hyps in zip(keep, outputs):
             found[i] = hyps
@@ -554,12 +655,12 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         except ConfigError as e:
             raise LimitError(422, str(e)) from None
         job = Job("score", DecodeRequest(alpha=alpha))
-        results = await _queued(state["batcher"], request, [" ".join(t.split()) for t in req.text], job,
+        results = await _queued(app.state.batcher, request, [" ".join(t.split()) for t in req.text], job,
                                 {"translation": [" ".join(t.split()) for t in req.translation]})
         return ScoreResponse(scores=[r.score for r in results], log_probs=[r.log_prob for r in results])
 
     @app.post("/v1/attention")
-    async def attention(req: AttentionRequest) -> Response:
+    async def attention(req: AttentionRequest, request: Request) -> Response:
         """Every layer's attention weights for one sentence pair, in the compact form the page draws:
         {"translation", "src", "tgt_in", "tgt_out", "scale", "shape": {kind: [L, H, Tq, Tk]},
         "weights": {kind: flat integers}}; weight = integer / scale (figures.AttentionMaps.to_json)."""
@@ -571,14 +672,14 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
             raise LimitError(503, f"busy: {limits.max_attention_queued} attention requests are in progress; "
                                   "try again shortly", retry_after=1)
         async with attention_slots:
-            maps = await asyncio.get_running_loop().run_in_executor(
-                executor, lambda: _attention(translator, limits, req.text, req.translation))
+            maps = await _in_model_thread(executor, request, limits.queue_timeout,
+                                          lambda: _attention(translator, limits, req.text, req.translation))
             body = await asyncio.to_thread(lambda: json.dumps(maps).encode())  # MBs: not on the event loop
         return Response(body, media_type="application/json")
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return _health(state.get("batcher"), name)
+        return _health(getattr(app.state, "batcher", None), name)
 
     page = web_page("index.html", {"{{TITLE}}": html.escape(name), "{{BEAM}}": str(decode.beam_size),
                                    "{{MAX_BEAM}}": str(max_beam), "{{ALPHA}}": str(decode.alpha)})
@@ -586,6 +687,9 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:
         return page
+
+    for path, answer in (("/health", health), ("/", index)):  # HEAD: what uptime checkers send
+        app.add_api_route(path, answer, methods=["HEAD"], include_in_schema=False)
 
     return app
 
@@ -672,8 +776,19 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
         app = create_app(translator, limits, name=Path(run_dir).resolve().name)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,
                                 http=deadline_protocol(limits.request_timeout, limits.max_connections))
-        print(f"serving {run_dir} on http://{host}:{port}/ (API docs: /docs)", flush=True)
-        uvicorn.Server(config).run(sockets=[sock])
+        print(f"serving {run_dir} on http://{host}:{port}/ (API schema: /openapi.json; /docs shows it, with "
+              "Swagger UI's scripts from the network)", flush=True)
+
+        class Server(uvicorn.Server):
+            """On Ctrl-C (or SIGTERM), the batcher stops first: uvicorn waits for the requests in progress to
+            be answered before it exits, and one long request would hold it for minutes."""
+
+            def handle_exit(self, sig, frame) -> None:
+                if (batcher := getattr(app.state, "batcher", None)) is not None:
+                    batcher.stop()
+                super().handle_exit(sig, frame)
+
+        Server(config).run(sockets=[sock])
     finally:
         sock.close()
 

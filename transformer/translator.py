@@ -23,7 +23,7 @@ from .ensemble import Ensemble
 from .model import FloatWeights, Transformer, pack_for_inference
 from .request import CLI, DecodeRequest, Setup, refuse_pairs
 from .runtime import keep_freed_memory
-from .tokenizer import Tokenizer
+from .tokenizer import UNK_ID, Tokenizer
 
 
 def quantize_int8(model: Transformer) -> Transformer:
@@ -231,6 +231,15 @@ class Translator:
                 continue
             end = len(src) + request.max_len_offset  # search.max_lengths: the output's positions, EOS included
             room = (end if limit is None else min(end, limit)) - 1
+            for key, texts, given in (("prefix", request.prefixes, forced and [forced[i]]),
+                                      ("constraints", request.constraints, phrases and phrases[i])):
+                if given and any(UNK_ID in ids for ids in given):  # the output would hold "⁇", not the text
+                    text = texts[i] if key == "prefix" else " ".join(texts[i])
+                    lacking = "".join(dict.fromkeys(c for c in text if not c.isspace()
+                                                    and UNK_ID in self.tokenizer.encode(c)))
+                    raise ConfigError(f"{key} of line {first + i + 1}: the model's vocabulary has no piece for "
+                                      f"{', '.join(map(repr, lacking))}, so no output can hold the {key} as written: "
+                                      "leave these characters out or replace them")
             if forced is not None and len(forced[i]) > room:
                 raise ConfigError(f"prefix of line {first + i + 1}: {len(forced[i])} pieces, but outputs of this "
                                   f"input hold at most {room} (input length + max_len_offset)")

@@ -8,6 +8,8 @@ import asyncio
 import json
 import resource
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,3 +146,28 @@ def test_a_flood_of_requests_is_shed_at_once_and_nobody_waits_past_the_deadline(
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_ctrl_c_stops_a_long_request_at_its_next_batch_and_the_server_exits(fuzz_run):
+    """One request in the limits (64 sentences, 16 draws each, outputs up to 300 pieces past the input,
+    --max-batch-tokens: a batch a sentence) is minutes of decoding on a CPU, and uvicorn waits for the
+    requests in progress before it exits: Ctrl-C waited for it, then a second one printed tracebacks.
+    Now the decoding stops at its next batch, the client gets 503, and the server exits as an interrupted
+    command does (130, "interrupted")."""
+    proc, url = start_server(fuzz_run, ["--max-batch-tokens", "64"])
+    body = {"text": [f"a dog runs on the beach number {i} ." for i in range(64)], "sample": True, "nbest": 16,
+            "temperature": 100.0, "max_len_offset": 300}
+    answer: list[httpx.Response] = []
+    client = threading.Thread(target=lambda: answer.append(httpx.post(url + "/v1/translate", json=body, timeout=600)),
+                              daemon=True)
+    try:
+        client.start()
+        time.sleep(3)  # decoding has begun
+        proc.send_signal(signal.SIGINT)
+        status = proc.wait(120)
+        client.join(30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status == 130 and answer, f"exit status {status}; the server did not answer before it exited"
+    assert answer[0].status_code == 503 and answer[0].json() == {"error": "the server is shutting down"}, answer[0].text[:300]
