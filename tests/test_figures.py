@@ -3,6 +3,7 @@
 import html
 import json
 import re
+import warnings
 
 import pytest
 import torch
@@ -101,6 +102,15 @@ def test_cli_draws_png_and_html_for_each_kind(tiny_run, tmp_path, kind, capsys):
     assert ("note: --kind, --layer shape a PNG only" if kind != "enc-self" else "note: --layer shapes a PNG only") in \
         capsys.readouterr().err
     assert "renderAttention" in html.read_text(encoding="utf-8")
+
+
+def test_characters_the_font_lacks_are_named_once_not_warned_of_glyph_by_glyph(tiny_run, tmp_path, capsys):
+    """matplotlib warned of each missing glyph, with its source path, four times over; one note says it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning that escapes fails the test
+        assert main(["attention", str(tiny_run), "--src", "A \U000f0000 runs \U000f0001 .", "--tgt", "Ein \U000f0000 .",
+                     "--kind", "cross", "--out", str(tmp_path / "a.png")]) == 0  # private use: no font has them
+    assert f"note: the font has no glyph for {chr(0xF0000)!r}, {chr(0xF0001)!r}: drawn as boxes" in capsys.readouterr().err
 
 
 def test_cli_refuses_bad_requests(tiny_run, tmp_path, capsys):

@@ -947,8 +947,10 @@ def cmd_attention(args: argparse.Namespace) -> None:
     if args.out.suffix.lower() == ".html":  # holds sub-word and word maps both
         files.write_text(args.out, attention_html(maps, f"attention: {args.src}"))
     else:
-        draw_attention(maps.merged() if args.words else maps, KIND_NAMES[args.kind], args.layer, heads, args.out,
-                       args.style)
+        if missing := draw_attention(maps.merged() if args.words else maps, KIND_NAMES[args.kind], args.layer, heads,
+                                     args.out, args.style):
+            said.append(f"note: the font has no glyph for {', '.join(map(repr, missing))}: drawn as boxes (the .html "
+                        "page shows them with the browser's fonts)")
     _tell(said)
     print(f"wrote {args.out}", file=sys.stderr)
 

@@ -18,6 +18,7 @@ import html
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,9 +151,10 @@ def _select(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None)
 
 
 def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None, out: Path,
-                   style: str = "both") -> None:
+                   style: str = "both") -> list[str]:
     """A PNG of one layer's attention: per-head coloured links from each query token to the keys it
-    attends to, line opacity = weight (Figure 3), and/or one heatmap per head (Figures 4-5)."""
+    attends to, line opacity = weight (Figure 3), and/or one heatmap per head (Figures 4-5). Returns the
+    characters the font has no glyph for (drawn as boxes), which matplotlib would warn of one by one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,17 +191,25 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
                                 linewidth=2)
         for c, h in enumerate(heads):
             ax.plot([], [], color=colours(c), label=f"head {h}")
-        ax.legend(loc="upper right", fontsize=8, ncols=min(len(heads), 8))
+        # above the links, not over the top tokens of the right-hand column
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=8, ncols=min(len(heads), 8), frameon=False)
     for k, h in enumerate(heads if n_maps else []):
         ax = fig.add_subplot(grid[int(bool(link_h)) + k // n_cols, k % n_cols])
         ax.imshow(w[h - 1].numpy(), cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_title(f"head {h}", fontsize=9)
         ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
-    fig.tight_layout()
-    with files.atomic_path(out) as tmp:  # whole or not at all, as every file the package writes
-        fig.savefig(tmp, dpi=110, format="png")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        fig.tight_layout()
+        with files.atomic_path(out) as tmp:  # whole or not at all, as every file the package writes
+            fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+    missing = {int(m[1]) for w in said if (m := re.match(r"Glyph (\d+) .*missing from font", str(w.message)))}
+    for w in said:  # any other warning is not ours to hold back
+        if not re.match(r"Glyph \d+ .*missing from font", str(w.message)):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return [chr(c) for c in sorted(missing)]
 
 
 def attention_html(maps: AttentionMaps, title: str = "attention") -> str:
