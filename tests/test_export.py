@@ -1,5 +1,7 @@
 """CTranslate2 export: the exported model translates as ours does."""
 
+import re
+
 import pytest
 
 from transformer.data import encode_for_decoding, read_lines
@@ -66,3 +68,25 @@ def test_export_refuses_a_non_empty_folder(tmp_path):
     (tmp_path / "ct2" / "keep.txt").write_text("x")
     with pytest.raises(ExportError, match="not empty"):
         export_ctranslate2(tmp_path / "run", tmp_path / "ct2", log=lambda m: None)
+
+
+def test_force_replaces_an_earlier_export_only(trained_tiny, tmp_path):
+    """--force deleted whatever --out named: the run being exported, a folder of runs, the run's
+    checkpoints, a corpus. It replaces a folder of files with config.json, an earlier export, only."""
+    import shutil
+
+    run = tmp_path / "runs" / "mine"
+    shutil.copytree(trained_tiny("post"), run)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "train.en").write_text("a dog\n")
+    for out, why in ((run, "it holds folders (checkpoints, tb)"), (tmp_path / "runs", "it holds folders (mine)"),
+                     (run / "checkpoints", "it has no config.json"), (tmp_path / "corpus", "it has no config.json")):
+        before = sorted(p.name for p in out.iterdir())
+        with pytest.raises(ExportError, match=rf"--force replaces an earlier export only, and {re.escape(why)}"):
+            export_ctranslate2(run, out, force=True, log=lambda m: None)
+        assert sorted(p.name for p in out.iterdir()) == before
+    earlier = tmp_path / "earlier"
+    export_ctranslate2(run, earlier, log=lambda m: None)
+    (earlier / "stale.txt").write_text("from an older export\n")
+    export_ctranslate2(run, earlier, force=True, log=lambda m: None)
+    assert (earlier / "model.bin").is_file()

@@ -154,3 +154,18 @@ def test_existing_output_is_refused_unless_overwrite(corpus: tuple[Path, Path, T
     assert write_store(src, tgt, tok, out, 10, overwrite=True)["n_kept"] == 1
     assert len(TokenStore(out)) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.en", "store", "t.de"]
+
+
+def test_overwrite_replaces_an_earlier_store_only(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path) -> None:
+    """--overwrite deleted whatever --out named, the folder holding the corpus being encoded included."""
+    tok = corpus[2]
+    data = tmp_path / "data"
+    data.mkdir()
+    src, tgt = data / "s.en", data / "t.de"
+    src.write_text("a b\nc\n", encoding="utf-8")
+    tgt.write_text("x\ny z\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"--overwrite replaces an earlier token store only, and it has no meta.json"):
+        write_store(src, tgt, tok, data, 10, overwrite=True)
+    with pytest.raises(DataError, match=r"and it holds folders \(data\)"):
+        write_store(src, tgt, tok, tmp_path, 10, overwrite=True)
+    assert sorted(p.name for p in data.iterdir()) == ["s.en", "t.de"]

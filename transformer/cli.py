@@ -872,7 +872,8 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
                    "decode.average_last checkpoints, §6.1)")
     p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
                    help="store weights quantized (--format ctranslate2 only; default: float32)")
-    p.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
+    p.add_argument("--force", action="store_true", help="replace an earlier export at --out (a folder of files with "
+                   "config.json; any other non-empty folder is refused)")
 
 
 @command("export", _export_arguments)

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import files
 from .errors import UserError
 from .model import Transformer
 from .tokenizer import EOS_ID, PAD_ID, UNK_ID
@@ -141,10 +142,15 @@ def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int =
 
 
 def _empty_out(out: Path, force: bool) -> Path:
-    """``out`` as a Path, refused when it holds files and ``force`` is not given."""
+    """``out`` as a Path, refused when it holds files and ``force`` is not given, or when it is no earlier
+    export (``files.not_replaceable``): --force replaced any folder, the run being exported included."""
     out = Path(out)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
+        if why := files.not_replaceable(out, "config.json"):
+            raise ExportError(f"{out}: --force replaces an earlier export only, and {why}: give a new folder, "
+                              "or remove this one yourself")
     return out
 
 

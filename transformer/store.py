@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .data import DataError, Example, encode_pairs, iter_parallel
-from .files import read_record
+from .files import not_replaceable, read_record
 from .tokenizer import Tokenizer
 
 FORMAT = "transformer-token-store"
@@ -54,6 +54,9 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
         raise ValueError(f"chunk_pairs ({chunk_pairs}) and max_len ({max_len}) must be >= 1")
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"{out}: already exists and is not empty; choose another folder or overwrite it")
+    if out.is_dir() and any(out.iterdir()) and (why := not_replaceable(out, "meta.json")):
+        raise DataError(f"{out}: --overwrite replaces an earlier token store only, and {why}: give a new folder, "
+                        "or remove this one yourself")
     ids_dtype, len_dtype = np.dtype(_dtype(tokenizer.vocab_size - 1)), np.dtype(_dtype(max_len))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
