@@ -67,6 +67,27 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
     assert src.read_text() == "A dog runs.\n"
 
 
+def test_two_outputs_in_one_file_or_an_output_onto_the_runs_records_are_refused(tmp_path, capsys):
+    """evaluate --json o --hyp-out o kept the JSON alone; --json RUN/summary.json replaced the run's training
+    summary (the model card of an export reads it), and an output could replace a checkpoint's record."""
+    import shutil
+
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\n")
+    refused(capsys, ["evaluate", str(RUN), "--src", str(src), "--ref", str(src), "--json", str(tmp_path / "o"),
+                     "--hyp-out", str(tmp_path / "o")], f"--hyp-out {tmp_path / 'o'}: is also --json's")
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (run / "summary.json").write_text('{"step": 30}\n')
+    record = next((run / "checkpoints").glob("*.json"))
+    for option, path in (("--json", run / "summary.json"), ("--hyp-out", run / "config.toml"), ("--json", record)):
+        kept = path.read_bytes()
+        refused(capsys, ["evaluate", str(run), "--src", str(src), "--ref", str(src), option, str(path)],
+                f"{option} {path}: is the run's own {path.name}, which training wrote")
+        assert path.read_bytes() == kept
+    assert main(["evaluate", str(run), "--src", str(src), "--ref", str(src), "--json", str(run / "scores.json")]) == 0
+
+
 def test_a_checkpoint_that_is_not_there_or_not_ours_is_named_so(tmp_path, capsys):
     """A missing --checkpoint was told as its JSON record missing, "an unfinished write"."""
     gone = tmp_path / "x.safetensors"

@@ -207,3 +207,13 @@ def test_force_replaces_the_folder_and_a_failed_export_leaves_it(run, exported, 
     with pytest.raises(Exception):
         export_huggingface(run, out, checkpoint=run / "missing.safetensors", force=True, log=lambda m: None)
     assert sorted(p.name for p in out.iterdir()) == before  # a failed export keeps what was there
+
+
+@pytest.mark.parametrize("summary", ['{"valid_ppl": 3}', '{"step": 30, "valid_ppl": 3.2', '[1]', '{"step": "x", "valid_ppl": 1}'])
+def test_a_summary_edited_by_hand_does_not_stop_the_model_card(tmp_path, summary):
+    """A summary.json without its step, truncated or of another shape ended the export in an internal error."""
+    from transformer.export import _model_card
+
+    (tmp_path / "summary.json").write_text(summary)
+    card = _model_card(tmp_path, load_config("tiny"), "Marian", 500)
+    assert "(the run's summary.json could not be read)" in card or "(no training summary" in card

@@ -1063,11 +1063,21 @@ def say(line: str) -> None:
     sys.stderr.write(line + "\n")
 
 
+RUN_RECORDS = ("config.toml", "train.log", "metrics.jsonl", "summary.json", "spm.model")  # what train writes
+
+
 def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: dict) -> None:
-    """OutputError if ``path`` is a file the command also reads (``--output in.txt --input in.txt``): the
-    output would replace it, and the input be lost."""
+    """OutputError if ``path`` is a file the command also reads (``--output in.txt --input in.txt``), or a
+    record of the run it reads (``evaluate RUN --json RUN/summary.json``): the output would replace it, and
+    the input be lost."""
     if not Path(path).is_file():
         return
+    run = getattr(args, "run_dir", None)
+    if isinstance(run, Path) and run.is_dir() and (
+            any(Path(path).samefile(run / name) for name in RUN_RECORDS if (run / name).is_file())
+            or (run / "checkpoints").is_dir() and Path(path).parent.samefile(run / "checkpoints")):
+        raise OutputError(f"{option} {path}: is the run's own {Path(path).name}, which training wrote; writing it "
+                          "would replace it: give another file")
     for dest, value in vars(args).items():
         if dest not in outputs and isinstance(value, Path) and value.is_file() and os.path.samefile(value, path):
             raise OutputError(f"{option} {path}: is --{dest.replace('_', '-')} {value}, which the command reads; "
@@ -1079,10 +1089,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         outputs = getattr(args, "outputs", None) or {}
+        written: dict[Path, str] = {}  # each output's resolved path, and its option
         for dest, (option, suffixes, folder) in outputs.items():
             if getattr(args, dest) is not None:
                 check_output(getattr(args, dest), option, suffixes, folder)
                 _not_an_input(args, getattr(args, dest), option, outputs)
+                if (same := written.setdefault(Path(getattr(args, dest)).resolve(), option)) != option:
+                    raise OutputError(f"{option} {getattr(args, dest)}: is also {same}'s; one file cannot hold both "
+                                      "outputs: give each its own")
         args.func(args)
         sys.stdout.flush()  # a report still in the buffer meets a closed pipe here, not in the interpreter's exit
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130

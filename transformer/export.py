@@ -283,9 +283,12 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int) -> str:
     """README.md of an exported folder: what the model is, how it was trained and scored."""
     m, d = cfg.model, cfg.data
     summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
-    trained = (f"{summary['step']:,} updates, validation perplexity {summary['valid_ppl']:.2f}"
-               if "valid_ppl" in summary else "(no training summary in the run folder)")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+        trained = (f"{int(summary['step']):,} updates, validation perplexity {float(summary['valid_ppl']):.2f}"
+                   if "valid_ppl" in summary else "(no training summary in the run folder)")
+    except (ValueError, KeyError, TypeError):  # a summary edited by hand: the card says so, the export goes on
+        trained = "(the run's summary.json could not be read)"
     drift = ("" if m.ln_eps == HF_LN_EPS else
              f"\nTrained with LayerNorm ε {m.ln_eps:g}; transformers fixes ε at {HF_LN_EPS:g}, so the exported "
              "model's outputs differ slightly from the run's own.\n")
