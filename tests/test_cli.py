@@ -100,6 +100,13 @@ def test_params_cost_recomputes_table_2(capsys):
     assert hours[0] == pytest.approx(8 * hours[1])  # time scales with the devices at a fixed MFU
 
 
+def test_params_cost_says_when_a_device_count_it_refuses_is_its_own_default(capsys):
+    assert main(["params", "base", "--cost", "--set", "train.max_tokens=4"]) == 1
+    assert capsys.readouterr().err.startswith("error: --devices 8 (of the default 1,8,64): each count must be in 1 .. 4")
+    assert main(["params", "base", "--cost", "--devices", "1,0"]) == 1
+    assert capsys.readouterr().err.startswith("error: --devices 0: each count")
+
+
 def test_params_cost_compares_table_2_for_its_two_models_and_says_the_papers_batch(capsys):
     """Table 2 has the base and the big model: C5 (d_model 1024, base's schedule) was compared with the big's
     3.5 days, and the base preset's default 4,096-token batch was compared without a word about §5.1's 25k."""
@@ -729,7 +736,7 @@ def test_score_perplexity_leaves_out_empty_sources(tiny_run, tmp_path, capsys):
 
     alone = perplexity("A dog runs.\n", "Ein Hund läuft.\n")
     with_empty = perplexity("A dog runs.\n\n", "Ein Hund läuft.\n\n")
-    assert alone.startswith("1 pairs, ") and with_empty.startswith("2 pairs (1 with an empty source, scored 0, left out)")
+    assert alone.startswith("1 pairs, ") and with_empty.startswith("2 pairs (1 with an empty source, left out)")
     assert with_empty.split("), ", 1)[1] == alone.split(", ", 1)[1]  # the same pieces and perplexity
     assert perplexity("\n", "\n").endswith("0 pieces (EOS included): no perplexity")
 

@@ -221,6 +221,13 @@ def test_a_config_toml_that_is_not_toml_is_a_one_line_error(tmp_path):
         read_toml(path)
 
 
+def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path):
+    """Notepad's UTF-8 starts with a BOM: 'invalid TOML: Invalid statement (at line 1, column 1)' said nothing of it."""
+    path = tmp_path / "config.toml"
+    path.write_bytes("[train]\nmax_steps = 7\n".encode("utf-8-sig"))
+    assert read_toml(path) == {"train": {"max_steps": 7}}
+
+
 def test_an_added_field_keeps_earlier_hashes():
     """A field added later (ADDED_FIELDS) is left out of the hash at the value earlier configs behaved as:
     benchmark results keyed before it still read back; any other value is a different config."""

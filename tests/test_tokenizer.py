@@ -162,3 +162,9 @@ def test_bpe_dropout_samples_other_segmentations_of_the_same_text(tok: Tokenizer
     assert a != b and a != tok.encode_batch(texts)
     assert sum(map(len, a)) > sum(map(len, tok.encode_batch(texts)))  # dropped merges leave more pieces
     assert [tok.decode(ids) for ids in a] == [tok.decode(ids) for ids in tok.encode_batch(texts)]  # same text
+
+
+def test_training_on_blank_text_names_the_text(tmp_path):
+    """preprocess named the temporary path of the model it would have written, not the empty corpus."""
+    with pytest.raises(TokenizerError, match=r"^cannot train a tokenizer: a.en \+ b.de holds no sentence"):
+        Tokenizer.train(["", "  "], tmp_path / "spm.model", 100, 1000, named="a.en + b.de")

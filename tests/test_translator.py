@@ -72,6 +72,9 @@ def test_device_choice_is_checked(run):
         Translator(run, int8=True, device="cuda")
     with pytest.raises(CheckpointError, match="--device 'gpu0'"):
         Translator(run, device="gpu0")
+    for other in ("mps", "meta"):  # devices torch names, which this package does not decode on: internal errors
+        with pytest.raises(CheckpointError, match=f"^--device {other}: give cpu, cuda or cuda:N$"):
+            Translator(run, device=other)
     if not torch.cuda.is_available():
         with pytest.raises(CheckpointError, match="no CUDA GPU"):
             Translator(run, device="cuda")

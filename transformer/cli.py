@@ -475,7 +475,7 @@ def cmd_score(args: argparse.Namespace) -> None:
             n, empty = n + len(chunk), empty + len(chunk) - len(counted)
     _tell(said)  # at the end: a pair may be refused (a tab too many, a file shorter) whenever it is read
     if n:
-        left_out = f" ({empty} with an empty source, scored 0, left out)" if empty else ""
+        left_out = f" ({empty} with an empty source, left out)" if empty else ""
         print(f"{n} pairs{left_out}, {pieces} pieces (EOS included): "
               + (f"perplexity {math.exp(-total / pieces):.3f}" if pieces else "no perplexity"), file=sys.stderr)
 
@@ -742,6 +742,9 @@ def cmd_average(args: argparse.Namespace) -> None:
     print(f"averaged {len(paths)} checkpoints{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
 
 
+COST_DEVICES = [1, 8, 64]  # params --cost's device counts, unless --devices
+
+
 def _params_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset", help="config file or preset name (base, big, C4, ...; `transformer params base`)")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
@@ -751,8 +754,8 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost", action="store_true", help="training cost of the config's run (train.max_steps x "
                    "max_tokens x update_freq): total FLOPs against Table 2's estimate, step time, days and memory "
                    "on H100s")
-    p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")], default=[1, 8, 64],
-                   help="device counts for --cost (default 1,8,64)")
+    p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")],
+                   help=f"device counts for --cost (default {','.join(map(str, COST_DEVICES))})")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost (default 0.4)")
 
 
@@ -786,10 +789,12 @@ def cmd_params(args: argparse.Namespace) -> None:
     tokens = cfg.train.max_tokens * cfg.train.update_freq
     if not 0 < args.mfu <= 1:
         raise ConfigError(f"--mfu {args.mfu}: must be in (0, 1], a share of the devices' peak FLOPs")
-    if bad := [n for n in args.devices if not 1 <= n <= tokens]:
-        raise ConfigError(f"--devices {bad[0]}: each count must be in 1 .. {tokens:,}, the tokens of a step "
+    devices = args.devices or COST_DEVICES
+    if bad := [n for n in devices if not 1 <= n <= tokens]:  # the default list too: say it was not the user's
+        default = "" if args.devices else f" (of the default {','.join(map(str, COST_DEVICES))})"
+        raise ConfigError(f"--devices {bad[0]}{default}: each count must be in 1 .. {tokens:,}, the tokens of a step "
                           "(train.max_tokens x update_freq) shared among them")
-    report = cost_report(cfg, args.preset, vocab, args.devices, args.mfu)
+    report = cost_report(cfg, args.preset, vocab, devices, args.mfu)
     print(json.dumps(report, indent=2) if args.json else format_cost_report(report))
 
 
@@ -941,7 +946,17 @@ def cmd_attention(args: argparse.Namespace) -> None:
                                                       ("style", "both")) if getattr(args, name) != default]:
         said.append(f"note: {', '.join(given)} {'shape' if len(given) > 1 else 'shapes'} a PNG only; the HTML page "
                     "holds every kind, layer and head")
+    def drawable(text: str, what: str) -> None:  # as the server's figures: a longer side is illegible, and a
+        limit = ServeLimits().max_attention_pieces  # PNG of 800 words took more memory than the machine had
+        if (n := len(translator.tokenizer.pieces(text.strip())) + 1) > limit:
+            raise FigureError(f"{what}: {n} pieces with EOS, more than the {limit} a figure draws: give a shorter "
+                              "sentence")
+
+    drawable(args.src, "--src")
+    if args.tgt is not None:
+        drawable(args.tgt, "--tgt")
     tgt = args.tgt if args.tgt is not None else _translate_lines(translator, [args.src], request)[0]
+    drawable(tgt, "the model's translation")
     maps = attention_maps(translator, args.src, tgt)  # checks the sentence: nothing is said before its error
     if args.tgt is None:
         print(f"translation: {tgt}", file=sys.stderr)
@@ -1063,7 +1078,7 @@ def say(line: str) -> None:
     sys.stderr.write(line + "\n")
 
 
-RUN_RECORDS = ("config.toml", "train.log", "metrics.jsonl", "summary.json", "spm.model")  # what train writes
+RUN_RECORDS = ("config.toml", "train.log", "metrics.jsonl", "summary.json", "spm.model", "spm.json")  # train's
 
 
 def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: dict) -> None:

@@ -477,9 +477,10 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """A TOML file's tables; a file that is not TOML (or not UTF-8) is a one-line error naming it."""
+    """A TOML file's tables; a file that is not TOML (or not UTF-8) is a one-line error naming it. A
+    byte-order mark (an editor's on Windows) is read past, as the text inputs read it."""
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
 

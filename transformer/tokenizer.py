@@ -82,7 +82,7 @@ class Tokenizer:
 
     @classmethod
     def train(cls, sentences: Iterable[str], model_path: Path, vocab_size: int, input_sentence_size: int,
-              seed: int = 1, *, symbols: Sequence[str] = ()) -> Tokenizer:
+              seed: int = 1, *, symbols: Sequence[str] = (), named: str = "the training text") -> Tokenizer:
         """Trains one joint BPE model (§5.1) on ``sentences`` (the lines of the training source and
         target files: ``data.iter_lines`` reads them; blank ones are left out).
 
@@ -91,11 +91,12 @@ class Tokenizer:
         written to a temporary file beside ``model_path`` and renamed, so a crash never leaves a
         half-written vocabulary that a later run would load. ``symbols`` are whitespace-delimited
         words kept whole, one piece each (the parsing task's brackets, which BPE would otherwise split
-        at the change of script between "(" and the label).
+        at the change of script between "(" and the label). ``named``: what the sentences are, for the
+        error when there are none.
         """
         sample = _sample((s for s in sentences if s.strip()), input_sentence_size, seed)
         if not sample:
-            raise TokenizerError(f"cannot train a tokenizer for {model_path}: the training text is empty")
+            raise TokenizerError(f"cannot train a tokenizer: {named} holds no sentence (every line is blank)")
         spm.set_random_generator_seed(seed)
         writer = io.BytesIO()  # no model_prefix: the file path would otherwise be stored in the model
         try:

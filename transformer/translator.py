@@ -74,6 +74,8 @@ class Translator:
             torch_device = torch.device(device)
         except RuntimeError as e:
             raise CheckpointError(f"--device {device!r}: {e}") from None
+        if torch_device.type not in ("cpu", "cuda"):  # mps, meta, xpu...: this package decodes on neither
+            raise CheckpointError(f"--device {device}: give cpu, cuda or cuda:N")
         refuse_pairs(Setup(int8, bool(ensemble), device=device).options(), CLI | {"device": f"--device {device}"})
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if torch_device.type == "cuda" and not gpus:

@@ -36,7 +36,7 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
         + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
     tokenizer = Tokenizer.train(itertools.chain(iter_lines(src), iter_lines(tgt)), path, d.vocab_size,
                                 d.spm_input_sentences, seed=cfg.train.seed,
-                                symbols=sorted(symbols))
+                                symbols=sorted(symbols), named=f"{src} + {tgt}")
     files.write_text(path.with_suffix(".json"), json.dumps(vocabulary_inputs(cfg, src, tgt), indent=2) + "\n")
     return tokenizer
 
