@@ -355,6 +355,8 @@ def test_a_model_file_among_the_checkpoints_is_not_resumed_from(tmp_path, tiny_o
     train(cfg, run, quiet=True)
     last = list_checkpoints(run)[-1]
     status = main(["average", str(run), "--last", "2", "--out", str(last.with_suffix(".safetensors"))])
+    assert status == 1 and f"is the run's own {last.stem}.safetensors" in capsys.readouterr().err
+    status = main(["average", str(run), "--last", "2", "--out", str(last.with_name("new.safetensors"))])
     assert status == 1 and "in the run's checkpoints folder" in capsys.readouterr().err
     assert "train_state" in load_checkpoint(last, with_state=False).meta  # untouched
     model = load_checkpoint(last, with_state=False)
@@ -364,3 +366,22 @@ def test_a_model_file_among_the_checkpoints_is_not_resumed_from(tmp_path, tiny_o
     assert latest_checkpoint(run, warn=said.append).path == last
     assert said == ["skipping step_00000005.json: weights without the training state (a model file, not a "
                     "training checkpoint)"]
+
+
+def test_a_model_file_in_upper_case_is_written_and_read(tiny_run, tmp_path, capsys):
+    """`average --out x.SAFETENSORS` passed the command line's check (any case) and then died in write_model
+    with "internal error: ValueError: ... must end in .safetensors". Every suffix check here takes any case
+    now: the file is written beside x.json, and translate reads it back through that record."""
+    from transformer.cli import main
+
+    model = tmp_path / "x.SAFETENSORS"
+    assert main(["average", str(tiny_run), "--last", "2", "--out", str(model)]) == 0
+    assert model.is_file() and (tmp_path / "x.json").is_file()
+    assert load_checkpoint(model).path == tmp_path / "x.json"
+    capsys.readouterr()
+    (tmp_path / "in.txt").write_text("A dog runs.\n", encoding="utf-8")
+    assert main(["translate", str(tiny_run), "--checkpoint", str(model), "--input", str(tmp_path / "in.txt")]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    (tmp_path / "model.PT").write_bytes(b"not read")  # a pickle's suffix in any case is refused before it is opened
+    with pytest.raises(CheckpointError, match=r"^model\.PT: pickle files are refused"):
+        load_checkpoint(tmp_path / "model.PT")

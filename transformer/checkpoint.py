@@ -35,6 +35,12 @@ _STEP_JSON = re.compile(r"step_(\d{8,})\.json")
 _STEP_DATA = re.compile(r"step_(\d{8,})(\.state)?\.safetensors")
 
 
+def _suffix(path: str | Path) -> str:
+    """``path``'s suffix in lower case: the command line takes --out x.SAFETENSORS as a model file, so
+    every check of a suffix here does too (and a pickle's .PT is refused as its .pt is)."""
+    return Path(path).suffix.lower()
+
+
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the one-line message names the file and the problem."""
 
@@ -100,7 +106,7 @@ def write_model(path: Path, weights: dict[str, Tensor], meta: dict[str, Any]) ->
     Returns the JSON path (the commit marker, written last).
     """
     path = Path(path)
-    if path.suffix != ".safetensors":
+    if _suffix(path) != ".safetensors":
         raise ValueError(f"{path.name}: model files must end in .safetensors")
     meta = _own_meta(meta)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,12 +166,12 @@ def _prune(ckpt_dir: Path, keep_last: int) -> None:
 
 def _json_for(path: Path) -> Path:
     """Maps any file of a checkpoint to its JSON record."""
-    if path.suffix == ".json":
+    if _suffix(path) == ".json":
         return path
-    if path.name.endswith(".state.safetensors"):
+    if path.name.lower().endswith(".state.safetensors"):
         return path.with_name(path.name[: -len(".state.safetensors")] + ".json")
-    if path.suffix == ".safetensors":
-        return path.with_suffix(".json")
+    if _suffix(path) == ".safetensors":
+        return path.with_suffix(".json")  # as write_model names it, whatever the case of the suffix
     raise CheckpointError(f"{path.name}: not a checkpoint file (expected .json or .safetensors)")
 
 
@@ -176,7 +182,7 @@ def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dic
     name = entry["name"]
     if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
         raise CheckpointError(f"{json_name}: {role} file name {name!r} is not a plain file name")
-    if Path(name).suffix in PICKLE_SUFFIXES:
+    if _suffix(name) in PICKLE_SUFFIXES:
         raise CheckpointError(f"{name}: pickle files are refused (they can run code when loaded)")
     path = directory / name
     try:
@@ -208,7 +214,7 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
     Every failure is a CheckpointError naming the file at fault; nothing is returned half-loaded.
     """
     path = Path(path)
-    if path.suffix in PICKLE_SUFFIXES:
+    if _suffix(path) in PICKLE_SUFFIXES:
         raise CheckpointError(f"{path.name}: pickle files are refused (they can run code when loaded); "
                               "convert the weights to safetensors")
     json_path = _json_for(path)

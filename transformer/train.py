@@ -264,7 +264,7 @@ def parent_run(init_from: Path) -> Path:
         run = init_from
     elif init_from.is_file():
         run = init_from.parent.parent if init_from.parent.name == "checkpoints" else init_from.parent
-        if (not (run / "spm.model").is_file() and init_from.suffix in (".safetensors", ".json")
+        if (not (run / "spm.model").is_file() and init_from.suffix.lower() in (".safetensors", ".json")
                 and (named := checkpoint_record(init_from).get("run"))):
             run = Path(named)
     else:
