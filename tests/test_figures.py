@@ -124,6 +124,11 @@ def test_cli_refuses_bad_requests(tiny_run, tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: --heads 'x'")
     assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", " ", "--out", str(tmp_path / "a.png")]) == 1
     assert capsys.readouterr().err.startswith("error: --tgt is empty")
+    assert main(["attention", str(tiny_run), "--src", "dog " * 300, "--out", str(tmp_path / "a.png")]) == 1
+    assert (err := capsys.readouterr().err).startswith("error: --src: ") and "pieces with EOS, more than the 128 a " \
+        "figure draws" in err  # 800 words drew until the machine's memory ran out
+    assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", "Hund " * 200, "--out", str(tmp_path / "a.html")]) == 1
+    assert capsys.readouterr().err.startswith("error: --tgt: ")
     assert main(["attention", str(tiny_run), "--src", SRC, "--out", str(tmp_path / "a.jpg")]) == 1
     assert "give a .png or .html" in capsys.readouterr().err
 
@@ -137,6 +142,53 @@ def test_plot_draws_the_runs_own_log(tiny_run, tmp_path):
     with pytest.raises(FigureError, match=r"metrics.jsonl:2: not a JSON record"):
         plot_training(bad, tmp_path / "x.png")
     assert main(["plot", str(tmp_path / "nowhere")]) == 1
+
+
+GOOD_RECORD = b'{"step": 5, "minutes": 0.5, "lr": 0.001, "train_loss": 6.5}\n'
+
+
+@pytest.mark.parametrize("line, said", [
+    (b"5", "a record must be a JSON object {...}, not a number"),
+    (b"null", "a record must be a JSON object {...}, not null"),
+    (b'"step train_loss"', "a record must be a JSON object {...}, not a string"),
+    (b'{"train_loss": 6.1}', 'no "step"'),
+    (b'{"step": -10}', '"step" must be a non-negative integer, not -10'),
+    (b'{"step": 10.5}', '"step" must be a non-negative integer, not 10.5'),
+    (b'{"step": true}', '"step" must be a non-negative integer, not true'),
+    (b'{"step": 1%s}' % (b"0" * 60), '"step" is 1%s…, beyond any value a run logs' % ("0" * 38)),
+    (b'{"step": 10, "train_loss": {"a": 1}}', '"train_loss" must be a number, not an object {"a": 1}'),
+    (b'{"step": 10, "lr": "0.1"}', '"lr" must be a number, not a string "0.1"'),
+    (b'{"step": 10, "train_loss": 1e308}', '"train_loss" is 1e+308, beyond any value a run logs (±3.4e+38)'),
+    (b'{"step": 10, "valid_ppl": -1e300}', '"valid_ppl" is -1e+300, beyond any value a run logs'),
+    (b'{"step": 10, "minutes": NaN}', '"minutes" must be a non-negative finite number, not NaN'),
+    (b'{"step": 10, "minutes": -1}', '"minutes" must be a non-negative finite number, not -1'),
+    (b'{"step": 10, "minutes": 1e300}', '"minutes" is 1e+300, beyond any value a run logs'),
+    (b'{"step": 10, "train_loss": 6\xff}', "invalid UTF-8 (byte 0xff at byte column 29)"),
+    pytest.param(b"[" * 10_000, "not a JSON record (maximum recursion depth exceeded", id="deeply-nested"),
+])
+def test_plot_names_the_line_it_cannot_draw(tmp_path, capsys, line, said):
+    """A damaged metrics.jsonl ended in "internal error" (TypeError, "arange: cannot compute length",
+    UnicodeDecodeError): every record is now checked before anything is drawn, and refused by its line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(GOOD_RECORD + line + b"\n" + GOOD_RECORD)
+    assert main(["plot", str(run), "--out", str(tmp_path / "x.png")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run / 'metrics.jsonl'}:2: ") and said in err
+    assert err.count("\n") == 1 and not (tmp_path / "x.png").exists()
+
+
+def test_plot_draws_a_diverged_run_with_gaps(tmp_path):
+    """NaN and Infinity are what train.py logs when a loss overflows (json reads them back): a gap in the
+    line, not a refusal, since a diverged run is the one to look at."""
+    bad = tmp_path / "metrics.jsonl"
+    bad.write_text('{"step": 5, "minutes": 0.5, "lr": 0.001, "train_loss": 6.5, "valid_nll": NaN, "valid_ppl": NaN}\n'
+                   '{"step": 10, "minutes": 1.0, "lr": 0.002, "train_loss": Infinity, "valid_nll": 5.1, '
+                   '"valid_ppl": Infinity}\n{"step": 15, "minutes": 1.5, "lr": 0.002, "train_loss": -Infinity}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor a warning of matplotlib's
+        assert plot_training(bad, tmp_path / "curves.png") == ["train_loss", "valid_nll", "valid_ppl", "lr"]
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 
 def test_the_plots_legend_says_the_training_loss_is_smoothed(tiny_run, tmp_path, monkeypatch):

@@ -242,28 +242,75 @@ def web_page(name: str, fields: dict[str, str]) -> str:
 SERIES_NAMES = {"train_loss": "train_loss (label-smoothed, §5.4)", "valid_nll": "valid_nll (no smoothing)"}
 
 
+# every value train.py logs comes from a float32 tensor or a clock: a finite one beyond float32's range is damage,
+# and matplotlib cannot lay out an axis near float64's limit ("arange: cannot compute length" at 1e308)
+_LARGEST = float(torch.finfo(torch.float32).max)
+# plot_training's rows: (y label, the metrics drawn in it), each against "step" and "minutes"
+_PANELS = [("loss (nats/token)", ["train_loss", "valid_nll"]), ("perplexity", ["valid_ppl"]),
+           ("learning rate", ["lr"]), ("dev BLEU", ["valid_bleu"])]
+
+
+def _json_kind(value: object) -> str:
+    """``value``'s JSON type, as the file spells it."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return {dict: "an object", list: "an array", str: "a string"}.get(type(value), "a number")
+
+
+def _shown(value: object) -> str:
+    """``value`` as JSON, cut short: the error stays one line whatever the file holds."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _metrics_record(line: str, where: str) -> dict:
+    """One record of metrics.jsonl with the fields the plot draws checked, or a FigureError naming ``where``
+    (file:line) and the field. A metric may be NaN or ±Infinity (what train.py logs when a loss overflows,
+    and Python's json reads back): drawn as a gap, so a diverged run can still be plotted."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError) as e:  # bad JSON; also an integer of over 4300 digits, or deep nesting
+        reason = e.msg if isinstance(e, json.JSONDecodeError) else e
+        raise FigureError(f"{where}: not a JSON record ({reason})") from None
+    if not isinstance(record, dict):
+        raise FigureError(f"{where}: a record must be a JSON object {{...}}, not {_json_kind(record)}")
+    if "step" not in record:
+        raise FigureError(f'{where}: no "step" (every record train.py writes has one)')
+    step = record["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise FigureError(f'{where}: "step" must be a non-negative integer, not {_shown(step)}')
+    for key in ("step", "minutes", *(key for _, keys in _PANELS for key in keys)):
+        if key not in record:
+            continue  # not logged at this step (validation and BLEU are logged every so many)
+        value = record[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise FigureError(f'{where}: "{key}" must be a number, not {_json_kind(value)} {_shown(value)}')
+        finite = not isinstance(value, float) or math.isfinite(value)  # math.isfinite overflows on a huge int
+        if key == "minutes" and not (finite and value >= 0):  # an x axis, read off a clock: never NaN or negative
+            raise FigureError(f'{where}: "minutes" must be a non-negative finite number, not {_shown(value)}')
+        if finite and abs(value) > _LARGEST:
+            raise FigureError(f'{where}: "{key}" is {_shown(value)}, beyond any value a run logs (±{_LARGEST:.2g})')
+    return record
+
+
 def plot_training(metrics_path: Path, out: Path) -> list[str]:
     """Training and validation loss, perplexity, learning rate and dev BLEU against steps and minutes,
-    from a run's ``metrics.jsonl``. Returns the names of the series that were drawn."""
+    from a run's ``metrics.jsonl``. Returns the names of the series that were drawn. A record that cannot
+    be drawn is a FigureError naming its line and field (``_metrics_record``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = []
-    for n, line in enumerate(metrics_path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise FigureError(f"{metrics_path}:{n}: not a JSON record ({e.msg})") from None
+    from .data import read_lines  # the one reader of text files: invalid UTF-8 is named with its line
+
+    records = [_metrics_record(line, f"{metrics_path}:{n}")
+               for n, line in enumerate(read_lines(metrics_path), 1) if line.strip()]
     if not records:
         raise FigureError(f"{metrics_path}: no records yet (the first is written after train.log_every steps)")
-    panels = [("loss (nats/token)", ["train_loss", "valid_nll"]), ("perplexity", ["valid_ppl"]),
-              ("learning rate", ["lr"]), ("dev BLEU", ["valid_bleu"])]
     drawn = []
-    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3 * len(panels)), squeeze=False)
-    for row, (label, keys) in enumerate(panels):
+    fig, axes = plt.subplots(len(_PANELS), 2, figsize=(11, 3 * len(_PANELS)), squeeze=False)
+    for row, (label, keys) in enumerate(_PANELS):
         for col, x_key in enumerate(("step", "minutes")):
             ax = axes[row][col]
             for key in keys:
