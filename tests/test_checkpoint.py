@@ -162,7 +162,9 @@ def corrupt_cases() -> list[tuple[str, str, str]]:
             ("flip", "step_00000200.state.safetensors", "sha256 mismatch"),
             ("delete", "step_00000200.state.safetensors", "cannot read"),
             ("garbage", "step_00000200.json", "unreadable"),
-            ("foreign", "step_00000200.json", "not a transformer-checkpoint/1 record")]
+            ("foreign", "step_00000200.json", "not a transformer-checkpoint/1 record"),
+            # a record edited by hand: "size 805536 bytes, expected 805536" compared an int with a string
+            ("bytes as text", "step_00000200.json", "must give its bytes as an integer and its sha256 as a string")]
 
 
 @pytest.mark.parametrize("how,name,problem", corrupt_cases())
@@ -180,6 +182,10 @@ def test_corrupt_files_refused_and_latest_falls_back(tmp_path: Path, how: str, n
         target.unlink()
     elif how == "garbage":
         target.write_bytes(data[:20])
+    elif how == "bytes as text":
+        record = json.loads(data)
+        record["files"]["weights"]["bytes"] = str(record["files"]["weights"]["bytes"])
+        target.write_text(json.dumps(record))
     else:
         target.write_text(json.dumps({"format": "someone-else/3", "files": {}}))
     with pytest.raises(CheckpointError) as err:

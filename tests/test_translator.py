@@ -1,5 +1,6 @@
 """Translating from a run folder: averaging by default, refusing weights that do not fit."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,26 @@ def test_device_choice_is_checked(run):
     if not torch.cuda.is_available():
         with pytest.raises(CheckpointError, match="no CUDA GPU"):
             Translator(run, device="cuda")
+
+
+@pytest.mark.parametrize("config, problem", [([], ": its config: must be a table of [sections], not list"),
+                                             ({"decode": {"beam_size": 0}}, ": its config: decode.beam_size must be "
+                                                                            "positive, got 0")])
+def test_a_checkpoint_records_own_bad_config_names_the_record(tmp_path, config, problem):
+    """A record edited by hand: a config that is no table was an internal error, and one that breaks a rule
+    read as if the user's own config or options were at fault."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "decode_reference", run)
+    record = sorted((run / "checkpoints").glob("*.json"))[-1]
+    meta = json.loads(record.read_text())
+    meta["config"] = config if isinstance(config, list) else {**meta["config"], **{
+        k: {**meta["config"][k], **v} for k, v in config.items()}}
+    record.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(record) + problem)}"):
+        Translator(run, log=lambda m: None)
 
 
 def test_a_gpu_that_is_not_there_is_refused_before_loading(monkeypatch):

@@ -179,6 +179,9 @@ def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dic
     """Reads one listed file, verifying size and sha256 on the very bytes that are then parsed."""
     if not isinstance(entry, dict) or not {"name", "sha256", "bytes"} <= entry.keys():
         raise CheckpointError(f"{json_name}: malformed entry for the {role} file")
+    if isinstance(entry["bytes"], bool) or not isinstance(entry["bytes"], int) or not isinstance(entry["sha256"], str):
+        raise CheckpointError(f"{json_name}: the {role} file's entry must give its bytes as an integer and its "
+                              f"sha256 as a string, not {entry['bytes']!r} and {entry['sha256']!r}")
     name = entry["name"]
     if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
         raise CheckpointError(f"{json_name}: {role} file name {name!r} is not a plain file name")

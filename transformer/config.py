@@ -446,6 +446,8 @@ def resolve_config_path(name_or_path: str) -> Path:
 
 
 def config_from_dict(data: dict[str, Any], where: str = "config") -> Config:
+    if not isinstance(data, dict):  # a checkpoint record edited by hand, or written by something else
+        raise ConfigError(f"{where}: must be a table of [sections], not {type(data).__name__}")
     cfg = Config()
     for section, values in data.items():
         if not isinstance(values, dict):

@@ -303,7 +303,16 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         meta = ckpt.meta
     if meta.get("vocab_sha256") not in (None, tokenizer.sha256):
         raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {run_dir / 'spm.model'}")
-    cfg = config_from_dict(meta["config"], f"{checkpoint or run_dir} (config)")
+    record = Path(checkpoint).with_suffix(".json") if checkpoint is not None else paths[-1]
+    where = f"{record}: its config"  # the record's own values first: an error in them is the file's
+    try:
+        cfg = config_from_dict(meta["config"], where)
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
     cfg.decode = dataclasses.replace(cfg.decode, **(decode or {}))
     cfg.validate()  # the overrides too, before any work: one set of checks for the run's values and ours
     if checkpoint is None:
