@@ -215,6 +215,10 @@ def test_a_body_not_sent_as_json_is_told_so(client):
 def test_malformed_json_and_large_bodies(client):
     r = client.post("/v1/translate", content=b'{"text": ["a"', headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON")
+    for body, problem in ((b"", "malformed JSON: the body is empty"),  # was a 422 of a nameless field
+                          (b'{"text": ["\xff"]}', "malformed JSON: the body is not UTF-8 text")):  # FastAPI's words
+        r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"].startswith(problem), r.json()
     r = client.post("/v1/translate", content=json.dumps({"text": ["a" * 5000]}).encode(),
                     headers={"content-type": "application/json"})
     assert r.status_code == 413 and "4096 bytes" in r.json()["error"]

@@ -586,6 +586,8 @@ def _answer_errors_in_json(app: FastAPI) -> None:
                                           f"request's: {kind or 'none'})"}, status_code=415)
         if any(e.get("type") == "json_invalid" for e in errors):
             return JSONResponse({"error": "malformed JSON: " + errors[0].get("msg", "")}, status_code=400)
+        if [(e.get("type"), tuple(e.get("loc", ()))) for e in errors] == [("missing", ("body",))]:
+            return JSONResponse({"error": "malformed JSON: the body is empty (send a JSON object)"}, status_code=400)
         detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]), "problem": e.get("msg", "")}
                   for e in errors]
         return JSONResponse({"error": "invalid request", "detail": detail}, status_code=422)
@@ -597,6 +599,8 @@ def _answer_errors_in_json(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's, for a body
+            return JSONResponse({"error": "malformed JSON: the body is not UTF-8 text"}, status_code=400)  # not UTF-8
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
