@@ -946,6 +946,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
                                                       ("style", "both")) if getattr(args, name) != default]:
         said.append(f"note: {', '.join(given)} {'shape' if len(given) > 1 else 'shapes'} a PNG only; the HTML page "
                     "holds every kind, layer and head")
+
     def drawable(text: str, what: str) -> None:  # as the server's figures: a longer side is illegible, and a
         limit = ServeLimits().max_attention_pieces  # PNG of 800 words took more memory than the machine had
         if (n := len(translator.tokenizer.pieces(text.strip())) + 1) > limit:
