@@ -139,6 +139,9 @@ def test_a_bracket_too_many_is_placed_in_its_own_tree_and_line(tmp_path, capsys)
         assert main(["evaluate-parse", "--gold", str(tmp_path / gold), "--test", str(tmp_path / test)]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{tmp_path / 'empty.txt'}: no trees" in err, err
+    (tmp_path / "holes.txt").write_text(f"{good}\n()\n(S (-NONE- *T*))\n")  # scored as EVALB would, but said
+    assert main(["evaluate-parse", "--gold", str(tmp_path / "holes.txt"), "--test", str(tmp_path / "holes.txt")]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("; 2 skipped, without a word once traces are removed")
 
 
 def test_bracket_words_are_written_as_the_treebank_writes_them():

@@ -703,8 +703,9 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
         return
     print(f"precision = {scores['precision']:.2f}\nrecall    = {scores['recall']:.2f}\nF1        = {scores['f1']:.2f}")
     print(f"brackets: {scores['matched']} matched, {scores['gold_brackets']} gold, {scores['test_brackets']} test; "
-          f"{scores['sentences']} sentences (EVALB COLLINS.prm rules: punctuation by gold tag removed, "
-          "ADVP = PRT, POS nodes not counted)")
+          f"{scores['sentences']} sentences (EVALB COLLINS.prm rules: punctuation by gold tag removed, ADVP = PRT, POS "
+          "nodes not counted)" + (f"; {scores['skipped_empty']} skipped, without a word once traces are removed"
+                                  if scores["skipped_empty"] else ""))
 
 
 def _average_arguments(p: argparse.ArgumentParser) -> None:

@@ -140,6 +140,7 @@ class ParseScore:
     gold: int = 0
     test: int = 0
     sentences: int = 0
+    skipped: int = 0  # pairs without a word once normalised (traces alone, "()"): not scored, as EVALB skips them
 
     @property
     def precision(self) -> float:
@@ -157,7 +158,7 @@ class ParseScore:
     def as_dict(self) -> dict:
         return {"f1": round(self.f1, 2), "precision": round(self.precision, 2), "recall": round(self.recall, 2),
                 "matched": self.matched, "gold_brackets": self.gold, "test_brackets": self.test,
-                "sentences": self.sentences}
+                "sentences": self.sentences, "skipped_empty": self.skipped}
 
 
 def score_trees(gold: list[Tree | None], test: list[Tree | None]) -> ParseScore:
@@ -169,6 +170,7 @@ def score_trees(gold: list[Tree | None], test: list[Tree | None]) -> ParseScore:
     score = ParseScore()
     for i, (g, t) in enumerate(zip(gold, test), 1):
         if g is None and t is None:
+            score.skipped += 1
             continue
         if g is None or t is None:
             raise TreeError(f"tree {i}: the {'gold' if g is None else 'test'} tree is empty once normalised, the "
