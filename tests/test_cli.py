@@ -682,6 +682,16 @@ def test_a_parse_prefix_that_cannot_start_a_tree_exits_1_with_one_line(tiny_pars
                     "opens, and fits the length limit)"]
 
 
+def test_evaluating_a_parsing_run_against_linearised_targets_says_what_ref_takes(tiny_parse_run, tmp_path, capsys):
+    """--ref test.wlin (the model's linearised targets) said only "word 'S' outside any bracket"."""
+    (tmp_path / "test.words").write_text("The dog barked .\n")
+    (tmp_path / "test.wlin").write_text("S (NP XX XX )NP (VP XX )VP XX )S\n")
+    status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "test.words"),
+                                "--ref", str(tmp_path / "test.wlin"))
+    assert (status, out) == (1, "") and err.count("\n") == 1, err
+    assert "outside any bracket" in err and "(--ref takes the gold trees, bracketed as the treebank writes them" in err
+
+
 def test_the_smallest_temperature_samples_the_greedy_output(tmp_path, capsys):
     """A tiny --temperature overflowed every logit to -inf and the draw to NaN before; now each draw is
     the most probable token: greedy search."""

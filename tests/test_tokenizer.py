@@ -166,5 +166,5 @@ def test_bpe_dropout_samples_other_segmentations_of_the_same_text(tok: Tokenizer
 
 def test_training_on_blank_text_names_the_text(tmp_path):
     """preprocess named the temporary path of the model it would have written, not the empty corpus."""
-    with pytest.raises(TokenizerError, match=r"^cannot train a tokenizer: a.en \+ b.de holds no sentence"):
+    with pytest.raises(TokenizerError, match=r"^cannot train a tokenizer: a.en \+ b.de is empty"):
         Tokenizer.train(["", "  "], tmp_path / "spm.model", 100, 1000, named="a.en + b.de")

@@ -449,6 +449,8 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
         train(load_config("tiny", tiny_overrides + ["model.d_ff=96"]), tmp_path / "wide", quiet=True, init_from=old)
     with pytest.raises(TrainError, match="no such run folder"):
         train(cfg, tmp_path / "x", quiet=True, init_from=tmp_path / "missing")
+    with pytest.raises(TrainError, match=r"checkpoints: not a run folder \(no spm.model\) \(give the run folder"):
+        train(cfg, tmp_path / "x", quiet=True, init_from=old / "checkpoints")  # "...and the file names no run"
     with pytest.raises(TrainError, match=r"train.init_qkv_gain = 0.5 sets how .* --init-from .*: give one of them"):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.init_qkv_gain=0.5"]),
               tmp_path / "drawn", quiet=True, init_from=old)

@@ -96,7 +96,7 @@ class Tokenizer:
         """
         sample = _sample((s for s in sentences if s.strip()), input_sentence_size, seed)
         if not sample:
-            raise TokenizerError(f"cannot train a tokenizer: {named} holds no sentence (every line is blank)")
+            raise TokenizerError(f"cannot train a tokenizer: {named} is empty (every line is blank)")
         spm.set_random_generator_seed(seed)
         writer = io.BytesIO()  # no model_prefix: the file path would otherwise be stored in the model
         try:

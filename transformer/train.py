@@ -262,6 +262,9 @@ def parent_run(init_from: Path) -> Path:
     in its checkpoints/), or, for a file `transformer average` wrote elsewhere, the run it was averaged from."""
     if init_from.is_dir():
         run = init_from
+        if not (run / "spm.model").is_file():  # a folder names no run but itself
+            inside = " (give the run folder, or one checkpoint file)" if run.name == "checkpoints" else ""
+            raise TrainError(f"--init-from {init_from}: not a run folder (no spm.model){inside}")
     elif init_from.is_file():
         run = init_from.parent.parent if init_from.parent.name == "checkpoints" else init_from.parent
         if (not (run / "spm.model").is_file() and init_from.suffix.lower() in (".safetensors", ".json")
