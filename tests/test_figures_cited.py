@@ -422,7 +422,7 @@ FIGURES: list[Figure] = [
              ("0.89", "readings/row=D4/dev_ppl_delta"), ("3.703", "readings/row=C4/dev_bleu_delta"),
              ("3.537", "readings/row=big/dev_ppl_delta"),
              ("2", "scale/factor")),
-    *figures("README.md", "Results", "fresh_clone.json", ("1,020", "quickstart/updates"),
+    *figures("README.md", "Results", "fresh_clone.json", ("988", "quickstart/updates"),
              ("33.2", "quickstart/tok_lc_bleu"), ("10", "quickstart/train_minutes")),
     *figures("README.md", "Results", "parsing.json", ("74.98", "f1"), ("60.0", "train_minutes"),
              ("16,064", "steps")),
