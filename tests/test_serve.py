@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
+from transformer.data import encode_for_decoding  # noqa: E402
 from transformer.figures import attention_maps  # noqa: E402
 from transformer.request import DecodeRequest  # noqa: E402
 from transformer.config import ConfigError  # noqa: E402
@@ -355,19 +356,19 @@ def test_work_no_one_waits_for_stops_at_the_next_batch(translator, monkeypatch, 
     """A request decoded in several batches (--max-batch-tokens) whose client leaves mid-decode, or while
     the server shuts down (Ctrl-C), is not decoded further: one long request held the model thread, and
     the server's exit, for minutes. The next request is served (or, stopping, refused with 503)."""
+    import transformer.decode
+
     reached, gate, seen = threading.Event(), threading.Event(), []
-    real = translator.stream
+    real = transformer.decode.beam_hypotheses
 
-    def stream(chunks, *args, **kwargs):
-        def held():
-            for lines in chunks:
-                seen.extend(lines)
-                yield lines
-                reached.set()  # the first batch is decoded; the next is asked for once the gate opens
-                gate.wait(30)
-        return real(held(), *args, **kwargs)
+    def held(model, src, *args, **kwargs):  # the search of one batch; the next is asked for once the gate opens
+        found = real(model, src, *args, **kwargs)
+        seen.extend(row[row != 0].tolist() for row in src)  # each sentence's ids, padding left out
+        reached.set()
+        gate.wait(30)
+        return found
 
-    monkeypatch.setattr(translator, "stream", stream)
+    monkeypatch.setattr(transformer.decode, "beam_hypotheses", held)
 
     async def scenario(batcher):
         gone = asyncio.get_running_loop().create_future()
@@ -388,7 +389,7 @@ def test_work_no_one_waits_for_stops_at_the_next_batch(translator, monkeypatch, 
     batcher, (error, after) = run_batcher(translator, Limits(max_batch_tokens=8), scenario)
     assert len(seen) == (1 if how == "server stopping" else 2), seen  # one of the three lines; then "A dog."
     if how == "client gone":
-        assert error.status == 499 and seen[1] == "A dog."
+        assert error.status == 499 and seen[1] == encode_for_decoding(["A dog."], translator.tokenizer)[0]
     else:
         assert error.status == 503 and after.value.status == 503
         assert error.message == after.value.message == "the server is shutting down"

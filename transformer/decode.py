@@ -7,7 +7,7 @@ The searches themselves are in ``search.py``; what constrains them in ``constrai
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -21,13 +21,18 @@ from .search import PAPER, Hypothesis, beam_hypotheses, greedy_hypotheses, lengt
 from .tokenizer import EOS_ID
 
 
+class Stopped(Exception):
+    """``decode_ids``' ``stop`` said so before a batch: what is left is not decoded."""
+
+
 def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.beam_size,
                alpha: float = PAPER.alpha, max_len_offset: int = PAPER.max_len_offset,
                batch_size: int = PAPER.batch_size, bar: tqdm | None = None,
                constraint: Constraint | None = None, early_stop: EarlyStop = PAPER.early_stop, nbest: int = 1,
                prefixes: Sequence[Sequence[int]] | None = None, sampling: Sampling | None = None,
                constraints: Sequence[Sequence[Sequence[int]]] | None = None,
-               length_norm: LengthNorm = PAPER.length_norm) -> list[list[Hypothesis]]:
+               length_norm: LengthNorm = PAPER.length_norm, stop: Callable[[], bool] | None = None
+               ) -> list[list[Hypothesis]]:
     """Decode many sources (token ids, each ending with EOS): for each input, in input order, its
     ``nbest`` hypotheses, best first.
 
@@ -41,8 +46,9 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     one place (``request.DecodeRequest.verify``, which refuses lexical constraints with sampling or
     with a ``constraint``); this driver runs what it is given.
     ``length_norm`` is the length normalisation of every score (``search.length_penalty``).
-    ``bar``, a progress bar of sentences, is advanced by each batch's. No input is dropped or truncated;
-    an empty source is refused, since attention over no key at all is undefined.
+    ``bar``, a progress bar of sentences, is advanced by each batch's. ``stop`` is asked before each
+    batch; True raises Stopped (the server's request whose client has gone, or Ctrl-C). No input is
+    dropped or truncated; an empty source is refused, since attention over no key at all is undefined.
     """
     if any(len(s) == 0 for s in sources):
         raise ValueError("empty source: every source needs at least its EOS token")
@@ -54,6 +60,8 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     outputs: list[list[Hypothesis]] = [[] for _ in sources]
     for start in range(0, len(order), batch_size):
+        if stop is not None and stop():
+            raise Stopped
         chunk = order[start: start + batch_size]
         src = pad([sources[i] for i in chunk]).to(device)  # [B, S]
         draws = nbest if sampling is not None else 1  # sampling: nbest rows per sentence, one per draw

@@ -35,7 +35,6 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +47,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from .config import ConfigError, ServeLimits as Limits
+from .decode import Stopped
 from .errors import UserError
 from .figures import align, attention_maps, web_page
 from .request import API, DecodeRequest
@@ -171,11 +171,6 @@ class _Pending:
     future: asyncio.Future = field(repr=False)
     started: bool = False  # taken into a batch: decoding it has begun
     abandoned: bool = False  # its client went away or its wait timed out: not decoded (further)
-
-
-class _Stopped(Exception):
-    """Raised in the model thread between two decoding batches of a job that no one waits for any more
-    (every client gone) or when the server shuts down."""
 
 
 class Batcher:
@@ -303,35 +298,20 @@ class Batcher:
             if job.kind == "score":
                 return live, self.translator.score(lines, [t for p in live for t in p.extra["translation"]],
                                                    job.request.alpha, self.limits.max_batch_tokens)
-            lengths = [len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines)]
-            size = max(1, self.limits.max_batch_tokens // (job.rows * max(lengths)))
-            # decoded one batch at a time, longest first (as decode_ids orders them, so the batches and a
-            # sampling job's draws are the ones of a single call), so that between two batches the work
-            # stops when no client waits for it any more, or the server stops
-            order = sorted(range(len(lines)), key=lambda i: -lengths[i])
-            prefixes, constraints = joined("prefix", ""), joined("constraints", [])
-            request = dataclasses.replace(job.request, batch_size=size,
-                                          prefixes=None if prefixes is None else [prefixes[i] for i in order],
-                                          constraints=None if constraints is None else [constraints[i] for i in order])
-
-            def batches() -> Iterator[list[str]]:
-                for start in range(0, len(order), size):
-                    if self.stopping or all(p.abandoned for p in live):
-                        raise _Stopped
-                    yield [lines[i] for i in order[start: start + size]]
-
-            found: list = [None] * len(lines)
-            placed = iter(order)  # where each output goes back to, in the order they come
-            for _, part in self.translator.stream(batches(), request, total=len(lines)):
-                for hyps in part:
-                    found[next(placed)] = hyps
+            longest = max(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
+            request = dataclasses.replace(job.request, prefixes=joined("prefix", ""),
+                                          constraints=joined("constraints", []),
+                                          batch_size=max(1, self.limits.max_batch_tokens // (job.rows * longest)))
+            # between two batches the work stops when no client waits for it any more, or the server stops
+            found = self.translator.decode(lines, request,
+                                           stop=lambda: self.stopping or all(p.abandoned for p in live))
             if job.request.alignment:  # each hypothesis with its word alignment: (text, score, pairs)
                 found = [[(t, x, align(self.translator, line, t)) for t, x in hyps] for line, hyps in zip(lines, found)]
             return live, found
 
         try:
             live, outputs = await asyncio.get_running_loop().run_in_executor(self.executor, work)
-        except _Stopped:  # no one waits for it, or the server stops: whoever still waits is told so
+        except Stopped:  # no one waits for it, or the server stops: whoever still waits is told so
             for p in batch:
                 if p.future.done():
                     continue

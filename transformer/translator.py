@@ -125,17 +125,18 @@ class Translator:
         return [hyps[0][0] for hyps in self.decode(lines, request, progress)]
 
     def decode(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
-               progress: bool = False) -> list[list[tuple[str, float]]]:
+               progress: bool = False, stop: Callable[[], bool] | None = None) -> list[list[tuple[str, float]]]:
         """For each input line, in order, its outputs with their scores (log P / lp(|Y|), as the beam
         ranks them), best first: ``request.nbest`` of them (one without), by beam search (greedy at beam
         1) or, with ``request.sample``, drawn; each starts with its line's prefix and holds its line's
         constraints. The request is checked first (``check``). An empty line's outputs are all ("", 0.0).
-        ``progress`` shows a bar of sentences on stderr."""
-        return next(self.stream([lines], request, progress, total=len(lines)))[1]
+        ``progress`` shows a bar of sentences on stderr. ``stop`` is asked before each batch, and True ends
+        the work with ``decode.Stopped`` (the server's request whose client has gone)."""
+        return next(self.stream([lines], request, progress, total=len(lines), stop=stop))[1]
 
     def stream(self, chunks: Iterable[list[str]], request: DecodeRequest = DecodeRequest(),
-               progress: bool = False, total: int | None = None, checked: Callable[[], None] | None = None
-               ) -> Iterator[tuple[list[str], list[list[tuple[str, float]]]]]:
+               progress: bool = False, total: int | None = None, checked: Callable[[], None] | None = None,
+               stop: Callable[[], bool] | None = None) -> Iterator[tuple[list[str], list[list[tuple[str, float]]]]]:
         """``decode`` for input that comes a chunk of lines at a time (a long file, a terminal): each chunk
         with its outputs as soon as it is decoded, so that the caller writes them while the rest is read. The
         request's prefixes and constraints run on through the chunks (line i of the input has the i-th), and
@@ -145,12 +146,13 @@ class Translator:
         lines come, and a line without its own, or fewer lines than them, is a ConfigError then.
         ``checked`` is called once the first chunk has passed its checks, before it is decoded (or once the
         input turns out empty): the command line says then what it loaded, so that an error in the first
-        lines comes alone."""
+        lines comes alone. ``stop``: as ``decode``'s."""
         self._checked(request, None, CLI, total)
-        return self._stream(chunks, request, progress, total, checked or (lambda: None))
+        return self._stream(chunks, request, progress, total, checked or (lambda: None), stop)
 
     def _stream(self, chunks: Iterable[list[str]], request: DecodeRequest, progress: bool, total: int | None,
-                checked: Callable[[], None]) -> Iterator[tuple[list[str], list[list[tuple[str, float]]]]]:
+                checked: Callable[[], None], stop: Callable[[], bool] | None
+                ) -> Iterator[tuple[list[str], list[list[tuple[str, float]]]]]:
         sampling = request.sampling(self.device)
         done = 0  # input lines decoded so far
         with tqdm(total=total, desc="translate", unit="sent", disable=not progress, mininterval=1.0) as bar:
@@ -168,7 +170,7 @@ class Translator:
                     outputs = decode_ids(self.model, sources, alpha=part.alpha, length_norm=part.length_norm,
                                          max_len_offset=part.max_len_offset, batch_size=part.batch_size, bar=bar,
                                          constraint=self.constraint, nbest=part.nbest or 1, prefixes=prefixes,
-                                         sampling=sampling, constraints=phrases, **search)
+                                         sampling=sampling, constraints=phrases, stop=stop, **search)
                 done += len(lines)
                 yield lines, [[("", 0.0)] * (part.nbest or 1) if not line.strip() else
                               [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
