@@ -270,18 +270,11 @@ def _chunks(items: Iterable[T], path: Path | None, ready: bool = True) -> Iterat
         yield chunk
 
 
-@dataclass(frozen=True)
-class _Failed:
-    """What reading raised, carried from the reading thread to be raised where the items are taken."""
-
-    error: BaseException
-
-
 def _ready_chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
     """Chunks of ``items`` as they become ready: the first item waited for, then those already read, at
     most ``size``. A thread reads ahead (no more than ``size`` items, so memory stays bounded) while the
     caller decodes; an error reading raises here, after the items before it."""
-    end = object()  # items are lines or pairs, never this
+    end = object()  # items are lines or pairs, never this nor an exception (what reading raised, carried over)
     ahead: queue.Queue = queue.Queue(maxsize=size)
 
     def read() -> None:
@@ -289,21 +282,21 @@ def _ready_chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
             for item in items:
                 ahead.put(item)
         except BaseException as e:  # noqa: BLE001 - carried over to the caller's thread, raised there
-            ahead.put(_Failed(e))
+            ahead.put(e)
         ahead.put(end)
 
     threading.Thread(target=read, name="input", daemon=True).start()
     pending = ahead.get()  # the first item of a chunk is waited for
     while pending is not end:
-        if isinstance(pending, _Failed):
-            raise pending.error
+        if isinstance(pending, BaseException):
+            raise pending
         chunk, pending = [pending], None
         while len(chunk) < size:
             try:
                 got = ahead.get_nowait()
             except queue.Empty:
                 break
-            if got is end or isinstance(got, _Failed):
+            if got is end or isinstance(got, BaseException):
                 pending = got
                 break
             chunk.append(got)
