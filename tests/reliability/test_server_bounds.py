@@ -154,7 +154,13 @@ def test_ctrl_c_stops_a_long_request_at_its_next_batch_and_the_server_exits(fuzz
     requests in progress before it exits: Ctrl-C waited for it, then a second one printed tracebacks.
     Now the decoding stops at its next batch, the client gets 503, and the server exits as an interrupted
     command does (130, "interrupted")."""
-    proc, url = start_server(fuzz_run, ["--max-batch-tokens", "64"])
+    # the server as a terminal starts it: Ctrl-C's default action, even where this suite runs with SIGINT ignored
+    # (a Python handler becomes the default in the child; an ignored signal would stay ignored, and exit 0)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc, url = start_server(fuzz_run, ["--max-batch-tokens", "64"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     body = {"text": [f"a dog runs on the beach number {i} ." for i in range(64)], "sample": True, "nbest": 16,
             "temperature": 100.0, "max_len_offset": 300}
     answer: list[httpx.Response] = []
@@ -162,7 +168,9 @@ def test_ctrl_c_stops_a_long_request_at_its_next_batch_and_the_server_exits(fuzz
                               daemon=True)
     try:
         client.start()
-        time.sleep(3)  # decoding has begun
+        deadline = time.monotonic() + 60  # Ctrl-C once decoding has begun (a fixed wait raced a slow client)
+        while httpx.get(url + "/health").json()["batches"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         status = proc.wait(120)
         client.join(30)
