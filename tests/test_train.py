@@ -615,6 +615,21 @@ def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(t
     assert done["step"] == 4
 
 
+def test_a_resume_refuses_vocabulary_settings_it_cannot_apply(tmp_path, tiny_overrides):
+    """A resumed run keeps the vocabulary its checkpoints were trained with, so another data.vocab_size (or
+    spm_input_sentences) is refused even with --allow-config-change: config.toml would record a size the model
+    has not, and `params RUN/config.toml` would count another model."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
+    recorded = (run / "config.toml").read_text()
+    for change in ("data.vocab_size=400", "data.spm_input_sentences=5000"):
+        with pytest.raises(TrainError, match=rf"--resume cannot change how the vocabulary is made, "
+                                             rf"{change.split('=')[0]}: .* keeps .*spm.model"):
+            train(load_config("tiny", tiny_overrides + ["train.max_steps=4", change]), run, resume=True, quiet=True,
+                  allow_config_change=True)
+    assert (run / "config.toml").read_text() == recorded
+
+
 def test_validation_during_training_scores_the_weights_as_they_are(tmp_path, tiny_overrides):
     """The validation loss logged at a step equals the loss of that step's checkpoint validated afresh:
     nothing computed for inference (packed weight copies, say) may outlive an update of the weights."""

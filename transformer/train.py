@@ -178,6 +178,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     if config_path.exists() and resume:
         saved = config_from_dict(read_toml(config_path), str(config_path))
         if changed := cfg.resume_differences(saved):
+            vocabulary = [c for c in changed if c.startswith(("data.vocab_size:", "data.spm_input_sentences:"))]
+            if vocabulary and has_checkpoints:  # recorded in config.toml, they would describe a vocabulary it has not
+                raise TrainError(f"--resume cannot change how the vocabulary is made, {'; '.join(vocabulary)}: the "
+                                 f"run keeps {out / 'spm.model'}, which its checkpoints were trained with (even with "
+                                 "--allow-config-change); train a new vocabulary as a new run, with another --out")
             model = [c for c in changed if c.startswith("model.")]
             if model and weight_shapes(saved.model, saved.data.vocab_size) != weight_shapes(cfg.model, saved.data.vocab_size):
                 raise TrainError(f"--resume cannot take model changes that change the weights' shapes, "
