@@ -418,6 +418,10 @@ def test_a_prefix_or_constraint_for_an_empty_line_is_refused(tiny_run, tmp_path,
         assert (status, out) == (1, "") and err.endswith(f"error: {option.removeprefix('--')} of line 2: the line is "
                                                          f"empty, and an empty line gets an empty line, which cannot "
                                                          f"hold its {option.removeprefix('--')}\n"), err
+    (tmp_path / "in.txt").write_text("a dog runs .\n\u200b \u200b\na cat .\n")  # blank once normalised, as empty
+    status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
+                                "--prefix", str(tmp_path / "prefix.txt"))
+    assert (status, out) == (1, "") and "prefix of line 2: the line is empty" in err, err
     (tmp_path / "prefix.txt").write_text("ein\n\nzwei\n")  # none for the empty line: it is answered, empty
     status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
                                 "--prefix", str(tmp_path / "prefix.txt"))
@@ -749,6 +753,9 @@ def test_score_perplexity_leaves_out_empty_sources(tiny_run, tmp_path, capsys):
     assert alone.startswith("1 pairs, ") and with_empty.startswith("2 pairs (1 with an empty source, left out)")
     assert with_empty.split("), ", 1)[1] == alone.split(", ", 1)[1]  # the same pieces and perplexity
     assert perplexity("\n", "\n").endswith("0 pieces (EOS included): no perplexity")
+    # a source of zero-width spaces is blank once normalised, as an empty one: it counted as a sentence
+    zero_width = perplexity("A dog runs.\n\u200b\u200b\n", "Ein Hund läuft.\n\u200b\n")
+    assert zero_width == with_empty
 
 
 def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_overrides, multi30k, capsys):

@@ -462,7 +462,7 @@ def cmd_score(args: argparse.Namespace) -> None:
                       for t, r in zip(tgt, scored))
             else:
                 write(f"{r.score:.6f}\t{r.log_prob:.6f}" for r in scored)
-            counted = [r for s, r in zip(src, scored) if s.strip()]  # an empty source's 0 is no model's judgement
+            counted = [r for blank, r in zip(translator.blank(src), scored) if not blank]  # no model's judgement
             total += sum(r.log_prob for r in counted)
             pieces += sum(len(r.token_log_probs) for r in counted)
             n, empty = n + len(chunk), empty + len(chunk) - len(counted)

@@ -536,7 +536,7 @@ async def _in_model_thread(executor: ThreadPoolExecutor, request: Request, timeo
 
 def _check_pieces(translator: Translator, limits: Limits, text: str | None, where: str) -> None:
     """422 for an empty source sentence, or a side of more pieces (with EOS) than --max-attention-pieces."""
-    if where == "text" and not text.strip():
+    if where == "text" and translator.blank([text])[0]:
         raise LimitError(422, f"{where}: empty sentence")
     if text is not None and (n := len(translator.tokenizer.pieces(text.strip()))) + 1 > limits.max_attention_pieces:
         raise LimitError(422, f"{where}: {n} pieces and EOS, more than the limit of {limits.max_attention_pieces} "
@@ -618,7 +618,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         _check_translate(req, limits)
         lines = [" ".join(line.split()) for line in req.text]  # a sentence is one line
         asked = _decode_request(req, translator, lines, max_beam)
-        keep = [i for i, line in enumerate(lines) if line]
+        keep = [i for i, blank in enumerate(translator.blank(lines)) if not blank]
         extra = {key: [values[i] for i in keep] for key, values in (("prefix", asked.prefixes),
                                                                      ("constraints", asked.constraints)) if values}
         job = Job("translate", dataclasses.replace(asked, prefixes=None, constraints=None, scores=False),

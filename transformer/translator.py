@@ -124,12 +124,18 @@ class Translator:
         gives an empty line."""
         return [hyps[0][0] for hyps in self.decode(lines, request, progress)]
 
+    def blank(self, lines: list[str]) -> list[bool]:
+        """Which lines hold nothing to translate: no piece once the vocabulary's normalisation has run (empty,
+        spaces, or characters it removes, such as zero-width spaces). ``decode`` answers them with empty outputs,
+        ``score`` leaves their perplexity out, and a prefix or constraint for one is refused."""
+        return [not ids for ids in self.tokenizer.encode_batch([line.strip() for line in lines])]
+
     def decode(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
                progress: bool = False, stop: Callable[[], bool] | None = None) -> list[list[tuple[str, float]]]:
         """For each input line, in order, its outputs with their scores (log P / lp(|Y|), as the beam
         ranks them), best first: ``request.nbest`` of them (one without), by beam search (greedy at beam
         1) or, with ``request.sample``, drawn; each starts with its line's prefix and holds its line's
-        constraints. The request is checked first (``check``). An empty line's outputs are all ("", 0.0).
+        constraints. The request is checked first (``check``). A blank line's (``blank``) outputs are all ("", 0.0).
         ``progress`` shows a bar of sentences on stderr. ``stop`` is asked before each batch, and True ends
         the work with ``decode.Stopped`` (the server's request whose client has gone)."""
         return next(self.stream([lines], request, progress, total=len(lines), stop=stop))[1]
@@ -172,9 +178,9 @@ class Translator:
                                          constraint=self.constraint, nbest=part.nbest or 1, prefixes=prefixes,
                                          sampling=sampling, constraints=phrases, stop=stop, **search)
                 done += len(lines)
-                yield lines, [[("", 0.0)] * (part.nbest or 1) if not line.strip() else
+                yield lines, [[("", 0.0)] * (part.nbest or 1) if len(src) == 1 else  # blank: EOS alone
                               [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
-                              for line, hyps in zip(lines, outputs)]
+                              for src, hyps in zip(sources, outputs)]
         if not done:
             checked()
         for key, given in request.per_line().items():
@@ -227,7 +233,7 @@ class Translator:
             if limit is not None and len(src) > limit:
                 raise ConfigError(f"line {first + i + 1}: {len(src)} pieces with EOS, more than the model's learned "
                                   f"positions (model.max_positions = {limit}): give a shorter sentence")
-            if not lines[i].strip():  # answered with an empty line: a prefix or constraint would be dropped
+            if len(src) == 1:  # blank (EOS alone): answered with an empty line, a prefix or constraint dropped
                 for key, given in (("prefix", forced), ("constraints", phrases)):
                     if given is not None and given[i]:
                         raise ConfigError(f"{key} of line {first + i + 1}: the line is empty, and an empty line "
@@ -267,13 +273,14 @@ class Translator:
         beam's length-normalised score (the run's ``alpha`` and ``length_norm`` unless given), log
         P(target | source) and each piece's log-prob (EOS last); ``max_tokens`` target positions at most
         per batch (``decode.score_ids``). An empty source with an empty target scores 0, its EOS certain,
-        as ``decode`` answers an empty line: score(line, translate(line)) is translate's score for every line."""
+        as ``decode`` answers an empty line: score(line, translate(line)) is translate's score for every line.
+        Empty here and there is blank (``blank``): no piece once the vocabulary's normalisation has run."""
         ids = encode_for_decoding(sources, self.tokenizer)
-        scored = score_ids(self.model, ids, [self.tokenizer.encode(t.strip()) for t in targets],
-                           self.cfg.decode.alpha if alpha is None else alpha, max_tokens,
+        target_ids = [self.tokenizer.encode(t.strip()) for t in targets]
+        scored = score_ids(self.model, ids, target_ids, self.cfg.decode.alpha if alpha is None else alpha, max_tokens,
                            length_norm or self.cfg.decode.length_norm)
-        return [Scored(0.0, 0.0, [0.0]) if not src.strip() and not tgt.strip() else s
-                for src, tgt, s in zip(sources, targets, scored)]
+        return [Scored(0.0, 0.0, [0.0]) if len(src) == 1 and not tgt else s
+                for src, tgt, s in zip(ids, target_ids, scored)]
 
 
 def _tokenizer(run_dir: Path) -> Tokenizer:
