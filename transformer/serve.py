@@ -32,6 +32,7 @@ import errno
 import html
 import itertools
 import json
+import signal
 import socket
 import threading
 import time
@@ -772,6 +773,13 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
                     batcher.stop()
                 super().handle_exit(sig, frame)
 
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn takes SIGINT and SIGTERM while it serves and raises the one it got again once it has
+            # stopped; where the signal was ignored (a job that a non-interactive shell put in the background)
+            # that did nothing, and a server stopped by Ctrl-C exited 0, as if it had ended by itself
+            for signum, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+                if signal.getsignal(signum) == signal.SIG_IGN:
+                    signal.signal(signum, default)
         Server(config).run(sockets=[sock])
     finally:
         sock.close()

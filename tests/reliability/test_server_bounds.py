@@ -148,15 +148,16 @@ def test_a_flood_of_requests_is_shed_at_once_and_nobody_waits_past_the_deadline(
         proc.wait(30)
 
 
-def test_ctrl_c_stops_a_long_request_at_its_next_batch_and_the_server_exits(fuzz_run):
+@pytest.mark.parametrize("inherited", [signal.default_int_handler, signal.SIG_IGN], ids=["terminal", "ignored"])
+def test_ctrl_c_stops_a_long_request_at_its_next_batch_and_the_server_exits(fuzz_run, inherited):
     """One request in the limits (64 sentences, 16 draws each, outputs up to 300 pieces past the input,
     --max-batch-tokens: a batch a sentence) is minutes of decoding on a CPU, and uvicorn waits for the
     requests in progress before it exits: Ctrl-C waited for it, then a second one printed tracebacks.
     Now the decoding stops at its next batch, the client gets 503, and the server exits as an interrupted
-    command does (130, "interrupted")."""
-    # the server as a terminal starts it: Ctrl-C's default action, even where this suite runs with SIGINT ignored
-    # (a Python handler becomes the default in the child; an ignored signal would stay ignored, and exit 0)
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    command does (130, "interrupted"): started from a terminal (Ctrl-C's default action; a Python handler
+    becomes the default in the child) or with SIGINT ignored, as a non-interactive shell starts a job in the
+    background (uvicorn still stops on it, and the server exited 0)."""
+    previous = signal.signal(signal.SIGINT, inherited)
     try:
         proc, url = start_server(fuzz_run, ["--max-batch-tokens", "64"])
     finally:
