@@ -281,8 +281,23 @@ def test_average_refuses_mismatches(tmp_path: Path) -> None:
         average_checkpoints([a, b])
     with pytest.raises(CheckpointError, match=r"^c\.json: unexpected key 'z'"):
         average_checkpoints([a, c])
-    with pytest.raises(CheckpointError, match=r"^d\.json: model config or vocabulary differs"):
+    with pytest.raises(CheckpointError, match=r"^d\.json: trained with another vocabulary than a\.json"):
         average_checkpoints([a, d])
+    # a model that computes otherwise (a resume with --allow-config-change keeps every shape: model.norm here)
+    e = write_model(tmp_path / "e.safetensors", {"x": torch.zeros(2, 3), "y": torch.zeros(2)},
+                    {**META, "config": {"model": {"d_model": 8, "norm": "pre"}}})
+    with pytest.raises(CheckpointError, match=r"^e\.json: a model that computes otherwise than a\.json's "
+                                              r"\(model\.norm: None in a\.json, 'pre' here\), changed on a resume"):
+        average_checkpoints([a, e])
+
+
+def test_average_takes_checkpoints_of_other_dropout(tmp_path: Path) -> None:
+    """Dropout shapes training alone: a run resumed with another model.p_drop (--allow-config-change, which
+    training.md offers) could no longer be translated, averaged, exported or evaluated."""
+    paths = [write_model(tmp_path / f"{p}.safetensors", weights(i), {**META, "config": {"model": {"d_model": 8, **p}}})
+             for i, p in enumerate(({"p_drop": 0.1}, {"p_drop": 0.3, "p_drop_attn": 0.1}))]
+    torch.testing.assert_close(average_checkpoints(paths)["embed.weight"],
+                               (weights(0)["embed.weight"] + weights(1)["embed.weight"]) / 2)
 
 
 def test_bad_arguments(tmp_path: Path) -> None:

@@ -613,6 +613,8 @@ def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(t
     done = train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.p_drop=0.2"]), run, resume=True,
                  quiet=True, allow_config_change=True)
     assert done["step"] == 4
+    from transformer.translator import Translator  # the run translates: its checkpoints of either dropout average
+    assert len(Translator(run).translate(["a dog runs ."])) == 1
 
 
 def test_a_resume_refuses_vocabulary_settings_it_cannot_apply(tmp_path, tiny_overrides):

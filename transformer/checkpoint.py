@@ -305,23 +305,38 @@ def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) -> Che
     return None
 
 
+def _computed(meta: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's model config less its dropout rates, which shape training alone: checkpoints of one run
+    resumed with other dropout (--allow-config-change) compute the same function of their weights."""
+    model = meta.get("config", {}).get("model")
+    return {k: v for k, v in model.items() if k not in ("p_drop", "p_drop_attn", "p_drop_relu")} \
+        if isinstance(model, dict) else {"config": model}
+
+
 def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
     """§6.1: the uniform mean of the checkpoints' weights (A12), accumulated in float64.
 
     Each tensor is cast back to its own dtype. Non-float tensors are not averaged: they must be
-    equal in every file. Files must agree on keys, shapes, model config and vocabulary.
+    equal in every file. Files must agree on keys, shapes, vocabulary and the model config (its dropout rates
+    aside: ``_computed``).
     """
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     first = load_checkpoint(paths[0], with_state=False)
     acc = {k: t.double() if t.is_floating_point() else t for k, t in first.weights.items()}
     dtypes = {k: t.dtype for k, t in first.weights.items()}
-    ident = (first.meta.get("config", {}).get("model"), first.meta.get("vocab_sha256"))
+    model = _computed(first.meta)
     for path in paths[1:]:
         ckpt = load_checkpoint(path, with_state=False)
         name = ckpt.path.name
-        if (ckpt.meta.get("config", {}).get("model"), ckpt.meta.get("vocab_sha256")) != ident:
-            raise CheckpointError(f"{name}: model config or vocabulary differs from {first.path.name}")
+        if ckpt.meta.get("vocab_sha256") != first.meta.get("vocab_sha256"):
+            raise CheckpointError(f"{name}: trained with another vocabulary than {first.path.name}")
+        theirs = _computed(ckpt.meta)
+        if differ := [f"model.{k}: {model.get(k)!r} in {first.path.name}, {theirs.get(k)!r} here"
+                      for k in sorted(model.keys() | theirs.keys()) if model.get(k) != theirs.get(k)]:
+            raise CheckpointError(f"{name}: a model that computes otherwise than {first.path.name}'s "
+                                  f"({'; '.join(differ)}), changed on a resume with --allow-config-change: average "
+                                  "the checkpoints of one setting (fewer of the last), or give one --checkpoint")
         extra, missing = ckpt.weights.keys() - acc.keys(), acc.keys() - ckpt.weights.keys()
         if extra or missing:
             key, what = (min(extra), "unexpected") if extra else (min(missing), "missing")
