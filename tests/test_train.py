@@ -617,6 +617,19 @@ def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(t
     assert len(Translator(run).translate(["a dog runs ."])) == 1
 
 
+def test_a_resume_applies_the_optimizer_settings_it_accepts(tmp_path, tiny_overrides):
+    """--allow-config-change lets β2, ε and the weight decay change on a resume: the log and config.toml said so,
+    but Adam kept the checkpoint's settings (they came back with its moments), and the losses were a plain
+    resume's."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
+    changes = ["train.beta2=0.9", "train.adam_eps=1e-6", "train.weight_decay=0.5"]
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=3"] + changes), run, resume=True, quiet=True,
+          allow_config_change=True)
+    group = load_checkpoint(list_checkpoints(run)[-1], with_state=False).meta["optim_param_groups"][0]
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ([0.9, 0.9], 1e-6, 0.5)
+
+
 def test_a_resume_refuses_vocabulary_settings_it_cannot_apply(tmp_path, tiny_overrides):
     """A resumed run keeps the vocabulary its checkpoints were trained with, so another data.vocab_size (or
     spm_input_sentences) is refused even with --allow-config-change: config.toml would record a size the model

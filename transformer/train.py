@@ -658,7 +658,10 @@ class Trainer:
         self.raw.load_state_dict(ckpt.weights)
         if "init_from" in ckpt.meta:  # where the run started, in every later record too
             self.meta_base["init_from"] = ckpt.meta["init_from"]
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
+        for group, own in zip(self.optimizer.param_groups, settings):  # Adam's moments and step are the checkpoint's;
+            group.update(own)  # its settings the config's (--allow-config-change may change β2, ε, weight decay)
         if self.scaler and ckpt.meta.get("scaler"):  # checkpoints before the scaler was saved restart it
             self.scaler.load_state_dict(ckpt.meta["scaler"])
         self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
