@@ -650,6 +650,10 @@ class Trainer:
     def resume(self) -> None:
         """Weights, optimizer moments, position in the data and random state from the newest intact checkpoint."""
         ckpt = latest_checkpoint(self.out, warn=self.log)
+        if ckpt is None and (found := list_checkpoints(self.out)):  # training anew would write over them
+            raise TrainError(f"--resume: none of the {len(found)} checkpoints in {self.out / 'checkpoints'} holds an "
+                             "intact training state (each is named above); to train this run anew, move that folder "
+                             "away first (weights that verify still serve `transformer average` and --checkpoint)")
         if ckpt is None:
             self.log(f"--resume: no checkpoint in {self.out}/checkpoints; starting from scratch")
             return

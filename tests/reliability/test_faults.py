@@ -207,6 +207,23 @@ def corrupt_then_resume(run: Path, newest: Path, target: Path, damage: str, over
     assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 6
 
 
+def test_a_resume_that_no_checkpoint_can_serve_is_refused_and_keeps_them(tmp_path, tiny_overrides):
+    """Every state file damaged: --resume trained from step 0 and exited 0, writing over the checkpoints (whose
+    weights still verified) and pruning its own new ones as older than theirs."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.save_every=2"]), run, quiet=True)
+    for state in (run / "checkpoints").glob("*.state.safetensors"):
+        data = bytearray(state.read_bytes())
+        data[-7] ^= 0xFF
+        state.write_bytes(bytes(data))
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    with pytest.raises(TrainError, match=r"--resume: none of the 2 checkpoints in .*checkpoints holds an intact "
+                                         r"training state .* move that folder away first"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.save_every=2"]), run, resume=True,
+              quiet=True)
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+
+
 class _WritesAFile:
     """Unpickling this would create a file: proof that a loader ran code from a model file."""
 
