@@ -93,6 +93,25 @@ def test_keep_last_counts_the_save_clock_so_the_average_is_whole(tmp_path: Path)
     assert steps(checkpoints_to_average(tmp_path, 5)) == [7800, 8000, 8200, 8400, 8682]
 
 
+def test_a_run_resumed_from_a_signal_keeps_an_uninterrupted_runs_checkpoints(tmp_path: Path) -> None:
+    """A clock of 88 steps (an epoch), keep_last 2, the budget ending at 200: a SIGTERM at step 120 wrote a
+    checkpoint that displaced step 88 from the average of 2, so pruning deleted step 88, and the resumed run
+    averaged steps 120 and 200 where the uninterrupted run averaged 88 and 200 (its weights bit-identical).
+    A signal's checkpoint is a point to resume from: it goes once a newer one is written."""
+    def run(folder: Path, saves: list[tuple[int, bool]]) -> tuple[list[int], list[int]]:
+        for step, on_clock in saves:
+            meta = {**META, "config": {**META["config"], "train": {"save_every": 88, "save_minutes": 0}},
+                    "train_state": {"step": step, "elapsed_s": step}, "on_clock": on_clock}
+            save_checkpoint(folder, step, weights(step), state(step), meta, keep_last=2)
+            if step == 120:  # the run stopped here: resuming needs it, and an average of it now takes it
+                assert steps(list_checkpoints(folder)) == [88, 120]
+        return steps(list_checkpoints(folder)), steps(checkpoints_to_average(folder, 2))
+
+    uninterrupted = run(tmp_path / "a", [(88, True), (176, True), (200, False)])
+    assert uninterrupted == ([88, 176, 200], [88, 200])
+    assert run(tmp_path / "b", [(88, True), (120, False), (176, True), (200, False)]) == uninterrupted
+
+
 def test_prune_deletes_json_before_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save(tmp_path, 100, keep_last=1)
     deleted: list[str] = []
@@ -363,6 +382,26 @@ def test_translate_and_average_use_the_clock_rule(tmp_path, tiny_overrides):
     messages = []
     Translator(run, log=messages.append)
     assert messages == ["averaging the last 2 checkpoint(s): step_00000004, step_00000009"]
+
+
+def test_the_trainer_marks_the_checkpoints_the_clock_did_not_write(tmp_path, tiny_overrides):
+    """The clock's checkpoints (every 2 steps) are on_clock; the budget's end (step 5) is not, and goes once the
+    run, continued, writes newer ones; a run that ends on its clock, or is resumed at its end, keeps the flag."""
+    run = tmp_path / "run"
+
+    def flags() -> dict[int, bool]:
+        return {int(p.stem[5:]): json.loads(p.read_text())["on_clock"] for p in list_checkpoints(run)}
+
+    def budget(n: int) -> None:
+        train(load_config("tiny", tiny_overrides + [f"train.max_steps={n}", "train.save_every=2", "train.keep_last=5"]),
+              run, resume=run.exists(), quiet=True)
+
+    budget(5)
+    assert flags() == {2: True, 4: True, 5: False}
+    budget(8)
+    assert flags() == {2: True, 4: True, 6: True, 8: True}
+    budget(8)
+    assert flags() == {2: True, 4: True, 6: True, 8: True}
 
 
 def test_a_model_file_among_the_checkpoints_is_not_resumed_from(tmp_path, tiny_overrides, capsys):

@@ -145,18 +145,23 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, Tensor], state:
 def _prune(ckpt_dir: Path, keep_last: int) -> None:
     """JSON first, then data: a half-deleted checkpoint is one without JSON, which never loads.
 
-    A checkpoint written off the clock (at the end of the budget, on a signal) takes the place of
-    the one just before it in an average, so it does not count against `keep_last`: counting it
-    left a run whose budget ended just after an epoch with one checkpoint too few for its
-    decode.average_last. With a record that cannot be read, the newest `keep_last` files are kept.
+    Kept: the newest checkpoint, the newest `keep_last` on the save clock, and those an average of
+    `keep_last` takes. One written off the clock (at the end of the budget, on a signal) does not count
+    against `keep_last`: counting it left a run whose budget ended just after an epoch with one
+    checkpoint too few for its decode.average_last. Once a newer one is written, a signal's checkpoint
+    goes, and the clock's before it stay: the run resumed from it keeps the checkpoints, and so the
+    average, of a run never interrupted. With a record that cannot be read, the newest `keep_last`
+    files are kept.
     """
     found = list_checkpoints(ckpt_dir.parent)
     try:
-        oldest = found.index(checkpoints_to_average(ckpt_dir.parent, keep_last)[0])
-    except CheckpointError:
-        oldest = max(len(found) - keep_last, 0)
-    for old in found[:oldest]:
-        old.unlink(missing_ok=True)
+        clock = [p for p in found if json.loads(p.read_text(encoding="utf-8")).get("on_clock") is not False]
+        keep = {*found[-1:], *clock[-keep_last:], *checkpoints_to_average(ckpt_dir.parent, keep_last)}
+    except (CheckpointError, OSError, ValueError, AttributeError):
+        keep = set(found[-keep_last:])
+    for old in found:
+        if old not in keep:
+            old.unlink(missing_ok=True)
     for p in ckpt_dir.iterdir():
         data = _STEP_DATA.fullmatch(p.name)
         orphan = data is not None and not (ckpt_dir / f"step_{data.group(1)}.json").exists()
@@ -265,12 +270,16 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
     older than a newer one that is kept is left out: the one written at the end of the budget or on
     a signal, just after a checkpoint of the clock, would otherwise count twice the same weights. The
     newer takes the older's place, so the averaged weights keep their spacing and the newest updates.
+    A checkpoint written off the clock (its record's ``on_clock`` false) that is not the newest is left out:
+    it was written on a signal for the run to resume from, and an uninterrupted run never had it.
     """
     kept: list[Path] = []
     newer: dict[str, Any] | None = None
     for path in reversed(list_checkpoints(run_dir)):
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
+            if kept and record.get("on_clock") is False:  # a signal's checkpoint, superseded: a resume point only
+                continue
             train, state = record.get("config", {}).get("train", {}), record.get("train_state")
             if newer is not None and state is not None and train:
                 if train["save_every"] and train.get("interval_unit") == "epochs":

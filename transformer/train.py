@@ -597,6 +597,7 @@ class Trainer:
                           "batches_sha256": batches_sha256(self.run_data.batches)}
         if dist.enabled:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
+        self.saved_on_clock = -1  # the step of the newest checkpoint the save clock wrote (``save``)
         if resume:
             self.resume()
         if init_from is not None and self.state.step == 0:  # a resumed run goes on from its own checkpoints
@@ -660,6 +661,8 @@ class Trainer:
         if ckpt.meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
             raise TrainError(f"{ckpt.path}: trained with another vocabulary than {self.out / 'spm.model'}")
         self.raw.load_state_dict(ckpt.weights)
+        if ckpt.meta.get("on_clock", True):  # a run resumed at its end writes that checkpoint again, as it was
+            self.saved_on_clock = ckpt.meta["step"]
         if "init_from" in ckpt.meta:  # where the run started, in every later record too
             self.meta_base["init_from"] = ckpt.meta["init_from"]
         settings = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -736,15 +739,17 @@ class Trainer:
         # for the GPU, and the host would not run ahead of it (``run``)
         return batch.pin_memory() if self.dist.device.type == "cuda" else batch
 
-    def save(self) -> None:
-        """A checkpoint of this moment: every rank's random state, rank 0's weights and optimizer."""
+    def save(self, on_clock: bool) -> None:
+        """A checkpoint of this moment: every rank's random state, rank 0's weights and optimizer. ``on_clock``:
+        written by the save clock, not at the end of the budget or on a signal, whose checkpoint goes once a
+        newer one is written (``checkpoint._prune``): a point to resume from, or the run's last weights."""
         rng_states = distributed.gather(self.dist, rng_state(self.dist))  # every rank takes part
         if not self.dist.main:
             return
         tensors, groups = optimizer_tensors(self.optimizer)
         for r, states in enumerate(rng_states):
             tensors.update({f"{name}.{r}" if r else name: state for name, state in states.items()})
-        meta = dict(self.meta_base, optim_param_groups=groups,
+        meta = dict(self.meta_base, optim_param_groups=groups, on_clock=on_clock,
                     train_state={**self.state.__dict__, "elapsed_s": self.elapsed()},
                     # fp16's loss scale and its steps since the last overflow: a resumed step scales as this one would
                     scaler=self.scaler.state_dict() if self.scaler else None)
@@ -827,8 +832,8 @@ class Trainer:
                 self.report(step, bar)
         if plan.save:
             with distributed.rank0_alone(self.dist):  # while rank 0 writes it
-                self.save()
-            self.last_save = time.monotonic()
+                self.save(on_clock=True)
+            self.last_save, self.saved_on_clock = time.monotonic(), self.state.step
 
     def evaluate(self) -> dict[str, float]:
         """Validation loss and perplexity of the model as it is now."""
@@ -958,7 +963,7 @@ class Trainer:
             if self.run_data.sampled:
                 self.run_data.sampled.close()
         bar.close()
-        self.save()
+        self.save(on_clock=self.saved_on_clock == state.step)  # the budget's end or a signal: off the clock
         if stop.received is not None:
             name = signal.Signals(stop.received).name
             self.log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
