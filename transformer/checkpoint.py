@@ -165,7 +165,8 @@ def _prune(ckpt_dir: Path, keep_last: int) -> None:
     for p in ckpt_dir.iterdir():
         data = _STEP_DATA.fullmatch(p.name)
         orphan = data is not None and not (ckpt_dir / f"step_{data.group(1)}.json").exists()
-        if orphan or (p.name.startswith(".step_") and p.name.endswith(".tmp")):
+        # ours (files.atomic_path), and safetensors' own (.tmpXXXXXX, renamed onto ours) of a write killed midway
+        if orphan or (p.name.startswith(".step_") and p.name.endswith(".tmp")) or p.name.startswith(".tmp"):
             p.unlink(missing_ok=True)
 
 
