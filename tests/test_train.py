@@ -630,6 +630,21 @@ def test_a_resume_applies_the_optimizer_settings_it_accepts(tmp_path, tiny_overr
     assert (group["betas"], group["eps"], group["weight_decay"]) == ([0.9, 0.9], 1e-6, 0.5)
 
 
+def test_a_resume_without_config_toml_compares_with_the_checkpoints_record(tmp_path, tiny_overrides):
+    """config.toml deleted: a resume with another d_ff died with "internal error: RuntimeError: Error(s) in
+    loading state_dict", and one with another learning rate went on without a word."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
+    (run / "config.toml").unlink()
+    with pytest.raises(TrainError, match=r"--resume cannot take model changes .*model\.d_ff: 128 -> 96"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.d_ff=96"]), run, resume=True,
+              quiet=True)
+    with pytest.raises(TrainError, match=r"differs from .*step_00000002\.json in: train\.lr_scale"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.lr_scale=9.0"]), run, resume=True,
+              quiet=True)
+    assert train(load_config("tiny", tiny_overrides + ["train.max_steps=4"]), run, resume=True, quiet=True)["step"] == 4
+
+
 def test_a_resume_refuses_vocabulary_settings_it_cannot_apply(tmp_path, tiny_overrides):
     """A resumed run keeps the vocabulary its checkpoints were trained with, so another data.vocab_size (or
     spm_input_sentences) is refused even with --allow-config-change: config.toml would record a size the model

@@ -33,8 +33,9 @@ from tqdm import tqdm
 from . import __version__, distributed, files
 from .distributed import Dist
 
-from .checkpoint import (average_checkpoints, checkpoint_record, checkpoints_to_average, epochs_into,
-                         latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, write_model)
+from .checkpoint import (CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
+                         epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
+                         write_model)
 from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256, collate,
                    encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
@@ -154,6 +155,19 @@ def data_paths(cfg: Config) -> dict[str, Path]:
     return {name: resolve_data_path(getattr(d, name)) for name in needed + (("train_store",) if d.train_store else ())}
 
 
+def _saved_config(out: Path, config_path: Path) -> tuple[Config, Path] | None:
+    """The config a run to resume was trained with, and the file that says it: its config.toml, else (deleted,
+    say) the newest checkpoint's record; None for a run that has neither."""
+    if config_path.exists():
+        return config_from_dict(read_toml(config_path), str(config_path)), config_path
+    for record in reversed(list_checkpoints(out)):
+        try:
+            return config_from_dict(checkpoint_record(record)["config"], f"{record} (config)"), record
+        except (CheckpointError, KeyError, ConfigError):
+            continue  # a damaged record: resume() skips its checkpoint too, naming why
+    return None
+
+
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 allow_changes: bool = False, vocabulary_of: Path | None = None,
                 held: contextlib.ExitStack | None = None) -> Run:
@@ -175,8 +189,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     has_checkpoints = any((out / "checkpoints").glob("*.json")) if (out / "checkpoints").exists() else False
     if has_checkpoints and not resume:
         raise TrainError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
-    if config_path.exists() and resume:
-        saved = config_from_dict(read_toml(config_path), str(config_path))
+    if resume and (found := _saved_config(out, config_path)) is not None:
+        saved, source = found
         if changed := cfg.resume_differences(saved):
             vocabulary = [c for c in changed if c.startswith(("data.vocab_size:", "data.spm_input_sentences:"))]
             if vocabulary and has_checkpoints:  # recorded in config.toml, they would describe a vocabulary it has not
@@ -190,7 +204,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                                  "--allow-config-change, or --init-from); train this model as a new run, with "
                                  "another --out")
             if not allow_changes:
-                raise TrainError(f"--resume with a config that differs from {config_path} in: {'; '.join(changed)} "
+                raise TrainError(f"--resume with a config that differs from {source} in: {'; '.join(changed)} "
                                  "(pass --allow-config-change to resume anyway)")
             log(f"resuming with changed config (--allow-config-change): {'; '.join(changed)}")
         budget = [f"train.{k}: {getattr(saved.train, k)!r} -> {getattr(cfg.train, k)!r}"
