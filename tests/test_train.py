@@ -645,6 +645,21 @@ def test_a_resume_without_config_toml_compares_with_the_checkpoints_record(tmp_p
     assert train(load_config("tiny", tiny_overrides + ["train.max_steps=4"]), run, resume=True, quiet=True)["step"] == 4
 
 
+def test_a_resume_from_an_older_checkpoint_logs_each_step_once(tmp_path, tiny_overrides):
+    """Resumed from step 2 (the newest checkpoint lost) after steps 3 and 4 were logged, and a last line cut short
+    (a disk that filled up): metrics.jsonl held steps 1 2 3 4 3 4 and a line `plot` refused."""
+    run = tmp_path / "run"
+    sets = tiny_overrides + ["train.max_steps=4", "train.save_every=2", "train.log_every=1"]
+    train(load_config("tiny", sets), run, quiet=True)
+    list_checkpoints(run)[-1].unlink()
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "train_lo')
+    train(load_config("tiny", sets), run, resume=True, quiet=True)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert "metrics.jsonl: 3 record(s) after step 2, the step resumed from, left out" in (run / "train.log").read_text()
+
+
 def test_a_resume_refuses_vocabulary_settings_it_cannot_apply(tmp_path, tiny_overrides):
     """A resumed run keeps the vocabulary its checkpoints were trained with, so another data.vocab_size (or
     spm_input_sentences) is refused even with --allow-config-change: config.toml would record a size the model

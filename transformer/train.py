@@ -922,13 +922,37 @@ class Trainer:
         # the next line's time runs on from this step's end, less the validation and translation just done
         self.window = new_window(window["t1"] + evaluated)
 
+    def trim_metrics(self) -> None:
+        """metrics.jsonl as of the step resumed from: the records of later steps (logged after the checkpoint
+        resumed from, they come again) and a last line cut short (a disk that filled up) go, so that the file
+        holds each step once, in order, and every line reads (``plot``)."""
+        path, step = self.out / "metrics.jsonl", self.state.step
+        if not path.exists():
+            return
+        lines = path.read_bytes().splitlines(keepends=True)
+
+        def later(line: bytes) -> bool:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return False  # damaged by hand: left for plot to name
+            return isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+
+        kept = [line for line in lines if line.endswith(b"\n") and not later(line)]
+        if len(kept) < len(lines):
+            files.write_bytes(path, b"".join(kept))
+            self.log(f"metrics.jsonl: {len(lines) - len(kept)} record(s) after step {step}, the step resumed "
+                     "from, left out (they are logged again), or cut short")
+
     def run(self) -> dict[str, Any]:
         """Steps until train.max_steps or train.max_minutes (or a signal), saving on the clock; then the
         last checkpoint and the summary."""
         t, dist, state = self.cfg.train, self.dist, self.state
         if dist.main:
             from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
-            self.writer = SummaryWriter(str(self.out / "tb"))
+            # resumed from an older checkpoint than the last line logged: TensorBoard hides what came after it
+            self.writer = SummaryWriter(str(self.out / "tb"), purge_step=state.step + 1 if state.step else None)
+            self.trim_metrics()
         self.start = self.last_save = time.monotonic()
         self.window = new_window()
         # the bar counts down whichever budget ends first, updates or minutes (in thousandths of it)
