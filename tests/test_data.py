@@ -329,3 +329,47 @@ def test_subword_sampling_segments_each_epoch_anew_reproducibly(multi30k: Path, 
     assert sorted(i for b in batches for i in b) == list(range(len(e1)))
     for b in batches:
         assert len(b) * max(max(len(examples[i].src), len(examples[i].tgt)) for i in b) <= 512 or len(b) == 1
+
+
+def test_the_sampling_worker_ends_with_its_trainer(multi30k: Path, tmp_path: Path) -> None:
+    """A trainer killed by SIGKILL (or the OOM killer) left its subword-sampling worker process behind, waiting
+    on its task queue for ever with its ~400 MB of training text; it now ends within seconds of its parent."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    from transformer.data import read_lines, read_parallel
+    from transformer.tokenizer import Tokenizer
+
+    src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+    for path, lang in ((src, "en"), (tgt, "de")):
+        path.write_text("\n".join(read_lines(multi30k / f"train.{lang}.gz")[:100]) + "\n", encoding="utf-8")
+    tok = Tokenizer.train([s for p in read_parallel(src, tgt) for s in p], tmp_path / "spm.model", 300, 10_000)
+    trainer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from transformer.data import SampledEpochs
+        sampler = SampledEpochs(Path({str(src)!r}), Path({str(tgt)!r}), Path({str(tok.path)!r}), 0.1, 7, 256, 512)
+        sampler(0)
+        print(*sampler._pool._processes, flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(trainer.stdout.readline())
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    def running() -> bool:  # a zombie (exited, not yet reaped by init) has its /proc entry until then
+        try:
+            return Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive := running():
+        os.kill(worker, signal.SIGKILL)
+    assert not alive, "the sampling worker outlived its trainer by 30 s"

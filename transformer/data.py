@@ -19,6 +19,8 @@ import math
 import multiprocessing
 import os
 import random
+import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -390,8 +392,17 @@ _sampler: dict = {}  # the worker process's state: its training text, dropout an
 def _start_sampler(src: Path, tgt: Path, spm_model: Path, alpha: float, max_len: int, max_tokens: int,
                    buckets: ShapeBuckets | None) -> None:
     os.nice(10)  # the next epoch is due in minutes: the training processes come first
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     _sampler.update(pairs=read_parallel(src, tgt), dropout=Tokenizer(spm_model).dropout(), alpha=alpha,
                     max_len=max_len, max_tokens=max_tokens, buckets=buckets)
+
+
+def _exit_with(parent: int) -> None:
+    """Ends the worker once its trainer has gone: killed (SIGKILL, the OOM killer), the trainer never shuts the
+    pool down, and the worker, which holds its task queue's both ends, waited on it for ever (~400 MB)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def _sample_epoch(seed: int, epoch: int) -> tuple[list[Example], list[list[int]]]:
