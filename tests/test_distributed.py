@@ -132,6 +132,33 @@ def test_a_killed_rank_stops_the_job_and_the_run_resumes(tmp_path, tiny_override
     assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 8
 
 
+def test_a_signal_to_another_rank_stops_rank_zero_as_signalled(tmp_path, tiny_overrides):
+    """SIGTERM to rank 1 alone stops every rank after the same step, but rank 0, which got none, wrote "done"
+    to train.log and a summary.json as if the budget had been met."""
+    run = tmp_path / "run"
+    overrides = tiny_overrides + ["train.max_steps=8", "train.save_every=2", "train.threads=1"]
+    proc, _ = torchrun_script(tmp_path, f"""
+        import os, signal
+        import transformer.train as T
+        from transformer.config import load_config
+        step = T.queue_step
+        calls = 0
+        def signalled_step(*args, **kwargs):
+            global calls
+            calls += 1
+            if os.environ["RANK"] == "1" and calls == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return step(*args, **kwargs)
+        T.queue_step = signalled_step
+        T.train(load_config("tiny", {overrides!r}), {str(run)!r}, quiet=True)
+    """)
+    assert proc.returncode != 0
+    log = (run / "train.log").read_text()
+    assert "SIGTERM (to another rank): stopped after step" in log and "done:" not in log, log[-2000:]
+    assert not (run / "summary.json").exists()
+    assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] < 8
+
+
 def test_rank_zeros_slow_preparation_and_validation_do_not_time_out(tmp_path, tiny_overrides):
     """Rank 0 alone trains the vocabulary, encodes the corpus and validates; the other ranks wait for it
     outside the collectives' timeout (3 s here): made slower than that (5 s of preparation, 4 s for the

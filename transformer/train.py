@@ -965,6 +965,7 @@ class Trainer:
         # ran out stops at once, unless the new config allows more
         self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
         stop = StopSignals()
+        stopped_by: int | None = None  # the signal that stops every rank, whichever rank it came to
         # the host runs a step ahead: it queues step k + 1 before it reads step k's outcome, so that on a GPU
         # the next batch is collated and its kernels launched while step k still runs. Step k is booked
         # first, with nothing queued after it, where booking it reads the weights (validation, a
@@ -981,10 +982,12 @@ class Trainer:
                 # rank 0's clock decides, so that every rank stops after the same step; a signal on any rank
                 # stops them all
                 time_used = self.elapsed() / (60 * t.max_minutes) if dist.main and t.max_minutes else 0.0
-                out_of_time, stopped, patience, time_used = distributed.all_sum(
-                    dist, [float(time_used >= 1.0), float(stop.received is not None), float(self.out_of_patience),
-                           time_used])
-                if out_of_time or stopped or patience:
+                out_of_time, sigterm, sigint, patience, time_used = distributed.all_sum(
+                    dist, [float(time_used >= 1.0), float(stop.received == signal.SIGTERM),
+                           float(stop.received == signal.SIGINT), float(self.out_of_patience), time_used])
+                if sigterm or sigint:  # this rank's signal, or another's: every rank stops as signalled
+                    stopped_by = stop.received or (signal.SIGTERM if sigterm else signal.SIGINT)
+                if out_of_time or sigterm or sigint or patience:
                     if pending:
                         self.book(pending, plan, bar)
                     break
@@ -1002,10 +1005,10 @@ class Trainer:
                 self.run_data.sampled.close()
         bar.close()
         self.save(on_clock=self.saved_on_clock == state.step)  # the budget's end or a signal: off the clock
-        if stop.received is not None:
-            name = signal.Signals(stop.received).name
+        if (stopped_by := stopped_by or stop.received) is not None:
+            name = signal.Signals(stopped_by).name + ("" if stop.received else " (to another rank)")
             self.log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
-            raise TrainInterrupted(stop.received, f"{name}: training stopped after step {state.step} with its "
+            raise TrainInterrupted(stopped_by, f"{name}: training stopped after step {state.step} with its "
                                    f"checkpoint written to {self.out / 'checkpoints'}; continue with --resume")
         summary = {"step": state.step, "train_minutes": self.elapsed() / 60, "tgt_tokens": state.tgt_tokens,
                    "tokens_per_s": state.tgt_tokens / max(self.elapsed(), 1e-9), "skipped_steps": state.skipped_steps}
