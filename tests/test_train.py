@@ -660,6 +660,33 @@ def test_a_resume_from_an_older_checkpoint_logs_each_step_once(tmp_path, tiny_ov
     assert "metrics.jsonl: 3 record(s) after step 2, the step resumed from, left out" in (run / "train.log").read_text()
 
 
+def test_a_second_signal_stops_at_once_and_says_no_checkpoint_was_written(tmp_path, tiny_overrides, monkeypatch):
+    """Ctrl-C twice: the command said only "interrupted" (exit 130, as a stop that wrote its checkpoint), and
+    train.log nothing, though the steps since the last checkpoint were lost."""
+    import signal
+
+    from transformer.train import TrainInterrupted
+
+    run, step, calls = tmp_path / "run", training.queue_step, []
+
+    def twice_interrupted_step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(training, "queue_step", twice_interrupted_step)
+    with pytest.raises(TrainInterrupted, match=r"SIGINT again: training stopped at once, in step \d+, without "
+                                               r"writing a checkpoint; --resume continues") as stopped:
+        try:
+            train(load_config("tiny", tiny_overrides + ["train.max_steps=8", "train.save_every=2"]), run, quiet=True)
+        except KeyboardInterrupt:  # as it was: not to end this test session
+            pytest.fail("a bare KeyboardInterrupt, which the command line reports as 'interrupted' alone")
+    assert stopped.value.exit_code == 130
+    assert "SIGINT again: stopped at once" in (run / "train.log").read_text()
+
+
 def test_a_resume_refuses_vocabulary_settings_it_cannot_apply(tmp_path, tiny_overrides):
     """A resumed run keeps the vocabulary its checkpoints were trained with, so another data.vocab_size (or
     spm_input_sentences) is refused even with --allow-config-change: config.toml would record a size the model

@@ -72,6 +72,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self.again: int | None = None  # a second signal, which stopped training at once
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -80,6 +81,7 @@ class StopSignals:
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:  # the second signal: do not wait for the step
             self.restore()
+            self.again = signum
             raise KeyboardInterrupt
         self.received = signum
 
@@ -995,6 +997,15 @@ class Trainer:
                 if pending:
                     self.book(pending, plan, bar)
                 pending = queued
+        except KeyboardInterrupt:
+            if stop.again is None:  # not StopSignals' (no main thread, say): as it came
+                raise
+            name = signal.Signals(stop.again).name
+            self.log(f"{name} again: stopped at once, in step {state.step + 1}, without a checkpoint; --resume "
+                     "continues from the newest one", terminal=False)
+            raise TrainInterrupted(stop.again, f"{name} again: training stopped at once, in step {state.step + 1}, "
+                                   "without writing a checkpoint; --resume continues from the newest in "
+                                   f"{self.out / 'checkpoints'}") from None
         except Exception as e:
             # train.log says why the run ended; the command line says it on the terminal
             self.log(distributed.lost_contact_line(e) or error_line(e), terminal=False)
