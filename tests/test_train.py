@@ -687,6 +687,27 @@ def test_a_second_signal_stops_at_once_and_says_no_checkpoint_was_written(tmp_pa
     assert "SIGINT again: stopped at once" in (run / "train.log").read_text()
 
 
+def test_a_resumed_run_says_what_it_will_not_do_and_drops_a_stale_summary(tmp_path, tiny_overrides, monkeypatch):
+    """Resumed at a budget already spent, and with --init-from, the run said nothing of either; continued for
+    longer and stopped midway, it kept the earlier budget's summary.json, which said the run was done."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), run, resume=True, quiet=True,
+          init_from=run)
+    log = (run / "train.log").read_text()
+    assert "train.max_steps 1: already reached at step 2; nothing to train" in log
+    assert f"--init-from {run}: not used; the run goes on from its own checkpoint (step 2)" in log
+    assert (run / "summary.json").exists()
+
+    def failing_step(*args, **kwargs):
+        raise RuntimeError("the machine went away")
+
+    monkeypatch.setattr(training, "queue_step", failing_step)
+    with pytest.raises(RuntimeError, match="went away"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=4"]), run, resume=True, quiet=True)
+    assert not (run / "summary.json").exists()
+
+
 def test_a_resume_refuses_vocabulary_settings_it_cannot_apply(tmp_path, tiny_overrides):
     """A resumed run keeps the vocabulary its checkpoints were trained with, so another data.vocab_size (or
     spm_input_sentences) is refused even with --allow-config-change: config.toml would record a size the model

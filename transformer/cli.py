@@ -132,8 +132,9 @@ def cmd_train(args: argparse.Namespace) -> None:
                 *(["--init-from", str(args.init_from)] if args.init_from else [])]
         from .distributed import launch_local
 
-        print(f"launching: torchrun --standalone --nproc-per-node={args.nproc} -m transformer {shlex.join(argv)}",
-              file=sys.stderr)
+        if not args.quiet:
+            print(f"launching: torchrun --standalone --nproc-per-node={args.nproc} -m transformer "
+                  f"{shlex.join(argv)}", file=sys.stderr)
         if code := launch_local(args.nproc, argv):
             raise SystemExit(code)
         return

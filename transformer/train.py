@@ -618,6 +618,9 @@ class Trainer:
             self.resume()
         if init_from is not None and self.state.step == 0:  # a resumed run goes on from its own checkpoints
             self.meta_base["init_from"] = self.start_from(init_from, parent)
+        elif init_from is not None:
+            self.log(f"--init-from {init_from}: not used; the run goes on from its own checkpoint (step "
+                     f"{self.state.step})")
         self.raw.train()
         self.model: torch.nn.Module = DistributedDataParallel(self.raw) if dist.enabled else self.raw
         self.buckets = shape_buckets(t)
@@ -662,7 +665,7 @@ class Trainer:
         names = [p.stem for p in chosen]
         self.log(f"starting from the weights of {init_from} ({', '.join(names)}), with a fresh optimizer and "
                  f"schedule" + (f"; model settings changed: {'; '.join(differ)}" if differ else ""))
-        return {"path": str(init_from), "weights": names, "vocab_sha256": meta.get("vocab_sha256")}
+        return {"path": str(init_from.resolve()), "weights": names, "vocab_sha256": meta.get("vocab_sha256")}
 
     def resume(self) -> None:
         """Weights, optimizer moments, position in the data and random state from the newest intact checkpoint."""
@@ -955,6 +958,10 @@ class Trainer:
             # resumed from an older checkpoint than the last line logged: TensorBoard hides what came after it
             self.writer = SummaryWriter(str(self.out / "tb"), purge_step=state.step + 1 if state.step else None)
             self.trim_metrics()
+            if state.step >= t.max_steps:
+                self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
+            elif (self.out / "summary.json").exists():  # written again when this budget ends
+                (self.out / "summary.json").unlink()
         self.start = self.last_save = time.monotonic()
         self.window = new_window()
         # the bar counts down whichever budget ends first, updates or minutes (in thousandths of it)
