@@ -104,6 +104,21 @@ def test_a_resume_that_draws_other_batches_says_so(tmp_path, tiny_overrides):
     assert changed["step"] == 4 and changed["batches_sha256"] != record["batches_sha256"]
 
 
+def test_a_resume_that_batches_otherwise_keeps_its_share_of_the_epoch(tmp_path, tiny_overrides):
+    """Resumed with half the tokens per batch (twice the batches in an epoch), the run kept its batch index, so
+    its place in the epoch jumped back (or, the other way, skipped a part of the epoch's new order)."""
+    from transformer.checkpoint import epochs_into
+
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.save_every=2"]), run, quiet=True)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=8", "train.save_every=2", "train.max_tokens=512"]),
+          run, resume=True, quiet=True, allow_config_change=True)
+    states = {int(p.stem[5:]): load_checkpoint(p, with_state=False).meta["train_state"] for p in list_checkpoints(run)}
+    before, after = epochs_into(states[6]), epochs_into(states[8])
+    assert states[8]["epoch_batches"] > states[6]["epoch_batches"]
+    assert 0 < after - before < 3 / states[8]["epoch_batches"], (before, after)  # 2 steps, and rounding
+
+
 def test_a_log_lines_tokens_per_second_are_its_own_steps(tmp_path, tiny_overrides, monkeypatch):
     """On a CPU a step is computed as it is queued, before the step before it is booked: a log line's time
     runs from the end of the line before's last step to the end of its own, never into the step queued

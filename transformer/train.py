@@ -614,6 +614,7 @@ class Trainer:
         if dist.enabled:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         self.saved_on_clock = -1  # the step of the newest checkpoint the save clock wrote (``save``)
+        self.batches_then = 0  # a resumed run batched otherwise: its epoch's batches in the checkpoint
         if resume:
             self.resume()
         if init_from is not None and self.state.step == 0:  # a resumed run goes on from its own checkpoints
@@ -636,6 +637,9 @@ class Trainer:
         if t.cuda_graphs and dist.device.type != "cuda":
             self.log(f"train.cuda_graphs: no CUDA graphs on {dist.device.type}; the compiled graphs run as they are")
         self.start_epoch(self.state.epoch)  # with subword sampling, its first segmentation: data preparation, off the clock
+        if self.batches_then:  # batched otherwise since the checkpoint: the same share of the epoch is done
+            done = round(self.state.batch_in_epoch * len(self.epoch_order) / self.batches_then)
+            self.state.batch_in_epoch = min(done, len(self.epoch_order))
         valid = (cfg.data.valid_src, cfg.data.valid_tgt)
         self.bleu_pairs = functools.cache(lambda: read_parallel(*map(resolve_data_path, valid))[:t.bleu_sentences])
 
@@ -693,17 +697,21 @@ class Trainer:
         self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
         self.reconcile_best()
         set_rng_state(self.dist, ckpt.state)
+        rebatched = ckpt.meta.get("batches_sha256") != self.meta_base["batches_sha256"]
         if self.state.world_size != self.dist.world:
             # the step, the schedule and Adam's moments continue; the data order cannot
             self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: the position "
                      "in the epoch is rescaled and the batch order and dropout masks differ from an uninterrupted run")
-            self.state.batch_in_epoch = self.state.batch_in_epoch * self.state.world_size // self.dist.world
+            if not rebatched:  # else rescaled below, by the epoch's batches then and now
+                self.state.batch_in_epoch = self.state.batch_in_epoch * self.state.world_size // self.dist.world
             self.state.world_size = self.dist.world
-        if ckpt.meta.get("batches_sha256") != self.meta_base["batches_sha256"]:
+        if rebatched:
             # a checkpoint before batches were recorded (2026-12-02) was batched by (target, source) length
             self.log(f"the training batches differ from those {ckpt.path.name}'s run drew (another train.max_tokens, "
                      "other data, or a version that batched otherwise): the step, the schedule and Adam's moments "
-                     "continue; the data order from here on differs from an uninterrupted run")
+                     "continue; the position in the epoch is rescaled, and the data order from here on differs "
+                     "from an uninterrupted run")
+            self.batches_then = self.state.epoch_batches
         self.log(f"resumed from {ckpt.path.name} at step {self.state.step}")
 
     def reconcile_best(self) -> None:
