@@ -622,9 +622,10 @@ def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(t
     run = tmp_path / "run"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
     for allow in (True, False):  # without the option, the refusal did not say that it would not help
-        with pytest.raises(TrainError, match=r"--resume cannot take .*model\.d_ff: 128 -> 96.* new run, with another --out"):
-            train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.d_ff=96"]), run, resume=True,
-                  quiet=True, allow_config_change=allow)
+        with pytest.raises(TrainError, match=r"--resume cannot take .*model\.d_ff: 128 -> 96.* new run, with another "
+                                             r"--out \(the config differs also in: train\.lr_scale: 2\.0 -> 1\.0\)"):
+            train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.d_ff=96", "train.lr_scale=1.0"]),
+                  run, resume=True, quiet=True, allow_config_change=allow)
     done = train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.p_drop=0.2"]), run, resume=True,
                  quiet=True, allow_config_change=True)
     assert done["step"] == 4

@@ -201,10 +201,12 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                                  "--allow-config-change); train a new vocabulary as a new run, with another --out")
             model = [c for c in changed if c.startswith("model.")]
             if model and weight_shapes(saved.model, saved.data.vocab_size) != weight_shapes(cfg.model, saved.data.vocab_size):
+                others = [c for c in changed if not c.startswith("model.")]  # said too: not one refusal at a time
                 raise TrainError(f"--resume cannot take model changes that change the weights' shapes, "
                                  f"{'; '.join(model)}: the checkpoint's weights would not fit them (even with "
                                  "--allow-config-change, or --init-from); train this model as a new run, with "
-                                 "another --out")
+                                 "another --out" + (f" (the config differs also in: {'; '.join(others)})"
+                                                    if others else ""))
             if not allow_changes:
                 raise TrainError(f"--resume with a config that differs from {source} in: {'; '.join(changed)} "
                                  "(pass --allow-config-change to resume anyway)")
