@@ -81,6 +81,12 @@ def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
     assert "BLEU = " in result.stdout and "nrefs:1|case:mixed" in result.stdout and "chrF" in result.stdout
     scores = json.loads(out_json.read_text())
     assert {"bleu", "chrf", "signature", "tok_lc_bleu", "paper_bleu"} <= set(scores)
+    # and what they are of (the JSON held the scores alone): the weights, the test set, the search
+    assert scores["averaged"] and all(Path(p).is_file() and Path(p).parent == (run / "checkpoints").resolve()
+                                      for p in scores["averaged"])
+    assert (scores["src"], scores["ref"], scores["sentences"]) == (str(Path(head["src"]).resolve()),
+                                                                   str(Path(head["tgt"]).resolve()), 20)
+    assert scores["decode"]["beam_size"] == 1 and scores["decode"]["alpha"] == 0.6 and scores["int8"] is False
     # without files: the run's own test set, its tokenized references too, named on stderr
     result = run_cli("evaluate", str(run), "--json", str(out_json), "--beam", "1")
     assert result.returncode == 0, result.stderr

@@ -611,7 +611,18 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     if args.hyp_out:
         with _line_sink(args.hyp_out) as write:
             write(hyps)
-    if args.json:
+    if args.json:  # the scores and what they are of: the weights, the test set, the search
+        from .checkpoint import checkpoints_to_average, run_folder
+
+        searched = translator.check(request)
+        chosen = Path(args.run_dir) / "best.safetensors" if str(args.checkpoint) == "best" else args.checkpoint
+        weights = ({"checkpoint": str(Path(chosen).resolve())} if args.checkpoint is not None else
+                   {"averaged": [str(p.with_suffix(".safetensors").resolve()) for p in
+                                 checkpoints_to_average(run_folder(args.run_dir), translator.cfg.decode.average_last)]})
+        scores |= {"run": str(Path(args.run_dir).resolve()), **weights, "int8": args.int8,
+                   "src": str(Path(args.src).resolve()), "ref": str(Path(args.ref).resolve()), "sentences": len(src),
+                   "decode": {k: v for k, v in dataclasses.asdict(searched).items()
+                              if v is not None and k not in ("prefixes", "constraints", "batch_size")}}
         files.write_text(args.json, json.dumps(scores, indent=2) + "\n")
 
 
