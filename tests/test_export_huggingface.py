@@ -2,7 +2,9 @@
 generate, ONNX Runtime and CTranslate2 (converted from the export) translate as we do."""
 
 import json
+import os
 import shutil
+import stat
 import warnings
 from pathlib import Path
 
@@ -132,6 +134,18 @@ def test_the_export_warns_of_nothing(tiny_run, tmp_path):
         out = export_huggingface(tiny_run, tmp_path / "hf", log=lambda m: None)
     assert [str(w.message) for w in caught] == []
     assert json.loads((out / "generation_config.json").read_text())["forced_eos_token_id"] == EOS_ID
+
+
+def test_every_exported_file_is_readable_as_the_umask_allows(tiny_run, tmp_path):
+    """model.safetensors, written by safetensors through its own temporary file, was 0600 under umask 022 where
+    every other file is 0644 (docs/exports.md): another account could not load the model."""
+    old = os.umask(0o022)
+    try:
+        out = export_huggingface(tiny_run, tmp_path / "hf", log=lambda m: None)
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert "model.safetensors" in modes and modes == {name: 0o644 for name in modes}
 
 
 def test_onnx_export_passes_on_the_layernorm_note(tiny_run, tmp_path, monkeypatch):

@@ -331,6 +331,9 @@ def _staged(out: Path, force: bool) -> Iterator[Path]:
         staged = Path(tmp) / out.name
         staged.mkdir()
         yield staged
+        for path in staged.rglob("*"):
+            if path.is_file():  # the libraries' own writers do not all honour the umask (safetensors: 0600)
+                files.share(path)
         if out.exists():
             shutil.rmtree(out)
         staged.rename(out)

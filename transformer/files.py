@@ -45,6 +45,12 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def share(path: Path) -> None:
+    """Gives ``path`` the mode the umask allows, as a file created by open(): mkstemp's 0600 (and that of
+    writers that create through their own temporary file, as safetensors') would keep every other account out."""
+    os.chmod(path, 0o666 & ~umask())
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path to write ``path``'s content to; when the block ends without an error the
@@ -55,7 +61,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600 would keep every other account out
+        share(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
