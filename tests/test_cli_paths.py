@@ -123,6 +123,15 @@ def test_an_output_named_gz_is_compressed(tmp_path, capsys):
     assert len(gzip.decompress((tmp_path / "s.gz").read_bytes()).decode().splitlines()) == 2
 
 
+def test_a_gz_output_names_the_final_file_in_its_header(tmp_path):
+    """The header named the temporary file (`file o.gz`: was ".o.gz.XXXX.tmp"; gunzip -N made a hidden file)."""
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\n")
+    assert main(["translate", str(RUN), "--input", str(src), "--output", str(tmp_path / "o.txt.gz")]) == 0
+    header = (tmp_path / "o.txt.gz").read_bytes()
+    assert header[3] & 0x08 and header[10:].split(b"\0", 1)[0] == b"o.txt"  # FNAME: as gzip(1) names it
+
+
 def test_the_language_moses_tokenizes_as_is_a_language(tmp_path):
     """evaluate --paper-bleu with --ref ref.txt tokenized as language "txt"."""
     from argparse import Namespace

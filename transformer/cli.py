@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import gzip
 import inspect
+import io
 import itertools
 import json
 import os
@@ -503,9 +504,12 @@ def _line_sink(path: Path | None) -> Iterator[Callable[[Iterable[str]], None]]:
 
         yield write
         return
-    opener = gzip.open if Path(path).name.endswith(".gz") else open
-    with files.atomic_path(path) as tmp, opener(tmp, "wt", encoding="utf-8") as out:
-        yield lambda lines: out.write("".join(f"{line}\n" for line in lines))
+    name = Path(path).name
+    with files.atomic_path(path) as tmp, open(tmp, "wb") as f:
+        # gzip's header names the file: the final one (gunzip -N restores it), not the temporary one
+        stream = gzip.GzipFile(name, "wb", fileobj=f) if name.endswith(".gz") else f
+        with io.TextIOWrapper(stream, encoding="utf-8") as out:
+            yield lambda lines: out.write("".join(f"{line}\n" for line in lines))
 
 
 def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
