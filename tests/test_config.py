@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer.config import PRESET_DIR, Config, ConfigError, config_from_dict, dump_toml, load_config, read_toml
+from transformer.config import (PRESET_DIR, Config, ConfigError, config_from_dict, dump_toml, load_config, read_toml,
+                                resolve_config_path)
 
 ALL_PRESETS = sorted(p.stem for p in PRESET_DIR.rglob("*.toml"))
 
@@ -157,6 +158,18 @@ def test_a_preset_given_as_a_path_outside_the_checkout_is_named(tmp_path, monkey
     (tmp_path / "folder.toml").mkdir()
     with pytest.raises(ConfigError, match="folder.toml: a folder, not a config file"):
         load_config("folder.toml")
+
+
+def test_a_preset_is_not_hidden_by_a_folder_of_its_name(tmp_path, monkeypatch):
+    """Beside a run folder tiny/, `train tiny` and `params tiny` said "tiny: a folder, not a config file"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "mine").mkdir()
+    assert resolve_config_path("tiny") == PRESET_DIR / "tiny.toml"
+    assert load_config("tiny") == load_config(str(PRESET_DIR / "tiny.toml"))
+    for folder in ("mine", "./tiny"):  # no preset of the name, or a path: the folder is meant
+        with pytest.raises(ConfigError, match=f"{folder.removeprefix('./')}: a folder, not a config file"):
+            load_config(folder)
 
 
 def test_unknown_preset_suggests():

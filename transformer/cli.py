@@ -73,7 +73,8 @@ def _set_option(p: argparse.ArgumentParser) -> None:
 
 
 def _train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...)")
+    p.add_argument("config", help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...; "
+                   "the preset even where a folder of that name is here)")
     _output(p, "--out", folder=True, required=True, help="run folder")
     _set_option(p)
     p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
@@ -760,7 +761,8 @@ COST_DEVICES = [1, 8, 64]  # params --cost's device counts, unless --devices
 
 
 def _params_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", help="config file or preset name (base, big, C4, ...; `transformer params base`)")
+    p.add_argument("preset", help="config file or preset name (base, big, C4, ...; the preset even where a folder of "
+                   "that name is here; `transformer params base`)")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
     _set_option(p)
     p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F} '
@@ -813,7 +815,8 @@ def cmd_params(args: argparse.Namespace) -> None:
 
 
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="config file or preset name; its data section names the corpus")
+    p.add_argument("config", help="config file or preset name (the preset even where a folder of that name is "
+                   "here); its data section names the corpus")
     _output(p, "--out", folder=True, required=True, help="store folder to create (must be new or empty)")
     _set_option(p)
     p.add_argument("--spm", type=Path, help="sentencepiece model to use (RUN/spm.model, or the run folder RUN); "

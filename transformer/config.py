@@ -433,22 +433,27 @@ def _parse_override(text: str) -> tuple[str, str, Any]:
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
+def _preset(name: str) -> Path | None:
+    """The preset file ``name`` names in configs/ or configs/table3/, None when there is none."""
+    return next((p for p in (PRESET_DIR / f"{name}.toml", PRESET_DIR / "table3" / f"{name}.toml") if p.is_file()), None)
+
+
 def resolve_config_path(name_or_path: str) -> Path:
-    """A path to a TOML file, or a preset name looked up in configs/ and configs/table3/."""
+    """A path to a TOML file, or a preset name looked up in configs/ and configs/table3/. A folder is no config,
+    so a preset's bare name is the preset even where a folder of that name is here (a run folder named after it)."""
     path = Path(name_or_path)
+    if path.is_dir() and path.name == name_or_path and (preset := _preset(name_or_path)):
+        return preset
     if path.suffix == ".toml" or path.exists():
         if path.is_dir():
             raise ConfigError(f"{path}: a folder, not a config file")
         if not path.is_file():
-            presets = (PRESET_DIR / f"{path.stem}.toml", PRESET_DIR / "table3" / f"{path.stem}.toml")
-            preset = any(p.is_file() for p in presets)
-            hint = (f"; the preset is named {path.stem!r} alone, found from any folder" if preset
+            hint = (f"; the preset is named {path.stem!r} alone, found from any folder" if _preset(path.stem)
                     else f" (from {Path.cwd()})")
             raise ConfigError(f"config file not found: {path}{hint}")
         return path
-    for candidate in (PRESET_DIR / f"{name_or_path}.toml", PRESET_DIR / "table3" / f"{name_or_path}.toml"):
-        if candidate.is_file():
-            return candidate
+    if preset := _preset(name_or_path):
+        return preset
     known = sorted(p.stem for p in PRESET_DIR.rglob("*.toml"))
     hint = difflib.get_close_matches(name_or_path, known, n=1)
     raise ConfigError(f"unknown preset or config {name_or_path!r}"
