@@ -133,6 +133,18 @@ def test_params_json(capsys):
     assert out["parameters"] == pytest.approx(65e6, rel=0.01) and out["flops_per_token"] > 6 * 44e6
 
 
+def test_params_and_its_cost_report_quote_one_figure_at_one_length(capsys):
+    """params said 381.2 MFLOP "(source and target 30 tokens)", --cost 0.381 GFLOP "(27-token sentences)"."""
+    def said(*argv: str) -> str:
+        assert main(["params", "base", *argv]) == 0
+        return capsys.readouterr().out
+
+    flops = json.loads(said("--json"))["flops_per_token"]
+    assert json.loads(said("--cost", "--json"))["flops_per_token"] == flops
+    assert f"{flops / 1e6:.1f} MFLOP per target token for training (27-token sentences)" in said()
+    assert f"{flops / 1e9:.3f} GFLOP per target token (training, 27-token sentences)" in said("--cost")
+
+
 @pytest.mark.parametrize("args, message", [
     (["train", "nonexistent.toml", "--out", "x"], "config file not found"),
     (["train", "tiny", "--out", "{tmp}/r", "--set", "model.d_modle=3"], "did you mean model.d_model"),

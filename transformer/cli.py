@@ -784,7 +784,7 @@ def cmd_params(args: argparse.Namespace) -> None:
     import torch
 
     from .config import MAX_VOCAB, load_config
-    from .model import Transformer, count_parameters, flops_per_token
+    from .model import FLOPS_SENTENCE_LEN, Transformer, count_parameters, flops_per_token
 
     cfg = load_config(args.preset, args.set)
     if args.vocab is not None and not 1 <= args.vocab <= MAX_VOCAB:
@@ -798,7 +798,7 @@ def cmd_params(args: argparse.Namespace) -> None:
         return
     if not args.cost:
         print(f"{args.preset}: {n:,} parameters ({n / 1e6:.2f}M) with a vocabulary of {vocab}; "
-              f"{flops / 1e6:.1f} MFLOP per target token for training (source and target 30 tokens)")
+              f"{flops / 1e6:.1f} MFLOP per target token for training ({FLOPS_SENTENCE_LEN:g}-token sentences)")
         return
     from .cost import cost_report, format_cost_report
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import Config, ModelConfig, load_config
-from .model import Transformer, count_parameters, flops_per_token
+from .model import FLOPS_SENTENCE_LEN, Transformer, count_parameters, flops_per_token
 
 P100_FP32_FLOPS = 9.5e12  # Table 2's footnote
 PAPER_HOURS = {"base": 12.0, "big": 3.5 * 24}  # §5.2: 8 P100 GPUs
@@ -40,11 +40,11 @@ class Cost:
         return self.flops_per_token * self.tokens_per_step / (devices * peak_flops * mfu)
 
 
-def training_cost(cfg: Config, vocab_size: int, devices: int = 1, src_len: float = 27.0,
-                  tgt_len: float = 27.0) -> Cost:
+def training_cost(cfg: Config, vocab_size: int, devices: int = 1, src_len: float = FLOPS_SENTENCE_LEN,
+                  tgt_len: float = FLOPS_SENTENCE_LEN) -> Cost:
     """Cost of ``cfg``'s run: tokens per step = max_tokens × update_freq (the global batch, which
-    the recipes keep fixed whatever the device count), train.max_steps steps. Sentence lengths
-    default to WMT14 EN-DE's mean in 37k BPE pieces (about 27)."""
+    the recipes keep fixed whatever the device count), train.max_steps steps, at sentences of
+    FLOPS_SENTENCE_LEN pieces unless given."""
     with torch.device("meta"):
         n = count_parameters(Transformer(cfg.model, vocab_size))
     f = flops_per_token(cfg.model, vocab_size, src_len, tgt_len)
@@ -89,7 +89,8 @@ def cost_report(cfg: Config, preset: str, vocab: int, devices: list[int], mfu: f
 def format_cost_report(r: dict) -> str:
     """``cost_report`` as the lines a terminal shows: a summary, Table 2's comparison, a table per device count."""
     lines = [f"{r['preset']}: {r['parameters'] / 1e6:.1f}M parameters (vocabulary {r['vocab']}); "
-             f"{r['flops_per_token'] / 1e9:.3f} GFLOP per target token (training, 27-token sentences); "
+             f"{r['flops_per_token'] / 1e9:.3f} GFLOP per target token "
+             f"(training, {FLOPS_SENTENCE_LEN:g}-token sentences); "
              f"{r['tokens_per_step']:,} tokens per step x {r['steps']:,} steps = {r['total_flops']:.3g} FLOPs"]
     if (t2 := r.get("table2")) is None:
         lines.append("Table 2 gives the training cost of the base and the big model only: nothing to compare")
