@@ -177,6 +177,16 @@ def test_usage_errors_exit_2(capsys):
     assert run_here(capsys, "frobnicate")[0] == 2
 
 
+def test_an_unknown_option_is_told_with_its_commands_usage(capsys):
+    """`translate RUN --bogus` printed the top-level usage ("usage: transformer [-h] COMMAND ...")."""
+    for command in ("translate", "serve", "params"):
+        status, _, err = run_here(capsys, command, "RUN", "--bogus")
+        assert status == 2 and err.startswith(f"usage: transformer {command} [-h]"), err
+        assert err.endswith(f"transformer {command}: error: unrecognized arguments: --bogus\n"), err
+    status, _, err = run_here(capsys, "--bogus", "translate", "RUN")  # before the command: the top level's
+    assert status == 2 and err.startswith("usage: transformer [-h] COMMAND"), err
+
+
 def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tmp_path, capsys, monkeypatch):
     """A bug is told apart from the user's errors: exit 70, one line that says so (with the first line of
     the error's message) and where the traceback went, and the traceback (with the command) in that file."""

@@ -1049,11 +1049,23 @@ def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] =
     p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder)})
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: an option it does not know is its own usage error (exit 2), told with its usage.
+    argparse hands such arguments up to the top-level parser, whose usage names no option of the command."""
+
+    def parse_known_args(self, args: list[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer", epilog=EPILOG,
                                      description="The Transformer of 'Attention Is All You Need': train, "
                                                  "translate, evaluate.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     for c in COMMANDS:
         c.arguments(sub.add_parser(c.name, help=c.help, description=c.description, epilog=EPILOG))
         sub.choices[c.name].set_defaults(func=c.run)
