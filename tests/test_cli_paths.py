@@ -95,8 +95,17 @@ def test_a_checkpoint_that_is_not_there_or_not_ours_is_named_so(tmp_path, capsys
     exported = tmp_path / "model.safetensors"  # a Hugging Face export's weights, alone
     exported.write_bytes(b"")
     refused(capsys, ["translate", str(RUN), "--checkpoint", str(exported)],
-            "model.json: missing (model.safetensors without its JSON record is an unfinished write, or weights "
-            "from elsewhere (an export?)")
+            f"{tmp_path / 'model.json'}: missing (model.safetensors without its JSON record is an unfinished write, "
+            "or weights from elsewhere (an export?): not a checkpoint; the record travels with its weights file")
+
+
+def test_a_weights_file_without_its_record_names_the_record_where_it_was_looked_for(tmp_path, capsys, monkeypatch):
+    """`--init-from some/dir/avg5.safetensors` said "avg5.json: missing", not where it was looked for."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "some" / "dir").mkdir(parents=True)
+    (tmp_path / "some" / "dir" / "avg5.safetensors").write_bytes(b"")
+    refused(capsys, ["train", "tiny", "--out", "zz", "--init-from", "some/dir/avg5.safetensors"],
+            "error: some/dir/avg5.json: missing (avg5.safetensors without its JSON record")
 
 
 @pytest.mark.parametrize("argv", [["translate"], ["average", "--last", "1", "--out", "{tmp}/a.safetensors"], ["plot"],

@@ -214,7 +214,8 @@ def checkpoint_record(path: Path) -> dict[str, Any]:
     path = Path(path)
     json_path = _json_for(path)
     return read_record(json_path, CheckpointError, f"{path.name} without its JSON record is an unfinished write, "
-                       "or weights from elsewhere (an export?): not a checkpoint", FORMAT, label=json_path.name)
+                       "or weights from elsewhere (an export?): not a checkpoint; the record travels with its "
+                       "weights file, copy both", FORMAT, label=json_path.name)
 
 
 def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:

@@ -194,12 +194,12 @@ def read_record(path: Path, error: type[UserError], missing: str, fmt: str | Non
     """The JSON object in ``path`` (a checkpoint record, a token store's meta), with
     ``error`` naming the file when it is missing (``missing`` says what that means and what to do), unreadable,
     not an object, or, given ``fmt``, a record of another format: a foreign file is refused, never half-read.
-    Errors start with ``label`` (default: the path)."""
+    Errors start with ``label`` (default: the path); a missing file's with the path, where it was looked for."""
     label = label or str(path)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise error(f"{label}: missing ({missing})") from None
+        raise error(f"{path}: missing ({missing})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise error(f"{label}: unreadable ({e})") from None
     if not isinstance(record, dict):
