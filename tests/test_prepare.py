@@ -286,6 +286,16 @@ def test_resolve_data_path_searches_roots_in_order(isolated: Path, monkeypatch: 
         resolve_data_path("multi30k/y.txt")
 
 
+def test_a_missing_data_file_lists_each_folder_searched_once(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRANSFORMER_DATA is ../shared/data beside the checkout: "searched ./ and D, ./data, D, ~/.cache/transformer"."""
+    monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "checkout" / "main" / ".." / "shared" / "data"))
+    with pytest.raises(DataError) as err:
+        resolve_data_path("nosuch.en")
+    roots = [isolated / "checkout" / "main" / ".." / "shared" / "data", isolated / "cwd" / "data",
+             isolated / "home" / ".cache" / "transformer"]
+    assert f"(searched ./ and {', '.join(map(str, roots))};" in str(err.value)
+
+
 FAKE = gzip.compress("Ein Hund.\nZwei Katzen.\n".encode())
 
 

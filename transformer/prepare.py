@@ -53,9 +53,13 @@ _CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def _candidate_roots() -> list[Path]:
+    """The data roots in order, each folder once (TRANSFORMER_DATA is often ../shared/data beside the checkout)."""
     env = os.environ.get("TRANSFORMER_DATA")
-    return ([Path(env).expanduser()] if env else []) + [
-        Path.cwd() / "data", _CHECKOUT.parent / "shared" / "data", Path.home() / ".cache" / "transformer"]
+    roots: dict[Path, Path] = {}
+    for root in ([Path(env).expanduser()] if env else []) + [
+            Path.cwd() / "data", _CHECKOUT.parent / "shared" / "data", Path.home() / ".cache" / "transformer"]:
+        roots.setdefault(root.resolve(), root)
+    return list(roots.values())
 
 
 def find_data_root() -> Path | None:
