@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
-from transformer.config import load_config
+from transformer.config import ConfigError, load_config
 from transformer.data import Example, ShapeBuckets, collate, read_lines
 from transformer.decode import translate_ids
 from transformer.model import Transformer
@@ -1056,3 +1056,14 @@ def test_extending_a_cooled_down_run_says_the_rate_rises_again(tmp_path, tiny_ov
     train(load_config("tiny", tiny_overrides + ["train.max_steps=3", "train.cooldown_fraction=0.5"]), run,
           resume=True, quiet=True)
     assert "the cooldown (train.cooldown_fraction 0.5) is the new budget's last part" in (run / "train.log").read_text()
+
+
+def test_data_not_set_says_what_to_do():
+    """`train configs/tiny.toml` said only "data.train_src is not set"."""
+    with pytest.raises(ConfigError) as err:
+        training.data_paths(load_config("tiny"))
+    assert str(err.value) == ("data.train_src is not set (nor data.train_tgt, data.valid_src, data.valid_tgt): name "
+                              "the files in the config's [data] (as the complete recipe configs/multi30k_en_de.toml "
+                              "does) or with --set data.train_src=FILE, one --set each")
+    with pytest.raises(ConfigError, match=r"^data.valid_tgt is not set: "):
+        training.data_paths(load_config("multi30k_en_de", ['data.valid_tgt=""']))

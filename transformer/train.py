@@ -151,9 +151,10 @@ def data_paths(cfg: Config) -> dict[str, Path]:
     each found (``resolve_data_path``); one not set or not found is refused, naming it."""
     d = cfg.data
     needed = ("valid_src", "valid_tgt") if d.train_store else ("train_src", "train_tgt", "valid_src", "valid_tgt")
-    for name in needed:
-        if not getattr(d, name):
-            raise ConfigError(f"data.{name} is not set")
+    if missing := [f"data.{name}" for name in needed if not getattr(d, name)]:
+        nor = f" (nor {', '.join(missing[1:])})" if len(missing) > 1 else ""
+        raise ConfigError(f"{missing[0]} is not set{nor}: name the files in the config's [data] (as the complete "
+                          f"recipe configs/multi30k_en_de.toml does) or with --set {missing[0]}=FILE, one --set each")
     return {name: resolve_data_path(getattr(d, name)) for name in needed + (("train_store",) if d.train_store else ())}
 
 
