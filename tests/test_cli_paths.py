@@ -132,6 +132,26 @@ def test_an_output_named_gz_is_compressed(tmp_path, capsys):
     assert len(gzip.decompress((tmp_path / "s.gz").read_bytes()).decode().splitlines()) == 2
 
 
+def test_plots_default_output_is_checked_as_a_given_one(tmp_path, capsys, monkeypatch):
+    """`plot RUN` on a read-only run folder exited 70 ("internal error: OSError: [Errno 30] Read-only file
+    system: '.../.training.png...tmp'"), where `--out RUN/training.png` was refused in one line."""
+    import os
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 5, "minutes": 0.5, "lr": 0.001, "train_loss": 6.5}\n')
+    run.chmod(0o555)
+    if os.geteuid() == 0:  # root writes into any folder: the check is told what another account would find
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and not (p == run and mode & os.W_OK))
+    try:
+        for argv in (["--out", str(run / "training.png")], []):
+            refused(capsys, ["plot", str(run), *argv], f"error: --out {run / 'training.png'}: the folder {run} is not "
+                    "writable\n")
+    finally:
+        run.chmod(0o755)
+
+
 def test_a_gz_output_names_the_final_file_in_its_header(tmp_path):
     """The header named the temporary file (`file o.gz`: was ".o.gz.XXXX.tmp"; gunzip -N made a hidden file)."""
     src = tmp_path / "in.txt"

@@ -1007,7 +1007,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
     metrics = run_folder(args.run_dir) / "metrics.jsonl"
     if not metrics.is_file():
         raise FigureError(f"{args.run_dir}: no metrics.jsonl (not a run folder, or no step logged yet)")
-    out = args.out or args.run_dir / "training.png"
+    out = args.out or check_output(args.run_dir / "training.png", "--out")  # as main checks a given --out
     drawn = plot_training(metrics, out)
     print(f"wrote {out} ({', '.join(drawn)})", file=sys.stderr)
 
