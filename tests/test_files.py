@@ -1,14 +1,17 @@
 """Atomic writes: whole files or none, readable by others as the umask allows; JSON records read whole or refused."""
 
+import errno
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
 from transformer.checkpoint import list_checkpoints
 from transformer.config import load_config
 from transformer.errors import UserError
-from transformer.files import atomic_path, read_record, umask, write_text
+from transformer.cli import main
+from transformer.files import atomic_path, read_record, umask, write_bytes, write_text
 from transformer.train import train
 
 
@@ -36,6 +39,36 @@ def test_an_error_inside_the_block_leaves_the_old_file_and_no_temp(tmp_path):
         raise RuntimeError("cut")
     assert (tmp_path / "a.txt").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+def failing_writes(monkeypatch, code: int, prefix: str = ".") -> None:
+    """Path.write_bytes of a temporary file (its name starts with ``prefix``) fails as the system would, ``code``."""
+    real = Path.write_bytes
+
+    def write(self, data):
+        if self.name.startswith(prefix) and self.name.endswith(".tmp"):
+            raise OSError(code, os.strerror(code))
+        return real(self, data)
+    monkeypatch.setattr(Path, "write_bytes", write)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES])
+def test_a_write_the_disk_refuses_is_a_one_line_error_naming_the_file(tmp_path, monkeypatch, code):
+    """A full disk writing spm.model ended in "internal error: OSError: [Errno 28] No space left on device"."""
+    write_text(tmp_path / "a.txt", "old")
+    failing_writes(monkeypatch, code)
+    with pytest.raises(UserError) as err:
+        write_bytes(tmp_path / "a.txt", b"new")
+    assert isinstance(err.value, OSError)  # as any failed write: training's checkpoint error adds to it
+    assert str(err.value) == f"cannot write {tmp_path / 'a.txt'}: {os.strerror(code)}"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"] and (tmp_path / "a.txt").read_text() == "old"
+
+
+def test_a_full_disk_writing_the_vocabulary_stops_training_in_one_line(tmp_path, monkeypatch, capsys, tiny_overrides):
+    failing_writes(monkeypatch, errno.ENOSPC, ".spm.model.")
+    run = tmp_path / "run"
+    assert main(["train", "tiny", "--out", str(run), *(a for o in tiny_overrides for a in ("--set", o))]) == 1
+    assert capsys.readouterr().err == f"error: cannot write {run / 'spm.model'}: No space left on device\n"
 
 
 def test_a_run_folder_is_readable_by_other_accounts(tmp_path, tiny_overrides, mask):

@@ -10,6 +10,7 @@ and no temporary file behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import http.client
 import json
@@ -51,12 +52,39 @@ def share(path: Path) -> None:
     os.chmod(path, 0o666 & ~umask())
 
 
+class OutputError(UserError):
+    """An output path the command could not write: refused before the work that would fill it."""
+
+
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})  # the user's to fix, not a bug
+
+
+class WriteError(OutputError, OSError):
+    """A file the system would not take (disk or quota full, read-only, not permitted), named in one line. An
+    OSError still, so a caller that can say more catches it as any failed write (training: the earlier
+    checkpoints are intact)."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
+def _unwritable(path: Path, error: OSError) -> WriteError | None:
+    """``error``, met writing ``path``, as a WriteError naming it when the user can fix it (UNWRITABLE)."""
+    return WriteError(error.errno, error.strerror, str(path)) if error.errno in UNWRITABLE else None
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path to write ``path``'s content to; when the block ends without an error the
-    file there becomes ``path`` (see the module's docstring), otherwise it is removed."""
+    file there becomes ``path`` (see the module's docstring), otherwise it is removed. A failed write
+    the user can fix (UNWRITABLE) is a WriteError naming ``path``."""
     path = Path(path)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        if told := _unwritable(path, e):
+            raise told from None
+        raise
     os.close(fd)
     tmp = Path(name)
     try:
@@ -65,8 +93,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        mine = isinstance(e, OSError) and (e.filename is None or Path(e.filename) == tmp)  # not an input's, say
+        if mine and (told := _unwritable(path, e)):
+            raise told from None
         raise
     fsync_dir(path.parent)
 
@@ -78,10 +109,6 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
-
-
-class OutputError(UserError):
-    """An output path the command could not write: refused before the work that would fill it."""
 
 
 def hold_folder(folder: Path, option: str) -> IO[str]:
