@@ -71,6 +71,22 @@ def test_a_full_disk_writing_the_vocabulary_stops_training_in_one_line(tmp_path,
     assert capsys.readouterr().err == f"error: cannot write {run / 'spm.model'}: No space left on device\n"
 
 
+def test_a_full_disk_appending_a_log_line_stops_training_in_one_line(tmp_path, monkeypatch, capsys, tiny_overrides):
+    """The disk filled up while training appended its metrics: "internal error: OSError: [Errno 28]"."""
+    from transformer import files
+
+    def full(path, mode="r", **kwargs):
+        if str(path).endswith("metrics.jsonl") and mode == "a":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return open(path, mode, **kwargs)
+
+    monkeypatch.setattr(files, "open", full, raising=False)  # files' own name for it: the trainer's appends
+    run = tmp_path / "run"
+    sets = tiny_overrides + ["train.max_steps=4", "train.log_every=2"]
+    assert main(["train", "tiny", "--out", str(run), "--quiet", *(a for o in sets for a in ("--set", o))]) == 1
+    assert capsys.readouterr().err == f"error: cannot write {run / 'metrics.jsonl'}: No space left on device\n"
+
+
 def test_a_run_folder_is_readable_by_other_accounts(tmp_path, tiny_overrides, mask):
     """Checkpoints and spm.model are 0644 under umask 022, so another account can serve the run."""
     mask(0o022)

@@ -111,6 +111,18 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def append_text(path: Path, text: str) -> None:
+    """Adds ``text`` at the end of ``path`` (a log: not atomic, a line at a time); a failed write the user can fix
+    (UNWRITABLE) is a WriteError naming ``path``."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        if told := _unwritable(path, e):
+            raise told from None
+        raise
+
+
 def hold_folder(folder: Path, option: str) -> IO[str]:
     """An exclusive lock on ``folder`` (its file ".lock", created with the folder), held until the returned
     file is closed: a second process that would write the same folder (two trainings started into one

@@ -132,8 +132,7 @@ def run_logger(out: Path, quiet: bool = False):
     path = out / "train.log"
 
     def log(msg: str, terminal: bool = True) -> None:
-        with path.open("a", encoding="utf-8") as f:
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+        files.append_text(path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
         if terminal and not quiet:
             tqdm.write(msg)
             sys.stdout.flush()  # a pipe, nohup or a batch system's log gets each line as it is said
@@ -928,8 +927,7 @@ class Trainer:
         for key, value in rec.items():
             if key not in ("step", "epoch"):
                 self.writer.add_scalar(key, value, state.step)
-        with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
+        files.append_text(self.out / "metrics.jsonl", json.dumps(rec) + "\n")
         self.log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
         metric = {"valid_loss": "valid_nll", "valid_smoothed_loss": "valid_smoothed_loss",
                   "dev_bleu": "valid_bleu"}.get(t.keep_best)
