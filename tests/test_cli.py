@@ -127,6 +127,19 @@ def test_params_cost_compares_table_2_for_its_two_models_and_says_the_papers_bat
     assert "Table 2 (big)" in out and "the paper trained" not in out
 
 
+def test_params_cost_shows_a_small_models_step_hours_and_memory(capsys):
+    """tiny's table said 0.0 ms, 0.00 hours and 0.0 GiB on every row: its figures are below the columns' places."""
+    assert main(["params", "tiny", "--cost", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["per_devices"]
+    assert main(["params", "tiny", "--cost"]) == 0
+    table = capsys.readouterr().out.splitlines()[-len(rows):]
+    for row, line in zip(rows, table):
+        step, hours, memory = (float(cell) for cell in line.split("|")[2:])
+        assert step == pytest.approx(1000 * row["step_seconds"], rel=0.05) and step > 0
+        assert hours == pytest.approx(row["hours"], rel=0.05) and hours > 0
+        assert memory == pytest.approx(row["memory_gib_per_device"], rel=0.05) and memory > 0
+
+
 def test_params_json(capsys):
     assert main(["params", "base", "--vocab", "40960", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -104,6 +104,14 @@ def format_cost_report(r: dict) -> str:
                          f"configs/wmt14_en_de_{kind}.toml, hold the paper's batch)")
     lines += [f"on H100 (bf16 dense peak {H100_BF16_FLOPS / 1e12:.0f} TFLOPS) at MFU {r['mfu']:.0%}:",
              "devices | tokens per device | step (ms) | hours | memory per device (GiB, estimate)"]
-    lines += [f"{d['devices']:>7} | {r['tokens_per_step'] // d['devices']:>17,} | {1000 * d['step_seconds']:9.1f} | "
-              f"{d['hours']:5.2f} | {d['memory_gib_per_device']:.1f}" for d in r["per_devices"]]
+    lines += [f"{d['devices']:>7} | {r['tokens_per_step'] // d['devices']:>17,} | {_figure(1000 * d['step_seconds'], 1):>9} | "
+              f"{_figure(d['hours'], 2):>5} | {_figure(d['memory_gib_per_device'], 1)}" for d in r["per_devices"]]
     return "\n".join(lines)
+
+
+def _figure(x: float, decimals: int) -> str:
+    """``x`` with ``decimals`` places, or two significant digits where those places would show a small model's
+    step, hours or memory as 0.0."""
+    if x <= 0 or x >= 10 ** -decimals:
+        return f"{x:.{decimals}f}"
+    return f"{x:.2g}"
