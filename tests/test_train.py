@@ -462,6 +462,12 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     assert one["init_from"]["weights"] == ["step_00000002"]
     with pytest.raises(TrainError, match=r"does not fit this config \(.*model.d_ff: 128 -> 96"):
         train(load_config("tiny", tiny_overrides + ["model.d_ff=96"]), tmp_path / "wide", quiet=True, init_from=old)
+    assert not (tmp_path / "wide").exists()  # refused from the records: no config.toml, spm.model, train.log there
+    (tmp_path / "bare").mkdir()
+    shutil.copy(old / "spm.model", tmp_path / "bare" / "spm.model")
+    with pytest.raises(TrainError, match=r"--init-from .*bare: no checkpoints in .*bare/checkpoints"):
+        train(cfg, tmp_path / "x", quiet=True, init_from=tmp_path / "bare")
+    assert not (tmp_path / "x").exists()
     with pytest.raises(TrainError, match="no such run folder"):
         train(cfg, tmp_path / "x", quiet=True, init_from=tmp_path / "missing")
     with pytest.raises(TrainError, match=r"checkpoints: not a run folder \(no spm.model\) \(give the run folder"):

@@ -301,6 +301,31 @@ def parent_run(init_from: Path) -> Path:
     return run
 
 
+def refuse_misfit(init_from: Path, parent: Path, cfg: Config) -> None:
+    """Refuses ``--init-from`` weights whose shapes this config's model does not have, or a run folder with no
+    checkpoint, from the records alone: before the new run folder, its config or vocabulary are written (the
+    weights themselves are checked as they are loaded, ``Trainer.start_from``)."""
+    if init_from.is_dir():
+        if not (paths := list_checkpoints(parent)):
+            raise TrainError(f"--init-from {init_from}: no checkpoints in {parent / 'checkpoints'}")
+        record = checkpoint_record(paths[-1])
+    elif init_from.suffix.lower() in (".safetensors", ".json"):  # anything else is refused as it is loaded
+        record = checkpoint_record(init_from)
+    else:
+        return
+    vocab = record.get("vocab_size")
+    theirs = config_from_dict(record.get("config"), f"{init_from} (config)").model
+    if isinstance(vocab, int) and weight_shapes(theirs, vocab) != weight_shapes(cfg.model, vocab):
+        raise TrainError(f"--init-from {init_from}: its model does not fit this config "
+                         f"({'; '.join(model_differences(theirs, cfg.model))})")
+
+
+def model_differences(theirs: ModelConfig, ours: ModelConfig) -> list[str]:
+    """The model fields two configs set otherwise, as "model.d_ff: 128 -> 96"."""
+    theirs_, ours_ = dataclasses.asdict(theirs), dataclasses.asdict(ours)
+    return [f"model.{k}: {theirs_.get(k)!r} -> {v!r}" for k, v in ours_.items() if theirs_.get(k) != v]
+
+
 def inherit_vocabulary(parent: Path, path: Path, write: bool) -> None:
     """``path`` becomes a byte copy of the parent run's vocabulary; one already there must be that."""
     if path.exists():
@@ -588,6 +613,8 @@ class Trainer:
             raise TrainError("train.cuda_graphs is for one process: with data parallelism the gradients' all-reduce "
                              "would be captured in the graphs, which this trainer does not do")
         parent = None if init_from is None else parent_run(init_from)
+        if init_from is not None:  # refused before anything is written, as above
+            refuse_misfit(init_from, parent, cfg)
         with distributed.rank0_alone(dist):  # the others wait for rank 0's vocabulary and config
             if dist.main:
                 self.log = run_logger(out, quiet)
@@ -648,9 +675,7 @@ class Trainer:
     def start_from(self, init_from: Path, parent: Path) -> dict[str, Any]:
         """Loads the weights ``init_from`` names (fine-tuning); what the run's records say it started from."""
         if init_from.is_dir():
-            paths = list_checkpoints(parent)
-            if not paths:
-                raise TrainError(f"--init-from {init_from}: no checkpoints in {parent / 'checkpoints'}")
+            paths = list_checkpoints(parent)  # some: refuse_misfit
             meta = load_checkpoint(paths[-1], with_state=False).meta
             average_last = config_from_dict(meta["config"], f"{paths[-1]} (config)").decode.average_last
             chosen = checkpoints_to_average(parent, average_last)
@@ -661,8 +686,7 @@ class Trainer:
         if meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
             raise TrainError(f"--init-from {init_from}: its weights were trained with another vocabulary than "
                              f"{parent / 'spm.model'}")
-        theirs, ours = meta.get("config", {}).get("model", {}), dataclasses.asdict(self.cfg.model)
-        differ = [f"model.{k}: {theirs.get(k)!r} -> {v!r}" for k, v in ours.items() if theirs.get(k) != v]
+        differ = model_differences(config_from_dict(meta.get("config"), f"{init_from} (config)").model, self.cfg.model)
         try:
             self.raw.load_state_dict(weights)
         except RuntimeError:  # missing, unexpected or differently shaped tensors
