@@ -273,6 +273,28 @@ def test_a_rank_killed_under_the_launcher_is_named_in_one_line(tmp_path, tiny_ov
     assert all(line.startswith(("launching: ", "stopped: ")) for line in err.strip().splitlines()), err[-3000:]
 
 
+def test_ctrl_c_to_a_data_parallel_job_says_it_stopped_once(tmp_path, tiny_overrides):
+    """Ctrl-C reaches the launcher and both ranks (the terminal's process group): the job stops after one step
+    with its checkpoint, exit 130, and says so in one line, rank 0's."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(run), "--nproc", "2",
+                             "--quiet", *sets(tiny_overrides + ["train.max_steps=100000", "train.log_every=1"])],
+                            env=ENV, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stopped: SIGINT: training stopped after step"), err[-3000:]
+    assert list_checkpoints(run)
+
+
 def test_rank_0s_failure_in_work_the_others_wait_for_stops_them_with_its_message(monkeypatch):
     """Rank 0 sends how its block went; the others, which ran nothing in it, stop with its one line."""
     sent, incoming = [], []

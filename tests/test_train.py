@@ -73,9 +73,10 @@ def test_resume_refuses_another_model(tmp_path, tiny_overrides):
         train(load_config("tiny", tiny_overrides + ["model.d_ff=96"]), run, resume=True, quiet=True)
 
 
-def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides):
+def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides, multi30k):
     """Continuing a finished run for longer is a budget change, not a config change: no flag needed, and
-    said in the log; anything else (the warmup here) is still refused."""
+    said in the log; anything else (the warmup here) is still refused. Another validation set needs no flag
+    either, but is said: the validation curve measures something else from there on (it was not said)."""
     run = tmp_path / "run"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
     train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.max_minutes=5"]), run, resume=True,
@@ -86,6 +87,14 @@ def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides
     with pytest.raises(TrainError, match="train.warmup_steps"):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.warmup_steps=7"]), run, resume=True,
               quiet=True)
+    from tests.conftest import write_slice
+
+    src, tgt = write_slice(multi30k, tmp_path, "val", 50, 50)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=6", f'data.valid_src="{src}"',
+                                                f'data.valid_tgt="{tgt}"']), run, resume=True, quiet=True)
+    assert (f"resuming with another validation set: data.valid_src: '{tmp_path}/val0_50.en' -> '{src}'; "
+            f"data.valid_tgt: '{tmp_path}/val0_50.de' -> '{tgt}'; validation figures from here on are of it"
+            ) in (run / "train.log").read_text()
 
 
 def test_a_resume_that_draws_other_batches_says_so(tmp_path, tiny_overrides):

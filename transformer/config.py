@@ -320,13 +320,14 @@ class Config:
         """Fields that a resumed run may not change ("section.key: saved -> now"): the model, the
         data and its vocabulary, the data order and the optimisation. Budgets, logging, checkpoint
         cadence, threads and decoding may change."""
-        out = []
-        for section, keys in RESUME_FIXED.items():
-            old, new = dataclasses.asdict(getattr(saved, section)), dataclasses.asdict(getattr(self, section))
-            for key in (old if keys == "*" else keys):
-                if old[key] != new[key] and not _same_file(old[key], new[key]):
-                    out.append(f"{section}.{key}: {old[key]!r} -> {new[key]!r}")
-        return out
+        return [change for section, keys in RESUME_FIXED.items() for change in self.differences(saved, section, keys)]
+
+    def differences(self, saved: Config, section: str, keys: str | tuple[str, ...] = "*") -> list[str]:
+        """The ``keys`` of ``section`` ("*": all) set otherwise than in ``saved``, as "section.key: saved -> now";
+        two spellings of one file are the same value."""
+        old, new = dataclasses.asdict(getattr(saved, section)), dataclasses.asdict(getattr(self, section))
+        return [f"{section}.{key}: {old[key]!r} -> {new[key]!r}" for key in (old if keys == "*" else keys)
+                if old[key] != new[key] and not _same_file(old[key], new[key])]
 
     def sha256(self) -> str:
         """Hash of the whole config, recorded in every checkpoint and keying benchmark results; a field

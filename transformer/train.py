@@ -211,8 +211,12 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 raise TrainError(f"--resume with a config that differs from {source} in: {'; '.join(changed)} "
                                  "(pass --allow-config-change to resume anyway)")
             log(f"resuming with changed config (--allow-config-change): {'; '.join(changed)}")
-        budget = [f"train.{k}: {getattr(saved.train, k)!r} -> {getattr(cfg.train, k)!r}"
-                  for k in ("max_steps", "max_minutes") if getattr(saved.train, k) != getattr(cfg.train, k)]
+        if valid := cfg.differences(saved, "data", ("valid_src", "valid_tgt")):  # may change: said, as it splits the curve
+            log(f"resuming with another validation set: {'; '.join(valid)}; validation figures from here on are of "
+                "it, those logged before of the earlier one" + (
+                    " (train.keep_best's best so far, too, which later ones are compared with)"
+                    if cfg.train.keep_best else ""))
+        budget = cfg.differences(saved, "train", ("max_steps", "max_minutes"))
         if budget:  # a budget is not part of what a run is: continuing a run for longer (or less) needs no flag
             cooldown = cfg.train.cooldown_fraction
             log(f"resuming with another budget: {'; '.join(budget)}" + (
