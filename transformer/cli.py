@@ -1145,7 +1145,8 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
         sys.stdout.flush()  # a report still in the buffer meets a closed pipe here, not in the interpreter's exit
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
-        say(summary(e))
+        if e.said:
+            say(summary(e))
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

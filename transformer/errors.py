@@ -8,6 +8,7 @@ class UserError(Exception):
 
     exit_code = 1
     label = "error"
+    said = True  # False: another process of the job says it (rank 0 of a data-parallel job), not this one
 
 
 def first_line(error: BaseException, limit: int = 200) -> str:

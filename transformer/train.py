@@ -1063,8 +1063,10 @@ class Trainer:
         if (stopped_by := stopped_by or stop.received) is not None:
             name = signal.Signals(stopped_by).name + ("" if stop.received else " (to another rank)")
             self.log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
-            raise TrainInterrupted(stopped_by, f"{name}: training stopped after step {state.step} with its "
-                                   f"checkpoint written to {self.out / 'checkpoints'}; continue with --resume")
+            stopped = TrainInterrupted(stopped_by, f"{name}: training stopped after step {state.step} with its "
+                                       f"checkpoint written to {self.out / 'checkpoints'}; continue with --resume")
+            stopped.said = self.dist.main  # every rank stops after the same step: rank 0 says so for the job
+            raise stopped
         summary = {"step": state.step, "train_minutes": self.elapsed() / 60, "tgt_tokens": state.tgt_tokens,
                    "tokens_per_s": state.tgt_tokens / max(self.elapsed(), 1e-9), "skipped_steps": state.skipped_steps}
         if "init_from" in self.meta_base:
