@@ -284,6 +284,23 @@ def test_decoding_flags_are_checked_as_the_request(tiny_run, tmp_path, capsys, f
     assert out == "" and len(err.strip().splitlines()) == 1
 
 
+def test_decoding_commands_take_a_thread_count(tiny_run, tmp_path, capsys, monkeypatch):
+    """--threads sets torch's intra-op threads for translate, evaluate, score, serve, attention (only
+    OMP_NUM_THREADS could, read when torch starts); 0 is refused."""
+    (tmp_path / "in.txt").write_text("a dog runs .\n")
+    threads = torch.get_num_threads()
+    asked = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: asked.append(n))
+    status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"), "--threads", "1")
+    assert status == 0 and asked == [1] and out.count("\n") == 1, err
+    status, out, err = run_here(capsys, "translate", str(tiny_run), "--threads", "0")
+    assert status == 1 and err == "error: --threads 0: give 1 .. 1024 (default: one per core)\n" and asked == [1]
+    for command in ("evaluate", "score", "serve", "attention"):
+        status, out, _ = run_here(capsys, command, "--help")
+        assert "--threads N" in out, command
+    assert torch.get_num_threads() == threads
+
+
 SENTENCES = "a dog runs .\ntwo men are talking on a street .\n\na girl in a red coat .\n"
 
 

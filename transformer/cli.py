@@ -152,6 +152,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
                    "on CPU, BLEU within a few tenths (benchmarks/results/speed.md)")
     p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for the model's operations (default: "
+                   "torch's, one per core, or OMP_NUM_THREADS): fewer, to run several decoders side by side")
 
 
 def _decode_options(p: argparse.ArgumentParser) -> None:
@@ -1142,6 +1144,12 @@ def main(argv: list[str] | None = None) -> int:
                 if (same := written.setdefault(Path(getattr(args, dest)).resolve(), option)) != option:
                     raise OutputError(f"{option} {getattr(args, dest)}: is also {same}'s; one file cannot hold both "
                                       "outputs: give each its own")
+        if (threads := getattr(args, "threads", None)) is not None:  # the decoding commands' --threads
+            if not 1 <= threads <= 1024:
+                raise ConfigError(f"--threads {threads}: give 1 .. 1024 (default: one per core)")
+            import torch
+
+            torch.set_num_threads(threads)
         args.func(args)
         sys.stdout.flush()  # a report still in the buffer meets a closed pipe here, not in the interpreter's exit
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
