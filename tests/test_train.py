@@ -676,6 +676,29 @@ def test_a_resume_without_config_toml_compares_with_the_checkpoints_record(tmp_p
     assert train(load_config("tiny", tiny_overrides + ["train.max_steps=4"]), run, resume=True, quiet=True)["step"] == 4
 
 
+def test_a_resume_compares_with_what_the_checkpoints_were_trained_with(tmp_path, tiny_overrides, monkeypatch):
+    """A resume with a change (--allow-config-change) stopped before its first step had written config.toml: the
+    next resume compared with it, so the same change went on without the flag, and the original settings were
+    refused as a change."""
+    import transformer.train as T
+
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
+
+    def stopped(self, epoch):
+        raise KeyboardInterrupt  # Ctrl-C as the resumed run's data is read
+
+    monkeypatch.setattr(T.Trainer, "start_epoch", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.lr_scale=9.0"]), run, resume=True,
+              quiet=True, allow_config_change=True)
+    monkeypatch.undo()
+    with pytest.raises(TrainError, match=r"differs from .*step_00000002\.json in: train\.lr_scale: 2\.0 -> 9\.0"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.lr_scale=9.0"]), run, resume=True,
+              quiet=True)
+    assert train(load_config("tiny", tiny_overrides + ["train.max_steps=4"]), run, resume=True, quiet=True)["step"] == 4
+
+
 def test_a_resume_from_an_older_checkpoint_logs_each_step_once(tmp_path, tiny_overrides):
     """Resumed from step 2 (the newest checkpoint lost) after steps 3 and 4 were logged, and a last line cut short
     (a disk that filled up): metrics.jsonl held steps 1 2 3 4 3 4 and a line `plot` refused."""

@@ -158,15 +158,17 @@ def data_paths(cfg: Config) -> dict[str, Path]:
 
 
 def _saved_config(out: Path, config_path: Path) -> tuple[Config, Path] | None:
-    """The config a run to resume was trained with, and the file that says it: its config.toml, else (deleted,
-    say) the newest checkpoint's record; None for a run that has neither."""
-    if config_path.exists():
-        return config_from_dict(read_toml(config_path), str(config_path)), config_path
+    """The config a run to resume was trained with, and the file that says it: the newest checkpoint's record,
+    else (none written yet) its config.toml; None for a run that has neither. The record first: config.toml is
+    written as a run starts, so a resume with changes stopped before its first checkpoint left one that names
+    settings no checkpoint was trained with."""
     for record in reversed(list_checkpoints(out)):
         try:
             return config_from_dict(checkpoint_record(record)["config"], f"{record} (config)"), record
         except (CheckpointError, KeyError, ConfigError):
             continue  # a damaged record: resume() skips its checkpoint too, naming why
+    if config_path.exists():
+        return config_from_dict(read_toml(config_path), str(config_path)), config_path
     return None
 
 
