@@ -42,6 +42,26 @@ def torchrun_script(tmp_path, body: str, timeout: float = 300) -> tuple[subproce
     return proc, time.monotonic() - start
 
 
+def rank_1_signalled(run, overrides: list[str], signal_name: str, call: int) -> str:
+    """A torchrun script that trains the tiny model into ``run``, rank 1 sending itself ``signal_name`` as it
+    queues its ``call``-th step."""
+    return f"""
+        import os, signal
+        import transformer.train as T
+        from transformer.config import load_config
+        step = T.queue_step
+        calls = 0
+        def signalled_step(*args, **kwargs):
+            global calls
+            calls += 1
+            if os.environ["RANK"] == "1" and calls == {call}:
+                os.kill(os.getpid(), signal.{signal_name})
+            return step(*args, **kwargs)
+        T.queue_step = signalled_step
+        T.train(load_config("tiny", {overrides!r}), {str(run)!r}, quiet=True)
+    """
+
+
 def test_two_ranks_equal_one_process_on_the_same_global_batches(tmp_path, tiny_overrides, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # like the ranks: CPU, GPU or not
     steps = 5
@@ -106,21 +126,7 @@ def test_a_killed_rank_stops_the_job_and_the_run_resumes(tmp_path, tiny_override
     run = tmp_path / "run"
     overrides = tiny_overrides + ["train.max_steps=8", "train.save_every=2", "train.threads=1",
                                   "train.dist_timeout_s=30"]
-    proc, seconds = torchrun_script(tmp_path, f"""
-        import os, signal
-        import transformer.train as T
-        from transformer.config import load_config
-        step = T.queue_step
-        calls = 0
-        def dying_step(*args, **kwargs):
-            global calls
-            calls += 1
-            if os.environ["RANK"] == "1" and calls == 5:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return step(*args, **kwargs)
-        T.queue_step = dying_step
-        T.train(load_config("tiny", {overrides!r}), {str(run)!r}, quiet=True)
-    """)
+    proc, seconds = torchrun_script(tmp_path, rank_1_signalled(run, overrides, "SIGKILL", call=5))
     assert proc.returncode != 0
     assert seconds < 120  # no hang: torchrun stops the job when a rank dies
     done = list_checkpoints(run)
@@ -137,21 +143,7 @@ def test_a_signal_to_another_rank_stops_rank_zero_as_signalled(tmp_path, tiny_ov
     to train.log and a summary.json as if the budget had been met."""
     run = tmp_path / "run"
     overrides = tiny_overrides + ["train.max_steps=8", "train.save_every=2", "train.threads=1"]
-    proc, _ = torchrun_script(tmp_path, f"""
-        import os, signal
-        import transformer.train as T
-        from transformer.config import load_config
-        step = T.queue_step
-        calls = 0
-        def signalled_step(*args, **kwargs):
-            global calls
-            calls += 1
-            if os.environ["RANK"] == "1" and calls == 3:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return step(*args, **kwargs)
-        T.queue_step = signalled_step
-        T.train(load_config("tiny", {overrides!r}), {str(run)!r}, quiet=True)
-    """)
+    proc, _ = torchrun_script(tmp_path, rank_1_signalled(run, overrides, "SIGTERM", call=3))
     assert proc.returncode != 0
     log = (run / "train.log").read_text()
     assert "SIGTERM (to another rank): stopped after step" in log and "done:" not in log, log[-2000:]
