@@ -1,5 +1,6 @@
 """The command line end to end: train → average → translate → evaluate on real Multi30k pairs."""
 
+import errno
 import json
 import os
 import pty
@@ -214,6 +215,25 @@ def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tm
                                        f"with the traceback in {log}\n")  # the message's first line
     text = log.read_text()
     assert text.startswith("transformer evaluate-parse --gold g.mrg") and "Traceback" in text and "in bug" in text
+
+
+@pytest.mark.parametrize("error, said", [
+    (OSError(errno.ENOSPC, "No space left on device"), "error: No space left on device (writing an output)\n"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "out/x.bin"), "error: out/x.bin: Disk quota exceeded\n"),
+    (OSError(errno.EACCES, "Permission denied", "/srv/in.mrg"), "error: /srv/in.mrg: Permission denied\n")])
+def test_a_full_disk_met_outside_the_packages_own_writers_is_one_line(error, said, tmp_path, capsys, monkeypatch):
+    """A library's or a stream's write on a full disk (CTranslate2's converter, a token store's arrays) said
+    "internal error: OSError: [Errno 28] ... please report it": the user's to fix, in one line, exit 1."""
+    def full(path):
+        raise error
+
+    monkeypatch.setattr("transformer.trees.read_trees", full)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 1
+    assert capsys.readouterr().err == said
+    monkeypatch.setattr("transformer.trees.read_trees", lambda path: open(tmp_path / "gone" / "x"))  # a bug's
+    assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 70
+    assert capsys.readouterr().err.startswith("internal error: FileNotFoundError")
 
 
 @pytest.mark.parametrize("args", [("params", "base"), ("params", "base", "--json"), ("params", "base", "--cost")])

@@ -1164,6 +1164,11 @@ def main(argv: list[str] | None = None) -> int:
             return internal_error(e, argv)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's last flush fails no more
         return READER_GONE
+    except OSError as e:  # a disk or quota full, a read-only folder, a file not permitted: the user's to fix,
+        if e.errno not in files.UNWRITABLE:  # wherever the package or a library writes (files.WriteError's kinds)
+            return internal_error(e, argv)
+        say(f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e.strerror} (writing an output)")
+        return 1
     except Exception as e:  # not a UserError: a bug, told apart (internal_error)
         return internal_error(e, argv)
     return 0
