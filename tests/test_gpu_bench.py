@@ -168,7 +168,7 @@ def test_the_default_profile_takes_the_measured_precisions_among_its_own(modes, 
     assert [mode for mode, profile in seen if profile] == profiled
 
 
-def test_kernel_sources_names_the_lines_that_launch_copies():
+def test_kernel_sources_names_the_lines_that_launch_copies(monkeypatch):
     """On the CPU each aten operator is its own kernel: a tiny model's bf16 autocast steps, traced, must charge
     every copy to a line of the package, autocast's casts of a projection's input to the projection's line in
     the forward pass and, through the autograd node's sequence number, in the backward pass too."""
@@ -177,6 +177,7 @@ def test_kernel_sources_names_the_lines_that_launch_copies():
     from transformer.train import train_step
 
     torch = gpu.torch
+    monkeypatch.setattr(gpu, "VOCAB", 2000)  # the tracing, not the paper's vocabulary: bf16 is slow on CPUs without it
     batches = gpu.synthetic_batches(400, 240)[0]
     _, model, optimizer, dist = gpu.on_gpu("tiny", device="cpu")
     step = lambda b: train_step(model, optimizer, [b], 0.1, 1e-4, 0.0, dist, None, torch.bfloat16)  # noqa: E731
@@ -211,6 +212,7 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
                         lambda activities, **kw: real(activities=[torch.profiler.ProfilerActivity.CPU], **kw))
     on_gpu = gpu.on_gpu
     monkeypatch.setattr(gpu, "on_gpu", lambda name, device="cuda": on_gpu(name, "cpu"))
+    monkeypatch.setattr(gpu, "VOCAB", 2000)  # the glue, not the paper's vocabulary: bf16 is slow on CPUs without it
     batches, src_len, tgt_len = gpu.synthetic_batches(400, 240)
     row, profiled = gpu.measure("tiny", "bf16", batches, 2, 1, src_len, tgt_len, micro=2, profile=1)
     assert row["mode"] == "bf16 ×2" and row["micro_batches"] == 2 and row["skipped_steps"] == 0
