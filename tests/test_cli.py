@@ -217,6 +217,20 @@ def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tm
     assert text.startswith("transformer evaluate-parse --gold g.mrg") and "Traceback" in text and "in bug" in text
 
 
+@pytest.mark.parametrize("rank, said", [(None, "interrupted\n"), ("0", "interrupted\n"), ("1", "")])
+def test_ctrl_c_is_said_once_in_a_data_parallel_job(rank, said, capsys, monkeypatch):
+    """Ctrl-C reaches every rank of a job: each said "interrupted"; rank 0 says it for them (exit 130 all)."""
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("transformer.trees.read_trees", interrupted)
+    if rank is not None:  # a torchrun job of two
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 130
+    assert capsys.readouterr().err == said
+
+
 @pytest.mark.parametrize("error, said", [
     (OSError(errno.ENOSPC, "No space left on device"), "error: No space left on device (writing an output)\n"),
     (OSError(errno.EDQUOT, "Disk quota exceeded", "out/x.bin"), "error: out/x.bin: Disk quota exceeded\n"),

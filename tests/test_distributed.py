@@ -287,6 +287,24 @@ def test_ctrl_c_to_a_data_parallel_job_says_it_stopped_once(tmp_path, tiny_overr
     assert list_checkpoints(run)
 
 
+@pytest.mark.parametrize("broadcast_error, raised", [
+    (RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:23747"), KeyboardInterrupt),
+    (RuntimeError("a bug in the broadcast"), RuntimeError)])
+def test_ctrl_c_in_rank_0s_block_is_not_told_as_a_lost_rank(monkeypatch, broadcast_error, raised):
+    """Ctrl-C while rank 0 trained the vocabulary reached every rank: the others stopped at once, so rank 0's
+    broadcast of its outcome failed, and it said "lost the other processes of its job" (a traceback in a log)
+    instead of "interrupted". A broadcast that fails otherwise is still the failure."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+
+    def broadcast_object_list(box, src=0, group=None):
+        raise broadcast_error
+
+    monkeypatch.setattr(distributed.torch_dist, "broadcast_object_list", broadcast_object_list)
+    with pytest.raises(raised):
+        with distributed.rank0_alone(distributed.Dist(rank=0, world=2, waits="waits")):
+            raise KeyboardInterrupt
+
+
 def test_rank_0s_failure_in_work_the_others_wait_for_stops_them_with_its_message(monkeypatch):
     """Rank 0 sends how its block went; the others, which ran nothing in it, stop with its one line."""
     sent, incoming = [], []

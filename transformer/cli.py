@@ -1157,7 +1157,8 @@ def main(argv: list[str] | None = None) -> int:
             say(summary(e))
         return e.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK") == "0":  # Ctrl-C reaches every
+            say("interrupted")  # rank of a data-parallel job: rank 0 says it for them
         return 130
     except BrokenPipeError as e:
         if not _stdout_gone():

@@ -97,7 +97,11 @@ def rank0_alone(d: Dist, wait: bool = True) -> Iterator[None]:
         yield
     except BaseException as e:
         if d.main:
-            _rank0_outcome(d, summary(e))
+            try:
+                _rank0_outcome(d, summary(e))
+            except Exception as told:  # the others gone already (Ctrl-C reaches every rank of the job): the block's
+                if not lost_contact(told):  # own error says why, not the collective that could not tell them
+                    raise
         raise
     if (failure := _rank0_outcome(d, None)) is not None:
         raise PeerStopped(f"rank {d.rank} of {d.world} waited for rank 0, which failed ({failure})")
