@@ -320,16 +320,10 @@ def refuse_misfit(init_from: Path, parent: Path, cfg: Config) -> None:
     else:
         return
     vocab = record.get("vocab_size")
-    theirs = config_from_dict(record.get("config"), f"{init_from} (config)").model
-    if isinstance(vocab, int) and weight_shapes(theirs, vocab) != weight_shapes(cfg.model, vocab):
+    theirs = config_from_dict(record.get("config"), f"{init_from} (config)")
+    if isinstance(vocab, int) and weight_shapes(theirs.model, vocab) != weight_shapes(cfg.model, vocab):
         raise TrainError(f"--init-from {init_from}: its model does not fit this config "
-                         f"({'; '.join(model_differences(theirs, cfg.model))})")
-
-
-def model_differences(theirs: ModelConfig, ours: ModelConfig) -> list[str]:
-    """The model fields two configs set otherwise, as "model.d_ff: 128 -> 96"."""
-    theirs_, ours_ = dataclasses.asdict(theirs), dataclasses.asdict(ours)
-    return [f"model.{k}: {theirs_.get(k)!r} -> {v!r}" for k, v in ours_.items() if theirs_.get(k) != v]
+                         f"({'; '.join(cfg.differences(theirs, 'model'))})")
 
 
 def inherit_vocabulary(parent: Path, path: Path, write: bool) -> None:
@@ -692,7 +686,7 @@ class Trainer:
         if meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
             raise TrainError(f"--init-from {init_from}: its weights were trained with another vocabulary than "
                              f"{parent / 'spm.model'}")
-        differ = model_differences(config_from_dict(meta.get("config"), f"{init_from} (config)").model, self.cfg.model)
+        differ = self.cfg.differences(config_from_dict(meta.get("config"), f"{init_from} (config)"), "model")
         try:
             self.raw.load_state_dict(weights)
         except RuntimeError:  # missing, unexpected or differently shaped tensors
