@@ -327,8 +327,11 @@ def test_decoding_commands_take_a_thread_count(tiny_run, tmp_path, capsys, monke
     monkeypatch.setattr(torch, "set_num_threads", lambda n: asked.append(n))
     status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"), "--threads", "1")
     assert status == 0 and asked == [1] and out.count("\n") == 1, err
+    status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"), "--threads",
+                                "1", "--int8", "--nbest", "2")  # with the others: it is the process's
+    assert status == 0 and asked == [1, 1] and out.count(" ||| ") == 4, err
     status, out, err = run_here(capsys, "translate", str(tiny_run), "--threads", "0")
-    assert status == 1 and err == "error: --threads 0: give 1 .. 1024 (default: one per core)\n" and asked == [1]
+    assert status == 1 and err == "error: --threads 0: give 1 .. 1024 (default: one per core)\n" and asked == [1, 1]
     for command in ("evaluate", "score", "serve", "attention"):
         status, out, _ = run_here(capsys, command, "--help")
         assert "--threads N" in out, command
