@@ -23,4 +23,7 @@ if ! { command -v chromium && command -v chromedriver; } > /dev/null; then
     export TRANSFORMER_SKIP_BROWSER=1
   fi
 fi
-exec .venv/bin/python -m pytest -q "$@"
+# One pytest worker per core (pytest-xdist), each test file kept on one worker so that its module fixtures are
+# made once; most tests run one single-threaded process at a time, so one worker would leave the other cores
+# idle. Give -n 0 to run in this process alone (e.g. for pdb).
+exec .venv/bin/python -m pytest -q -n "$(nproc)" --dist loadfile "$@"

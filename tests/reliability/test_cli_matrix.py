@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import write_slice
-from tests.reliability.conftest import Ledger
+from tests.reliability.ledger import Ledger
 from transformer.cli import build_parser, main
 from transformer.config import ServeLimits
 

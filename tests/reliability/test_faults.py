@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.reliability.conftest import Ledger
+from tests.reliability.ledger import Ledger
 from transformer.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, write_model
 from transformer.config import load_config
 from transformer.train import TrainError, train

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 import tests.reliability.test_faults as faults
 import transformer.train
-from tests.reliability.conftest import REPO, Ledger, git_state, write_summary
+from tests.reliability.ledger import REPO, Ledger, git_state, write_summary
 from tests.reliability.test_cli_matrix import run
 from tests.reliability.test_server_abuse import answered
 from transformer.checkpoint import list_checkpoints, load_checkpoint
@@ -142,6 +142,55 @@ def test_the_flood_and_the_attention_requests_are_shed_apart(tmp_path):
     assert "| flood requests shed with 503 | 936 of 1,000 | `flood_requests_shed_503` |" in markdown
     assert "| worst-case attention requests shed with 503 | 17 of 20 |" in markdown
     assert "| server memory growth at peak, MiB | not measured |" in markdown
+
+
+def test_the_parts_of_two_workers_merge_into_the_ledger_of_one_process(tmp_path):
+    """Under pytest-xdist each worker keeps a part of the ledger and the controller merges them: the merged
+    summary is the one a single process doing all the damage gives. A kind survived on one worker and not
+    on the other is not survived, a foreign file let in by either is let in, a line fuzzed on both counts
+    once, counters add, totals add and worst cases take the larger; a hostile line (a lone surrogate)
+    travels in the state."""
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(b"let in")
+
+    def first(book: Ledger) -> None:
+        book.fault("SIGKILL during a step", True)
+        book.fault("SIGTERM during training", True)
+        with book.translation(["a dog", "\ud800 lone"]) as out:
+            out.extend(["ein Hund", ""])
+        book.measure("flood_requests", 1000, sum)
+        book.measure("attention_worst_response_bytes", 700)
+        with book.foreign(evil):
+            pass
+        with book.command() as ran:
+            ran.update(status=1, stderr="error: bad value\n")
+
+    def second(book: Ledger) -> None:
+        book.fault("SIGKILL during a step", False)
+        with pytest.raises(AssertionError), book.translation(["a dog", "a cat"]) as out:
+            out.append("ein Hund")
+        book.measure("flood_requests", 500, sum)
+        book.measure("attention_worst_response_bytes", 900)
+        with pytest.raises(AssertionError), book.foreign(evil):
+            raise AssertionError("loaded")
+        book.partial_checkpoints_seen += 1
+        with book.command() as ran:
+            ran.update(status=70, stderr="internal error\n")
+
+    whole, a, b, merged = Ledger(), Ledger(), Ledger(), Ledger()
+    first(whole)
+    second(whole)
+    first(a)
+    second(b)
+    for part in (a, b):
+        merged.merge(part.state())
+    summary = merged.summary()
+    assert summary == whole.summary()
+    assert (summary["faults_injected"], summary["faults_survived"], summary["fuzz_inputs"]) == (2, 1, 3)
+    assert (summary["foreign_files"], summary["foreign_files_refused"], summary["lines_lost"]) == (1, 0, 1)
+    assert (summary["flood_requests"], summary["attention_worst_response_bytes"]) == (1500, 900)
+    assert (summary["cli_cases"], summary["cli_tracebacks"], summary["partial_checkpoints_seen"]) == (2, 1, 1)
+    assert "\ud800 lone" in merged.fuzzed
 
 
 GROWER = ("import sys\nsys.stdin.readline()\nheld = b'x' * (64 << 20)\n"  # 64 MiB, written: resident

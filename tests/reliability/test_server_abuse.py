@@ -26,7 +26,7 @@ pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from tests.reliability.conftest import rss_mib  # noqa: E402
+from tests.reliability.ledger import rss_mib  # noqa: E402
 from tests.reliability.test_bad_input import LINES  # noqa: E402
 from transformer.data import read_lines  # noqa: E402
 from transformer.request import DecodeRequest  # noqa: E402
