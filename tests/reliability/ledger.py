@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
@@ -318,6 +317,7 @@ def shown(value: object) -> str:
 def write_summary(results: Path, ledger: Ledger, passed: bool, failed: list[str], tests: int, command: str,
                   repo: Path = REPO) -> dict:
     """reliability.json and .md in ``results``; returns the summary."""
+    import torch  # here, not at the top: this plugin is loaded by every pytest run, most of which write no summary
     summary = {"passed": passed, "failed_tests": failed, **git_state(repo), **ledger.summary(), "tests": tests,
                "date": datetime.date.today().isoformat(), "command": command,
                "versions": {"python": platform.python_version(), "torch": torch.__version__}}
