@@ -8,13 +8,15 @@
 #                                         # replayed as CUDA graphs (bf16+cudagraphs: what launching costs the
 #                                         # host), profiled: base (with the micro-batch row, the loss curves, the
 #                                         # first-shape cost) into gpu_train.*, then big into gpu_train_big.*,
-#                                         # each complete on its own; last, fused_loss.py: the loss kernel alone
-#                                         # against a copy of its logits (its log stays behind: $OUT takes 8 files).
+#                                         # each complete on its own; then gpu_attention.py: each attention kernel
+#                                         # alone at both models' sites (~10 s), and last, fused_loss.py: the loss
+#                                         # kernel alone against a copy of its logits (these two's logs stay
+#                                         # behind: $OUT takes 8 files).
 #                                         # The 2026-11-29 visit (fused loss, then both models in one gpu.py, no
 #                                         # CUDA-graph rows) was cut at 560 s, so this may outrun one call's
 #                                         # 600 s: the log's "# N s" lines say where the minutes go, and
 #   bash benchmarks/gpu_visit.sh train-base   # is its first part (gpu_train.*) and
-#   bash benchmarks/gpu_visit.sh train-big    # the rest (gpu_train_big.*, fused_loss.*), as two calls
+#   bash benchmarks/gpu_visit.sh train-big    # the rest (gpu_train_big.*, gpu_attention.*, fused_loss.*), as two calls
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
 # script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
 # still brings back every row printed so far. Their commit fields come from the device's git metadata,
@@ -56,6 +58,7 @@ case "$1" in
     if [ "$1" != train-base ]; then
       step gpu_train_big 20 gpu.py --before runs/gpu/before47 --models big --modes bf16,bf16+compile,bf16+cudagraphs \
         --steps 20 --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_big
+      LOG_DIR=/tmp step gpu_attention 2 gpu_attention.py
       LOG_DIR=/tmp step fused_loss 4 fused_loss.py
     fi ;;
 esac

@@ -1,5 +1,6 @@
 """benchmarks/gpu.py's profile summary (issue 47): kernels sorted into kinds by name, per-step sums.
-The profile itself needs a CUDA GPU; what it does with the kernels it finds is checked here."""
+The profile itself needs a CUDA GPU; what it does with the kernels it finds is checked here, and
+benchmarks/gpu_attention.py's glue on the CPU."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu  # noqa: E402
+import gpu_attention  # noqa: E402
 from transformer.data import Batch  # noqa: E402
 
 # names as torch.profiler reports them on an H100 (shortened where they run on)
@@ -414,3 +416,53 @@ def test_a_row_that_fails_is_reported_and_the_rows_after_it_still_run(tmp_path, 
                                       "error": "RuntimeError: no graphs here"}]
     assert "| base | bf16+cudagraphs | failed: RuntimeError: no graphs here |" in (tmp_path / "gpu_train.md").read_text()
     assert "Traceback" in capsys.readouterr().err  # the cause, in the visit's log
+
+
+
+def test_attention_ways_run_through_on_the_cpu(tmp_path, monkeypatch):
+    """benchmarks/gpu_attention.py end to end on the CPU (tiny shapes): every site measured by the ways
+    this device has, the others refused in the results rather than ending the run."""
+    monkeypatch.setattr(sys, "argv", ["gpu_attention.py", "--device", "cpu", "--tokens", "400", "--batches", "1",
+                                      "--repeat", "1", "--models", "tiny", "--results", str(tmp_path)])
+    gpu_attention.main()
+    result = json.loads((tmp_path / "gpu_attention.json").read_text())
+    tiny = result["models"]["tiny"]
+    assert tiny["calls_per_step"] == {"enc_self": 2, "dec_self": 2, "cross": 2}
+    for site in gpu_attention.SITES:
+        math = tiny["sites"][site]["math"]
+        assert math["ms_per_call"] > 0 and math["max_abs_diff_vs_math"] == 0.0
+        assert "error" in tiny["sites"][site]["varlen"]  # FlashAttention's kernels are CUDA's
+    assert set(tiny["best_exact"]) == set(gpu_attention.SITES)
+    assert tiny["sites"]["enc_self"]["flash"].get("exact") is False  # run without its mask: marked
+    assert "| math |" in (tmp_path / "gpu_attention.md").read_text()
+
+
+@pytest.mark.parametrize("site", gpu_attention.SITES)
+def test_each_way_computes_the_models_attention_at_the_real_positions(site):
+    """What the ways are held to: the model's own eq. (1) (``model.attention``'s explicit path) on q, k, v
+    laid out as the benchmark lays them out, compared at the real positions; on the CPU, math and (at the
+    causal site, its one exact use) flash, and the packing that ``varlen`` takes."""
+    import torch
+
+    from transformer.model import attention
+
+    batch = gpu.synthetic_batches(400, 240)[0][0]
+    generator = torch.Generator().manual_seed(0)
+    leaves, views, mask, causal, q_len, k_len = gpu_attention.site_inputs(site, batch, 4, 16, torch.device("cpu"),
+                                                                          generator)
+    q, k, v = views()
+    expected = gpu_attention.packed(attention(q, k, v, mask, causal, need_weights=True)[0], q_len).float()
+    ways = ("math", "flash") if causal else ("math",)
+    for way in ways:
+        _, call, real = gpu_attention.way_call(way, leaves, views, mask, causal, q_len, k_len)
+        assert (real(call()).float() - expected).abs().max() < 3e-2, way
+    assert expected.shape == (int(q_len.sum()), 4, 16)
+    if site != "dec_self":  # padding: the masked sites' query and key lengths are the sentences' own
+        assert int(k_len.min()) < batch.src.size(1)
+
+
+def test_packed_keeps_each_rows_real_positions_in_order():
+    import torch
+
+    t = torch.arange(2 * 1 * 3 * 1).view(2, 1, 3, 1)  # [B=2, H=1, L=3, d=1]
+    assert gpu_attention.packed(t, torch.tensor([2, 3])).flatten().tolist() == [0, 1, 3, 4, 5]
