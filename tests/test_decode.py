@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transformer.config import ModelConfig
-from transformer.constraints import LexicalConstraints, PrefixConstraint, bank_order
+from transformer.constraints import LexicalConstraints, PrefixConstraint, bank_order, borders
 from transformer.decode import decode_ids, score_ids, translate_ids
 from transformer.ensemble import Ensemble
 from transformer.sampling import Sampling
@@ -391,6 +391,30 @@ def test_beam_one_with_penalty_is_the_best_stop_on_the_greedy_path(copy_model, s
             assert penalised(model, src, [out], alpha)[0] >= scores[: stops.index(out) + 1].max() - 1e-5
 
 
+
+def test_beam_one_decodes_an_input_alike_whatever_else_in_its_batch_has_a_prefix_or_constraints():
+    """At beam 1 an input without a prefix or constraints is greedy search and one with them beam search
+    (which, with α > 0, looks past greedy's first EOS): chosen per input, so the second input's output is
+    the same alone, in a batch with a prefix and in a batch with constraints (here greedy's [] against
+    beam 1's [A, A, A, A], a better penalised score)."""
+    class Model(ScriptedModel):
+        vocab_size = 6
+
+        def parameters(self):
+            yield torch.zeros(1)
+
+    after_a = {A: 0.99, EOS_ID: 0.01}
+    table = {(): {EOS_ID: 0.5, A: 0.48, B: 0.02}, (A,): after_a, (A, A): after_a, (A, A, A): after_a,
+             (A, A, A, A): {EOS_ID: 1.0}}
+    sources = [[C, C, C, C, C, EOS_ID]] * 2
+    alone = decode_ids(Model(table), sources, beam_size=1, alpha=0.6, max_len_offset=5)
+    assert [hyps[0].tokens for hyps in alone] == [[], []]
+    for given in ({"prefixes": [[B], []]}, {"constraints": [[[B]], []]}):
+        lists = decode_ids(Model(table), sources, beam_size=1, alpha=0.6, max_len_offset=5, **given)
+        assert lists[1] == alone[1], given
+        assert lists[0][0].tokens[0] == B, given  # the first input's own prefix or constraint took effect
+
+
 def test_outputs_respect_the_limit_and_never_hold_special_tokens(sources):
     model = make_model(6)
     src = pad(sources)
@@ -591,6 +615,46 @@ def test_a_constraint_is_written_although_it_scores_lower():
     out = beam_hypotheses(model, SRC, beam_size=2, alpha=0.0, constraint=LexicalConstraints([[[C]]], model.vocab))
     assert [h.tokens for h in out[0]] == [[A, C]] and math.isclose(out[0][0].score, math.log(.06), rel_tol=1e-5)
 
+
+
+def test_borders_are_every_failure_link_of_each_phrase():
+    """[i, p, j, m]: the phrase's first m tokens end its first j, against the definition written out."""
+    g = torch.Generator().manual_seed(0)
+    for length in range(1, 8):
+        table = torch.randint(3, 5, (3, 2, length), generator=g)  # two tokens: many repeats
+        table[1, 1, int(torch.randint(0, length, (1,), generator=g)):] = -1  # a shorter phrase, padded
+        found = borders(table)
+        for i, p, j in itertools.product(range(3), range(2), range(length)):
+            phrase = table[i, p].tolist()
+            assert found[i, p, j].tolist() == [m <= j and phrase[j - m:j] == phrase[:m] for m in range(length)]
+
+
+@pytest.mark.parametrize("phrase, written, held", [
+    ([A, A, B], [A, A, A, B], True),  # "a a" left by the third a: "a a" is still the end of what was written
+    ([A, B, A, C], [A, B, A, B, A, C], True),
+    ([A, A, B], [A, B, A, A, A, A, B], True),
+    ([A, B], [A, A, B], True),
+    ([A, B, A, C], [A, B, A, B, A, B], False),
+    ([A, A, B], [A, A, C, A, B], False),  # left for good: no part of it ends "a a c"
+])
+def test_a_phrase_is_met_where_a_partial_match_restarts_inside_it(phrase, written, held):
+    lexical = LexicalConstraints([[phrase]], 6)
+    lexical.begin(SRC, 1, torch.tensor([20]))
+    for token in written:
+        lexical.advance(torch.tensor([0]), torch.tensor([token]))
+    assert bool(lexical.complete()[0]) is held
+
+
+def test_an_output_that_holds_its_constraint_after_a_false_start_is_found():
+    """The unconstrained best, [A A A B], holds the phrase [A A B]: the constrained search finds it first
+    (before, the phrase counted as left at the third A, EOS waited for it, and [A A B] came out)."""
+    table = {(): {A: .9, B: .1}, (A,): {A: .9, B: .1}, (A, A): {A: .9, B: .1}, (A, A, A): {B: .9, EOS_ID: .1},
+             (A, A, A, B): {EOS_ID: 1.0}}
+    for beam in (2, 4):
+        free = beam_hypotheses(ScriptedModel(table), SRC, beam_size=beam, alpha=0.0)[0][0]
+        held = beam_hypotheses(ScriptedModel(table), SRC, beam_size=beam, alpha=0.0,
+                               constraint=LexicalConstraints([[[A, A, B]]], 6))[0][0]
+        assert free.tokens == held.tokens == [A, A, A, B] and held.score == free.score
 
 def test_every_constraint_appears_in_every_output(copy_model, sources):
     g = torch.Generator().manual_seed(3)

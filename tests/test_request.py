@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from transformer.config import ConfigError, DecodeConfig
-from transformer.request import API, CLI, MIN_TEMPERATURE, OPTIONS, REFUSED, DecodeRequest, Setup
+from transformer.request import API, CLI, MAX_TEMPERATURE, MIN_TEMPERATURE, OPTIONS, REFUSED, DecodeRequest, Setup
 from transformer.sampling import Sampling
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "decoding.md"
@@ -71,10 +71,12 @@ def test_the_table_refuses_its_pairs_in_one_line_and_accepts_every_other(names):
     ({"sample": True, "topp": 0.0}, "--topp 0.0: must be in (0, 1]"),
     ({"sample": True, "topp": 1.01}, "--topp 1.01: must be in (0, 1]"),
     ({"sample": True, "topp": float("nan")}, "--topp nan: must be in (0, 1]"),
-    ({"sample": True, "temperature": 0.0}, "--temperature 0.0: must be a finite number >= 1.2e-38"),
-    ({"sample": True, "temperature": 1e-40}, "--temperature 1e-40: must be a finite number >= 1.2e-38 (the smallest "
-                                             "normal float32: the log-probs are divided by it)"),
-    ({"sample": True, "temperature": float("inf")}, "--temperature inf: must be a finite number >= 1.2e-38"),
+    ({"sample": True, "temperature": 0.0}, "--temperature 0.0: must be in 1.2e-38 .. 3.4e+38"),
+    ({"sample": True, "temperature": 1e-40}, "--temperature 1e-40: must be in 1.2e-38 .. 3.4e+38 (float32's normal "
+                                             "numbers: the log-probs are divided by it)"),
+    ({"sample": True, "temperature": 1e39}, "--temperature 1e+39: must be in 1.2e-38 .. 3.4e+38"),
+    ({"sample": True, "temperature": float("inf")}, "--temperature inf: must be in 1.2e-38 .. 3.4e+38"),
+    ({"sample": True, "temperature": float("nan")}, "--temperature nan: must be in 1.2e-38 .. 3.4e+38"),
     ({"sample": True, "seed": -1}, "--seed -1: must be in 0 .. 2^64 - 1"),
     ({"sample": True, "seed": 2**64}, f"--seed {2**64}: must be in 0 .. 2^64 - 1 (a seed of torch's generator)"),
     ({"prefixes": ["a", "b"]}, "--prefix: 2 given for 3 input lines"),
@@ -124,6 +126,14 @@ def test_the_smallest_temperature_draws_the_most_probable_token():
         sampling = Sampling(torch.Generator().manual_seed(0), topk, topp, temperature=MIN_TEMPERATURE)
         assert sampling.draw(log_probs).tolist() == [1, 2]
     assert math.isfinite(float(Sampling(torch.Generator(), temperature=1e3).draw(log_probs).sum()))
+
+
+def test_the_largest_temperature_draws_among_the_allowed_tokens():
+    """MAX_TEMPERATURE, float32's largest: every allowed token's logit is then about 0 and the excluded
+    ones (-inf) stay excluded; one step larger would divide -inf by inf, NaN, and no draw."""
+    log_probs = torch.tensor([[-2.0, -0.5, float("-inf"), -1.5]]).log_softmax(-1).expand(400, -1)
+    drawn = Sampling(torch.Generator().manual_seed(0), temperature=MAX_TEMPERATURE).draw(log_probs)
+    assert set(drawn.tolist()) == {0, 1, 3}  # uniform over the allowed: all three drawn in 400 rows
 
 
 def render_table() -> str:

@@ -195,3 +195,38 @@ def test_int8_steps_of_few_rows_multiply_by_the_kept_float_weights(run):
         int8 = torch.cat([m(many) for m in (attn.q_proj, attn.k_proj, attn.v_proj)], -1)
         assert torch.equal(project(weights.qkv, many), int8)
         assert not torch.allclose(int8, F.linear(many, w, b), atol=1e-6)  # quantized: not the float product
+
+
+def test_pieces_after_counts_what_a_phrase_adds_to_a_prefix():
+    from transformer.translator import pieces_after
+
+    assert pieces_after([5, 6, 7], [6, 7]) == 0  # held by the prefix
+    assert pieces_after([5, 6, 7], [7, 8, 9]) == 2  # starts on the prefix's last piece
+    assert pieces_after([5, 6, 7], [6, 7, 8]) == 1
+    assert pieces_after([5, 6, 7], [8, 5]) == 2  # the prefix comes first: a phrase cannot end on its start
+    assert pieces_after([], [4, 4]) == 2 and pieces_after([4], [4, 4]) == 1
+
+
+def test_a_prefix_and_constraints_that_fit_alone_but_not_together_are_refused(run):
+    """Each fits the output's room alone; together they do not, and the constraint would be dropped for the
+    prefix without a word. Refused as either alone is; one piece more room and both are in the output."""
+    from transformer.translator import encode_for_decoding, pieces_after
+
+    translator = Translator(run, log=lambda m: None)
+    prefix, phrase = translator.tokenizer.encode("ein Hund"), translator.tokenizer.encode("Katze")
+    assert pieces_after(prefix, phrase) == len(phrase)
+    source, room = "A.", len(prefix) + len(phrase) - 1  # the output's pieces without EOS: input with EOS + offset - 1
+    pieces = len(encode_for_decoding([source], translator.tokenizer)[0])
+    offset = room + 1 - pieces
+    assert offset >= 0 and len(prefix) <= room and len(phrase) <= room  # each alone fits
+
+    def request(offset: int) -> DecodeRequest:
+        return DecodeRequest(prefixes=["ein Hund"], constraints=[["Katze"]], max_len_offset=offset)
+    with pytest.raises(ConfigError, match=rf"^prefix and constraints of line 1: the prefix's {len(prefix)} pieces "
+                                          rf"and the {len(phrase)} the constraints add after it need {room + 1}, but "
+                                          rf"outputs of this input hold at most {room} \(input length"):
+        translator.translate([source], request(offset))
+    out = translator.decode([source], request(offset + 1))[0][0][0]
+    assert out.startswith("ein Hund") and "Katze" in out, out
+    held = DecodeRequest(prefixes=["ein Hund"], constraints=[["Hund"]], max_len_offset=len(prefix) + 1 - pieces)
+    assert translator.translate([source], held)[0].startswith("ein Hund")  # the prefix holds the phrase

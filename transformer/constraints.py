@@ -88,7 +88,8 @@ class LexicalConstraints:
     """Outputs that must contain given phrases (terminology; not in the paper): Post & Vilar (2018)'s
     dynamic beam allocation, vectorised after Hu et al. (2019). Each row tracks the phrases it has
     written and its progress inside the one it is writing (a phrase counts only when written whole and
-    in one piece; leaving it midway loses the progress). At each step every row also proposes the
+    in one piece; a token that leaves it midway keeps the longest part of the phrase that the written
+    tokens still end with, as Knuth-Morris-Pratt matching does, so "a a a b" holds "a a b"). At each step every row also proposes the
     tokens that advance its constraints, and the beam is divided among hypotheses by how many
     constraint tokens they have met (``banks``): the best of each bank first, the fullest bank first,
     so hypotheses that have met more are kept although they score lower. EOS is allowed only once
@@ -113,6 +114,7 @@ class LexicalConstraints:
                 table[i, j, : len(p)] = torch.as_tensor(p, dtype=torch.long)
         rows = lambda x: x.to(dev).repeat_interleave(beam, 0)  # noqa: E731  sentence-major rows
         self.table = rows(table)  # [N, P, L] each row's phrases, -1 padded
+        self.borders = rows(borders(table))  # [N, P, L, L]
         self.length = rows((table >= 0).sum(-1))  # [N, P] phrase lengths (0: no phrase)
         self.done = self.length == 0  # [N, P] phrases written (padding counts as written)
         self.cur = torch.full((self.table.size(0),), -1, dtype=torch.long, device=dev)  # phrase in progress
@@ -140,13 +142,21 @@ class LexicalConstraints:
         return torch.cat([self._next_in_phrase()[:, None], firsts], 1)
 
     def _after(self, tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Each row's state after writing each of ``tokens`` [N, K]: (done [N, K, P], cur [N, K], pos [N, K])."""
+        """Each row's state after writing each of ``tokens`` [N, K]: (done [N, K, P], cur [N, K], pos [N, K]).
+
+        In the phrase in progress, the token makes the progress m + 1 for the longest m whose first m
+        tokens end what was written (``borders``) and are followed by the token; m = pos when it
+        continues the phrase. Where no such m is left, the token may start another unwritten phrase."""
         n, k = tokens.shape
-        continues = (tokens == self._next_in_phrase()[:, None]) & (self.cur[:, None] >= 0)  # [N, K]
+        rows, phrase = torch.arange(n, device=tokens.device), self.cur.clamp(min=0)
+        ends = self.borders[rows, phrase, self.pos] & (self.cur >= 0)[:, None]  # [N, L] the m that may go on
+        goes_on = ends[:, None, :] & (self.table[rows, phrase][:, None, :] == tokens[:, :, None])  # [N, K, L]
+        kept = (goes_on * torch.arange(1, goes_on.size(2) + 1, device=tokens.device)).amax(-1)  # [N, K], 0: none
+        continues = kept > 0
         starts = (tokens[:, :, None] == self.table[:, None, :, 0]) & ~self.done[:, None, :]  # [N, K, P]
         first = starts.float().argmax(-1)  # the first unwritten phrase this token starts
         cur = torch.where(continues, self.cur[:, None], torch.where(starts.any(-1), first, -1))
-        pos = torch.where(continues, self.pos[:, None] + 1, (cur >= 0).long())
+        pos = torch.where(continues, kept, (cur >= 0).long())
         length = self.length.gather(1, cur.clamp(min=0))  # [N, K]
         complete = (cur >= 0) & (pos == length)
         index = cur.clamp(min=0)[:, :, None]
@@ -161,10 +171,25 @@ class LexicalConstraints:
         return (done.long() * self.length[:, None, :]).sum(-1) + pos
 
     def advance(self, rows: Tensor, tokens: Tensor) -> None:
-        self.table, self.length = self.table[rows], self.length[rows]
+        self.table, self.length, self.borders = self.table[rows], self.length[rows], self.borders[rows]
         self.done, self.cur, self.pos = self.done[rows], self.cur[rows], self.pos[rows]
         done, cur, pos = self._after(tokens[:, None])
         self.done, self.cur, self.pos = done[:, 0], cur[:, 0], pos[:, 0]
+
+
+def borders(table: Tensor) -> Tensor:
+    """table [n, P, L] (phrases, -1 padded) -> [n, P, L, L]: [i, p, j, m] whether the first m tokens of
+    phrase p are also the last m of its first j (m <= j; m = 0 and m = j always): where its matching may
+    go on from after j tokens when the next token is not its (j+1)-th (Knuth-Morris-Pratt's failure
+    links, every one of them). Shift by shift: j = m + s holds when the phrase shifted by s agrees with
+    it on its first m tokens."""
+    n, phrases, length = table.shape
+    out = torch.zeros(n, phrases, length, length, dtype=torch.bool, device=table.device)
+    for s in range(length):
+        agree = (table[..., s:] == table[..., : length - s]).cumprod(-1).bool()  # [n, P, L - s]: on 0..t
+        m = torch.arange(length - s, device=table.device)
+        out[:, :, m + s, m] = torch.cat([torch.ones_like(agree[..., :1]), agree[..., :-1]], -1)
+    return out
 
 
 def with_proposals(log_probs: Tensor, best: tuple[Tensor, Tensor], proposals: Tensor) -> tuple[Tensor, Tensor]:

@@ -37,8 +37,9 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     ``nbest`` hypotheses, best first.
 
     Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded
-    ``batch_size`` at a time. beam_size 1 is greedy search (beam search when there is a
-    ``constraint`` or a prefix); ``early_stop`` is beam search's stopping rule; ``prefixes`` (one per
+    ``batch_size`` at a time. beam_size 1 is greedy search (beam search with a ``constraint``, and for an
+    input with a prefix or constraints, decoded apart from the others of its batch, so that an input's
+    output never depends on what shares its batch); ``early_stop`` is beam search's stopping rule; ``prefixes`` (one per
     source, token ids, [] for none) are forced as each output's first tokens (``PrefixConstraint``);
     ``sampling`` draws each token instead of searching, ``nbest`` independent draws per input;
     ``constraints`` (per source, phrases as token ids) must each appear in its outputs
@@ -57,14 +58,10 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     if constraints is not None and len(constraints) != len(sources):
         raise ValueError(f"{len(constraints)} constraint lists for {len(sources)} sources")
     device = next(model.parameters()).device
-    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
-    outputs: list[list[Hypothesis]] = [[] for _ in sources]
-    for start in range(0, len(order), batch_size):
-        if stop is not None and stop():
-            raise Stopped
-        chunk = order[start: start + batch_size]
+    draws = nbest if sampling is not None else 1  # sampling: nbest rows per sentence, one per draw
+
+    def decoded(chunk: list[int]) -> list[list[Hypothesis]]:
         src = pad([sources[i] for i in chunk]).to(device)  # [B, S]
-        draws = nbest if sampling is not None else 1  # sampling: nbest rows per sentence, one per draw
         forced = constraint
         if constraints is not None and any(constraints[i] for i in chunk):
             forced = LexicalConstraints([constraints[i] for i in chunk], model.vocab_size)
@@ -73,14 +70,30 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
         if sampling is not None:
             drawn = greedy_hypotheses(model, src.repeat_interleave(nbest, 0), max_len_offset, alpha,
                                       sampling=sampling, constraint=forced, length_norm=length_norm)
-            decoded = [sorted(drawn[k * nbest:(k + 1) * nbest], key=lambda h: -h.score) for k in range(len(chunk))]
-        elif beam_size == 1 and forced is None:
-            decoded = [[h] for h in greedy_hypotheses(model, src, max_len_offset, alpha, length_norm=length_norm)]
-        else:
-            decoded = beam_hypotheses(model, src, beam_size, alpha, max_len_offset, constraint=forced,
-                                      early_stop=early_stop, nbest=nbest, length_norm=length_norm)
-        for i, out in zip(chunk, decoded):
-            outputs[i] = out
+            return [sorted(drawn[k * nbest:(k + 1) * nbest], key=lambda h: -h.score) for k in range(len(chunk))]
+        if beam_size == 1 and forced is None:
+            return [[h] for h in greedy_hypotheses(model, src, max_len_offset, alpha, length_norm=length_norm)]
+        return beam_hypotheses(model, src, beam_size, alpha, max_len_offset, constraint=forced,
+                               early_stop=early_stop, nbest=nbest, length_norm=length_norm)
+
+    def own(i: int) -> bool:
+        """Whether input i has a prefix or constraints of its own."""
+        return bool(prefixes is not None and prefixes[i] or constraints is not None and constraints[i])
+
+    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+    outputs: list[list[Hypothesis]] = [[] for _ in sources]
+    for start in range(0, len(order), batch_size):
+        if stop is not None and stop():
+            raise Stopped
+        chunk = order[start: start + batch_size]
+        groups = [chunk]
+        if beam_size == 1 and sampling is None and constraint is None:
+            # beam 1 is greedy search for an input without a prefix or constraints, whatever shares its
+            # batch: inputs with them take beam search, in a batch of their own
+            groups = [g for g in ([i for i in chunk if not own(i)], [i for i in chunk if own(i)]) if g]
+        for group in groups:
+            for i, out in zip(group, decoded(group)):
+                outputs[i] = out
         if bar is not None:
             bar.update(len(chunk))
     return outputs

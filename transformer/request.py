@@ -45,6 +45,9 @@ SEED = 1  # sample's seed when none is given: the same draws every time, as any 
 # process: train.py), which would make every draw 0/0. Above it, sampling.Sampling.draw never
 # overflows to NaN, and a temperature this small draws the greedy choice.
 MIN_TEMPERATURE = torch.finfo(torch.float32).tiny
+# The largest: float32's largest. A larger divisor is inf in float32, and the tokens excluded at -inf
+# (PAD, always) would become -inf / inf = NaN, which no draw takes.
+MAX_TEMPERATURE = torch.finfo(torch.float32).max
 
 # How each option and value is spelt on the command line, and in the server's JSON (API).
 CLI: dict[str, str] = {
@@ -156,10 +159,9 @@ class DecodeRequest:
             raise bad("topk", self.topk, "must be >= 0 (0: every token)")
         if self.topp is not None and not 0 < self.topp <= 1:
             raise bad("topp", self.topp, "must be in (0, 1]")
-        if self.temperature is not None and not (math.isfinite(self.temperature)
-                                                 and self.temperature >= MIN_TEMPERATURE):
-            raise bad("temperature", self.temperature, f"must be a finite number >= {MIN_TEMPERATURE:.2g} (the "
-                                                       "smallest normal float32: the log-probs are divided by it)")
+        if self.temperature is not None and not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
+            raise bad("temperature", self.temperature, f"must be in {MIN_TEMPERATURE:.2g} .. {MAX_TEMPERATURE:.2g} "
+                                                       "(float32's normal numbers: the log-probs are divided by it)")
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise bad("seed", self.seed, "must be in 0 .. 2^64 - 1 (a seed of torch's generator)")
         for key, values in self.per_line().items():

@@ -97,7 +97,7 @@ class TranslateRequest(BaseModel):
     topk: int | None = Field(None, description="sample: among the topk most probable tokens only (0: all)")
     topp: float | None = Field(None, description="sample: nucleus, the most probable tokens whose probability "
                                                  "reaches topp, in (0, 1]")
-    temperature: float | None = Field(None, description="sample: divides the log-probs (>= 1.2e-38)")
+    temperature: float | None = Field(None, description="sample: divides the log-probs (1.2e-38 .. 3.4e38)")
     early_stop: str | None = Field(None, description="when the beam stops a sentence: \"bound\" (§6.1: once no alive "
                                                      "hypothesis can beat its best finished one) or \"top\" (also once "
                                                      "the step's best candidate ends); default: the run's")

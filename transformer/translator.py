@@ -257,6 +257,13 @@ class Translator:
                 raise ConfigError(f"constraints of line {first + i + 1}: {sum(map(len, phrases[i]))} pieces "
                                   f"together, but outputs of this input hold at most {room} (input length + "
                                   "max_len_offset)")
+            if forced and phrases and forced[i] and phrases[i]:
+                after = sum(pieces_after(forced[i], p) for p in phrases[i])
+                if len(forced[i]) + after > room:
+                    raise ConfigError(f"prefix and constraints of line {first + i + 1}: the prefix's {len(forced[i])} "
+                                      f"pieces and the {after} the constraints add after it need "
+                                      f"{len(forced[i]) + after}, but outputs of this input hold at most {room} "
+                                      "(input length + max_len_offset)")
             if self.constraint is not None:
                 prefix = [] if forced is None else forced[i]
                 why = self.constraint.refuses(src, prefix, room + 1)
@@ -273,14 +280,23 @@ class Translator:
         beam's length-normalised score (the run's ``alpha`` and ``length_norm`` unless given), log
         P(target | source) and each piece's log-prob (EOS last); ``max_tokens`` target positions at most
         per batch (``decode.score_ids``). An empty source with an empty target scores 0, its EOS certain,
-        as ``decode`` answers an empty line: score(line, translate(line)) is translate's score for every line.
-        Empty here and there is blank (``blank``): no piece once the vocabulary's normalisation has run."""
+        as ``decode`` answers an empty line: score(line, translate(line)) is translate's score for every line
+        (in fp32; an int8 model's products depend on how many rows a step has: ``model.project``). Empty here and there is blank (``blank``): no piece once the vocabulary's normalisation has run."""
         ids = encode_for_decoding(sources, self.tokenizer)
         target_ids = [self.tokenizer.encode(t.strip()) for t in targets]
         scored = score_ids(self.model, ids, target_ids, self.cfg.decode.alpha if alpha is None else alpha, max_tokens,
                            length_norm or self.cfg.decode.length_norm)
         return [Scored(0.0, 0.0, [0.0]) if len(src) == 1 and not tgt else s
                 for src, tgt, s in zip(ids, target_ids, scored)]
+
+
+def pieces_after(prefix: list[int], phrase: list[int]) -> int:
+    """The fewest pieces an output starting with ``prefix`` needs after it to hold ``phrase`` whole: none
+    when the prefix holds it, else the phrase less the longest end of the prefix that starts it."""
+    n = len(phrase)
+    if any(prefix[j:j + n] == phrase for j in range(len(prefix) - n + 1)):
+        return 0
+    return n - max((k for k in range(1, min(n, len(prefix) + 1)) if prefix[-k:] == phrase[:k]), default=0)
 
 
 def _tokenizer(run_dir: Path) -> Tokenizer:
