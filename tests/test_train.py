@@ -12,7 +12,7 @@ import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import ConfigError, load_config
-from transformer.data import Example, ShapeBuckets, collate, read_lines
+from transformer.data import DataError, Example, ShapeBuckets, collate, read_lines
 from transformer.decode import translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import Tokenizer
@@ -227,6 +227,27 @@ def test_training_from_a_token_store_equals_training_from_text(tmp_path, tiny_ov
     for name in a:
         assert torch.equal(a[name], b[name]), name
 
+
+
+def test_a_token_store_with_pairs_past_data_max_len_is_refused(tmp_path, tiny_overrides):
+    """Text is cut at data.max_len as it is read, a store when it was written: training took the store's
+    longer pairs as they were, and with a learned position table of data.max_len rows the first step of
+    such a pair died. Refused before anything trains; a max_len the store's pairs fit is taken."""
+    from transformer.cli import main
+    from transformer.store import TokenStore
+    store = tmp_path / "store"
+    sets = [x for o in tiny_overrides for x in ("--set", o)]
+    assert main(["preprocess", "tiny", "--out", str(store), *sets]) == 0
+    opened = TokenStore(store)
+    longest = int(max(opened.src_lengths.max(), opened.tgt_lengths.max()))
+    from_store = tiny_overrides + [f'data.train_store="{store}"', 'data.train_src=""', 'data.train_tgt=""',
+                                   "train.max_steps=1"]
+    with pytest.raises(DataError, match=rf"^{re.escape(str(store))}: the token store holds pairs of up to {longest} "
+                                        rf"pieces \(written with data.max_len 256\), longer than this run's "
+                                        rf"data.max_len {longest - 1}: write it again"):
+        train(load_config("tiny", from_store + [f"data.max_len={longest - 1}"]), tmp_path / "short", quiet=True)
+    assert not list((tmp_path / "short").glob("checkpoints/*"))
+    train(load_config("tiny", from_store + [f"data.max_len={longest}"]), tmp_path / "fits", quiet=True)
 
 def _snapshot(model, optimizer):
     import copy
@@ -567,6 +588,24 @@ def test_the_best_moves_with_the_checkpoints(tmp_path, tiny_overrides, scripted,
     for name, tensor in best.items():
         assert torch.equal(after.weights[name], tensor), name
 
+
+
+def test_a_resume_that_keeps_the_best_of_another_metric_starts_its_best_anew(tmp_path, tiny_overrides):
+    """train.keep_best changed on --resume (valid_loss -> valid_smoothed_loss, which is larger by the
+    uniform term): the best so far was a value of the other metric, and compared with it no value of the
+    new one improved, so patience stopped the run with an NLL reported as its best smoothed loss."""
+    common = tiny_overrides + ["train.log_every=2", "train.eval_every=2", "train.save_every=2"]
+    run = tmp_path / "run"
+    train(load_config("tiny", common + ["train.max_steps=4", 'train.keep_best="valid_loss"']), run, quiet=True)
+    resumed = train(load_config("tiny", common + ["train.max_steps=8", 'train.keep_best="valid_smoothed_loss"',
+                                                  "train.patience=1"]), run, resume=True, quiet=True)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    smoothed = {r["step"]: r["valid_smoothed_loss"] for r in records if "valid_smoothed_loss" in r}
+    assert min(smoothed) == 6 and resumed["best"]["metric"] == "valid_smoothed_loss"
+    assert resumed["best"]["value"] == pytest.approx(smoothed[resumed["best"]["step"]])
+    assert load_checkpoint(run / "best.safetensors", with_state=False).meta["best"]["metric"] == "valid_smoothed_loss"
+    assert ("train.keep_best is valid_smoothed_loss, the run until step 4 kept valid_loss: the best so far and "
+            "the patience count start anew") in (run / "train.log").read_text()
 
 def test_translate_from_the_best_checkpoint(tmp_path, tiny_overrides, scripted):
     from transformer.checkpoint import CheckpointError

@@ -89,12 +89,12 @@ class LexicalConstraints:
     dynamic beam allocation, vectorised after Hu et al. (2019). Each row tracks the phrases it has
     written and its progress inside the one it is writing (a phrase counts only when written whole and
     in one piece; a token that leaves it midway keeps the longest part of the phrase that the written
-    tokens still end with, as Knuth-Morris-Pratt matching does, so "a a a b" holds "a a b"). At each step every row also proposes the
-    tokens that advance its constraints, and the beam is divided among hypotheses by how many
-    constraint tokens they have met (``banks``): the best of each bank first, the fullest bank first,
-    so hypotheses that have met more are kept although they score lower. EOS is allowed only once
-    every phrase is written (at the length limit it is forced all the same). Scores stay the model's
-    own. ``phrases``: per sentence, its phrases as token ids."""
+    tokens still end with, as Knuth-Morris-Pratt matching does, so "a a a b" holds "a a b"). At each
+    step every row also proposes the tokens that advance its constraints, and the beam is divided
+    among hypotheses by how many constraint tokens they have met (``banks``): the best of each bank
+    first, the fullest bank first, so hypotheses that have met more are kept although they score
+    lower. EOS is allowed only once every phrase is written (at the length limit it is forced all the
+    same). Scores stay the model's own. ``phrases``: per sentence, its phrases as token ids."""
 
     banked = True  # beam search divides its beam by ``met`` and adds ``candidates`` (see ``beam_hypotheses``)
 

@@ -242,6 +242,12 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         store = TokenStore(store_path, vocab_sha256=tokenizer.sha256)
         log(f"train: token store {store_path}, {len(store)} pairs (skipped {store.stats['skipped_empty']} with an "
             f"empty side, {store.stats['skipped_long']} longer than {store.stats['max_len']} pieces)")
+        longest = int(max(store.src_lengths.max(), store.tgt_lengths.max())) if len(store) else 0
+        if longest > d.max_len:  # text is cut at data.max_len as it is read; a store was cut when it was written
+            raise DataError(f"{store_path}: the token store holds pairs of up to {longest} pieces (written with "
+                            f"data.max_len {store.stats['max_len']}), longer than this run's data.max_len {d.max_len}: "
+                            f"write it again with --set data.max_len={d.max_len}, or train with data.max_len "
+                            f"{store.stats['max_len']}")
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = data["train_src"], data["train_tgt"]
@@ -721,6 +727,13 @@ class Trainer:
         if self.scaler and ckpt.meta.get("scaler"):  # checkpoints before the scaler was saved restart it
             self.scaler.load_state_dict(ckpt.meta["scaler"])
         self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
+        then, now = ckpt.meta.get("config", {}).get("train", {}).get("keep_best", ""), self.cfg.train.keep_best
+        if then != now and self.state.best_value is not None:  # a value of another metric: compared with none
+            self.state.best_value, self.state.best_step, self.state.evals_since_best = None, 0, 0
+            if now:
+                self.log(f"train.keep_best is {now}, the run until step {self.state.step} kept {then}: the best so "
+                         f"far and the patience count start anew (best.safetensors, of {then}, goes at the first "
+                         "evaluation)")
         self.reconcile_best()
         set_rng_state(self.dist, ckpt.state)
         rebatched = ckpt.meta.get("batches_sha256") != self.meta_base["batches_sha256"]
