@@ -631,6 +631,22 @@ def test_keep_best_settings_are_checked(sets, message):
         load_config("tiny", sets)
 
 
+
+def test_another_subword_alpha_on_resume_needs_the_flag_and_rescales_the_epoch(tmp_path, tiny_overrides):
+    """data.subword_alpha changes the data a run draws, as train.max_tokens does: a resume with another
+    needs --allow-config-change, and then keeps its share of the epoch (the sampled epoch's batches are
+    not the deterministic ones its checkpoint's batches_sha256 describes)."""
+    common = tiny_overrides + ["train.log_every=2", "train.eval_every=1000", "train.save_every=2"]
+    run = tmp_path / "run"
+    train(load_config("tiny", common + ["train.max_steps=2", "data.subword_alpha=0.1"]), run, quiet=True)
+    plain = load_config("tiny", common + ["train.max_steps=4"])
+    with pytest.raises(TrainError, match=r"in: data.subword_alpha: 0.1 -> 0.0 \(pass --allow-config-change"):
+        train(plain, run, resume=True, quiet=True)
+    train(plain, run, resume=True, quiet=True, allow_config_change=True)
+    log = (run / "train.log").read_text()
+    assert "the training batches differ from those step_00000002.json's run drew" in log
+    assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 4
+
 def test_subword_sampling_trains_and_resumes_exactly(tmp_path, tiny_overrides):
     """With data.subword_alpha, a run stopped and resumed across epochs equals an uninterrupted one, and
     differs from a run on the deterministic segmentation; validation uses the deterministic pieces."""

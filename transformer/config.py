@@ -352,7 +352,8 @@ ADDED_FIELDS: dict[str, object] = {"train.interval_unit": "steps", "decode.lengt
 
 RESUME_FIXED: dict[str, str | tuple[str, ...]] = {
     "model": "*",
-    "data": ("task", "train_src", "train_tgt", "train_store", "vocab_size", "spm_input_sentences", "max_len"),
+    "data": ("task", "train_src", "train_tgt", "train_store", "vocab_size", "spm_input_sentences", "max_len",
+             "subword_alpha"),
     "train": ("max_tokens", "update_freq", "warmup_steps", "lr_scale", "cooldown_fraction", "beta1", "beta2",
               "adam_eps", "weight_decay", "clip_norm", "eps_ls", "seed", "init_qkv_gain", "shape_buckets"),
 }

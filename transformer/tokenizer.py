@@ -186,7 +186,9 @@ class BPEDropout:
         for pieces in self._sp.encode(list(texts), out_type=str):
             ids: list[int] = []
             for word in _words(pieces):
-                ids.extend(self._ids.get(p, UNK_ID) for p in self._merge(word, alpha, rng))
+                for i in (self._ids.get(p, UNK_ID) for p in self._merge(word, alpha, rng)):
+                    if not (i == UNK_ID and ids and ids[-1] == UNK_ID):  # a run of unknown characters is one
+                        ids.append(i)  # UNK, as sentencepiece writes it
             out.append(ids)
         return out
 

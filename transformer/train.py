@@ -736,7 +736,10 @@ class Trainer:
                          "evaluation)")
         self.reconcile_best()
         set_rng_state(self.dist, ckpt.state)
-        rebatched = ckpt.meta.get("batches_sha256") != self.meta_base["batches_sha256"]
+        alpha_then = ckpt.meta.get("config", {}).get("data", {}).get("subword_alpha", 0.0)
+        # batches_sha256 is of the deterministic segmentation's batches: sampled epochs are batched otherwise
+        rebatched = (ckpt.meta.get("batches_sha256") != self.meta_base["batches_sha256"]
+                     or alpha_then != self.cfg.data.subword_alpha)
         if self.state.world_size != self.dist.world:
             # the step, the schedule and Adam's moments continue; the data order cannot
             self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: the position "
@@ -747,7 +750,7 @@ class Trainer:
         if rebatched:
             # a checkpoint before batches were recorded (2026-12-02) was batched by (target, source) length
             self.log(f"the training batches differ from those {ckpt.path.name}'s run drew (another train.max_tokens, "
-                     "other data, or a version that batched otherwise): the step, the schedule and Adam's moments "
+                     "data.subword_alpha, other data, or a version that batched otherwise): the step, the schedule and Adam's moments "
                      "continue; the position in the epoch is rescaled, and the data order from here on differs "
                      "from an uninterrupted run")
             self.batches_then = self.state.epoch_batches
