@@ -148,8 +148,8 @@ def test_bpe_dropout_at_zero_is_sentencepieces_segmentation(tok: Tokenizer, trai
     """The re-implemented merge order is sentencepiece's own: alpha 0 gives its ids on every sentence."""
     import random
 
-    texts = lines_of(train_files) + ["Ein  Mann\u00a0fährt ﬁ ☃ 😀 ", "", "   x",  # normalization, unknown characters
-                                     "Жук ate ☃☃ snow 😀😀x ☃a☃"]  # runs of them: one UNK each, as sentencepiece's
+    texts = lines_of(train_files) + ["Ein  Mann\u00a0fährt ﬁ ☃ 😀 ", "", "   x",  # normalization, unknown characters,
+                                     "Жук ate ☃☃ snow 😀😀x ☃a☃"]  # runs of them (one UNK each, as sentencepiece's)
     assert tok.dropout().encode_batch(texts, 0.0, random.Random(1)) == tok.encode_batch(texts)
 
 

@@ -750,9 +750,9 @@ class Trainer:
         if rebatched:
             # a checkpoint before batches were recorded (2026-12-02) was batched by (target, source) length
             self.log(f"the training batches differ from those {ckpt.path.name}'s run drew (another train.max_tokens, "
-                     "data.subword_alpha, other data, or a version that batched otherwise): the step, the schedule and Adam's moments "
-                     "continue; the position in the epoch is rescaled, and the data order from here on differs "
-                     "from an uninterrupted run")
+                     "data.subword_alpha, other data, or a version that batched otherwise): the step, the schedule "
+                     "and Adam's moments continue; the position in the epoch is rescaled, and the data order from "
+                     "here on differs from an uninterrupted run")
             self.batches_then = self.state.epoch_batches
         self.log(f"resumed from {ckpt.path.name} at step {self.state.step}")
 
