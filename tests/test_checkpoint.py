@@ -346,10 +346,21 @@ def fake_records(run: Path, save_every: int, save_minutes: float, written: list[
     """Checkpoint records (no tensors) written at (step, minute) by a run with this save clock."""
     (run / "checkpoints").mkdir(parents=True)
     for step, minute in written:
-        record = {"config": {"train": {"save_every": save_every, "save_minutes": save_minutes}},
+        record = {"format": FORMAT, "config": {"train": {"save_every": save_every, "save_minutes": save_minutes}},
                   "train_state": {"step": step, "elapsed_s": 60 * minute}}
         (run / "checkpoints" / f"step_{step:08d}.json").write_text(json.dumps(record))
 
+
+@pytest.mark.parametrize("text, said", [("[1]", "not a JSON object but list"), ('"x"', "not a JSON object but str"),
+                                        ("null", "not a JSON object but NoneType"),
+                                        ('{"format": "other"}', "not a"),
+                                        ('{"format": "%s", "config": 5}' % FORMAT, "unreadable checkpoint record")])
+def test_a_record_of_another_shape_is_refused_naming_it(tmp_path, text, said):
+    """average and evaluate --json read the records: JSON that is no record died with AttributeError."""
+    fake_records(tmp_path, 200, 0, [(200, 0), (400, 0)])
+    (tmp_path / "checkpoints" / "step_00000400.json").write_text(text)
+    with pytest.raises(CheckpointError, match=rf"^step_00000400.json: {said}"):
+        checkpoints_to_average(tmp_path, 2)
 
 def steps(paths: list[Path]) -> list[int]:
     return [int(p.stem.split("_")[1]) for p in paths]

@@ -231,3 +231,15 @@ def test_a_summary_edited_by_hand_does_not_stop_the_model_card(tmp_path, summary
     (tmp_path / "summary.json").write_text(summary)
     card = _model_card(tmp_path, load_config("tiny"), "Marian", 500)
     assert "(the run's summary.json could not be read)" in card or "(no training summary" in card
+
+
+def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
+    """--checkpoint exports one checkpoint's weights: the card said they were the default average."""
+    from transformer.export import _model_card
+
+    average = _model_card(tmp_path, load_config("tiny"), "Marian", 500)
+    one = _model_card(tmp_path, load_config("tiny"), "Marian", 500, tmp_path / "checkpoints" / "step_00000080.json")
+    best = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"))
+    assert "the average of the last 5 checkpoints (these weights)" in average
+    assert "these weights are `step_00000080.json` alone" in one and "(these weights)" not in one
+    assert "these weights are `best.safetensors` alone" in best

@@ -1,5 +1,6 @@
 """Parsing as translation (§6.3): treebank reading, linearization, repair, EVALB-style scoring."""
 
+import json
 
 import pytest
 import torch
@@ -30,6 +31,38 @@ def test_normalisation_removes_traces_function_tags_and_the_outer_bracket():
     assert str(normalize(raw)) == ("(S (NP (DT The) (NN dog)) (VP (VBD barked) (-LRB- -LRB-) (ADVP (RB now)) "
                                    "(-RRB- -RRB-)) (. .))")
     assert normalize(tree("(X (-NONE- *))")) is None
+
+
+def test_a_word_without_its_part_of_speech_node_is_refused_naming_the_tree(tmp_path, capsys):
+    """Scoring reads each word's tag: normalisation dropped such a word without a word, so evaluate-parse
+    scored two trees short of it as equal (and evaluate died on it, exit 70)."""
+    with pytest.raises(TreeError, match=r"^the word 'barked' stands in \(S \.\.\.\) without a part-of-speech node"):
+        normalize(tree("(S (NP (DT The) (NN dog)) barked)"))
+    gold = tmp_path / "g.mrg"
+    gold.write_text("(S (NP (DT A) (NN cat)) (VP (VBD sat)))\n(S (NP (DT The) (NN dog)) barked)\n")
+    assert main(["evaluate-parse", "--gold", str(gold), "--test", str(gold)]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {gold}: tree 2: the word 'barked' stands in (S ...)")
+
+
+def test_evaluate_reads_gold_trees_as_evaluate_parse_does(tiny_parse_run, tmp_path, capsys, monkeypatch):
+    """`evaluate` of a parsing run and `evaluate-parse` score one parse against treebank gold (function tags,
+    a trace, the outer bracket) alike: both normalise the gold. evaluate compared NP-SBJ with NP (F1 50
+    for a perfect parse) and refused a gold tree with a trace for its words ("*")."""
+    import transformer.cli as cli
+
+    gold_text = ["( (S (NP-SBJ (DT The) (NN dog)) (VP (VBD barked) (ADVP-TMP (RB today))) (. .)) )",
+                 "( (S (NP-SBJ (-NONE- *)) (VP (VBD Run)) (. !)) )"]
+    gold, test, src = tmp_path / "gold.mrg", tmp_path / "test.txt", tmp_path / "src.txt"
+    gold.write_text("".join(line + "\n" for line in gold_text))
+    parses = [normalize(tree(line)) for line in gold_text]  # a perfect parser
+    test.write_text("".join(str(t) + "\n" for t in parses))
+    src.write_text("The dog barked today .\nRun !\n")
+    monkeypatch.setattr(cli, "_parse_lines", lambda translator, lines, request: parses)
+    assert main(["evaluate", str(tiny_parse_run), "--src", str(src), "--ref", str(gold)]) == 0
+    out = capsys.readouterr().out
+    assert main(["evaluate-parse", "--gold", str(gold), "--test", str(test), "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["f1"] == 100.0 and f"F1 = 100.00  precision 100.00  recall 100.00  ({scores['matched']} of " in out
 
 
 def test_linearization_is_vinyals_et_al():

@@ -279,7 +279,7 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
     newer: dict[str, Any] | None = None
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            record = checkpoint_record(path)  # an object of this format, else a CheckpointError naming it
             if kept and record.get("on_clock") is False:  # a signal's checkpoint, superseded: a resume point only
                 continue
             train, state = record.get("config", {}).get("train", {}), record.get("train_state")
@@ -292,7 +292,7 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
                     gap, interval = (newer["elapsed_s"] - state["elapsed_s"]) / 60, train["save_minutes"]
                 if gap < interval / 2:
                     continue
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a field of another shape
             raise CheckpointError(f"{path.name}: unreadable checkpoint record ({type(e).__name__}: {e})") from None
         kept.append(path)
         newer = state

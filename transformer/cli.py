@@ -576,10 +576,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--src {args.src}: no sentences to evaluate (the file is empty or blank)")
     if d.task == "parse":
         from .evaluate import score_trees
-        from .trees import TreeError, read_trees
+        from .trees import TreeError, read_normalized
 
-        try:
-            gold = read_trees(args.ref)
+        try:  # normalised as evaluate-parse reads gold trees: traces and function tags go
+            gold = read_normalized(args.ref)
         except TreeError as e:  # a linearised target file (the model's .wlin) is the likely mix-up
             raise TreeError(f"{e} (--ref takes the gold trees, bracketed as the treebank writes them, e.g. "
                             "test.trees, not the linearised training targets)") from None
@@ -704,10 +704,9 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     COLLINS.prm.
     """
     from .evaluate import score_trees
-    from .trees import TreeError, normalize, read_trees
+    from .trees import TreeError, read_normalized
 
-    gold = [normalize(t) for t in read_trees(args.gold)]
-    test = [normalize(t) for t in read_trees(args.test)]
+    gold, test = read_normalized(args.gold), read_normalized(args.test)
     if len(gold) != len(test):
         raise TreeError(f"--gold {args.gold} has {len(gold)} trees but --test {args.test} has {len(test)}")
     try:

@@ -279,9 +279,13 @@ def _shown(path: str) -> str:
     return Path(path).name if Path(path).is_absolute() else path
 
 
-def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int) -> str:
-    """README.md of an exported folder: what the model is, how it was trained and scored."""
+def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoint: Path | None = None) -> str:
+    """README.md of an exported folder: what the model is, how it was trained and scored, and which of the
+    run's weights it holds (``checkpoint``, as --checkpoint gave it; None: the average decoding takes)."""
     m, d = cfg.model, cfg.data
+    weights = (f"the average of the last {cfg.decode.average_last} checkpoints (these weights)" if checkpoint is None
+               else f"the average of the last {cfg.decode.average_last} checkpoints; these weights are "
+               f"`{'best.safetensors' if str(checkpoint) == 'best' else Path(checkpoint).name}` alone")
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
@@ -308,8 +312,8 @@ A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and 
   {m.norm}-norm, a joint vocabulary of {vocab_size:,} sentencepiece BPE pieces.
 - Data: `{_shown(d.train_src)}` / `{_shown(d.train_tgt)}`; validated on `{_shown(d.valid_src)}`.
 - Training: {trained}.
-- Decoding as trained: beam {cfg.decode.beam_size}, length penalty α {cfg.decode.alpha} ({norm}), the average of
-  the last {cfg.decode.average_last} checkpoints (these weights).
+- Decoding as trained: beam {cfg.decode.beam_size}, length penalty α {cfg.decode.alpha} ({norm}),
+  {weights}.
 {drift}
 ```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -382,7 +386,7 @@ def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -
                                     model_max_length=hf.config.max_position_embeddings,
                                     clean_up_tokenization_spaces=False)
         tokenizer.save_pretrained(out)
-    card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size)
+    card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size, checkpoint)
     (out / "README.md").write_text(card, encoding="utf-8")
     return architecture, translator.cfg.model.ln_eps
 

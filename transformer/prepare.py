@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from .data import DataError, iter_lines, iter_parallel
 from .files import DownloadError, atomic_path, download, write_text
-from .trees import TreeError, linearize, normalize, read_trees
+from .trees import TreeError, linearize, read_normalized
 
 # ---------------------------------------------------------------------------------------------- data folders
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
@@ -115,7 +115,7 @@ def write_ptb_splits(ptb_dir: Path, dest: Path) -> dict[str, int]:
             path = ptb_dir / f"wsj_{number:04d}.mrg"
             if not path.exists():
                 raise TreeError(f"{path}: missing (expected wsj_0001.mrg ... wsj_0189.mrg in {ptb_dir})")
-            trees.extend(t for t in map(normalize, read_trees(path)) if t is not None)
+            trees.extend(t for t in read_normalized(path) if t is not None)
         for suffix, lines in (("words", [" ".join(t.words()) for t in trees]),
                               ("lin", [" ".join(linearize(t)) for t in trees]),
                               ("wlin", [" ".join(linearize(t, words=True)) for t in trees]),

@@ -144,13 +144,29 @@ def _strip_label(label: str) -> str:
 
 
 def normalize(tree: Tree) -> Tree | None:
-    """The documented normalisation (module docstring); None if nothing is left."""
+    """The documented normalisation (module docstring); None if nothing is left. A word beside other
+    children, under no part-of-speech node of its own, is a TreeError: scoring reads each word's tag."""
     if tree.label == "" and len(tree.children) == 1 and isinstance(tree.children[0], Tree):
         return normalize(tree.children[0])
     if tree.is_preterminal:
         return None if tree.label == "-NONE-" else Tree(tree.label, list(tree.children))
-    children = [n for c in tree.children if isinstance(c, Tree) and (n := normalize(c)) is not None]
+    if bare := [c for c in tree.children if isinstance(c, str)]:
+        raise TreeError(f"the word {bare[0]!r} stands in ({tree.label} ...) without a part-of-speech node of its "
+                        "own; a treebank tree tags every word, as (NN dog)")
+    children = [n for c in tree.children if (n := normalize(c)) is not None]
     return Tree(_strip_label(tree.label), children) if children else None
+
+
+def read_normalized(path: Path) -> list[Tree | None]:
+    """``read_trees``, each tree normalised (None: nothing left once traces are removed); a tree that
+    cannot be is a TreeError naming the file and the tree's place in it."""
+    out = []
+    for i, tree in enumerate(read_trees(path), 1):
+        try:
+            out.append(normalize(tree))
+        except TreeError as e:
+            raise TreeError(f"{path}: tree {i}: {e}") from None
+    return out
 
 
 def linearize(tree: Tree, words: bool = False) -> list[str]:
