@@ -286,6 +286,10 @@ def test_initialisation():
     assert w.abs().max().item() <= math.sqrt(6 / (256 + 512)) + 1e-6  # Xavier uniform
     assert torch.all(model.encoder[0].self_attn.q_proj.bias == 0)
     assert model.encoder[0].norm1.eps == 1e-6  # A7
+    untied = tiny_model(cfg=ModelConfig(d_model=256, d_ff=512, n_heads=4, n_enc_layers=1, n_dec_layers=1,
+                                        share_embeddings=False, share_output=False), vocab=4000)
+    for weight in (untied.src_embed.weight, untied.tgt_embed.weight, untied.output_proj.weight):  # A8: the
+        assert weight.std().item() == pytest.approx(256**-0.5, rel=0.05)  # softmax matrix too (it was Xavier's)
 
 
 def test_qkv_gain_scales_only_the_query_key_and_value_draws():

@@ -534,7 +534,9 @@ class Transformer(nn.Module):
         self.reset_parameters(qkv_gain)
 
     def reset_parameters(self, qkv_gain: float = 1.0) -> None:
-        """Xavier-uniform linear weights, zero biases (A8); embeddings keep N(0, d^-0.5).
+        """Xavier-uniform linear weights, zero biases (A8); embeddings keep N(0, d^-0.5), and so does an
+        untied pre-softmax projection (model.share_output = false), as the authors' code draws its softmax
+        matrix (A8), not as the linear layer it is here.
 
         ``qkv_gain`` scales the Xavier bound of the query, key and value projections (train.init_qkv_gain):
         1 draws each as the separate matrix it is (A8, the authors' later code); 1/√2 gives a self-attention
@@ -549,6 +551,8 @@ class Transformer(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):  # learned positions
                 nn.init.normal_(module.weight, std=self.cfg.d_model**-0.5)
+        if "output_proj" in self._modules:
+            nn.init.normal_(self.output_proj.weight, std=self.cfg.d_model**-0.5)
 
     @property
     def source_embedding(self) -> Embedding:

@@ -267,7 +267,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     if tokenizer.vocab_size != d.vocab_size:  # a token store's or an inherited vocabulary decides the model's
         log(f"vocabulary: {tokenizer.vocab_size} pieces ({tokenizer.path}); data.vocab_size {d.vocab_size} does "
             "not apply")
-    # the training pairs' length bound holds here too: one stray long line would take memory and time with the
+    # DEVIATION(§5.1, A10): the authors' evaluation dropped no pair by length; here the training pairs' bound
+    # holds for validation too: one stray long line would take memory and time with the
     # square of its length at every validation, and a learned position table (row E) has no rows beyond it
     valid, stats = encode_pairs(read_parallel(data["valid_src"], data["valid_tgt"]), tokenizer, d.max_len)
     log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
