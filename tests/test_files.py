@@ -111,3 +111,40 @@ def test_a_record_that_is_not_one_is_refused_naming_the_file(tmp_path, text, pro
         f"{path}: unreadable ("))
     path.write_text('{"format": "x/1", "a": 1}')
     assert read_record(path, UserError, "", "x/1", label="r") == {"format": "x/1", "a": 1}
+
+
+def test_a_pipe_is_written_in_place_and_a_link_keeps_pointing_at_its_file(tmp_path):
+    """--output naming a pipe (or a terminal, /dev/null, /dev/stdout) replaced it with a regular file: the
+    reader never got a line and the command said nothing; a link was replaced by a file of its own."""
+    import threading
+
+    from transformer.files import check_output
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)  # a failure must not hang
+    reader.start()
+    assert check_output(fifo, "--output") == fifo
+    write_text(fifo, "ein Hund\n")
+    reader.join(timeout=10)
+    assert got == ["ein Hund\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("old\n")
+    link.symlink_to(target)
+    write_text(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+
+
+def test_translate_into_a_pipe(tmp_path, tiny_run, capsys):
+    import threading
+
+    fifo, src = tmp_path / "fifo", tmp_path / "in.txt"
+    os.mkfifo(fifo)
+    src.write_text("A dog runs.\nA cat sleeps.\n")
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)  # a failure must not hang
+    reader.start()
+    assert main(["translate", str(tiny_run), "--input", str(src), "--output", str(fifo), "--beam", "1"]) == 0
+    reader.join(timeout=30)
+    assert len(got) == 1 and len(got[0].splitlines()) == 2 and stat.S_ISFIFO(os.stat(fifo).st_mode)

@@ -128,6 +128,14 @@ def test_the_smallest_temperature_draws_the_most_probable_token():
     assert math.isfinite(float(Sampling(torch.Generator(), temperature=1e3).draw(log_probs).sum()))
 
 
+def test_the_smallest_topp_draws_the_most_probable_token():
+    """topp 1e-300 is in (0, 1] but 0 in float32: every token's mass before it (0 for the best) reached
+    it, every logit was cut, and the draw failed on NaN (500 from the server, exit 70 from translate)."""
+    log_probs = torch.tensor([[-2.0, -0.5, float("-inf"), -1.5], [-0.1, -3.0, -4.0, -5.0]]).log_softmax(-1)
+    for topp in (1e-300, 1e-46, MIN_TEMPERATURE):
+        assert Sampling(torch.Generator().manual_seed(0), topp=topp).draw(log_probs).tolist() == [1, 0]
+
+
 def test_the_largest_temperature_draws_among_the_allowed_tokens():
     """MAX_TEMPERATURE, float32's largest: every allowed token's logit is then about 0 and the excluded
     ones (-inf) stay excluded; one step larger would divide -inf by inf, NaN, and no draw."""

@@ -43,6 +43,17 @@ def test_translate_equals_the_translator(client, translator):
     assert default == translator.translate(LINES[:1])  # the run's beam 4 and alpha 0.6 (§6.1)
 
 
+def test_the_servers_batch_size_bounds_its_batches_as_translates_does(tiny_run):
+    """serve --batch-size (the translator's decode.batch_size) was overwritten by the token bound alone, so a
+    sampled answer, which depends on the batch, differed from translate's with the same options."""
+    one = Translator(tiny_run, log=lambda m: None, decode={"batch_size": 1})
+    sample = DecodeRequest(sample=True, seed=5)
+    with TestClient(create_app(one, Limits())) as c:
+        r = c.post("/v1/translate", json={"text": LINES, "sample": True, "seed": 5})
+    assert r.status_code == 200 and r.json()["translations"] == one.translate(LINES, sample)
+    assert one.translate(LINES, sample) != one.translate(LINES, DecodeRequest(sample=True, seed=5, batch_size=64))
+
+
 def test_requests_from_many_clients_are_decoded_together(translator):
     async def scenario():
         batcher = Batcher(translator, Limits(max_wait_ms=200), ThreadPoolExecutor(1))
@@ -220,7 +231,9 @@ def test_malformed_json_and_large_bodies(client):
     r = client.post("/v1/translate", content=b'{"text": ["a"', headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"].startswith("malformed JSON")
     for body, problem in ((b"", "malformed JSON: the body is empty"),  # was a 422 of a nameless field
-                          (b'{"text": ["\xff"]}', "malformed JSON: the body is not UTF-8 text")):  # FastAPI's words
+                          (b'{"text": ["\xff"]}', "malformed JSON: the body is not UTF-8 text"),  # FastAPI's words
+                          (b"[" * 2000 + b"]" * 2000, "malformed JSON: the body nests arrays or objects too "
+                                                            "deeply")):  # it said "not UTF-8 text"
         r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"].startswith(problem), r.json()
     r = client.post("/v1/translate", content=json.dumps({"text": ["a" * 5000]}).encode(),

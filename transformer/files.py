@@ -4,7 +4,8 @@ A file is written under a temporary name beside its final one, flushed to disk, 
 the user's umask allows (0644 under the usual 022: another account may read a run it serves), and
 renamed over the final name, which is atomic; the rename is made durable by an fsync of the
 folder. A crash or an error at any point leaves the old file or none, never part of a new one,
-and no temporary file behind.
+and no temporary file behind. A link is followed (its target is replaced, the link stays), and a
+path that names no regular file (a pipe, a terminal, /dev/null) is written in place, as a stream.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import http.client
 import json
 import os
+import stat
 import tempfile
 import urllib.error
 import urllib.request
@@ -73,12 +75,28 @@ def _unwritable(path: Path, error: OSError) -> WriteError | None:
     return WriteError(error.errno, error.strerror, str(path)) if error.errno in UNWRITABLE else None
 
 
+def is_stream(path: Path) -> bool:
+    """Whether ``path`` names something there that is no regular file, links followed: a pipe, a terminal,
+    /dev/null, /dev/stdout. Written in place, as a stream: a file put in its place would cut the reader off."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # not there (or not to be looked at): a file to write
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path to write ``path``'s content to; when the block ends without an error the
     file there becomes ``path`` (see the module's docstring), otherwise it is removed. A failed write
-    the user can fix (UNWRITABLE) is a WriteError naming ``path``."""
+    the user can fix (UNWRITABLE) is a WriteError naming ``path``. A stream (``is_stream``) is written in
+    place, and a link's target is replaced, not the link."""
     path = Path(path)
+    if is_stream(path):
+        yield path
+        return
+    if path.is_symlink():
+        path = path.resolve()
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
@@ -154,6 +172,10 @@ def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder
     not a folder (a file is asked for; ``folder``: a folder is, existing or not), and its suffix is one
     of ``suffixes`` when given. OutputError names ``option`` and the path otherwise."""
     path = Path(path)
+    if not folder and is_stream(path):  # a pipe, a terminal, /dev/null: written in place, as it is
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"{option} {path}: not writable")
+        return path
     parent = path.parent
     if folder:  # made with its missing parents: the nearest folder that exists must take it
         parent = next(p for p in (path, *path.parents) if p.exists()) if not path.is_dir() else path

@@ -37,6 +37,7 @@ class Sampling:
             sorted_logits, order = logits.sort(-1, descending=True)
             probs = sorted_logits.softmax(-1)
             beyond = probs.cumsum(-1) - probs >= self.topp  # the tokens before it already reach topp
+            beyond[:, 0] = False  # also where topp is below float32's resolution (0 >= 0 cut every token)
             cut = torch.zeros_like(beyond).scatter(-1, order, beyond)  # back to vocabulary order
             logits = logits.masked_fill(cut, float("-inf"))  # the most probable token always stays
         return torch.multinomial(logits.softmax(-1), 1, generator=self.generator).flatten()

@@ -302,7 +302,8 @@ class Batcher:
             longest = max(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
             request = dataclasses.replace(job.request, prefixes=joined("prefix", ""),
                                           constraints=joined("constraints", []),
-                                          batch_size=max(1, self.limits.max_batch_tokens // (job.rows * longest)))
+                                          batch_size=min(self.translator.cfg.decode.batch_size,  # serve --batch-size
+                                                         max(1, self.limits.max_batch_tokens // (job.rows * longest))))
             # between two batches the work stops when no client waits for it any more, or the server stops
             found = self.translator.decode(lines, request,
                                            stop=lambda: self.stopping or all(p.abandoned for p in live))
@@ -580,8 +581,10 @@ def _answer_errors_in_json(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's, for a body
-            return JSONResponse({"error": "malformed JSON: the body is not UTF-8 text"}, status_code=400)  # not UTF-8
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's, raised from
+            why = {UnicodeDecodeError: "is not UTF-8 text", RecursionError: "nests arrays or objects too deeply"}.get(
+                type(exc.__cause__), "cannot be read")  # what json.loads raised
+            return JSONResponse({"error": f"malformed JSON: the body {why}"}, status_code=400)
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
