@@ -134,6 +134,10 @@ def test_a_pipe_is_written_in_place_and_a_link_keeps_pointing_at_its_file(tmp_pa
     link.symlink_to(target)
     write_text(link, "new\n")
     assert link.is_symlink() and target.read_text() == "new\n"
+    dangling = tmp_path / "dangling.txt"
+    dangling.symlink_to(tmp_path / "no" / "such.txt")
+    write_text(dangling, "mine\n")  # no file to keep pointing at: the link is replaced, as before
+    assert not dangling.is_symlink() and dangling.read_text() == "mine\n"
 
 
 def test_translate_into_a_pipe(tmp_path, tiny_run, capsys):

@@ -95,7 +95,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     if is_stream(path):
         yield path
         return
-    if path.is_symlink():
+    if path.is_symlink() and path.exists():  # a dangling link is replaced as a file would be
         path = path.resolve()
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
