@@ -66,7 +66,7 @@ def test_two_ranks_equal_one_process_on_the_same_global_batches(tmp_path, tiny_o
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # like the ranks: CPU, GPU or not
     steps = 5
     overrides = tiny_overrides + ["model.p_drop=0.0", f"train.max_steps={steps}", f"train.save_every={steps}",
-                                  "train.threads=1", "train.max_tokens=512"]
+                                  "train.threads=1", "train.max_tokens=512", "train.log_every=1"]
     cfg = load_config("tiny", overrides)
     one, two = tmp_path / "one", tmp_path / "two"
     # one process accumulating 2 batches per step: step k takes batches 2k and 2k+1 of the epoch order
@@ -92,6 +92,10 @@ def test_two_ranks_equal_one_process_on_the_same_global_batches(tmp_path, tiny_o
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(b[name], a[name], atol=2e-6, rtol=1e-5, msg=name)
+    # the logged loss is the step's, over all ranks' tokens (it was rank 0's loss over the ranks' mean count)
+    losses = [[json.loads(line)["train_loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+              for run in (one, two)]
+    assert len(losses[0]) == steps and losses[1] == pytest.approx(losses[0], rel=1e-5)
 
 
 def test_ranks_with_different_configs_are_stopped(tmp_path, tiny_overrides):

@@ -399,7 +399,7 @@ def new_window(t0: float | None = None) -> dict[str, Any]:
 
 @dataclass
 class StepResult:
-    loss: float  # label-smoothed loss summed over this rank's tokens
+    loss: float  # label-smoothed loss summed over the step's tokens, all ranks
     n_tokens: int  # non-pad target tokens of the step, all ranks
     applied: bool  # False: the gradients were not finite and the step was skipped
     grad_norm: float  # the gradients' global L2 norm before clipping (train.clip_norm), as fairseq logs it
@@ -479,6 +479,8 @@ def queue_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
             scaled = loss * (dist.world / n_tokens)
             (scaler.scale(scaled) if scaler else scaled).backward()
         total += loss.detach()  # summed where it is: no wait for the device per batch
+    if dist.enabled:  # the step's loss over all ranks' tokens, as its token count (on the device: no wait)
+        torch.distributed.all_reduce(total)
     if scaler:
         scaler.unscale_(optimizer)
     # the norm of the (all-reduced) gradients is the same on every rank, so all ranks skip together
@@ -950,11 +952,10 @@ class Trainer:
         due): to the progress bar, train.log, metrics.jsonl and TensorBoard."""
         t, state, window, lr = self.cfg.train, self.state, self.window, step.lr
         dt = max(window["t1"] - window["t0"], 1e-9)  # from the window's start to its last step's end
-        # this rank's loss over this rank's share of the tokens: the train loss of rank 0's batches
         # epochs trained (fractional mid-epoch): 7 at the end of the seventh, as fairseq numbers it
         rec = {"step": state.step, "epoch": round(step.epoch, 3),
                "minutes": self.elapsed() / 60, "lr": lr,
-               "train_loss": window["loss"] * self.dist.world / window["tokens"],
+               "train_loss": window["loss"] / window["tokens"],  # per target token, all ranks
                "tokens_per_s": window["tokens"] / dt, "grad_norm": statistics.fmean(window["norms"]),
                "grad_norm_max": max(window["norms"])}
         budget = f"{state.step}/{t.max_steps}" + (f", {rec['minutes']:.1f}/{t.max_minutes:g} min" if t.max_minutes else "")
