@@ -205,3 +205,33 @@ def test_the_page_serves_a_parsing_run_with_its_own_beam(parse_server, browser):
     assert browser.find_element(By.ID, "error").text == ""
     tree = browser.find_element(By.ID, "translation").text
     assert tree.startswith("(") and all(word in tree for word in ("The", "dog", "barked"))
+
+
+@pytest.mark.parametrize("enc, dec", [(2, 3), (3, 2)])
+def test_the_layer_menu_follows_the_kind_of_attention(browser, tmp_path, enc, dec):
+    """The encoder and the decoder may have other depths: the layer menu listed the encoder's for every
+    kind, so a third decoder layer could not be chosen (2 + 3), and the encoder's third, then cross-attention,
+    drew nothing and threw (3 + 2)."""
+    import torch
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from transformer.figures import AttentionMaps, attention_html
+
+    src, tgt_in, tgt_out = ["▁A", "▁dog", "</s>"], ["<s>", "▁Ein"], ["▁Ein", "</s>"]
+
+    def rows(layers: int, queries: int, keys: int) -> torch.Tensor:
+        return torch.full((layers, 2, queries, keys), 1.0 / keys)
+    maps = AttentionMaps(src, tgt_in, tgt_out, {"enc_self": rows(enc, 3, 3), "dec_self": rows(dec, 2, 2),
+                                                "cross": rows(dec, 2, 3)})
+    page = tmp_path / "attention.html"
+    page.write_text(attention_html(maps), encoding="utf-8")
+    browser.get(page.as_uri())
+    layer = lambda: Select(browser.find_element(By.NAME, "layer"))  # noqa: E731  (redrawn with each choice)
+    assert [o.text for o in layer().options] == [str(i + 1) for i in range(enc)]
+    layer().select_by_index(enc - 1)
+    Select(browser.find_element(By.NAME, "kind")).select_by_value("cross")
+    assert [o.text for o in layer().options] == [str(i + 1) for i in range(dec)]
+    assert layer().first_selected_option.text == str(min(enc, dec))  # the nearest layer the stack has
+    assert browser.find_elements(By.CSS_SELECTOR, "svg line")  # drawn
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

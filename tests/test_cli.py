@@ -126,6 +126,8 @@ def test_params_cost_compares_table_2_for_its_two_models_and_says_the_papers_bat
     assert main(["params", "wmt14_en_fr_big", "--cost"]) == 0  # big's shape, EN-FR's dropout
     out = capsys.readouterr().out
     assert "Table 2 (big)" in out and "the paper trained" not in out
+    assert main(["params", "base", "--set", "model.d_k=64", "--set", "model.d_v=64", "--cost"]) == 0
+    assert "Table 2 (base)" in capsys.readouterr().out  # d_k 64 written out is d_model / h: base's shape
 
 
 def test_params_cost_shows_a_small_models_step_hours_and_memory(capsys):

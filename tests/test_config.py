@@ -235,9 +235,10 @@ def test_a_config_toml_that_is_not_toml_is_a_one_line_error(tmp_path):
 
 
 @pytest.mark.parametrize("override", ["model.d_model=1099511627776", "model.n_enc_layers=100000000000",
-                                      "model.d_ff=8000000000000000000000"])
+                                      "model.d_ff=8000000000000000000000", "model.max_positions=100000000000000"])
 def test_a_model_size_past_any_model_is_refused_in_one_line(override):
-    """params overflowed (d_model 8e21), failed to allocate even on the meta device (2^40), or hung (1e11 layers)."""
+    """params overflowed (d_model 8e21), failed to allocate even on the meta device (2^40), or hung (1e11 layers);
+    a learned position table of 1e14 rows died allocating in training (exit 70)."""
     with pytest.raises(ConfigError, match=f"^--set {override}: model.* more than the .* any model here can have"):
         load_config("base", [override])
 

@@ -174,7 +174,7 @@ MAX_VOCAB = 2**31 - 1  # piece ids are int32 in sentencepiece and in the token s
 # bounds on a model's shape far past any that trains (Table 3's largest: 6 layers, d_model 1024, d_ff 4096, h 16),
 # so that a mistyped size is refused in one line, not an overflow, an allocation failure or a hang
 MAX_SIZE = {"n_enc_layers": 1000, "n_dec_layers": 1000, "d_model": 2**16, "d_ff": 2**18, "n_heads": 1024,
-            "d_k": 2**16, "d_v": 2**16}
+            "d_k": 2**16, "d_v": 2**16, "max_positions": 2**20}
 # GNMT tunes α in [0, 1] (Wu et al. 2016, §7); lp(|Y|) = ((5 + |Y|) / 6)^α overflows a float for α in the
 # hundreds, so larger values are refused rather than left to fail inside the search
 MAX_ALPHA = 10.0
@@ -249,7 +249,8 @@ class Config:
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
         sizes = {"model.n_enc_layers": m.n_enc_layers, "model.n_dec_layers": m.n_dec_layers, "model.d_model": m.d_model,
-                 "model.d_ff": m.d_ff, "model.n_heads": m.n_heads, "model.d_k": m.d_k, "model.d_v": m.d_v}
+                 "model.d_ff": m.d_ff, "model.n_heads": m.n_heads, "model.d_k": m.d_k, "model.d_v": m.d_v,
+                 "model.max_positions": m.max_positions}
         for name, value in sizes.items():  # past these, building the model overflowed, or hung (1e11 layers)
             if value > MAX_SIZE[name.split(".")[1]]:
                 raise ConfigError(f"{name} {value}: more than the {MAX_SIZE[name.split('.')[1]]:,} any model here can "

@@ -75,7 +75,7 @@ def cost_report(cfg: Config, preset: str, vocab: int, devices: list[int], mfu: f
     # Table 2 gives the training cost of the base and the big model alone (the big's shape with EN-FR's dropout
     # included): another shape (a Table 3 row, say) is compared with none
     def shape(m: ModelConfig) -> tuple:
-        return m.n_enc_layers, m.n_dec_layers, m.d_model, m.d_ff, m.n_heads, m.d_k, m.d_v
+        return m.n_enc_layers, m.n_dec_layers, m.d_model, m.d_ff, m.n_heads, m.head_dims  # d_k 0: d_model / h
 
     kind = next((k for k in PAPER_HOURS if shape(cfg.model) == shape(load_config(k).model)), None)
     if kind is not None:

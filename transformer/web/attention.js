@@ -74,7 +74,6 @@ function renderAttention(root, maps) {
   const controls = el("div", {class: "attn-controls"}, root);
   const view = el("div", {class: "attn-view"}, root);
   const state = {kind: "enc_self", layer: 0, head: "all", style: "links", unit: "pieces", focus: null};
-  const nLayers = data.pieces.weights.enc_self.length;
   const nHeads = data.pieces.weights.enc_self[0].length;
 
   function select(name, options, key, parse) {
@@ -83,15 +82,25 @@ function renderAttention(root, maps) {
     for (const [value, text] of options) el("option", {value: value, text: text}, s);
     s.value = String(state[key]);
     s.addEventListener("change", () => { state[key] = parse ? parse(s.value) : s.value; state.focus = null; draw(); });
+    return s;
   }
   select("attention", Object.entries(KINDS), "kind");
-  select("layer", [...Array(nLayers).keys()].map(i => [i, String(i + 1)]), "layer", Number);
+  const layerMenu = select("layer", [], "layer", Number);
   select("head", [["all", "all"], ...[...Array(nHeads).keys()].map(i => [i, String(i + 1)])], "head",
          v => v === "all" ? "all" : Number(v));
   select("view", [["links", "links (Fig. 3)"], ["heatmap", "heatmaps (Figs. 4-5)"]], "style");
   select("tokens", [["pieces", "sub-words"], ["words", "words"]], "unit");
 
+  function layers() {  // the kind's stack: the encoder's and the decoder's depths may differ
+    const n = data.pieces.weights[state.kind].length;
+    state.layer = Math.min(state.layer, n - 1);
+    layerMenu.innerHTML = "";
+    for (let i = 0; i < n; i++) el("option", {value: i, text: String(i + 1)}, layerMenu);
+    layerMenu.value = String(state.layer);
+  }
+
   function draw() {
+    layers();
     view.innerHTML = "";
     const maps = data[state.unit];
     const [rows, cols] = axes(maps, state.kind);
