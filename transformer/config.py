@@ -493,9 +493,12 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         given[f"{section}.{key}"] = f"--set {text}"
     try:
         return cfg.validate()
-    except ConfigError as e:  # say where the value came from, as the type checks do
+    except ConfigError as e:  # say where the value came from, as the type checks do: of the fields a rule
+        # names, the one given last (a --set over the file), which is the one the user just changed
         named = [name for name in re.findall(r"\b[a-z]+\.[a-z0-9_]+\b", str(e)) if name in given]
-        raise ConfigError(f"{given[named[0]]}: {e}" if named else str(e)) from None
+        order = {f"--set {text}": i for i, text in enumerate(overrides or [])}
+        last = max(named, key=lambda name: order.get(given[name], -1), default=None)
+        raise ConfigError(f"{given[last]}: {e}" if last else str(e)) from None
 
 
 def read_toml(path: Path) -> dict[str, Any]:
