@@ -470,6 +470,19 @@ def test_nbest_first_is_the_plain_output_and_scores_are_the_forced_scores(copy_m
         beam_hypotheses(copy_model, src, beam_size=2, nbest=3)
 
 
+
+def test_an_nbest_list_under_the_top_rule_may_start_with_a_better_hypothesis():
+    """What docs/decoding.md says of --early-stop top: the plain search stops at step 0, where EOS is the step's
+    best candidate ([] scored log .4); the 2-best list must hold two, runs a step more and finds [A], better
+    under α 2 (log .39 / lp(2)), which goes first. The exact bound keeps its promise on the same model."""
+    m = {(): {EOS_ID: .4, A: .39, B: .21}, (A,): {EOS_ID: 1.0}, (B,): {EOS_ID: 1.0}}
+    search = dict(beam_size=2, alpha=2.0)
+    plain = beam_hypotheses(ScriptedModel(m), SRC, early_stop="top", **search)[0][0]
+    listed = beam_hypotheses(ScriptedModel(m), SRC, early_stop="top", nbest=2, **search)[0]
+    assert plain.tokens == [] and [h.tokens for h in listed] == [[A], []] and listed[0].score > plain.score
+    bound = beam_hypotheses(ScriptedModel(m), SRC, nbest=2, **search)[0]
+    assert bound[0] == beam_hypotheses(ScriptedModel(m), SRC, **search)[0][0]
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_length_normalisation_reaches_every_score(copy_model, sources, beam_size):
     """decode_ids' length_norm reaches greedy and beam search alike, and forced scoring gives their

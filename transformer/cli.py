@@ -348,8 +348,9 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
     _output(p, "--output", help="output file (default: stdout)")
     p.add_argument("--nbest", type=int, metavar="K", help="the K best hypotheses of each input (K <= beam), best "
                    "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
-                   "beam's log P / lp(|Y|); the first of each list is the plain output; with --constraints, only "
-                   "hypotheses that meet them (when any does): a list may be shorter")
+                   "beam's log P / lp(|Y|); the first of each list is the plain output (with --early-stop top it "
+                   "may be a better one); with --constraints, only hypotheses that meet them (when any does): a "
+                   "list may be shorter")
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' lines: each output with the "
                    "beam's score, log P / lp(|Y|) (--nbest lines carry it already)")
     p.add_argument("--prefix", type=Path, metavar="FILE", help="one target prefix per input line (empty: none): "

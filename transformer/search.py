@@ -272,7 +272,8 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     lp(max_len): log-probs only fall and, for α >= 0, lp is largest at max_len, so no continuation
     could score higher. Like the authors' code (TH ``stop_early``, A11), the best finished one is
     compared; for n-best lists, the nbest-th best, so that no hypothesis the list should hold is missed
-    (the first of the list is the 1-best output, whatever ``nbest``). Unlike it, only EOS candidates
+    (the first of the list is the 1-best output, whatever ``nbest``; not so with ``early_stop="top"``, below).
+    Unlike it, only EOS candidates
     within the step's top ``beam`` are finished (``beam_step``, a documented deviation), so beam 1 is
     exactly greedy search.
 
@@ -281,7 +282,9 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
 
     ``early_stop="top"`` (not in the paper): a sentence also stops once its best candidate of the step
     is EOS, as OpenNMT-py and CTranslate2 stop. An approximation: a longer hypothesis might still have
-    scored higher. Fewer decoder steps for a little BLEU: benchmarks/results/speed.md and
+    scored higher. An n-best list waits until it holds ``nbest`` hypotheses, so it may find such a one,
+    and then its first is not the 1-best search's output. Fewer decoder steps for a little BLEU:
+    benchmarks/results/speed.md and
     search_work.json measure both.
     """
     if early_stop not in EARLY_STOPS:
