@@ -283,9 +283,9 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
     """README.md of an exported folder: what the model is, how it was trained and scored, and which of the
     run's weights it holds (``checkpoint``, as --checkpoint gave it; None: the average decoding takes)."""
     m, d = cfg.model, cfg.data
-    weights = (f"the average of the last {cfg.decode.average_last} checkpoints (these weights)" if checkpoint is None
-               else f"the average of the last {cfg.decode.average_last} checkpoints; these weights are "
-               f"`{'best.safetensors' if str(checkpoint) == 'best' else Path(checkpoint).name}` alone")
+    weights = f"the average of the last {cfg.decode.average_last} checkpoints" + (
+        " (these weights)" if checkpoint is None else
+        f"; these weights are `{'best.safetensors' if str(checkpoint) == 'best' else Path(checkpoint).name}` alone")
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}

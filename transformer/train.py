@@ -730,7 +730,8 @@ class Trainer:
         if self.scaler and ckpt.meta.get("scaler"):  # checkpoints before the scaler was saved restart it
             self.scaler.load_state_dict(ckpt.meta["scaler"])
         self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
-        then, now = ckpt.meta.get("config", {}).get("train", {}).get("keep_best", ""), self.cfg.train.keep_best
+        saved = config_from_dict(ckpt.meta["config"], f"{ckpt.path} (config)")  # as prepare_run read it
+        then, now = saved.train.keep_best, self.cfg.train.keep_best
         if then != now and self.state.best_value is not None:  # a value of another metric: compared with none
             self.state.best_value, self.state.best_step, self.state.evals_since_best = None, 0, 0
             if now:
@@ -739,10 +740,9 @@ class Trainer:
                          "evaluation)")
         self.reconcile_best()
         set_rng_state(self.dist, ckpt.state)
-        alpha_then = ckpt.meta.get("config", {}).get("data", {}).get("subword_alpha", 0.0)
         # batches_sha256 is of the deterministic segmentation's batches: sampled epochs are batched otherwise
         rebatched = (ckpt.meta.get("batches_sha256") != self.meta_base["batches_sha256"]
-                     or alpha_then != self.cfg.data.subword_alpha)
+                     or saved.data.subword_alpha != self.cfg.data.subword_alpha)
         if self.state.world_size != self.dist.world:
             # the step, the schedule and Adam's moments continue; the data order cannot
             self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: the position "
