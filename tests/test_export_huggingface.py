@@ -239,6 +239,7 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
 
     average = _model_card(tmp_path, load_config("tiny"), "Marian", 500)
     one = _model_card(tmp_path, load_config("tiny"), "Marian", 500, tmp_path / "checkpoints" / "step_00000080.json")
+    (tmp_path / "best.safetensors").touch()  # train.keep_best wrote it
     best = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"))
     assert "the average of the last 5 checkpoints (these weights)" in average
     assert "these weights are `step_00000080.json` alone" in one and "(these weights)" not in one

@@ -250,6 +250,17 @@ def run_folder(run_dir: Path) -> Path:
     return run_dir
 
 
+def chosen_weights(run_dir: Path, checkpoint: str | Path | None) -> Path | None:
+    """The file --checkpoint names: its path, "best" for train.keep_best's ``best.safetensors`` in the run
+    folder (a CheckpointError when the run kept none), None (the average decoding takes) as None."""
+    if checkpoint is None or str(checkpoint) != "best":
+        return None if checkpoint is None else Path(checkpoint)
+    best = Path(run_dir) / "best.safetensors"
+    if not best.is_file():
+        raise CheckpointError(f"{run_dir}: no best.safetensors (the run was trained without train.keep_best)")
+    return best
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """The JSON records of a run's training checkpoints, oldest step first."""
     ckpt_dir = Path(run_dir) / "checkpoints"

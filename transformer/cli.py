@@ -620,11 +620,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         with _line_sink(args.hyp_out) as write:
             write(hyps)
     if args.json:  # the scores and what they are of: the weights, the test set, the search
-        from .checkpoint import checkpoints_to_average, run_folder
+        from .checkpoint import checkpoints_to_average, chosen_weights, run_folder
 
         searched = translator.check(request)
-        chosen = Path(args.run_dir) / "best.safetensors" if str(args.checkpoint) == "best" else args.checkpoint
-        weights = ({"checkpoint": str(Path(chosen).resolve())} if args.checkpoint is not None else
+        chosen = chosen_weights(Path(args.run_dir), args.checkpoint)
+        weights = ({"checkpoint": str(chosen.resolve())} if chosen is not None else
                    {"averaged": [str(p.with_suffix(".safetensors").resolve()) for p in
                                  checkpoints_to_average(run_folder(args.run_dir), translator.cfg.decode.average_last)]})
         scores |= {"run": str(Path(args.run_dir).resolve()), **weights, "int8": args.int8,

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from . import files
+from .checkpoint import chosen_weights
 from .errors import UserError
 from .model import Transformer
 from .tokenizer import EOS_ID, PAD_ID, UNK_ID
@@ -285,7 +286,7 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
     m, d = cfg.model, cfg.data
     weights = f"the average of the last {cfg.decode.average_last} checkpoints" + (
         " (these weights)" if checkpoint is None else
-        f"; these weights are `{'best.safetensors' if str(checkpoint) == 'best' else Path(checkpoint).name}` alone")
+        f"; these weights are `{chosen_weights(run_dir, checkpoint).name}` alone")
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}

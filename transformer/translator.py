@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
-                         run_folder)
+from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, chosen_weights, list_checkpoints,
+                         load_checkpoint, run_folder)
 from .config import Config, ConfigError, LengthNorm, config_from_dict
 from .data import encode_for_decoding
 from .decode import Scored, decode_ids, score_ids
@@ -311,10 +311,7 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
                 log: Callable[[str], None]) -> tuple[Config, Transformer]:
     """The run's config (with the ``decode`` overrides, validated) and its model in eval mode, with the
     weights of ``checkpoint`` or else the average of its last ``decode.average_last`` checkpoints (§6.1)."""
-    if checkpoint is not None and str(checkpoint) == "best":  # train.keep_best's weights
-        checkpoint = run_dir / "best.safetensors"
-        if not checkpoint.is_file():
-            raise CheckpointError(f"{run_dir}: no best.safetensors (the run was trained without train.keep_best)")
+    checkpoint = chosen_weights(run_dir, checkpoint)
     if checkpoint is None:
         paths = list_checkpoints(run_dir)
         if not paths:
