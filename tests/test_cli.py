@@ -306,6 +306,14 @@ def test_every_command_has_help(capsys):
         assert [a.dest for a in parser._actions if not a.help] == [], command
 
 
+def test_serve_help_names_the_schema_path(capsys):
+    """serve --help names where the OpenAPI description is: /openapi.json (FastAPI's), which /docs only
+    shows as Swagger UI's page (the help had called /docs the description)."""
+    status, out, _ = run_here(capsys, "serve", "--help")
+    text = " ".join(out.split())
+    assert status == 0 and "/openapi.json the OpenAPI description" in text
+
+
 @pytest.mark.parametrize("flag, value, message", [("--alpha", "nan", "--alpha nan: must be a finite number >= 0"),
                                                   ("--alpha", "inf", "--alpha inf: must be a finite number >= 0"),
                                                   ("--alpha", "-0.5", "--alpha -0.5: must be a finite number >= 0"),

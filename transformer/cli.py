@@ -1030,8 +1030,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
     """HTTP API and web page: translation and attention (FastAPI + uvicorn).
 
     POST /v1/translate {"text": [...], "beam": 4, "alpha": 0.6, ...}; POST /v1/score {"text": [...],
-    "translation": [...]}; POST /v1/attention {"text": "..."}; GET /health; GET / the web page; GET /docs
-    the OpenAPI description. Requests from all clients are decoded together (dynamic batching).
+    "translation": [...]}; POST /v1/attention {"text": "..."}; GET /health; GET / the web page; GET
+    /openapi.json the OpenAPI description (shown at /docs). Requests from all clients are decoded together
+    (dynamic batching).
     """
     try:
         from .serve import serve

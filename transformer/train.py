@@ -68,7 +68,8 @@ class TrainInterrupted(TrainError):
 
 class StopSignals:
     """Turns the first SIGTERM / SIGINT into a request to stop after the current step (a second
-    one stops at once). Only the main thread can take signals; elsewhere this does nothing."""
+    one stops at once: one taken after the first was; Python takes a signal between two of its operations, and
+    two that arrive during one count as one). Only the main thread can take signals; elsewhere this does nothing."""
 
     def __init__(self) -> None:
         self.received: int | None = None
