@@ -8,6 +8,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 from pathlib import Path
 
@@ -231,6 +232,34 @@ def test_ctrl_c_is_said_once_in_a_data_parallel_job(rank, said, capsys, monkeypa
         monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 130
     assert capsys.readouterr().err == said
+
+
+def test_sigterm_stops_a_command_in_one_line_and_removes_the_output_it_was_writing(tmp_path):
+    """SIGTERM (a batch system's stop, `kill`, `timeout`) outside training's loop: as Ctrl-C, one line, 128 + the
+    signal, and the output being written is removed (its default ended the process at once, silently, and left
+    `.out.txt.XXXXXXXX.tmp` beside the output: translate --output, prepare's downloads, training's start)."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, sys
+        from pathlib import Path
+        from transformer import files, trees
+        from transformer.cli import main
+
+        def read_trees(path):
+            with files.atomic_path(Path(sys.argv[1]) / "out.txt") as tmp:
+                tmp.write_text("half of it")
+                os.kill(os.getpid(), signal.SIGTERM)
+                sum(range(1000))  # the handler runs between two bytecodes
+                raise AssertionError("SIGTERM did not stop the command")
+
+        trees.read_trees = read_trees
+        sys.exit(main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]))
+    """))
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (143, "terminated\n"), proc.stderr[-2000:]
+    assert list(out.iterdir()) == []
 
 
 @pytest.mark.parametrize("error, said", [

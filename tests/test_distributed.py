@@ -372,6 +372,21 @@ def test_the_launcher_names_a_rank_killed_by_a_signal_and_leaves_the_rest_to_the
     assert capsys.readouterr().err.splitlines() == ([line] if line else [])
 
 
+def test_the_launcher_gives_signalled_ranks_as_long_as_rank_0s_work_to_stop(monkeypatch):
+    """On Ctrl-C or SIGTERM the launcher passes the signal to the ranks, which stop after their step, and kills
+    those still running after its shutdown timeout: torchrun's 30 s killed ranks whose step ended in a dev BLEU
+    of over 30 s, so no checkpoint was written and rank 1 said it had lost rank 0 (the timeout is read from the
+    environment by torchrun's launch config)."""
+    from torch.distributed import run as torchrun
+
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "")
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")  # unset, and set back as it was after the test
+    given = []
+    monkeypatch.setattr(torchrun, "main", lambda argv: given.append(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")))
+    assert distributed.launch_local(2, ["train", "x"]) == 0
+    assert given and given[0] is not None and int(given[0]) >= distributed.RANK0_WAIT.total_seconds()
+
+
 def test_a_collective_that_lost_its_peer_is_told_apart_from_a_bug(monkeypatch, tmp_path, capsys):
     from transformer.cli import INTERNAL_ERROR, internal_error
 

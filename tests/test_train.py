@@ -458,6 +458,29 @@ def test_a_vocabulary_left_by_an_earlier_attempt_is_reused_only_for_the_same_inp
         train(load_config("tiny", first), run, quiet=True)
 
 
+def test_a_vocabulary_written_just_before_ctrl_c_is_not_reused_for_other_inputs(tmp_path, tiny_overrides,
+                                                                               monkeypatch):
+    """Ctrl-C as the vocabulary is written (a KeyboardInterrupt just after spm.model, before spm.json): the
+    next `train` in the folder, on other data, used the vocabulary of the first data, the record of its
+    inputs missing ("using it as it is"); it must say what changed, as for any vocabulary left behind."""
+    run = tmp_path / "run"
+    written = Tokenizer.train
+
+    def interrupted(*args, **kwargs):
+        written(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Tokenizer, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), run, quiet=True)
+    monkeypatch.undo()
+    assert (run / "spm.model").is_file()
+    src = next(o for o in tiny_overrides if o.startswith("data.train_src=")).split("=", 1)[1].strip('"')
+    Path(src).write_text(Path(src).read_text(encoding="utf-8").replace("dog", "cat"), encoding="utf-8")
+    with pytest.raises(VocabularyError, match=r"train_src_sha256: '[0-9a-f]+' -> '[0-9a-f]+'"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), run, quiet=True)
+
+
 def test_a_finished_run_writes_its_summary(tmp_path, tiny_overrides):
     """summary.json is what `train` returned: the file benchmarks read a finished run's numbers from."""
     summary = train(load_config("tiny", tiny_overrides + ["train.max_steps=3"]), tmp_path / "run", quiet=True)

@@ -2,7 +2,9 @@
 
 Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a usage error,
 70 an internal error (a bug: one line on stderr, the traceback in a log file to report),
-130 / 143 training stopped by SIGINT / SIGTERM after finishing its step and writing a checkpoint;
+130 / 143 training stopped by SIGINT / SIGTERM after finishing its step and writing a checkpoint, and any
+command (training before its first step too) stopped by them elsewhere, in one line ("interrupted" /
+"terminated"), the output file it was writing removed;
 under `train --nproc N`, 128 + S when a rank was killed by signal S (named in one line); 141 (128 +
 SIGPIPE), without a word, when what read the output closed it (`transformer translate RUN | head`).
 """
@@ -21,6 +23,7 @@ import os
 import queue
 import select
 import shlex
+import signal
 import stat
 import sys
 import tempfile
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits
-from .errors import UserError, summary
+from .errors import Terminated, UserError, summary
 from . import files
 from .files import OutputError, check_output
 
@@ -1132,6 +1135,25 @@ def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: di
                               "writing it would replace that file: give another")
 
 
+def _terminate(signum: int, frame) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` in the block, as SIGINT raises KeyboardInterrupt (training's loop takes both
+    itself, and gives this back after). Not where SIGTERM is ignored (whoever started us chose that), nor off
+    the main thread, which alone takes signals."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
@@ -1151,16 +1173,17 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(threads)
-        args.func(args)
-        sys.stdout.flush()  # a report still in the buffer meets a closed pipe here, not in the interpreter's exit
+        with sigterm_raises():  # an output being written is removed, as on Ctrl-C
+            args.func(args)
+            sys.stdout.flush()  # a report still in the buffer meets a closed pipe here, not in the interpreter's exit
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
         if e.said:
             say(summary(e))
         return e.exit_code
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as e:
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK") == "0":  # Ctrl-C reaches every
-            say("interrupted")  # rank of a data-parallel job: rank 0 says it for them
-        return 130
+            say("terminated" if isinstance(e, Terminated) else "interrupted")  # rank of a job: rank 0 says it
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
     except BrokenPipeError as e:
         if not _stdout_gone():
             return internal_error(e, argv)

@@ -145,6 +145,10 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several processes, said quietly
+    # on SIGINT / SIGTERM the launcher passes the signal on and kills the ranks still running after this many
+    # seconds (torchrun's default: 30); a rank stops only after its step, which may end in validation, dev BLEU
+    # or a checkpoint that rank 0 takes minutes over, so the ranks are given as long as they wait for rank 0
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(int(RANK0_WAIT.total_seconds())))
     logging.disable(logging.CRITICAL)  # this process only launches: every log line of it is the launcher's
     try:
         torchrun.main(["--standalone", f"--nproc-per-node={nproc}", "-m", "transformer", *argv])

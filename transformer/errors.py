@@ -23,3 +23,11 @@ def summary(error: BaseException) -> str:
     if isinstance(error, UserError):
         return f"{error.label}: {error}"
     return f"internal error: {type(error).__name__}: {first_line(error)}"
+
+
+class Terminated(BaseException):
+    """SIGTERM while a command runs, outside training's own handling of it (``train.StopSignals``): raised in the
+    main thread as Ctrl-C raises KeyboardInterrupt, so that an output being written is removed as it is then
+    (``files.atomic_path``) and `transformer` says so in one line and exits 143 (128 + SIGTERM). SIGTERM's default
+    ended the process at once, silently, leaving the temporary file of that output behind. A BaseException, as
+    KeyboardInterrupt is: no ``except Exception`` takes it for an error of the work it stops."""

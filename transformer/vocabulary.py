@@ -34,11 +34,11 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
         symbols = tree_symbols(iter_lines(tgt))
     log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
         + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
-    tokenizer = Tokenizer.train(itertools.chain(iter_lines(src), iter_lines(tgt)), path, d.vocab_size,
-                                d.spm_input_sentences, seed=cfg.train.seed,
-                                symbols=sorted(symbols), named=f"{src} + {tgt}")
+    # the record first: a run stopped between the two writes (Ctrl-C) leaves a record without a vocabulary, which
+    # is trained anew, not a vocabulary without its record, which a later run would reuse whatever its inputs
     files.write_text(path.with_suffix(".json"), json.dumps(vocabulary_inputs(cfg, src, tgt), indent=2) + "\n")
-    return tokenizer
+    return Tokenizer.train(itertools.chain(iter_lines(src), iter_lines(tgt)), path, d.vocab_size,
+                           d.spm_input_sentences, seed=cfg.train.seed, symbols=sorted(symbols), named=f"{src} + {tgt}")
 
 
 def vocabulary_inputs(cfg: Config, src: Path, tgt: Path) -> dict[str, Any]:
