@@ -457,3 +457,31 @@ def test_a_model_file_in_upper_case_is_written_and_read(tiny_run, tmp_path, caps
     (tmp_path / "model.PT").write_bytes(b"not read")  # a pickle's suffix in any case is refused before it is opened
     with pytest.raises(CheckpointError, match=r"^model\.PT: pickle files are refused"):
         load_checkpoint(tmp_path / "model.PT")
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("config", None, "its record holds no config table"),
+    ("train_state", {"step": "200"}, "train_state.step is '200', not a count"),
+    ("train_state", {"step": 200, "elapsed_s": None}, "train_state.elapsed_s is None, not a finite number"),
+    ("train_state", {"step": 200, "steps": 1}, "train_state.steps: not a field of the training state"),
+    ("optim_param_groups", None, "its record holds no optim_param_groups list")])
+def test_a_record_edited_by_hand_is_skipped_on_resume(field, value, why, tmp_path: Path) -> None:
+    """A verified checkpoint whose record lacks a field the resume reads, or holds one of another type,
+    stopped the resume with an internal error (KeyError: 'config'; TypeError at its step + 1): the
+    sha256 sums cover the tensors, not the record. It is skipped as a corrupt checkpoint is, naming the field."""
+    from transformer.train import unresumable
+
+    for step in (100, 200):
+        meta = {**META, "optim_param_groups": [], "train_state": {"step": step, "elapsed_s": 1.5}}
+        save_checkpoint(tmp_path, step, weights(step), state(step), meta, keep_last=10)
+    newest = tmp_path / "checkpoints" / "step_00000200.json"
+    record = json.loads(newest.read_text())
+    if value is None:
+        del record[field]
+    else:
+        record[field] = value
+    newest.write_text(json.dumps(record))
+    warnings: list[str] = []
+    c = latest_checkpoint(tmp_path, warn=warnings.append, refuses=unresumable)
+    assert c is not None and c.meta["step"] == 100
+    assert warnings == [f"skipping step_00000200.json: {why}"]

@@ -281,6 +281,29 @@ def test_a_full_disk_met_outside_the_packages_own_writers_is_one_line(error, sai
     assert capsys.readouterr().err.startswith("internal error: FileNotFoundError")
 
 
+def test_a_run_file_that_is_a_folder_is_one_line(tmp_path, capsys, tiny_overrides):
+    """A run folder whose .lock, train.log, metrics.jsonl or config.toml is a folder (or whose tb/ is a file)
+    stopped `train` with "internal error: IsADirectoryError ... please report it": what is on the disk is
+    the user's to fix, said in one line naming the path, exit 1."""
+    run = tmp_path / "run"
+    (run / ".lock").mkdir(parents=True)
+    argv = ["train", "tiny", "--out", str(run), "--quiet", *[x for s in tiny_overrides for x in ("--set", s)]]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == (f"error: {run / '.lock'}: Is a directory: a folder where a file is written, "
+                                       "or the reverse (in a run folder: something put in place of one of its "
+                                       "files); move it away\n")
+
+
+def test_a_rename_onto_a_folder_names_the_folder(tmp_path, capsys, monkeypatch):
+    """An atomic write's rename(tmp, dst) onto a folder names dst, the path in the way, not the temporary file."""
+    def onto_a_folder(path):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory", "run/.config.toml.x1.tmp", None, "run/config.toml")
+
+    monkeypatch.setattr("transformer.trees.read_trees", onto_a_folder)
+    assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 1
+    assert capsys.readouterr().err.startswith("error: run/config.toml: Is a directory: ")
+
+
 @pytest.mark.parametrize("args", [("params", "base"), ("params", "base", "--json"), ("params", "base", "--cost")])
 def test_a_report_into_a_closed_pipe_stops_without_a_word(args):
     """`transformer params base | true`: a report printed whole (params, evaluate, …) into a pipe whose

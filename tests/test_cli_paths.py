@@ -182,3 +182,44 @@ def test_attention_of_an_empty_sentence_says_only_that(tmp_path, capsys):
     refused(capsys, ["attention", str(RUN), "--src", " ", "--out", str(tmp_path / "a.png")],
             "error: the source sentence is empty\n")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                 "tried to allocate 4000016000016 bytes. Error code 12 (Cannot allocate memory)"),
+    MemoryError()])
+def test_an_input_too_large_for_memory_is_one_line(error, tmp_path, capsys, monkeypatch):
+    """A 1 MB input line (500,000 pieces) makes attention ask torch for 4 TB at once: its CPU allocator's
+    RuntimeError was an internal error, "please report it". The input's size is the user's to change: one
+    line, exit 1, and no output file. (Raised in place of the real allocation, which a machine that
+    overcommits memory might grant and then be killed for.)"""
+    def too_large(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr("transformer.translator.decode_ids", too_large)
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("a " * 500_000 + "\n")
+    assert main(["translate", str(RUN), "--input", str(src), "--output", str(out), "--threads", "1"]) == 1
+    said = capsys.readouterr().err.splitlines()  # what was loaded, then the error
+    assert said[-1].startswith("error: out of memory") and "--batch-size" in said[-1], said
+    assert len(said) == 2 and not out.exists(), said
+    if isinstance(error, RuntimeError):
+        assert said[-1].startswith("error: out of memory (4,000,016,000,016 bytes at once): "), said
+
+
+def test_a_checkpoint_record_without_its_config_is_named(tmp_path, capsys):
+    """A record edited by hand without its "config" was an internal error (KeyError: 'config') in every
+    command that loads a run's model: translate, score, evaluate, export, serve."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (record,) = (run / "checkpoints").glob("*.json")
+    record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "config"}))
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\n")
+    refused(capsys, ["translate", str(run), "--input", str(src), "--threads", "1"],
+            f"{record}: the record holds no config")
+    refused(capsys, ["translate", str(run), "--checkpoint", str(record), "--input", str(src), "--threads", "1"],
+            f"{record}: the record holds no config")

@@ -312,14 +312,20 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
     return kept[::-1]
 
 
-def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print) -> Checkpoint | None:
+def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print,
+                      refuses: Callable[[Checkpoint], str | None] = lambda ckpt: None) -> Checkpoint | None:
     """The newest checkpoint that verifies and holds a training state to resume from; each refused newer
-    one is reported through warn() (a model file without the optimizer's state, `average`'s, say)."""
+    one is reported through warn() (a model file without the optimizer's state, `average`'s, say).
+    ``refuses``: why a checkpoint that verifies still cannot be resumed from (its record's fields: the
+    sha256 sums cover the tensors, not the record), or None."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
             ckpt = load_checkpoint(path)
         except CheckpointError as e:
             warn(f"skipping {e}")
+            continue
+        if ckpt.state is not None and (why := refuses(ckpt)) is not None:
+            warn(f"skipping {path.name}: {why}")
             continue
         if ckpt.state is not None:  # save_checkpoint's optimizer state: write_model writes none
             return ckpt

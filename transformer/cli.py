@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import gzip
 import inspect
 import io
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits
-from .errors import Terminated, UserError, summary
+from .errors import Terminated, UserError, out_of_memory, summary
 from . import files
 from .files import OutputError, check_output
 
@@ -1078,6 +1079,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# a path that is there but of the other kind: a run's train.log, metrics.jsonl or config.toml made a folder,
+# its tb/ a file. What is on the disk, not a bug: said in one line with the path (exit 1)
+PATH_OF_ANOTHER_KIND = frozenset({errno.EISDIR, errno.ENOTDIR, errno.EEXIST})
 INTERNAL_ERROR = 70  # sysexits.h's EX_SOFTWARE: the program failed, not what it was given
 
 
@@ -1190,10 +1194,19 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's last flush fails no more
         return READER_GONE
     except OSError as e:  # a disk or quota full, a read-only folder, a file not permitted: the user's to fix,
+        if e.errno in PATH_OF_ANOTHER_KIND and (e.filename2 or e.filename):  # rename(tmp, dst): dst is in the way
+            say(f"error: {e.filename2 or e.filename}: {e.strerror}: a folder where a file is written, or the reverse "
+                "(in a run folder: something put in place of one of its files); move it away")
+            return 1
         if e.errno not in files.UNWRITABLE:  # wherever the package or a library writes (files.WriteError's kinds)
             return internal_error(e, argv)
         say(f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e.strerror} (writing an output)")
         return 1
     except Exception as e:  # not a UserError: a bug, told apart (internal_error)
-        return internal_error(e, argv)
+        if (asked := out_of_memory(e)) is None:
+            return internal_error(e, argv)
+        say(f"error: out of memory{f' ({asked})' if asked else ''}: more than this machine can give; a very long "
+            "input line or too large a batch (--batch-size, train.max_tokens) needs it: shorten or split the line, "
+            "or lower the batch")  # the input's size, not a bug: nothing to report
+        return 1
     return 0

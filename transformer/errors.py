@@ -1,5 +1,7 @@
 """The one base of the errors a user can cause: the command line catches it and prints one line."""
 
+import re
+
 
 class UserError(Exception):
     """A problem in what the user asked for or gave (a config, a data file, a run folder, a model file):
@@ -31,3 +33,15 @@ class Terminated(BaseException):
     (``files.atomic_path``) and `transformer` says so in one line and exits 143 (128 + SIGTERM). SIGTERM's default
     ended the process at once, silently, leaving the temporary file of that output behind. A BaseException, as
     KeyboardInterrupt is: no ``except Exception`` takes it for an error of the work it stops."""
+
+
+def out_of_memory(error: BaseException) -> str | None:
+    """What ``error`` failed to allocate ("4,000,016,000,016 bytes at once", or "" where it does not say) if
+    it is an allocation the machine could not make, else None: Python's MemoryError, torch's OutOfMemoryError
+    (a GPU's) or the RuntimeError torch's CPU allocator raises, which has no type of its own. Not a bug but a
+    size: a 1 MB input line asks attention for terabytes at once."""
+    if not (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+            or isinstance(error, RuntimeError) and "can't allocate memory" in str(error)):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", str(error))  # CPU: "you tried to allocate N bytes"
+    return f"{int(asked.group(1)):,} bytes at once" if asked else ""

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from . import __version__, distributed, files
 from .distributed import Dist
 
-from .checkpoint import (CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
+from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
                          epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
                          write_model)
 from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
@@ -107,6 +107,33 @@ class TrainState:
     best_value: float | None = None  # train.keep_best's best value so far, at step best_step
     best_step: int = 0
     evals_since_best: int = 0  # evaluations of it since (train.patience stops training at that many)
+
+
+def unresumable(ckpt: Checkpoint) -> str | None:
+    """Why ``ckpt``'s record cannot be resumed from, else None: the fields ``Trainer.resume`` reads, each as
+    training writes it. A record edited by hand ("step": "30", no "config") failed deep in the resume as an
+    internal error; its sha256 sums cover the tensors, not the record itself."""
+    meta = ckpt.meta
+    if not isinstance(meta.get("config"), dict):
+        return "its record holds no config table"
+    if not isinstance(meta.get("optim_param_groups"), list):
+        return "its record holds no optim_param_groups list"
+    state = meta.get("train_state")
+    if not isinstance(state, dict):
+        return "its record holds no train_state object"
+    fields = {f.name: f.default for f in dataclasses.fields(TrainState)}
+    for key, value in state.items():
+        default = fields.get(key, ...)
+        if default is ...:
+            return f"train_state.{key}: not a field of the training state"
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if isinstance(default, int) and not (number and isinstance(value, int) and value >= 0):
+            return f"train_state.{key} is {value!r}, not a count"
+        if not (number and math.isfinite(value) or value is None and default is None):
+            return f"train_state.{key} is {value!r}, not a finite number"
+    if isinstance(meta.get("step"), bool) or not isinstance(meta.get("step"), int):
+        return f"its step is {meta.get('step')!r}, not a count"
+    return None
 
 
 @dataclass
@@ -709,7 +736,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Weights, optimizer moments, position in the data and random state from the newest intact checkpoint."""
-        ckpt = latest_checkpoint(self.out, warn=self.log)
+        ckpt = latest_checkpoint(self.out, warn=self.log, refuses=unresumable)
         if ckpt is None and (found := list_checkpoints(self.out)):  # training anew would write over them
             raise TrainError(f"--resume: none of the {len(found)} checkpoints in {self.out / 'checkpoints'} holds an "
                              "intact training state (each is named above); to train this run anew, move that folder "

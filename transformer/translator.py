@@ -328,6 +328,9 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {run_dir / 'spm.model'}")
     record = Path(checkpoint).with_suffix(".json") if checkpoint is not None else paths[-1]
     where = f"{record}: its config"  # the record's own values first: an error in them is the file's
+    if "config" not in meta:  # a record edited or written by hand: the model's shape is nowhere else
+        raise CheckpointError(f"{record}: the record holds no config (every record training writes has one), so "
+                              "the model its weights are for is unknown")
     try:
         cfg = config_from_dict(meta["config"], where)
     except ConfigError as e:
