@@ -232,7 +232,7 @@ def test_non_finite_numbers_are_refused(text, tmp_path):
 
 def test_a_config_toml_that_is_not_toml_is_a_one_line_error(tmp_path):
     path = tmp_path / "config.toml"
-    path.write_bytes(b"[train]\nmax_steps = \xff\n")
+    path.write_bytes(b"[train]\nmax_steps = [\n")
     with pytest.raises(ConfigError, match=f"{path}: invalid TOML"):
         read_toml(path)
 
@@ -251,6 +251,14 @@ def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path):
     path = tmp_path / "config.toml"
     path.write_bytes("[train]\nmax_steps = 7\n".encode("utf-8-sig"))
     assert read_toml(path) == {"train": {"max_steps": 7}}
+
+
+def test_a_config_not_in_utf8_is_named_with_its_line(tmp_path):
+    """A comment saved in Latin-1 ("# café"): the error said the byte's offset in the file, not its line."""
+    path = tmp_path / "config.toml"
+    path.write_bytes("[train]\nmax_steps = 7\n# café\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"config\.toml:3: invalid UTF-8 \(byte 0xe9 at byte column 6\)"):
+        read_toml(path)
 
 
 def test_an_added_field_keeps_earlier_hashes():

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import DATA
+from transformer.errors import UserError
 from transformer.cli import main
 from transformer.config import ModelConfig
 from transformer.search import beam_search
@@ -359,3 +360,11 @@ def test_a_parsing_run_reads_bracket_words_as_the_treebank_writes_them(tiny_pars
     assert main(["evaluate-parse", "--gold", str(gold), "--test", str(tmp_path / "test.txt")]) == 1
     assert f"--test {tmp_path / 'test.txt'} against --gold {gold}: tree 1: the test tree's words differ" in \
         capsys.readouterr().err
+
+
+def test_a_treebank_not_in_utf8_is_named_with_its_line(tmp_path):
+    """A tree file in Latin-1: the error named the byte's offset in the file, which an editor does not show."""
+    path = tmp_path / "gold.mrg"
+    path.write_bytes("(S (NP (DT the)) (VP (VBD ran)))\n(S (NP (NN café)) (VP (VBD ran)))\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"gold\.mrg:2: invalid UTF-8 \(byte 0xe9 at byte column 15\)"):
+        read_trees(path)

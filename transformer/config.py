@@ -502,12 +502,16 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """A TOML file's tables; a file that is not TOML (or not UTF-8) is a one-line error naming it. A
-    byte-order mark (an editor's on Windows) is read past, as the text inputs read it."""
+    """A TOML file's tables; a file that is not TOML (or not UTF-8: the line and byte) is a one-line error
+    naming it. Read as the text inputs are (a byte-order mark, an editor's on Windows, read past)."""
+    from .data import DataError, read_lines  # the one reader of text files; torch's import kept off --help's path
+
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        return tomllib.loads("\n".join(read_lines(Path(path))))
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    except DataError as e:  # a config's error, to those that take a ConfigError
+        raise ConfigError(str(e)) from None
 
 
 def dump_toml(cfg: Config) -> str:

@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .data import read_lines
 from .errors import UserError
 from .tokenizer import EOS_ID, PAD_ID
 
@@ -125,13 +126,7 @@ def read_trees(path: Path) -> list[Tree]:
     """The bracketed trees in a file; one that cannot be read, or holds no tree, is a TreeError naming it
     (an empty gold or test file would score F1 0 as if parsed)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TreeError(f"{path}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise TreeError(f"{path}: invalid UTF-8 at byte {e.start}; the file must be UTF-8 text") from None
-    trees = parse_brackets(text, str(path))
+    trees = parse_brackets("\n".join(read_lines(path)), str(path))  # a file not UTF-8: the line and byte named
     if not trees:
         raise TreeError(f"{path}: no trees in it (the file is empty)")
     return trees
