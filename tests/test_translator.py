@@ -43,6 +43,21 @@ def test_weights_that_do_not_fit_are_refused(run, tmp_path):
         Translator(run, path)
 
 
+def test_weights_of_another_dtype_or_not_finite_are_refused(run, tmp_path):
+    """load_state_dict casts what it is given: a file whose weights were integers (their sha256 sums redone)
+    translated with rc 0, as did one of NaNs; neither is a model training writes."""
+    ckpt = load_checkpoint(list_checkpoints(run)[-1], with_state=False)
+    path = tmp_path / "bad.safetensors"
+    meta = {k: ckpt.meta[k] for k in ("config", "vocab_sha256")}
+    write_model(path, {k: v.long() for k, v in ckpt.weights.items()}, meta)
+    with pytest.raises(CheckpointError, match=r"do not fit the config \(\S+ is torch.int64, not a float tensor"):
+        Translator(run, path)
+    write_model(path, dict(ckpt.weights, **{"embed.weight": torch.full_like(ckpt.weights["embed.weight"],
+                                                                             float("nan"))}), meta)
+    with pytest.raises(CheckpointError, match=r"do not fit the config \(embed.weight is not finite"):
+        Translator(run, path)
+
+
 def test_not_a_run_folder(tmp_path):
     with pytest.raises(CheckpointError, match="not a run folder"):
         Translator(tmp_path)

@@ -348,6 +348,12 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
     else:
         weights = ckpt.weights
     model = Transformer(cfg.model, tokenizer.vocab_size)
+    own = model.state_dict()  # load_state_dict casts: integer weights would load, and NaNs translate to noise
+    if bad := next((k for k, t in weights.items() if k in own and own[k].is_floating_point()
+                    and not (t.is_floating_point() and bool(torch.isfinite(t).all()))), None):
+        raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config ({bad} is "
+                              + ("not finite" if weights[bad].is_floating_point() else f"{weights[bad].dtype}, not "
+                                 "a float tensor") + "; training writes neither)")
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as e:  # a tensor of the wrong shape
