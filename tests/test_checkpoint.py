@@ -291,6 +291,16 @@ def test_average_is_elementwise_mean(tmp_path: Path) -> None:
     assert_same(average_checkpoints(paths[:1]), weights(100))
 
 
+def test_average_accumulates_float32_weights_in_float64(tmp_path: Path) -> None:
+    """A12: the mean is summed in float64 and rounded once. Summed in float32, 2^24 + 1 + 1 rounds back to
+    2^24 at each add and the mean is 5592405.5; in float64 it is 5592406 exactly (the bfloat16 case of
+    test_average_is_elementwise_mean rounds to the same value either way, so it cannot tell)."""
+    paths = [write_model(tmp_path / f"{i}.safetensors", {"x": torch.tensor([v])}, META)
+             for i, v in enumerate((2.0**24, 1.0, 1.0))]
+    avg = average_checkpoints(paths)["x"]
+    assert avg.dtype == torch.float32 and avg.item() == 5592406.0
+
+
 def test_average_refuses_mismatches(tmp_path: Path) -> None:
     a = write_model(tmp_path / "a.safetensors", {"x": torch.zeros(2, 3), "y": torch.zeros(2)}, META)
     b = write_model(tmp_path / "b.safetensors", {"x": torch.zeros(3, 2), "y": torch.zeros(2)}, META)
@@ -373,6 +383,8 @@ def steps(paths: list[Path]) -> list[int]:
     (200, 0, [(s, 0) for s in (7800, 8000, 8200, 8400, 8600)], 3, [8200, 8400, 8600]),
     # 101 steps after the last one is far enough (half an interval is 100)
     (200, 0, [(8400, 0), (8600, 0), (8701, 0)], 3, [8400, 8600, 8701]),
+    # exactly half an interval (100 of 200) is far enough too: only one *less* than half is left out
+    (200, 0, [(8400, 0), (8600, 0), (8700, 0)], 3, [8400, 8600, 8700]),
     # a SIGTERM checkpoint in the middle of a resumed run (588, between 400 and 600) is skipped too
     (200, 0, [(s, 0) for s in (200, 400, 588, 600, 800)], 4, [200, 400, 600, 800]),
     # every 10 minutes (§6.1); the budget ended 2 minutes after the last

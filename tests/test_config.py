@@ -34,6 +34,16 @@ def test_defaults_are_the_papers_base_model():
     assert (c.decode.beam_size, c.decode.alpha, c.decode.max_len_offset) == (4, 0.6, 50)
 
 
+def test_defaults_are_the_authors_batch_length_and_optimizer_bounds():
+    """The defaults the paper leaves to the authors' code: pairs with a side over 256 pieces are dropped (A10);
+    4,096 tokens per batch and side, one batch per step (the documented §5.1 deviation the presets rely on);
+    no gradient clipping and no weight decay (A2). A changed default would silently change every run."""
+    c = Config()
+    assert c.data.max_len == 256
+    assert (c.train.max_tokens, c.train.update_freq) == (4096, 1)
+    assert (c.train.clip_norm, c.train.weight_decay) == (0.0, 0.0)
+
+
 def test_specific_rows():
     assert load_config("C1").model.n_enc_layers == 2
     assert load_config("C4").model.d_model == 256

@@ -658,6 +658,21 @@ def test_a_phrase_is_met_where_a_partial_match_restarts_inside_it(phrase, writte
     assert bool(lexical.complete()[0]) is held
 
 
+def test_eos_waits_until_every_phrase_is_written():
+    """Lexical constraints allow EOS only once every phrase is written, and no other token is refused: an EOS
+    allowed before would let outputs that miss a phrase end early, and when no output holds them all those
+    would be returned instead of the ones the search forced to its length limit. (Where some output holds
+    them, the ranking hides the difference, so the searches above cannot tell.)"""
+    lexical = LexicalConstraints([[[A, B], [C]]], 6)
+    lexical.begin(SRC, 1, torch.tensor([20]))
+    eos_allowed = [bool(lexical.allowed()[0, EOS_ID])]
+    for token in (A, B, C):
+        lexical.advance(torch.tensor([0]), torch.tensor([token]))
+        eos_allowed.append(bool(lexical.allowed()[0, EOS_ID]))
+        assert lexical.allowed()[0, [t for t in range(6) if t != EOS_ID]].all()
+    assert eos_allowed == [False, False, False, True]
+
+
 def test_an_output_that_holds_its_constraint_after_a_false_start_is_found():
     """The unconstrained best, [A A A B], holds the phrase [A A B]: the constrained search finds it first
     (before, the phrase counted as left at the third A, EOS waited for it, and [A A B] came out)."""

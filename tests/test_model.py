@@ -9,8 +9,9 @@ from torch import nn
 
 from transformer.config import ModelConfig, load_config
 from transformer.data import Example, collate
-from transformer.model import (_ONEDNN, MultiHeadAttention, PositionsError, Transformer, attention, count_parameters, dropout,
-                               pack_for_inference, padding_mask, record_attention, sinusoidal_positions)
+from transformer.model import (_ONEDNN, Dropout, MultiHeadAttention, PositionsError, Transformer, attention,
+                               count_parameters, dropout, pack_for_inference, padding_mask, record_attention,
+                               sinusoidal_positions)
 from transformer.tokenizer import PAD_ID
 
 TINY = ModelConfig(n_enc_layers=2, n_dec_layers=2, d_model=32, d_ff=64, n_heads=4, p_drop=0.0)
@@ -78,6 +79,58 @@ def test_dropout_keeps_1_minus_p_and_rescales(p):
     torch.manual_seed(3)
     dropout(x, p, training=True).sum().backward()
     torch.testing.assert_close(x.grad, kept.float() / (1 - p))
+
+
+def test_dropout_sits_where_section_5_4_puts_it():
+    """§5.4: dropout on "the sums of the embeddings and the positional encodings in both the encoder and decoder
+    stacks", and on "the output of each sub-layer, before it is added to the sub-layer input and normalized".
+    Dropout moved onto the residual sum, or missing from one stack's embeddings, changes training and nothing
+    else: every other test runs the model with dropout off."""
+    cfg = dataclasses.replace(TINY, p_drop=0.5)
+    model = tiny_model(cfg=cfg).train()
+    drops, seen = [], {}  # every Dropout module's (module, input, output), in call order; tensors by name
+
+    def keep(name, output=False):  # a hook that keeps a module's first input (or output) and changes nothing
+        def hook(module, args, out=None):
+            seen.setdefault(name, out if output else args[0])
+        return hook
+
+    for m in model.modules():
+        if isinstance(m, Dropout):
+            m.register_forward_hook(lambda mod, args, out: drops.append((mod, args[0], out)))
+    for name, layer in (("enc", model.encoder[0]), ("dec", model.decoder[0])):
+        layer.register_forward_pre_hook(keep(name + " in"))
+        layer.self_attn.out_proj.register_forward_hook(keep(name + " sub", output=True))
+        layer.norm1.register_forward_pre_hook(keep(name + " norm"))
+    src, tgt_in = torch.tensor([[5, 6, 7, 1], [8, 1, 0, 0]]), torch.tensor([[0, 9, 10], [0, 11, 0]])
+    model(src, tgt_in)
+    embedded = [(x, y) for mod, x, y in drops if mod is model.drop]
+    assert len(embedded) == 2  # the encoder's, then the decoder's
+    for (x, y), tokens, emb, table, name in ((embedded[0], src, model.source_embedding, "src_pos", "enc"),
+                                             (embedded[1], tgt_in, model.target_embedding, "tgt_pos", "dec")):
+        torch.testing.assert_close(x, emb(tokens) + model.positions(tokens.size(1), 0, table, tokens.device))
+        assert torch.equal(seen[name + " in"], y)  # the first layer reads the dropped sum
+        layer = model.encoder[0] if name == "enc" else model.decoder[0]
+        x, y = next((x, y) for mod, x, y in drops if mod is layer.drop)  # the layer's first sub-layer
+        assert torch.equal(x, seen[name + " sub"]) and not torch.equal(x, y)  # its output is dropped ...
+        torch.testing.assert_close(seen[name + " norm"], seen[name + " in"] + y)  # ... then added, then normalised
+
+
+@pytest.mark.parametrize("site", ["p_drop_attn", "p_drop_relu"])
+def test_attention_and_relu_dropout_act_when_set(site):
+    """model.p_drop_attn and model.p_drop_relu (0 in the paper's code, A4; options here) drop the attention
+    weights and the FFN's hidden units in training: set alone, each makes a training forward differ from the
+    evaluation one; an option that is read but not applied would leave them equal."""
+    src, tgt_in = torch.tensor([[5, 6, 7, 1], [8, 1, 0, 0]]), torch.tensor([[0, 9, 10], [0, 11, 0]])
+    model = tiny_model(cfg=dataclasses.replace(TINY, **{site: 0.5}))
+    with torch.no_grad():
+        evaluated = model(src, tgt_in)
+        torch.manual_seed(1)
+        trained = model.train()(src, tgt_in)
+    assert not torch.allclose(trained, evaluated)
+    off = tiny_model(cfg=TINY).train()  # and with every rate 0, training's forward is evaluation's
+    with torch.no_grad():
+        torch.testing.assert_close(off(src, tgt_in), off.eval()(src, tgt_in))
 
 
 def test_a_compiled_training_forward_is_one_graph_with_dropout_on():

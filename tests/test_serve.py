@@ -95,6 +95,24 @@ def test_bad_requests_get_json_errors(client, body, status, message):
     assert r.status_code == status and message in r.json()["error"] + json.dumps(r.json().get("detail", ""))
 
 
+def test_a_request_at_the_limits_is_served(client):
+    """The limits are inclusive: max_sentences sentences of max_chars characters are within them (a "more
+    than the limit" check written as >= would refuse a request the help text allows)."""
+    r = client.post("/v1/translate", json={"text": ["a" * 200] + ["a"] * 3, "beam": 1})
+    assert r.status_code == 200, r.json()
+    assert len(r.json()["translations"]) == 4
+
+
+def test_the_runs_own_beam_is_allowed_past_max_beam(translator):
+    """--max-beam bounds what a request may ask, but never refuses the run's own beam (decode.beam_size: 21 for
+    parsing, §6.3; 4 here), which is also what a request without "beam" gets."""
+    with TestClient(create_app(translator, Limits(max_beam=2))) as c:
+        assert c.post("/v1/translate", json={"text": LINES[:1]}).status_code == 200
+        assert c.post("/v1/translate", json={"text": LINES[:1], "beam": 4}).status_code == 200
+        r = c.post("/v1/translate", json={"text": LINES[:1], "beam": 5})
+        assert r.status_code == 422 and "beam: 5, more than the limit of 4" in r.json()["error"]
+
+
 def test_nbest_scores_prefixes_and_sampling_through_the_api(client, translator):
     r = client.post("/v1/translate", json={"text": LINES[:2] + [""], "beam": 3, "nbest": 3})
     assert r.status_code == 200, r.json()
