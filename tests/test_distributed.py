@@ -1,5 +1,6 @@
 """Data parallelism (§5.2) on CPU with gloo, launched by torchrun as a user would."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -267,6 +268,75 @@ def test_a_rank_killed_under_the_launcher_is_named_in_one_line(tmp_path, tiny_ov
     assert f"stopped: rank 1 (pid {rank1}) was killed by SIGKILL (out of memory?)" in err.splitlines()
     assert "Traceback" not in err and "internal error" not in err
     assert all(line.startswith(("launching: ", "stopped: ")) for line in err.strip().splitlines()), err[-3000:]
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process still running (not gone, nor a zombie waiting to be reaped)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal, found through /proc")
+def test_a_stop_signal_while_torchrun_starts_the_ranks_leaves_none_running(tmp_path, tiny_overrides):
+    """SIGTERM or Ctrl-C reaching the launcher as torchrun starts the ranks (its handler installed, the ranks it
+    started not yet recorded) made it exit 143 without stopping those already running: orphans, which held its
+    stderr open and went on (waiting for a rank that never came, or training). Simulated here: the signal taken
+    as rank 0 has started. The ranks end with their launcher."""
+    script = tmp_path / "launcher.py"
+    script.write_text(textwrap.dedent("""
+        import signal, sys
+        from torch.distributed.elastic.multiprocessing import api
+        from transformer import distributed
+        start = api.get_subprocess_handler
+        def start_then_signalled(**kwargs):
+            handler = start(**kwargs)
+            print(handler.proc.pid, flush=True)
+            raise api.SignalException("SIGTERM after the first rank started", sigval=signal.SIGTERM)
+        api.get_subprocess_handler = start_then_signalled
+        sys.exit(distributed.launch_local(2, sys.argv[1:]))
+    """))
+    out = tmp_path / "pids"
+    with out.open("w") as pids:  # a file, not a pipe: an orphan would hold a pipe open
+        code = subprocess.run([sys.executable, str(script), "train", "tiny", "--out", str(tmp_path / "run"),
+                               "--quiet", *sets(tiny_overrides + ["train.max_steps=100000"])],
+                              env=ENV, stdout=pids, stderr=subprocess.DEVNULL, timeout=120).returncode
+    rank = int(out.read_text().split()[0])
+    try:
+        assert code == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 60
+        while running(rank) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not running(rank), "rank 0 outlived its launcher"
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(rank, signal.SIGKILL)
+
+
+def test_a_rank_asks_for_its_launchers_death_signal_and_stops_if_it_is_gone_already(monkeypatch):
+    """A rank of ``launch_local`` asks Linux for SIGTERM when its launcher ends; when the launcher ended before
+    that, it stops itself. The launcher's pid is taken out of the environment: a rank's own children are none."""
+    asked, sent = [], []
+
+    class Libc:
+        def prctl(self, *args):
+            asked.append(args)
+            return 0
+
+    monkeypatch.setattr(distributed.sys, "platform", "linux")
+    monkeypatch.setattr(distributed.ctypes, "CDLL", lambda *args, **kwargs: Libc())
+    monkeypatch.setattr(distributed.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(distributed.os, "getppid", lambda: 4321)
+    monkeypatch.setenv(distributed.LAUNCHER_PID, "4321")  # the launcher is the parent still
+    distributed.die_with_launcher()
+    assert asked == [(distributed.PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)] and not sent
+    assert distributed.LAUNCHER_PID not in os.environ
+    monkeypatch.setenv(distributed.LAUNCHER_PID, "1234")  # gone: this rank was reparented
+    distributed.die_with_launcher()
+    assert sent == [(os.getpid(), signal.SIGTERM)]
+    distributed.die_with_launcher()  # not a rank of launch_local: nothing asked
+    assert len(asked) == 2 and len(sent) == 1
 
 
 def test_ctrl_c_to_a_data_parallel_job_says_it_stopped_once(tmp_path, tiny_overrides):

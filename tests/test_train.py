@@ -1223,3 +1223,51 @@ def test_data_not_set_says_what_to_do():
                               "does) or with --set data.train_src=FILE, one --set each")
     with pytest.raises(ConfigError, match=r"^data.valid_tgt is not set: "):
         training.data_paths(load_config("multi30k_en_de", ['data.valid_tgt=""']))
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_whose_exception_was_lost_before_training_stops_training(signal_name):
+    """SIGTERM raises ``Terminated`` (SIGINT KeyboardInterrupt) from a signal handler, wherever Python is: in Python
+    code called back by C code that clears any error (as during `import torch`, a rank's first seconds) the
+    exception was lost and the command went on, a rank of `train --nproc` training on and its launcher waiting for
+    it. Training takes that signal as its own (it stops after its first step, with a checkpoint); once the command
+    is over, it counts no more."""
+    import signal
+
+    from transformer import cli
+
+    signum = getattr(signal, signal_name)
+    with cli.sigterm_raises():
+        assert signal.getsignal(signal.SIGTERM) is cli._terminate  # else the SIGTERM below would end pytest
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # the handler raises in here
+        except BaseException:  # what such C code does with the handler's exception
+            pass
+        stop = training.StopSignals()
+        stop.restore()
+    assert stop.received == signum
+    stop = training.StopSignals()
+    stop.restore()
+    assert stop.received is None
+
+
+def test_a_command_that_fails_after_a_lost_stop_signal_stops_as_signalled():
+    """A stop signal's exception lost in an import leaves that module half imported, and the command then failed
+    as an internal error (numpy's, imported by torch's C code, recursed for ever): it is the signal's stop."""
+    import signal
+
+    from transformer import cli
+    from transformer.errors import Terminated
+
+    with pytest.raises(Terminated):
+        with cli.sigterm_raises():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except BaseException:
+                pass
+            raise RecursionError("maximum recursion depth exceeded")
+    with pytest.raises(RecursionError):  # no signal: the error is the error
+        with cli.sigterm_raises():
+            raise RecursionError("maximum recursion depth exceeded")

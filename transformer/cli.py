@@ -114,6 +114,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     from .config import dump_toml, load_config, resolve_config_path
     from .train import data_paths, train
 
+    _stop_if_signalled()  # a rank's first seconds are these imports, where a stop signal's exception gets lost
+
     cfg = load_config(args.config, args.set)  # errors in the config show before any process starts
     own = Path(args.out) / "config.toml"  # where training writes the run's resolved config
     given = resolve_config_path(args.config)
@@ -1140,26 +1142,52 @@ def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: di
 
 
 def _terminate(signum: int, frame) -> None:
+    Terminated.signalled = signum  # kept, should the exception be lost (``Terminated.signalled``)
     raise Terminated
+
+
+def _interrupt(signum: int, frame) -> None:
+    Terminated.signalled = signum  # Python's own handler of SIGINT, which keeps it too
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """SIGTERM raises ``Terminated`` in the block, as SIGINT raises KeyboardInterrupt (training's loop takes both
     itself, and gives this back after). Not where SIGTERM is ignored (whoever started us chose that), nor off
-    the main thread, which alone takes signals."""
+    the main thread, which alone takes signals. Either signal is also kept (``Terminated.signalled``), for training
+    to stop with should its exception be lost."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    Terminated.signalled = None
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
     try:
         yield
+    except Exception as e:  # after a stop signal whose exception was lost (a module left half imported): its stop
+        if Terminated.signalled is None:
+            raise
+        raise (Terminated() if Terminated.signalled == signal.SIGTERM else KeyboardInterrupt()) from e
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        Terminated.signalled = None
+
+
+def _stop_if_signalled() -> None:
+    """Raise again the stop signal whose exception was lost (``Terminated.signalled``), if there was one."""
+    if Terminated.signalled is not None:
+        raise Terminated if Terminated.signalled == signal.SIGTERM else KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "TRANSFORMER_LAUNCHER_PID" in os.environ:  # a rank of `train --nproc N`: it ends with its launcher
+        from .distributed import die_with_launcher
+
+        die_with_launcher()
     args = build_parser().parse_args(argv)
     try:
         outputs = getattr(args, "outputs", None) or {}

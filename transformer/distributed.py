@@ -12,6 +12,7 @@ fails the others stop with its message.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import os
 import signal
@@ -145,6 +146,7 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default for several processes, said quietly
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the ranks end with this process (die_with_launcher)
     # on SIGINT / SIGTERM the launcher passes the signal on and kills the ranks still running after this many
     # seconds (torchrun's default: 30); a rank stops only after its step, which may end in validation, dev BLEU
     # or a checkpoint that rank 0 takes minutes over, so the ranks are given as long as they wait for rank 0
@@ -168,7 +170,33 @@ def launch_local(nproc: int, argv: list[str]) -> int:
         return 128 + e.sigval
     finally:
         logging.disable(logging.NOTSET)
+        os.environ.pop(LAUNCHER_PID, None)
     return 0
+
+
+# Set by ``launch_local`` for the ranks it starts: the launcher's pid (``die_with_launcher``).
+LAUNCHER_PID = "TRANSFORMER_LAUNCHER_PID"
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_launcher() -> None:
+    """In a rank started by ``launch_local``: SIGTERM to this rank when the launcher is gone (Linux's parent-death
+    signal), taken as any SIGTERM (a step's end and its checkpoint in training; at once before). The launcher
+    otherwise waits for its ranks, but a stop signal that reaches it while torchrun starts them (between
+    installing its handlers and recording the ranks it started) makes it exit 143 without stopping those already
+    running: they outlived it, orphans that held its stderr open. So did any rank of a launcher killed itself
+    (SIGKILL, out of memory). The variable is taken out of the environment: what the rank starts is not a rank."""
+    launcher = os.environ.pop(LAUNCHER_PID, None)
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+            return  # not allowed here (a sandbox): as before
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(launcher):  # it was gone before the parent-death signal was asked for
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _blame(exitcode: int) -> int:

@@ -34,6 +34,12 @@ class Terminated(BaseException):
     ended the process at once, silently, leaving the temporary file of that output behind. A BaseException, as
     KeyboardInterrupt is: no ``except Exception`` takes it for an error of the work it stops."""
 
+    # The stop signal (SIGTERM, or SIGINT's KeyboardInterrupt) raised last in ``cli.sigterm_raises``'s block: raised
+    # from a signal handler, the exception can be lost where the handler ran in Python code called back by C code
+    # that clears any error (as during `import torch`), and the command then went on, a rank of `train --nproc`
+    # training on with its launcher waiting for it; training's ``StopSignals`` takes the signal as its own.
+    signalled: int | None = None
+
 
 def out_of_memory(error: BaseException) -> str | None:
     """What ``error`` failed to allocate ("4,000,016,000,016 bytes at once", or "" where it does not say) if

@@ -39,7 +39,7 @@ from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, check
 from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256, collate,
                    encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
-from .errors import UserError, summary as error_line
+from .errors import Terminated, UserError, summary as error_line
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import cooldown, learning_rate, make_optimizer
@@ -72,7 +72,8 @@ class StopSignals:
     two that arrive during one count as one). Only the main thread can take signals; elsewhere this does nothing."""
 
     def __init__(self) -> None:
-        self.received: int | None = None
+        # a stop signal before training whose exception was lost on its way up (``Terminated.signalled``): this one
+        self.received: int | None = Terminated.signalled
         self.again: int | None = None  # a second signal, which stopped training at once
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
