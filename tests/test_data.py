@@ -237,6 +237,7 @@ def test_padding_fraction_by_hand() -> None:
     examples = [Example([1, 1], [1]), Example([1, 1, 1, 1], [1, 1, 1])]
     assert padding_fraction(*lengths(examples), [[0, 1]]) == pytest.approx(1 - 10 / 14)
     assert padding_fraction(*lengths(examples), [[0], [1]]) == 0.0
+    assert padding_fraction([], [], []) == 0.0  # no batches: nothing padded (not a division by zero)
 
 
 @pytest.mark.parametrize("per_doubling", [1, 4, 8])

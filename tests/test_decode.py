@@ -607,6 +607,22 @@ def test_an_ensemble_averages_the_probabilities(copy_model, sources):
     assert outputs[2] != outputs[0] and outputs[2] != outputs[1]
 
 
+def test_an_ensemble_ends_within_its_shortest_learned_position_table():
+    """An ensemble decodes only as far as every one of its models can: the shortest learned position table
+    bounds it (the longest would run the other model past its table mid-search); a sinusoidal model, no
+    table, bounds nothing."""
+    def model(positional: str, rows: int = 1024) -> Transformer:
+        cfg = ModelConfig(n_enc_layers=1, n_dec_layers=1, d_model=16, d_ff=32, n_heads=2, p_drop=0.0,
+                          positional=positional, max_positions=rows)
+        return Transformer(cfg, VOCAB).eval()
+
+    short, long, free = model("learned", 12), model("learned", 20), model("sinusoidal")
+    assert (short.max_output_length, long.max_output_length, free.max_output_length) == (12, 20, None)
+    assert Ensemble([long, short]).max_output_length == 12
+    assert Ensemble([free, long]).max_output_length == 20
+    assert Ensemble([free, free]).max_output_length is None
+
+
 def contains(tokens: list[int], phrase: list[int]) -> bool:
     return any(tokens[i: i + len(phrase)] == phrase for i in range(len(tokens) - len(phrase) + 1))
 

@@ -82,6 +82,8 @@ def test_tokenization_matches_multi30k_files(split: str, lang: str) -> None:
 
 def test_paper_bleu_splits_compounds() -> None:
     assert _split_compounds("a-b-c x - y") == "a ##AT##-##AT## b-c x - y"  # perl s///g never overlaps
+    # perl's \S: any character but a space beside the hyphen, an escaped quote or a period as well as a letter
+    assert _split_compounds("3.-4 &quot;-Zeit") == "3. ##AT##-##AT## 4 &quot; ##AT##-##AT## Zeit"
     hyp, ref = ["Er fährt nach Baden-Württemberg."], ["Er fährt nach Baden Württemberg."]
     # hyp tokens: Er fährt nach Baden ##AT##-##AT## Württemberg . (7) vs ref (6), so BP = 1;
     # precisions 6/7, 4/6, 2/5, 1/4. Without the split "Baden-Württemberg" would be one token.
@@ -116,6 +118,24 @@ def test_score_punctuation_attachment_does_not_count():
     assert f1(gold, test) == (100.0, 100.0, 100.0)
 
 
+@pytest.mark.parametrize("tag", [",", ":", "``", "''", "."])
+def test_score_removes_each_punctuation_tag_of_collins_prm(tag):
+    """Each of COLLINS.prm's five DELETE_LABEL tags is removed before spans are counted: a word of that tag
+    at the end of the gold NP and at the start of the test VP leaves the same brackets; one tag missing
+    from the set, and its word would shift NP's end and VP's start."""
+    gold = f"(S (NP (DT The) (NN dog) ({tag} w)) (VP (VBD barked)))"
+    test = "(S (NP (XX The) (XX dog)) (VP (XX w) (XX barked)))"
+    assert f1(gold, test) == (100.0, 100.0, 100.0)
+    assert f1(gold.replace(f"({tag} w)", "(NN w)"), test) == (33.33, 33.33, 33.33)  # a word: the spans differ
+
+
+def test_score_counts_no_unlabelled_or_top_bracket():
+    """The treebank's unlabelled outermost bracket, kept where it holds more than one constituent, and a TOP
+    node are no constituents of the parse: neither is counted, so the two trees score alike."""
+    gold = "( (S (NP (A a) (B b)) (VP (C c))) (D d))"
+    assert f1(gold, "(TOP (S (NP (XX a) (XX b)) (VP (XX c))) (XX d))") == (100.0, 100.0, 100.0)
+
+
 def test_score_unary_chain_and_label_mismatch():
     assert f1("(S (VP (VB Go)))", "(S (VP (XX Go)))") == (100.0, 100.0, 100.0)
     assert f1("(S (VP (VB Go)))", "(S (NP (XX Go)))") == (50.0, 50.0, 50.0)  # S matches, NP != VP
@@ -137,6 +157,8 @@ def test_score_duplicate_brackets_match_one_to_one_and_corpus_is_micro_averaged(
     s = score_trees([tree("(S (A a) (B b))"), tree("(S (NP (A a) (B b)) (C c))")],
                     [tree("(S (A a) (B b))"), tree("(S (A a) (VP (B b) (C c)))")])
     assert (s.matched, s.gold, s.test) == (2, 3, 3)
+    # a unary chain in both trees: each of its brackets matches its own copy, not one of them both
+    assert f1("(S (NP (NP (A a))))", "(S (NP (NP (XX a))))") == (100.0, 100.0, 100.0)
 
 
 def test_score_refuses_different_words():

@@ -90,3 +90,29 @@ def test_force_replaces_an_earlier_export_only(trained_tiny, tmp_path):
     (earlier / "stale.txt").write_text("from an older export\n")
     export_ctranslate2(run, earlier, force=True, log=lambda m: None)
     assert (earlier / "model.bin").is_file()
+
+
+def test_the_exported_projection_keeps_row_0_and_never_outputs_pad():
+    """With tied weights our projection multiplies by the whole shared matrix, row 0 (PAD) included, though
+    PAD's embedding is zero at lookup (A5); and our search never outputs PAD. The CTranslate2 spec must
+    hold the same: embeddings with row 0 zeroed, a projection with it kept, and a bias of -1e9 on PAD
+    alone (without it CTranslate2 could write PAD wherever its logit wins); and the run's LayerNorm ε."""
+    import numpy as np
+    import torch
+
+    from transformer.config import ModelConfig
+    from transformer.export import ctranslate2_spec
+    from transformer.model import Transformer
+    from transformer.tokenizer import PAD_ID
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_enc_layers=1, n_dec_layers=1, d_model=16, d_ff=32, n_heads=2, p_drop=0.0), 12)
+    spec = ctranslate2_spec(model, ["<pad>", "</s>", "<unk>", *(f"p{i}" for i in range(9))])
+    shared = model.target_embedding.weight.detach().numpy()
+    assert np.abs(shared[PAD_ID]).sum() > 0  # a row the projection reads
+    assert np.array_equal(spec.decoder.projection.weight, shared)
+    assert not spec.decoder.embeddings.weight[PAD_ID].any()
+    assert np.array_equal(spec.decoder.embeddings.weight[1:], shared[1:])
+    bias = spec.decoder.projection.bias
+    assert bias[PAD_ID] <= -1e9 and not bias[1:].any()
+    assert spec.config.layer_norm_epsilon == model.cfg.ln_eps == 1e-6  # the run's ε (A7), not CTranslate2's default

@@ -237,3 +237,17 @@ def test_word_alignment_on_a_hand_built_case():
     assert word_alignment(one_layer) == [(0, 0), (0, 1)]
     empty = AttentionMaps(src, ["<s>"], ["</s>"], {"cross": cross[:, :, :1]})
     assert word_alignment(empty) == []
+
+
+def test_layers_and_heads_are_counted_from_one():
+    """--layer and --heads count from 1, as the figures name them: 0 is no head (as an index it would draw the
+    last head under another's number) and no layer, and neither is one past the last."""
+    from transformer.figures import chosen_heads
+
+    assert chosen_heads(2, 4, 1, None) == [1, 2, 3, 4] and chosen_heads(2, 4, 2, [4, 1]) == [4, 1]
+    for heads in ([0, 2], [5]):
+        with pytest.raises(FigureError, match=rf"^--heads \[{heads[0]}\]: the model has 4 heads \(1..4\)$"):
+            chosen_heads(2, 4, 1, heads)
+    for layer in (0, 3):
+        with pytest.raises(FigureError, match=rf"^--layer {layer}: the model has 2 layers \(1..2\)$"):
+            chosen_heads(2, 4, layer, None)

@@ -342,3 +342,21 @@ def test_only_known_multi30k_files_are_downloaded(isolated: Path, monkeypatch: p
     monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", "http://127.0.0.1:9/")
     with pytest.raises(DataError, match="not found: multi30k/train.xx.gz"):
         resolve_data_path("multi30k/train.xx.gz")
+
+
+def test_the_parsing_splits_take_every_file_of_their_range_and_no_other(tmp_path: Path) -> None:
+    """The WSJ sample is split by file number (PTB_SPLITS, both ends included), as the treebank by section: with
+    one tree per file whose word is its number, each split holds exactly its files' trees, in order, and no
+    file is in two splits or in none."""
+    from transformer.prepare import PTB_SPLITS, write_ptb_splits
+
+    for number in range(1, 190):
+        (tmp_path / f"wsj_{number:04d}.mrg").write_text(f"( (S (NP-SBJ (CD w{number})) (. .)) )\n")
+    counts = write_ptb_splits(tmp_path, tmp_path / "out")
+    taken = []
+    for split, (first, last) in PTB_SPLITS.items():
+        words = read_lines(tmp_path / "out" / f"{split}.words")
+        assert words == [f"w{n} ." for n in range(first, last + 1)] and counts[split] == len(words)
+        taken += words
+    assert sorted(taken) == sorted(f"w{n} ." for n in range(1, 190))  # each file in one split exactly
+    assert read_lines(tmp_path / "out" / "valid.gold")[0] == "(S (NP (CD w160)) (. .))"

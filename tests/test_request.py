@@ -102,10 +102,24 @@ def test_resolve_fills_the_runs_defaults_where_they_apply_and_verifies_again():
     assert (search.beam_size, search.alpha, search.max_len_offset, search.early_stop, search.batch_size, search.nbest,
             search.length_norm) == (5, 1.0, 7, "top", 9, 2, "length")
     assert DecodeRequest(length_norm="gnmt").resolve(run).length_norm == "gnmt"  # given: it, not the run's
+    # given zeros are given values, not "none given": α 0 (no length penalty) and offset 0 stay
+    zeros = DecodeRequest(alpha=0.0, max_len_offset=0).resolve(run)
+    assert (zeros.alpha, zeros.max_len_offset) == (0.0, 0)
     drawn = DecodeRequest(sample=True, nbest=3).resolve(run)
     assert drawn.beam_size is None and drawn.early_stop is None and drawn.alpha == 0.3  # no beam to size or stop
     for request in (search, drawn):
         request.verify(Setup(), run)
+
+
+def test_a_request_cut_to_lines_holds_their_own_prefixes_and_constraints():
+    """Streamed input is decoded a chunk of lines at a time: the chunk's request holds the prefixes and
+    constraints of its lines alone (line i the i-th), fewer where fewer were given, and verifies against the
+    chunk's line count; its other options are the request's."""
+    request = DecodeRequest(beam_size=2, prefixes=["a", "b", "c"], constraints=[["x"], ["y"], ["z"]])
+    part = request.lines(1, 2)
+    assert (list(part.prefixes), list(part.constraints), part.beam_size) == (["b"], [["y"]], 2)
+    part.verify(lines=1)
+    assert list(request.lines(2, 5).prefixes) == ["c"] and list(request.lines(3, 5).constraints) == []
 
 
 def test_sampling_settings_and_their_defaults():

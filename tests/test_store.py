@@ -71,6 +71,8 @@ def test_ids_beyond_uint16_are_stored_as_int32(tmp_path: Path) -> None:
     store = TokenStore(tmp_path / "store")
     assert meta["dtype"] == "int32" and store[0].src == [69_991, 69_992, 69_993, EOS_ID]
     assert store[1].tgt == [69_991, 69_992, EOS_ID]
+    # the lengths take the rule with max_len in place of the vocabulary: at most 10, so uint16 still
+    assert meta["length_dtype"] == "uint16" and (tmp_path / "store" / "src.len").stat().st_size == 2 * 2
 
 
 @pytest.fixture

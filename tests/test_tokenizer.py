@@ -149,7 +149,8 @@ def test_bpe_dropout_at_zero_is_sentencepieces_segmentation(tok: Tokenizer, trai
     import random
 
     texts = lines_of(train_files) + ["Ein  Mann\u00a0fährt ﬁ ☃ 😀 ", "", "   x",  # normalization, unknown characters,
-                                     "Жук ate ☃☃ snow 😀😀x ☃a☃"]  # runs of them (one UNK each, as sentencepiece's)
+                                     "Жук ate ☃☃ snow 😀😀x ☃a☃",  # runs of them (one UNK each, as sentencepiece's)
+                                     "ssss nnnnn"]  # equal pairs in a row ("ss" a piece): the leftmost merges first
     assert tok.dropout().encode_batch(texts, 0.0, random.Random(1)) == tok.encode_batch(texts)
 
 
@@ -163,6 +164,39 @@ def test_bpe_dropout_samples_other_segmentations_of_the_same_text(tok: Tokenizer
     assert a != b and a != tok.encode_batch(texts)
     assert sum(map(len, a)) > sum(map(len, tok.encode_batch(texts)))  # dropped merges leave more pieces
     assert [tok.decode(ids) for ids in a] == [tok.decode(ids) for ids in tok.encode_batch(texts)]  # same text
+
+
+def test_bpe_dropout_goes_on_merging_after_a_dropped_merge(tok: Tokenizer, train_files: list[Path]) -> None:
+    """A dropped merge is one merge not made at that place; the others are still made (Provilkov et al.): with
+    the first two chosen merges of each word dropped, the words come out in more pieces than sentencepiece's,
+    but far fewer than their letters (a word merges on where the vocabulary has another way)."""
+    import random
+
+    class FirstTwoDropped(random.Random):
+        """Draws 0.0 (drop) for the first two merges of a word, 0.99 (keep) for the rest."""
+
+        def random(self) -> float:
+            self.draws = getattr(self, "draws", 0) + 1
+            return 0.0 if self.draws <= 2 else 0.99
+
+    words = [w for w in " ".join(lines_of(train_files)[:50]).split() if len(tok.pieces(w)) == 1 and len(w) >= 6]
+    assert len(words) > 10
+    sampled = [tok.dropout().encode_batch([word], 0.5, FirstTwoDropped())[0] for word in words]
+    assert len(words) < sum(map(len, sampled)) < 0.85 * sum(map(len, words))  # 253 pieces for 341 letters
+
+
+def test_training_samples_sentences_uniformly() -> None:
+    """The reservoir keeps every sentence with the same chance, k / n (Algorithm R): of two sentences, one kept,
+    each is the one about half of the seeds; not the last one every time."""
+    from transformer.tokenizer import _sample
+
+    kept = [_sample(["first", "second"], 1, seed) for seed in range(200)]
+    assert 70 < kept.count(["first"]) < 130 and kept.count(["first"]) + kept.count(["second"]) == 200
+    counts = [0] * 5
+    for seed in range(400):
+        for s in _sample([str(i) for i in range(5)], 2, seed):
+            counts[int(s)] += 1
+    assert all(120 < c < 200 for c in counts), counts  # each kept 2 / 5 of the time: 160
 
 
 def test_training_on_blank_text_names_the_text(tmp_path):

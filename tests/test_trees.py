@@ -32,6 +32,9 @@ def test_normalisation_removes_traces_function_tags_and_the_outer_bracket():
     assert str(normalize(raw)) == ("(S (NP (DT The) (NN dog)) (VP (VBD barked) (-LRB- -LRB-) (ADVP (RB now)) "
                                    "(-RRB- -RRB-)) (. .))")
     assert normalize(tree("(X (-NONE- *))")) is None
+    # a gapping index alone ("=" without a function tag before it) is stripped too
+    assert str(normalize(tree("(S (NP=2 (DT The) (NN dog)) (VP=3 (VBD barked)))"))) == \
+        "(S (NP (DT The) (NN dog)) (VP (VBD barked)))"
 
 
 def test_a_word_without_its_part_of_speech_node_is_refused_naming_the_tree(tmp_path, capsys):
@@ -284,6 +287,19 @@ def test_the_tree_constraint_refuses_what_is_not_a_tree_of_the_input():
     assert constraint.allowed()[0].nonzero().flatten().tolist() == vocab.encode(["barked"])[1:]
     constraint.begin(src, beam=1, max_len=torch.tensor([1000]))
     assert not walk(constraint, vocab.encode(["(S", "dogs", "barked"]))  # EOS only once the root is closed
+
+
+def test_the_tree_constraint_opens_a_bracket_exactly_while_the_tree_still_fits_the_limit():
+    """An opening bracket is allowed while the words left, the brackets to close and EOS still fit the output
+    limit, up to its last token: the smallest tree of "dogs barked" (three pieces) is 6 tokens with EOS, so a
+    limit of 6 takes it and 5 none; after "(S", another bracket needs 8."""
+    vocab = PieceVocabulary(["(S", ")S", "(NP", ")NP", "XX"], ["dogs", "barked"])
+    constraint = TreeConstraint(vocab.pieces)
+    source = vocab.encode(["dogs", "barked"]) + [EOS_ID]
+    assert constraint.refuses(source, [], 6) is None
+    assert constraint.refuses(source, [], 5) == "no tree of the input fits the length limit"
+    assert constraint.refuses(source, vocab.encode(["(S", "(NP"]), 8) is None
+    assert constraint.refuses(source, vocab.encode(["(S", "(NP"]), 7).startswith("its piece 2, '(NP', cannot")
 
 
 @pytest.mark.parametrize("seed", range(3))
