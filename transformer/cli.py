@@ -114,7 +114,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     from .config import dump_toml, load_config, resolve_config_path
     from .train import data_paths, train
 
-    _stop_if_signalled()  # a rank's first seconds are these imports, where a stop signal's exception gets lost
+    if (stop := _lost_stop()) is not None:  # a rank's first seconds are these imports, where it can be lost
+        raise stop
 
     cfg = load_config(args.config, args.set)  # errors in the config show before any process starts
     own = Path(args.out) / "config.toml"  # where training writes the run's resolved config
@@ -1167,19 +1168,20 @@ def sigterm_raises() -> Iterator[None]:
     try:
         yield
     except Exception as e:  # after a stop signal whose exception was lost (a module left half imported): its stop
-        if Terminated.signalled is None:
+        if (stop := _lost_stop()) is None:
             raise
-        raise (Terminated() if Terminated.signalled == signal.SIGTERM else KeyboardInterrupt()) from e
+        raise stop from e
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         Terminated.signalled = None
 
 
-def _stop_if_signalled() -> None:
-    """Raise again the stop signal whose exception was lost (``Terminated.signalled``), if there was one."""
-    if Terminated.signalled is not None:
-        raise Terminated if Terminated.signalled == signal.SIGTERM else KeyboardInterrupt
+def _lost_stop() -> BaseException | None:
+    """The exception of the stop signal kept in ``Terminated.signalled`` (whose own may have been lost), if any."""
+    if Terminated.signalled is None:
+        return None
+    return Terminated() if Terminated.signalled == signal.SIGTERM else KeyboardInterrupt()
 
 
 def main(argv: list[str] | None = None) -> int:
