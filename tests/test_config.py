@@ -56,6 +56,47 @@ def test_specific_rows():
     assert (big.model.d_model, big.model.p_drop, big.decode.average_last) == (1024, 0.3, 20)
 
 
+# Table 3 as printed (§6.2): N, d_model, d_ff, h, d_k, d_v, P_drop, ε_ls, positions, train steps; unlisted
+# cells are the base row's. (The copy in ../shared/paper shifts some cells of rows (A) and (D) by its rowspans.)
+TABLE_3 = {
+    "base": (6, 512, 2048, 8, 64, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "A1": (6, 512, 2048, 1, 512, 512, 0.1, 0.1, "sinusoidal", 100_000),
+    "A2": (6, 512, 2048, 4, 128, 128, 0.1, 0.1, "sinusoidal", 100_000),
+    "A3": (6, 512, 2048, 16, 32, 32, 0.1, 0.1, "sinusoidal", 100_000),
+    "A4": (6, 512, 2048, 32, 16, 16, 0.1, 0.1, "sinusoidal", 100_000),
+    "B1": (6, 512, 2048, 8, 16, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "B2": (6, 512, 2048, 8, 32, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "C1": (2, 512, 2048, 8, 64, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "C2": (4, 512, 2048, 8, 64, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "C3": (8, 512, 2048, 8, 64, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "C4": (6, 256, 2048, 8, 32, 32, 0.1, 0.1, "sinusoidal", 100_000),
+    "C5": (6, 1024, 2048, 8, 128, 128, 0.1, 0.1, "sinusoidal", 100_000),
+    "C6": (6, 512, 1024, 8, 64, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "C7": (6, 512, 4096, 8, 64, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "D1": (6, 512, 2048, 8, 64, 64, 0.0, 0.1, "sinusoidal", 100_000),
+    "D2": (6, 512, 2048, 8, 64, 64, 0.2, 0.1, "sinusoidal", 100_000),
+    "D3": (6, 512, 2048, 8, 64, 64, 0.1, 0.0, "sinusoidal", 100_000),
+    "D4": (6, 512, 2048, 8, 64, 64, 0.1, 0.2, "sinusoidal", 100_000),
+    "E": (6, 512, 2048, 8, 64, 64, 0.1, 0.1, "learned", 100_000),
+    "big": (6, 1024, 4096, 16, 64, 64, 0.3, 0.1, "sinusoidal", 300_000),
+}
+
+
+@pytest.mark.parametrize("row", TABLE_3)
+def test_every_table_3_row_is_the_printed_row(row):
+    """Each preset holds its row of Table 3, cell by cell, and the base model's values elsewhere (the paper's
+    "unlisted values are identical to those of the base model"): a mistyped h or P_drop in a row's file would
+    otherwise train another model under that row's name."""
+    cfg = load_config(row)
+    m, t = cfg.model, cfg.train
+    got = (m.n_enc_layers, m.d_model, m.d_ff, m.n_heads, *m.head_dims, m.p_drop, t.eps_ls, m.positional, t.max_steps)
+    assert got == TABLE_3[row]
+    assert m.n_dec_layers == m.n_enc_layers
+    assert (m.p_drop_attn, m.p_drop_relu, m.norm, m.share_embeddings, m.share_output) == (0.0, 0.0, "post", True, True)
+    assert (t.warmup_steps, t.lr_scale, t.beta1, t.beta2, t.adam_eps) == (4000, 1.0, 0.9, 0.98, 1e-9)
+    assert (cfg.decode.beam_size, cfg.decode.alpha, cfg.decode.max_len_offset) == (4, 0.6, 50)
+
+
 def test_the_papers_decoding_and_averaging_per_preset():
     """§6.1: base averages the last 5 checkpoints, written at 10-minute intervals, big the last 20; EN-FR big
     drops with 0.1, not 0.3; §6.2: Table 3 was decoded without checkpoint averaging."""

@@ -92,6 +92,9 @@ def test_paper_bleu_splits_compounds() -> None:
     # Cased: the same sentence lowercased loses the capitalised tokens' matches.
     assert paper_bleu(REFS, REFS, "de") == pytest.approx(100.0)
     assert paper_bleu([h.lower() for h in REFS], REFS, "de") < 50
+    # tokenizer.perl's escaping (&quot; &apos; &amp;) on both sides alike: a quoted sentence scores 100 against itself
+    quoted = ['Er sagte: "Das ist Baden-Württembergs Sache & nicht unsere."']
+    assert paper_bleu(quoted, quoted, "de") == pytest.approx(100.0)
 
 
 # --- parse trees (§6.3) ------------------------------------------------------------------------------

@@ -116,6 +116,50 @@ def test_dropout_sits_where_section_5_4_puts_it():
         torch.testing.assert_close(seen[name + " norm"], seen[name + " in"] + y)  # ... then added, then normalised
 
 
+def test_every_sub_layer_of_every_layer_is_dropped_before_its_residual_add():
+    """§5.4, "dropout to the output of each sub-layer, before it is added to the sub-layer input and
+    normalized", at every sub-layer: the encoder's self-attention and FFN, the decoder's self-attention,
+    encoder-decoder attention and FFN, in every layer (the test above follows the first sub-layer of each
+    stack). For each: the layer's Dropout takes the sub-layer's output, drops some of it, and its LayerNorm
+    reads the sub-layer's input plus the dropped output."""
+    model = tiny_model(cfg=dataclasses.replace(TINY, p_drop=0.5)).train()
+    seen: dict[tuple[int, str], list] = {}
+    hooks = []
+
+    def keep(key, output):
+        def hook(module, args, out=None):
+            seen.setdefault(key, []).append(out if output else args[0])
+        return hook
+
+    layers = [*model.encoder, *model.decoder]
+    for i, layer in enumerate(layers):
+        decoder = i >= len(model.encoder)
+        subs = [layer.self_attn.out_proj, *([layer.cross_attn.out_proj] if decoder else []), layer.ffn.w2]
+        norms = [layer.norm1, layer.norm2, *([layer.norm3] if decoder else [])]
+        hooks.append(layer.register_forward_pre_hook(keep((i, "in"), False)))
+        hooks.append(layer.drop.register_forward_hook(
+            lambda m, a, o, i=i: seen.setdefault((i, "drop"), []).append((a[0], o))))
+        for k, (sub, norm) in enumerate(zip(subs, norms)):
+            hooks.append(sub.register_forward_hook(keep((i, f"sub{k}"), True)))
+            hooks.append(norm.register_forward_pre_hook(keep((i, f"norm_in{k}"), False)))
+            hooks.append(norm.register_forward_hook(keep((i, f"norm_out{k}"), True)))
+    try:
+        model(torch.tensor([[5, 6, 7, 1], [8, 1, 0, 0]]), torch.tensor([[0, 9, 10], [0, 11, 0]]))
+    finally:
+        for h in hooks:
+            h.remove()
+    for i, layer in enumerate(layers):
+        n_subs = 3 if i >= len(model.encoder) else 2
+        assert len(seen[(i, "drop")]) == n_subs, i  # one dropout per sub-layer
+        previous = seen[(i, "in")][0]
+        for k in range(n_subs):
+            dropped_in, dropped = seen[(i, "drop")][k]
+            assert torch.equal(dropped_in, seen[(i, f"sub{k}")][0]), (i, k)  # the sub-layer's output is dropped
+            assert not torch.equal(dropped_in, dropped), (i, k)
+            torch.testing.assert_close(seen[(i, f"norm_in{k}")][0], previous + dropped)  # then added, then normalised
+            previous = seen[(i, f"norm_out{k}")][0]
+
+
 @pytest.mark.parametrize("site", ["p_drop_attn", "p_drop_relu"])
 def test_attention_and_relu_dropout_act_when_set(site):
     """model.p_drop_attn and model.p_drop_relu (0 in the paper's code, A4; options here) drop the attention
@@ -343,6 +387,30 @@ def test_initialisation():
                                         share_embeddings=False, share_output=False), vocab=4000)
     for weight in (untied.src_embed.weight, untied.tgt_embed.weight, untied.output_proj.weight):  # A8: the
         assert weight.std().item() == pytest.approx(256**-0.5, rel=0.05)  # softmax matrix too (it was Xavier's)
+
+
+def test_every_linear_layer_is_xavier_uniform_and_every_layer_norm_the_authors():
+    """A8: every linear weight (attention q/k/v/o, both FFN layers, in every layer of both stacks) is drawn
+    Xavier-uniform, U(-b, b) with b = sqrt(6 / (fan_in + fan_out)), biases zero; A7: every LayerNorm has
+    ε 1e-6, γ 1 and β 0. The bound is held from both sides: a smaller draw (PyTorch's default
+    kaiming_uniform(a=√5), bound 1/sqrt(fan_in), or a gain below 1) stays under the upper bound alone."""
+    cfg = ModelConfig(d_model=256, d_ff=512, n_heads=4, n_enc_layers=2, n_dec_layers=2)
+    model = tiny_model(cfg=cfg, vocab=100)
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 2 * (4 + 2) + 2 * (8 + 2)  # enc: self-attn 4 + FFN 2; dec: two attentions 8 + FFN 2
+    for name, m in linears:
+        fan_out, fan_in = m.weight.shape
+        bound = math.sqrt(6 / (fan_in + fan_out))
+        w = m.weight.detach()
+        assert w.abs().max().item() <= bound + 1e-6, name
+        assert w.abs().max().item() > 0.98 * bound, name  # 65k+ uniform draws reach the bound's last 2%
+        assert w.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05), name  # uniform's variance b²/3
+        assert m.bias is None or torch.all(m.bias == 0), name
+    norms = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+    assert len(norms) == 2 * 2 + 2 * 3  # post-norm: 2 per encoder layer, 3 per decoder layer, no final one
+    for name, m in norms:
+        assert m.eps == 1e-6, name
+        assert torch.all(m.weight == 1) and torch.all(m.bias == 0), name
 
 
 def test_qkv_gain_scales_only_the_query_key_and_value_draws():
