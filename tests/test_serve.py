@@ -54,6 +54,18 @@ def test_the_servers_batch_size_bounds_its_batches_as_translates_does(tiny_run):
     assert one.translate(LINES, sample) != one.translate(LINES, DecodeRequest(sample=True, seed=5, batch_size=64))
 
 
+def test_blank_lines_take_no_draws_in_translate_as_in_the_server(client, translator):
+    """The server leaves blank lines out of its batches; the translator decoded them (EOS alone) beside the
+    others, so they drew from the seed's generator and moved every other line's draws: the same seed and
+    input sampled other outputs from `translate` than from `serve`, and a blank line changed its neighbours'."""
+    sample = DecodeRequest(sample=True, seed=3)
+    with_blanks = [LINES[0], "", " \u200b ", LINES[2]]  # the client's limit: 4 sentences
+    plain = translator.translate([LINES[0], LINES[2]], sample)
+    assert translator.translate(with_blanks, sample) == [plain[0], "", "", plain[1]]
+    r = client.post("/v1/translate", json={"text": with_blanks, "sample": True, "seed": 3})
+    assert r.status_code == 200 and r.json()["translations"] == translator.translate(with_blanks, sample)
+
+
 def test_requests_from_many_clients_are_decoded_together(translator):
     async def scenario():
         batcher = Batcher(translator, Limits(max_wait_ms=200), ThreadPoolExecutor(1))

@@ -172,15 +172,23 @@ class Translator:
                 if not done:
                     checked()
                 search = {} if part.sample else {"beam_size": part.beam_size, "early_stop": part.early_stop}
+                # blank lines (EOS alone) are answered without decoding, as the server leaves them out: in a
+                # batch they would take its places and draws of the sampling generator from the other lines
+                keep = [i for i, src in enumerate(sources) if len(src) > 1]
                 with torch.inference_mode():
-                    outputs = decode_ids(self.model, sources, alpha=part.alpha, length_norm=part.length_norm,
-                                         max_len_offset=part.max_len_offset, batch_size=part.batch_size, bar=bar,
-                                         constraint=self.constraint, nbest=part.nbest or 1, prefixes=prefixes,
-                                         sampling=sampling, constraints=phrases, stop=stop, **search)
+                    decoded = decode_ids(self.model, [sources[i] for i in keep], alpha=part.alpha,
+                                         length_norm=part.length_norm, max_len_offset=part.max_len_offset,
+                                         batch_size=part.batch_size, bar=bar, constraint=self.constraint,
+                                         nbest=part.nbest or 1, sampling=sampling, stop=stop,
+                                         prefixes=None if prefixes is None else [prefixes[i] for i in keep],
+                                         constraints=None if phrases is None else [phrases[i] for i in keep],
+                                         **search)
+                bar.update(len(lines) - len(keep))
+                outputs: list[list[tuple[str, float]]] = [[("", 0.0)] * (part.nbest or 1) for _ in lines]
+                for i, hyps in zip(keep, decoded):
+                    outputs[i] = [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
                 done += len(lines)
-                yield lines, [[("", 0.0)] * (part.nbest or 1) if len(src) == 1 else  # blank: EOS alone
-                              [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
-                              for src, hyps in zip(sources, outputs)]
+                yield lines, outputs
         if not done:
             checked()
         for key, given in request.per_line().items():
