@@ -27,7 +27,7 @@ threads are its own: it gets the environment, not the flush (its C++ threads can
 3. Translation of test2016 (1,000 sentences; the first --b1-sentences at batch 1), beam 4, α 0.6,
    maximum length input + 50, with the weights of one model of ours (--run, trained for
    --train-minutes when it does not exist) in every system: ours (fp32, int8 dynamic quantization,
-   fp32 with CTranslate2's stopping rule `--early-stop top`, and fp32 ranking finished hypotheses
+   fp32 with OpenNMT-py's stopping rule `--early-stop top`, and fp32 ranking finished hypotheses
    as the peers do, `--length-norm length`), CTranslate2 fp32 and int8
    (`transformer export`), fairseq (the weights converted into a fairseq checkpoint whose learned
    position table holds our sinusoids; shown to compute what ours does by its greedy outputs on
@@ -335,7 +335,7 @@ def translating(args: argparse.Namespace, work: Path, tok: Tokenizer, bin_dir: P
             "int8": {"sents_per_s": runs["ours_int8_b64"]["sents_per_s"],
                      **ratio("vs_ctranslate2_int8", "ours_int8_b64", "ctranslate2_int8_b64"),
                      "bleu_delta": bleu_delta("ours_int8_b64")},
-            # not a target: our search with the stopping rule OpenNMT-py and CTranslate2 use (--early-stop top)
+            # not a target: our search with OpenNMT-py's stopping rule (--early-stop top)
             "top_stop": {**ratio("b64_vs_ctranslate2", "ours_top_stop_b64", "ctranslate2_b64"),
                          **ratio("b64_vs_fairseq", "ours_top_stop_b64", "fairseq_b64"),
                          **ratio("b64_vs_bound", "ours_top_stop_b64", "ours_b64"),
@@ -693,8 +693,8 @@ Ratios (ours ÷ theirs): {json.dumps(r['ratios'])}; int8: {json.dumps(r['int8'])
 
 `ours` stops a sentence by the paper's exact bound (§6.1, A11: no alive beam can beat the best
 finished one). `ours_top_stop` (`--early-stop top`, not the paper's) also stops it once the step's
-best candidate is EOS, the rule of OpenNMT-py and CTranslate2 (fairseq waits for 4 finished
-hypotheses): fewer decoder steps, not exact. Not a target; ratios: {json.dumps(r['top_stop'])}
+best candidate is EOS, OpenNMT-py's rule (CTranslate2's only without a length penalty: with α 0.6, as
+here, it waits for 4 finished hypotheses, as fairseq does): fewer decoder steps, not exact. Not a target; ratios: {json.dumps(r['top_stop'])}
 {length_norm(r)}
 ## The model users train, as users run it
 {remeasured(r, 'user')}

@@ -366,6 +366,15 @@ def test_serve_help_names_the_schema_path(capsys):
     assert status == 0 and "/openapi.json the OpenAPI description" in text
 
 
+def test_the_early_stop_help_names_the_runs_default(capsys):
+    """Without --early-stop a search stops by the run's decode.early_stop, as the other search options take the
+    run's values; the help called bound the default, which a run whose config says top does not use."""
+    for command in ("translate", "evaluate", "serve"):
+        status, out, _ = run_here(capsys, command, "--help")
+        text = " ".join(out.split())
+        assert status == 0 and "(default: the run's decode.early_stop, bound unless it says otherwise)" in text, command
+
+
 @pytest.mark.parametrize("flag, value, message", [("--alpha", "nan", "--alpha nan: must be a finite number >= 0"),
                                                   ("--alpha", "inf", "--alpha inf: must be a finite number >= 0"),
                                                   ("--alpha", "-0.5", "--alpha -0.5: must be a finite number >= 0"),

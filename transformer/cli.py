@@ -175,8 +175,9 @@ def _decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default: the run's, "
                    f"{paper.batch_size} unless it says otherwise)")
     p.add_argument("--early-stop", choices=EARLY_STOPS, help="when beam search stops a sentence: bound "
-                   "(default, §6.1): once no alive beam can beat its best finished one; top: also once the "
-                   "step's best candidate ends (OpenNMT/CTranslate2's rule: fewer steps, not exact)")
+                   "(§6.1): once no alive beam can beat its best finished one; top: also once the step's best "
+                   "candidate ends (OpenNMT-py's rule: fewer steps, not exact) (default: the run's "
+                   f"decode.early_stop, {paper.early_stop} unless it says otherwise)")
 
 
 def _length_norm_option(p: argparse.ArgumentParser) -> None:

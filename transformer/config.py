@@ -162,7 +162,7 @@ class DecodeConfig:
     length_norm: LengthNorm = "gnmt"
     max_len_offset: int = 50  # maximum output length = input length + 50
     # "bound": stop a sentence once no alive beam can beat its best finished one (§6.1, A11);
-    # DEVIATION(§6.1) "top", opt-in: also once the step's best candidate is EOS (OpenNMT, CTranslate2)
+    # DEVIATION(§6.1) "top", opt-in: also once the step's best candidate is EOS (OpenNMT-py's rule)
     early_stop: EarlyStop = "bound"
     batch_size: int = 64  # sentences per decoding batch
     average_last: int = 5  # checkpoints averaged before evaluation (base: 5, big: 20)

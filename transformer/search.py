@@ -281,7 +281,8 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     forced at the length limit all the same.
 
     ``early_stop="top"`` (not in the paper): a sentence also stops once its best candidate of the step
-    is EOS, as OpenNMT-py and CTranslate2 stop. An approximation: a longer hypothesis might still have
+    is EOS, as OpenNMT-py stops (and CTranslate2 without a length penalty; with one it waits, as fairseq, for
+    beam-size finished hypotheses). An approximation: a longer hypothesis might still have
     scored higher. An n-best list waits until it holds ``nbest`` hypotheses, so it may find such a one,
     and then its first is not the 1-best search's output. Fewer decoder steps for a little BLEU:
     benchmarks/results/speed.md and
