@@ -497,3 +497,28 @@ def test_a_record_edited_by_hand_is_skipped_on_resume(field, value, why, tmp_pat
     c = latest_checkpoint(tmp_path, warn=warnings.append, refuses=unresumable)
     assert c is not None and c.meta["step"] == 100
     assert warnings == [f"skipping step_00000200.json: {why}"]
+
+
+def test_epochs_into_is_the_epoch_plus_the_share_of_its_batches_done():
+    """The epoch clock (train.interval_unit = "epochs") spaces the checkpoints averaged by this fraction."""
+    assert ck.epochs_into({"epoch": 2, "batch_in_epoch": 5, "epoch_batches": 10}) == 2.5
+    assert ck.epochs_into({"epoch": 3, "batch_in_epoch": 0, "epoch_batches": 0}) == 3.0
+
+
+def test_a_failed_rewrite_leaves_no_record_vouching_for_the_new_bytes(tmp_path, monkeypatch):
+    """Writing a step again (a run resumed at its end) or a model file again removes the old JSON record before
+    any tensor file is replaced: a write that fails before its record (a full disk) then leaves no checkpoint of
+    that step, not the old record naming the new bytes, which `average` would take and fail to verify."""
+    save_checkpoint(tmp_path, 5, weights(0), state(0), META, keep_last=3)
+    model = write_model(tmp_path / "model.safetensors", weights(0), META)
+
+    def full_disk(path, record):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(ck, "_write_record", full_disk)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path, 5, weights(1), state(1), META, keep_last=3)
+    assert list_checkpoints(tmp_path) == []
+    with pytest.raises(OSError):
+        write_model(tmp_path / "model.safetensors", weights(1), META)
+    assert not model.exists()

@@ -14,7 +14,7 @@ from transformer.decode import decode_ids, score_ids, translate_ids
 from transformer.ensemble import Ensemble
 from transformer.sampling import Sampling
 from transformer.search import (beam_hypotheses, beam_search, beam_step, greedy_hypotheses, greedy_search,
-                                length_penalty, max_lengths, row_topk, top_next_tokens)
+                                Hypothesis, keep_nbest, length_penalty, max_lengths, row_topk, top_next_tokens)
 from transformer.model import PositionsError, Transformer
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -715,3 +715,35 @@ def test_every_constraint_appears_in_every_output(copy_model, sources):
             assert hyps[0].tokens == beam_search(copy_model, torch.tensor([src]), 4, 0.6, 10)[0]
     with pytest.raises(ValueError, match="do not fit"):
         decode_ids(copy_model, [[5, EOS_ID]], 4, 0.6, 2, constraints=[[[5, 6], [7, 8]]])
+
+
+def test_row_topk_finds_a_best_value_in_a_last_chunk_of_one_column():
+    """A vocabulary one column longer than a multiple of the chunk: that last column is a chunk of its own,
+    searched as every partial chunk is; the token with the largest id can win."""
+    x = torch.randn(16, 801, generator=torch.Generator().manual_seed(0))
+    x[:, -1] = 100.0
+    values, ids = row_topk(x, 2)
+    assert ids[:, 0].tolist() == [800] * 16 and torch.equal(values, x.topk(2, -1).values)
+
+
+def test_an_nbest_tie_keeps_the_earlier_hypothesis_first():
+    """keep_nbest: a hypothesis scoring as one already in the list goes after it, so that of two equal scores
+    the one found first (the shorter) stays the 1-best; a list cut to nbest drops the later one."""
+    found = []
+    assert keep_nbest(found, -1.0, Hypothesis([A], -1.0), 2) == float("-inf")
+    assert keep_nbest(found, -1.0, Hypothesis([B, B], -1.0), 2) == -1.0
+    assert [h.tokens for _, h in found] == [[A], [B, B]]
+    assert keep_nbest(found, -1.0, Hypothesis([C], -1.0), 2) == -1.0
+    assert [h.tokens for _, h in found] == [[A], [B, B]]
+
+
+def test_an_nbest_list_with_a_complete_hypothesis_drops_those_that_miss_a_constraint():
+    """Under lexical constraints an output that misses one (EOS forced at the length limit) is returned only when
+    no output holds them all: with [C] found, the forced [A], as likely, is left out of the 2-best list."""
+    table = {(): {A: .5, C: .5}, (A,): {A: .5, EOS_ID: .5}, (C,): {EOS_ID: 1.0}}
+    lists = beam_hypotheses(ScriptedModel(table), SRC, beam_size=2, alpha=0.0, max_len_offset=0, nbest=2,
+                            constraint=LexicalConstraints([[[C]]], 6))
+    assert [h.tokens for h in lists[0]] == [[C]]
+    alone = beam_hypotheses(ScriptedModel(table), SRC, beam_size=2, alpha=0.0, max_len_offset=0, nbest=2,
+                            constraint=LexicalConstraints([[[B]]], 6))  # no output can hold [B]
+    assert sorted(h.tokens for h in alone[0]) == [[A], [C]]

@@ -499,3 +499,44 @@ def test_pre_norm_layers_by_hand():
         x = layer.norm1(x + layer.self_attn(x, *layer.self_attn.project_kv(x), mask=mask))
         x = layer.norm2(x + layer.ffn(x))
     torch.testing.assert_close(post.encode(src)[0], x)
+
+
+def test_evaluation_drops_nothing_at_any_dropout_rate():
+    """A model in evaluation mode (decoding, validation) applies none of its dropout rates, the attention
+    weights' included: with every rate 0.5 its forward is that of the same weights with every rate 0. (A rate
+    applied at evaluation makes the output random; two forwards in training mode differ anyway, so the test
+    that training drops cannot tell.)"""
+    src, tgt_in = torch.tensor([[5, 6, 7, 1], [8, 1, 0, 0]]), torch.tensor([[0, 9, 10], [0, 11, 0]])
+    dropped = tiny_model(cfg=dataclasses.replace(TINY, p_drop=0.5, p_drop_attn=0.5, p_drop_relu=0.5))
+    plain = tiny_model(cfg=TINY)
+    with torch.no_grad():
+        torch.testing.assert_close(dropped(src, tgt_in), plain(src, tgt_in))
+        with record_attention(dropped):  # the explicit path (weights asked for) as well as the fused one
+            torch.testing.assert_close(dropped(src, tgt_in), plain(src, tgt_in))
+
+
+def test_a_first_sequence_longer_than_the_first_sinusoid_table_gets_all_its_positions():
+    """The sinusoid table starts at 512 rows and grows on demand: a first sentence of 600 tokens, or a jump past
+    twice the table, is given every position it asks for (a table only doubled would return too few rows)."""
+    cpu = torch.device("cpu")
+    model = tiny_model()
+    torch.testing.assert_close(model.positions(600, 0, "src_pos", cpu), sinusoidal_positions(600, 32),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(model.positions(2, 3000, "tgt_pos", cpu), sinusoidal_positions(2, 32, 3000),
+                               rtol=0, atol=0)
+
+
+def test_flops_per_token_counts_the_forward_products_three_times():
+    """flops_per_token is 3 × the forward pass's matmul FLOPs per target token, the output projection's
+    included: counted here by PyTorch's FLOP counter on a forward of one source and one target of the same
+    length (the explicit attention path: QKᵀ and AV over every key), with gradients on (F.linear throughout)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from transformer.model import flops_per_token
+
+    cfg, vocab, length = dataclasses.replace(TINY, d_ff=48, n_enc_layers=1, n_dec_layers=2), 50, 20
+    model = tiny_model(cfg=cfg, vocab=vocab)
+    src, tgt_in = torch.randint(3, vocab, (1, length)), torch.randint(3, vocab, (1, length))
+    with FlopCounterMode(display=False) as counter:
+        model(src, tgt_in)
+    assert flops_per_token(cfg, vocab, length, length) == pytest.approx(3 * counter.get_total_flops() / length)

@@ -7,7 +7,8 @@ import torch
 
 from transformer import loss as loss_module
 from transformer.loss import label_smoothed_loss
-from transformer.optim import cooldown, learning_rate
+from transformer.config import TrainConfig
+from transformer.optim import cooldown, learning_rate, make_optimizer
 
 
 @pytest.mark.parametrize("step", [1, 4000, 100000])
@@ -141,3 +142,26 @@ def test_cooldown_is_linear_to_zero_over_the_last_fraction():
     assert cooldown(0.8, 0.4) == pytest.approx(0.5)
     assert cooldown(1.0, 0.4) == 0.0
     assert cooldown(1.2, 0.4) == 0.0
+
+
+def test_label_smoothing_gives_the_weight_its_gradient_when_only_the_weight_asks_for_one():
+    """A hidden state that needs no gradient (a frozen stack, a detached input) still trains the projection:
+    the weight's gradient is autograd's through the projected logits."""
+    torch.manual_seed(2)
+    hidden, weight, target = torch.randn(6, 5), torch.randn(11, 5, requires_grad=True), torch.randint(0, 11, (6,))
+    label_smoothed_loss(hidden, weight, target, 0.1).backward()
+    ours, weight.grad = weight.grad.clone(), None
+    torch.nn.functional.cross_entropy(hidden @ weight.T, target, reduction="sum",
+                                      label_smoothing=0.1 * 11 / 10).backward()
+    torch.testing.assert_close(ours, weight.grad)
+
+
+def test_the_optimizer_takes_section_5_3s_adam_settings_from_the_config():
+    """make_optimizer: Adam with the config's β1, β2, ε (0.9, 0.98, 1e-9 by default, §5.3) and weight decay;
+    the rate is 0 until the trainer sets eq. (3)'s."""
+    model = torch.nn.Linear(3, 2)
+    group = make_optimizer(model, TrainConfig()).param_groups[0]
+    assert (group["betas"], group["eps"], group["weight_decay"], group["lr"]) == ((0.9, 0.98), 1e-9, 0.0, 0.0)
+    cfg = TrainConfig(beta1=0.8, beta2=0.9, adam_eps=1e-6, weight_decay=0.01)
+    group = make_optimizer(model, cfg).param_groups[0]
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.8, 0.9), 1e-6, 0.01)

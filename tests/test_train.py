@@ -1271,3 +1271,27 @@ def test_a_command_that_fails_after_a_lost_stop_signal_stops_as_signalled():
     with pytest.raises(RecursionError):  # no signal: the error is the error
         with cli.sigterm_raises():
             raise RecursionError("maximum recursion depth exceeded")
+
+
+def test_each_checkpoint_records_the_training_time_until_it(tmp_path, tiny_overrides):
+    """train_state.elapsed_s of a checkpoint is the run's training time at it, this process's included: the
+    clock of train.save_minutes (the checkpoints averaged are spaced by it) and of train.max_minutes on resume."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.save_every=2"]), run, quiet=True)
+    elapsed = [load_checkpoint(p, with_state=False).meta["train_state"]["elapsed_s"] for p in list_checkpoints(run)]
+    assert len(elapsed) == 2 and 0 < elapsed[0] < elapsed[1]
+
+
+def test_a_resume_that_keeps_a_best_of_the_other_direction_starts_its_best_anew(tmp_path, tiny_overrides):
+    """train.keep_best changed on --resume from valid_loss (lower is better, ~6.2 here) to dev_bleu (higher is
+    better, ~0 for a tiny model): compared with the old loss no BLEU would improve, and patience would stop the
+    run at its first evaluation with best.safetensors still the loss's. The best starts anew: the first BLEU
+    after the resume is the best so far."""
+    common = tiny_overrides + ["train.log_every=2", "train.eval_every=2", "train.save_every=2", "train.bleu_every=2",
+                               "train.bleu_sentences=5"]
+    run = tmp_path / "run"
+    train(load_config("tiny", common + ["train.max_steps=4", 'train.keep_best="valid_loss"']), run, quiet=True)
+    resumed = train(load_config("tiny", common + ["train.max_steps=8", 'train.keep_best="dev_bleu"',
+                                                  "train.patience=2"]), run, resume=True, quiet=True)
+    assert resumed["best"]["metric"] == "dev_bleu" and resumed["best"]["step"] >= 6
+    assert load_checkpoint(run / "best.safetensors", with_state=False).meta["best"]["metric"] == "dev_bleu"
