@@ -1285,6 +1285,35 @@ def test_each_checkpoint_records_the_training_time_until_it(tmp_path, tiny_overr
     assert len(elapsed) == 2 and 0 < elapsed[0] < elapsed[1]
 
 
+def test_the_save_minutes_clock_runs_on_across_resumes(tmp_path, tiny_overrides, monkeypatch):
+    """train.save_minutes (0.6 s here) was timed from each process's start: a run stopped every 2 steps (< 0.6 s
+    each, though > 1.8 s in all) never wrote a checkpoint of the clock, and ended with one checkpoint to average
+    of decode.average_last 5. The clock runs on the run's training time, earlier attempts included."""
+    import signal
+
+    from transformer.checkpoint import checkpoints_to_average
+    from transformer.train import TrainInterrupted
+
+    sets = tiny_overrides + ["train.save_every=0", "train.save_minutes=0.01", "train.max_steps=12"]
+    step, calls = training.queue_step, []
+
+    def slow_and_stopped_every_second(*args, **kwargs):
+        calls.append(1)
+        time.sleep(0.16)
+        if len(calls) % 2 == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(training, "queue_step", slow_and_stopped_every_second)
+    run = tmp_path / "run"
+    for attempt in range(6):
+        with pytest.raises(TrainInterrupted, match=f"stopped after step {2 * attempt + 2}"):
+            train(load_config("tiny", sets), run, resume=attempt > 0, quiet=True)
+    records = [load_checkpoint(p, with_state=False).meta for p in list_checkpoints(run)]
+    assert sum(record["on_clock"] for record in records) >= 2
+    assert len(checkpoints_to_average(run, 5)) >= 2  # was 1: the signal's of step 12 alone
+
+
 def test_a_resume_that_keeps_a_best_of_the_other_direction_starts_its_best_anew(tmp_path, tiny_overrides):
     """train.keep_best changed on --resume from valid_loss (lower is better, ~6.2 here) to dev_bleu (higher is
     better, ~0 for a tiny model): compared with the old loss no BLEU would improve, and patience would stop the
@@ -1298,3 +1327,34 @@ def test_a_resume_that_keeps_a_best_of_the_other_direction_starts_its_best_anew(
                                                   "train.patience=2"]), run, resume=True, quiet=True)
     assert resumed["best"]["metric"] == "dev_bleu" and resumed["best"]["step"] >= 6
     assert load_checkpoint(run / "best.safetensors", with_state=False).meta["best"]["metric"] == "dev_bleu"
+
+
+def test_a_log_line_across_a_stop_and_resume_averages_all_its_steps(tmp_path, tiny_overrides, monkeypatch):
+    """SIGTERM after step 7, resumed: the line of step 10 (log_every 5) averaged the loss and gradient norms of
+    steps 8-10 alone, those of 6 and 7 logged nowhere: an epoch's train loss (interval_unit "epochs") was of its
+    part after the resume. The checkpoint keeps the line's steps so far, as it keeps the data order."""
+    import signal
+
+    from transformer.train import TrainInterrupted
+
+    common = tiny_overrides + ["train.log_every=5", "train.eval_every=1000", "train.save_every=1000",
+                               "train.max_steps=10"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(load_config("tiny", common), full, quiet=True)
+    step, calls = training.queue_step, []
+
+    def stopped_at_seven(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(training, "queue_step", stopped_at_seven)
+    with pytest.raises(TrainInterrupted, match="stopped after step 7"):
+        train(load_config("tiny", common), part, quiet=True)
+    monkeypatch.setattr(training, "queue_step", step)
+    train(load_config("tiny", common), part, resume=True, quiet=True)
+    records = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (full, part)]
+    assert [r["step"] for r in records[1]] == [r["step"] for r in records[0]] == [5, 10]
+    for key in ("train_loss", "grad_norm", "grad_norm_max", "lr"):
+        assert [r[key] for r in records[1]] == [r[key] for r in records[0]], key

@@ -102,6 +102,7 @@ class TrainState:
     batch_in_epoch: int = 0  # position in this epoch's batch order
     epoch_batches: int = 0  # batches in this epoch's order (this rank's): where in the epoch a checkpoint is
     elapsed_s: float = 0.0  # training wall time before this process
+    clock_s: float = 0.0  # training time at the newest checkpoint of train.save_minutes' clock (0: none yet)
     tgt_tokens: int = 0  # non-pad target tokens trained on (all ranks)
     skipped_steps: int = 0  # steps whose gradients were not finite: not applied, not counted in ``step``
     world_size: int = 1  # data-parallel ranks that trained up to here
@@ -426,6 +427,26 @@ def new_window(t0: float | None = None) -> dict[str, Any]:
     return {"loss": 0.0, "tokens": 0, "norms": [], "t0": start, "t1": start}
 
 
+def saved_window(window: dict[str, Any]) -> dict[str, Any]:
+    """The steps of the next log line so far, as a checkpoint's record keeps them (its seconds: their time)."""
+    return {"loss": window["loss"], "tokens": window["tokens"], "norms": list(window["norms"]),
+            "seconds": window["t1"] - window["t0"]}
+
+
+def resumed_window(record: Any) -> dict[str, Any]:
+    """``new_window`` holding the steps a checkpoint's ``saved_window`` kept, as if they had just been
+    trained: a run resumed between two log lines logs the next one over all its steps, as an uninterrupted
+    run does. A record without one (a checkpoint of an earlier version) or of another shape: an empty window."""
+    window = new_window()
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)  # noqa: E731
+    if not (isinstance(record, dict) and all(number(record.get(k)) for k in ("loss", "tokens", "seconds"))
+            and isinstance(record.get("norms"), list) and all(map(number, record["norms"]))):
+        return window
+    window.update(loss=float(record["loss"]), tokens=int(record["tokens"]), norms=[float(x) for x in record["norms"]])
+    window["t0"] -= max(float(record["seconds"]), 0.0)
+    return window
+
+
 @dataclass
 class StepResult:
     loss: float  # label-smoothed loss summed over the step's tokens, all ranks
@@ -682,6 +703,7 @@ class Trainer:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         self.saved_on_clock = -1  # the step of the newest checkpoint the save clock wrote (``save``)
         self.batches_then = 0  # a resumed run batched otherwise: its epoch's batches in the checkpoint
+        self.window_then: Any = None  # the steps of the next log line the checkpoint resumed from kept
         if resume:
             self.resume()
         if init_from is not None and self.state.step == 0:  # a resumed run goes on from its own checkpoints
@@ -759,6 +781,9 @@ class Trainer:
         if self.scaler and ckpt.meta.get("scaler"):  # checkpoints before the scaler was saved restart it
             self.scaler.load_state_dict(ckpt.meta["scaler"])
         self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
+        self.window_then = ckpt.meta.get("log_window")
+        if "clock_s" not in ckpt.meta["train_state"]:  # a checkpoint of an earlier version: the clock starts at it
+            self.state.clock_s = self.state.elapsed_s
         saved = config_from_dict(ckpt.meta["config"], f"{ckpt.path} (config)")  # as prepare_run read it
         then, now = saved.train.keep_best, self.cfg.train.keep_best
         if then != now and self.state.best_value is not None:  # a value of another metric: compared with none
@@ -845,6 +870,8 @@ class Trainer:
         written by the save clock, not at the end of the budget or on a signal, whose checkpoint goes once a
         newer one is written (``checkpoint._prune``): a point to resume from, or the run's last weights."""
         rng_states = distributed.gather(self.dist, rng_state(self.dist))  # every rank takes part
+        if on_clock:  # every rank's clock of train.save_minutes starts again (after())
+            self.state.clock_s = self.elapsed()
         if not self.dist.main:
             return
         tensors, groups = optimizer_tensors(self.optimizer)
@@ -852,6 +879,7 @@ class Trainer:
             tensors.update({f"{name}.{r}" if r else name: state for name, state in states.items()})
         meta = dict(self.meta_base, optim_param_groups=groups, on_clock=on_clock,
                     train_state={**self.state.__dict__, "elapsed_s": self.elapsed()},
+                    log_window=saved_window(self.window),  # the next log line's steps so far: it averages them all
                     # fp16's loss scale and its steps since the last overflow: a resumed step scales as this one would
                     scaler=self.scaler.state_dict() if self.scaler else None)
         try:
@@ -892,8 +920,10 @@ class Trainer:
         t, step = self.cfg.train, self.state.step + 1  # the number the step in flight takes if applied
         intervals = (self.intervals[1], self.intervals_done(step))
         logged = self.ends(t.log_every, intervals) or step == t.max_steps
+        # minutes of training, earlier attempts of a resumed run included: a run stopped more often than its
+        # clock still writes the checkpoints (and so the average) of a run never stopped
         due = self.ends(t.save_every, intervals) or (
-            t.save_minutes and time.monotonic() - self.last_save >= 60 * t.save_minutes)
+            t.save_minutes and self.elapsed() - self.state.clock_s >= 60 * t.save_minutes)
         return AfterStep(intervals[1], logged, logged and self.evaluates(intervals),
                          bool(distributed.all_sum(self.dist, [float(bool(due))])[0]),
                          self.dist.enabled and step % t.check_every == 0)
@@ -934,7 +964,7 @@ class Trainer:
         if plan.save:
             with distributed.rank0_alone(self.dist):  # while rank 0 writes it
                 self.save(on_clock=True)
-            self.last_save, self.saved_on_clock = time.monotonic(), self.state.step
+            self.saved_on_clock = self.state.step
 
     def evaluate(self) -> dict[str, float]:
         """Validation loss and perplexity of the model as it is now."""
@@ -1042,8 +1072,8 @@ class Trainer:
                 self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
             elif (self.out / "summary.json").exists():  # written again when this budget ends
                 (self.out / "summary.json").unlink()
-        self.start = self.last_save = time.monotonic()
-        self.window = new_window()
+        self.start = time.monotonic()
+        self.window = resumed_window(self.window_then)
         # the bar counts down whichever budget ends first, updates or minutes (in thousandths of it)
         bar = tqdm(total=1000, initial=budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes),
                    desc="train", disable=self.quiet or not dist.main, dynamic_ncols=True, mininterval=1.0,
