@@ -1358,3 +1358,43 @@ def test_a_log_line_across_a_stop_and_resume_averages_all_its_steps(tmp_path, ti
     assert [r["step"] for r in records[1]] == [r["step"] for r in records[0]] == [5, 10]
     for key in ("train_loss", "grad_norm", "grad_norm_max", "lr"):
         assert [r[key] for r in records[1]] == [r[key] for r in records[0]], key
+
+
+def test_a_streak_of_non_finite_steps_is_counted_across_a_resume(tmp_path, tiny_overrides, monkeypatch):
+    """train.max_bad_steps counts skipped steps in a row, those before a stop included: a run stopped in such a
+    streak (a preempted fp16 job) and resumed began the count anew, so a run stopped often enough never stopped
+    on it. Here every step from the 3rd on is not finite: 2 are skipped before SIGTERM, the resume skips 2 more
+    and stops at 4 in a row (the step queued ahead of the signal's may be one more before it)."""
+    import signal
+
+    import transformer.train as T
+    from transformer.train import TrainInterrupted
+
+    real, calls = T.label_smoothed_loss, {"n": 0}
+
+    def poisoned(hidden, weight, target, eps_ls):
+        calls["n"] += 1
+        loss = real(hidden, weight, target, eps_ls)
+        return loss * float("nan") if calls["n"] >= 3 else loss
+
+    def stop_after_two_bad(*args, **kwargs):
+        if calls["n"] == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(*args, **kwargs)
+
+    step = training.queue_step
+    monkeypatch.setattr(T, "label_smoothed_loss", poisoned)
+    monkeypatch.setattr(training, "queue_step", stop_after_two_bad)
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=20", "train.max_bad_steps=4", "train.save_every=0",
+                                                "train.eval_every=1000"])
+    run = tmp_path / "run"
+    with pytest.raises(TrainInterrupted):
+        train(cfg, run, quiet=True)
+    state = load_checkpoint(list_checkpoints(run)[-1], with_state=False).meta["train_state"]
+    streak = state["bad_in_a_row"]
+    assert state["step"] == 2 and state["skipped_steps"] == streak in (2, 3)
+    monkeypatch.setattr(training, "queue_step", step)
+    skipped_before = (run / "train.log").read_text().count("gradients are not finite")
+    with pytest.raises(TrainError, match="4 steps in a row had non-finite gradients; stopping at step 2"):
+        train(cfg, run, resume=True, quiet=True)
+    assert (run / "train.log").read_text().count("gradients are not finite") - skipped_before == 4 - streak

@@ -105,6 +105,7 @@ class TrainState:
     clock_s: float = 0.0  # training time at the newest checkpoint of train.save_minutes' clock (0: none yet)
     tgt_tokens: int = 0  # non-pad target tokens trained on (all ranks)
     skipped_steps: int = 0  # steps whose gradients were not finite: not applied, not counted in ``step``
+    bad_in_a_row: int = 0  # the newest of them in a row (train.max_bad_steps stops training at that many)
     world_size: int = 1  # data-parallel ranks that trained up to here
     best_value: float | None = None  # train.keep_best's best value so far, at step best_step
     best_step: int = 0
@@ -937,15 +938,15 @@ class Trainer:
         done = step.done_at if step.done_at is not None else time.monotonic()
         if not result.applied:
             state.skipped_steps += 1
-            self.bad_in_a_row += 1
+            state.bad_in_a_row += 1
             self.log(f"step {state.step + 1}: gradients are not finite (loss {result.loss:.4g}); step skipped "
                      f"({state.skipped_steps} so far)")
-            if self.bad_in_a_row >= t.max_bad_steps:
-                raise TrainError(f"{self.bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
+            if state.bad_in_a_row >= t.max_bad_steps:
+                raise TrainError(f"{state.bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
                                  f"{state.step} (the newest checkpoint holds finite weights). Lower train.lr_scale, "
                                  "or use fp32/bf16 instead of fp16")
             return
-        self.bad_in_a_row = 0
+        state.bad_in_a_row = 0
         state.step += 1
         state.tgt_tokens += result.n_tokens
         self.window["loss"] += result.loss
@@ -1078,7 +1079,6 @@ class Trainer:
         bar = tqdm(total=1000, initial=budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes),
                    desc="train", disable=self.quiet or not dist.main, dynamic_ncols=True, mininterval=1.0,
                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
-        self.bad_in_a_row = 0
         self.intervals = (self.intervals_done(),) * 2  # (at the last applied step, now), for ends()
         # set by keep_best on rank 0 (every rank stops after the same step); a run resumed after its patience
         # ran out stops at once, unless the new config allows more
