@@ -167,3 +167,29 @@ def test_score_duplicate_brackets_match_one_to_one_and_corpus_is_micro_averaged(
 def test_score_refuses_different_words():
     with pytest.raises(TreeError, match="words differ"):
         score_trees([tree("(S (A a))")], [tree("(S (A b))")])
+
+
+def test_more_hypotheses_than_references_are_refused_by_name():
+    """A translation file one line longer than its references (a stray line) is an error that counts both, in
+    each of the scores; never a BLEU of the first lines, nor sacreBLEU's own message."""
+    for score in (sacrebleu_scores, lambda h, r: tok_lc_bleu(h, r, "de"), lambda h, r: paper_bleu(h, r, "de")):
+        with pytest.raises(ValueError, match=r"^4 hypotheses but 3 references$"):
+            score(HYPS + ["Ein Hund."], REFS)
+
+
+def test_pretokenized_hypotheses_are_scored_as_they_are():
+    """Hypotheses already in the references' tokenized, XML-escaped form (a model trained on the tok files) are
+    not tokenized again: a second pass would escape the escapes (&quot; -> &amp;quot;) and split them."""
+    refs = moses_tokenize_lc(['Ein Mann sagt "Hallo" zu einem Kind.', "Zwei Hunde, die spielen."], "de")
+    assert "&quot;" in refs[0]
+    assert tok_lc_bleu(refs, refs, "de", pretokenized=True) == pytest.approx(100.0)
+    assert tok_lc_bleu(refs, refs, "de") < 99.0  # tokenized once more, they are no longer the references
+
+
+def test_score_a_constituent_of_punctuation_alone_is_no_bracket():
+    """EVALB removes the punctuation words first; a constituent that held nothing else then spans no word and
+    is no bracket: the gold tree's (PRN (, ,)) is not one the parse must find."""
+    gold = "(S (NP (DT The) (NN dog)) (PRN (, ,)) (VP (VBD barked)))"
+    test = "(S (NP (XX The) (XX dog)) (XX ,) (VP (XX barked)))"
+    assert f1(gold, test) == (100.0, 100.0, 100.0)
+    assert score_trees([tree(gold)], [tree(test)]).gold == 3  # S, NP, VP

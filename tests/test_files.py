@@ -100,6 +100,7 @@ def test_a_run_folder_is_readable_by_other_accounts(tmp_path, tiny_overrides, ma
 @pytest.mark.parametrize("text, problem", [(None, "missing (no record here)"), ('{"format": "x/1"', "unreadable"),
                                            ("[1, 2]", "not a JSON object but list"),
                                            ('{"format": "y/1"}', "not a x/1 record (format: 'y/1')"),
+                                           ('{"a": 1}', "not a x/1 record (format: None)"),
                                            (b"\xff\xfe", "unreadable")])
 def test_a_record_that_is_not_one_is_refused_naming_the_file(tmp_path, text, problem):
     path = tmp_path / "r.json"
@@ -152,3 +153,12 @@ def test_translate_into_a_pipe(tmp_path, tiny_run, capsys):
     assert main(["translate", str(tiny_run), "--input", str(src), "--output", str(fifo), "--beam", "1"]) == 0
     reader.join(timeout=30)
     assert len(got) == 1 and len(got[0].splitlines()) == 2 and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_write_text_writes_utf8(tmp_path):
+    """Translations and records are UTF-8 files (the readers decode them so): umlauts, dashes and the unknown
+    piece's mark are written as their UTF-8 bytes, never as another encoding's or replaced."""
+    path = tmp_path / "out.txt"
+    text = "Ein Mädchen – auf der Straße ⁇\n"
+    write_text(path, text)
+    assert path.read_bytes() == text.encode("utf-8")

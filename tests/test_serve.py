@@ -606,3 +606,35 @@ def test_localhost_is_listened_on_as_uvicorn_would():
     for host, family in (("localhost", socket.AF_INET), ("127.0.0.1", socket.AF_INET)):
         with listen(host, 0) as sock:
             assert sock.family == family and sock.getsockname()[0] == "127.0.0.1"
+
+
+def test_each_request_gets_exactly_its_own_lines_answers(translator):
+    """Requests of several lines decoded in one batch: each gets one answer per line of its own, in order, and
+    none of the next request's (a slice one too long would hand a client another's translation)."""
+    async def scenario():
+        batcher = Batcher(translator, Limits(max_wait_ms=200), ThreadPoolExecutor(1))
+        worker = asyncio.create_task(batcher.run())
+        results = await asyncio.gather(batcher.translate(LINES[:2], BEAM2), batcher.translate(LINES[2:], BEAM2))
+        worker.cancel()
+        return batcher, results
+
+    batcher, results = asyncio.run(scenario())
+    assert batcher.batches == 1
+    assert results == [translator.translate(LINES[:2], BEAM2), translator.translate(LINES[2:], BEAM2)]
+
+
+def test_a_batch_closes_where_the_next_request_would_pass_the_token_bound(translator):
+    """max_batch_tokens counts source tokens (EOS included) x beam: a bound that the first two requests fill
+    exactly takes both in one batch, and the third, which would pass it, waits for the next."""
+    tokens = [2 * (len(ids) + 1) for ids in translator.tokenizer.encode_batch(LINES)]
+
+    async def scenario():
+        limits = Limits(max_wait_ms=200, max_batch_tokens=tokens[0] + tokens[1])
+        batcher = Batcher(translator, limits, ThreadPoolExecutor(1))
+        worker = asyncio.create_task(batcher.run())
+        results = await asyncio.gather(*(batcher.translate([line], BEAM2) for line in LINES))
+        worker.cancel()
+        return batcher, results
+
+    batcher, results = asyncio.run(scenario())
+    assert batcher.batches == 2 and [r[0] for r in results] == translator.translate(LINES, BEAM2)

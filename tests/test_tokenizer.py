@@ -203,3 +203,29 @@ def test_training_on_blank_text_names_the_text(tmp_path):
     """preprocess named the temporary path of the model it would have written, not the empty corpus."""
     with pytest.raises(TokenizerError, match=r"^cannot train a tokenizer: a.en \+ b.de is empty"):
         Tokenizer.train(["", "  "], tmp_path / "spm.model", 100, 1000, named="a.en + b.de")
+
+
+def test_a_model_whose_unknown_id_alone_differs_is_refused(tmp_path: Path) -> None:
+    """PAD and EOS in place are not enough: UNK_ID is what the prefix and constraint checks look for (an
+    unknown character), so a model with its unknown piece elsewhere would let "⁇" through unnoticed."""
+    import io
+
+    import sentencepiece as spm
+    writer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(["a b c d e f g"] * 20), model_writer=writer,
+                                   model_type="bpe", vocab_size=12, pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+                                   minloglevel=2)
+    (tmp_path / "unk3.model").write_bytes(writer.getvalue())
+    with pytest.raises(TokenizerError, match=r"unk3.model: special ids \(pad, eos, unk\) are \(0, 1, 3\)"):
+        Tokenizer(tmp_path / "unk3.model")
+
+
+def test_the_training_sample_keeps_input_order() -> None:
+    """The reservoir's sentences come back in the order of the input, whatever slots the draws replaced: the
+    model is a function of the sample, and the sample's order is part of what it is trained on."""
+    from transformer.tokenizer import _sample
+
+    lines = [f"{i:03d}" for i in range(50)]
+    for seed in range(20):
+        kept = _sample(lines, 10, seed)
+        assert len(kept) == 10 and kept == sorted(kept), (seed, kept)

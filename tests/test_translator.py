@@ -245,3 +245,32 @@ def test_a_prefix_and_constraints_that_fit_alone_but_not_together_are_refused(ru
     assert out.startswith("ein Hund") and "Katze" in out, out
     held = DecodeRequest(prefixes=["ein Hund"], constraints=[["Hund"]], max_len_offset=len(prefix) + 1 - pieces)
     assert translator.translate([source], held)[0].startswith("ein Hund")  # the prefix holds the phrase
+
+
+def test_a_beam_no_wider_than_the_vocabulary_is_the_bound(run):
+    """The first step offers the vocabulary's pieces and no more: a beam as wide is taken, one piece wider is
+    refused before decoding (the bound itself, not only far beyond it)."""
+    translator = Translator(run, log=lambda m: None)
+    vocab = translator.tokenizer.vocab_size
+    assert translator.check(DecodeRequest(beam_size=vocab)).beam_size == vocab
+    with pytest.raises(ConfigError, match=rf"^--beam {vocab + 1}: wider than the vocabulary \({vocab} pieces\)"):
+        translator.check(DecodeRequest(beam_size=vocab + 1))
+
+
+def test_a_blank_source_with_a_target_is_scored_not_taken_as_certain(run):
+    """Only an empty source *with an empty target* scores 0 (its EOS certain, as decode answers it); a blank
+    source given a real target is scored by the model, whose log-probs of its pieces are below 0."""
+    translator = Translator(run, log=lambda m: None)
+    empty, given = translator.score(["", "  "], ["", "ein Hund"])
+    assert empty.score == empty.log_prob == 0.0 and empty.token_log_probs == [0.0]
+    pieces = len(translator.tokenizer.encode("ein Hund"))
+    assert given.log_prob < 0 and len(given.token_log_probs) == pieces + 1  # its pieces and its EOS
+
+
+def test_a_checkpoint_of_another_vocabulary_is_refused(run, tmp_path):
+    """A weights file whose record names another spm.model than the run's: its ids would index other pieces."""
+    ckpt = load_checkpoint(list_checkpoints(run)[-1], with_state=False)
+    path = tmp_path / "other.safetensors"
+    write_model(path, ckpt.weights, {"config": ckpt.meta["config"], "vocab_sha256": "0" * 64})
+    with pytest.raises(CheckpointError, match="trained with another vocabulary"):
+        Translator(run, path)

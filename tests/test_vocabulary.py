@@ -1,0 +1,52 @@
+"""The run's vocabulary (§5.1): trained from the training files with the run's seed, and reused only for the
+inputs its record names."""
+
+from pathlib import Path
+
+import pytest
+
+from transformer.config import load_config
+from transformer.vocabulary import VocabularyError, open_vocabulary
+
+
+def paths(overrides: list[str]) -> tuple[Path, Path]:
+    value = {o.split("=", 1)[0]: o.split("=", 1)[1].strip('"') for o in overrides}
+    return Path(value["data.train_src"]), Path(value["data.train_tgt"])
+
+
+def test_the_record_names_both_files_and_the_seed(tmp_path, tiny_overrides):
+    """A vocabulary left in the folder is refused for another target file or another seed (each is an input
+    of the model: the seed draws its training sample), naming what changed."""
+    src, tgt = paths(tiny_overrides)
+    cfg = load_config("tiny", tiny_overrides)
+    path = tmp_path / "spm.model"
+    first = open_vocabulary(cfg, src, tgt, path, lambda m: None, resuming=False)
+    assert open_vocabulary(cfg, src, tgt, path, lambda m: None, resuming=False).sha256 == first.sha256
+    with pytest.raises(VocabularyError, match=r"\(seed: 1 -> 7\)"):
+        open_vocabulary(load_config("tiny", tiny_overrides + ["train.seed=7"]), src, tgt, path, print, False)
+    tgt.write_text(tgt.read_text(encoding="utf-8").replace("Hund", "Katze"), encoding="utf-8")
+    with pytest.raises(VocabularyError, match=r"\(train_tgt_sha256: '[0-9a-f]+' -> '[0-9a-f]+'\)"):
+        open_vocabulary(cfg, src, tgt, path, lambda m: None, resuming=False)
+
+
+def test_the_seed_draws_the_training_sample(tmp_path, tiny_overrides):
+    """With fewer sentences sampled than the files hold, train.seed picks them: two seeds, two vocabularies;
+    the same seed, the same one."""
+    src, tgt = paths(tiny_overrides)
+
+    def sha(seed: int, folder: str) -> str:
+        cfg = load_config("tiny", tiny_overrides + [f"train.seed={seed}", "data.spm_input_sentences=200"])
+        return open_vocabulary(cfg, src, tgt, tmp_path / f"{folder}.model", lambda m: None, False).sha256
+    assert sha(2, "a") == sha(2, "b") != sha(3, "c")
+
+
+def test_a_vocabulary_without_its_record_is_used_as_it_is(tmp_path, tiny_overrides):
+    """A folder's spm.model without spm.json (written by hand, or by an older version) is used, and the log
+    says so; it is not an unreadable record."""
+    src, tgt = paths(tiny_overrides)
+    cfg, path = load_config("tiny", tiny_overrides), tmp_path / "spm.model"
+    first = open_vocabulary(cfg, src, tgt, path, lambda m: None, resuming=False)
+    path.with_suffix(".json").unlink()
+    said = []
+    assert open_vocabulary(cfg, src, tgt, path, said.append, resuming=False).sha256 == first.sha256
+    assert said == [f"{path}: no record of what it was trained from (spm.json); using it as it is"]
