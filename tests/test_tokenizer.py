@@ -229,3 +229,13 @@ def test_the_training_sample_keeps_input_order() -> None:
     for seed in range(20):
         kept = _sample(lines, 10, seed)
         assert len(kept) == 10 and kept == sorted(kept), (seed, kept)
+
+
+def test_a_character_seen_once_is_a_piece_not_unknown(tmp_path: Path) -> None:
+    """character_coverage 1.0: every character of the training text is in the vocabulary, however rare (a name's
+    'ř' once in a corpus), so it is translated as itself; sentencepiece's default 0.9995 maps the rarest 0.05% of
+    the characters to the unknown piece, which the output cannot spell back."""
+    lines = ["ein hund läuft durch den schnee"] * 400 + ["dvořák"]
+    tokenizer = Tokenizer.train(lines, tmp_path / "spm.model", 40, 1000)
+    ids = tokenizer.encode("dvořák")
+    assert UNK_ID not in ids and tokenizer.decode(ids) == "dvořák"
