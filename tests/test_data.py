@@ -6,6 +6,7 @@ import gzip
 import math
 import os
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,11 @@ def test_truncated_gzip_is_a_data_error(tmp_path: Path) -> None:
     blob = multi30k("val.en.gz").read_bytes()
     f = tmp_path / "cut.en.gz"
     f.write_bytes(blob[: len(blob) // 2])
-    with pytest.raises(DataError, match=r"cut\.en\.gz"):
+    with pytest.raises(DataError, match=r"cut\.en\.gz") as e:
         read_lines(f)
+    # the line named is the first one the cut left incomplete: every line before it was read whole
+    whole = zlib.decompressobj(wbits=31).decompress(blob[: len(blob) // 2]).count(b"\n")
+    assert f"cut.en.gz:{whole + 1}: corrupt or truncated gzip file" in str(e.value)
 
 
 def test_a_pipes_lines_come_as_they_are_written() -> None:
