@@ -106,11 +106,11 @@ def startup(run: Path, repeat: int = 5) -> dict:
     import statistics
     import tempfile
 
-    def seconds(cmd: list[str], stdin: str = "") -> float:
+    def seconds(cmd: list[str]) -> float:
         times = []
         for _ in range(repeat):
             start = time.perf_counter()
-            subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=True, cwd=ROOT)
+            subprocess.run(cmd, input="", capture_output=True, text=True, check=True, cwd=ROOT)
             times.append(time.perf_counter() - start)
         return round(statistics.median(times), 3)
 

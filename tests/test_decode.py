@@ -14,7 +14,7 @@ from transformer.decode import decode_ids, score_ids, translate_ids
 from transformer.ensemble import Ensemble
 from transformer.sampling import Sampling
 from transformer.search import (beam_hypotheses, beam_search, beam_step, greedy_hypotheses, greedy_search,
-                                Hypothesis, keep_nbest, length_penalty, max_lengths, row_topk, top_next_tokens)
+                                Hypothesis, keep_nbest, length_penalty, max_lengths, next_log_probs, row_topk)
 from transformer.model import PositionsError, Transformer
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -103,7 +103,7 @@ def test_beam_step_hand_computed():
     log_probs = torch.tensor([[0, .5, .3, .2], [0, .1, .65, .25]]).log()
     scores = torch.tensor([[.6, .4]]).log()
     # joint: beam 0: EOS .30, 2 .18, 3 .12; beam 1: 2 .26, 3 .10, EOS .04 -> top 4: .30 .26 .18 .12
-    tokens = torch.arange(4).repeat(2, 1)  # every token of each beam, as top_next_tokens gives them for k = V
+    tokens = torch.arange(4).repeat(2, 1)  # every token of each beam, as row_topk gives them for k = V
     alive, origin, token, fin_score, fin_origin = beam_step(log_probs, tokens, scores, length=3, alpha=1.0)
     assert torch.allclose(alive, torch.tensor([[.26, .18]]).log())
     assert origin.tolist() == [[1, 0]] and token.tolist() == [[2, 2]]
@@ -112,13 +112,13 @@ def test_beam_step_hand_computed():
     assert fin_origin[:, 0].tolist() == [0] and torch.isinf(fin_score[:, 1]).all()
 
 
-def test_top_next_tokens_are_the_best_log_probs_with_exclusions():
+def test_the_top_next_tokens_are_the_best_log_probs_with_exclusions():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 50, generator=g) * 3
     log_probs = logits.log_softmax(-1)
     allowed = torch.rand(3, 50, generator=g) > 0.3
     allowed[:, EOS_ID] = False  # row 2 is at its limit: EOS comes back there all the same
-    values, tokens = top_next_tokens(logits.clone(), 5, step=4, max_len=torch.tensor([9, 6, 5]), allowed=allowed)
+    values, tokens = row_topk(next_log_probs(logits.clone(), 4, torch.tensor([9, 6, 5]), allowed), 5)
     for row in range(2):  # the scores are the unmasked log-softmax; excluded tokens never appear
         ok = allowed[row].clone()
         ok[PAD_ID] = False

@@ -67,7 +67,8 @@ class DataConfig:
     task: Literal["translate", "parse"] = "translate"  # parse: source words -> linearized tree (§6.3)
     src_lang: str = "en"
     tgt_lang: str = "de"
-    # Paths are absolute or relative to the data root (see prepare.find_data_root); "" = not given.
+    # Paths as given (absolute, or from ./), else under each data root in order (prepare.resolve_data_path);
+    # "" = not given.
     train_src: str = ""
     train_tgt: str = ""
     train_store: str = ""  # a token store from `transformer preprocess`, read instead of train_src/train_tgt

@@ -101,13 +101,11 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
 
 def translate_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.beam_size,
                   alpha: float = PAPER.alpha, max_len_offset: int = PAPER.max_len_offset,
-                  batch_size: int = PAPER.batch_size, constraint: Constraint | None = None,
-                  early_stop: EarlyStop = PAPER.early_stop,
+                  batch_size: int = PAPER.batch_size, early_stop: EarlyStop = PAPER.early_stop,
                   length_norm: LengthNorm = PAPER.length_norm) -> list[list[int]]:
     """``decode_ids``' 1-best outputs, their tokens (no EOS): one per input, in input order."""
     return [hyps[0].tokens for hyps in decode_ids(model, sources, beam_size, alpha, max_len_offset, batch_size,
-                                                  constraint=constraint, early_stop=early_stop,
-                                                  length_norm=length_norm)]
+                                                  early_stop=early_stop, length_norm=length_norm)]
 
 
 class Scored(NamedTuple):

@@ -40,7 +40,6 @@ class Dist:
 
     rank: int = 0
     world: int = 1
-    local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     waits: object = None  # the CPU process group of ``rank0_alone``
     # the process group of the host's own values (``all_sum``, ``gather``): a CPU group of its own beside
@@ -76,7 +75,7 @@ def setup(timeout_s: float) -> Dist:
     waits = torch_dist.new_group(backend="gloo", timeout=RANK0_WAIT)
     control = None if device.type == "cpu" else torch_dist.new_group(
         backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    return Dist(torch_dist.get_rank(), world, local_rank, device, waits, control)
+    return Dist(torch_dist.get_rank(), world, device, waits, control)
 
 
 # How long the other ranks wait for rank 0's own work (vocabulary, encoding, validation, checkpoints):

@@ -15,10 +15,6 @@ class EnsembleCache:
     def __init__(self, caches: list) -> None:
         self.caches = caches
 
-    @property
-    def length(self) -> int:
-        return self.caches[0].length
-
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         for c in self.caches:
             c.reorder(rows, sentences)
@@ -35,10 +31,6 @@ class Ensemble(torch.nn.Module):
     def __init__(self, models: Sequence[torch.nn.Module]) -> None:
         super().__init__()
         self.models = torch.nn.ModuleList(models)
-
-    @property
-    def output_weight(self) -> Tensor:
-        return self.models[0].output_weight
 
     @property
     def vocab_size(self) -> int:

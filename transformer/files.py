@@ -4,8 +4,9 @@ A file is written under a temporary name beside its final one, flushed to disk, 
 the user's umask allows (0644 under the usual 022: another account may read a run it serves), and
 renamed over the final name, which is atomic; the rename is made durable by an fsync of the
 folder. A crash or an error at any point leaves the old file or none, never part of a new one,
-and no temporary file behind. A link is followed (its target is replaced, the link stays), and a
-path that names no regular file (a pipe, a terminal, /dev/null) is written in place, as a stream.
+and no temporary file behind. A link to something is followed (its target is replaced, the link stays; a
+dangling link is replaced as a file would be), and a path that names no regular file (a pipe, a terminal,
+/dev/null) is written in place, as a stream.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path to write ``path``'s content to; when the block ends without an error the
     file there becomes ``path`` (see the module's docstring), otherwise it is removed. A failed write
     the user can fix (UNWRITABLE) is a WriteError naming ``path``. A stream (``is_stream``) is written in
-    place, and a link's target is replaced, not the link."""
+    place, and a link's target is replaced, not the link (a dangling link is replaced itself)."""
     path = Path(path)
     if is_stream(path):
         yield path
@@ -242,7 +243,8 @@ def download(url: str, path: Path, sha256: str | None = None) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in blocks (checkpoints and downloads are verified by it)."""
+    """Hex sha256 of a file's bytes, read in blocks (the hashes a checkpoint's and the vocabulary's records hold;
+    a checkpoint is verified on the bytes it loads, a download as it arrives)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 22):
@@ -250,11 +252,11 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_record(path: Path, error: type[UserError], missing: str, fmt: str | None = None,
+def read_record(path: Path, error: type[UserError], missing: str, fmt: str,
                 label: str | None = None) -> dict[str, Any]:
     """The JSON object in ``path`` (a checkpoint record, a token store's meta), with
     ``error`` naming the file when it is missing (``missing`` says what that means and what to do), unreadable,
-    not an object, or, given ``fmt``, a record of another format: a foreign file is refused, never half-read.
+    not an object, or a record of another format than ``fmt``: a foreign file is refused, never half-read.
     Errors start with ``label`` (default: the path); a missing file's with the path, where it was looked for."""
     label = label or str(path)
     try:
@@ -265,6 +267,6 @@ def read_record(path: Path, error: type[UserError], missing: str, fmt: str | Non
         raise error(f"{label}: unreadable ({e})") from None
     if not isinstance(record, dict):
         raise error(f"{label}: not a JSON object but {type(record).__name__}")
-    if fmt is not None and record.get("format") != fmt:
+    if record.get("format") != fmt:
         raise error(f"{label}: not a {fmt} record (format: {record.get('format')!r})")
     return record

@@ -115,18 +115,6 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values, columns.gather(1, at)
 
 
-def top_next_tokens(logits: Tensor, k: int, step: int, max_len: Tensor,
-                    allowed: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """logits [N, V] -> each row's k best next tokens among those ``next_log_probs`` leaves: their
-    log-probs [N, k] and ids [N, k], best first.
-
-    Only k values per row leave this function: a beam's best 2·beam continuations are among its own best
-    2·beam tokens, so beam search searches [n, beam·k] candidates instead of adding the beam scores
-    to all [n, beam·V] log-probs and searching those: k columns sorted per row instead of beam·V.
-    """
-    return row_topk(next_log_probs(logits, step, max_len, allowed), k)
-
-
 class NextTokenLogits:
     """Next-token logits for a batch of prefixes: the only thing cached and uncached search differ in.
 
@@ -215,7 +203,7 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
     """One step of the GNMT/tensor2tensor beam search (A11), for n sentences with ``beam`` beams each.
 
     log_probs [n*beam, k], tokens [n*beam, k]: each alive beam's k >= 2 best next tokens and their
-    log-probs (``top_next_tokens``; k = 2·beam holds every candidate the step can keep); scores
+    log-probs (``row_topk`` of ``next_log_probs``; k = 2·beam holds every candidate the step can keep); scores
     [n, beam] the beams' raw log P(prefix) (-inf for an empty beam); ``length`` = |Y| of a
     hypothesis ending at this token.
     Returns
@@ -312,6 +300,8 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     for step in range(int(max_len.max())):
         log_probs = next_log_probs(next_logits(prefix), step, row_max_len,
                                    constraint.allowed() if constraint is not None else None, shortest)
+        # a beam's best 2·beam continuations are among its own 2·beam best tokens: the step ranks [n, beam·2·beam]
+        # candidates instead of adding the scores to all [n, beam·V] log-probs
         if not banked:
             banks, (log_probs, tokens) = None, row_topk(log_probs, 2 * beam_size)
         else:

@@ -62,7 +62,6 @@ class TrainInterrupted(TrainError):
 
     def __init__(self, signum: int, message: str):
         super().__init__(message)
-        self.signum = signum
         self.exit_code = 128 + signum
 
 
