@@ -916,7 +916,7 @@ class Trainer:
     def after(self) -> AfterStep:
         """What booking the step in flight will do if it applies: a log line, validation, a checkpoint, the
         checksums. Called when every step before it is booked and no batch is drawn after its own; every
-        rank calls it once per step (the checkpoint's clock is rank 0's)."""
+        rank calls it once per step (a checkpoint is due on every rank when any rank's save clock says so)."""
         t, step = self.cfg.train, self.state.step + 1  # the number the step in flight takes if applied
         intervals = (self.intervals[1], self.intervals_done(step))
         logged = self.ends(t.log_every, intervals) or step == t.max_steps
