@@ -401,10 +401,16 @@ class BodyLimit:
                 raise
 
     async def _refuse(self, send) -> None:
-        body = json.dumps({"error": f"request body larger than {self.limit} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, f"request body larger than {self.limit} bytes")
+
+
+async def send_error(send, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """An error answered below FastAPI (from ASGI middleware or a bare ASGI app), in the API's own form:
+    ``{"error": message}`` as JSON."""
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), *headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _answerable(e: Exception, doing: str = "decoding") -> LimitError:
@@ -684,11 +690,8 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
 
 async def _busy(scope, receive, send) -> None:
     """The ASGI app that answers a connection over --max-connections: 503, try again in a second."""
-    body = json.dumps({"error": "busy: too many connections are open; try again shortly"}).encode()
-    await send({"type": "http.response.start", "status": 503, "headers": [
-        (b"content-type", b"application/json"), (b"retry-after", b"1"), (b"connection", b"close"),
-        (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    await send_error(send, 503, "busy: too many connections are open; try again shortly",
+                     ((b"retry-after", b"1"), (b"connection", b"close")))
 
 
 def deadline_protocol(seconds: float, max_connections: int) -> type:
