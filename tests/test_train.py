@@ -97,6 +97,18 @@ def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides
             ) in (run / "train.log").read_text()
 
 
+def test_other_numerics_on_resume_are_said(tmp_path, tiny_overrides):
+    """A run may be resumed in another precision, with other threads or compiled (moved to another machine, say):
+    the same batches, other rounding. The log says that its weights are no longer bit for bit those of a run never
+    stopped (it said nothing)."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.threads=1"]), run, quiet=True)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=3", "train.threads=2"]), run, resume=True,
+          quiet=True)
+    assert ("resuming with other numerics: train.threads: 1 -> 2; the same batches, other rounding"
+            in (run / "train.log").read_text())
+
+
 def test_a_resume_that_draws_other_batches_says_so(tmp_path, tiny_overrides):
     """A checkpoint records its run's batch plan: resumed with other batches (another train.max_tokens here;
     other data, or a version that batched otherwise, alike) the run goes on and the log says that its data
@@ -1398,3 +1410,123 @@ def test_a_streak_of_non_finite_steps_is_counted_across_a_resume(tmp_path, tiny_
     with pytest.raises(TrainError, match="4 steps in a row had non-finite gradients; stopping at step 2"):
         train(cfg, run, resume=True, quiet=True)
     assert (run / "train.log").read_text().count("gradients are not finite") - skipped_before == 4 - streak
+
+
+def test_a_run_continued_past_a_step_budget_that_ended_between_log_lines_logs_as_one_never_stopped(tmp_path,
+                                                                                                    tiny_overrides):
+    """A step budget that ends between two log lines logs its last step, and that line emptied the checkpoint's log
+    window: continued for longer (--resume with more steps), the next line averaged its own steps alone (an epoch's
+    train loss, with interval_unit "epochs", its part after the resume), and metrics.jsonl kept the earlier end's
+    line beside it. The next line averages them all and takes the place of the earlier end's."""
+    common = tiny_overrides + ["train.log_every=5", "train.eval_every=1000", "train.save_every=1000"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(load_config("tiny", common + ["train.max_steps=10"]), full, quiet=True)
+    train(load_config("tiny", common + ["train.max_steps=7"]), part, quiet=True)
+    assert [json.loads(line)["step"] for line in (part / "metrics.jsonl").read_text().splitlines()] == [5, 7]
+    train(load_config("tiny", common + ["train.max_steps=10"]), part, resume=True, quiet=True)
+    records = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (full, part)]
+    assert [r["step"] for r in records[1]] == [r["step"] for r in records[0]] == [5, 10]
+    for key in ("train_loss", "grad_norm", "grad_norm_max", "lr"):
+        assert [r[key] for r in records[1]] == [r[key] for r in records[0]], key
+
+
+@pytest.mark.parametrize("stop", ["budget", "SIGTERM"])
+def test_a_step_skipped_just_before_a_stop_leaves_the_next_its_uninterrupted_rate(tmp_path, tiny_overrides,
+                                                                                 monkeypatch, stop):
+    """The step queued while a step whose gradients turn out not finite is in flight takes the rate one step on.
+    Where training stopped just after such a step (a signal; or the step budget about to end, which books its last
+    step before queueing another), it was booked with nothing queued after it, and the next step, after the resume
+    or within the budget, took the rate of its own number: the run went on with another rate, and other weights,
+    than one never stopped."""
+    import signal
+
+    import transformer.train as T
+    from transformer.train import TrainInterrupted
+
+    real, calls = T.label_smoothed_loss, {"n": 0}
+
+    def poisoned(hidden, weight, target, eps_ls):  # the fifth step's gradients are not finite
+        calls["n"] += 1
+        loss = real(hidden, weight, target, eps_ls)
+        return loss * float("nan") if calls["n"] == 5 else loss
+
+    monkeypatch.setattr(T, "label_smoothed_loss", poisoned)
+    common = tiny_overrides + ["train.log_every=1", "train.eval_every=1000", "train.save_every=1000",
+                               "train.warmup_steps=4"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(load_config("tiny", common + ["train.max_steps=8"]), full, quiet=True)
+    calls["n"] = 0
+    if stop == "budget":  # the fifth step is skipped, the sixth is the budget's last
+        train(load_config("tiny", common + ["train.max_steps=5"]), part, quiet=True)
+    else:
+        step = T.queue_step
+
+        def stopped_at_the_fifth(*args, **kwargs):
+            if calls["n"] == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return step(*args, **kwargs)
+
+        monkeypatch.setattr(T, "queue_step", stopped_at_the_fifth)
+        with pytest.raises(TrainInterrupted, match="stopped after step 4"):
+            train(load_config("tiny", common + ["train.max_steps=8"]), part, quiet=True)
+        monkeypatch.setattr(T, "queue_step", step)
+    train(load_config("tiny", common + ["train.max_steps=8"]), part, resume=True, quiet=True)
+    rates = [[(r["step"], r["lr"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+             for run in (full, part)]
+    assert rates[1] == rates[0]
+    a, b = load_checkpoint(list_checkpoints(full)[-1]), load_checkpoint(list_checkpoints(part)[-1])
+    assert a.meta["train_state"]["skipped_steps"] == b.meta["train_state"]["skipped_steps"] == 1
+    for name, tensor in a.weights.items():
+        assert torch.equal(tensor, b.weights[name]), name
+
+
+def test_an_epoch_that_ends_in_a_skipped_step_just_before_a_stop_is_reported_after_the_resume(tmp_path,
+                                                                                            tiny_overrides,
+                                                                                            monkeypatch):
+    """With train.interval_unit = "epochs", an epoch whose last step is skipped (gradients not finite) is reported
+    at the next applied step: its log line, validation and checkpoint. Stopped just after that skipped step, the
+    resumed run counted the epoch as reported already (its last batch was drawn), and never logged, validated or
+    saved it: the checkpoints, and so the average, were not those of a run never stopped."""
+    import re
+    import signal
+
+    import transformer.train as T
+    from transformer.train import TrainInterrupted
+
+    real, calls = T.label_smoothed_loss, {"n": 0, "bad": 0}
+
+    def poisoned(hidden, weight, target, eps_ls):  # the epoch's last step's gradients are not finite
+        loss = real(hidden, weight, target, eps_ls)
+        if torch.is_grad_enabled():  # training, not validation
+            calls["n"] += 1
+            return loss * float("nan") if calls["n"] == calls["bad"] else loss
+        return loss
+
+    common = tiny_overrides + ['train.interval_unit="epochs"', "train.log_every=1", "train.eval_every=1",
+                               "train.save_every=1"]
+    probe = tmp_path / "probe"
+    train(load_config("tiny", common + ["train.max_steps=1"]), probe, quiet=True)
+    per_epoch = int(re.search(r"(\d+) batches of", (probe / "train.log").read_text()).group(1))
+    sets = common + [f"train.max_steps={per_epoch + 3}"]
+    monkeypatch.setattr(T, "label_smoothed_loss", poisoned)
+    calls.update(n=0, bad=per_epoch)
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(load_config("tiny", sets), full, quiet=True)
+    calls["n"] = 0
+    step = T.queue_step
+
+    def stopped_at_the_epochs_end(*args, **kwargs):
+        if calls["n"] == per_epoch - 1:  # as the epoch's last step is queued
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(T, "queue_step", stopped_at_the_epochs_end)
+    with pytest.raises(TrainInterrupted, match=f"stopped after step {per_epoch - 1}"):
+        train(load_config("tiny", sets), part, quiet=True)
+    monkeypatch.setattr(T, "queue_step", step)
+    calls["bad"] = 0
+    train(load_config("tiny", sets), part, resume=True, quiet=True)
+    records = [[json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (full, part)]
+    reported = [[(r["step"], "valid_nll" in r) for r in run] for run in records]
+    assert reported[1] == reported[0] == [(per_epoch, True), (per_epoch + 3, False)]
+    assert [p.name for p in list_checkpoints(part)] == [p.name for p in list_checkpoints(full)]

@@ -105,6 +105,9 @@ class TrainState:
     tgt_tokens: int = 0  # non-pad target tokens trained on (all ranks)
     skipped_steps: int = 0  # steps whose gradients were not finite: not applied, not counted in ``step``
     bad_in_a_row: int = 0  # the newest of them in a row (train.max_bad_steps stops training at that many)
+    # epochs whose last batch an applied step trained (None: not recorded): where training stopped after skipped
+    # steps, an epoch that ended in one is still to be reported (train.interval_unit "epochs"), at the next step
+    epochs_done: int | None = None
     world_size: int = 1  # data-parallel ranks that trained up to here
     best_value: float | None = None  # train.keep_best's best value so far, at step best_step
     best_step: int = 0
@@ -254,6 +257,9 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             log(f"resuming with another budget: {'; '.join(budget)}" + (
                 f"; the cooldown (train.cooldown_fraction {cooldown:g}) is the new budget's last part, so a run "
                 "already cooled down goes back to eq. (3)'s rate until then" if cooldown else ""))
+        if numerics := cfg.differences(saved, "train", ("precision", "threads", "compile")):  # a run moved, say
+            log(f"resuming with other numerics: {'; '.join(numerics)}; the same batches, other rounding: the weights "
+                "will not be bit for bit those of a run never stopped")
     if write:
         files.write_text(config_path, dump_toml(cfg))
 
@@ -893,8 +899,8 @@ class Trainer:
 
     def learning_rate(self, time_used: float, ahead: int = 0) -> float:
         """Eq. (3) for the next step, cooled down over the end of the budget when the config says so.
-        ``ahead``: steps in flight, counted as applied (a step queued after one whose gradients turn out
-        not finite takes the rate one step further on; the skipped step itself changes nothing)."""
+        ``ahead``: steps in flight, or a step just skipped, counted as applied (a step queued after one whose
+        gradients turn out not finite takes the rate one step further on; the skipped step itself changes nothing)."""
         t, done = self.cfg.train, self.state.step + ahead
         lr = learning_rate(done + 1, self.cfg.model.d_model, t.warmup_steps, t.lr_scale)  # eq. (3)
         if t.cooldown_fraction:  # rank 0's clock decides, so every rank takes the same rate
@@ -947,6 +953,8 @@ class Trainer:
             return
         state.bad_in_a_row = 0
         state.step += 1
+        # the plan's count: by now the state may hold the batches of the step queued after this one
+        state.epochs_done = plan.intervals if t.interval_unit == "epochs" else None
         state.tgt_tokens += result.n_tokens
         self.window["loss"] += result.loss
         self.window["tokens"] += result.n_tokens
@@ -1034,13 +1042,17 @@ class Trainer:
                   "dev_bleu": "valid_bleu"}.get(t.keep_best)
         if metric in rec:
             self.keep_best(rec[metric])
-        # the next line's time runs on from this step's end, less the validation and translation just done
-        self.window = new_window(window["t1"] + evaluated)
+        # the next line's time runs on from this step's end, less the validation and translation just done; a line
+        # of the step budget's end alone (off train.log_every) leaves its steps to the checkpoint: a run continued
+        # for longer averages them in its next line, as a run never stopped does (``trim_metrics``)
+        if self.ends(t.log_every):
+            self.window = new_window(window["t1"] + evaluated)
 
-    def trim_metrics(self) -> None:
+    def trim_metrics(self, again: bool = False) -> None:
         """metrics.jsonl as of the step resumed from: the records of later steps (logged after the checkpoint
         resumed from, they come again) and a last line cut short (a disk that filled up) go, so that the file
-        holds each step once, in order, and every line reads (``plot``)."""
+        holds each step once, in order, and every line reads (``plot``). ``again``: the record of the step resumed
+        from goes too (the line of a step budget's end, whose steps the next line averages again)."""
         path, step = self.out / "metrics.jsonl", self.state.step
         if not path.exists():
             return
@@ -1051,13 +1063,14 @@ class Trainer:
                 record = json.loads(line)
             except ValueError:
                 return False  # damaged by hand: left for plot to name
-            return isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+            return (isinstance(record, dict) and isinstance(record.get("step"), int)
+                    and (record["step"] > step or again and record["step"] == step))
 
         kept = [line for line in lines if line.endswith(b"\n") and not later(line)]
         if len(kept) < len(lines):
             files.write_bytes(path, b"".join(kept))
             self.log(f"metrics.jsonl: {len(lines) - len(kept)} record(s) after step {step}, the step resumed "
-                     "from, left out (they are logged again), or cut short")
+                     f"from{' (or of it)' if again else ''}, left out (they are logged again), or cut short")
 
     def run(self) -> dict[str, Any]:
         """Steps until train.max_steps or train.max_minutes (or a signal), saving on the clock; then the
@@ -1065,9 +1078,13 @@ class Trainer:
         t, dist, state = self.cfg.train, self.dist, self.state
         if dist.main:
             from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
+            # the checkpoint's log window holds steps that a line of the step budget's end logged (``report``):
+            # training on, the next line averages them again and takes that line's place
+            again = state.step < t.max_steps and resumed_window(self.window_then)["tokens"] > 0
             # resumed from an older checkpoint than the last line logged: TensorBoard hides what came after it
-            self.writer = SummaryWriter(str(self.out / "tb"), purge_step=state.step + 1 if state.step else None)
-            self.trim_metrics()
+            self.writer = SummaryWriter(str(self.out / "tb"),
+                                        purge_step=state.step + int(not again) if state.step else None)
+            self.trim_metrics(again)
             if state.step >= t.max_steps:
                 self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
             elif (self.out / "summary.json").exists():  # written again when this budget ends
@@ -1078,7 +1095,12 @@ class Trainer:
         bar = tqdm(total=1000, initial=budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes),
                    desc="train", disable=self.quiet or not dist.main, dynamic_ncols=True, mininterval=1.0,
                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
-        self.intervals = (self.intervals_done(),) * 2  # (at the last applied step, now), for ends()
+        # (at the last applied step, now), for ends(); resumed after skipped steps that ended an epoch, that epoch
+        # is reported at the next applied step, as in a run never stopped
+        done = self.intervals_done()
+        if t.interval_unit == "epochs" and state.bad_in_a_row and state.epochs_done is not None:
+            done = state.epochs_done
+        self.intervals = (done,) * 2
         # set by keep_best on rank 0 (every rank stops after the same step); a run resumed after its patience
         # ran out stops at once, unless the new config allows more
         self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
@@ -1109,7 +1131,11 @@ class Trainer:
                     if pending:
                         self.book(pending, plan, bar)
                     break
-                queued = self.queue(self.learning_rate(time_used, ahead=int(bool(pending))))
+                # a step in flight counts as applied, and so does one just skipped (gradients not finite): the step
+                # after a skipped one takes the rate one step on whether it was queued before that one was booked or
+                # after (where training stopped, or the budget's last step was due): as in a run never stopped
+                ahead = int(bool(pending) or state.bad_in_a_row > 0)
+                queued = self.queue(self.learning_rate(time_used, ahead=ahead))
                 if pending:
                     self.book(pending, plan, bar)
                 pending = queued
