@@ -116,3 +116,12 @@ def test_the_exported_projection_keeps_row_0_and_never_outputs_pad():
     bias = spec.decoder.projection.bias
     assert bias[PAD_ID] <= -1e9 and not bias[1:].any()
     assert spec.config.layer_norm_epsilon == model.cfg.ln_eps == 1e-6  # the run's ε (A7), not CTranslate2's default
+
+
+def test_an_empty_out_folder_is_written_into(tiny_run, tmp_path):
+    """--out must be "empty or new" (the command's help): CTranslate2's converter refused an existing empty
+    folder without its force, an internal error (RuntimeError) where the export should have been written."""
+    out = tmp_path / "ct2"
+    out.mkdir()
+    export_ctranslate2(tiny_run, out, log=lambda m: None)
+    assert (out / "model.bin").is_file() and (out / "spm.model").is_file()

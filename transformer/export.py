@@ -159,22 +159,25 @@ def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None,
                        force: bool = False, log=print) -> Path:
     """Write the run's decoding weights (the same average ``Translator`` uses) as a CTranslate2 model.
 
-    The sentencepiece model is copied beside it, so the folder is all a user needs.
+    The sentencepiece model is copied beside it, so the folder is all a user needs. It is written into a
+    staging folder, as the other formats are: CTranslate2's converter refuses any existing folder without
+    its force, an empty ``out`` included, and with it deletes an earlier export before writing the new one.
     """
-    out = _empty_out(out, force)
-    translator = Translator(run_dir, checkpoint, log=log, device="cpu")
-    spec = ctranslate2_spec(translator.model, translator.tokenizer.vocabulary())
-    from ctranslate2.converters.converter import Converter
+    out = Path(out)
+    with _staged(out, force) as folder:
+        translator = Translator(run_dir, checkpoint, log=log, device="cpu")
+        spec = ctranslate2_spec(translator.model, translator.tokenizer.vocabulary())
+        from ctranslate2.converters.converter import Converter
 
-    class _Loaded(Converter):
-        def _load(self):
-            return spec
+        class _Loaded(Converter):
+            def _load(self):
+                return spec
 
-    try:
-        _Loaded().convert(str(out), quantization=quantization, force=force)
-    except ValueError as e:
-        raise ExportError(f"{out}: {e}") from None
-    (out / "spm.model").write_bytes((Path(run_dir) / "spm.model").read_bytes())
+        try:
+            _Loaded().convert(str(folder), quantization=quantization, force=True)  # the staging folder exists
+        except ValueError as e:
+            raise ExportError(f"{out}: {e}") from None
+        (folder / "spm.model").write_bytes((Path(run_dir) / "spm.model").read_bytes())
     log(f"exported {run_dir} to {out} (CTranslate2, {quantization or 'float32'}; tokenize with {out}/spm.model)")
     return out
 
