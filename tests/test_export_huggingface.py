@@ -244,3 +244,21 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
     assert "the average of the last 5 checkpoints (these weights)" in average
     assert "these weights are `step_00000080.json` alone" in one and "(these weights)" not in one
     assert "these weights are `best.safetensors` alone" in best
+
+
+
+@pytest.mark.parametrize("export", [export_huggingface, export_onnx, export_ctranslate2])
+def test_a_refused_export_leaves_no_folder(tiny_overrides, tmp_path, export):
+    """A model the format cannot hold (here d_k other than d_model / h, Table 3 row A) is refused, and leaves
+    nothing behind: the folders made for --out (its parents) stayed, empty, after the refusal."""
+    from transformer.train import train
+
+    pytest.importorskip("optimum.exporters.onnx" if export is export_onnx else "ctranslate2")
+    cfg = load_config("tiny", tiny_overrides + [
+        "model.d_model=32", "model.d_ff=64", "model.d_k=16", "model.n_enc_layers=1", "model.n_dec_layers=1",
+        "train.max_steps=2", "train.save_every=2", "train.eval_every=2", "train.log_every=1"])
+    train(cfg, tmp_path / "run", quiet=True)
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(ExportError, match="d_k"):
+        export(tmp_path / "run", tmp_path / "exports" / "en-de" / "model", log=lambda m: None)
+    assert sorted(tmp_path.iterdir()) == before

@@ -332,19 +332,27 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 @contextlib.contextmanager
 def _staged(out: Path, force: bool) -> Iterator[Path]:
     """A new folder beside ``out`` to write the export into; when the block ends without an error it
-    replaces ``out`` (with ``force``, whatever was there), else it is removed and ``out`` stays as it was."""
+    replaces ``out`` (with ``force``, whatever was there), else it is removed and ``out`` stays as it was,
+    as do its parents: the folders made for it are removed again, so a refused export leaves nothing."""
     out = _empty_out(out, force)
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # the deepest first
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-        staged = Path(tmp) / out.name
-        staged.mkdir()
-        yield staged
-        for path in staged.rglob("*"):
-            if path.is_file():  # the libraries' own writers do not all honour the umask (safetensors: 0600)
-                files.share(path)
-        if out.exists():
-            shutil.rmtree(out)
-        staged.rename(out)
+    try:
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+            staged = Path(tmp) / out.name
+            staged.mkdir()
+            yield staged
+            for path in staged.rglob("*"):
+                if path.is_file():  # the libraries' own writers do not all honour the umask (safetensors: 0600)
+                    files.share(path)
+            if out.exists():
+                shutil.rmtree(out)
+            staged.rename(out)
+    except BaseException:
+        for folder in made:
+            with contextlib.suppress(OSError):  # one that something else wrote into meanwhile stays
+                folder.rmdir()
+        raise
 
 
 def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None, force: bool = False,
