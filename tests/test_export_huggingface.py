@@ -71,6 +71,15 @@ def test_the_tokenizer_gives_our_ids_and_text(run, exported, multi30k):
     assert tok.batch_decode(ids, skip_special_tokens=True) == [ours.decode(i) for i in ids]
 
 
+def test_special_pieces_written_in_the_text_are_text(run, exported):
+    """Ours reads "</s>", "<unk>" or "<s>" in a sentence as the characters they are; the exported tokenizer read
+    them as its special tokens: an EOS, UNK or the start symbol (PAD) in the middle of the source."""
+    ours = quiet(run).tokenizer
+    tok = transformers.AutoTokenizer.from_pretrained(exported)
+    lines = ["A man writes </s> on a wall.", "<unk> and <s> and <pad> are not words."]
+    assert tok(lines)["input_ids"] == [ours.encode(s) + [EOS_ID] for s in lines]
+
+
 class EndAtTheLimit(transformers.LogitsProcessor):
     """Our search's rule at the length limit (search.next_log_probs, DEVIATION(§6.1)): only EOS may come last,
     scored by the model's own log P(EOS). generate's forced_eos_token_id scores it log 1 instead, which ranks

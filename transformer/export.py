@@ -396,7 +396,8 @@ def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -
         tokenizer = MarianTokenizer(str(spm_model), str(spm_model), str(vocab), unk_token=pieces[UNK_ID],
                                     eos_token=pieces[EOS_ID], **names,
                                     model_max_length=hf.config.max_position_embeddings,
-                                    clean_up_tokenization_spaces=False)
+                                    clean_up_tokenization_spaces=False,
+                                    split_special_tokens=True)  # "</s>" in a text is text, as ours reads it
         tokenizer.save_pretrained(out)
     card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size, checkpoint)
     (out / "README.md").write_text(card, encoding="utf-8")
