@@ -271,3 +271,17 @@ def test_a_refused_export_leaves_no_folder(tiny_overrides, tmp_path, export):
     with pytest.raises(ExportError, match="d_k"):
         export(tmp_path / "run", tmp_path / "exports" / "en-de" / "model", log=lambda m: None)
     assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("export", [export_huggingface, export_onnx, export_ctranslate2])
+def test_a_parsing_run_is_exported_with_a_note_on_what_translate_adds(tiny_parse_run, tmp_path, monkeypatch, export):
+    """A parsing run's translate escapes the input's brackets (-LRB-, ...) and writes only trees of the input
+    (decode.constrained): the exported model does neither, and its outputs differed from ours on every line
+    without a word. Its ONNX graphs are not built here."""
+    library = pytest.importorskip("optimum.exporters.onnx" if export is export_onnx else "ctranslate2")
+    if export is export_onnx:
+        monkeypatch.setattr(library, "main_export", lambda *a, **k: None)
+    said = []
+    export(tiny_parse_run, tmp_path / "out", log=said.append)
+    notes = [m for m in said if m.startswith("note: a parsing run")]
+    assert len(notes) == 1 and "-LRB-" in notes[0] and "(decode.constrained)" in notes[0], said

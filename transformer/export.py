@@ -45,6 +45,7 @@ import torch
 
 from . import files
 from .checkpoint import chosen_weights
+from .config import Config
 from .errors import UserError
 from .model import Transformer
 from .tokenizer import EOS_ID, PAD_ID, UNK_ID
@@ -155,6 +156,20 @@ def _empty_out(out: Path, force: bool) -> Path:
     return out
 
 
+def _parse_note(cfg: Config) -> str | None:
+    """What ``translate`` does for a parsing run (§6.3) beyond the weights an export holds: it escapes the
+    input's brackets and, with decode.constrained, writes only trees of the input. An exported model does
+    neither, and the export said nothing of it where outputs differ from ours on every line. None: a
+    translation run."""
+    if cfg.data.task != "parse":
+        return None
+    tree = " and its beam writes only well-formed trees of the input (decode.constrained)"
+    return ("note: a parsing run: `transformer translate` writes the input's brackets as the treebank does "
+            "(-LRB-, -RRB-, -LCB-, -RCB-)" + (tree if cfg.decode.constrained else "") +
+            "; the exported model does not, so escape the input yourself" +
+            (", and expect outputs that are not trees" if cfg.decode.constrained else ""))
+
+
 def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None, quantization: str | None = None,
                        force: bool = False, log=print) -> Path:
     """Write the run's decoding weights (the same average ``Translator`` uses) as a CTranslate2 model.
@@ -179,6 +194,8 @@ def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None,
             raise ExportError(f"{out}: {e}") from None
         (folder / "spm.model").write_bytes((Path(run_dir) / "spm.model").read_bytes())
     log(f"exported {run_dir} to {out} (CTranslate2, {quantization or 'float32'}; tokenize with {out}/spm.model)")
+    if note := _parse_note(translator.cfg):
+        log(note)
     return out
 
 
@@ -375,6 +392,8 @@ def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -
     and the run's LayerNorm ε."""
     translator = Translator(run_dir, checkpoint, log=log, device="cpu")
     hf = huggingface_model(translator.model)
+    if note := _parse_note(translator.cfg):
+        log(note)
     from transformers import MarianTokenizer
 
     d = translator.cfg.decode
