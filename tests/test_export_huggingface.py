@@ -219,6 +219,29 @@ def test_models_the_architectures_cannot_hold_are_refused(fields, reason):
         huggingface_model(Transformer(cfg, 50))
 
 
+@pytest.mark.parametrize("fields,option", [
+    ({"positional": "learned"}, 'model.positional = "learned"'),
+    ({"d_k": 16}, "model.d_k, model.d_v = (16, 8)"),
+    ({"norm": "pre", "share_embeddings": False}, "model.share_embeddings = false"),
+    ({"d_model": 33, "n_heads": 3}, "model.d_model 33"),
+])
+def test_a_refusal_names_the_config_option(fields, option):
+    """The refusal is one line that names the run's config field to change: learned positions, d_k, d_v and an odd
+    d_model were named as the paper names them, not as model.positional, model.d_k, model.d_v, model.d_model."""
+    import re
+
+    from transformer.export import ctranslate2_spec
+
+    cfg = ModelConfig(**{**dict(n_enc_layers=1, n_dec_layers=1, d_model=32, d_ff=64, n_heads=4), **fields})
+    with pytest.raises(ExportError) as refused:
+        huggingface_model(Transformer(cfg, 50))
+    assert option in str(refused.value) and "\n" not in str(refused.value)
+    if "d_k" in fields:
+        pytest.importorskip("ctranslate2")
+        with pytest.raises(ExportError, match=re.escape(option)):
+            ctranslate2_spec(Transformer(cfg, 50), [f"p{i}" for i in range(50)])
+
+
 def test_force_replaces_the_folder_and_a_failed_export_leaves_it(run, exported, tmp_path):
     pytest.importorskip("optimum.onnxruntime")
     out = tmp_path / "out"

@@ -73,8 +73,8 @@ def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int =
         raise ExportError("CTranslate2 is not installed: pip install 'transformer[export]'") from None
     cfg = model.cfg
     if cfg.d_model % cfg.n_heads or cfg.head_dims != (cfg.d_model // cfg.n_heads,) * 2:
-        raise ExportError(f"CTranslate2 needs d_k = d_v = d_model / h; this model has d_k, d_v = {cfg.head_dims}, "
-                          f"d_model {cfg.d_model}, h {cfg.n_heads}")
+        raise ExportError(f"CTranslate2 needs d_k = d_v = d_model / h; this model has model.d_k, model.d_v = "
+                          f"{cfg.head_dims}, d_model {cfg.d_model}, h {cfg.n_heads}")
     if cfg.positional == "learned":
         max_positions = cfg.max_positions
     spec = transformer_spec.TransformerSpec.from_config((cfg.n_enc_layers, cfg.n_dec_layers), cfg.n_heads,
@@ -211,13 +211,14 @@ def huggingface_model(model: Transformer, max_positions: int = 1024):
         raise ExportError("transformers is not installed: pip install 'transformer[hf]'") from None
     cfg, vocab = model.cfg, model.vocab_size
     if cfg.positional != "sinusoidal":
-        raise ExportError("learned positions (Table 3 row E) cannot be expressed: Marian and Pegasus add §3.5's "
-                          "sinusoid, recomputed when the model is loaded")
+        raise ExportError("learned positions (model.positional = \"learned\", Table 3 row E) cannot be expressed: "
+                          "Marian and Pegasus add §3.5's sinusoid, recomputed when the model is loaded")
     if cfg.head_dims != (cfg.d_model // cfg.n_heads,) * 2 or cfg.d_model % cfg.n_heads:
-        raise ExportError(f"d_k, d_v = {cfg.head_dims} with d_model {cfg.d_model} and {cfg.n_heads} heads cannot be "
-                          "expressed: transformers' attention splits d_model evenly over the heads (Table 3 rows A, B)")
+        raise ExportError(f"model.d_k, model.d_v = {cfg.head_dims} with d_model {cfg.d_model} and {cfg.n_heads} heads "
+                          "cannot be expressed: transformers' attention splits d_model evenly over the heads (Table 3 "
+                          "rows A, B)")
     if cfg.d_model % 2:
-        raise ExportError(f"d_model {cfg.d_model} is odd: the [sin | cos] layout of transformers' sinusoid has "
+        raise ExportError(f"model.d_model {cfg.d_model} is odd: the [sin | cos] layout of transformers' sinusoid has "
                           "no permutation onto ours")
     if cfg.norm == "pre" and not cfg.share_embeddings:
         raise ExportError("a pre-norm run maps onto Pegasus, whose encoder and decoder share one embedding "
