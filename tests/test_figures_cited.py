@@ -66,6 +66,7 @@ SETTINGS: list[tuple[str, str]] = [
     ("docs/exports.md", r"1e-[456]"), ("docs/exports.md", r"\+\s+50"), ("docs/exports.md", r"\(5\s+\+\s+\|Y\|\)\s+/\s+6"),
     ("docs/exports.md", r"PAD\s+0,\s+EOS\s+1,\s+UNK\s+2"), ("docs/exports.md", r"id\s+0"),
     ("docs/exports.md", r"-1e9"), ("docs/exports.md", r"up\s+to\s+40%"), ("docs/exports.md", r"§3\.5"),
+    ("docs/exports.md", r"1,024\s+(positions|pieces)"),  # the exports' position tables (export.huggingface_model)
     ("docs/results.md", r"~8,192\s+tokens"), ("docs/results.md", r"smoothing\s+0\.1"),
     ("docs/results.md", r"β2\s+0\.9+8?"), ("docs/results.md", r"within\s+0\.5"),
     ("docs/results.md", r"every\s+50\s+updates"), ("docs/results.md", r"gain\s+(1/√2|1)\b"), ("docs/results.md", r"the\s+41\.5\s+the\s+issue"),
