@@ -274,8 +274,8 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
     (tmp_path / "best.safetensors").touch()  # train.keep_best wrote it
     best = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"))
     assert "the average of the last 5 checkpoints (these weights)" in average
-    assert "these weights are `step_00000080.json` alone" in one and "(these weights)" not in one
-    assert "these weights are `best.safetensors` alone" in best
+    assert "these weights are `step_00000080.json`, the file --checkpoint named" in one and "(these weights)" not in one
+    assert "these weights are `best.safetensors`, the file --checkpoint named" in best
 
 
 

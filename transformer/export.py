@@ -307,7 +307,7 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
     m, d = cfg.model, cfg.data
     weights = f"the average of the last {cfg.decode.average_last} checkpoints" + (
         " (these weights)" if checkpoint is None else
-        f"; these weights are `{chosen_weights(run_dir, checkpoint).name}` alone")
+        f"; these weights are `{chosen_weights(run_dir, checkpoint).name}`, the file --checkpoint named")
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
