@@ -842,6 +842,42 @@ def test_each_refused_pair_of_options_gives_its_one_line_before_decoding(pair, t
     assert len(err.splitlines()) == 1 and err.startswith(f"error: {CLI[a]} with {CLI[b]}") and why in err, err
 
 
+def test_serve_takes_the_tables_ensemble_as_translate_does(tmp_path, capsys, monkeypatch):
+    """The table (docs/decoding.md) is the server's too, its --ensemble column included, but `serve` had no
+    --ensemble: no accepted pair with it worked there, and alignment with it was not refused in its one line."""
+    import socket
+
+    import uvicorn
+
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    answers = []
+
+    def served(self, sockets=None) -> None:  # the app `serve` built, asked in-process instead of listening
+        with TestClient(self.config.app) as c:
+            for body in ({"beam": 3, "nbest": 2}, {"alignment": True}):
+                answers.append(c.post("/v1/translate", json={"text": MATRIX_LINES["translate"], **body}))
+            answers.append(c.post("/v1/attention", json={"text": MATRIX_LINES["translate"][0]}))
+
+    monkeypatch.setattr(uvicorn.Server, "run", served)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = str(REFERENCE_RUN)
+    assert main(["serve", run, "--ensemble", run, "--port", str(port)]) == 0, capsys.readouterr().err
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in MATRIX_LINES["translate"]))
+    capsys.readouterr()
+    assert main(["translate", run, "--ensemble", run, "--beam", "3", "--nbest", "2",
+                 "--input", str(tmp_path / "in.txt")]) == 0
+    nbest, refused, attention = answers
+    assert nbest.status_code == 200 and capsys.readouterr().out == "".join(
+        f"{i} ||| {h['text']} ||| {h['score']:.6f}\n" for i, hyps in enumerate(nbest.json()["nbest"]) for h in hyps)
+    assert refused.status_code == 422 and refused.json()["error"] == (
+        "alignment with --ensemble: an ensemble has no one attention to align with")
+    assert attention.status_code == 422 and "an ensemble has no one attention" in attention.json()["error"]
+
+
 def test_a_parse_prefix_that_cannot_start_a_tree_exits_1_with_one_line(tiny_parse_run, tmp_path):
     (tmp_path / "prefix.txt").write_text("The dog\n")
     result = run_cli("translate", str(tiny_parse_run), "--prefix", str(tmp_path / "prefix.txt"),

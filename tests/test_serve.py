@@ -204,6 +204,39 @@ def test_score_endpoint_equals_the_translator(client, translator):
     assert [round(x, 5) for x in r.json()["log_probs"]] == [round(e.log_prob, 5) for e in expected]
 
 
+def test_a_sentence_is_read_as_translate_reads_a_line(client, translator):
+    """Python's whitespace is wider than the vocabulary's: the server made spaces of U+000B, U+001C..U+001F
+    and U+0085 in every text, which the vocabulary removes or keeps, so that it translated and scored other
+    pieces than `translate` and `score` (the translator) did for the same line."""
+    text = ["Two\x0bmen are\x1ctalking.", "A dog\x85runs on the beach."]
+    prefix = ["Zwei\x1fMänner", ""]
+    r = client.post("/v1/translate", json={"text": text, "prefix": prefix, "scores": True})
+    assert r.status_code == 200, r.json()
+    expected = translator.decode(text, DecodeRequest(prefixes=prefix))
+    assert [(t, round(x, 4)) for t, x in zip(r.json()["translations"], r.json()["scores"])] == \
+        [(t, round(x, 4)) for (t, x), in expected]
+    translation = ["Zwei\x1eMänner reden.", "Ein\x0bHund."]
+    r = client.post("/v1/score", json={"text": text, "translation": translation})
+    assert r.status_code == 200, r.json()
+    assert [round(x, 4) for x in r.json()["log_probs"]] == [round(e.log_prob, 4)
+                                                           for e in translator.score(text, translation)]
+
+
+def test_score_endpoint_takes_the_length_norm_as_translate_does(client, translator):
+    """/v1/score had no "length_norm": what /v1/translate answered with "length_norm": "length", and
+    `transformer score --length-norm length` gives, could not be scored there (an unknown key)."""
+    body = {"text": LINES[:2], "translation": ["Ein Hund rennt am Strand.", "Zwei Männer reden."], "alpha": 1.0}
+    r = client.post("/v1/score", json={**body, "length_norm": "length"})
+    assert r.status_code == 200, r.json()
+    expected = translator.score(body["text"], body["translation"], 1.0, length_norm="length")
+    assert [round(x, 5) for x in r.json()["scores"]] == [round(e.score, 5) for e in expected]
+    gnmt = translator.score(body["text"], body["translation"], 1.0, length_norm="gnmt")
+    r = client.post("/v1/score", json=body)
+    assert [round(x, 5) for x in r.json()["scores"]] == [round(e.score, 5) for e in gnmt]
+    r = client.post("/v1/score", json={**body, "length_norm": "none"})
+    assert r.status_code == 422 and "length_norm none: must be one of gnmt, length" in r.json()["error"], r.json()
+
+
 @pytest.mark.parametrize("path, body, message", [
     ("/v1/translate", {"text": ["a"], "beam": 2, "nbest": 3}, "nbest 3 with beam 2: an n-best list holds at most"),
     ("/v1/translate", {"text": ["a"], "nbest": 0}, "nbest 0: must be at least 1"),

@@ -1024,6 +1024,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
+    _ensemble_option(p)  # the table of options (docs/decoding.md) is the server's too
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     p.add_argument("--no-batching", action="store_true", help="decode one request at a time")
@@ -1049,7 +1050,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)
                             if "help" in f.metadata}, batching=not args.no_batching)
-    serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8, args.device, _decode_overrides(args))
+    serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8, args.device, _decode_overrides(args),
+          args.ensemble)
 
 
 def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,

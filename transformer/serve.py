@@ -36,6 +36,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +127,8 @@ class ScoreRequest(BaseModel):
     text: list[Text] = Field(description="source sentences")
     translation: list[Text] = Field(description="their translations to score, one per source sentence")
     alpha: float | None = Field(None, description="GNMT length penalty α >= 0 of the score")
+    length_norm: str | None = Field(None, description="what log P is divided by, as translate's \"length_norm\": "
+                                                      "\"gnmt\" or \"length\"; default: the run's")
 
 
 class ScoreResponse(BaseModel):
@@ -298,7 +301,8 @@ class Batcher:
 
             if job.kind == "score":
                 return live, self.translator.score(lines, [t for p in live for t in p.extra["translation"]],
-                                                   job.request.alpha, self.limits.max_batch_tokens)
+                                                   job.request.alpha, self.limits.max_batch_tokens,
+                                                   job.request.length_norm)
             longest = max(len(ids) + 1 for ids in self.translator.tokenizer.encode_batch(lines))
             request = dataclasses.replace(job.request, prefixes=joined("prefix", ""),
                                           constraints=joined("constraints", []),
@@ -461,18 +465,14 @@ def _check_translate(req: TranslateRequest, limits: Limits) -> None:
 
 
 def _decode_request(req: TranslateRequest, translator: Translator, lines: list[str], max_beam: int) -> DecodeRequest:
-    """The request's options as a ``DecodeRequest`` for ``lines`` (its sentences, whitespace-normalised),
-    checked by the translator (422 with its one line, options spelt as the API spells them) and against
-    the beam limit; the run's defaults filled in."""
-    def normal(text: str) -> str:
-        return " ".join(text.split())
-
+    """The request's options as a ``DecodeRequest`` for ``lines`` (its sentences), checked by the translator
+    (422 with its one line, options spelt as the API spells them) and against the beam limit; the run's
+    defaults filled in. Texts go on as sent, as `translate` reads its files' lines (the endpoint says why)."""
     asked = DecodeRequest(beam_size=req.beam, alpha=req.alpha, length_norm=req.length_norm,  # type: ignore[arg-type]
                           early_stop=req.early_stop, max_len_offset=req.max_len_offset,  # type: ignore[arg-type]
                           nbest=req.nbest, scores=req.scores, alignment=req.alignment,
-                          prefixes=None if req.prefix is None else [normal(p) for p in req.prefix],
-                          constraints=None if req.constraints is None else [[normal(c) for c in cs]
-                                                                           for cs in req.constraints],
+                          prefixes=None if req.prefix is None else list(req.prefix),
+                          constraints=None if req.constraints is None else [list(cs) for cs in req.constraints],
                           sample=req.sample, topk=req.topk, topp=req.topp, temperature=req.temperature, seed=req.seed)
     try:
         asked = translator.check(asked, lines, API)
@@ -626,7 +626,10 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         """Translate sentences with beam search (or, with "sample", by drawing from the model); requests
         from all clients with the same settings are decoded together."""
         _check_translate(req, limits)
-        lines = [" ".join(line.split()) for line in req.text]  # a sentence is one line
+        # as sent: the translator strips each, as it does a line of `translate`'s input, and the vocabulary's
+        # normalisation makes a line break a space; splitting on Python's whitespace made spaces of characters
+        # the vocabulary removes or keeps (U+000B, U+001C..U+001F, U+0085): other pieces than `translate` read
+        lines = list(req.text)
         asked = _decode_request(req, translator, lines, max_beam)
         keep = [i for i, blank in enumerate(translator.blank(lines)) if not blank]
         extra = {key: [values[i] for i in keep] for key, values in (("prefix", asked.prefixes),
@@ -645,12 +648,15 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         its log-probability; queued and batched like translations."""
         _check_score(req, limits)
         try:
-            alpha = translator.check(DecodeRequest(alpha=req.alpha), names=API).alpha
+            # the length normalisation too, as `score --length-norm`: a hypothesis of a "length_norm" translation
+            # request scored without it got another score than the one it was answered with
+            given = DecodeRequest(alpha=req.alpha, length_norm=req.length_norm)  # type: ignore[arg-type]
+            asked = translator.check(given, names=API)
         except ConfigError as e:
             raise LimitError(422, str(e)) from None
-        job = Job("score", DecodeRequest(alpha=alpha))
-        results = await _queued(app.state.batcher, request, [" ".join(t.split()) for t in req.text], job,
-                                {"translation": [" ".join(t.split()) for t in req.translation]})
+        job = Job("score", DecodeRequest(alpha=asked.alpha, length_norm=asked.length_norm))
+        results = await _queued(app.state.batcher, request, list(req.text), job,  # as sent, as in translate()
+                                {"translation": list(req.translation)})
         return ScoreResponse(scores=[r.score for r in results], log_probs=[r.log_prob for r in results])
 
     @app.post("/v1/attention")
@@ -662,6 +668,8 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         if req.translation is not None:
             _check_chars(limits, req.translation, "translation")
         _check_pieces(translator, limits, req.text, "text")
+        if translator.setup.ensemble:  # as "alignment" (request.REFUSED): the models' attentions are not one
+            raise LimitError(422, "attention with --ensemble: an ensemble has no one attention to draw")
         if attention_slots.locked():
             raise LimitError(503, f"busy: {limits.max_attention_queued} attention requests are in progress; "
                                   "try again shortly", retry_after=1)
@@ -750,10 +758,12 @@ def deadline_protocol(seconds: float, max_connections: int) -> type:
 
 
 def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path | None = None,
-          int8: bool = False, device: str | None = None, decode: dict[str, object] | None = None) -> None:
+          int8: bool = False, device: str | None = None, decode: dict[str, object] | None = None,
+          ensemble: Sequence[Path] = ()) -> None:
     """``decode``: ``decode.*`` fields replacing the run's own (the command line's --beam, --alpha, ...),
-    the defaults of requests that do not give them. Every option is checked, and the port taken, before
-    the model is loaded; the server says where it listens once it does."""
+    the defaults of requests that do not give them; ``ensemble``: more runs that decode with this one, as
+    `translate --ensemble` (docs/decoding.md's table is the server's too). Every option is checked, and the
+    port taken, before the model is loaded; the server says where it listens once it does."""
     import uvicorn
 
     if not 1 <= port <= 65535:
@@ -762,7 +772,7 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
     defaults.verify()
     sock = listen(host, port)
     try:
-        translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode)
+        translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode, ensemble=ensemble)
         translator.check(defaults)  # and against the model
         app = create_app(translator, limits, name=Path(run_dir).resolve().name)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,
