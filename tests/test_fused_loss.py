@@ -55,6 +55,62 @@ def test_kernel_reads_bf16_logits_and_writes_a_bf16_gradient():
     assert ((logits.double() - want_grad).abs() <= want_grad.abs() * 2**-7 + 1e-7).all()
 
 
+COMPILE_FOR_SM90 = """
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from transformer import fused_loss
+kernel = fused_loss._smoothed_rows
+names = kernel.arg_names
+types = {"logits_ptr": "*bf16", "target_ptr": "*i64", "loss_ptr": "*fp32", "eps_i": "fp32", "on_target": "fp32"}
+signature = {n: types.get(n, "constexpr" if n in ("BLOCK", "ALIGN") else "i32") for n in names}
+constants = {"BLOCK": fused_loss.BLOCK}
+if "ALIGN" in names:
+    constants["ALIGN"] = fused_loss.alignment(37000, 37000)
+# what the launcher tells the compiler: tensors torch allocated are 16-byte aligned; nothing of V or the
+# row stride (37,000, or 37,000 / ALIGN: no multiple of 16)
+attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ("logits_ptr", "target_ptr", "loss_ptr")}
+try:
+    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 8})
+except RuntimeError as e:  # a Triton without its NVIDIA backend's tools (ptxas)
+    print(json.dumps({"skip": str(e).splitlines()[0][:200]}))
+    sys.exit()
+print(json.dumps({"ptx": re.findall(r"(?:ld|st)\\.global(?:\\.\\w+)*", compiled.asm["ptx"])}))
+"""
+
+
+def test_the_kernel_compiled_for_a_gpu_moves_16_bytes_per_access_at_v_37000():
+    """The kernel as a GPU's Triton compiles it (PTX for sm_90, an H100 or H200, made here without one), for
+    what training gives it: bf16 logits [rows, 37,000], the row stride V. V is a multiple of 8, not of 16,
+    and Triton's launcher tells the compiler only of integers that are multiples of 16: the logits must still
+    be read and written 16 bytes (8 logits) per access, not 2 bytes (one logit) each. Compiled in a process
+    of its own: this one runs Triton's interpreter."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's package, installed or not
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode and "No module named 'triton.backends" in done.stderr:
+        pytest.skip("this Triton cannot compile for a CUDA target without a GPU")
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    if "skip" in found:
+        pytest.skip(f"Triton cannot compile for sm_90 here: {found['skip']}")
+    accesses = found["ptx"]
+    loads, stores = [a for a in accesses if a.startswith("ld")], [a for a in accesses if a.startswith("st")]
+    assert any(a.endswith(".v4.b32") for a in loads) and any(a.endswith(".v4.b32") for a in stores), accesses
+    assert sum(a.endswith(".b16") for a in loads) <= 1, accesses  # the target's logit, read alone
+    assert not any(a.endswith(".b16") for a in stores), accesses
+
+
 def test_kernel_refuses_logits_whose_rows_are_not_contiguous():
     logits = torch.randn(40, 10, device=DEVICE).T  # [10, 40] with stride (1, 10)
     with pytest.raises(ValueError, match="contiguous"):

@@ -26,7 +26,14 @@ BLOCK = 4096  # logits per program and iteration: a row of V = 37,000 takes 10 o
 
 
 @triton.jit
-def _smoothed_rows(logits_ptr, stride, target_ptr, loss_ptr, V, eps_i, on_target, BLOCK: tl.constexpr):
+def _smoothed_rows(logits_ptr, stride_a, target_ptr, loss_ptr, V_a, eps_i, on_target, BLOCK: tl.constexpr,
+                   ALIGN: tl.constexpr):
+    # the row stride and V come divided by ALIGN, which divides both (``alignment``): multiplied back by a
+    # constant, Triton knows each row's start and its end to be multiples of it and moves 16 bytes per access;
+    # it learns so of an integer argument only when it is a multiple of 16, which V = 37,000 is not (a multiple
+    # of 8): every logit would then be read and written in a 2-byte access of its own
+    stride = stride_a * ALIGN
+    V = V_a * ALIGN
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride
     cols = tl.arange(0, BLOCK)
@@ -67,6 +74,12 @@ def smoothed_loss_and_grad_(logits: Tensor, target: Tensor, eps_ls: float, block
     eps_i = eps_ls / (v - 1)
     loss = logits.new_empty(n, dtype=torch.float32)
     block = min(block, triton.next_power_of_2(v))
-    _smoothed_rows[(n,)](logits, logits.stride(0), target, loss, v, eps_i, 1.0 - eps_ls - eps_i, BLOCK=block,
-                         num_warps=8 if block >= 2048 else 4)
+    align = alignment(logits.stride(0), v)
+    _smoothed_rows[(n,)](logits, logits.stride(0) // align, target, loss, v // align, eps_i, 1.0 - eps_ls - eps_i,
+                         BLOCK=block, ALIGN=align, num_warps=8 if block >= 2048 else 4)
     return loss
+
+
+def alignment(stride: int, v: int) -> int:
+    """The largest of 16, 8, 4, 2 and 1 that divides both the logits' row stride and V (the kernel's ALIGN)."""
+    return next(a for a in (16, 8, 4, 2, 1) if stride % a == 0 and v % a == 0)
