@@ -594,6 +594,11 @@ PREDICTED = [
      "takes a batch's shape alone: train.shape_buckets, train.cuda_graphs).", "about nothing: an eager gather of "
      "the [B·T, D] decoder output and its backward's index_add, ~35 MB (base) and ~70 MB (big) more traffic, "
      "two launches, < 0.1 ms."),
+    ("91bf512", "the fused loss kernel reads and writes 16 bytes per access (its PTX for sm_90 held only 2-byte "
+     "loads and stores: V = 37,000 is no multiple of 16, so Triton took no row to be aligned).", "the kernel's "
+     "~1.6 GB of base's step toward ~2-3 TB/s from ~0.6: ~1.5-2 ms a step for base and for big; not on top of "
+     "b72b4cf's prediction: either may be what held the kernel at 0.6 TB/s (benchmarks/fused_loss.py's kernel_gb_s "
+     "tells)."),
 ]
 
 
