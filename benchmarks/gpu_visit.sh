@@ -17,6 +17,10 @@
 #                                         # 600 s: the log's "# N s" lines say where the minutes go, and
 #   bash benchmarks/gpu_visit.sh train-base   # is its first part (gpu_train.*) and
 #   bash benchmarks/gpu_visit.sh train-big    # the rest (gpu_train_big.*, gpu_attention.*, fused_loss.*), as two calls
+#   bash benchmarks/gpu_visit.sh headline     # where device time is short (15 minutes a session, the machine's
+#                                             # start included: train-base and train-big may not both fit): the
+#                                             # issue's goal rows alone, base and big compiled in bf16, profiled,
+#                                             # today's package only (gpu_train_headline.*), then fused_loss.*
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
 # script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
 # still brings back every row printed so far. Their commit fields come from the device's git metadata,
@@ -25,8 +29,8 @@ set -eu
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
 export PYTHONPATH=$PWD:$PWD/runs/gpu/site${PYTHONPATH:+:$PYTHONPATH}
-case "${1:-}" in decode|train|train-base|train-big) ;;
-  *) echo "usage: bash benchmarks/gpu_visit.sh decode|train|train-base|train-big" >&2; exit 2 ;;
+case "${1:-}" in decode|train|train-base|train-big|headline) ;;
+  *) echo "usage: bash benchmarks/gpu_visit.sh decode|train|train-base|train-big|headline" >&2; exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 R=benchmarks/results
@@ -50,6 +54,10 @@ case "$1" in
     step compile_step_cuda 5 compile_step.py --device cuda --run runs/gpu/quick --steps 300
     step gpu_decode 12 gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
       --batches 1 64 512 ;;
+  headline)
+    step gpu_train_headline 20 gpu.py --models base,big --modes bf16+compile --steps 20 --accumulate 1 --curve 0 \
+      --first-shape 0 --name gpu_train_headline
+    LOG_DIR=/tmp step fused_loss 4 fused_loss.py ;;
   train|train-base|train-big)
     if [ "$1" != train-big ]; then
       step gpu_train 30 gpu.py --before runs/gpu/before47 --models base --modes bf16,bf16+compile,bf16+cudagraphs \
