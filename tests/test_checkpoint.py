@@ -476,6 +476,7 @@ def test_a_model_file_in_upper_case_is_written_and_read(tiny_run, tmp_path, caps
     ("train_state", {"step": "200"}, "train_state.step is '200', not a count"),
     ("train_state", {"step": 200, "elapsed_s": None}, "train_state.elapsed_s is None, not a finite number"),
     ("train_state", {"step": 200, "steps": 1}, "train_state.steps: not a field of the training state"),
+    ("train_state", {"step": 200, "epochs_done": 1.5}, "train_state.epochs_done is 1.5, not a count"),  # int | None
     ("optim_param_groups", None, "its record holds no optim_param_groups list")])
 def test_a_record_edited_by_hand_is_skipped_on_resume(field, value, why, tmp_path: Path) -> None:
     """A verified checkpoint whose record lacks a field the resume reads, or holds one of another type,

@@ -126,15 +126,16 @@ def unresumable(ckpt: Checkpoint) -> str | None:
     state = meta.get("train_state")
     if not isinstance(state, dict):
         return "its record holds no train_state object"
-    fields = {f.name: f.default for f in dataclasses.fields(TrainState)}
+    fields = {f.name: f for f in dataclasses.fields(TrainState)}
     for key, value in state.items():
-        default = fields.get(key, ...)
-        if default is ...:
+        if key not in fields:
             return f"train_state.{key}: not a field of the training state"
+        default, count = fields[key].default, "int" in str(fields[key].type).split(" | ")  # int, or int | None
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if isinstance(default, int) and not (number and isinstance(value, int) and value >= 0):
+        none = value is None and default is None  # a field not recorded yet
+        if count and not none and not (number and isinstance(value, int) and value >= 0):
             return f"train_state.{key} is {value!r}, not a count"
-        if not (number and math.isfinite(value) or value is None and default is None):
+        if not (number and math.isfinite(value) or none):
             return f"train_state.{key} is {value!r}, not a finite number"
     if isinstance(meta.get("step"), bool) or not isinstance(meta.get("step"), int):
         return f"its step is {meta.get('step')!r}, not a count"
