@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from transformer.config import ModelConfig
-from transformer.constraints import LexicalConstraints, PrefixConstraint, bank_order, borders
+from transformer.constraints import LexicalConstraints, PrefixConstraint, bank_order, borders, with_proposals
 from transformer.decode import decode_ids, score_ids, translate_ids
 from transformer.ensemble import Ensemble
 from transformer.sampling import Sampling
 from transformer.search import (beam_hypotheses, beam_search, beam_step, greedy_hypotheses, greedy_search,
                                 Hypothesis, keep_nbest, length_penalty, max_lengths, next_log_probs, row_topk)
 from transformer.model import PositionsError, Transformer
+from transformer.request import MIN_TEMPERATURE
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 A, B, C = 3, 4, 5  # ordinary tokens of the scripted model (2 is UNK)
@@ -747,3 +748,78 @@ def test_an_nbest_list_with_a_complete_hypothesis_drops_those_that_miss_a_constr
     alone = beam_hypotheses(ScriptedModel(table), SRC, beam_size=2, alpha=0.0, max_len_offset=0, nbest=2,
                             constraint=LexicalConstraints([[[B]]], 6))  # no output can hold [B]
     assert sorted(h.tokens for h in alone[0]) == [[A], [C]]
+
+
+def test_a_prefix_keeps_the_rules_of_the_constraints_it_wraps():
+    """Past its prefix a row may write what the wrapped constraint allows, not anything: with a lexical
+    constraint inside, EOS waits for the phrase. Were the inner rule dropped, an output with a prefix could end
+    before its terminology is written, and where no output holds it that one would be returned."""
+    prefixed = PrefixConstraint([[A]], 6, inner=LexicalConstraints([[[C]]], 6))
+    prefixed.begin(SRC, 1, torch.tensor([20]))
+    assert prefixed.allowed()[0].nonzero().flatten().tolist() == [A]
+    prefixed.advance(torch.tensor([0]), torch.tensor([A]))
+    assert not prefixed.allowed()[0, EOS_ID] and prefixed.allowed()[0, [0, 2, 3, 4, 5]].all()
+    prefixed.advance(torch.tensor([0]), torch.tensor([C]))
+    assert prefixed.allowed()[0].all()
+
+
+def test_lexical_candidates_are_only_the_tokens_that_advance_an_unwritten_phrase():
+    """candidates(): the next token of the phrase in progress (-1 when none is) and the first token of each
+    phrase not yet written (-1 once written). A written phrase proposing its first token again, or a row with no
+    phrase in progress proposing one, spends the beam on candidates that meet nothing."""
+    lexical = LexicalConstraints([[[A, B], [C]]], 6)
+    lexical.begin(SRC, 1, torch.tensor([20]))
+    assert lexical.candidates().tolist() == [[-1, A, C]]
+    lexical.advance(torch.tensor([0]), torch.tensor([A]))
+    assert lexical.candidates().tolist() == [[B, A, C]]
+    lexical.advance(torch.tensor([0]), torch.tensor([B]))
+    assert lexical.candidates().tolist() == [[-1, -1, C]]
+    lexical.advance(torch.tensor([0]), torch.tensor([C]))
+    assert lexical.candidates().tolist() == [[-1, -1, -1]]
+
+
+def test_with_proposals_counts_no_candidate_twice():
+    """A proposal already among the row's best, proposed a second time, or absent (-1) gets -inf; a new one keeps
+    its log-prob. A candidate counted twice would fill two beam places with one hypothesis; -1 must not become
+    a draw of token 0 with that token's log-prob."""
+    log_probs = torch.tensor([[-0.5, -1.0, -2.0, -3.0, -4.0, -5.0]])
+    values, tokens = with_proposals(log_probs, log_probs.topk(2, -1), torch.tensor([[1, 4, 4, -1, 5]]))
+    inf = float("-inf")
+    assert values.tolist() == [[-0.5, -1.0, inf, -4.0, inf, inf, -5.0]]
+    assert tokens.tolist() == [[0, 1, 1, 4, 4, 0, 5]]
+
+
+def test_bank_order_keeps_equal_scores_in_candidate_order():
+    """Ties within a bank keep the candidates' order (row, then rank within the row), as a stable sort does: the
+    beam a tie leaves is then the one the plain search keeps, not whatever order an unstable sort returns."""
+    total = torch.zeros(1, 40)
+    total[0, ::3] = -1.0
+    order = bank_order(total, torch.zeros(1, 40, dtype=torch.long))
+    assert order.tolist() == [[i for i in range(40) if i % 3] + list(range(0, 40, 3))]
+
+
+def test_sampling_at_the_lowest_temperature_a_request_allows_is_greedy():
+    """request.MIN_TEMPERATURE is float32's smallest normal number: divided by it, any log-prob below about -4
+    overflows to -inf, so unless the row's best log-prob is subtracted first every token is -inf and the draw
+    fails. At that temperature sampling is the greedy choice."""
+    log_probs = (torch.randn(4, 2000, generator=torch.Generator().manual_seed(0)) * 0.5).log_softmax(-1)
+    assert (log_probs.max(-1).values < -5).all()  # past float32's range once divided
+    drawn = Sampling(torch.Generator().manual_seed(0), temperature=MIN_TEMPERATURE).draw(log_probs)
+    assert torch.equal(drawn, log_probs.argmax(-1))
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_it_exactly():
+    """topp: the most probable tokens up to the first whose running total reaches topp, a total equal to topp
+    included (probabilities that are exact in float32): 0.5 + 0.25 reaches 0.75, so the third token is cut."""
+    log_probs = torch.tensor([[.5, .25, .125, .125]]).log().repeat(2000, 1)
+    for topp, allowed in [(0.5, {0}), (0.75, {0, 1}), (0.875, {0, 1, 2})]:
+        drawn = Sampling(torch.Generator().manual_seed(0), topp=topp).draw(log_probs)
+        assert set(drawn.tolist()) == allowed, topp
+
+
+def test_sampling_defaults_cut_no_token():
+    """Sampling(generator) alone draws from the whole distribution (topk 0, topp 1.0, temperature 1.0), as its
+    docstring and request's defaults say: the least probable token (5%) is drawn too, at about its rate."""
+    log_probs = torch.tensor([[.5, .3, .15, .05]]).log().repeat(4000, 1)
+    drawn = Sampling(torch.Generator().manual_seed(0)).draw(log_probs)
+    assert set(drawn.tolist()) == {0, 1, 2, 3} and 0.03 < (drawn == 3).float().mean() < 0.07

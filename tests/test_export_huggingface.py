@@ -308,3 +308,47 @@ def test_a_parsing_run_is_exported_with_a_note_on_what_translate_adds(tiny_parse
     export(tiny_parse_run, tmp_path / "out", log=said.append)
     notes = [m for m in said if m.startswith("note: a parsing run")]
     assert len(notes) == 1 and "-LRB-" in notes[0] and "(decode.constrained)" in notes[0], said
+
+
+def test_the_model_card_says_when_the_runs_layernorm_eps_drifts(tmp_path):
+    """transformers fixes LayerNorm's ε at 1e-5: a run trained at the authors' 1e-6 (our default) is exported with a
+    small drift, and the card, which travels without the export's log, says so; a run at 1e-5 has no such note."""
+    from transformer.export import _model_card
+
+    drifts = _model_card(tmp_path, load_config("tiny"), "Marian", 500)
+    exact = _model_card(tmp_path, load_config("tiny", ["model.ln_eps=1e-5"]), "Marian", 500)
+    assert "Trained with LayerNorm ε 1e-06; transformers fixes ε at 1e-05" in drifts
+    assert "LayerNorm ε" not in exact
+
+
+def test_the_model_card_quotes_the_runs_summary(tmp_path):
+    """A well-formed summary.json gives the card its updates and validation perplexity; one of a run that has not
+    validated yet (no valid_ppl) says there is no summary to quote, not that the file is damaged."""
+    from transformer.export import _model_card
+
+    (tmp_path / "summary.json").write_text('{"step": 3000, "valid_ppl": 4.567}')
+    assert "Training: 3,000 updates, validation perplexity 4.57." in _model_card(tmp_path, load_config("tiny"),
+                                                                                 "Marian", 500)
+    (tmp_path / "summary.json").write_text('{"step": 30}')
+    assert "(no training summary in the run folder)" in _model_card(tmp_path, load_config("tiny"), "Marian", 500)
+
+
+def test_generate_stops_as_our_search_does(exported):
+    """generation_config's early_stopping is "never": transformers' beam search then ends when no hypothesis can
+    improve, as ours does (§6.1 search); True would stop at the first beam_size finished hypotheses and can
+    return a worse output than ours."""
+    generation = json.loads((exported / "generation_config.json").read_text(encoding="utf-8"))
+    assert generation["early_stopping"] == "never"
+
+
+def test_the_parse_note_warns_of_non_trees_only_where_translate_constrains_them():
+    """The note on a parsing run names what `transformer translate` adds beyond the weights: the bracket escapes
+    always, the tree-only beam (and so "outputs that are not trees" from the export) only with decode.constrained;
+    the paper's free search (parse.toml) writes non-trees in both, and a translation run gets no note."""
+    from transformer.export import _parse_note
+
+    free = _parse_note(load_config("parse"))
+    constrained = _parse_note(load_config("parse", ["decode.constrained=true"]))
+    assert "-LRB-" in free and "trees" not in free
+    assert "(decode.constrained)" in constrained and "expect outputs that are not trees" in constrained
+    assert _parse_note(load_config("tiny")) is None

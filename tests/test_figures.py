@@ -251,3 +251,69 @@ def test_layers_and_heads_are_counted_from_one():
     for layer in (0, 3):
         with pytest.raises(FigureError, match=rf"^--layer {layer}: the model has 2 layers \(1..2\)$"):
             chosen_heads(2, 4, layer, None)
+
+
+def test_a_piece_after_a_special_token_starts_a_word():
+    """A translation may begin with a piece that has no ▁ (sentencepiece writes "(" or a digit so): it is a word of
+    its own, not glued onto "<s>", which would drop the start symbol's row and column from the words view."""
+    from transformer.figures import _word_groups
+
+    assert _word_groups(["<s>", "ja", "hr"]) == (["<s>", "jahr"], [[0], [1, 2]])
+    assert _word_groups(["▁a", "</s>", "b"]) == (["a", "</s>", "b"], [[0], [1], [2]])
+
+
+def test_word_alignment_passes_over_the_source_eos():
+    """A target piece that attends most to the source's EOS (common for punctuation and in small models) is linked
+    to the source word it attends to most besides: EOS is no word, and has no index in the Pharaoh pairs."""
+    from transformer.figures import word_alignment
+
+    src, tgt_out = ["▁the", "▁house", "</s>"], ["▁das", "▁Haus", "</s>"]
+    cross = torch.zeros(1, 1, 3, 3)
+    cross[0, 0] = torch.tensor([[.2, .1, .7], [.1, .3, .6], [0, 0, 1.]])
+    maps = AttentionMaps(src, ["<s>", *tgt_out[:-1]], tgt_out, {"cross": cross})
+    assert word_alignment(maps) == [(0, 0), (1, 1)]
+
+
+def test_script_json_holds_no_markup_characters():
+    """script_json escapes <, > and & alike, so the data is inert in the page however it is parsed (an HTML
+    script element, or XHTML, where a raw & starts an entity), and reads back as written."""
+    from transformer.figures import script_json
+
+    text = script_json({"s": "a & b <c> &amp;"})
+    assert not set("<>&") & set(text) and json.loads(text) == {"s": "a & b <c> &amp;"}
+
+
+def test_plot_draws_a_record_of_step_zero(tmp_path):
+    """"step" is a non-negative integer: a record at update 0 (a log written before the first update, or by
+    another tool counting from 0) is drawn, not refused as damage."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 0, "minutes": 0, "lr": 0.0, "train_loss": 9.1}\n' + GOOD_RECORD.decode())
+    assert plot_training(log, tmp_path / "curves.png") == ["train_loss", "lr"]
+
+
+def test_plot_refuses_infinite_minutes(tmp_path):
+    """"minutes" is an x axis read off a clock: Infinity is damage, named by its line, where a metric's Infinity
+    (a diverged loss) is a gap."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(GOOD_RECORD.decode() + '{"step": 10, "minutes": Infinity}\n')
+    with pytest.raises(FigureError, match=r'metrics.jsonl:2: "minutes" must be a non-negative finite number, not Inf'):
+        plot_training(log, tmp_path / "curves.png")
+
+
+def test_an_empty_source_aligns_nothing(translator):
+    """`translate --alignment` and the server align every line, an empty one included: it has no word to link,
+    so it aligns nothing rather than failing as the attention figure of an empty sentence does."""
+    from transformer.figures import align
+
+    assert align(translator, "", "") == [] and align(translator, "  ", "Ein Haus.") == []
+    with pytest.raises(FigureError, match="empty"):
+        attention_maps(translator, "  ", "Ein Haus.")
+
+
+def test_plot_refuses_a_metric_that_is_true_or_false(tmp_path):
+    """JSON's true is no number, although Python's bool is an int: drawn, it would be a point at 1.0 on the loss
+    or learning-rate axis, so it is refused by its line and field as any other non-number."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(GOOD_RECORD.decode() + '{"step": 10, "lr": true}\n')
+    with pytest.raises(FigureError, match=r'metrics.jsonl:2: "lr" must be a number, not true'):
+        plot_training(log, tmp_path / "curves.png")

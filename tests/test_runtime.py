@@ -53,3 +53,40 @@ def test_user_settings_of_malloc_are_left_alone():
     env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_preloaded_allocator_is_left_alone(monkeypatch):
+    """With LD_PRELOAD (jemalloc, tcmalloc) malloc is not glibc's to tune: keep_freed_memory does nothing and says
+    so, without calling mallopt, which would tune a malloc the process does not use."""
+    from transformer import runtime
+
+    for name in [n for n in os.environ if n.startswith("MALLOC_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LD_PRELOAD", "libjemalloc.so.2")
+    monkeypatch.setattr(runtime.ctypes, "CDLL", lambda *a: pytest.fail("mallopt was called"))
+    assert runtime.keep_freed_memory() is False
+
+
+HEAP = """
+import ctypes, sys
+from transformer.runtime import keep_freed_memory
+assert keep_freed_memory()
+libc = ctypes.CDLL(None)
+FIELDS = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(n, ctypes.c_size_t) for n in FIELDS.split()]
+libc.mallinfo2.restype, libc.malloc.restype = Info, ctypes.c_void_p
+before = libc.mallinfo2().hblks  # what the imports mapped before the settings
+block = libc.malloc(512 << 20)
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+@pytest.mark.skipif(not glibc(), reason="glibc's malloc only")
+def test_blocks_up_to_a_gib_come_from_the_heap():
+    """keep_freed_memory raises glibc's mmap threshold to 1 GiB: a 512 MiB block (a large batch's logits) comes from
+    the heap, whose freed memory is kept, not from an mmap of its own that free() unmaps and the next step faults
+    in again. (glibc's own threshold, 128 KiB until a larger block is freed, would map it.)"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    out = subprocess.run([sys.executable, "-c", HEAP], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"  # no new block of its own mapped
