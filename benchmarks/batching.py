@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import code_state, recipe_lengths
+from common import recipe_lengths
+from provenance import code_state
 from transformer.config import load_config
 from transformer.data import fill_batches, make_batches_from_lengths, padding_fraction
 

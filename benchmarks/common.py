@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,14 +29,6 @@ from transformer.vocabulary import train_vocabulary
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def git(*args: str) -> str:
-    """A git command's output in this checkout (e.g. ``git("rev-parse", "--short", "HEAD")``), "" without git."""
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
 def prediction_interval(values: list[float], level: float = 0.95) -> dict:
     """Where one more run of the same setting falls, from ``values`` (n >= 2 runs of it, seeds apart):
     mean ± t((1 + level) / 2, n−1) · s · √(1 + 1/n), the interval a single run (a variant, a published
@@ -48,13 +39,6 @@ def prediction_interval(values: list[float], level: float = 0.95) -> dict:
     half = float(t.ppf(0.5 + level / 2, n - 1)) * sd * math.sqrt(1 + 1 / n)
     return {"n": n, "mean": round(statistics.fmean(values), 3), "sd": round(sd, 3), "min": min(values),
             "max": max(values), "half_width": round(half, 3)}
-
-
-def code_state() -> dict:
-    """The code a benchmark runs, read when it starts: the commit, and the uncommitted changes to the
-    package, the benchmarks and the configs (changes to docs or results do not change what ran)."""
-    return {"commit": git("rev-parse", "--short", "HEAD"),
-            "uncommitted": git("status", "--porcelain", "--", "transformer", "benchmarks/*.py", "configs").splitlines()}
 
 
 def recipe_lengths(cfg: Config) -> tuple[list[int], list[int]]:

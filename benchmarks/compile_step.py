@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from transformer.translator import Translator
 
-from common import ROOT, git, recipe_run
+from common import ROOT, recipe_run
+from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
 ROWS, CAPACITY, SOURCE = 4, 64, 16  # beam 4 at batch 1; cache positions; source length

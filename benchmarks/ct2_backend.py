@@ -35,7 +35,8 @@ from transformer.export import export_ctranslate2
 from transformer.prepare import resolve_data_path
 from transformer.tokenizer import Tokenizer
 
-from common import ROOT, code_state
+from common import ROOT
+from provenance import code_state
 from speed import DECODE, cpu_model, log, worker
 
 RESULTS = ROOT / "benchmarks" / "results"

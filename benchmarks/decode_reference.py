@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from common import ROOT, code_state
+from common import ROOT
+from provenance import code_state
 from transformer.checkpoint import list_checkpoints
 from transformer.data import encode_for_decoding, read_lines
 from transformer.decode import decode_ids

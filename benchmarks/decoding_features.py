@@ -47,7 +47,8 @@ from transformer.prepare import resolve_data_path
 from transformer.request import DecodeRequest
 from transformer.translator import Translator
 
-from common import ROOT, git, recipe_run, train_or_resume
+from common import ROOT, recipe_run, train_or_resume
+from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
 

@@ -36,7 +36,8 @@ from transformer.export import HF_LN_EPS, export_ctranslate2, export_huggingface
 from transformer.request import DecodeRequest
 from transformer.translator import Translator
 
-from common import ROOT, Split, git, recipe_run
+from common import ROOT, Split, recipe_run
+from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
 DECODINGS = {"greedy": (1, 0.0), "beam4_alpha0": (4, 0.0), "beam4_alpha0.6": (4, 0.6)}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from provenance import code_state
 from transformer.loss import label_smoothed_loss
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -107,13 +108,15 @@ def main() -> None:
         print(name, json.dumps(rows[name]), flush=True)
     alone = kernel_alone(args.tokens, args.repeat)
     print("kernel alone", json.dumps(alone), flush=True)
-    result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+    result = {"date": datetime.date.today().isoformat(), **code_state(), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "vocab": VOCAB,
               "tokens": args.tokens, "rows": rows, "kernel_alone": alone}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fused_loss.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# The label-smoothed loss on {result['gpu']}: Triton kernel against operators", "",
-             f"`{result['command']}` — {result['date']}, torch {result['torch']}. Loss and both gradients of "
+             f"`{result['command']}` — {result['date']}, commit {result['commit']}"
+             + (" with uncommitted changes" if result["uncommitted"] else "")
+             + f", torch {result['torch']}. Loss and both gradients of "
              f"{args.tokens:,} positions over V = {VOCAB:,}, bf16 autocast, median of {args.repeat}.", "",
              "| model | d_model | operators (ms) | fused (ms) | speed-up | extra memory (GiB), operators / fused | "
              "loss rel. diff | gradient rel. diff (hidden, weight) |", "|---|---|---|---|---|---|---|---|"]

@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from provenance import code_state
 from transformer.config import load_config
 from transformer.cost import H100_BF16_FLOPS, training_cost
 from transformer import data
@@ -757,7 +758,7 @@ def main() -> None:
     estimate = {name: round(1000 * training_cost(load_config(name, [f"train.max_tokens={args.tokens}",
                                                                       "train.update_freq=1"]), VOCAB)
                             .step_seconds(1), 1) for name in args.models.split(",")}
-    result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+    result = {"date": datetime.date.today().isoformat(), **code_state(), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
               "command": "python " + " ".join(sys.argv), "vocab": VOCAB, "tokens_per_step": args.tokens,
               "mean_src_len": round(src_len, 1), "mean_tgt_len": round(tgt_len, 1),
@@ -776,8 +777,9 @@ def main() -> None:
                     "nudge": NUDGE, **{k: floor[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}}}
     (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
-             f"`{result['command']}` — {result['date']}, torch {result['torch']} (CUDA {result['cuda']}), "
-             f"Python {result['python']}.", "",
+             f"`{result['command']}` — {result['date']}, commit {result['commit']}"
+             + (" with uncommitted changes" if result["uncommitted"] else "")
+             + f", torch {result['torch']} (CUDA {result['cuda']}), Python {result['python']}.", "",
              f"Synthetic WMT-shaped batches: ~{args.tokens:,} tokens per side per step, V = {VOCAB:,}, mean "
              f"lengths {src_len:.1f} / {tgt_len:.1f}; one optimizer step per batch through `train_step`"
              + (f"; a ×{args.accumulate} row takes the step's tokens as {args.accumulate} micro-batches of "

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import ROOT, code_state
+from common import ROOT
+from provenance import code_state
 from transformer.model import ONEDNN_MIN_MACS
 from transformer.search import row_topk
 

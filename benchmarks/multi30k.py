@@ -44,7 +44,8 @@ from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import Config, load_config
 from transformer.translator import Translator
 
-from common import ROOT, Split, config_key, git, overrides_of, train_or_resume, weight_candidates
+from common import ROOT, Split, config_key, overrides_of, train_or_resume, weight_candidates
+from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
 

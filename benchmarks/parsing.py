@@ -31,7 +31,8 @@ from transformer.translator import Translator
 from transformer.evaluate import score_trees
 from transformer.trees import delinearize, read_trees
 
-from common import code_state, train_or_reread, weight_candidates
+from common import train_or_reread, weight_candidates
+from provenance import code_state
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"

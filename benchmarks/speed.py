@@ -81,7 +81,8 @@ from transformer.tokenizer import EOS_ID, UNK_ID, Tokenizer
 from transformer.train import train
 from transformer.vocabulary import open_vocabulary
 
-from common import ROOT, code_state, recipe_run
+from common import ROOT, recipe_run
+from provenance import code_state
 
 HERE = Path(__file__).resolve().parent
 RESULTS = ROOT / "benchmarks" / "results"

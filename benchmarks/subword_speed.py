@@ -29,7 +29,8 @@ import torch
 from transformer.config import load_config
 from transformer.train import train
 
-from common import ROOT, git
+from common import ROOT
+from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "multi30k_en_de.toml"

@@ -46,7 +46,8 @@ from transformer.config import Config, load_config
 from transformer.model import count_parameters
 from transformer.translator import Translator
 
-from common import ROOT, Split, config_key, git, prediction_interval, train_or_resume
+from common import ROOT, Split, config_key, prediction_interval, train_or_resume
+from provenance import git
 
 # Table 3 as printed: PPL (dev), BLEU (dev), params ×10^6 (None where the paper prints no count; the
 # copy in ../shared/paper shows 4/16/32/16 in rows (A)'s params cells, which cannot be counts: those

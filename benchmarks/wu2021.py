@@ -51,8 +51,8 @@ from transformer.config import Config, LengthNorm, load_config
 from transformer.train import train
 from transformer.translator import Translator
 
-from common import (ROOT, Split, config_key, git, overrides_of, prediction_interval, train_or_resume,
-                    weight_candidates)
+from common import ROOT, Split, config_key, overrides_of, prediction_interval, train_or_resume, weight_candidates
+from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "multi30k_en_de_wu2021.toml"

@@ -5,6 +5,7 @@ benchmarks/gpu_attention.py's glue on the CPU."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu  # noqa: E402
 import gpu_attention  # noqa: E402
+import provenance  # noqa: E402
 from transformer.data import Batch  # noqa: E402
 
 # names as torch.profiler reports them on an H100 (shortened where they run on)
@@ -133,6 +135,8 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     # cost is read on shapes no row met
     assert len(micro_shapes) == 20 and fresh_shapes and not set(fresh_shapes) & set(micro_shapes)
     md = (tmp_path / "gpu_train.md").read_text()
+    assert result["commit"] == provenance.git("rev-parse", "--short", "HEAD") != ""
+    assert f"commit {result['commit']}" in md
     assert "| base | bf16 | 60.0 | 50.0 | 1.2× | 20.0% | 20.0% | 10.0 | 10.5 |" in md
     assert [r["mode"] for r in result["rows"]] == ["bf16", "bf16+cudagraphs", "bf16 ×4"]
     assert "| base | bf16 ×4 | 80.0 |" in md and "| base | bf16+cudagraphs | 50.0 |" in md
@@ -466,3 +470,14 @@ def test_packed_keeps_each_rows_real_positions_in_order():
 
     t = torch.arange(2 * 1 * 3 * 1).view(2, 1, 3, 1)  # [B=2, H=1, L=3, d=1]
     assert gpu_attention.packed(t, torch.tensor([2, 3])).flatten().tolist() == [0, 1, 3, 4, 5]
+
+
+def test_provenance_imports_nothing_of_the_package():
+    """gpu.py --before runs again with an earlier ``transformer/`` first on PYTHONPATH and records the
+    checkout's commit: what reads it must not import today's package names, which that one may lack."""
+    code = ("import sys, provenance; assert provenance.code_state()['commit']; "
+            "print(sorted(m for m in sys.modules if m.startswith('transformer')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(gpu.__file__).parent, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
