@@ -5,16 +5,17 @@
 Trains each model for a few steps on synthetic batches shaped like WMT14 EN-DE (sentence lengths spread
 around the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --tokens tokens per side,
 the paper's 25k) through the project's own ``train_step``, in each precision (fp32, bf16 autocast, fp16
-autocast with loss scaling, bf16 + torch.compile, and the same compiled graphs replayed as CUDA graphs:
-what launching kernels costs the host, measured away), and reports step time, target tokens/s, peak memory
+autocast with loss scaling, bf16 + torch.compile, the same compiled graphs replayed as CUDA graphs: what
+launching kernels costs the host, measured away, and compiled with Inductor's kernel tuning, ``TUNED``: what
+better launch parameters of its generated kernels would give), and reports step time, target tokens/s, peak memory
 and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak; for each
 one-batch row, what reading a step's outcome after queueing the next gains (``host_overlap``); and, with
 ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as the
 WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets. It also
 lists the attention kernels that ran (flash / memory-efficient SDPA) and checks on the GPU that an fp16
 step whose gradients overflow is skipped and leaves the weights alone. With ``--profile MODES`` (default:
-bf16 and bf16+compile, those of them that --modes measures), each model's steps in those precisions also
-run under torch.profiler: GPU kernel time per step by kind (matrix products, attention, copies,
+bf16, bf16+compile and bf16+tuned, those of them that --modes measures), each model's steps in those
+precisions also run under torch.profiler: GPU kernel time per step by kind (matrix products, attention, copies,
 elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share (kernel time over the
 unprofiled step time) — where a step's time goes, before changing it (issue 47) — and, from two more steps
 traced with the host, the lines of the package that launched the copies and elementwise kernels
@@ -67,9 +68,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
 # precision -> (autocast dtype, torch.compile mode: None eager, "default" as train.compile compiles, "reduce-overhead"
-# the same graphs replayed as CUDA graphs, one per batch shape: what launching costs the host, measured away)
+# the same graphs replayed as CUDA graphs, one per batch shape: what launching costs the host, measured away;
+# "tuned" as train.compile compiles with Inductor's options TUNED, an experiment the trainer does not run)
 MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.float16, None),
-         "bf16+compile": (torch.bfloat16, "default"), "bf16+cudagraphs": (torch.bfloat16, "reduce-overhead")}
+         "bf16+compile": (torch.bfloat16, "default"), "bf16+cudagraphs": (torch.bfloat16, "reduce-overhead"),
+         "bf16+tuned": (torch.bfloat16, "tuned")}
+# the 2026-12-04 profile found the kernels Inductor generates (not the matrix products) slow: one, dropout +
+# residual + LayerNorm backward, took 3.7 ms of base's 36.9 ms step at ~1 TB/s by a count of its bytes. Coordinate
+# descent tries each generated kernel's neighbouring block sizes and warp counts on the shapes met and keeps
+# the fastest: what better-chosen launch parameters alone would give, before a kernel is written by hand
+TUNED = {"coordinate_descent_tuning": True}
 EARLIER_MODES = ("fp32", "bf16", "fp16", "bf16+compile")  # those --before's package is measured in
 T0 = time.perf_counter()
 
@@ -123,7 +131,7 @@ def compile_like_the_trainer(raw: torch.nn.Module, device: torch.device, mode: s
     from before that function (``--before``) compiled as its trainer did, by plain torch.compile. ``mode``
     "reduce-overhead": the same, its graphs replayed as CUDA graphs."""
     compiled = getattr(training, "compiled", None)
-    if mode != "default":
+    if mode not in ("default", "tuned"):
         return compiled(raw, raw, device, mode)
     return compiled(raw, raw, device) if compiled else torch.compile(raw)
 
@@ -169,9 +177,25 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     ``batches`` (the WMT recipes' one-device layout is 8 micro-batches of 3,125 tokens: ``--accumulate``);
     and, with ``profile`` steps, the same model's next steps profiled (``profile_steps``: a compiled model is
     compiled once for both)."""
+    with inductor_options(MODES[mode][1]):  # compiling happens at the first steps, so all of them run inside
+        return measure_compiled(name, mode, batches, steps, warmup, src_len, tgt_len, micro, profile)
+
+
+def inductor_options(compile_mode: str | None):
+    """A context in which Inductor compiles with TUNED where ``compile_mode`` is "tuned", else as it is."""
+    import torch._inductor.config
+
+    return torch._inductor.config.patch(TUNED if compile_mode == "tuned" else {})
+
+
+def measure_compiled(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float,
+                     micro: int, profile: int) -> tuple[dict, dict | None]:
+    """``measure``'s row, with Inductor's options already set."""
     from torch._dynamo.utils import counters
 
     amp_dtype, compile_mode = MODES[mode]
+    if compile_mode:
+        torch._dynamo.reset()  # each row compiles its own graphs: none reused from a row of other options
     cfg, raw, optimizer, dist = on_gpu(name)
     device = dist.device
     graph_skips = counters["inductor"]["cudagraph_skips"]
@@ -312,8 +336,9 @@ def kernel_summary(kernels: list[tuple[str, float, int]], steps: int, step_ms: f
     return {"kernel_ms_per_step": {k: round(v, 2) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "kernel_ms_total": round(busy, 2), "kernels_per_step": round(sum(n for *_, n in kernels) / steps),
             "gpu_busy": round(min(1.0, busy / step_ms), 3) if step_ms > 0 else None,
-            "top_kernels": [{"name": n[:120], "kind": kernel_kind(n), "ms_per_step": round(us / 1000 / steps, 2)}
-                            for n, us, _ in sorted(kernels, key=lambda k: -k[1])[:8]]}
+            "top_kernels": [{"name": n[:120], "kind": kernel_kind(n), "ms_per_step": round(us / 1000 / steps, 2),
+                             "launches_per_step": round(launches / steps, 1)}  # bytes per launch make a rate
+                            for n, us, launches in sorted(kernels, key=lambda k: -k[1])[:12]]}
 
 
 FRAME = re.compile(r"(?:^|[/\\])transformer[/\\](\w+\.py)\((\d+)\): (\w+)")  # a with_stack frame of the package
@@ -675,7 +700,7 @@ def main() -> None:
                         help="also each model in bf16 with a step's tokens split into this many micro-batches "
                              "(the WMT recipes' update_freq on one device; 1: no such rows)")
     parser.add_argument("--profile", help="precisions among --modes whose steps are also profiled by kernel kind "
-                        "('' for none; default: bf16 and bf16+compile, where --modes has them)")
+                        "('' for none; default: bf16, bf16+compile and bf16+tuned, where --modes has them)")
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--before", type=Path, help="folder holding an earlier transformer/ package, measured first")
     parser.add_argument("--curve", type=int, default=200,
@@ -687,7 +712,7 @@ def main() -> None:
             parser.error(f"{option}: unknown precision {', '.join(unknown)} (known: {', '.join(MODES)})")
     modes = args.modes.split(",")
     if args.profile is None:
-        args.profile = ",".join(m for m in ("bf16", "bf16+compile") if m in modes)
+        args.profile = ",".join(m for m in ("bf16", "bf16+compile", "bf16+tuned") if m in modes)
     elif unmeasured := [m for m in filter(None, args.profile.split(",")) if m not in modes]:
         parser.error(f"--profile {args.profile}: {', '.join(unmeasured)} not among --modes {args.modes} "
                      "(a profile runs on a measured row's model)")

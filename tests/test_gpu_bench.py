@@ -59,7 +59,8 @@ def test_kernel_summary_sums_per_step():
     assert s["kernel_ms_per_step"] == {"matmul": 10.0, "copies": 5.0, "elementwise": 1.0}
     assert list(s["kernel_ms_per_step"]) == ["matmul", "copies", "elementwise"]  # largest first
     assert s["kernel_ms_total"] == 16.0 and s["kernels_per_step"] == 50 and s["gpu_busy"] == 0.8
-    assert s["top_kernels"][0] == {"name": "sm90_xmma_gemm_bf16", "kind": "matmul", "ms_per_step": 7.5}
+    assert s["top_kernels"][0] == {"name": "sm90_xmma_gemm_bf16", "kind": "matmul", "ms_per_step": 7.5,
+                                   "launches_per_step": 10.0}
     assert gpu.kernel_summary(kernels, steps=4, step_ms=10.0)["gpu_busy"] == 1.0  # capped: one stream
 
 
@@ -237,6 +238,15 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     assert overlap["steps"] == 2 and overlap["rounds"] == 3 and overlap["sync_ms"] > 0 and overlap["late_pinned_ms"] > 0
     assert len(marks) == 3 + 3 * 3 * 2  # every step of the CUDA-graph row starts a new step of the graphs
     assert row["cudagraph_skips"] == 0  # nothing compiled here (torch.compile stood in for)
+    import torch._inductor.config as inductor
+
+    tuning, real_step = [], gpu.train_step
+    monkeypatch.setattr(gpu, "train_step",
+                        lambda *a: tuning.append(inductor.coordinate_descent_tuning) or real_step(*a))
+    gpu.measure("tiny", "bf16", batches, 2, 1, src_len, tgt_len, micro=2)
+    gpu.measure("tiny", "bf16+tuned", batches, 2, 1, src_len, tgt_len, micro=2)
+    # Inductor compiles at a row's first steps: the tuned row's steps all run with its options, no other's
+    assert tuning == [False] * 3 + [True] * 3 and not inductor.coordinate_descent_tuning
 
 
 def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
@@ -250,6 +260,8 @@ def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
     assert calls == [{"dynamic": True, "mode": None}] and raw._sinusoids is not None
     assert gpu.compile_like_the_trainer(raw, dist.device, gpu.MODES["bf16+cudagraphs"][1]) is raw
     assert calls[1] == {"dynamic": True, "mode": "reduce-overhead"}  # the same graphs, replayed as CUDA graphs
+    assert gpu.compile_like_the_trainer(raw, dist.device, gpu.MODES["bf16+tuned"][1]) is raw
+    assert calls[2] == calls[0]  # the trainer's own compile; measure() sets Inductor's options around it
 
 
 @pytest.mark.parametrize("args, message", [
@@ -439,6 +451,7 @@ def test_attention_ways_run_through_on_the_cpu(tmp_path, monkeypatch):
     assert set(tiny["best_exact"]) == set(gpu_attention.SITES)
     assert tiny["sites"]["enc_self"]["flash"].get("exact") is False  # run without its mask: marked
     assert "| math |" in (tmp_path / "gpu_attention.md").read_text()
+    assert f"commit {result['commit']}" in (tmp_path / "gpu_attention.md").read_text() and result["commit"]
 
 
 @pytest.mark.parametrize("site", gpu_attention.SITES)
