@@ -73,8 +73,9 @@ VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
 MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.float16, None),
          "bf16+compile": (torch.bfloat16, "default"), "bf16+cudagraphs": (torch.bfloat16, "reduce-overhead"),
          "bf16+tuned": (torch.bfloat16, "tuned")}
-# the 2026-12-04 profile found the kernels Inductor generates (not the matrix products) slow: one, dropout +
-# residual + LayerNorm backward, took 3.7 ms of base's 36.9 ms step at ~1 TB/s by a count of its bytes. Coordinate
+# the costliest single kernel of base's step in the 2026-12-04 profile was one Inductor generates, dropout +
+# residual + LayerNorm backward: 3.7 ms of 36.9, ~1.1 TB/s if it ran at each of base's 30
+# junctions moving the ~140 MB one needs (an estimate: its launches were not recorded then). Coordinate
 # descent tries each generated kernel's neighbouring block sizes and warp counts on the shapes met and keeps
 # the fastest: what better-chosen launch parameters alone would give, before a kernel is written by hand
 TUNED = {"coordinate_descent_tuning": True}
