@@ -19,12 +19,13 @@
 #   bash benchmarks/gpu_visit.sh train-big    # the rest (gpu_train_big.*, gpu_attention.*, fused_loss.*), as two calls
 #   bash benchmarks/gpu_visit.sh headline     # where device time is short (15 minutes a session, the machine's
 #                                             # start included: train-base and train-big may not both fit): the
-#                                             # issue's goal rows alone: fused_loss.* and gpu_attention.* (short)
-#                                             # first, then base and big in bf16 compiled, compiled with Inductor's
-#                                             # kernel tuning (both profiled) and with CUDA graphs (train.cuda_graphs),
-#                                             # today's package only (gpu_train_headline.*); the 2026-12-04 visit ran
-#                                             # it without the tuned rows and attention in 349 s, the machine's start
-#                                             # and transfers ~30 s
+#                                             # issue's goal rows alone: gpu_layernorm.* (the post-norm junction
+#                                             # alone, compiled in several ways) and gpu_attention.* (attention alone
+#                                             # per kernel), short, first; then base and big in bf16 compiled and
+#                                             # compiled with Inductor's kernel tuning, profiled, today's package only
+#                                             # (gpu_train_headline.*). The 2026-12-04 visit ran the last with CUDA-
+#                                             # graph rows instead of tuned ones (2% for base), and the loss kernel, in
+#                                             # 349 s; the machine's start and transfers took ~30 s
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
 # script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
 # still brings back every row printed so far. Their commit fields come from the device's git metadata,
@@ -59,9 +60,9 @@ case "$1" in
     step gpu_decode 12 gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
       --batches 1 64 512 ;;
   headline)
-    LOG_DIR=/tmp step fused_loss 4 fused_loss.py
+    LOG_DIR=/tmp step gpu_layernorm 12 gpu_layernorm.py
     LOG_DIR=/tmp step gpu_attention 2 gpu_attention.py
-    step gpu_train_headline 20 gpu.py --models base,big --modes bf16+compile,bf16+tuned,bf16+cudagraphs --steps 20 \
+    step gpu_train_headline 20 gpu.py --models base,big --modes bf16+compile,bf16+tuned --steps 20 \
       --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_headline ;;
   train|train-base|train-big)
     if [ "$1" != train-big ]; then

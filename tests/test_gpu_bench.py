@@ -10,11 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu  # noqa: E402
 import gpu_attention  # noqa: E402
+import gpu_layernorm  # noqa: E402
 import provenance  # noqa: E402
+from transformer.config import load_config  # noqa: E402
 from transformer.data import Batch  # noqa: E402
 
 # names as torch.profiler reports them on an H100 (shortened where they run on)
@@ -493,4 +496,33 @@ def test_provenance_imports_nothing_of_the_package():
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(gpu.__file__).parent, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_junction_bench_runs_through_on_the_cpu(tmp_path, monkeypatch):
+    """benchmarks/gpu_layernorm.py end to end on the CPU (tiny shapes): each way asked for timed at its rate,
+    a way that fails reported as failed while the others run."""
+    real = gpu_layernorm.measure_way
+    monkeypatch.setattr(gpu_layernorm, "measure_way",
+                        lambda way, *a: (_ for _ in ()).throw(RuntimeError("no kernel")) if way == "static+tuned"
+                        else real(way, *a))
+    monkeypatch.setattr(sys, "argv", ["gpu_layernorm.py", "--device", "cpu", "--rows", "32", "--models", "tiny",
+                                      "--ways", "eager,static,static+tuned", "--repeat", "2", "--results",
+                                      str(tmp_path)])
+    gpu_layernorm.main()
+    result = json.loads((tmp_path / "gpu_layernorm.json").read_text())
+    ways = result["models"]["tiny"]
+    assert list(ways) == ["eager", "static", "static+tuned"]
+    assert ways["static+tuned"] == {"error": "RuntimeError: no kernel"}
+    d = load_config("tiny").model.d_model
+    for way in ("eager", "static"):
+        assert ways[way]["effective_gb_s"] == pytest.approx(16 * 32 * d / ways[way]["ms"] / 1e6, abs=0.05)
+    md = (tmp_path / "gpu_layernorm.md").read_text()
+    assert f"commit {result['commit']}" in md and "| tiny | static+tuned | failed: RuntimeError: no kernel |" in md
+
+
+def test_the_junction_bench_computes_the_models_junction():
+    """What gpu_layernorm.py times is model.residual's post-norm junction: LayerNorm(x + s) without dropout."""
+    f, (w, b) = gpu_layernorm.junction(16, 1e-6, 0.0, torch.device("cpu"))
+    x, s = torch.randn(4, 16), torch.randn(4, 16)
+    torch.testing.assert_close(f(x, s), torch.nn.functional.layer_norm(x + s, (16,), w, b, 1e-6))
 

@@ -1,0 +1,156 @@
+"""The post-norm junction alone, forward and backward, compiled as the trainer compiles it and in other
+ways (issue 47).
+
+    python benchmarks/gpu_layernorm.py [--rows 24992] [--models base,big]
+
+LayerNorm(x + Dropout(s)) (§3.1, §5.4): the package's own ``model.residual`` in bf16, on [rows, d_model]
+(gpu.py's batches hold ~25,000 positions), its output's gradient given. The 2026-12-04 profile's costliest
+single kernel of base's compiled step was the one Inductor generates for this junction's backward (3.7 ms
+a step). Timed per way (``WAYS``): eager operators; torch.compile as the trainer compiles (shape-generic);
+the same with Inductor's coordinate-descent tuning of the kernels it generates (gpu.py's ``TUNED``); with
+static shapes; static and tuned. Each way's time is read as an effective rate: the bytes a junction must
+move at least (x and s read and y written forward; the gradient, x and s read and the gradients of x and
+s written backward: ``BYTES_PER_ELEMENT`` in bf16, dropout's mask drawn again rather than stored) over the
+time, beside a copy's rate on the same card. It tells in a minute of a GPU visit whether tuning, static
+shapes or a kernel written by hand would pay. In the model the backward also sums the gradients that the
+junction's output receives from the next sub-layer and the next junction; here it receives one.
+
+Writes benchmarks/results/gpu_layernorm.json and .md. ``--device cpu`` runs the glue on small shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch._inductor.config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu import RESULTS, TUNED, kernel_summary  # noqa: E402  (benchmarks/ is no package)
+from gpu_attention import timed  # noqa: E402
+from provenance import code_state  # noqa: E402
+
+from transformer.config import load_config  # noqa: E402
+from transformer.model import Dropout, residual  # noqa: E402
+
+# way -> None (eager), or (torch.compile's dynamic, Inductor's options)
+WAYS = {"eager": None, "compiled": (True, {}), "compiled+tuned": (True, TUNED), "static": (False, {}),
+        "static+tuned": (False, TUNED)}
+BYTES_PER_ELEMENT = 16  # bf16: forward x, s, y; backward dy, x, s, dx, ds (2 bytes each)
+
+
+def junction(d_model: int, eps: float, p: float, device: torch.device):
+    """The junction as a post-norm layer runs it in bf16 under autocast: ``f(x, s)`` =
+    LayerNorm(x + Dropout(s)), and the LayerNorm's parameters (fp32, as the model keeps them)."""
+    norm = torch.nn.LayerNorm(d_model, eps=eps, device=device)
+    drop = Dropout(p)
+    return (lambda x, s: residual(x, norm, drop, False, lambda _: s)), list(norm.parameters())
+
+
+def measure_way(way: str, d_model: int, eps: float, p: float, rows: int, repeat: int,
+                device: torch.device) -> dict:
+    """One way's forward and backward: median ms, the effective rate, and on a GPU its kernels."""
+    f, params = junction(d_model, eps, p, device)
+    g = torch.Generator(device=device).manual_seed(0)
+    x, s, dy = (torch.randn(rows, d_model, device=device, generator=g).bfloat16() for _ in range(3))
+    x.requires_grad_(), s.requires_grad_()
+    setting = WAYS[way]
+    torch._dynamo.reset()  # each way compiles its own graphs
+    with torch._inductor.config.patch(setting[1] if setting else {}):
+        fn = torch.compile(f, dynamic=setting[0]) if setting else f
+
+        def step() -> tuple[torch.Tensor, ...]:
+            return torch.autograd.grad(fn(x, s), (x, s, *params), dy)
+
+        ms = timed(step, repeat, device)  # the first calls, untimed, compile
+        kernels = profiled(step, device)
+    nbytes = BYTES_PER_ELEMENT * rows * d_model
+    return {"ms": round(ms, 3), "effective_gb_s": round(nbytes / ms / 1e6, 1), **kernels}
+
+
+def profiled(step, device: torch.device, calls: int = 3) -> dict:
+    """Kernels per call and the costliest ones (gpu.py's ``kernel_summary``); nothing on a CPU."""
+    if device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    kernels = [(e.key, getattr(e, "self_device_time_total", 0.0), e.count)
+               for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    summary = kernel_summary(kernels, calls, 0.0)
+    return {"kernels_per_call": summary["kernels_per_step"], "top_kernels": summary["top_kernels"][:4]}
+
+
+def copy_rate(device: torch.device, repeat: int, nbytes: int = 2**30) -> float:
+    """GB/s of a device-to-device copy of ``nbytes`` (read and written): the card's practical ceiling."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    return round(2 * nbytes / timed(lambda: dst.copy_(src), repeat, device) / 1e6)
+
+
+def report(result: dict, path: Path) -> None:
+    """The md beside the JSON: per model, a row per way."""
+    lines = [f"# The post-norm junction alone ({result['device_name']})", "",
+             f"`{result['command']}` — {result['date']}, commit {result['commit']}"
+             + (" with uncommitted changes" if result["uncommitted"] else "") + f", torch {result['torch']}.", "",
+             f"LayerNorm(x + Dropout(s)) forward and backward in bf16 on [{result['rows']:,}, d_model], as "
+             f"`model.residual` computes it; effective rate = {BYTES_PER_ELEMENT} bytes an element (what the "
+             f"junction must move at least) over the time; a copy moves {result['copy_gb_s']:,} GB/s here.", "",
+             "| model | way | ms | effective GB/s | share of a copy | kernels per call | costliest kernel (ms per "
+             "call) |", "|---|---|---|---|---|---|---|"]
+    for name, ways in result["models"].items():
+        for way, r in ways.items():
+            if "error" in r:
+                lines.append(f"| {name} | {way} | failed: {r['error']} | | | | |")
+                continue
+            top = r.get("top_kernels", [])
+            costliest = f"`{top[0]['name'][:70]}` ({top[0]['ms_per_step']})" if top else "–"
+            lines.append(f"| {name} | {way} | {r['ms']} | {r['effective_gb_s']:,} | "
+                         f"{r['effective_gb_s'] / result['copy_gb_s']:.0%} | {r.get('kernels_per_call', '–')} | "
+                         f"{costliest} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=568 * 44, help="positions (gpu.py's batches: 568 × 44)")
+    parser.add_argument("--models", default="base,big")
+    parser.add_argument("--ways", default=",".join(WAYS))
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--device", default="cuda", help="cuda (default); cpu runs the glue on small shapes")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("benchmarks/gpu_layernorm.py needs a CUDA GPU (or --device cpu for its glue)")
+    if unknown := [w for w in args.ways.split(",") if w not in WAYS]:
+        parser.error(f"--ways: unknown {', '.join(unknown)} (known: {', '.join(WAYS)})")
+    result = {"date": datetime.date.today().isoformat(), **code_state(), "command": "python " + " ".join(sys.argv),
+              "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "rows": args.rows, "bytes_per_element": BYTES_PER_ELEMENT,
+              "copy_gb_s": copy_rate(device, args.repeat, 2**30 if device.type == "cuda" else 2**24), "models": {}}
+    for name in args.models.split(","):
+        cfg = load_config(name).model
+        result["models"][name] = {}
+        for way in args.ways.split(","):
+            try:
+                r = measure_way(way, cfg.d_model, cfg.ln_eps, cfg.p_drop, args.rows, args.repeat, device)
+            except Exception as e:  # a way that fails is a finding; the others still run
+                r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+            result["models"][name][way] = r
+            print(json.dumps({name: {way: r}}), flush=True)
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "gpu_layernorm.json").write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.results / "gpu_layernorm.md")
+
+
+if __name__ == "__main__":
+    main()
