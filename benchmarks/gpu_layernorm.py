@@ -8,11 +8,12 @@ LayerNorm(x + Dropout(s)) (§3.1, §5.4): the package's own ``model.residual`` i
 single kernel of base's compiled step was the one Inductor generates for this junction's backward (3.7 ms
 a step). Timed per way (``WAYS``): eager operators; torch.compile as the trainer compiles (shape-generic);
 the same with Inductor's coordinate-descent tuning of the kernels it generates (gpu.py's ``TUNED``); with
-static shapes; static and tuned. Each way's time is read as an effective rate: the bytes a junction must
-move at least (x and s read and y written forward; the gradient, x and s read and the gradients of x and
-s written backward: ``BYTES_PER_ELEMENT`` in bf16, dropout's mask drawn again rather than stored) over the
+static shapes; static and tuned; and the candidate kernels written by hand (postnorm_kernel.py: one
+forward, one backward). Each way's time is read as an effective rate: the bytes a junction must move at
+least (x and s read and y written forward; the gradient, x and s read and the gradients of x and s
+written backward: ``BYTES_PER_ELEMENT`` in bf16, dropout's mask drawn again rather than stored) over the
 time, beside a copy's rate on the same card. It tells in a minute of a GPU visit whether tuning, static
-shapes or a kernel written by hand would pay. In the model the backward also sums the gradients that the
+shapes or the hand-written kernels would pay. In the model the backward also sums the gradients that the
 junction's output receives from the next sub-layer and the next junction; here it receives one.
 
 Writes benchmarks/results/gpu_layernorm.json and .md. ``--device cpu`` runs the glue on small shapes.
@@ -37,16 +38,23 @@ from provenance import code_state  # noqa: E402
 from transformer.config import load_config  # noqa: E402
 from transformer.model import Dropout, residual  # noqa: E402
 
-# way -> None (eager), or (torch.compile's dynamic, Inductor's options)
+# way -> None (eager operators), "kernel" (postnorm_kernel.py's, eager), or (torch.compile's dynamic, Inductor's
+# options)
 WAYS = {"eager": None, "compiled": (True, {}), "compiled+tuned": (True, TUNED), "static": (False, {}),
-        "static+tuned": (False, TUNED)}
+        "static+tuned": (False, TUNED), "kernel": "kernel"}
 BYTES_PER_ELEMENT = 16  # bf16: forward x, s, y; backward dy, x, s, dx, ds (2 bytes each)
 
 
-def junction(d_model: int, eps: float, p: float, device: torch.device):
+def junction(d_model: int, eps: float, p: float, device: torch.device, kernel: bool = False):
     """The junction as a post-norm layer runs it in bf16 under autocast: ``f(x, s)`` =
-    LayerNorm(x + Dropout(s)), and the LayerNorm's parameters (fp32, as the model keeps them)."""
+    LayerNorm(x + Dropout(s)), and the LayerNorm's parameters (fp32, as the model keeps them); with
+    ``kernel``, through the candidate kernels of postnorm_kernel.py instead (imported here: Triton's
+    interpreter must be chosen before, where the tests run them on the CPU)."""
     norm = torch.nn.LayerNorm(d_model, eps=eps, device=device)
+    if kernel:
+        from postnorm_kernel import post_norm
+
+        return (lambda x, s: post_norm(x, s, norm, p, True)), list(norm.parameters())
     drop = Dropout(p)
     return (lambda x, s: residual(x, norm, drop, False, lambda _: s)), list(norm.parameters())
 
@@ -54,14 +62,15 @@ def junction(d_model: int, eps: float, p: float, device: torch.device):
 def measure_way(way: str, d_model: int, eps: float, p: float, rows: int, repeat: int,
                 device: torch.device) -> dict:
     """One way's forward and backward: median ms, the effective rate, and on a GPU its kernels."""
-    f, params = junction(d_model, eps, p, device)
+    setting = WAYS[way]
+    f, params = junction(d_model, eps, p, device, kernel=setting == "kernel")
     g = torch.Generator(device=device).manual_seed(0)
     x, s, dy = (torch.randn(rows, d_model, device=device, generator=g).bfloat16() for _ in range(3))
     x.requires_grad_(), s.requires_grad_()
-    setting = WAYS[way]
+    compiled = isinstance(setting, tuple)
     torch._dynamo.reset()  # each way compiles its own graphs
-    with torch._inductor.config.patch(setting[1] if setting else {}):
-        fn = torch.compile(f, dynamic=setting[0]) if setting else f
+    with torch._inductor.config.patch(setting[1] if compiled else {}):
+        fn = torch.compile(f, dynamic=setting[0]) if compiled else f
 
         def step() -> tuple[torch.Tensor, ...]:
             return torch.autograd.grad(fn(x, s), (x, s, *params), dy)

@@ -1,0 +1,142 @@
+"""A candidate: the post-norm junction LayerNorm(x + Dropout(s)) (§3.1, §5.4) as two Triton kernels, one
+forward and one backward, measured by benchmarks/gpu_layernorm.py against what torch.compile generates
+(issue 47: a generated junction backward was the costliest single kernel of base's compiled step). It
+moves into the package only if a GPU measures it faster; until then the trainer does not run it.
+
+Forward: each program normalises blocks of rows: z = x + keep · s / (1 - p) in fp32, y = (z - mean) ·
+rstd · w + b in x's dtype, with each row's mean and rstd kept (8 bytes a row). The dropout mask is not
+stored: ``keep`` = a uniform draw ≥ p from Philox keyed by a seed and the element's index, drawn again by
+the backward. The seed is a one-element device tensor drawn from torch's generator, so no host
+synchronisation is needed and a checkpoint's random state replays the same masks. Backward: z
+recomputed from x and s, dz = rstd · (w·dy - mean(w·dy) - x̂ · mean(x̂ · w·dy)) over each row, the residual's
+gradient dz and the sub-layer's dz · keep / (1 - p), and each program's partial sums of dy · x̂ and dy
+over its rows for the gain's and bias's gradients, summed by torch after. Bytes an element: x, s read and
+y written forward; dy, x, s read and two gradients written backward (gpu_layernorm.py's 16 in bf16).
+
+Triton's interpreter (TRITON_INTERPRET=1 before import) runs the kernels on CPU tensors for the tests.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+ROWS = 8  # rows a program normalises at a time; the backward loops over blocks of them
+
+
+@triton.jit
+def _forward(x_ptr, s_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, seed_ptr, p, scale, M, D, eps,
+             DROP: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    inside = (rows < M)[:, None] & (cols < D)[None, :]
+    at = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    x = tl.load(x_ptr + at, mask=inside, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + at, mask=inside, other=0.0).to(tl.float32)
+    if DROP:
+        keep = tl.rand(tl.load(seed_ptr), at.to(tl.int32)) >= p
+        s = tl.where(keep, s * scale, 0.0)
+    z = x + s
+    mean = tl.sum(z, 1) / D
+    zc = tl.where(inside, z - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, 1) / D + eps)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    y = zc * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=inside)
+    tl.store(mean_ptr + rows, mean, mask=rows < M)
+    tl.store(rstd_ptr + rows, rstd, mask=rows < M)
+
+
+@triton.jit
+def _backward(dy_ptr, x_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, ds_ptr, dw_ptr, db_ptr, seed_ptr, p, scale,
+              M, D, DROP: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    program, programs = tl.program_id(0), tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_D)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_D], tl.float32)
+    db = tl.zeros([BLOCK_D], tl.float32)
+    for start in range(program * ROWS, M, programs * ROWS):
+        rows = start + tl.arange(0, ROWS)
+        inside = (rows < M)[:, None] & (cols < D)[None, :]
+        at = rows.to(tl.int64)[:, None] * D + cols[None, :]
+        x = tl.load(x_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        if DROP:  # a constant: resolved when the kernel compiles, so keep exists below where DROP holds
+            keep = tl.rand(tl.load(seed_ptr), at.to(tl.int32)) >= p
+            s = tl.where(keep, s * scale, 0.0)
+        mean = tl.load(mean_ptr + rows, mask=rows < M, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
+        xhat = tl.where(inside, (x + s - mean[:, None]) * rstd[:, None], 0.0)
+        dy = tl.load(dy_ptr + at, mask=inside, other=0.0).to(tl.float32)
+        wdy = dy * w[None, :]
+        c1 = tl.sum(xhat * wdy, 1) / D
+        c2 = tl.sum(wdy, 1) / D
+        dz = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(dx_ptr + at, dz.to(dx_ptr.dtype.element_ty), mask=inside)
+        if DROP:
+            dz = tl.where(keep, dz * scale, 0.0)
+        tl.store(ds_ptr + at, dz.to(ds_ptr.dtype.element_ty), mask=inside)
+        dw += tl.sum(dy * xhat, 0)
+        db += tl.sum(dy, 0)
+    tl.store(dw_ptr + program * D + cols, dw, mask=cols < D)
+    tl.store(db_ptr + program * D + cols, db, mask=cols < D)
+
+
+def _warps(block_d: int) -> int:
+    return 8 if block_d >= 1024 else 4
+
+
+class PostNorm(torch.autograd.Function):
+    """LayerNorm(x + Dropout(s)) over the last dimension of x and s ([..., D], contiguous, one dtype), with
+    the gain ``weight`` and bias ``bias`` [D]; ``seed``: a one-element int32 device tensor."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, s: Tensor, weight: Tensor, bias: Tensor, p: float, eps: float,
+                seed: Tensor) -> Tensor:
+        d = x.shape[-1]
+        x2, s2 = x.reshape(-1, d), s.reshape(-1, d)
+        m = x2.shape[0]
+        if m * d >= 2**31:
+            raise ValueError(f"PostNorm: {m} × {d} elements, more than the int32 Philox offsets reach")
+        y = torch.empty_like(x2)
+        mean = x2.new_empty(m, dtype=torch.float32)
+        rstd = x2.new_empty(m, dtype=torch.float32)
+        block_d = triton.next_power_of_2(d)
+        scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
+        _forward[(triton.cdiv(m, ROWS),)](x2, s2, y, weight, bias, mean, rstd, seed, p, scale, m, d, eps,
+                                           DROP=p > 0.0, ROWS=ROWS, BLOCK_D=block_d, num_warps=_warps(block_d))
+        ctx.save_for_backward(x2, s2, weight, mean, rstd, seed)
+        ctx.p, ctx.scale, ctx.shape = p, scale, x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x2, s2, weight, mean, rstd, seed = ctx.saved_tensors
+        m, d = x2.shape
+        dy2 = dy.reshape(-1, d).contiguous()
+        dx, ds = torch.empty_like(x2), torch.empty_like(s2)
+        block_d = triton.next_power_of_2(d)
+        programs = max(1, min(triton.cdiv(m, ROWS), 4 * _processors(x2.device)))
+        dw = x2.new_empty(programs, d, dtype=torch.float32)
+        db = x2.new_empty(programs, d, dtype=torch.float32)
+        _backward[(programs,)](dy2, x2, s2, weight, mean, rstd, dx, ds, dw, db, seed, ctx.p, ctx.scale, m, d,
+                               DROP=ctx.p > 0.0, ROWS=ROWS, BLOCK_D=block_d, num_warps=_warps(block_d))
+        return (dx.view(ctx.shape), ds.view(ctx.shape), dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype),
+                None, None, None)
+
+
+def _processors(device: torch.device) -> int:
+    """The GPU's multiprocessors (the backward's programs: a few per processor); 8 on a CPU."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
+def post_norm(x: Tensor, s: Tensor, norm: torch.nn.LayerNorm, p: float, training: bool) -> Tensor:
+    """LayerNorm(x + Dropout(s)) through the kernels, as ``model.residual``'s post-norm junction; a fresh
+    seed from x's device generator each call (no dropout, and no draw, out of training)."""
+    p = p if training else 0.0
+    seed = torch.randint(0, 2**31 - 1, (1,), device=x.device, dtype=torch.int32) if p > 0.0 else \
+        torch.zeros(1, device=x.device, dtype=torch.int32)
+    return PostNorm.apply(x.contiguous(), s.contiguous(), norm.weight, norm.bias, p, norm.eps, seed)

@@ -1,0 +1,164 @@
+"""benchmarks/postnorm_kernel.py, the candidate Triton post-norm junction, held to model.residual's
+LayerNorm(x + Dropout(s)) under Triton's interpreter (set before the kernels' module is imported)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton", reason="Triton has no wheel here (the [dev] extra installs it on Linux x86-64)")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import postnorm_kernel  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def layer(d: int) -> torch.nn.LayerNorm:
+    """A LayerNorm whose gain and bias are not 1 and 0, so that their use and gradients show."""
+    norm = torch.nn.LayerNorm(d, eps=1e-6, device=DEVICE)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    return norm
+
+
+def leaves(*shape: int, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    x, s, dy = (torch.randn(*shape, device=DEVICE, generator=g).to(dtype) for _ in range(3))
+    return x.requires_grad_(), s.requires_grad_(), dy
+
+
+def grads(y: torch.Tensor, x, s, norm, dy) -> tuple[torch.Tensor, ...]:
+    return torch.autograd.grad(y, (x, s, norm.weight, norm.bias), dy)
+
+
+@pytest.mark.parametrize("shape", [(37, 48), (3, 5, 64), (8, 512)])  # D no power of two; rows no multiple of 8
+def test_without_dropout_it_is_layer_norm_of_the_sum(shape):
+    norm = layer(shape[-1])
+    x, s, dy = leaves(*shape)
+    y = postnorm_kernel.post_norm(x, s, norm, 0.1, training=False)  # out of training: no dropout
+    ref = F.layer_norm(x + s, shape[-1:], norm.weight, norm.bias, 1e-6)
+    assert y.shape == x.shape
+    torch.testing.assert_close(y, ref, atol=2e-6, rtol=1e-5)
+    for got, want in zip(grads(y, x, s, norm, dy), grads(ref, x, s, norm, dy)):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_bf16_is_within_bf16s_rounding():
+    norm = layer(128)
+    x, s, dy = leaves(64, 128, dtype=torch.bfloat16)
+    y = postnorm_kernel.post_norm(x, s, norm, 0.0, training=True)
+    assert y.dtype == torch.bfloat16
+    ref = F.layer_norm((x + s).float(), (128,), norm.weight, norm.bias, 1e-6)
+    torch.testing.assert_close(y.float(), ref, atol=3e-2, rtol=1e-2)
+    got = grads(y, x, s, norm, dy)
+    want = grads(ref, x, s, norm, dy.float())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=3e-2)
+
+
+def kept(seed: torch.Tensor, rows: int, d: int, p: float) -> torch.Tensor:
+    """The kernel's dropout mask for ``seed``, read from its output: with x = 0, s = 1 and a unit gain,
+    an element is kept exactly where the output is above the row's mean (rows neither all kept nor all
+    dropped)."""
+    norm = torch.nn.LayerNorm(d, device=DEVICE)
+    ones = torch.ones(rows, d, device=DEVICE)
+    y = postnorm_kernel.PostNorm.apply(torch.zeros_like(ones), ones, norm.weight, norm.bias, p, 1e-6, seed)
+    return y > 0
+
+
+def test_dropout_draws_one_mask_for_forward_and_backward():
+    rows, d, p = 64, 96, 0.3
+    norm = layer(d)
+    x, s, dy = leaves(rows, d)
+    seed = torch.tensor([1234], dtype=torch.int32, device=DEVICE)
+    keep = kept(seed, rows, d, p)
+    assert 0.6 < keep.float().mean() < 0.8  # P(keep) = 1 - p over 6,144 draws
+    y = postnorm_kernel.PostNorm.apply(x, s, norm.weight, norm.bias, p, 1e-6, seed)
+    ref = F.layer_norm(x + s * keep / (1 - p), (d,), norm.weight, norm.bias, 1e-6)  # §5.4: inverted dropout
+    torch.testing.assert_close(y, ref, atol=2e-6, rtol=1e-5)
+    for got, want in zip(grads(y, x, s, norm, dy), grads(ref, x, s, norm, dy)):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    other = kept(torch.tensor([1235], dtype=torch.int32, device=DEVICE), rows, d, p)
+    assert (other != keep).any()  # another seed, another mask
+
+
+def test_each_call_draws_its_seed_from_torchs_generator():
+    """The masks follow torch's random state: a run restored with it (a checkpoint's) draws the same ones."""
+    norm = layer(32)
+    x, s, _ = leaves(16, 32)
+    torch.manual_seed(5)
+    first, second = (postnorm_kernel.post_norm(x, s, norm, 0.5, training=True) for _ in range(2))
+    torch.manual_seed(5)
+    again = postnorm_kernel.post_norm(x, s, norm, 0.5, training=True)
+    assert torch.equal(first, again) and not torch.equal(first, second)
+
+
+def test_the_junction_bench_times_the_kernels():
+    """gpu_layernorm.py's "kernel" way runs these kernels (the other ways: tests/test_gpu_bench.py)."""
+    import gpu_layernorm
+
+    f, params = gpu_layernorm.junction(32, 1e-6, 0.0, DEVICE, kernel=True)
+    x, s, _ = leaves(8, 32)
+    torch.testing.assert_close(f(x, s), F.layer_norm(x + s, (32,), *params, 1e-6), atol=2e-6, rtol=1e-5)
+    row = gpu_layernorm.measure_way("kernel", 32, 1e-6, 0.1, 16, 2, DEVICE)
+    assert row["ms"] > 0 and row["effective_gb_s"] == round(16 * 16 * 32 / row["ms"] / 1e6, 1)
+
+
+COMPILE_FOR_SM90 = """
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import postnorm_kernel as pk
+found = {}
+BF16 = ("x_ptr", "s_ptr", "y_ptr", "dy_ptr", "dx_ptr", "ds_ptr")
+for kernel in (pk._forward, pk._backward):
+    names = kernel.arg_names
+    pointers = [n for n in names if n.endswith("_ptr")]
+    signature = {n: "*bf16" if n in BF16 else "*i32" if n == "seed_ptr" else "*fp32" for n in pointers}
+    signature |= {n: "constexpr" if n in ("DROP", "ROWS", "BLOCK_D") else "fp32" if n in ("p", "scale", "eps")
+                  else "i32" for n in names if n not in pointers}
+    signature = {n: signature[n] for n in names}
+    constants = {"DROP": True, "ROWS": pk.ROWS, "BLOCK_D": 512}
+    # what the launcher tells the compiler at d_model 512: 16-byte aligned tensors, D a multiple of 16
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in pointers + ["D"]}
+    try:
+        compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4})
+    except RuntimeError as e:  # a Triton without its NVIDIA backend's tools (ptxas)
+        print(json.dumps({"skip": str(e).splitlines()[0][:200]}))
+        sys.exit()
+    found[kernel.__name__] = re.findall(r"(?:ld|st)\\.global(?:\\.\\w+)*", compiled.asm["ptx"])
+print(json.dumps(found))
+"""
+
+
+def test_the_kernels_compile_for_a_gpu_and_move_16_bytes_per_access():
+    """Both kernels as a GPU's Triton compiles them (PTX for sm_90, made here without a GPU, in a process of
+    its own: this one runs the interpreter), at base's d_model with dropout: they compile (the interpreter
+    runs code a compiler may refuse), and the bf16 rows are read and written 16 bytes per access."""
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "benchmarks"), *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode and "No module named 'triton.backends" in done.stderr:
+        pytest.skip("this Triton cannot compile for a CUDA target without a GPU")
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    if "skip" in found:
+        pytest.skip(f"Triton cannot compile for sm_90 here: {found['skip']}")
+    for name, accesses in found.items():
+        assert any(a.endswith("v4.b32") for a in accesses if a.startswith("ld")), (name, accesses)
+        assert any(a.endswith("v4.b32") for a in accesses if a.startswith("st")), (name, accesses)
+        assert not any(a.endswith(".b16") for a in accesses), (name, accesses)
