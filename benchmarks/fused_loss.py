@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from provenance import code_state
+from provenance import code_state, commit_text
 from transformer.loss import label_smoothed_loss
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -114,9 +114,8 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fused_loss.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# The label-smoothed loss on {result['gpu']}: Triton kernel against operators", "",
-             f"`{result['command']}` — {result['date']}, commit {result['commit']}"
-             + (" with uncommitted changes" if result["uncommitted"] else "")
-             + f", torch {result['torch']}. Loss and both gradients of "
+             f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']}. "
+             "Loss and both gradients of "
              f"{args.tokens:,} positions over V = {VOCAB:,}, bf16 autocast, median of {args.repeat}.", "",
              "| model | d_model | operators (ms) | fused (ms) | speed-up | extra memory (GiB), operators / fused | "
              "loss rel. diff | gradient rel. diff (hidden, weight) |", "|---|---|---|---|---|---|---|---|"]

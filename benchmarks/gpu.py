@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from provenance import code_state
+from provenance import code_state, commit_text
 from transformer.config import load_config
 from transformer.cost import H100_BF16_FLOPS, training_cost
 from transformer import data
@@ -803,9 +803,8 @@ def main() -> None:
                     "nudge": NUDGE, **{k: floor[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}}}
     (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
-             f"`{result['command']}` — {result['date']}, commit {result['commit']}"
-             + (" with uncommitted changes" if result["uncommitted"] else "")
-             + f", torch {result['torch']} (CUDA {result['cuda']}), Python {result['python']}.", "",
+             f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']} "
+             f"(CUDA {result['cuda']}), Python {result['python']}.", "",
              f"Synthetic WMT-shaped batches: ~{args.tokens:,} tokens per side per step, V = {VOCAB:,}, mean "
              f"lengths {src_len:.1f} / {tgt_len:.1f}; one optimizer step per batch through `train_step`"
              + (f"; a ×{args.accumulate} row takes the step's tokens as {args.accumulate} micro-batches of "

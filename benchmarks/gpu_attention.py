@@ -42,7 +42,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fused_loss import event_times  # noqa: E402  (benchmarks/ is no package)
 from gpu import RESULTS, synthetic_batches  # noqa: E402
-from provenance import code_state  # noqa: E402
+from provenance import code_state, commit_text  # noqa: E402
 
 from transformer.config import load_config  # noqa: E402
 from transformer.model import padding_mask  # noqa: E402
@@ -182,8 +182,7 @@ def measure_model(name: str, batches: list, repeat: int, device: torch.device) -
 def report(result: dict, path: Path) -> None:
     """The md beside the JSON: per model, a row per way, ms per step at each site and in all."""
     lines = [f"# Attention alone, per kernel ({result['device_name']})", "",
-             f"`{result['command']}` — {result['date']}, commit {result['commit']}"
-             + (" with uncommitted changes" if result["uncommitted"] else "") + f", torch {result['torch']}.", "",
+             f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']}.", "",
              f"Forward and backward of a training step's attention, bf16, on {result['batches']} "
              f"of gpu.py's synthetic batches (~{result['tokens']:,} tokens per side); ms per step = ms per call × "
              "the layers with that site. `flash` on the masked sites runs without the mask (marked *): a bound, "

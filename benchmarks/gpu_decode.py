@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from provenance import code_state
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BATCHES = (1, 64, 512)
@@ -160,11 +162,9 @@ def main() -> None:
     import torch
 
     name = "gpu_decode" if args.device.startswith("cuda") else "cpu_decode"
+    state = code_state()
     result = {"date": datetime.date.today().isoformat(),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip() or "unknown (no git where it ran)",
-              "uncommitted": subprocess.run(["git", "status", "--porcelain", "--", "transformer", "benchmarks/*.py"],
-                                            cwd=ROOT, capture_output=True, text=True).stdout.splitlines(),
+              "commit": state["commit"] or "unknown (no git where it ran)", "uncommitted": state["uncommitted"],
               "before": "979b027 (the search and step before issue 43's rewrite)",
               "command": "python benchmarks/gpu_decode.py " + " ".join(sys.argv[1:]),
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,

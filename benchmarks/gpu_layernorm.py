@@ -33,7 +33,7 @@ import torch._inductor.config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import RESULTS, TUNED, kernel_summary  # noqa: E402  (benchmarks/ is no package)
 from gpu_attention import timed  # noqa: E402
-from provenance import code_state  # noqa: E402
+from provenance import code_state, commit_text  # noqa: E402
 
 from transformer.config import load_config  # noqa: E402
 from transformer.model import Dropout, residual  # noqa: E402
@@ -108,8 +108,7 @@ def copy_rate(device: torch.device, repeat: int, nbytes: int = 2**30) -> float:
 def report(result: dict, path: Path) -> None:
     """The md beside the JSON: per model, a row per way."""
     lines = [f"# The post-norm junction alone ({result['device_name']})", "",
-             f"`{result['command']}` — {result['date']}, commit {result['commit']}"
-             + (" with uncommitted changes" if result["uncommitted"] else "") + f", torch {result['torch']}.", "",
+             f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']}.", "",
              f"LayerNorm(x + Dropout(s)) forward and backward in bf16 on [{result['rows']:,}, d_model], as "
              f"`model.residual` computes it; effective rate = {BYTES_PER_ELEMENT} bytes an element (what the "
              f"junction must move at least) over the time; a copy moves {result['copy_gb_s']:,} GB/s here.", "",

@@ -32,7 +32,7 @@ from transformer.evaluate import score_trees
 from transformer.trees import delinearize, read_trees
 
 from common import train_or_reread, weight_candidates
-from provenance import code_state
+from provenance import code_state, commit_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -98,7 +98,7 @@ def main() -> None:
                          for name, v in dev.items())
     (RESULTS / "parsing.md").write_text(f"""# Constituency parsing, Penn Treebank WSJ sample (§6.3)
 
-`{result['command']}` — {result['date']}, commit {result['commit']}{' (with uncommitted changes)' if result['uncommitted'] else ''}, {result['machine']}; torch {torch.__version__}
+`{result['command']}` — {result['date']}, {commit_text(result)}, {result['machine']}; torch {torch.__version__}
 
 Trained on wsj_0001-0159 for {result['train_minutes']} min ({result['steps']} steps); picked on
 wsj_0160-0174 ({picked}); tested on wsj_0175-0189. Beam {cfg.decode.beam_size}, α {cfg.decode.alpha},

@@ -24,3 +24,9 @@ def code_state() -> dict:
     package, the benchmarks and the configs (changes to docs or results do not change what ran)."""
     return {"commit": git("rev-parse", "--short", "HEAD"),
             "uncommitted": git("status", "--porcelain", "--", "transformer", "benchmarks/*.py", "configs").splitlines()}
+
+
+def commit_text(state: dict) -> str:
+    """``code_state``'s commit as a result page's header prints it: "commit abc1234", and "with uncommitted
+    changes" where the package, the benchmarks or the configs differed from it."""
+    return f"commit {state['commit']}" + (" with uncommitted changes" if state["uncommitted"] else "")

@@ -129,3 +129,24 @@ def start_server(run_dir: Path, options: Sequence[str] = (), timeout: float = 12
                 raise RuntimeError(f"`transformer serve {run_dir}` did not start (exit status {proc.wait()}; "
                                    "its stderr is above)") from None
             time.sleep(0.2)
+
+
+def compile_for_sm90(script: str) -> dict:
+    """What ``script`` prints last (JSON) when run in a process of its own without Triton's interpreter, this
+    checkout's package and benchmarks/ importable: it compiles a kernel for sm_90 (an H100 or H200) without a
+    GPU, as a test process running the interpreter cannot. It prints {"skip": why} where this Triton lacks
+    the NVIDIA backend's tools; the test is then skipped, as where Triton has no CUDA target at all."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    root = Path(__file__).resolve().parents[1]  # this checkout's package, installed or not
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "benchmarks"), *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode and "No module named 'triton.backends" in done.stderr:
+        pytest.skip("this Triton cannot compile for a CUDA target without a GPU")
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    if "skip" in found:
+        pytest.skip(f"Triton cannot compile for sm_90 here: {found['skip']}")
+    return found

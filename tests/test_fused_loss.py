@@ -16,6 +16,7 @@ pytest.importorskip("triton", reason="Triton has no wheel here (the [dev] extra 
 from transformer import loss as loss_module  # noqa: E402
 from transformer.fused_loss import smoothed_loss_and_grad_  # noqa: E402
 from transformer.loss import label_smoothed_loss  # noqa: E402
+from tests.conftest import compile_for_sm90  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -87,23 +88,7 @@ def test_the_kernel_compiled_for_a_gpu_moves_16_bytes_per_access_at_v_37000():
     and Triton's launcher tells the compiler only of integers that are multiples of 16: the logits must still
     be read and written 16 bytes (8 logits) per access, not 2 bytes (one logit) each. Compiled in a process
     of its own: this one runs Triton's interpreter."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    root = str(Path(__file__).resolve().parents[1])  # this checkout's package, installed or not
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
-                          timeout=300)
-    if done.returncode and "No module named 'triton.backends" in done.stderr:
-        pytest.skip("this Triton cannot compile for a CUDA target without a GPU")
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    if "skip" in found:
-        pytest.skip(f"Triton cannot compile for sm_90 here: {found['skip']}")
+    found = compile_for_sm90(COMPILE_FOR_SM90)
     accesses = found["ptx"]
     loads, stores = [a for a in accesses if a.startswith("ld")], [a for a in accesses if a.startswith("st")]
     assert any(a.endswith(".v4.b32") for a in loads) and any(a.endswith(".v4.b32") for a in stores), accesses

@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="Triton has no wheel here (the [dev] extra installs it on Linux x86-64)")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import postnorm_kernel  # noqa: E402
+from tests.conftest import compile_for_sm90  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -143,21 +144,7 @@ def test_the_kernels_compile_for_a_gpu_and_move_16_bytes_per_access():
     """Both kernels as a GPU's Triton compiles them (PTX for sm_90, made here without a GPU, in a process of
     its own: this one runs the interpreter), at base's d_model with dropout: they compile (the interpreter
     runs code a compiler may refuse), and the bf16 rows are read and written 16 bytes per access."""
-    import json
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "benchmarks"), *filter(None, [env.get("PYTHONPATH")])])
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
-                          timeout=300)
-    if done.returncode and "No module named 'triton.backends" in done.stderr:
-        pytest.skip("this Triton cannot compile for a CUDA target without a GPU")
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    if "skip" in found:
-        pytest.skip(f"Triton cannot compile for sm_90 here: {found['skip']}")
+    found = compile_for_sm90(COMPILE_FOR_SM90)
     for name, accesses in found.items():
         assert any(a.endswith("v4.b32") for a in accesses if a.startswith("ld")), (name, accesses)
         assert any(a.endswith("v4.b32") for a in accesses if a.startswith("st")), (name, accesses)
