@@ -100,7 +100,7 @@ def test_each_call_draws_its_seed_from_torchs_generator():
     assert torch.equal(first, again) and not torch.equal(first, second)
 
 
-def test_the_junction_bench_times_the_kernels():
+def test_the_junction_bench_times_the_kernels(tmp_path):
     """gpu_layernorm.py's "kernel" way runs these kernels (the other ways: tests/test_gpu_bench.py)."""
     import gpu_layernorm
 
@@ -109,6 +109,13 @@ def test_the_junction_bench_times_the_kernels():
     torch.testing.assert_close(f(x, s), F.layer_norm(x + s, (32,), *params, 1e-6), atol=2e-6, rtol=1e-5)
     row = gpu_layernorm.measure_way("kernel", 32, 1e-6, 0.1, 16, 2, DEVICE)
     assert row["ms"] > 0 and row["effective_gb_s"] == round(16 * 16 * 32 / row["ms"] / 1e6, 1)
+    agreement = row["agreement"]  # the kernels against the operators in bf16, on the card that timed them
+    assert set(agreement) == {"y", "dx", "ds", "dw", "db"} and max(agreement.values()) < 2e-2, agreement
+    assert 0 < max(agreement.values())  # bf16 outputs of two computations: some rounding apart
+    path = tmp_path / "gpu_layernorm.md"
+    gpu_layernorm.report({"device_name": "cpu", "command": "c", "date": "d", "commit": "abc", "uncommitted": [],
+                          "torch": "t", "rows": 16, "copy_gb_s": 1.0, "models": {"tiny": {"kernel": row}}}, path)
+    assert "tiny: the kernels against the operators without dropout" in path.read_text()
 
 
 COMPILE_FOR_SM90 = """
