@@ -2,40 +2,40 @@
 
     python benchmarks/gpu.py [--steps 20] [--tokens 25000] [--models base,big]
 
-Trains each model for a few steps on synthetic batches shaped like WMT14 EN-DE (sentence lengths spread
-around the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --tokens tokens per side,
-the paper's 25k) through the project's own ``train_step``, in each precision (fp32, bf16 autocast, fp16
-autocast with loss scaling, bf16 + torch.compile, the same compiled graphs replayed as CUDA graphs: what
-launching kernels costs the host, measured away, and compiled with Inductor's kernel tuning, ``TUNED``: what
-better launch parameters of its generated kernels would give), and reports step time, target tokens/s, peak memory
-and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak; for each
-one-batch row, what reading a step's outcome after queueing the next gains (``host_overlap``); and, with
-``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as the
-WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets. It also
-lists the attention kernels that ran (flash / memory-efficient SDPA) and checks on the GPU that an fp16
-step whose gradients overflow is skipped and leaves the weights alone. With ``--profile MODES`` (default:
-bf16, bf16+compile and bf16+tuned, those of them that --modes measures), each model's steps in those
-precisions also run under torch.profiler: GPU kernel time per step by kind (matrix products, attention, copies,
-elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share (kernel time over the
+Trains each model for a few steps on synthetic batches shaped like WMT14 EN-DE (sentence lengths spread around
+the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --tokens tokens per side, the paper's
+25k) through the project's own ``train_step``, in each precision (fp32, bf16 autocast, fp16 autocast with loss
+scaling, bf16 + torch.compile, the same compiled graphs replayed as CUDA graphs: what launching kernels costs
+the host, measured away, compiled with Inductor's kernel tuning, ``TUNED``: what better launch parameters of
+its generated kernels would give, and bf16 eager with the post-norm junctions through
+benchmarks/postnorm_kernel.py's candidate kernels, ``KERNEL_MODES``), and reports step time, target tokens/s,
+peak memory and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak;
+for each one-batch row, what reading a step's outcome after queueing the next gains (``host_overlap``); and,
+with ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as the
+WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets. It also lists
+the attention kernels that ran (flash / memory-efficient SDPA) and checks on the GPU that an fp16 step whose
+gradients overflow is skipped and leaves the weights alone. With ``--profile MODES`` (default: bf16,
+bf16+compile, bf16+tuned and bf16+kernel, those of them that --modes measures), each model's steps in those
+precisions also run under torch.profiler: GPU kernel time per step by kind (matrix products, attention,
+copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share (kernel time over the
 unprofiled step time) — where a step's time goes, before changing it (issue 47) — and, from two more steps
 traced with the host, the lines of the package that launched the copies and elementwise kernels
-(``kernel_sources``), and from three more, where the GPU waits for the host (``idle_gaps``). ``--before
-DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git archive COMMIT transformer | tar -x
--C DIR``) first measures the same rows with that package, in a process
-of its own on the same card (rows only, in ``EARLIER_MODES``: its profile was read on 2026-11-29,
-benchmarks/results/gpu_visit_2026-11-29/), and reports each row's speed-up and peak memory beside them;
-and, with ``--curve STEPS`` (default 200), the loss curve of one fixed bf16 run of base on batches it can
-learn (each target its source) with both packages, and how far apart they are (``compare_curves``: issue
-47 keeps it within 1e-2 relative), beside how far the earlier package's own curve moves when only rounding
-changes (every weight nudged by ``NUDGE`` relative): the floor a change of summation order alone reaches.
-It also times what a batch of a shape never seen before costs, per attention backend
-(``first_shape_cost``).
-Writes benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Needs a CUDA GPU.
-"""
+(``kernel_sources``), and from three more, where the GPU waits for the host (``idle_gaps``). ``--before DIR``
+(a folder holding an earlier ``transformer/`` package, e.g. ``git archive COMMIT transformer | tar -x -C
+DIR``) first measures the same rows with that package, in a process of its own on the same card (rows only, in
+``EARLIER_MODES``: its profile was read on 2026-11-29, benchmarks/results/gpu_visit_2026-11-29/), and reports
+each row's speed-up and peak memory beside them; and, with ``--curve STEPS`` (default 200), the loss curve of
+one fixed bf16 run of base on batches it can learn (each target its source) with both packages, and how far
+apart they are (``compare_curves``: issue 47 keeps it within 1e-2 relative), beside how far the earlier
+package's own curve moves when only rounding changes (every weight nudged by ``NUDGE`` relative): the floor a
+change of summation order alone reaches. It also times what a batch of a shape never seen before costs, per
+attention backend (``first_shape_cost``). Writes benchmarks/results/NAME.json and .md (``--name``, default
+gpu_train). Needs a CUDA GPU. """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -72,7 +72,10 @@ VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
 # "tuned" as train.compile compiles with Inductor's options TUNED, an experiment the trainer does not run)
 MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.float16, None),
          "bf16+compile": (torch.bfloat16, "default"), "bf16+cudagraphs": (torch.bfloat16, "reduce-overhead"),
-         "bf16+tuned": (torch.bfloat16, "tuned")}
+         "bf16+tuned": (torch.bfloat16, "tuned"), "bf16+kernel": (torch.bfloat16, None)}
+# eager rows whose post-norm junctions run through benchmarks/postnorm_kernel.py's candidate kernels in place of
+# model.residual's operators: what the kernels would give a step where no compiler fuses the junction
+KERNEL_MODES = ("bf16+kernel",)
 # the costliest single kernel of base's step in the 2026-12-04 profile was one Inductor generates, dropout +
 # residual + LayerNorm backward: 3.7 ms of 36.9, ~1.1 TB/s if it ran at each of base's 30
 # junctions moving the ~140 MB one needs (an estimate: its launches were not recorded then). Coordinate
@@ -178,8 +181,34 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     ``batches`` (the WMT recipes' one-device layout is 8 micro-batches of 3,125 tokens: ``--accumulate``);
     and, with ``profile`` steps, the same model's next steps profiled (``profile_steps``: a compiled model is
     compiled once for both)."""
-    with inductor_options(MODES[mode][1]):  # compiling happens at the first steps, so all of them run inside
+    # compiling happens at the first steps, so all of them run inside
+    with inductor_options(MODES[mode][1]), junctions_through_kernels(mode in KERNEL_MODES):
         return measure_compiled(name, mode, batches, steps, warmup, src_len, tgt_len, micro, profile)
+
+
+@contextlib.contextmanager
+def junctions_through_kernels(on: bool):
+    """Within it, where ``on``, the package's post-norm junctions LayerNorm(x + Dropout(Sublayer(x))) in bf16
+    or fp16 on a GPU go through postnorm_kernel.post_norm (``model.residual`` replaced: its layers look it up
+    at each call); the rest (pre-norm, fp32, the CPU) as before."""
+    if not on:
+        yield
+        return
+    import transformer.model
+    from postnorm_kernel import post_norm
+
+    operators = transformer.model.residual
+
+    def through_kernels(x, norm, drop, pre, sublayer):
+        if pre or x.dtype == torch.float32 or x.device.type != "cuda":
+            return operators(x, norm, drop, pre, sublayer)
+        return post_norm(x, sublayer(x), norm, drop.p, drop.training)
+
+    transformer.model.residual = through_kernels
+    try:
+        yield
+    finally:
+        transformer.model.residual = operators
 
 
 def inductor_options(compile_mode: str | None):
@@ -701,7 +730,8 @@ def main() -> None:
                         help="also each model in bf16 with a step's tokens split into this many micro-batches "
                              "(the WMT recipes' update_freq on one device; 1: no such rows)")
     parser.add_argument("--profile", help="precisions among --modes whose steps are also profiled by kernel kind "
-                        "('' for none; default: bf16, bf16+compile and bf16+tuned, where --modes has them)")
+                        "('' for none; default: bf16, bf16+compile, bf16+tuned and bf16+kernel, where --modes "
+                        "has them)")
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--before", type=Path, help="folder holding an earlier transformer/ package, measured first")
     parser.add_argument("--curve", type=int, default=200,
@@ -713,7 +743,7 @@ def main() -> None:
             parser.error(f"{option}: unknown precision {', '.join(unknown)} (known: {', '.join(MODES)})")
     modes = args.modes.split(",")
     if args.profile is None:
-        args.profile = ",".join(m for m in ("bf16", "bf16+compile", "bf16+tuned") if m in modes)
+        args.profile = ",".join(m for m in ("bf16", "bf16+compile", "bf16+tuned", "bf16+kernel") if m in modes)
     elif unmeasured := [m for m in filter(None, args.profile.split(",")) if m not in modes]:
         parser.error(f"--profile {args.profile}: {', '.join(unmeasured)} not among --modes {args.modes} "
                      "(a profile runs on a measured row's model)")

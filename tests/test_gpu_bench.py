@@ -250,6 +250,14 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     gpu.measure("tiny", "bf16+tuned", batches, 2, 1, src_len, tgt_len, micro=2)
     # Inductor compiles at a row's first steps: the tuned row's steps all run with its options, no other's
     assert tuning == [False] * 3 + [True] * 3 and not inductor.coordinate_descent_tuning
+    import transformer.model
+
+    operators, junctions = transformer.model.residual, []
+    monkeypatch.setattr(gpu, "train_step", lambda *a: junctions.append(transformer.model.residual) or real_step(*a))
+    row, _ = gpu.measure("tiny", "bf16+kernel", batches, 2, 1, src_len, tgt_len, micro=2)
+    # the kernel row's steps run the replaced junction (here on the CPU it hands back to the operators)
+    assert len(junctions) == 3 and operators not in junctions and transformer.model.residual is operators
+    assert row["mode"] == "bf16+kernel ×2" and row["skipped_steps"] == 0
 
 
 def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
