@@ -10,8 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import torch
 
-from transformer.data import read_lines
+# Without a CUDA GPU the Triton kernels (transformer/fused_loss.py, benchmarks/postnorm_kernel.py) run under
+# Triton's interpreter. It must be chosen before Triton is first imported in the process, by any module
+# (torch's compiler imports it too): Triton's own library (tl.rand's Philox, ...) is made for one mode then
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from transformer.data import read_lines  # noqa: E402
 
 DATA = Path(os.environ.get("TRANSFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 MULTI30K = DATA / "multi30k"

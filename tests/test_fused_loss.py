@@ -1,16 +1,12 @@
 """The Triton label-smoothed cross-entropy (``transformer.fused_loss``) held to the PyTorch path.
 
-Without a CUDA GPU the kernel runs under Triton's interpreter, which must be chosen before the
-kernel's module is imported: this module sets it first (no other test imports ``fused_loss``).
+Without a CUDA GPU the kernel runs under Triton's interpreter, which tests/conftest.py chooses before
+Triton is first imported.
 """
-
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton", reason="Triton has no wheel here (the [dev] extra installs it on Linux x86-64)")
 
 from transformer import loss as loss_module  # noqa: E402
