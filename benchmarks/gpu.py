@@ -76,11 +76,11 @@ MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.fl
 # eager rows whose post-norm junctions run through benchmarks/postnorm_kernel.py's candidate kernels in place of
 # model.residual's operators: what the kernels would give a step where no compiler fuses the junction
 KERNEL_MODES = ("bf16+kernel",)
-# the costliest single kernel of base's step in the 2026-12-04 profile was one Inductor generates, dropout +
-# residual + LayerNorm backward: 3.7 ms of 36.9, ~1.1 TB/s if it ran at each of base's 30
-# junctions moving the ~140 MB one needs (an estimate: its launches were not recorded then). Coordinate
-# descent tries each generated kernel's neighbouring block sizes and warp counts on the shapes met and keeps
-# the fastest: what better-chosen launch parameters alone would give, before a kernel is written by hand
+# the costliest single kernel of base's step in the 2026-12-04 profile
+# (benchmarks/results/gpu_visit_2026-12-04/) was one Inductor generates, dropout + residual + LayerNorm
+# backward, at an estimated third of a copy's rate (its launches were not recorded then). Coordinate descent
+# tries each generated kernel's neighbouring block sizes and warp counts on the shapes met and keeps the
+# fastest: what better-chosen launch parameters alone would give, before a kernel is written by hand
 TUNED = {"coordinate_descent_tuning": True}
 EARLIER_MODES = ("fp32", "bf16", "fp16", "bf16+compile")  # those --before's package is measured in
 T0 = time.perf_counter()

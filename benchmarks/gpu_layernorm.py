@@ -4,17 +4,17 @@ ways (issue 47).
     python benchmarks/gpu_layernorm.py [--rows 24992] [--models base,big]
 
 LayerNorm(x + Dropout(s)) (§3.1, §5.4): the package's own ``model.residual`` in bf16, on [rows, d_model]
-(gpu.py's batches hold ~25,000 positions), its output's gradient given. The 2026-12-04 profile's costliest
-single kernel of base's compiled step was the one Inductor generates for this junction's backward (3.7 ms
-a step). Timed per way (``WAYS``): eager operators; torch.compile as the trainer compiles (shape-generic);
-the same with Inductor's coordinate-descent tuning of the kernels it generates (gpu.py's ``TUNED``); with
-static shapes; static and tuned; and the candidate kernels written by hand (postnorm_kernel.py: one
-forward, one backward). Each way's time is read as an effective rate: the bytes a junction must move at
-least (x and s read and y written forward; the gradient, x and s read and the gradients of x and s
-written backward: ``BYTES_PER_ELEMENT`` in bf16, dropout's mask drawn again rather than stored) over the
-time, beside a copy's rate on the same card. It tells in a minute of a GPU visit whether tuning, static
-shapes or the hand-written kernels would pay. In the model the backward also sums the gradients that the
-junction's output receives from the next sub-layer and the next junction; here it receives one.
+(gpu.py's batches hold ~25,000 positions), its output's gradient given. The costliest single kernel of base's
+compiled step in the 2026-12-04 profile (benchmarks/results/gpu_visit_2026-12-04/) was the one Inductor
+generates for this junction's backward. Timed per way (``WAYS``): eager operators; torch.compile as the
+trainer compiles (shape-generic); the same with Inductor's coordinate-descent tuning of the kernels it
+generates (gpu.py's ``TUNED``); with static shapes; static and tuned; and the candidate kernels written by
+hand (postnorm_kernel.py: one forward, one backward). Each way's time is read as an effective rate: the bytes
+a junction must move at least (x and s read and y written forward; the gradient, x and s read and the
+gradients of x and s written backward: ``BYTES_PER_ELEMENT`` in bf16, dropout's mask drawn again rather than
+stored) over the time, beside a copy's rate on the same card. It tells in a minute of a GPU visit whether
+tuning, static shapes or the hand-written kernels would pay. In the model the backward also sums the gradients
+that the junction's output receives from the next sub-layer and the next junction; here it receives one.
 
 Writes benchmarks/results/gpu_layernorm.json and .md. ``--device cpu`` runs the glue on small shapes.
 """
