@@ -123,32 +123,36 @@ from triton.compiler import ASTSource
 import postnorm_kernel as pk
 found = {}
 BF16 = ("x_ptr", "s_ptr", "y_ptr", "dy_ptr", "dx_ptr", "ds_ptr")
-for kernel in (pk._forward, pk._backward):
+for kernel in (pk._forward.fn, pk._backward.fn):  # the kernels under their autotuners
     names = kernel.arg_names
     pointers = [n for n in names if n.endswith("_ptr")]
     signature = {n: "*bf16" if n in BF16 else "*i32" if n == "seed_ptr" else "*fp32" for n in pointers}
     signature |= {n: "constexpr" if n in ("DROP", "ROWS", "BLOCK_D") else "fp32" if n in ("p", "scale", "eps")
                   else "i32" for n in names if n not in pointers}
     signature = {n: signature[n] for n in names}
-    constants = {"DROP": True, "ROWS": pk.ROWS, "BLOCK_D": 512}
     # what the launcher tells the compiler at d_model 512: 16-byte aligned tensors, D a multiple of 16
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in pointers + ["D"]}
-    try:
-        compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": 4})
-    except RuntimeError as e:  # a Triton without its NVIDIA backend's tools (ptxas)
-        print(json.dumps({"skip": str(e).splitlines()[0][:200]}))
-        sys.exit()
-    found[kernel.__name__] = re.findall(r"(?:ld|st)\\.global(?:\\.\\w+)*", compiled.asm["ptx"])
+    for config in pk._configs():  # every configuration the autotuner may pick must compile
+        constants = {"DROP": True, "BLOCK_D": 512, **config.kwargs}
+        try:
+            compiled = triton.compile(ASTSource(kernel, signature, constants, attrs),
+                                      target=GPUTarget("cuda", 90, 32), options={"num_warps": config.num_warps})
+        except RuntimeError as e:  # a Triton without its NVIDIA backend's tools (ptxas)
+            print(json.dumps({"skip": str(e).splitlines()[0][:200]}))
+            sys.exit()
+        if config.kwargs["ROWS"] == 8 and config.num_warps == 4:
+            found[kernel.__name__] = re.findall(r"(?:ld|st)\\.global(?:\\.\\w+)*", compiled.asm["ptx"])
 print(json.dumps(found))
 """
 
 
 def test_the_kernels_compile_for_a_gpu_and_move_16_bytes_per_access():
     """Both kernels as a GPU's Triton compiles them (PTX for sm_90, made here without a GPU, in a process of
-    its own: this one runs the interpreter), at base's d_model with dropout: they compile (the interpreter
-    runs code a compiler may refuse), and the bf16 rows are read and written 16 bytes per access."""
+    its own: this one runs the interpreter), at base's d_model with dropout: every configuration the autotuner
+    may pick compiles (the interpreter runs code a compiler may refuse), and at 8 rows a program and 4 warps
+    the bf16 rows are read and written 16 bytes per access."""
     found = compile_for_sm90(COMPILE_FOR_SM90)
+    assert set(found) == {"_forward", "_backward"}
     for name, accesses in found.items():
         assert any(a.endswith("v4.b32") for a in accesses if a.startswith("ld")), (name, accesses)
         assert any(a.endswith("v4.b32") for a in accesses if a.startswith("st")), (name, accesses)
