@@ -7,7 +7,7 @@ the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --tokens 
 25k) through the project's own ``train_step``, in each precision (fp32, bf16 autocast, fp16 autocast with loss
 scaling, bf16 + torch.compile, the same compiled graphs replayed as CUDA graphs: what launching kernels costs
 the host, measured away, compiled with Inductor's kernel tuning, ``TUNED``: what better launch parameters of
-its generated kernels would give, and bf16 eager with the post-norm junctions through
+its generated kernels would give, and bf16 eager and compiled with the post-norm junctions through
 benchmarks/postnorm_kernel.py's candidate kernels, ``KERNEL_MODES``), and reports step time, target tokens/s,
 peak memory and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak;
 for each one-batch row, what reading a step's outcome after queueing the next gains (``host_overlap``); and,
@@ -15,22 +15,22 @@ with ``--accumulate N`` (default 8), each model in bf16 with a step's tokens tak
 WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets. It also lists
 the attention kernels that ran (flash / memory-efficient SDPA) and checks on the GPU that an fp16 step whose
 gradients overflow is skipped and leaves the weights alone. With ``--profile MODES`` (default: bf16,
-bf16+compile, bf16+tuned and bf16+kernel, those of them that --modes measures), each model's steps in those
-precisions also run under torch.profiler: GPU kernel time per step by kind (matrix products, attention,
-copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share (kernel time over the
-unprofiled step time) — where a step's time goes, before changing it (issue 47) — and, from two more steps
-traced with the host, the lines of the package that launched the copies and elementwise kernels
-(``kernel_sources``), and from three more, where the GPU waits for the host (``idle_gaps``). ``--before DIR``
-(a folder holding an earlier ``transformer/`` package, e.g. ``git archive COMMIT transformer | tar -x -C
-DIR``) first measures the same rows with that package, in a process of its own on the same card (rows only, in
-``EARLIER_MODES``: its profile was read on 2026-11-29, benchmarks/results/gpu_visit_2026-11-29/), and reports
-each row's speed-up and peak memory beside them; and, with ``--curve STEPS`` (default 200), the loss curve of
-one fixed bf16 run of base on batches it can learn (each target its source) with both packages, and how far
-apart they are (``compare_curves``: issue 47 keeps it within 1e-2 relative), beside how far the earlier
-package's own curve moves when only rounding changes (every weight nudged by ``NUDGE`` relative): the floor a
-change of summation order alone reaches. It also times what a batch of a shape never seen before costs, per
-attention backend (``first_shape_cost``). Writes benchmarks/results/NAME.json and .md (``--name``, default
-gpu_train). Needs a CUDA GPU. """
+bf16+compile, bf16+tuned, bf16+kernel and bf16+compile+kernel, those of them that --modes measures), each
+model's steps in those precisions also run under torch.profiler: GPU kernel time per step by kind (matrix
+products, attention, copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share
+(kernel time over the unprofiled step time) — where a step's time goes, before changing it (issue 47) — and,
+from two more steps traced with the host, the lines of the package that launched the copies and elementwise
+kernels (``kernel_sources``), and from three more, where the GPU waits for the host (``idle_gaps``).
+``--before DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git archive COMMIT transformer
+| tar -x -C DIR``) first measures the same rows with that package, in a process of its own on the same card
+(rows only, in ``EARLIER_MODES``: its profile was read on 2026-11-29,
+benchmarks/results/gpu_visit_2026-11-29/), and reports each row's speed-up and peak memory beside them; and,
+with ``--curve STEPS`` (default 200), the loss curve of one fixed bf16 run of base on batches it can learn
+(each target its source) with both packages, and how far apart they are (``compare_curves``: issue 47 keeps it
+within 1e-2 relative), beside how far the earlier package's own curve moves when only rounding changes (every
+weight nudged by ``NUDGE`` relative): the floor a change of summation order alone reaches. It also times what
+a batch of a shape never seen before costs, per attention backend (``first_shape_cost``). Writes
+benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Needs a CUDA GPU. """
 
 from __future__ import annotations
 
@@ -72,10 +72,12 @@ VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
 # "tuned" as train.compile compiles with Inductor's options TUNED, an experiment the trainer does not run)
 MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.float16, None),
          "bf16+compile": (torch.bfloat16, "default"), "bf16+cudagraphs": (torch.bfloat16, "reduce-overhead"),
-         "bf16+tuned": (torch.bfloat16, "tuned"), "bf16+kernel": (torch.bfloat16, None)}
-# eager rows whose post-norm junctions run through benchmarks/postnorm_kernel.py's candidate kernels in place of
-# model.residual's operators: what the kernels would give a step where no compiler fuses the junction
-KERNEL_MODES = ("bf16+kernel",)
+         "bf16+tuned": (torch.bfloat16, "tuned"), "bf16+kernel": (torch.bfloat16, None),
+         "bf16+compile+kernel": (torch.bfloat16, "default")}
+# rows whose post-norm junctions run through benchmarks/postnorm_kernel.py's candidate kernels in place of
+# model.residual's operators: eager (what the kernels give a step no compiler fuses) and compiled (the kernels
+# as opaque operators in the compiled graph, in place of what Inductor generates for the junction)
+KERNEL_MODES = ("bf16+kernel", "bf16+compile+kernel")
 # the costliest single kernel of base's step in the 2026-12-04 profile
 # (benchmarks/results/gpu_visit_2026-12-04/) was one Inductor generates, dropout + residual + LayerNorm
 # backward, at an estimated third of a copy's rate (its launches were not recorded then). Coordinate descent
@@ -730,8 +732,8 @@ def main() -> None:
                         help="also each model in bf16 with a step's tokens split into this many micro-batches "
                              "(the WMT recipes' update_freq on one device; 1: no such rows)")
     parser.add_argument("--profile", help="precisions among --modes whose steps are also profiled by kernel kind "
-                        "('' for none; default: bf16, bf16+compile, bf16+tuned and bf16+kernel, where --modes "
-                        "has them)")
+                        "('' for none; default: bf16, bf16+compile, bf16+tuned, bf16+kernel and "
+                        "bf16+compile+kernel, where --modes has them)")
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--before", type=Path, help="folder holding an earlier transformer/ package, measured first")
     parser.add_argument("--curve", type=int, default=200,
@@ -743,7 +745,8 @@ def main() -> None:
             parser.error(f"{option}: unknown precision {', '.join(unknown)} (known: {', '.join(MODES)})")
     modes = args.modes.split(",")
     if args.profile is None:
-        args.profile = ",".join(m for m in ("bf16", "bf16+compile", "bf16+tuned", "bf16+kernel") if m in modes)
+        args.profile = ",".join(m for m in ("bf16", "bf16+compile", "bf16+tuned", "bf16+kernel", "bf16+compile+kernel")
+                                if m in modes)
     elif unmeasured := [m for m in filter(None, args.profile.split(",")) if m not in modes]:
         parser.error(f"--profile {args.profile}: {', '.join(unmeasured)} not among --modes {args.modes} "
                      "(a profile runs on a measured row's model)")

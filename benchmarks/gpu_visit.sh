@@ -21,10 +21,10 @@
 #                                             # start included: train-base and train-big may not both fit): the
 #                                             # issue's goal rows alone: gpu_layernorm.* (the post-norm junction
 #                                             # alone, compiled in several ways) and gpu_attention.* (attention alone
-#                                             # per kernel), short, first; then base and big in bf16 eager, eager
-#                                             # with the candidate junction kernels, compiled, and compiled with
-#                                             # Inductor's kernel tuning, the last three profiled, today's package
-#                                             # only (gpu_train_headline.*). The 2026-12-04 visit ran the compiled rows,
+#                                             # per kernel), short, first; then base and big in bf16 compiled,
+#                                             # compiled with the candidate junction kernels, compiled with Inductor's
+#                                             # kernel tuning, eager, and eager with the kernels, all but plain eager
+#                                             # profiled, today's package only (gpu_train_headline.*). The 2026-12-04 visit ran the compiled rows,
 #                                             # CUDA-graph rows (2% for base) and the loss kernel in 349 s; the
 #                                             # machine's start and transfers took ~30 s; the tuned rows compile longer
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
@@ -63,9 +63,10 @@ case "$1" in
   headline)
     LOG_DIR=/tmp step gpu_layernorm 12 gpu_layernorm.py
     LOG_DIR=/tmp step gpu_attention 2 gpu_attention.py
-    step gpu_train_headline 20 gpu.py --models base,big --modes bf16,bf16+kernel,bf16+compile,bf16+tuned \
-      --profile bf16+kernel,bf16+compile,bf16+tuned --steps 20 --accumulate 1 --curve 0 --first-shape 0 \
-      --name gpu_train_headline ;;
+    step gpu_train_headline 20 gpu.py --models base,big \
+      --modes bf16+compile,bf16+compile+kernel,bf16+tuned,bf16,bf16+kernel \
+      --profile bf16+compile,bf16+compile+kernel,bf16+tuned,bf16+kernel --steps 20 --accumulate 1 --curve 0 \
+      --first-shape 0 --name gpu_train_headline ;;
   train|train-base|train-big)
     if [ "$1" != train-big ]; then
       step gpu_train 30 gpu.py --before runs/gpu/before47 --models base --modes bf16,bf16+compile,bf16+cudagraphs \

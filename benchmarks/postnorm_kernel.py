@@ -1,7 +1,8 @@
 """A candidate: the post-norm junction LayerNorm(x + Dropout(s)) (§3.1, §5.4) as two Triton kernels, one
 forward and one backward, measured by benchmarks/gpu_layernorm.py against what torch.compile generates
-(issue 47: a generated junction backward was the costliest single kernel of base's compiled step). It
-moves into the package only if a GPU measures it faster; until then the trainer does not run it.
+(issue 47: a generated junction backward was the costliest single kernel of base's compiled step), and by
+gpu.py's bf16+kernel and bf16+compile+kernel rows in whole training steps. It moves into the package only if
+a GPU measures it faster; until then the trainer does not run it.
 
 Forward: each program normalises blocks of rows: z = x + keep · s / (1 - p) in fp32, y = (z - mean) ·
 rstd · w + b in x's dtype, with each row's mean and rstd kept (8 bytes a row). The dropout mask is not
@@ -12,6 +13,8 @@ recomputed from x and s, dz = rstd · (w·dy - mean(w·dy) - x̂ · mean(x̂ · 
 gradient dz and the sub-layer's dz · keep / (1 - p), and each program's partial sums of dy · x̂ and dy
 over its rows for the gain's and bias's gradients, summed by torch after. Bytes an element: x, s read and
 y written forward; dy, x, s read and two gradients written backward (gpu_layernorm.py's 16 in bf16).
+Both are torch custom operators with a fake (shape) implementation and an autograd formula, so that
+torch.compile keeps them in one graph and calls them as they are.
 
 Triton's interpreter (TRITON_INTERPRET=1 before import) runs the kernels on CPU tensors for the tests.
 """
@@ -99,43 +102,68 @@ def _backward(dy_ptr, x_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, ds_ptr, d
     tl.store(db_ptr + program * D + cols, db, mask=cols < D)
 
 
-class PostNorm(torch.autograd.Function):
-    """LayerNorm(x + Dropout(s)) over the last dimension of x and s ([..., D], contiguous, one dtype), with
-    the gain ``weight`` and bias ``bias`` [D]; ``seed``: a one-element int32 device tensor."""
+@torch.library.custom_op("postnorm_kernel::forward", mutates_args=())
+def forward(x: Tensor, s: Tensor, weight: Tensor, bias: Tensor, p: float, eps: float,
+            seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """LayerNorm(x + Dropout(s)) of x, s [M, D] (contiguous, one dtype) with the gain ``weight`` and bias
+    ``bias`` [D], ``seed`` a one-element int32 device tensor -> y and each row's mean and rstd (fp32). An
+    opaque operator to torch.compile (its shapes from ``_forward_shapes``), so that a compiled model calls
+    the kernels as they are, and the autograd formula below is its backward."""
+    m, d = x.shape
+    if m * d >= 2**31:
+        raise ValueError(f"post_norm: {m} × {d} elements, more than the int32 Philox offsets reach")
+    y = torch.empty_like(x)
+    mean, rstd = x.new_empty(m, dtype=torch.float32), x.new_empty(m, dtype=torch.float32)
+    grid = lambda meta: (triton.cdiv(m, meta["ROWS"]),)  # noqa: E731  (the tuned ROWS sets it)
+    _forward[grid](x, s, y, weight, bias, mean, rstd, seed, p, _scale(p), m, d, eps, DROP=p > 0.0,
+                   BLOCK_D=triton.next_power_of_2(d))
+    return y, mean, rstd
 
-    @staticmethod
-    def forward(ctx, x: Tensor, s: Tensor, weight: Tensor, bias: Tensor, p: float, eps: float,
-                seed: Tensor) -> Tensor:
-        d = x.shape[-1]
-        x2, s2 = x.reshape(-1, d), s.reshape(-1, d)
-        m = x2.shape[0]
-        if m * d >= 2**31:
-            raise ValueError(f"PostNorm: {m} × {d} elements, more than the int32 Philox offsets reach")
-        y = torch.empty_like(x2)
-        mean = x2.new_empty(m, dtype=torch.float32)
-        rstd = x2.new_empty(m, dtype=torch.float32)
-        block_d = triton.next_power_of_2(d)
-        scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
-        grid = lambda meta: (triton.cdiv(m, meta["ROWS"]),)  # noqa: E731  (the tuned ROWS sets it)
-        _forward[grid](x2, s2, y, weight, bias, mean, rstd, seed, p, scale, m, d, eps, DROP=p > 0.0, BLOCK_D=block_d)
-        ctx.save_for_backward(x2, s2, weight, mean, rstd, seed)
-        ctx.p, ctx.scale, ctx.shape = p, scale, x.shape
-        return y.view(x.shape)
 
-    @staticmethod
-    def backward(ctx, dy: Tensor):
-        x2, s2, weight, mean, rstd, seed = ctx.saved_tensors
-        m, d = x2.shape
-        dy2 = dy.reshape(-1, d).contiguous()
-        dx, ds = torch.empty_like(x2), torch.empty_like(s2)
-        block_d = triton.next_power_of_2(d)
-        programs = max(1, min(m, 4 * _processors(x2.device)))  # one with no rows left writes zero partial sums
-        dw = x2.new_empty(programs, d, dtype=torch.float32)
-        db = x2.new_empty(programs, d, dtype=torch.float32)
-        _backward[(programs,)](dy2, x2, s2, weight, mean, rstd, dx, ds, dw, db, seed, ctx.p, ctx.scale, m, d,
-                               DROP=ctx.p > 0.0, BLOCK_D=block_d)
-        return (dx.view(ctx.shape), ds.view(ctx.shape), dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype),
-                None, None, None)
+@forward.register_fake
+def _forward_shapes(x, s, weight, bias, p, eps, seed):
+    return torch.empty_like(x), x.new_empty(x.shape[0], dtype=torch.float32), x.new_empty(x.shape[0],
+                                                                                          dtype=torch.float32)
+
+
+@torch.library.custom_op("postnorm_kernel::backward", mutates_args=())
+def backward(dy: Tensor, x: Tensor, s: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor, p: float,
+             seed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of ``forward``'s y with respect to x, s, the gain and the bias, from y's gradient ``dy``."""
+    m, d = x.shape
+    dx, ds = torch.empty_like(x), torch.empty_like(s)
+    programs = max(1, min(m, 4 * _processors(x.device)))  # one with no rows left writes zero partial sums
+    dw = x.new_empty(programs, d, dtype=torch.float32)
+    db = x.new_empty(programs, d, dtype=torch.float32)
+    _backward[(programs,)](dy.contiguous(), x, s, weight, mean, rstd, dx, ds, dw, db, seed, p, _scale(p), m, d,
+                           DROP=p > 0.0, BLOCK_D=triton.next_power_of_2(d))
+    return dx, ds, dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype)
+
+
+@backward.register_fake
+def _backward_shapes(dy, x, s, weight, mean, rstd, p, seed):
+    return torch.empty_like(x), torch.empty_like(s), torch.empty_like(weight), torch.empty_like(weight)
+
+
+def _keep(ctx, inputs: tuple, output: tuple) -> None:
+    x, s, weight, _, p, _, seed = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, s, weight, mean, rstd, seed)
+    ctx.p = p
+
+
+def _gradients(ctx, dy: Tensor, _mean: Tensor, _rstd: Tensor) -> tuple:
+    x, s, weight, mean, rstd, seed = ctx.saved_tensors
+    dx, ds, dw, db = backward(dy, x, s, weight, mean, rstd, ctx.p, seed)
+    return dx, ds, dw, db, None, None, None
+
+
+forward.register_autograd(_gradients, setup_context=_keep)
+
+
+def _scale(p: float) -> float:
+    """Inverted dropout's scale for the kept elements (§5.4)."""
+    return 1.0 / (1.0 - p) if p < 1.0 else 0.0
 
 
 def _processors(device: torch.device) -> int:
@@ -149,4 +177,7 @@ def post_norm(x: Tensor, s: Tensor, norm: torch.nn.LayerNorm, p: float, training
     p = p if training else 0.0
     seed = torch.randint(0, 2**31 - 1, (1,), device=x.device, dtype=torch.int32) if p > 0.0 else \
         torch.zeros(1, device=x.device, dtype=torch.int32)
-    return PostNorm.apply(x.contiguous(), s.contiguous(), norm.weight, norm.bias, p, norm.eps, seed)
+    d = x.shape[-1]
+    y, _, _ = forward(x.reshape(-1, d).contiguous(), s.reshape(-1, d).contiguous(), norm.weight, norm.bias, p,
+                      norm.eps, seed)
+    return y.view(x.shape)

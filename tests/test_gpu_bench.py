@@ -254,10 +254,12 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
 
     operators, junctions = transformer.model.residual, []
     monkeypatch.setattr(gpu, "train_step", lambda *a: junctions.append(transformer.model.residual) or real_step(*a))
-    row, _ = gpu.measure("tiny", "bf16+kernel", batches, 2, 1, src_len, tgt_len, micro=2)
-    # the kernel row's steps run the replaced junction (here on the CPU it hands back to the operators)
-    assert len(junctions) == 3 and operators not in junctions and transformer.model.residual is operators
-    assert row["mode"] == "bf16+kernel ×2" and row["skipped_steps"] == 0
+    for mode in gpu.KERNEL_MODES:  # eager and compiled (torch.compile stood in for above)
+        junctions.clear()
+        row, _ = gpu.measure("tiny", mode, batches, 2, 1, src_len, tgt_len, micro=2)
+        # the kernel row's steps run the replaced junction (here on the CPU it hands back to the operators)
+        assert len(junctions) == 3 and operators not in junctions and transformer.model.residual is operators
+        assert row["mode"] == f"{mode} ×2" and row["skipped_steps"] == 0
 
 
 def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):

@@ -66,7 +66,7 @@ def kept(seed: torch.Tensor, rows: int, d: int, p: float) -> torch.Tensor:
     dropped)."""
     norm = torch.nn.LayerNorm(d, device=DEVICE)
     ones = torch.ones(rows, d, device=DEVICE)
-    y = postnorm_kernel.PostNorm.apply(torch.zeros_like(ones), ones, norm.weight, norm.bias, p, 1e-6, seed)
+    y = postnorm_kernel.forward(torch.zeros_like(ones), ones, norm.weight, norm.bias, p, 1e-6, seed)[0]
     return y > 0
 
 
@@ -77,7 +77,7 @@ def test_dropout_draws_one_mask_for_forward_and_backward():
     seed = torch.tensor([1234], dtype=torch.int32, device=DEVICE)
     keep = kept(seed, rows, d, p)
     assert 0.6 < keep.float().mean() < 0.8  # P(keep) = 1 - p over 6,144 draws
-    y = postnorm_kernel.PostNorm.apply(x, s, norm.weight, norm.bias, p, 1e-6, seed)
+    y = postnorm_kernel.forward(x, s, norm.weight, norm.bias, p, 1e-6, seed)[0]
     ref = F.layer_norm(x + s * keep / (1 - p), (d,), norm.weight, norm.bias, 1e-6)  # §5.4: inverted dropout
     torch.testing.assert_close(y, ref, atol=2e-6, rtol=1e-5)
     for got, want in zip(grads(y, x, s, norm, dy), grads(ref, x, s, norm, dy)):
@@ -157,3 +157,28 @@ def test_the_kernels_compile_for_a_gpu_and_move_16_bytes_per_access():
         assert any(a.endswith("v4.b32") for a in accesses if a.startswith("ld")), (name, accesses)
         assert any(a.endswith("v4.b32") for a in accesses if a.startswith("st")), (name, accesses)
         assert not any(a.endswith(".b16") for a in accesses), (name, accesses)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_a_compiled_model_calls_the_kernels_as_they_are(p):
+    """torch.compile as the trainer compiles (shape-generic), in one graph: the kernels are opaque operators
+    with their own backward, so compiled and eager agree exactly without dropout, and with it the graph
+    holds the seed's draw (no break)."""
+    norm = layer(32)
+    x, s, dy = leaves(4, 5, 32)
+
+    def junction(x, s):
+        return postnorm_kernel.post_norm(x, s, norm, p, training=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(junction, fullgraph=True, dynamic=True)
+    y = compiled(x, s)
+    got = grads(y, x, s, norm, dy)
+    if p == 0.0:
+        want = junction(x, s)
+        assert torch.equal(y, want)
+        for a, b in zip(got, grads(want, x, s, norm, dy)):
+            assert torch.equal(a, b)
+    else:  # the mask is one draw for forward and backward: the dropped elements get no gradient through s
+        dropped = got[1] == 0
+        assert 0.02 < dropped.float().mean() < 0.25 and not (got[0][dropped] == 0).all()
