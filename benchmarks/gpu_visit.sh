@@ -17,16 +17,18 @@
 #                                         # 600 s: the log's "# N s" lines say where the minutes go, and
 #   bash benchmarks/gpu_visit.sh train-base   # is its first part (gpu_train.*) and
 #   bash benchmarks/gpu_visit.sh train-big    # the rest (gpu_train_big.*, gpu_attention.*, fused_loss.*), as two calls
-#   bash benchmarks/gpu_visit.sh headline     # where device time is short (15 minutes a session, the machine's
-#                                             # start included: train-base and train-big may not both fit): the
-#                                             # issue's goal rows alone: gpu_layernorm.* (the post-norm junction
-#                                             # alone, compiled in several ways) and gpu_attention.* (attention alone
-#                                             # per kernel), short, first; then base and big in bf16 compiled,
-#                                             # compiled with the candidate junction kernels, compiled with Inductor's
-#                                             # kernel tuning, eager, and eager with the kernels, all but plain eager
-#                                             # profiled, today's package only (gpu_train_headline.*). The 2026-12-04 visit ran the compiled rows,
-#                                             # CUDA-graph rows (2% for base) and the loss kernel in 349 s; the
-#                                             # machine's start and transfers took ~30 s; the tuned rows compile longer
+#   bash benchmarks/gpu_visit.sh headline       # where device time is short (15 minutes a session, the machine's
+#                                               # start included: train-base and train-big may not both fit), the
+#                                               # issue's goal rows in two calls: gpu_layernorm.* (the post-norm
+#                                               # junction alone, in several ways) and gpu_attention.* (attention
+#                                               # alone per kernel), short, then base in bf16 compiled, compiled
+#                                               # with the candidate junction kernels, compiled with Inductor's
+#                                               # kernel tuning, eager, and eager with the kernels, all but plain
+#                                               # eager profiled, today's package only (gpu_train_headline.*);
+#   bash benchmarks/gpu_visit.sh headline-big   # then the same rows of big (gpu_train_headline_big.*). The
+#                                               # 2026-12-04 visit ran base's and big's compiled and CUDA-graph rows
+#                                               # and the loss kernel in 349 s, the machine's start and transfers
+#                                               # ~30 s; the tuned rows compile for longer
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
 # script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
 # still brings back every row printed so far. Their commit fields come from the device's git metadata,
@@ -35,8 +37,8 @@ set -eu
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
 export PYTHONPATH=$PWD:$PWD/runs/gpu/site${PYTHONPATH:+:$PYTHONPATH}
-case "${1:-}" in decode|train|train-base|train-big|headline) ;;
-  *) echo "usage: bash benchmarks/gpu_visit.sh decode|train|train-base|train-big|headline" >&2; exit 2 ;;
+case "${1:-}" in decode|train|train-base|train-big|headline|headline-big) ;;
+  *) echo "usage: bash benchmarks/gpu_visit.sh decode|train|train-base|train-big|headline|headline-big" >&2; exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 R=benchmarks/results
@@ -60,13 +62,17 @@ case "$1" in
     step compile_step_cuda 5 compile_step.py --device cuda --run runs/gpu/quick --steps 300
     step gpu_decode 12 gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
       --batches 1 64 512 ;;
-  headline)
-    LOG_DIR=/tmp step gpu_layernorm 12 gpu_layernorm.py
-    LOG_DIR=/tmp step gpu_attention 2 gpu_attention.py
-    step gpu_train_headline 20 gpu.py --models base,big \
-      --modes bf16+compile,bf16+compile+kernel,bf16+tuned,bf16,bf16+kernel \
-      --profile bf16+compile,bf16+compile+kernel,bf16+tuned,bf16+kernel --steps 20 --accumulate 1 --curve 0 \
-      --first-shape 0 --name gpu_train_headline ;;
+  headline|headline-big)
+    HEADLINE=(--modes bf16+compile,bf16+compile+kernel,bf16+tuned,bf16,bf16+kernel
+              --profile bf16+compile,bf16+compile+kernel,bf16+tuned,bf16+kernel --steps 20 --accumulate 1 --curve 0
+              --first-shape 0)
+    if [ "$1" = headline ]; then
+      LOG_DIR=/tmp step gpu_layernorm 12 gpu_layernorm.py
+      LOG_DIR=/tmp step gpu_attention 2 gpu_attention.py
+      step gpu_train_headline 20 gpu.py --models base "${HEADLINE[@]}" --name gpu_train_headline
+    else
+      step gpu_train_headline_big 20 gpu.py --models big "${HEADLINE[@]}" --name gpu_train_headline_big
+    fi ;;
   train|train-base|train-big)
     if [ "$1" != train-big ]; then
       step gpu_train 30 gpu.py --before runs/gpu/before47 --models base --modes bf16,bf16+compile,bf16+cudagraphs \
