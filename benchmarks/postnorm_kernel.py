@@ -29,7 +29,6 @@ import triton.language as tl
 from torch import Tensor
 
 
-
 def _configs() -> list[triton.Config]:
     """Rows a program normalises at a time (the backward loops over blocks of them) and warps, tried on the
     card at the first call for each d_model (triton.autotune) so that the kernels meet Inductor's tuned ones
@@ -40,8 +39,6 @@ def _configs() -> list[triton.Config]:
 
 
 @triton.autotune(configs=_configs(), key=["D"])
-
-
 @triton.jit
 def _forward(x_ptr, s_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, seed_ptr, p, scale, M, D, eps,
              DROP: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
