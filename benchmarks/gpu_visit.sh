@@ -19,13 +19,13 @@
 #   bash benchmarks/gpu_visit.sh train-big    # the rest (gpu_train_big.*, gpu_attention.*, fused_loss.*), as two calls
 #   bash benchmarks/gpu_visit.sh headline       # where device time is short (15 minutes a session, the machine's
 #                                               # start included: train-base and train-big may not both fit), the
-#                                               # issue's goal rows in two calls: gpu_layernorm.* (the post-norm
+#                                               # issue's goal rows in two calls: gpu_layernorm.* (base's post-norm
 #                                               # junction alone, in several ways) and gpu_attention.* (attention
 #                                               # alone per kernel), short, then base in bf16 compiled, compiled
 #                                               # with the candidate junction kernels, compiled with Inductor's
 #                                               # kernel tuning, eager, and eager with the kernels, all but plain
 #                                               # eager profiled, today's package only (gpu_train_headline.*);
-#   bash benchmarks/gpu_visit.sh headline-big   # then the same rows of big (gpu_train_headline_big.*). The
+#   bash benchmarks/gpu_visit.sh headline-big   # then big's junction and rows (gpu_train_headline_big.*). The
 #                                               # 2026-12-04 visit ran base's and big's compiled and CUDA-graph rows
 #                                               # and the loss kernel in 349 s, the machine's start and transfers
 #                                               # ~30 s; the tuned rows compile for longer
@@ -67,10 +67,11 @@ case "$1" in
               --profile bf16+compile,bf16+compile+kernel,bf16+tuned,bf16+kernel --steps 20 --accumulate 1 --curve 0
               --first-shape 0)
     if [ "$1" = headline ]; then
-      LOG_DIR=/tmp step gpu_layernorm 12 gpu_layernorm.py
+      LOG_DIR=/tmp step gpu_layernorm 12 gpu_layernorm.py --models base
       LOG_DIR=/tmp step gpu_attention 2 gpu_attention.py
       step gpu_train_headline 20 gpu.py --models base "${HEADLINE[@]}" --name gpu_train_headline
     else
+      LOG_DIR=/tmp step gpu_layernorm 12 gpu_layernorm.py --models big
       step gpu_train_headline_big 20 gpu.py --models big "${HEADLINE[@]}" --name gpu_train_headline_big
     fi ;;
   train|train-base|train-big)
