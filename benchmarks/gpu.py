@@ -28,9 +28,12 @@ benchmarks/results/gpu_visit_2026-11-29/), and reports each row's speed-up and p
 with ``--curve STEPS`` (default 200), the loss curve of one fixed bf16 run of base on batches it can learn
 (each target its source) with both packages, and how far apart they are (``compare_curves``: issue 47 keeps it
 within 1e-2 relative), beside how far the earlier package's own curve moves when only rounding changes (every
-weight nudged by ``NUDGE`` relative): the floor a change of summation order alone reaches. It also times what
-a batch of a shape never seen before costs, per attention backend (``first_shape_cost``). Writes
-benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Needs a CUDA GPU. """
+weight nudged by ``NUDGE`` relative): the floor a change of summation order alone reaches, and when only its
+dropout masks are drawn again (the generators reseeded after the weights): the floor for a change that draws
+them otherwise. It also times what a batch of a shape never seen before costs, per attention backend
+(``first_shape_cost``). Writes benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Needs a
+CUDA GPU.
+"""
 
 from __future__ import annotations
 
@@ -279,14 +282,19 @@ def measure_compiled(name: str, mode: str, batches: list, steps: int, warmup: in
 
 
 def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "cuda",
-               nudge: float = 0.0) -> list[float]:
+               nudge: float = 0.0, dropout_seed: int | None = None) -> list[float]:
     """The per-token label-smoothed loss of each of the first ``steps`` steps of a fixed run: preset
     ``name`` drawn with seed 0, trained in ``mode`` on ``batches`` in order, the learning rate rising
     linearly over the ``steps`` (eq. 3 with its warmup compressed into them) to the preset's own peak.
     Issue 47 holds its changes to the curve the earlier package draws this way (``compare_curves``).
-    ``nudge``: every initial weight times (1 + nudge), a change of rounding alone, for the floor."""
+    ``nudge``: every initial weight times (1 + nudge), a change of rounding alone, for the floor;
+    ``dropout_seed``: the same initial weights, the random generators reseeded after drawing them, so that
+    every dropout mask is another draw: the floor for a change that draws its masks otherwise (the
+    candidate kernels of postnorm_kernel.py)."""
     amp_dtype, compile_mode = MODES[mode]
     cfg, raw, optimizer, dist = on_gpu(name, device)
+    if dropout_seed is not None:
+        torch.manual_seed(dropout_seed)  # the CPU's generator and every GPU's
     if nudge:
         with torch.no_grad():
             for p in raw.parameters():
@@ -806,9 +814,11 @@ def main() -> None:
     curve = loss_curve("base", "bf16", copies, args.curve) if args.curve else None
     if args.rows_only:
         nudged = loss_curve("base", "bf16", copies, args.curve, nudge=NUDGE) if args.curve else None
+        redrawn = loss_curve("base", "bf16", copies, args.curve, dropout_seed=1) if args.curve else None
         mark("loss curves drawn")
         (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows, "failed_rows": failed,
-                                                                   "curve": curve, "curve_nudged": nudged}) + "\n")
+                                                                   "curve": curve, "curve_nudged": nudged,
+                                                                   "curve_redrawn": redrawn}) + "\n")
         return
     first_shape = first_shape_cost(fresh, args.first_shape) if args.first_shape else {}
     kernels = attention_kernels(batches[0])
@@ -834,6 +844,8 @@ def main() -> None:
             result["curve"] = {"model": "base", "mode": "bf16", "batches": "copy"} | compare_curves(
                 before["curve"], curve) | {"after": curve, "floor": {
                     "nudge": NUDGE, **{k: floor[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}}}
+            other = compare_curves(before["curve"], before["curve_redrawn"])
+            result["curve"]["floor_dropout"] = {k: other[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}
     (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
              f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']} "
@@ -887,6 +899,10 @@ def main() -> None:
                       f"{c['floor']['nudge']:.2e}), a change of rounding alone, moves its curve by up to "
                       f"{c['floor']['max_rel_diff']:.2e} (step {c['floor']['at_step']}), mean "
                       f"{c['floor']['mean_rel_diff']:.2e}."]
+            if "floor_dropout" in c:
+                d = c["floor_dropout"]
+                lines[-1] += (f" Its run with the same weights and other dropout masks (the generators reseeded): "
+                              f"up to {d['max_rel_diff']:.2e} (step {d['at_step']}), mean {d['mean_rel_diff']:.2e}.")
     if profiles:
         kinds = sorted({k for p in profiles for k in p["kernel_ms_per_step"]},
                        key=lambda k: -max(p["kernel_ms_per_step"].get(k, 0.0) for p in profiles))

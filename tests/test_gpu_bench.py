@@ -105,7 +105,7 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
                         "by_launch": [{"launched_by": "aten::copy_", "ms_per_step": 2.5, "gaps_per_step": 1.0,
                                        "longest_us": 2500.0}]}}
     before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)],
-              "curve": [10.0, 9.0, 8.0], "curve_nudged": [10.0, 9.0, 8.2]}
+              "curve": [10.0, 9.0, 8.0], "curve_nudged": [10.0, 9.0, 8.2], "curve_redrawn": [10.5, 9.0, 8.0]}
     micro_shapes = []
     monkeypatch.setattr(gpu.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu.torch.cuda, "get_device_name", lambda: "Test GPU")
@@ -135,6 +135,8 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     assert result["curve"]["after"] == [10.0, 9.05, 8.0] and result["first_shape"] == first
     assert result["curve"]["floor"] == {"nudge": 2.0**-20, "max_rel_diff": pytest.approx(0.025), "at_step": 3,
                                         "mean_rel_diff": pytest.approx(0.025 / 3)}
+    assert result["curve"]["floor_dropout"] == {"max_rel_diff": pytest.approx(0.05), "at_step": 1,
+                                                "mean_rel_diff": pytest.approx(0.05 / 3)}
     # the micro-batch rows cycle through the shapes their warm-up meets (5 steps × 4); the first-shape
     # cost is read on shapes no row met
     assert len(micro_shapes) == 20 and fresh_shapes and not set(fresh_shapes) & set(micro_shapes)
@@ -326,6 +328,11 @@ def test_a_nudged_curve_starts_a_rounding_away_from_the_plain_one():
     plain = gpu.loss_curve("tiny", "fp32", batches, 3, device="cpu")
     nudged = gpu.loss_curve("tiny", "fp32", batches, 3, device="cpu", nudge=gpu.NUDGE)
     assert nudged != plain and nudged[0] == pytest.approx(plain[0], rel=1e-4)
+    # other dropout masks over the same weights: the first loss already differs (its forward drops others),
+    # and the same reseeding draws the same masks again
+    redrawn = gpu.loss_curve("tiny", "fp32", batches, 3, device="cpu", dropout_seed=1)
+    assert redrawn[0] != plain[0] and redrawn == gpu.loss_curve("tiny", "fp32", batches, 3, device="cpu",
+                                                                 dropout_seed=1)
 
 
 def test_first_shape_cost_runs_each_backend_on_batches_of_its_own(monkeypatch):
