@@ -188,7 +188,7 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     compiled once for both)."""
     # compiling happens at the first steps, so all of them run inside
     with inductor_options(MODES[mode][1]), junctions_through_kernels(mode in KERNEL_MODES):
-        return measure_compiled(name, mode, batches, steps, warmup, src_len, tgt_len, micro, profile)
+        return measure_row(name, mode, batches, steps, warmup, src_len, tgt_len, micro, profile)
 
 
 @contextlib.contextmanager
@@ -223,8 +223,8 @@ def inductor_options(compile_mode: str | None):
     return torch._inductor.config.patch(TUNED if compile_mode == "tuned" else {})
 
 
-def measure_compiled(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float,
-                     micro: int, profile: int) -> tuple[dict, dict | None]:
+def measure_row(name: str, mode: str, batches: list, steps: int, warmup: int, src_len: float, tgt_len: float,
+                micro: int, profile: int) -> tuple[dict, dict | None]:
     """``measure``'s row, with Inductor's options already set."""
     from torch._dynamo.utils import counters
 
@@ -363,6 +363,17 @@ def kernel_kind(name: str) -> str:
             return "copies"
         low = low.replace("_to_copy", "").replace("copy", "")
     return next((kind for kind, words in KERNEL_KINDS if any(w in low for w in words)), "other")
+
+
+def error_line(e: Exception) -> str:
+    """A failed row's error as its result names it: the exception's type and its first line, cut short."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+def cuda_kernels(prof) -> list[tuple[str, float, int]]:
+    """(name, total µs, launches) of every GPU kernel a torch.profiler run recorded: ``kernel_summary``'s input."""
+    return [(e.key, getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)), e.count)
+            for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
 
 
 def kernel_summary(kernels: list[tuple[str, float, int]], steps: int, step_ms: float) -> dict:
@@ -528,8 +539,7 @@ def profile_steps(row: dict, step, start: int, steps: int) -> dict:
         for i in range(steps):
             step(start + i)
         torch.cuda.synchronize()
-    kernels = [(e.key, getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)), e.count)
-               for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    kernels = cuda_kernels(prof)
     # a second pass traces the host too (shapes, Python frames): slower steps, the same kernels, now with
     # the lines that launched them
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
@@ -795,8 +805,7 @@ def main() -> None:
             return measure(name, mode, *rest, **options)
         except Exception as e:  # noqa: BLE001 — reported in the results, with its traceback in the log
             traceback.print_exc()
-            failed.append({"model": name, "mode": row_mode(mode, options.get("micro", 1)),
-                           "error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"})
+            failed.append({"model": name, "mode": row_mode(mode, options.get("micro", 1)), "error": error_line(e)})
             print(json.dumps(failed[-1]), flush=True)
             torch.cuda.empty_cache()
             return None
@@ -840,12 +849,13 @@ def main() -> None:
         result["before"] = before | {"speedup": {f"{r['model']} {r['mode']}": round(r["step_ms"] / a["step_ms"], 3)
                                                  for r, a in both}}
         if curve and before.get("curve"):
-            floor = compare_curves(before["curve"], before["curve_nudged"])
+            def floor(other: list[float]) -> dict:  # how far the earlier package's own curve moves
+                gaps = compare_curves(before["curve"], other)
+                return {k: gaps[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}
+
             result["curve"] = {"model": "base", "mode": "bf16", "batches": "copy"} | compare_curves(
-                before["curve"], curve) | {"after": curve, "floor": {
-                    "nudge": NUDGE, **{k: floor[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}}}
-            other = compare_curves(before["curve"], before["curve_redrawn"])
-            result["curve"]["floor_dropout"] = {k: other[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}
+                before["curve"], curve) | {"after": curve, "floor": {"nudge": NUDGE, **floor(before["curve_nudged"])},
+                                           "floor_dropout": floor(before["curve_redrawn"])}
     (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
              f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']} "
@@ -899,10 +909,9 @@ def main() -> None:
                       f"{c['floor']['nudge']:.2e}), a change of rounding alone, moves its curve by up to "
                       f"{c['floor']['max_rel_diff']:.2e} (step {c['floor']['at_step']}), mean "
                       f"{c['floor']['mean_rel_diff']:.2e}."]
-            if "floor_dropout" in c:
-                d = c["floor_dropout"]
-                lines[-1] += (f" Its run with the same weights and other dropout masks (the generators reseeded): "
-                              f"up to {d['max_rel_diff']:.2e} (step {d['at_step']}), mean {d['mean_rel_diff']:.2e}.")
+            d = c["floor_dropout"]
+            lines[-1] += (f" Its run with the same weights and other dropout masks (the generators reseeded): "
+                          f"up to {d['max_rel_diff']:.2e} (step {d['at_step']}), mean {d['mean_rel_diff']:.2e}.")
     if profiles:
         kinds = sorted({k for p in profiles for k in p["kernel_ms_per_step"]},
                        key=lambda k: -max(p["kernel_ms_per_step"].get(k, 0.0) for p in profiles))

@@ -44,7 +44,8 @@ from fused_loss import event_times  # noqa: E402  (benchmarks/ is no package)
 from gpu import RESULTS, synthetic_batches  # noqa: E402
 from provenance import code_state, commit_text  # noqa: E402
 
-from transformer.config import load_config  # noqa: E402
+from transformer.config import Config, load_config  # noqa: E402
+from transformer.errors import UserError  # noqa: E402
 from transformer.model import padding_mask  # noqa: E402
 from transformer.tokenizer import PAD_ID  # noqa: E402
 
@@ -149,9 +150,8 @@ def measure_site(site: str, batch, heads: int, d_k: int, repeat: int, device: to
     return found
 
 
-def measure_model(name: str, batches: list, repeat: int, device: torch.device) -> dict:
+def measure_model(cfg: Config, batches: list, repeat: int, device: torch.device) -> dict:
     """Per site and way: ms per call (mean over the batches), ms per training step (× layers with that site)."""
-    cfg = load_config(name)
     m = cfg.model
     heads, d_k = m.n_heads, m.head_dims[0]
     calls = {"enc_self": m.n_enc_layers, "dec_self": m.n_dec_layers, "cross": m.n_dec_layers}
@@ -215,28 +215,54 @@ def report(result: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """--models, --device and --results, as the benchmarks of one part of a step alone take them (this one and
+    gpu_layernorm.py); ``checked`` reads them."""
+    parser.add_argument("--models", default="base,big", help="presets, comma-separated")
+    parser.add_argument("--device", default="cuda", help="cuda (default); cpu runs the glue on small shapes")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for the .json and .md")
+
+
+def checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[torch.device, list]:
+    """``add_common_arguments``' values checked before any measurement, each refused in one line: the device
+    (and a GPU where it is cuda), the results folder (made now, so that a typo loses no measured minutes),
+    the presets -> the device and each preset's config."""
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        parser.error(f"--device {args.device}: cuda, cuda:N or cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"benchmarks/{parser.prog} needs a CUDA GPU (or --device cpu for its glue)")
+    try:
+        args.results.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--results {args.results}: {e.strerror}")
+    try:
+        configs = [load_config(name) for name in args.models.split(",")]
+    except UserError as e:
+        parser.error(f"--models {args.models}: {e}")
+    return device, configs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=25_000, help="tokens per side per batch (paper: ~25k)")
     parser.add_argument("--batches", type=int, default=3, help="batches measured (gpu.py's rows cycle through 3)")
     parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--models", default="base,big")
-    parser.add_argument("--device", default="cuda", help="cuda (default); cpu runs the glue on small shapes")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    add_common_arguments(parser)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("benchmarks/gpu_attention.py needs a CUDA GPU (or --device cpu for its glue)")
+    device, configs = checked(parser, args)
     batches = synthetic_batches(args.tokens, 16 * args.tokens // 27)[0][: args.batches]
     if not batches:
         parser.error(f"--tokens {args.tokens}: no full batch comes out of gpu.py's synthetic sentences")
     result = {"date": datetime.date.today().isoformat(), **code_state(), "command": "python " + " ".join(sys.argv),
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "tokens": args.tokens, "batches": len(batches), "models": {}}
-    for name in args.models.split(","):
-        result["models"][name] = measure_model(name, batches, args.repeat, device)
+    for name, cfg in zip(args.models.split(","), configs):
+        result["models"][name] = measure_model(cfg, batches, args.repeat, device)
         print(json.dumps({name: result["models"][name]["ms_per_step"]}), flush=True)
-    args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gpu_attention.json").write_text(json.dumps(result, indent=2) + "\n")
     report(result, args.results / "gpu_attention.md")
 

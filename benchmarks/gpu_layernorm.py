@@ -25,17 +25,17 @@ import argparse
 import datetime
 import json
 import sys
+import traceback
 from pathlib import Path
 
 import torch
 import torch._inductor.config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu import RESULTS, TUNED, kernel_summary  # noqa: E402  (benchmarks/ is no package)
-from gpu_attention import timed  # noqa: E402
+from gpu import TUNED, cuda_kernels, error_line, kernel_summary  # noqa: E402  (benchmarks/ is no package)
+from gpu_attention import add_common_arguments, checked, timed  # noqa: E402
 from provenance import code_state, commit_text  # noqa: E402
 
-from transformer.config import load_config  # noqa: E402
 from transformer.model import Dropout, residual  # noqa: E402
 
 # way -> None (eager operators), "kernel" (postnorm_kernel.py's, eager), or (torch.compile's dynamic, Inductor's
@@ -115,9 +115,7 @@ def profiled(step, device: torch.device, calls: int = 3) -> dict:
         for _ in range(calls):
             step()
         torch.cuda.synchronize()
-    kernels = [(e.key, getattr(e, "self_device_time_total", 0.0), e.count)
-               for e in prof.key_averages() if str(getattr(e, "device_type", "")).endswith("CUDA")]
-    summary = kernel_summary(kernels, calls, 0.0)
+    summary = kernel_summary(cuda_kernels(prof), calls, 0.0)
     return {"kernels_per_call": summary["kernels_per_step"], "top_kernels": summary["top_kernels"][:4]}
 
 
@@ -157,32 +155,31 @@ def report(result: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=568 * 44, help="positions (gpu.py's batches: 568 × 44)")
-    parser.add_argument("--models", default="base,big")
-    parser.add_argument("--ways", default=",".join(WAYS))
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--device", default="cuda", help="cuda (default); cpu runs the glue on small shapes")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--ways", default=",".join(WAYS), help="comma-separated, among " + ", ".join(WAYS))
+    parser.add_argument("--repeat", type=int, default=20, help="timed calls per way (the median is kept)")
+    add_common_arguments(parser)
     args = parser.parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("benchmarks/gpu_layernorm.py needs a CUDA GPU (or --device cpu for its glue)")
     if unknown := [w for w in args.ways.split(",") if w not in WAYS]:
         parser.error(f"--ways: unknown {', '.join(unknown)} (known: {', '.join(WAYS)})")
+    for option, value in (("--rows", args.rows), ("--repeat", args.repeat)):
+        if value < 1:
+            parser.error(f"{option} {value}: must be at least 1")
+    device, configs = checked(parser, args)
     result = {"date": datetime.date.today().isoformat(), **code_state(), "command": "python " + " ".join(sys.argv),
               "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "rows": args.rows, "bytes_per_element": BYTES_PER_ELEMENT,
               "copy_gb_s": copy_rate(device, args.repeat, 2**30 if device.type == "cuda" else 2**24), "models": {}}
-    for name in args.models.split(","):
-        cfg = load_config(name).model
+    for name, cfg in zip(args.models.split(","), configs):
         result["models"][name] = {}
         for way in args.ways.split(","):
             try:
-                r = measure_way(way, cfg.d_model, cfg.ln_eps, cfg.p_drop, args.rows, args.repeat, device)
-            except Exception as e:  # a way that fails is a finding; the others still run
-                r = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+                r = measure_way(way, cfg.model.d_model, cfg.model.ln_eps, cfg.model.p_drop, args.rows, args.repeat,
+                                device)
+            except Exception as e:  # noqa: BLE001 — a way that fails is a finding (its traceback in the log)
+                traceback.print_exc()
+                r = {"error": error_line(e)}
             result["models"][name][way] = r
             print(json.dumps({name: {way: r}}), flush=True)
-    args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gpu_layernorm.json").write_text(json.dumps(result, indent=2) + "\n")
     report(result, args.results / "gpu_layernorm.md")
 

@@ -543,3 +543,31 @@ def test_the_junction_bench_computes_the_models_junction():
     x, s = torch.randn(4, 16), torch.randn(4, 16)
     torch.testing.assert_close(f(x, s), torch.nn.functional.layer_norm(x + s, (16,), w, b, 1e-6))
 
+
+@pytest.mark.parametrize("script, args, message", [
+    ("gpu_layernorm", ["--ways", "eager,fast"], "--ways: unknown fast"),
+    ("gpu_layernorm", ["--rows", "0"], "--rows 0: must be at least 1"),
+    ("gpu_layernorm", ["--repeat", "0"], "--repeat 0: must be at least 1"),
+    ("gpu_layernorm", ["--device", "mps"], "--device mps: cuda, cuda:N or cpu"),
+    ("gpu_layernorm", ["--device", "gpu"], "--device gpu: cuda, cuda:N or cpu"),
+    ("gpu_layernorm", ["--models", "base,bgi"], "--models base,bgi: "),
+    ("gpu_layernorm", ["--results", "FILE/sub"], "--results FILE/sub: Not a directory"),
+    ("gpu_attention", ["--models", "tiny,nope"], "--models tiny,nope: "),
+    ("gpu_attention", ["--results", "FILE/sub"], "--results FILE/sub: Not a directory"),
+])
+def test_the_benchmarks_of_a_part_refuse_bad_arguments_before_measuring(script, args, message, tmp_path, capsys,
+                                                                        monkeypatch):
+    """gpu_layernorm.py and gpu_attention.py check their arguments first, each refusal one line: a typo in a
+    preset or the results folder found after minutes of a GPU visit loses them."""
+    module = {"gpu_layernorm": gpu_layernorm, "gpu_attention": gpu_attention}[script]
+    (tmp_path / "FILE").write_text("")
+    monkeypatch.chdir(tmp_path)
+    measured = []
+    monkeypatch.setattr(module, "timed", lambda *a, **k: measured.append(a) or 1.0)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--device", "cpu", *args])
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    assert stop.value.code == 2 and not measured
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"{script}.py: error: {message}"), err
+
