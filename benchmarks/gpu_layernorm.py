@@ -9,10 +9,12 @@ compiled step in the 2026-12-04 profile (benchmarks/results/gpu_visit_2026-12-04
 generates for this junction's backward. Timed per way (``WAYS``): eager operators; torch.compile as the
 trainer compiles (shape-generic); the same with Inductor's coordinate-descent tuning of the kernels it
 generates (gpu.py's ``TUNED``); with static shapes; static and tuned; and the candidate kernels written by
-hand (postnorm_kernel.py: one forward, one backward). Each way's time is read as an effective rate: the bytes
-a junction must move at least (x and s read and y written forward; the gradient, x and s read and the
-gradients of x and s written backward: ``BYTES_PER_ELEMENT`` in bf16, dropout's mask drawn again rather than
-stored) over the time, beside a copy's rate on the same card. It tells in a minute of a GPU visit whether
+hand (postnorm_kernel.py: one forward, one backward), eager and compiled. Each way's kernel time (the
+profiler's, all its kernels: a lone junction's call can be bound by the host's launches, as a training step
+whose GPU is busy is not) is read as an effective rate: the bytes a junction must move at least (x and s read
+and y written forward; the gradient, x and s read and the gradients of x and s written backward:
+``BYTES_PER_ELEMENT`` in bf16, dropout's mask drawn again rather than stored) over the time, beside a copy's
+rate on the same card; the call's time, launches included, is kept too. It tells in a minute of a GPU visit whether
 tuning, static shapes or the hand-written kernels would pay. In the model the backward also sums the gradients
 that the junction's output receives from the next sub-layer and the next junction; here it receives one.
 
@@ -38,10 +40,11 @@ from provenance import code_state, commit_text  # noqa: E402
 
 from transformer.model import Dropout, residual  # noqa: E402
 
-# way -> None (eager operators), "kernel" (postnorm_kernel.py's, eager), or (torch.compile's dynamic, Inductor's
-# options)
-WAYS = {"eager": None, "compiled": (True, {}), "compiled+tuned": (True, TUNED), "static": (False, {}),
-        "static+tuned": (False, TUNED), "kernel": "kernel"}
+# way -> (through postnorm_kernel.py's kernels, else model.residual's operators; None: eager, else
+# torch.compile's (dynamic, Inductor's options))
+WAYS = {"eager": (False, None), "compiled": (False, (True, {})), "compiled+tuned": (False, (True, TUNED)),
+        "static": (False, (False, {})), "static+tuned": (False, (False, TUNED)), "kernel": (True, None),
+        "compiled+kernel": (True, (True, {}))}
 BYTES_PER_ELEMENT = 16  # bf16: forward x, s, y; backward dy, x, s, dx, ds (2 bytes each)
 
 
@@ -61,16 +64,17 @@ def junction(d_model: int, eps: float, p: float, device: torch.device, kernel: b
 
 def measure_way(way: str, d_model: int, eps: float, p: float, rows: int, repeat: int,
                 device: torch.device) -> dict:
-    """One way's forward and backward: median ms, the effective rate, and on a GPU its kernels."""
-    setting = WAYS[way]
-    f, params = junction(d_model, eps, p, device, kernel=setting == "kernel")
+    """One way's forward and backward: median ms of a call (the host's launches included: at one junction's
+    size a call can be bound by them), and on a GPU its kernels' time per call and the effective rate of
+    that time, the junction's own cost inside a step whose GPU is kept busy."""
+    kernel, compiling = WAYS[way]
+    f, params = junction(d_model, eps, p, device, kernel=kernel)
     g = torch.Generator(device=device).manual_seed(0)
     x, s, dy = (torch.randn(rows, d_model, device=device, generator=g).bfloat16() for _ in range(3))
     x.requires_grad_(), s.requires_grad_()
-    compiled = isinstance(setting, tuple)
     torch._dynamo.reset()  # each way compiles its own graphs
-    with torch._inductor.config.patch(setting[1] if compiled else {}):
-        fn = torch.compile(f, dynamic=setting[0]) if compiled else f
+    with torch._inductor.config.patch(compiling[1] if compiling else {}):
+        fn = torch.compile(f, dynamic=compiling[0]) if compiling else f
 
         def step() -> tuple[torch.Tensor, ...]:
             return torch.autograd.grad(fn(x, s), (x, s, *params), dy)
@@ -79,15 +83,17 @@ def measure_way(way: str, d_model: int, eps: float, p: float, rows: int, repeat:
         kernels = profiled(step, device)
     nbytes = BYTES_PER_ELEMENT * rows * d_model
     row = {"ms": round(ms, 3), "effective_gb_s": round(nbytes / ms / 1e6, 1), **kernels}
-    if setting == "kernel":  # a fast kernel counts only if it computes the junction on this card
-        row["agreement"] = kernel_agreement(d_model, eps, rows, device)
+    if "kernel_us" in row:
+        row["kernel_gb_s"] = round(nbytes / row["kernel_us"] / 1e3, 1)
+    if kernel:  # a fast kernel counts only if it computes the junction on this card
+        row["agreement"] = kernel_agreement(d_model, eps, rows, device, compiled=compiling is not None)
     return row
 
 
-def kernel_agreement(d_model: int, eps: float, rows: int, device: torch.device) -> dict:
-    """The hand-written kernels against the operators (``model.residual``) without dropout, on one bf16
-    input and one gain and bias not 1 and 0: each of y, dx, ds, dw, db as its largest difference over its
-    largest magnitude (bf16 keeps 8 bits: ~4e-3 a rounding)."""
+def kernel_agreement(d_model: int, eps: float, rows: int, device: torch.device, compiled: bool = False) -> dict:
+    """The hand-written kernels (``compiled``: launched by a compiled graph) against the operators
+    (``model.residual``) without dropout, on one bf16 input and one gain and bias not 1 and 0: each of y, dx,
+    ds, dw, db as its largest difference over its largest magnitude (bf16 keeps 8 bits: ~4e-3 a rounding)."""
     g = torch.Generator(device=device).manual_seed(1)
     x, s, dy = (torch.randn(rows, d_model, device=device, generator=g).bfloat16() for _ in range(3))
     x.requires_grad_(), s.requires_grad_()
@@ -96,16 +102,20 @@ def kernel_agreement(d_model: int, eps: float, rows: int, device: torch.device) 
     outputs = []
     for kernel in (False, True):
         f, params = junction(d_model, eps, 0.0, device, kernel=kernel)
+        if kernel and compiled:
+            torch._dynamo.reset()
+            f = torch.compile(f, dynamic=True)
         with torch.no_grad():
             params[0].copy_(gain), params[1].copy_(bias)
         y = f(x, s)
         outputs.append([y, *torch.autograd.grad(y, (x, s, *params), dy)])
-    return {name: round(float((got.float() - want.float()).abs().max() / want.float().abs().max()), 5)
+    return {name: round(float((got - want).detach().float().abs().max() / want.detach().float().abs().max()), 5)
             for name, want, got in zip(("y", "dx", "ds", "dw", "db"), *outputs)}
 
 
 def profiled(step, device: torch.device, calls: int = 3) -> dict:
-    """Kernels per call and the costliest ones (gpu.py's ``kernel_summary``); nothing on a CPU."""
+    """The kernels' time per call (µs, all of them), kernels per call and each kernel's µs and launches per
+    call, costliest first; nothing on a CPU."""
     if device.type != "cuda":
         return {}
     from torch.profiler import ProfilerActivity, profile
@@ -115,8 +125,11 @@ def profiled(step, device: torch.device, calls: int = 3) -> dict:
         for _ in range(calls):
             step()
         torch.cuda.synchronize()
-    summary = kernel_summary(cuda_kernels(prof), calls, 0.0)
-    return {"kernels_per_call": summary["kernels_per_step"], "top_kernels": summary["top_kernels"][:4]}
+    kernels = sorted(cuda_kernels(prof), key=lambda k: -k[1])
+    return {"kernel_us": round(sum(us for _, us, _ in kernels) / calls, 1),
+            "kernels_per_call": kernel_summary(kernels, calls, 0.0)["kernels_per_step"],
+            "kernels": [{"name": name[:120], "us": round(us / calls, 1), "launches": round(n / calls, 1)}
+                        for name, us, n in kernels]}
 
 
 def copy_rate(device: torch.device, repeat: int, nbytes: int = 2**30) -> float:
@@ -131,24 +144,28 @@ def report(result: dict, path: Path) -> None:
     lines = [f"# The post-norm junction alone ({result['device_name']})", "",
              f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']}.", "",
              f"LayerNorm(x + Dropout(s)) forward and backward in bf16 on [{result['rows']:,}, d_model], as "
-             f"`model.residual` computes it; effective rate = {BYTES_PER_ELEMENT} bytes an element (what the "
-             f"junction must move at least) over the time; a copy moves {result['copy_gb_s']:,} GB/s here.", "",
-             "| model | way | ms | effective GB/s | share of a copy | kernels per call | costliest kernel (ms per "
-             "call) |", "|---|---|---|---|---|---|---|"]
+             f"`model.residual` computes it. ms: a call's time, the host's launches included (at one junction's "
+             f"size a call can be bound by them); kernel µs: its kernels' time, the junction's own cost in a step "
+             f"whose GPU is kept busy; the rates: {BYTES_PER_ELEMENT} bytes an element (what the junction must "
+             f"move at least) over each, beside a copy's {result['copy_gb_s']:,} GB/s here.", "",
+             "| model | way | ms | GB/s | kernel µs | kernel GB/s | share of a copy | kernels per call | costliest "
+             "kernels (µs per call) |", "|---|---|---|---|---|---|---|---|---|"]
     for name, ways in result["models"].items():
         for way, r in ways.items():
             if "error" in r:
-                lines.append(f"| {name} | {way} | failed: {r['error']} | | | | |")
+                lines.append(f"| {name} | {way} | failed: {r['error']} | | | | | | |")
                 continue
-            top = r.get("top_kernels", [])
-            costliest = f"`{top[0]['name'][:70]}` ({top[0]['ms_per_step']})" if top else "–"
-            lines.append(f"| {name} | {way} | {r['ms']} | {r['effective_gb_s']:,} | "
-                         f"{r['effective_gb_s'] / result['copy_gb_s']:.0%} | {r.get('kernels_per_call', '–')} | "
+            costliest = ", ".join(f"`{k['name'][:50]}` ({k['us']})" for k in r.get("kernels", [])[:2]) or "–"
+            share = f"{r['kernel_gb_s'] / result['copy_gb_s']:.0%}" if "kernel_gb_s" in r else "–"
+            lines.append(f"| {name} | {way} | {r['ms']} | {r['effective_gb_s']:,} | {r.get('kernel_us', '–')} | "
+                         f"{r.get('kernel_gb_s', '–')} | {share} | {r.get('kernels_per_call', '–')} | "
                          f"{costliest} |")
     for name, ways in result["models"].items():
-        if agreement := ways.get("kernel", {}).get("agreement"):
-            lines += ["", f"{name}: the kernels against the operators without dropout (largest difference over "
-                      "largest magnitude, bf16): " + ", ".join(f"{k} {v:.1e}" for k, v in agreement.items()) + "."]
+        for way, r in ways.items():
+            if agreement := r.get("agreement"):
+                lines += ["", f"{name}, {way}: the kernels against the operators without dropout (largest difference "
+                          "over largest magnitude, bf16): " + ", ".join(f"{k} {v:.1e}" for k, v in agreement.items())
+                          + "."]
     path.write_text("\n".join(lines) + "\n")
 
 

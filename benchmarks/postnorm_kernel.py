@@ -13,8 +13,8 @@ recomputed from x and s, dz = rstd · (w·dy - mean(w·dy) - x̂ · mean(x̂ · 
 gradient dz and the sub-layer's dz · keep / (1 - p), and each program's partial sums of dy · x̂ and dy
 over its rows for the gain's and bias's gradients, summed by torch after. Bytes an element: x, s read and
 y written forward; dy, x, s read and two gradients written backward (gpu_layernorm.py's 16 in bf16).
-Both are torch custom operators with a fake (shape) implementation and an autograd formula, so that
-torch.compile keeps them in one graph and calls them as they are.
+Both are torch Triton operators (torch.library.triton_op) with an autograd formula, so that torch.compile
+keeps them in one graph and launches the kernels from its generated code, autotuning them itself.
 
 Triton's interpreter (TRITON_INTERPRET=1 before import) runs the kernels on CPU tensors for the tests.
 """
@@ -99,47 +99,41 @@ def _backward(dy_ptr, x_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, ds_ptr, d
     tl.store(db_ptr + program * D + cols, db, mask=cols < D)
 
 
-@torch.library.custom_op("postnorm_kernel::forward", mutates_args=())
+@torch.library.triton_op("postnorm_kernel::forward", mutates_args=())
 def forward(x: Tensor, s: Tensor, weight: Tensor, bias: Tensor, p: float, eps: float,
             seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """LayerNorm(x + Dropout(s)) of x, s [M, D] (contiguous, one dtype) with the gain ``weight`` and bias
-    ``bias`` [D], ``seed`` a one-element int32 device tensor -> y and each row's mean and rstd (fp32). An
-    opaque operator to torch.compile (its shapes from ``_forward_shapes``), so that a compiled model calls
-    the kernels as they are, and the autograd formula below is its backward."""
+    ``bias`` [D], ``seed`` a one-element int32 device tensor -> y and each row's mean and rstd (fp32). A
+    Triton operator: torch.compile traces into it and launches the kernel from its own generated code, as it
+    launches the kernels it writes (an opaque custom operator's Python dispatch and Triton's own launcher
+    cost more host time than the kernel: gpu_visit_2026-12-04), and the autograd formula below is its
+    backward."""
     m, d = x.shape
-    if m * d >= 2**31:
-        raise ValueError(f"post_norm: {m} × {d} elements, more than the int32 Philox offsets reach")
+    torch._check(m * d < 2**31, lambda: f"post_norm: {m} × {d} elements, more than the int32 Philox offsets reach")
     y = torch.empty_like(x)
     mean, rstd = x.new_empty(m, dtype=torch.float32), x.new_empty(m, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(m, meta["ROWS"]),)  # noqa: E731  (the tuned ROWS sets it)
-    _forward[grid](x, s, y, weight, bias, mean, rstd, seed, p, _scale(p), m, d, eps, DROP=p > 0.0,
-                   BLOCK_D=triton.next_power_of_2(d))
+
+    def grid(meta: dict) -> tuple:  # the tuned ROWS sets it
+        return (triton.cdiv(m, meta["ROWS"]),)
+
+    torch.library.wrap_triton(_forward)[grid](x, s, y, weight, bias, mean, rstd, seed, p, _scale(p), m, d, eps,
+                                              DROP=p > 0.0, BLOCK_D=triton.next_power_of_2(d))
     return y, mean, rstd
 
 
-@forward.register_fake
-def _forward_shapes(x, s, weight, bias, p, eps, seed):
-    return torch.empty_like(x), x.new_empty(x.shape[0], dtype=torch.float32), x.new_empty(x.shape[0],
-                                                                                          dtype=torch.float32)
-
-
-@torch.library.custom_op("postnorm_kernel::backward", mutates_args=())
+@torch.library.triton_op("postnorm_kernel::backward", mutates_args=())
 def backward(dy: Tensor, x: Tensor, s: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor, p: float,
              seed: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of ``forward``'s y with respect to x, s, the gain and the bias, from y's gradient ``dy``."""
     m, d = x.shape
     dx, ds = torch.empty_like(x), torch.empty_like(s)
-    programs = max(1, min(m, 4 * _processors(x.device)))  # one with no rows left writes zero partial sums
+    programs = 4 * _processors(x.device)  # a fixed count (no shape guard); one with no rows writes zero sums
     dw = x.new_empty(programs, d, dtype=torch.float32)
     db = x.new_empty(programs, d, dtype=torch.float32)
-    _backward[(programs,)](dy.contiguous(), x, s, weight, mean, rstd, dx, ds, dw, db, seed, p, _scale(p), m, d,
-                           DROP=p > 0.0, BLOCK_D=triton.next_power_of_2(d))
+    torch.library.wrap_triton(_backward)[(programs,)](dy.contiguous(), x, s, weight, mean, rstd, dx, ds, dw, db,
+                                                      seed, p, _scale(p), m, d, DROP=p > 0.0,
+                                                      BLOCK_D=triton.next_power_of_2(d))
     return dx, ds, dw.sum(0).to(weight.dtype), db.sum(0).to(weight.dtype)
-
-
-@backward.register_fake
-def _backward_shapes(dy, x, s, weight, mean, rstd, p, seed):
-    return torch.empty_like(x), torch.empty_like(s), torch.empty_like(weight), torch.empty_like(weight)
 
 
 def _keep(ctx, inputs: tuple, output: tuple) -> None:

@@ -112,7 +112,7 @@ def test_the_junction_bench_times_the_kernels(tmp_path):
     path = tmp_path / "gpu_layernorm.md"
     gpu_layernorm.report({"device_name": "cpu", "command": "c", "date": "d", "commit": "abc", "uncommitted": [],
                           "torch": "t", "rows": 16, "copy_gb_s": 1.0, "models": {"tiny": {"kernel": row}}}, path)
-    assert "tiny: the kernels against the operators without dropout" in path.read_text()
+    assert "tiny, kernel: the kernels against the operators without dropout" in path.read_text()
 
 
 COMPILE_FOR_SM90 = """
@@ -159,11 +159,56 @@ def test_the_kernels_compile_for_a_gpu_and_move_16_bytes_per_access():
         assert not any(a.endswith(".b16") for a in accesses), (name, accesses)
 
 
+TRACE_FOR_A_GPU = """
+import json, logging
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from functorch.compile import aot_function
+import postnorm_kernel as pk
+logging.disable(logging.WARNING)  # without a driver Triton's analysis of what a kernel writes is skipped
+pk._processors = lambda device: 132  # an H200's multiprocessors: no GPU here to ask
+graphs = []
+
+def junction(x, s, w, b, dy):
+    seed = torch.randint(0, 2**31 - 1, (1,), device=x.device, dtype=torch.int32)
+    y, mean, rstd = pk.forward(x, s, w, b, 0.1, 1e-6, seed)
+    return (y, *pk.backward(dy, x, s, w, mean, rstd, 0.1, seed))
+
+def keep(gm, _):
+    graphs.append(gm)
+    raise SystemExit  # traced: nothing to run on a CPU-only torch
+
+with FakeTensorMode(allow_non_fake_inputs=True):
+    x, s, dy = (torch.empty(4096, 512, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    w, b = torch.empty(512, device="cuda"), torch.empty(512, device="cuda")
+    try:
+        aot_function(junction, fw_compiler=keep)(x, s, w, b, dy)
+    except SystemExit:
+        pass
+nodes = [n for n in graphs[0].graph.nodes if n.op == "call_function"]
+print(json.dumps({"targets": [str(n.target) for n in nodes],
+                  "kernels": [n.kwargs["kernel_idx"] for n in nodes if "triton_kernel_wrapper" in str(n.target)]}))
+"""
+
+
+def test_compiling_traces_into_the_kernels():
+    """What torch.compile sees of the two operators, traced for a GPU without one (fake CUDA tensors, in a
+    process without the interpreter, whose kernels cannot be traced): not opaque calls, but the two Triton
+    kernels themselves, which Inductor then launches from its own code (an opaque operator's Python dispatch
+    and Triton's launcher cost more host time than the kernels), the partial sums' reduction beside them."""
+    found = compile_for_sm90(TRACE_FOR_A_GPU)
+    assert not any("postnorm_kernel" in t for t in found["targets"]), found["targets"]
+    assert len(set(found["kernels"])) == 2, found  # the forward's and the backward's
+    assert sum("aten.sum" in t for t in found["targets"]) == 2  # the gain's and the bias's gradients
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiling Triton kernels in a graph needs a GPU "
+                    "(test_compiling_traces_into_the_kernels traces them without one)")
 @pytest.mark.parametrize("p", [0.0, 0.1])
-def test_a_compiled_model_calls_the_kernels_as_they_are(p):
-    """torch.compile as the trainer compiles (shape-generic), in one graph: the kernels are opaque operators
-    with their own backward, so compiled and eager agree exactly without dropout, and with it the graph
-    holds the seed's draw (no break)."""
+def test_a_compiled_model_calls_the_kernels(p):
+    """torch.compile as the trainer compiles (shape-generic), in one graph: compiled and eager agree exactly
+    without dropout, and with it the graph holds the seed's draw (no break) and one mask serves forward and
+    backward."""
     norm = layer(32)
     x, s, dy = leaves(4, 5, 32)
 
