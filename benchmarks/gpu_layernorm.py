@@ -13,9 +13,10 @@ hand (postnorm_kernel.py: one forward, one backward), eager and compiled. Each w
 profiler's, all its kernels: a lone junction's call can be bound by the host's launches, as a training step
 whose GPU is busy is not) is read as an effective rate: the bytes a junction must move at least (x and s read
 and y written forward; the gradient, x and s read and the gradients of x and s written backward:
-``BYTES_PER_ELEMENT`` in bf16, dropout's mask drawn again rather than stored) over the time, beside a copy's
-rate on the same card; the call's time, launches included, is kept too. It tells in a minute of a GPU visit whether
-tuning, static shapes or the hand-written kernels would pay. In the model the backward also sums the gradients
+``BYTES_PER_ELEMENT`` in bf16; dropout's mask, a bool an element for the operators and a bit for the
+kernels, left out) over the time, beside a copy's rate on the same card; the call's time, launches
+included, is kept too. It tells in a minute of a GPU visit whether tuning, static shapes or the hand-written
+kernels would pay. In the model the backward also sums the gradients
 that the junction's output receives from the next sub-layer and the next junction; here it receives one.
 
 Writes benchmarks/results/gpu_layernorm.json and .md. ``--device cpu`` runs the glue on small shapes.

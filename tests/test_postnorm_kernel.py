@@ -70,8 +70,9 @@ def kept(seed: torch.Tensor, rows: int, d: int, p: float) -> torch.Tensor:
     return y > 0
 
 
-def test_dropout_draws_one_mask_for_forward_and_backward():
-    rows, d, p = 64, 96, 0.3
+@pytest.mark.parametrize("d", [96, 100])  # 100: the last quarter of the 128-wide block partly outside the row
+def test_dropout_draws_one_mask_for_forward_and_backward(d):
+    rows, p = 64, 0.3
     norm = layer(d)
     x, s, dy = leaves(rows, d)
     seed = torch.tensor([1234], dtype=torch.int32, device=DEVICE)
@@ -84,6 +85,23 @@ def test_dropout_draws_one_mask_for_forward_and_backward():
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     other = kept(torch.tensor([1235], dtype=torch.int32, device=DEVICE), rows, d, p)
     assert (other != keep).any()  # another seed, another mask
+
+
+def test_the_mask_keeps_a_bit_an_element_and_each_of_philoxs_four_draws_is_used():
+    """The forward's mask, which the backward reads: byte [r, j] holds bit k for element [r, k·Q + j] (Q a
+    quarter of the row's block), and each quarter's draws keep 1 - p of its elements, whichever of Philox's
+    four outputs it takes."""
+    rows, d, p = 256, 128, 0.25
+    norm = torch.nn.LayerNorm(d, device=DEVICE)
+    seed = torch.tensor([77], dtype=torch.int32, device=DEVICE)
+    ones = torch.ones(rows, d, device=DEVICE)
+    mask = postnorm_kernel.forward(torch.zeros_like(ones), ones, norm.weight, norm.bias, p, 1e-6, seed)[3]
+    assert mask.shape == (rows, d // 4) and mask.dtype == torch.uint8
+    bits = torch.cat([(mask.int() >> k) & 1 for k in range(4)], dim=1).bool()  # [rows, d]: quarter k's columns
+    assert torch.equal(bits, kept(seed, rows, d, p))
+    for quarter in bits.view(rows, 4, d // 4).unbind(1):  # 8,192 draws a quarter: 1 - p ± 0.015 (3 sigma)
+        assert abs(quarter.float().mean().item() - (1 - p)) < 0.015
+    assert postnorm_kernel.forward(torch.zeros_like(ones), ones, norm.weight, norm.bias, 0.0, 1e-6, seed)[3].numel() == 0
 
 
 def test_each_call_draws_its_seed_from_torchs_generator():
@@ -123,11 +141,13 @@ from triton.compiler import ASTSource
 import postnorm_kernel as pk
 found = {}
 BF16 = ("x_ptr", "s_ptr", "y_ptr", "dy_ptr", "dx_ptr", "ds_ptr")
-for kernel in (pk._forward.fn, pk._backward.fn):  # the kernels under their autotuners
+# the float arguments as Triton's launcher passes Python floats (fp32) and as Inductor does (fp64)
+for kernel, floats in [(k, f) for k in (pk._forward.fn, pk._backward.fn) for f in ("fp32", "fp64")]:
     names = kernel.arg_names
     pointers = [n for n in names if n.endswith("_ptr")]
-    signature = {n: "*bf16" if n in BF16 else "*i32" if n == "seed_ptr" else "*fp32" for n in pointers}
-    signature |= {n: "constexpr" if n in ("DROP", "ROWS", "BLOCK_D") else "fp32" if n in ("p", "scale", "eps")
+    signature = {n: "*bf16" if n in BF16 else "*i32" if n == "seed_ptr" else "*u8" if n == "mask_ptr" else "*fp32"
+                 for n in pointers}
+    signature |= {n: "constexpr" if n in ("DROP", "ROWS", "BLOCK_D") else floats if n in ("p", "scale", "eps")
                   else "i32" for n in names if n not in pointers}
     signature = {n: signature[n] for n in names}
     # what the launcher tells the compiler at d_model 512: 16-byte aligned tensors, D a multiple of 16
@@ -140,7 +160,7 @@ for kernel in (pk._forward.fn, pk._backward.fn):  # the kernels under their auto
         except RuntimeError as e:  # a Triton without its NVIDIA backend's tools (ptxas)
             print(json.dumps({"skip": str(e).splitlines()[0][:200]}))
             sys.exit()
-        if config.kwargs["ROWS"] == 8 and config.num_warps == 4:
+        if config.kwargs["ROWS"] == 8 and config.num_warps == 4 and floats == "fp64":
             found[kernel.__name__] = re.findall(r"(?:ld|st)\\.global(?:\\.\\w+)*", compiled.asm["ptx"])
 print(json.dumps(found))
 """
@@ -149,8 +169,9 @@ print(json.dumps(found))
 def test_the_kernels_compile_for_a_gpu_and_move_16_bytes_per_access():
     """Both kernels as a GPU's Triton compiles them (PTX for sm_90, made here without a GPU, in a process of
     its own: this one runs the interpreter), at base's d_model with dropout: every configuration the autotuner
-    may pick compiles (the interpreter runs code a compiler may refuse), and at 8 rows a program and 4 warps
-    the bf16 rows are read and written 16 bytes per access."""
+    may pick compiles (the interpreter runs code a compiler may refuse), with its float arguments fp32 (Triton's
+    launcher) and fp64 (Inductor's: on the 2026-12-04 visit the backward's fp32 sums failed to compile there),
+    and at 8 rows a program and 4 warps the bf16 rows are read and written 16 bytes per access."""
     found = compile_for_sm90(COMPILE_FOR_SM90)
     assert set(found) == {"_forward", "_backward"}
     for name, accesses in found.items():
@@ -171,8 +192,8 @@ graphs = []
 
 def junction(x, s, w, b, dy):
     seed = torch.randint(0, 2**31 - 1, (1,), device=x.device, dtype=torch.int32)
-    y, mean, rstd = pk.forward(x, s, w, b, 0.1, 1e-6, seed)
-    return (y, *pk.backward(dy, x, s, w, mean, rstd, 0.1, seed))
+    y, mean, rstd, mask = pk.forward(x, s, w, b, 0.1, 1e-6, seed)
+    return (y, *pk.backward(dy, x, s, w, mean, rstd, mask, 0.1))
 
 def keep(gm, _):
     graphs.append(gm)
@@ -202,7 +223,7 @@ def test_compiling_traces_into_the_kernels():
     assert sum("aten.sum" in t for t in found["targets"]) == 2  # the gain's and the bias's gradients
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiling Triton kernels in a graph needs a GPU "
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiling Triton kernels in a graph needs a CUDA GPU "
                     "(test_compiling_traces_into_the_kernels traces them without one)")
 @pytest.mark.parametrize("p", [0.0, 0.1])
 def test_a_compiled_model_calls_the_kernels(p):
