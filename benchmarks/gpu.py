@@ -7,15 +7,16 @@ the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --tokens 
 25k) through the project's own ``train_step``, in each precision (fp32, bf16 autocast, fp16 autocast with loss
 scaling, bf16 + torch.compile, the same compiled graphs replayed as CUDA graphs: what launching kernels costs
 the host, measured away, compiled with Inductor's kernel tuning, ``TUNED``: what better launch parameters of
-its generated kernels would give, and bf16 eager and compiled with the post-norm junctions through
-benchmarks/postnorm_kernel.py's candidate kernels, ``KERNEL_MODES``), and reports step time, target tokens/s,
+its generated kernels would give, bf16 eager and compiled with the post-norm junctions through
+benchmarks/postnorm_kernel.py's candidate kernels, ``KERNEL_MODES``, and compiled with attention through SDPA's
+memory-efficient kernel first, ``EFFICIENT_MODES``), and reports step time, target tokens/s,
 peak memory and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak;
 for each one-batch row, what reading a step's outcome after queueing the next gains (``host_overlap``); and,
 with ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as the
 WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets. It also lists
 the attention kernels that ran (flash / memory-efficient SDPA) and checks on the GPU that an fp16 step whose
 gradients overflow is skipped and leaves the weights alone. With ``--profile MODES`` (default: bf16,
-bf16+compile, bf16+tuned, bf16+kernel and bf16+compile+kernel, those of them that --modes measures), each
+bf16+compile, bf16+tuned, the kernel and efficient rows, those of them that --modes measures), each
 model's steps in those precisions also run under torch.profiler: GPU kernel time per step by kind (matrix
 products, attention, copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share
 (kernel time over the unprofiled step time) — where a step's time goes, before changing it (issue 47) — and,
@@ -76,11 +77,16 @@ VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
 MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.float16, None),
          "bf16+compile": (torch.bfloat16, "default"), "bf16+cudagraphs": (torch.bfloat16, "reduce-overhead"),
          "bf16+tuned": (torch.bfloat16, "tuned"), "bf16+kernel": (torch.bfloat16, None),
-         "bf16+compile+kernel": (torch.bfloat16, "default")}
+         "bf16+compile+kernel": (torch.bfloat16, "default"), "bf16+compile+efficient": (torch.bfloat16, "default"),
+         "bf16+compile+kernel+efficient": (torch.bfloat16, "default")}
 # rows whose post-norm junctions run through benchmarks/postnorm_kernel.py's candidate kernels in place of
 # model.residual's operators: eager (what the kernels give a step no compiler fuses) and compiled (the kernels
 # as opaque operators in the compiled graph, in place of what Inductor generates for the junction)
-KERNEL_MODES = ("bf16+kernel", "bf16+compile+kernel")
+KERNEL_MODES = ("bf16+kernel", "bf16+compile+kernel", "bf16+compile+kernel+efficient")
+# rows whose attention prefers SDPA's memory-efficient kernel where it applies (cuDNN's, FlashAttention's and the
+# operators' after it): gpu_attention.py on 2026-12-04 timed it 1.24× (base) and 1.45× (big) faster than the cuDNN
+# kernel SDPA picks, a call's forward and backward with its views' gradients, outside a compiled step
+EFFICIENT_MODES = ("bf16+compile+efficient", "bf16+compile+kernel+efficient")
 # the costliest single kernel of base's step in the 2026-12-04 profile
 # (benchmarks/results/gpu_visit_2026-12-04/) was one Inductor generates, dropout + residual + LayerNorm
 # backward, at an estimated third of a copy's rate (its launches were not recorded then). Coordinate descent
@@ -187,7 +193,8 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
     and, with ``profile`` steps, the same model's next steps profiled (``profile_steps``: a compiled model is
     compiled once for both)."""
     # compiling happens at the first steps, so all of them run inside
-    with inductor_options(MODES[mode][1]), junctions_through_kernels(mode in KERNEL_MODES):
+    with inductor_options(MODES[mode][1]), junctions_through_kernels(mode in KERNEL_MODES), \
+            attention_preferring_efficient(mode in EFFICIENT_MODES):
         return measure_row(name, mode, batches, steps, warmup, src_len, tgt_len, micro, profile)
 
 
@@ -214,6 +221,15 @@ def junctions_through_kernels(on: bool):
         yield
     finally:
         transformer.model.residual = operators
+
+
+def attention_preferring_efficient(on: bool):
+    """Where ``on``, SDPA tries its memory-efficient kernel first, then cuDNN's, FlashAttention's and the
+    operators' (each where it applies), else the context changes nothing."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    return sdpa_kernel(order, set_priority=True) if on else contextlib.nullcontext()
 
 
 def inductor_options(compile_mode: str | None):
@@ -750,8 +766,8 @@ def main() -> None:
                         help="also each model in bf16 with a step's tokens split into this many micro-batches "
                              "(the WMT recipes' update_freq on one device; 1: no such rows)")
     parser.add_argument("--profile", help="precisions among --modes whose steps are also profiled by kernel kind "
-                        "('' for none; default: bf16, bf16+compile, bf16+tuned, bf16+kernel and "
-                        "bf16+compile+kernel, where --modes has them)")
+                        "('' for none; default: bf16, bf16+compile, bf16+tuned, bf16+kernel, "
+                        "bf16+compile+kernel and the +efficient ones, where --modes has them)")
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--before", type=Path, help="folder holding an earlier transformer/ package, measured first")
     parser.add_argument("--curve", type=int, default=200,
@@ -763,8 +779,8 @@ def main() -> None:
             parser.error(f"{option}: unknown precision {', '.join(unknown)} (known: {', '.join(MODES)})")
     modes = args.modes.split(",")
     if args.profile is None:
-        args.profile = ",".join(m for m in ("bf16", "bf16+compile", "bf16+tuned", "bf16+kernel", "bf16+compile+kernel")
-                                if m in modes)
+        args.profile = ",".join(m for m in ("bf16", "bf16+compile", "bf16+tuned", "bf16+kernel", "bf16+compile+kernel",
+                                            *EFFICIENT_MODES) if m in modes)
     elif unmeasured := [m for m in filter(None, args.profile.split(",")) if m not in modes]:
         parser.error(f"--profile {args.profile}: {', '.join(unmeasured)} not among --modes {args.modes} "
                      "(a profile runs on a measured row's model)")

@@ -25,10 +25,14 @@
 #                                               # with the candidate junction kernels, compiled with Inductor's
 #                                               # kernel tuning, eager, and eager with the kernels, all but plain
 #                                               # eager profiled, today's package only (gpu_train_headline.*);
-#   bash benchmarks/gpu_visit.sh kernel         # ~4 minutes: base's step with the junctions through the candidate
-#                                               # kernels, compiled (gpu_train_kernel.*), then the junction alone
-#                                               # compiled, tuned, and through the kernels eager and compiled
-#                                               # (gpu_layernorm.*), both logs to $OUT
+#   bash benchmarks/gpu_visit.sh kernel         # ~8 minutes: base's compiled step as the trainer runs it, with the
+#                                               # junctions through the candidate kernels, with attention through
+#                                               # SDPA's memory-efficient kernel first, and with both, profiled, in
+#                                               # one run (gpu_train_kernel.*), then the junction alone through the
+#                                               # kernels compiled and eager, compiled, tuned (gpu_layernorm.*), both
+#                                               # logs to $OUT;
+#   bash benchmarks/gpu_visit.sh kernel-big     # ~6 minutes: big's compiled step as the trainer runs it and with
+#                                               # both changes, profiled (gpu_train_kernel_big.*)
 #   bash benchmarks/gpu_visit.sh headline-big   # then big's junction and rows (gpu_train_headline_big.*). The
 #                                               # 2026-12-04 visit ran base's and big's compiled and CUDA-graph rows
 #                                               # and the loss kernel in 349 s, the machine's start and transfers
@@ -41,8 +45,8 @@ set -eu
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
 export PYTHONPATH=$PWD:$PWD/runs/gpu/site${PYTHONPATH:+:$PYTHONPATH}
-case "${1:-}" in decode|train|train-base|train-big|headline|headline-big|kernel) ;;
-  *) echo "usage: bash benchmarks/gpu_visit.sh decode|train|train-base|train-big|headline|headline-big|kernel" >&2
+case "${1:-}" in decode|train|train-base|train-big|headline|headline-big|kernel|kernel-big) ;;
+  *) echo "usage: bash benchmarks/gpu_visit.sh decode|train|train-base|train-big|headline|headline-big|kernel|kernel-big" >&2
      exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
@@ -67,10 +71,17 @@ case "$1" in
     step compile_step_cuda 5 compile_step.py --device cuda --run runs/gpu/quick --steps 300
     step gpu_decode 12 gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
       --batches 1 64 512 ;;
-  kernel)
-    step gpu_train_kernel 8 gpu.py --models base --modes bf16+compile+kernel --profile bf16+compile+kernel \
-      --steps 20 --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_kernel
-    step gpu_layernorm 12 gpu_layernorm.py --models base --ways compiled+kernel,kernel,compiled,compiled+tuned ;;
+  kernel|kernel-big)
+    ROWS=bf16+compile,bf16+compile+kernel,bf16+compile+efficient,bf16+compile+kernel+efficient
+    if [ "$1" = kernel ]; then
+      step gpu_train_kernel 12 gpu.py --models base --modes $ROWS --profile $ROWS --steps 20 --accumulate 1 \
+        --curve 0 --first-shape 0 --name gpu_train_kernel
+      step gpu_layernorm 12 gpu_layernorm.py --models base --ways compiled+kernel,kernel,compiled,compiled+tuned
+    else
+      ROWS=bf16+compile,bf16+compile+kernel+efficient
+      step gpu_train_kernel_big 12 gpu.py --models big --modes $ROWS --profile $ROWS --steps 20 --accumulate 1 \
+        --curve 0 --first-shape 0 --name gpu_train_kernel_big
+    fi ;;
   headline|headline-big)
     HEADLINE=(--modes bf16+compile,bf16+compile+kernel,bf16+tuned,bf16,bf16+kernel
               --profile bf16+compile,bf16+compile+kernel,bf16+tuned,bf16+kernel --steps 20 --accumulate 1 --curve 0

@@ -262,6 +262,15 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
         # the kernel row's steps run the replaced junction (here on the CPU it hands back to the operators)
         assert len(junctions) == 3 and operators not in junctions and transformer.model.residual is operators
         assert row["mode"] == f"{mode} ×2" and row["skipped_steps"] == 0
+    orders = []  # SDPA's backends in the order it tries them, as each step begins
+    monkeypatch.setattr(gpu, "train_step",
+                        lambda *a: orders.append(torch._C._get_sdp_priority_order()) or real_step(*a))
+    before = torch._C._get_sdp_priority_order()
+    gpu.measure("tiny", "bf16+compile", batches, 2, 1, src_len, tgt_len, micro=2)
+    gpu.measure("tiny", "bf16+compile+efficient", batches, 2, 1, src_len, tgt_len, micro=2)
+    efficient = int(torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION)
+    assert [o[0] == efficient for o in orders] == [before[0] == efficient] * 3 + [True] * 3
+    assert torch._C._get_sdp_priority_order() == before  # restored after the row
 
 
 def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
