@@ -177,7 +177,7 @@ def forward(x: Tensor, s: Tensor, weight: Tensor, bias: Tensor, p: float, eps: f
     torch.compile traces into it and launches the kernel from its own generated code, as it launches the
     kernels it writes (an opaque custom operator's Python dispatch and Triton's own launcher cost more host
     time than the kernel: gpu_visit_2026-12-04), and the autograd formula below is its backward."""
-    m, d = x.shape
+    m, d = x.shape[0], int(x.shape[1])  # d_model a constant of the kernels (BLOCK_D); rows may vary
     torch._check(m * d < 2**31, lambda: f"post_norm: {m} × {d} elements, more than the int32 Philox offsets reach")
     block = _block(d)
     y = torch.empty_like(x)
@@ -197,7 +197,7 @@ def backward(dy: Tensor, x: Tensor, s: Tensor, weight: Tensor, mean: Tensor, rst
              p: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of ``forward``'s y with respect to x, s, the gain and the bias, from y's gradient ``dy``
     and the forward's mask."""
-    m, d = x.shape
+    m, d = x.shape[0], int(x.shape[1])  # d_model a constant of the kernels (BLOCK_D); rows may vary
     dx, ds = torch.empty_like(x), torch.empty_like(s)
     programs = 4 * _processors(x.device)  # a fixed count (no shape guard); one with no rows writes zero sums
     dw = x.new_empty(programs, d, dtype=torch.float32)

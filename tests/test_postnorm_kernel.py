@@ -182,26 +182,46 @@ def test_the_kernels_compile_for_a_gpu_and_move_16_bytes_per_access():
 
 
 TRACE_FOR_A_GPU = """
-import json, logging
+import json
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+import triton
 from functorch.compile import aot_function
+from torch._dynamo.source import ConstantSource
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from triton.backends.compiler import GPUTarget
 import postnorm_kernel as pk
-logging.disable(logging.WARNING)  # without a driver Triton's analysis of what a kernel writes is skipped
+
+
+class Hopper:  # what Triton's driver tells a compiler about an H100 or H200, where there is none
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+
+triton.runtime.driver.set_active(Hopper())  # Inductor reads what each kernel writes from its Triton IR
 pk._processors = lambda device: 132  # an H200's multiprocessors: no GPU here to ask
 graphs = []
+
 
 def junction(x, s, w, b, dy):
     seed = torch.randint(0, 2**31 - 1, (1,), device=x.device, dtype=torch.int32)
     y, mean, rstd, mask = pk.forward(x, s, w, b, 0.1, 1e-6, seed)
     return (y, *pk.backward(dy, x, s, w, mean, rstd, mask, 0.1))
 
+
 def keep(gm, _):
     graphs.append(gm)
     raise SystemExit  # traced: nothing to run on a CPU-only torch
 
-with FakeTensorMode(allow_non_fake_inputs=True):
-    x, s, dy = (torch.empty(4096, 512, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+
+env = ShapeEnv()  # shape-generic, as the trainer and gpu_layernorm.py compile: the rows and d_model symbols
+rows, d = (env.create_symintnode(env.create_symbol(n, ConstantSource(name)), hint=n) for name, n in
+           (("rows", 4096), ("d", 512)))
+with FakeTensorMode(allow_non_fake_inputs=True, shape_env=env):
+    x, s, dy = (torch.empty(rows, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
     w, b = torch.empty(512, device="cuda"), torch.empty(512, device="cuda")
     try:
         aot_function(junction, fw_compiler=keep)(x, s, w, b, dy)
@@ -209,18 +229,27 @@ with FakeTensorMode(allow_non_fake_inputs=True):
         pass
 nodes = [n for n in graphs[0].graph.nodes if n.op == "call_function"]
 print(json.dumps({"targets": [str(n.target) for n in nodes],
-                  "kernels": [n.kwargs["kernel_idx"] for n in nodes if "triton_kernel_wrapper" in str(n.target)]}))
+                  "kernels": [{"written": n.kwargs["tensors_to_clone"], "M": str(n.kwargs["kwargs"]["M"]),
+                               "D": n.kwargs["kwargs"]["D"]}
+                              for n in nodes if "triton_kernel_wrapper" in str(n.target)]}))
 """
 
 
 def test_compiling_traces_into_the_kernels():
-    """What torch.compile sees of the two operators, traced for a GPU without one (fake CUDA tensors, in a
-    process without the interpreter, whose kernels cannot be traced): not opaque calls, but the two Triton
-    kernels themselves, which Inductor then launches from its own code (an opaque operator's Python dispatch
-    and Triton's launcher cost more host time than the kernels), the partial sums' reduction beside them."""
+    """What torch.compile sees of the two operators, traced for a GPU without one (fake CUDA tensors and a
+    Hopper target, in a process without the interpreter, whose kernels cannot be traced), rows symbolic as in
+    the trainer's shape-generic graphs: not opaque calls (an opaque operator's Python dispatch and Triton's
+    launcher cost more host time than the kernels), but the two Triton kernels themselves, which Inductor then
+    launches from its own code; each writes only its outputs (nothing it reads is copied first), d_model
+    becomes a constant of the kernels (their block) while the rows stay a symbol; the partial sums' reduction
+    beside them."""
     found = compile_for_sm90(TRACE_FOR_A_GPU)
     assert not any("postnorm_kernel" in t for t in found["targets"]), found["targets"]
-    assert len(set(found["kernels"])) == 2, found  # the forward's and the backward's
+    forward, backward = found["kernels"]
+    assert forward["written"] == ["y_ptr", "mean_ptr", "rstd_ptr", "mask_ptr"], forward
+    assert backward["written"] == ["dx_ptr", "ds_ptr", "dw_ptr", "db_ptr"], backward
+    for kernel in (forward, backward):
+        assert kernel["D"] == 512 and not kernel["M"].isdigit(), kernel
     assert sum("aten.sum" in t for t in found["targets"]) == 2  # the gain's and the bias's gradients
 
 
