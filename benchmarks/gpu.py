@@ -81,7 +81,7 @@ MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.fl
          "bf16+compile+kernel+efficient": (torch.bfloat16, "default")}
 # rows whose post-norm junctions run through benchmarks/postnorm_kernel.py's candidate kernels in place of
 # model.residual's operators: eager (what the kernels give a step no compiler fuses) and compiled (the kernels
-# as opaque operators in the compiled graph, in place of what Inductor generates for the junction)
+# launched by the compiled graph, in place of what Inductor generates for the junction)
 KERNEL_MODES = ("bf16+kernel", "bf16+compile+kernel", "bf16+compile+kernel+efficient")
 # rows whose attention prefers SDPA's memory-efficient kernel where it applies (cuDNN's, FlashAttention's and the
 # operators' after it): gpu_attention.py on 2026-12-04 timed it 1.24× (base) and 1.45× (big) faster than the cuDNN

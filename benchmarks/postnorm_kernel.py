@@ -176,7 +176,8 @@ def forward(x: Tensor, s: Tensor, weight: Tensor, bias: Tensor, p: float, eps: f
     dropout mask, a byte for four elements ([M, BLOCK_D / 4]; empty without dropout). A Triton operator:
     torch.compile traces into it and launches the kernel from its own generated code, as it launches the
     kernels it writes (an opaque custom operator's Python dispatch and Triton's own launcher cost more host
-    time than the kernel: gpu_visit_2026-12-04), and the autograd formula below is its backward."""
+    time than the kernel: benchmarks/results/gpu_visit_2026-12-04b), and the autograd formula below is its
+    backward."""
     m, d = x.shape[0], int(x.shape[1])  # d_model a constant of the kernels (BLOCK_D); rows may vary
     torch._check(m * d < 2**31, lambda: f"post_norm: {m} × {d} elements, more than the int32 Philox offsets reach")
     block = _block(d)
