@@ -78,15 +78,19 @@ MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.fl
          "bf16+compile": (torch.bfloat16, "default"), "bf16+cudagraphs": (torch.bfloat16, "reduce-overhead"),
          "bf16+tuned": (torch.bfloat16, "tuned"), "bf16+kernel": (torch.bfloat16, None),
          "bf16+compile+kernel": (torch.bfloat16, "default"), "bf16+compile+efficient": (torch.bfloat16, "default"),
-         "bf16+compile+kernel+efficient": (torch.bfloat16, "default")}
+         "bf16+compile+kernel+efficient": (torch.bfloat16, "default"),
+         "bf16+cudagraphs+kernel+efficient": (torch.bfloat16, "reduce-overhead")}
 # rows whose post-norm junctions run through benchmarks/postnorm_kernel.py's candidate kernels in place of
 # model.residual's operators: eager (what the kernels give a step no compiler fuses) and compiled (the kernels
 # launched by the compiled graph, in place of what Inductor generates for the junction)
-KERNEL_MODES = ("bf16+kernel", "bf16+compile+kernel", "bf16+compile+kernel+efficient")
+KERNEL_MODES = ("bf16+kernel", "bf16+compile+kernel", "bf16+compile+kernel+efficient",
+                "bf16+cudagraphs+kernel+efficient")
 # rows whose attention prefers SDPA's memory-efficient kernel where it applies (cuDNN's, FlashAttention's and the
 # operators' after it): gpu_attention.py on 2026-12-04 timed it 1.24× (base) and 1.45× (big) faster than the cuDNN
 # kernel SDPA picks, a call's forward and backward with its views' gradients, outside a compiled step
-EFFICIENT_MODES = ("bf16+compile+efficient", "bf16+compile+kernel+efficient")
+# (the compiled base step's host was at most 0.9 ms ahead of its GPU on 2026-12-04: a step whose kernels take
+# less may then wait for the host, so the two changes are also measured with CUDA graphs)
+EFFICIENT_MODES = ("bf16+compile+efficient", "bf16+compile+kernel+efficient", "bf16+cudagraphs+kernel+efficient")
 # the costliest single kernel of base's step in the 2026-12-04 profile
 # (benchmarks/results/gpu_visit_2026-12-04/) was one Inductor generates, dropout + residual + LayerNorm
 # backward, at an estimated third of a copy's rate (its launches were not recorded then). Coordinate descent

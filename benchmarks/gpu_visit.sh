@@ -26,13 +26,15 @@
 #                                               # kernel tuning, eager, and eager with the kernels, all but plain
 #                                               # eager profiled, today's package only (gpu_train_headline.*);
 #   bash benchmarks/gpu_visit.sh kernel         # ~8 minutes: base's compiled step as the trainer runs it, with the
-#                                               # junctions through the candidate kernels, with attention through
-#                                               # SDPA's memory-efficient kernel first, and with both, profiled, in
-#                                               # one run (gpu_train_kernel.*), then the junction alone through the
-#                                               # kernels compiled and eager, compiled, tuned (gpu_layernorm.*), both
-#                                               # logs to $OUT;
-#   bash benchmarks/gpu_visit.sh kernel-big     # ~6 minutes: big's compiled step as the trainer runs it and with
-#                                               # both changes, profiled (gpu_train_kernel_big.*)
+#                                               # junctions through the candidate kernels and attention through SDPA's
+#                                               # memory-efficient kernel first, the same replayed as CUDA graphs (the
+#                                               # host may bound a step whose kernels take less), each change alone,
+#                                               # profiled, in one run (gpu_train_kernel.*), then the junction alone
+#                                               # through the kernels compiled and eager, compiled, tuned
+#                                               # (gpu_layernorm.*), both logs to $OUT;
+#   bash benchmarks/gpu_visit.sh kernel-big     # ~7 minutes: big's compiled step as the trainer runs it, with both
+#                                               # changes and with both as CUDA graphs, profiled
+#                                               # (gpu_train_kernel_big.*)
 #   bash benchmarks/gpu_visit.sh headline-big   # then big's junction and rows (gpu_train_headline_big.*). The
 #                                               # 2026-12-04 visit ran base's and big's compiled and CUDA-graph rows
 #                                               # and the loss kernel in 349 s, the machine's start and transfers
@@ -46,7 +48,8 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
 export PYTHONPATH=$PWD:$PWD/runs/gpu/site${PYTHONPATH:+:$PYTHONPATH}
 case "${1:-}" in decode|train|train-base|train-big|headline|headline-big|kernel|kernel-big) ;;
-  *) echo "usage: bash benchmarks/gpu_visit.sh decode|train|train-base|train-big|headline|headline-big|kernel|kernel-big" >&2
+  *) echo "usage: bash benchmarks/gpu_visit.sh" \
+       "decode|train|train-base|train-big|headline|headline-big|kernel|kernel-big" >&2
      exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
@@ -72,13 +75,14 @@ case "$1" in
     step gpu_decode 12 gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
       --batches 1 64 512 ;;
   kernel|kernel-big)
-    ROWS=bf16+compile,bf16+compile+kernel,bf16+compile+efficient,bf16+compile+kernel+efficient
+    # the rows most wanted first: a call cut by its limit still brings back those its log printed
+    ROWS=bf16+compile,bf16+compile+kernel+efficient,bf16+cudagraphs+kernel+efficient
     if [ "$1" = kernel ]; then
+      ROWS=$ROWS,bf16+compile+efficient,bf16+compile+kernel
       step gpu_train_kernel 12 gpu.py --models base --modes $ROWS --profile $ROWS --steps 20 --accumulate 1 \
         --curve 0 --first-shape 0 --name gpu_train_kernel
       step gpu_layernorm 12 gpu_layernorm.py --models base --ways compiled+kernel,kernel,compiled,compiled+tuned
     else
-      ROWS=bf16+compile,bf16+compile+kernel+efficient
       step gpu_train_kernel_big 12 gpu.py --models big --modes $ROWS --profile $ROWS --steps 20 --accumulate 1 \
         --curve 0 --first-shape 0 --name gpu_train_kernel_big
     fi ;;
