@@ -25,16 +25,19 @@
 #                                               # with the candidate junction kernels, compiled with Inductor's
 #                                               # kernel tuning, eager, and eager with the kernels, all but plain
 #                                               # eager profiled, today's package only (gpu_train_headline.*);
-#   bash benchmarks/gpu_visit.sh kernel         # ~8 minutes: base's compiled step as the trainer runs it, with the
-#                                               # junctions through the candidate kernels and attention through SDPA's
+#   bash benchmarks/gpu_visit.sh kernel         # ~7 minutes, then the junction alone as long as the call lasts:
+#                                               # base's compiled step as the trainer runs it, with the junctions
+#                                               # through the candidate kernels and attention through SDPA's
 #                                               # memory-efficient kernel first, the same replayed as CUDA graphs (the
-#                                               # host may bound a step whose kernels take less), each change alone,
-#                                               # profiled, in one run (gpu_train_kernel.*), then the junction alone
+#                                               # host may bound a step whose kernels take less), attention alone,
+#                                               # profiled, in one run (gpu_train_kernel.*), then the junction
 #                                               # through the kernels compiled and eager, compiled, tuned
 #                                               # (gpu_layernorm.*), both logs to $OUT;
-#   bash benchmarks/gpu_visit.sh kernel-big     # ~7 minutes: big's compiled step as the trainer runs it, with both
-#                                               # changes and with both as CUDA graphs, profiled
-#                                               # (gpu_train_kernel_big.*)
+#   bash benchmarks/gpu_visit.sh kernel-big     # ~6 minutes: big's step with both changes, compiled and as CUDA
+#                                               # graphs, profiled (gpu_train_kernel_big.*), read against the
+#                                               # 2026-12-04 visit's 79.5 and 79.1 ms (the package unchanged since).
+#                                               # Both fit one 15-minute session: kernel with timeout_s 450, then
+#                                               # kernel-big at once
 #   bash benchmarks/gpu_visit.sh headline-big   # then big's junction and rows (gpu_train_headline_big.*). The
 #                                               # 2026-12-04 visit ran base's and big's compiled and CUDA-graph rows
 #                                               # and the loss kernel in 349 s, the machine's start and transfers
@@ -76,9 +79,9 @@ case "$1" in
       --batches 1 64 512 ;;
   kernel|kernel-big)
     # the rows most wanted first: a call cut by its limit still brings back those its log printed
-    ROWS=bf16+compile,bf16+compile+kernel+efficient,bf16+cudagraphs+kernel+efficient
+    ROWS=bf16+compile+kernel+efficient,bf16+cudagraphs+kernel+efficient
     if [ "$1" = kernel ]; then
-      ROWS=$ROWS,bf16+compile+efficient,bf16+compile+kernel
+      ROWS=bf16+compile,$ROWS,bf16+compile+efficient
       step gpu_train_kernel 12 gpu.py --models base --modes $ROWS --profile $ROWS --steps 20 --accumulate 1 \
         --curve 0 --first-shape 0 --name gpu_train_kernel
       step gpu_layernorm 12 gpu_layernorm.py --models base --ways compiled+kernel,kernel,compiled,compiled+tuned
