@@ -59,12 +59,17 @@ def _sum_in(x_ptr, s_ptr, rows, cols, M, D, keep, scale, DROP: tl.constexpr):
 
 
 @triton.jit
+def _vector(ptr, cols, D):
+    """A quarter of a [D] vector (the gain or the bias) as fp32, 0 outside."""
+    return tl.load(ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _normalised_out(y_ptr, w_ptr, b_ptr, zc, rstd, rows, cols, M, D):
     """y = x̂ · w + b over a quarter, stored in y's dtype."""
     at, inside = _at(rows, cols, M, D)
-    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
-    tl.store(y_ptr + at, (zc * rstd[:, None] * w[None, :] + b[None, :]).to(y_ptr.dtype.element_ty), mask=inside)
+    y = zc * rstd[:, None] * _vector(w_ptr, cols, D)[None, :] + _vector(b_ptr, cols, D)[None, :]
+    tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.autotune(configs=_configs(), key=["D"])
@@ -102,12 +107,12 @@ def _forward(x_ptr, s_ptr, y_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, mask_ptr, se
 
 
 @triton.jit
-def _normalised_in(dy_ptr, x_ptr, s_ptr, w_ptr, mean, rstd, rows, cols, M, D, keep, scale, DROP: tl.constexpr):
-    """A quarter's x̂ (recomputed from x, s and the mask), dy and w · dy, fp32 (0 outside)."""
+def _normalised_in(dy_ptr, x_ptr, s_ptr, w, mean, rstd, rows, cols, M, D, keep, scale, DROP: tl.constexpr):
+    """A quarter's x̂ (recomputed from x, s and the mask), dy and w · dy (w: the quarter's gain), fp32, 0
+    outside."""
     z = _sum_in(x_ptr, s_ptr, rows, cols, M, D, keep, scale, DROP)
     at, inside = _at(rows, cols, M, D)
     dy = tl.load(dy_ptr + at, mask=inside, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
     return tl.where(inside, (z - mean[:, None]) * rstd[:, None], 0.0), dy, dy * w[None, :]
 
 
@@ -130,6 +135,8 @@ def _backward(dy_ptr, x_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, mask_ptr, dx_ptr,
     Q: tl.constexpr = BLOCK_D // 4
     program, programs = tl.program_id(0), tl.num_programs(0)
     q = tl.arange(0, Q)
+    w0, w1 = _vector(w_ptr, q, D), _vector(w_ptr, Q + q, D)  # the gain's quarters, loaded once
+    w2, w3 = _vector(w_ptr, 2 * Q + q, D), _vector(w_ptr, 3 * Q + q, D)
     # the gain's and bias's partial sums kept per row of the block, summed over it once at the end (a sum over
     # rows each block would cross warps through shared memory)
     dw0, dw1, dw2, dw3 = (tl.zeros([ROWS, Q], tl.float32), tl.zeros([ROWS, Q], tl.float32),
@@ -146,10 +153,10 @@ def _backward(dy_ptr, x_ptr, s_ptr, w_ptr, mean_ptr, rstd_ptr, mask_ptr, dx_ptr,
             k0, k1, k2, k3 = at_mask >= 0, at_mask >= 0, at_mask >= 0, at_mask >= 0
         mean = tl.load(mean_ptr + rows, mask=rows < M, other=0.0)
         rstd = tl.load(rstd_ptr + rows, mask=rows < M, other=0.0)
-        h0, dy0, g0 = _normalised_in(dy_ptr, x_ptr, s_ptr, w_ptr, mean, rstd, rows, q, M, D, k0, scale, DROP)
-        h1, dy1, g1 = _normalised_in(dy_ptr, x_ptr, s_ptr, w_ptr, mean, rstd, rows, Q + q, M, D, k1, scale, DROP)
-        h2, dy2, g2 = _normalised_in(dy_ptr, x_ptr, s_ptr, w_ptr, mean, rstd, rows, 2 * Q + q, M, D, k2, scale, DROP)
-        h3, dy3, g3 = _normalised_in(dy_ptr, x_ptr, s_ptr, w_ptr, mean, rstd, rows, 3 * Q + q, M, D, k3, scale, DROP)
+        h0, dy0, g0 = _normalised_in(dy_ptr, x_ptr, s_ptr, w0, mean, rstd, rows, q, M, D, k0, scale, DROP)
+        h1, dy1, g1 = _normalised_in(dy_ptr, x_ptr, s_ptr, w1, mean, rstd, rows, Q + q, M, D, k1, scale, DROP)
+        h2, dy2, g2 = _normalised_in(dy_ptr, x_ptr, s_ptr, w2, mean, rstd, rows, 2 * Q + q, M, D, k2, scale, DROP)
+        h3, dy3, g3 = _normalised_in(dy_ptr, x_ptr, s_ptr, w3, mean, rstd, rows, 3 * Q + q, M, D, k3, scale, DROP)
         c1 = tl.sum(h0 * g0 + h1 * g1 + h2 * g2 + h3 * g3, 1) / D  # one sum over a row, not one a quarter
         c2 = tl.sum(g0 + g1 + g2 + g3, 1) / D
         _gradients_out(dx_ptr, ds_ptr, h0, g0, c1, c2, rstd, rows, q, M, D, k0, scale, DROP)
