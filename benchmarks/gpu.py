@@ -161,15 +161,20 @@ def host_overlap(queue, first: int, steps: int, rounds: int = 3) -> dict:
     queued (``train_step``; the trainer before 2026-12-01); "late": read after the next step is queued
     (``queue_step``), so the host launches step i + 1 while the GPU runs step i; "late_pinned": the same with
     the batches copied from pinned memory, as the trainer now runs (``Trainer.run``). ``queue(i, pin)``
-    queues step i and returns its ``QueuedStep``."""
+    queues step i and returns its ``QueuedStep``. Also the host's own time a step in that last way, queueing it
+    (``host_queue_ms``, the waits for outcomes left out): where it nears the step's time the host is the bound,
+    and kernels taking less would not shorten the step."""
     times: dict[str, list[float]] = {"sync": [], "late": [], "late_pinned": []}
+    queueing: list[float] = []
     i = first
     for _ in range(rounds):
         for how, spent in times.items():
             torch.cuda.synchronize()
-            start, pending = time.perf_counter(), None
+            start, pending, host = time.perf_counter(), None, 0.0
             for _ in range(steps):
+                began = time.perf_counter()
                 queued = queue(i, how == "late_pinned")
+                host += time.perf_counter() - began
                 i += 1
                 if how == "sync":
                     queued.result()
@@ -181,8 +186,11 @@ def host_overlap(queue, first: int, steps: int, rounds: int = 3) -> dict:
                 pending.result()
             torch.cuda.synchronize()
             spent.append(1000 * (time.perf_counter() - start) / steps)
+            if how == "late_pinned":
+                queueing.append(1000 * host / steps)
     return {"steps": steps, "rounds": rounds, **{f"{how}_ms": round(statistics.median(spent), 2)
-                                                 for how, spent in times.items()}}
+                                                 for how, spent in times.items()},
+            "host_queue_ms": round(statistics.median(queueing), 2)}
 
 
 def row_mode(mode: str, micro: int) -> str:
@@ -899,11 +907,13 @@ def main() -> None:
                   f"{o['rounds']} rounds of blocks of {o['steps']} steps, ms per step (median round). At once: each "
                   "step's outcome read before the next is queued (the trainer before 2026-12-01); late: read after "
                   "the next step is queued (`queue_step`), so the host launches step i + 1 while the GPU runs step "
-                  "i; pinned: the same with the batches copied from page-locked memory, as the trainer now runs.", "",
-                  "| model | precision | at once | late | late, pinned | gain |", "|---|---|---|---|---|---|"]
+                  "i; pinned: the same with the batches copied from page-locked memory, as the trainer now runs; "
+                  "host: the host's own time queueing a step that way, the waits for outcomes left out (near the "
+                  "step's time, the host bounds it).", "",
+                  "| model | precision | at once | late | late, pinned | gain | host |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['model']} | {r['mode']} | {h['sync_ms']} | {h['late_ms']} | {h['late_pinned_ms']} | "
-                  f"{round(h['sync_ms'] - min(h['late_ms'], h['late_pinned_ms']), 2)} ms |"
-                  for r in overlaps for h in [r["host_overlap"]]]
+                  f"{round(h['sync_ms'] - min(h['late_ms'], h['late_pinned_ms']), 2)} ms | "
+                  f"{h.get('host_queue_ms', '–')} |" for r in overlaps for h in [r["host_overlap"]]]
     if before:
         lines += ["", "The changes since the issue-47 baseline (a362aed), each with the gain predicted before a GPU "
                   "measured it (H100-class card; the first six measured together on 2026-11-29, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -374,13 +375,17 @@ def test_host_overlap_reads_each_outcome_once_before_or_after_the_next_step_is_q
 
         def result(self):
             log.append(("read", self.i))
+            time.sleep(0.004)  # waiting for the GPU: not the host's own time
 
     def queue(i, pin):
         log.append(("queue", i, pin))
+        time.sleep(0.002)  # launching
         return Queued(i)
 
     out = gpu.host_overlap(queue, first=7, steps=3, rounds=1)
-    assert set(out) == {"steps", "rounds", "sync_ms", "late_ms", "late_pinned_ms"} and out["steps"] == 3
+    assert set(out) == {"steps", "rounds", "sync_ms", "late_ms", "late_pinned_ms", "host_queue_ms"}
+    # the launching alone: at least its 2 ms a step, and the 4 ms a step of waiting left out
+    assert out["steps"] == 3 and out["host_queue_ms"] >= 2 and out["late_pinned_ms"] - out["host_queue_ms"] >= 3.9
     assert log[:6] == [("queue", 7, False), ("read", 7), ("queue", 8, False), ("read", 8), ("queue", 9, False),
                        ("read", 9)]  # at once
     assert log[6:12] == [("queue", 10, False), ("queue", 11, False), ("read", 10), ("queue", 12, False),
