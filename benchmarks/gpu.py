@@ -210,6 +210,9 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
         return measure_row(name, mode, batches, steps, warmup, src_len, tgt_len, micro, profile)
 
 
+KERNEL_DEVICES = ("cuda",)  # where the junctions go through the kernels (the tests add the CPU: the interpreter)
+
+
 @contextlib.contextmanager
 def junctions_through_kernels(on: bool):
     """Within it, where ``on``, the package's post-norm junctions LayerNorm(x + Dropout(Sublayer(x))) in bf16
@@ -224,7 +227,7 @@ def junctions_through_kernels(on: bool):
     operators = transformer.model.residual
 
     def through_kernels(x, norm, drop, pre, sublayer):
-        if pre or x.dtype == torch.float32 or x.device.type != "cuda":
+        if pre or x.dtype == torch.float32 or x.device.type not in KERNEL_DEVICES:
             return operators(x, norm, drop, pre, sublayer)
         return post_norm(x, sublayer(x), norm, drop.p, drop.training)
 

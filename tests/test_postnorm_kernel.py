@@ -1,6 +1,7 @@
 """benchmarks/postnorm_kernel.py, the candidate Triton post-norm junction, held to model.residual's
 LayerNorm(x + Dropout(s)), without a GPU under Triton's interpreter (tests/conftest.py chooses it)."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -278,3 +279,47 @@ def test_a_compiled_model_calls_the_kernels(p):
     else:  # the mask is one draw for forward and backward: the dropped elements get no gradient through s
         dropped = got[1] == 0
         assert 0.02 < dropped.float().mean() < 0.25 and not (got[0][dropped] == 0).all()
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1])
+def test_a_models_training_step_through_the_kernels(monkeypatch, p):
+    """gpu.py's kernel rows: a whole model's junctions through the kernels (``gpu.junctions_through_kernels``,
+    here on the CPU under the interpreter) in bf16 autocast, as the trainer's post-norm stream runs in bf16.
+    Without dropout the loss and every gradient agree with the operators' to bf16's rounding through the
+    stack (the kernels normalise in fp32 with fp32 gains, the operators with bf16 ones); with dropout every
+    junction draws its own mask, so the loss moves and the gradients stay finite."""
+    import gpu
+
+    from transformer.data import Example, collate
+    from transformer.model import Transformer
+    from transformer.train import batch_loss
+
+    monkeypatch.setattr(gpu, "KERNEL_DEVICES", ("cuda", "cpu"))
+    cfg = gpu.load_config("tiny")
+    torch.manual_seed(0)
+    model = Transformer(dataclasses.replace(cfg.model, p_drop=p), 50)
+    g = torch.Generator().manual_seed(3)
+    examples = [Example(torch.randint(3, 50, (n,), generator=g).tolist(), torch.randint(3, 50, (n + 2,),
+                                                                                          generator=g).tolist())
+                for n in (5, 9, 7)]
+    batch = collate(examples, [0, 1, 2])
+
+    def step(through_kernels: bool) -> tuple[float, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        torch.manual_seed(1)
+        with gpu.junctions_through_kernels(through_kernels), torch.autocast("cpu", torch.bfloat16):
+            loss = batch_loss(model, batch, 0.1)
+        loss.backward()
+        return loss.item(), {name: q.grad.float().clone() for name, q in model.named_parameters()}
+
+    want_loss, want = step(False)
+    got_loss, got = step(True)
+    if p == 0.0:
+        assert got_loss == pytest.approx(want_loss, rel=1e-2)
+        for name, a in got.items():
+            if name.endswith("k_proj.bias"):  # zero in exact arithmetic (softmax ignores a score shared by all
+                continue  # keys): both are rounding, and unalike
+            cosine = torch.nn.functional.cosine_similarity(a.flatten(), want[name].flatten(), dim=0)
+            assert cosine > 0.97, (name, cosine)
+    else:
+        assert got_loss != want_loss and all(torch.isfinite(a).all() for a in got.values())
