@@ -83,14 +83,13 @@ MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.fl
 # rows whose post-norm junctions run through benchmarks/postnorm_kernel.py's candidate kernels in place of
 # model.residual's operators: eager (what the kernels give a step no compiler fuses) and compiled (the kernels
 # launched by the compiled graph, in place of what Inductor generates for the junction)
-KERNEL_MODES = ("bf16+kernel", "bf16+compile+kernel", "bf16+compile+kernel+efficient",
-                "bf16+cudagraphs+kernel+efficient")
+KERNEL_MODES = tuple(m for m in MODES if "kernel" in m.split("+"))
 # rows whose attention prefers SDPA's memory-efficient kernel where it applies (cuDNN's, FlashAttention's and the
 # operators' after it): gpu_attention.py on 2026-12-04 timed it 1.24× (base) and 1.45× (big) faster than the cuDNN
 # kernel SDPA picks, a call's forward and backward with its views' gradients, outside a compiled step
 # (the compiled base step's host was at most 0.9 ms ahead of its GPU on 2026-12-04: a step whose kernels take
 # less may then wait for the host, so the two changes are also measured with CUDA graphs)
-EFFICIENT_MODES = ("bf16+compile+efficient", "bf16+compile+kernel+efficient", "bf16+cudagraphs+kernel+efficient")
+EFFICIENT_MODES = tuple(m for m in MODES if "efficient" in m.split("+"))
 # the costliest single kernel of base's step in the 2026-12-04 profile
 # (benchmarks/results/gpu_visit_2026-12-04/) was one Inductor generates, dropout + residual + LayerNorm
 # backward, at an estimated third of a copy's rate (its launches were not recorded then). Coordinate descent
@@ -794,8 +793,8 @@ def main() -> None:
             parser.error(f"{option}: unknown precision {', '.join(unknown)} (known: {', '.join(MODES)})")
     modes = args.modes.split(",")
     if args.profile is None:
-        args.profile = ",".join(m for m in ("bf16", "bf16+compile", "bf16+tuned", "bf16+kernel", "bf16+compile+kernel",
-                                            *EFFICIENT_MODES) if m in modes)
+        args.profile = ",".join(m for m in dict.fromkeys(("bf16", "bf16+compile", "bf16+tuned", *KERNEL_MODES,
+                                                          *EFFICIENT_MODES)) if m in modes)
     elif unmeasured := [m for m in filter(None, args.profile.split(",")) if m not in modes]:
         parser.error(f"--profile {args.profile}: {', '.join(unmeasured)} not among --modes {args.modes} "
                      "(a profile runs on a measured row's model)")

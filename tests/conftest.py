@@ -140,8 +140,8 @@ def start_server(run_dir: Path, options: Sequence[str] = (), timeout: float = 12
 
 def compile_for_sm90(script: str) -> dict:
     """What ``script`` prints last (JSON) when run in a process of its own without Triton's interpreter, this
-    checkout's package and benchmarks/ importable: it compiles a kernel for sm_90 (an H100 or H200) without a
-    GPU, as a test process running the interpreter cannot. It prints {"skip": why} where this Triton lacks
+    checkout's package and benchmarks/ importable: it compiles kernels for sm_90 (an H100 or H200), or traces
+    them as torch.compile would for one, without a GPU, as a test process running the interpreter cannot. It prints {"skip": why} where this Triton lacks
     the NVIDIA backend's tools; the test is then skipped, as where Triton has no CUDA target at all."""
     import json
 

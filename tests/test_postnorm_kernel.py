@@ -290,12 +290,13 @@ def test_a_models_training_step_through_the_kernels(monkeypatch, p):
     junction draws its own mask, so the loss moves and the gradients stay finite."""
     import gpu
 
+    from transformer.config import load_config
     from transformer.data import Example, collate
     from transformer.model import Transformer
     from transformer.train import batch_loss
 
     monkeypatch.setattr(gpu, "KERNEL_DEVICES", ("cuda", "cpu"))
-    cfg = gpu.load_config("tiny")
+    cfg = load_config("tiny")
     torch.manual_seed(0)
     model = Transformer(dataclasses.replace(cfg.model, p_drop=p), 50)
     g = torch.Generator().manual_seed(3)
