@@ -7,6 +7,7 @@
 #   site/      the pure-Python packages the device's Python lacks (tomli_w, sacremoses)
 #   quick/     a model of the quick-start config, step-bounded (QUICK_STEPS updates, default 1,300: about the
 #              10 minutes the quick start trains on 2 CPU cores; 0: none), for the decoding measurements
+#   inductor/  torch.compile's caches a visit brought back (its inductor.tgz, given as CACHE=PATH; kept otherwise)
 #   bash benchmarks/gpu_prepare.sh        # then: run(carry=["runs/gpu"], ...) as gpu_visit.sh says
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,5 +30,8 @@ fi
 if [ ! -d "$G/quick/checkpoints" ] && [ "${QUICK_STEPS:-1300}" != 0 ]; then
   TRANSFORMER_DATA=$PWD/$G/data .venv/bin/transformer train configs/multi30k_en_de_quick.toml --out "$G/quick" \
     --quiet --set train.max_minutes=0 --set "train.max_steps=${QUICK_STEPS:-1300}"
+fi
+if [ -n "${CACHE:-}" ]; then
+  bash benchmarks/compile_cache.sh unpack "$CACHE" "$G/inductor"
 fi
 du -sh "$G"

@@ -45,7 +45,8 @@
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
 # script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
 # still brings back every row printed so far. Their commit fields come from the device's git metadata,
-# which can be stale: set them by hand after copying back.
+# which can be stale: set them by hand after copying back. $OUT/inductor.tgz holds the visit's compile caches:
+# `CACHE=<its fetched path> bash benchmarks/gpu_prepare.sh` carries them to the next visit.
 set -eu
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
@@ -58,6 +59,16 @@ esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 R=benchmarks/results
 LOGS=${OUT:-/tmp}
+# torch.compile's caches in the carried runs/gpu/inductor (benchmarks/compile_cache.sh): packed into
+# $OUT/inductor.tgz each minute and after each script, so a call cut by its limit brings back what it compiled
+# and tuned; gpu_prepare.sh CACHE=... puts it back for the next visit
+export TORCHINDUCTOR_CACHE_DIR=$PWD/runs/gpu/inductor
+export TRITON_CACHE_DIR=$TORCHINDUCTOR_CACHE_DIR/triton  # the package's own kernels (the loss) too
+pack() { if [ -n "${OUT:-}" ]; then bash benchmarks/compile_cache.sh pack runs/gpu/inductor "$OUT/inductor.tgz" || true; fi; }
+if [ -n "${OUT:-}" ]; then
+  (while sleep 60; do pack; done) &
+  trap 'kill $! 2>/dev/null; pack' EXIT
+fi
 
 # step NAME TAIL SCRIPT ARGS...: runs benchmarks/SCRIPT, its output logged as it comes (into $LOG_DIR, default
 # $LOGS), the last TAIL lines shown; then its result files (NAME.json / NAME.md) copied to $OUT. A step that
@@ -69,6 +80,7 @@ step() {
   python "benchmarks/$script" "$@" 2>&1 | tee "${LOG_DIR:-$LOGS}/$name.log" | tail -"$tail" \
     || echo "gpu_visit: $script failed; its output: ${LOG_DIR:-$LOGS}/$name.log"
   if [ -n "${OUT:-}" ]; then cp "$R/$name.json" "$R/$name.md" "$OUT"/ || true; fi
+  pack
 }
 
 set -o pipefail
