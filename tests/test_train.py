@@ -216,6 +216,36 @@ def test_clip_norm_scales_the_step_to_that_global_norm():
     torch.testing.assert_close(moved(clipped) * 4, moved(free), atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("clip", [0.0, 0.25, 1e6])
+def test_fused_adam_clips_as_it_reads_the_gradients(clip):
+    """The trainer's fused Adam takes clipping as a divisor of the gradients it reads (grad_scale), with no
+    pass of its own over them: the update is the one Adam makes from gradients clip_grad_norm_ clipped first
+    (clip 0: none; a limit above the norm: no change either), and the divisor is gone before the next step."""
+    import copy
+    from transformer.optim import make_optimizer
+    examples = [Example([5, 6, 7, 1], [8, 9, 1]), Example([5, 1], [8, 9, 10, 11, 1])]
+    cfg = load_config("tiny", ["model.p_drop=0.0"])
+    torch.manual_seed(0)
+    fused = Transformer(cfg.model, 20)
+    reference = copy.deepcopy(fused)
+    optimizer = make_optimizer(fused, cfg.train)
+    assert optimizer.defaults["fused"]
+    batch = [collate(examples, [0, 1])]
+    step = train_step(fused, optimizer, batch, 0.1, lr=1e-3, clip_norm=clip)
+
+    adam = torch.optim.Adam(reference.parameters(), lr=1e-3, betas=(cfg.train.beta1, cfg.train.beta2),
+                            eps=cfg.train.adam_eps, foreach=False)
+    loss = training.batch_loss(reference, batch[0], 0.1) / step.n_tokens
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), clip or float("inf"))
+    adam.step()
+    assert step.applied and step.grad_norm == pytest.approx(norm.item(), rel=1e-5)
+    assert clip != 0.25 or norm > 4 * clip  # the clipped case clips
+    for (name, p), q in zip(fused.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-7, rtol=1e-5, msg=name)
+    assert optimizer.grad_scale is None and optimizer.found_inf is None  # not applied to a later step
+
+
 def test_the_trainer_steps_with_the_configured_clip_norm_smoothing_and_accumulation(tmp_path, tiny_overrides,
                                                                                     monkeypatch):
     """train.clip_norm, train.eps_ls and train.update_freq reach every optimizer step: a setting the config

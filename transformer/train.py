@@ -541,15 +541,21 @@ def queue_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     if scaler:
         scaler.unscale_(optimizer)
     # the norm of the (all-reduced) gradients is the same on every rank, so all ranks skip together
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm or math.inf)
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     finite = torch.isfinite(norm)
     if optimizer.defaults.get("fused"):
         # fused Adam skips the update on the device when found_inf is 1 (parameters, moments and step
-        # count untouched), so the update is queued before anything waits for the device
+        # count untouched), so the update is queued before anything waits for the device; it divides each
+        # gradient by grad_scale as it reads it: clipping takes no pass over the gradients of its own
         optimizer.found_inf = (~finite).float()
+        if clip_norm:  # clip_grad_norm_'s factor min(1, clip_norm / (norm + 1e-6)), as a divisor
+            optimizer.grad_scale = ((norm + 1e-6) / clip_norm).clamp(min=1.0)
         optimizer.step()
-        optimizer.found_inf = None
+        optimizer.found_inf = optimizer.grad_scale = None
     elif finite:  # the one wait for the device that a step without fused Adam makes before its end
+        if clip_norm:
+            torch.nn.utils.clip_grads_with_norm_(params, clip_norm, norm)
         optimizer.step()
     if scaler:
         scaler.update()  # after an overflow: a smaller scale next step
