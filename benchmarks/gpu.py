@@ -705,6 +705,10 @@ PREDICTED = [
      "~1.6 GB of base's step toward ~2-3 TB/s from ~0.6: ~1.5-2 ms a step for base and for big; not on top of "
      "b72b4cf's prediction: either may be what held the kernel at 0.6 TB/s (benchmarks/fused_loss.py's kernel_gb_s "
      "tells)."),
+    ("e2bbbff", "clipping inside fused Adam's pass (its grad_scale divisor); without clipping (clip_norm 0, the "
+     "paper's) no pass at all, where clip_grad_norm_ multiplied every gradient by 1.", "one read and write of the "
+     "fp32 gradients fewer, 0.5 GB (base) and 1.7 GB (big): ~0.12-0.15 ms and ~0.4-0.45 ms a step in the "
+     "profile's optimizer kernels, and a few launches; below the ~1.6% two visits' steps differ by."),
 ]
 
 
