@@ -7,7 +7,7 @@
 #   site/      the pure-Python packages the device's Python lacks (tomli_w, sacremoses)
 #   quick/     a model of the quick-start config, step-bounded (QUICK_STEPS updates, default 1,300: about the
 #              10 minutes the quick start trains on 2 CPU cores; 0: none), for the decoding measurements
-#   inductor/  torch.compile's caches a visit brought back (its inductor.tgz, given as CACHE=PATH; kept otherwise)
+#   inductor.tgz  torch.compile's caches a visit brought back (given as CACHE=PATH, checked; kept otherwise)
 #   bash benchmarks/gpu_prepare.sh        # then: run(carry=["runs/gpu"], ...) as gpu_visit.sh says
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,6 @@ if [ ! -d "$G/quick/checkpoints" ] && [ "${QUICK_STEPS:-1300}" != 0 ]; then
     --quiet --set train.max_minutes=0 --set "train.max_steps=${QUICK_STEPS:-1300}"
 fi
 if [ -n "${CACHE:-}" ]; then
-  bash benchmarks/compile_cache.sh unpack "$CACHE" "$G/inductor"
+  bash benchmarks/compile_cache.sh check "$CACHE" inductor && cp "$CACHE" "$G/inductor.tgz"
 fi
 du -sh "$G"

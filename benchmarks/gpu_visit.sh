@@ -45,8 +45,8 @@
 # Results land in benchmarks/results/ and, with $OUT set, are copied there as each script ends; each
 # script's whole output is written to $OUT as it runs (NAME.log), so a visit cut off by its time limit
 # still brings back every row printed so far. Their commit fields come from the device's git metadata,
-# which can be stale: set them by hand after copying back. $OUT/inductor.tgz holds the visit's compile caches:
-# `CACHE=<its fetched path> bash benchmarks/gpu_prepare.sh` carries them to the next visit.
+# which can be stale: set them by hand after copying back. $OUT/inductor.tgz holds the call's compile caches
+# (below).
 set -eu
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
@@ -59,12 +59,16 @@ esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 R=benchmarks/results
 LOGS=${OUT:-/tmp}
-# torch.compile's caches in the carried runs/gpu/inductor (benchmarks/compile_cache.sh): packed into
+# torch.compile's caches (benchmarks/compile_cache.sh) in a folder of the machine's own, which a warm machine keeps
+# between calls: a fresh one starts it from the carried runs/gpu/inductor.tgz, the last visit's. Packed into
 # $OUT/inductor.tgz each minute and after each script, so a call cut by its limit brings back what it compiled
-# and tuned; gpu_prepare.sh CACHE=... puts it back for the next visit
-export TORCHINDUCTOR_CACHE_DIR=$PWD/runs/gpu/inductor
+# and tuned; `CACHE=<its fetched path> bash benchmarks/gpu_prepare.sh` makes it the next call's
+export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 export TRITON_CACHE_DIR=$TORCHINDUCTOR_CACHE_DIR/triton  # the package's own kernels (the loss) too
-pack() { if [ -n "${OUT:-}" ]; then bash benchmarks/compile_cache.sh pack runs/gpu/inductor "$OUT/inductor.tgz" || true; fi; }
+if [ ! -d "$TORCHINDUCTOR_CACHE_DIR" ] && [ -f runs/gpu/inductor.tgz ]; then
+  bash benchmarks/compile_cache.sh unpack runs/gpu/inductor.tgz "$TORCHINDUCTOR_CACHE_DIR" || true
+fi
+pack() { if [ -n "${OUT:-}" ]; then bash benchmarks/compile_cache.sh pack "$TORCHINDUCTOR_CACHE_DIR" "$OUT/inductor.tgz" || true; fi; }
 if [ -n "${OUT:-}" ]; then
   (while sleep 60; do pack; done) &
   trap 'kill $! 2>/dev/null; pack' EXIT

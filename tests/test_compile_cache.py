@@ -75,3 +75,13 @@ def test_pack_over_its_limit_leaves_the_archive_as_it_was(tmp_path):
     assert cache("pack", str(tmp_path / "inductor"), str(archive)).returncode == 0
     with tarfile.open(archive) as tar:
         assert tar.getnames() == ["inductor", "inductor/kernel"]
+
+
+def test_check_passes_a_whole_archive_of_the_name_only(tmp_path):
+    (tmp_path / "inductor").mkdir()
+    (tmp_path / "inductor" / "kernel").write_text("compiled")
+    archive = tmp_path / "inductor.tgz"
+    assert cache("pack", str(tmp_path / "inductor"), str(archive)).returncode == 0
+    assert cache("check", str(archive), "inductor").returncode == 0
+    done = cache("check", str(archive), "other")
+    assert done.returncode == 1 and "outside other/" in done.stderr
