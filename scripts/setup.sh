@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv and installs the project with its test extras. Never pulls a CUDA build of torch:
-# an importable torch >= 2.4 (e.g. a GPU build installed system-wide) is kept; otherwise the CPU
+# an importable torch >= 2.6 (e.g. a GPU build installed system-wide) is kept; otherwise the CPU
 # wheel torch==2.13.0 is installed before the project, so pip's resolver is satisfied by it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ if ! .venv/bin/python - <<'PY' 2>/dev/null
 import sys
 import torch
 major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-sys.exit(0 if (major, minor) >= (2, 4) else 1)
+sys.exit(0 if (major, minor) >= (2, 6) else 1)
 PY
 then
   .venv/bin/pip install --quiet "torch==2.13.0"
