@@ -708,7 +708,7 @@ def option_args(option: str, run: Path, kind: str, tmp_path: Path) -> list[str]:
     return {"beam": ["--beam", "3"], "early_stop": ["--early-stop", "top"], "nbest": ["--nbest", "2"],
             "scores": ["--scores"], "alignment": ["--alignment"], "prefix": ["--prefix", str(tmp_path / "prefix.txt")],
             "constraints": ["--constraints", str(tmp_path / "constraints.txt")],
-            "sample": ["--sample", "--seed", "3", "--temperature", "0.7"], "int8": ["--int8"],
+            "sample": ["--sample", "--seed", "3", "--temperature", "0.7"], "int8": ["--int8"], "bf16": ["--bf16"],
             "ensemble": ["--ensemble", str(run)], "parse": [], "device": ["--device", "cuda"]}[option]
 
 
@@ -758,6 +758,8 @@ def took_effect(option: str, rows: list, call: dict, lines: list[str]) -> bool:
         return isinstance(s, Sampling) and s.generator.initial_seed() == 3 and s.temperature == 0.7
     if option == "int8":
         return any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in call["model"].modules())
+    if option == "bf16":
+        return all(p.dtype == torch.bfloat16 for p in call["model"].parameters())
     if option == "ensemble":
         return isinstance(call["model"], Ensemble) and len(call["model"].models) == 2
     if option == "parse":

@@ -24,7 +24,7 @@ def with_options(options: set[str]) -> tuple[DecodeRequest, Setup]:
                             alignment="alignment" in options, prefixes=["Ein"] if "prefix" in options else None,
                             constraints=[["Hund"]] if "constraints" in options else None, sample="sample" in options)
     setup = Setup("int8" in options, "ensemble" in options, "parse" in options,
-                  "cuda" if "device" in options else "cpu")
+                  "cuda" if "device" in options else "cpu", "bf16" in options)
     return request, setup
 
 

@@ -81,6 +81,43 @@ def test_int8_quantizes_every_linear_layer_and_stays_close(run):
     assert len(hyps) == 2 and all(hyps)
 
 
+def test_bf16_decodes_with_bf16_weights_close_to_fp32(run, monkeypatch):
+    """--bf16: every weight, the packed copies oneDNN reads, the positions and a decoding step's cache in bf16,
+    the step still the model's own forward at that position, its log-probabilities near fp32's; on a processor
+    that would emulate bf16 products loading says so, once."""
+    import transformer.translator as translator_module
+    from transformer.tokenizer import PAD_ID
+
+    fp32 = Translator(run, log=lambda m: None, device="cpu")
+    said: list[str] = []
+    monkeypatch.setattr(translator_module, "native_bf16", lambda device: True)
+    bf16 = Translator(run, log=said.append, device="cpu", bf16=True)
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16} and bf16.setup.bf16
+    assert all(w._onednn.dtype == torch.bfloat16 for m in bf16.model.modules() if type(m) is torch.nn.Linear
+               for w in [m.weight] if hasattr(w, "_onednn"))
+    src, tgt = torch.tensor([[5, 6, 7, 8, 1]]), torch.tensor([[PAD_ID, 9, 10, 11]])
+    with torch.inference_mode():
+        full = bf16.model(src, tgt)
+        memory, mask = bf16.model.encode(src)
+        cache = bf16.model.init_cache(memory, mask)
+        steps = torch.stack([bf16.model.decode_step(tgt[:, t], cache) for t in range(tgt.size(1))], 1)
+        reference = fp32.model(src, tgt)
+    assert full.dtype == steps.dtype == cache.self_k.dtype == torch.bfloat16
+    assert bf16.model.positions(3, 0, "src_pos", src.device).dtype == torch.bfloat16
+    torch.testing.assert_close(steps.float(), full.float(), atol=0.1, rtol=0.05)
+    torch.testing.assert_close(full.float().log_softmax(-1), reference.log_softmax(-1), atol=0.1, rtol=0.05)
+    assert len(bf16.translate(["A dog runs.", ""], DecodeRequest(beam_size=2))) == 2
+    assert not [m for m in said if "--bf16" in m]
+    monkeypatch.setattr(translator_module, "native_bf16", lambda device: False)
+    said.clear()
+    Translator(run, log=said.append, device="cpu", bf16=True)
+    assert [m for m in said if "--bf16" in m] == [
+        "--bf16: this CPU has no bf16 arithmetic of its own (AVX512-BF16 or AMX; a GPU since Ampere): emulated, "
+        "slower than fp32 here"]
+    with pytest.raises(ConfigError, match="^--int8 with --bf16: int8 quantizes the fp32 weights; give one of the two$"):
+        Translator(run, int8=True, bf16=True)
+
+
 def test_device_choice_is_checked(run):
     assert Translator(run, device="cpu").device == torch.device("cpu")
     assert Translator(run, int8=True).device == torch.device("cpu")  # int8 decodes on the CPU, GPU or not

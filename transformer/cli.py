@@ -158,6 +158,9 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    "(train.keep_best) (default: average the run's last decode.average_last checkpoints, §6.1)")
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
                    "on CPU, BLEU within a few tenths (benchmarks/results/speed.md)")
+    p.add_argument("--bf16", action="store_true", help="decode with the weights in bf16: faster where the "
+                   "processor multiplies bf16 (AVX512-BF16 or AMX CPUs, GPUs since Ampere; "
+                   "benchmarks/results/bf16_decode.md)")
     p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for the model's operations (default: "
                    "torch's, one per core, or OMP_NUM_THREADS): fewer, to run several decoders side by side")
@@ -235,7 +238,8 @@ def _translator(args: argparse.Namespace, request, total: int | None = None):
     from .translator import Translator
 
     said: list[str] = []
-    translator = Translator(args.run_dir, args.checkpoint, log=said.append, int8=args.int8, device=args.device,
+    translator = Translator(args.run_dir, args.checkpoint, log=said.append, int8=args.int8, bf16=args.bf16,
+                            device=args.device,
                             decode={"constrained": False} if getattr(args, "unconstrained", False) else None,
                             ensemble=getattr(args, "ensemble", ()))
     translator.check(request, total=total)
@@ -635,7 +639,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         weights = ({"checkpoint": str(chosen.resolve())} if chosen is not None else
                    {"averaged": [str(p.with_suffix(".safetensors").resolve()) for p in
                                  checkpoints_to_average(run_folder(args.run_dir), translator.cfg.decode.average_last)]})
-        scores |= {"run": str(Path(args.run_dir).resolve()), **weights, "int8": args.int8,
+        scores |= {"run": str(Path(args.run_dir).resolve()), **weights, "int8": args.int8, "bf16": args.bf16,
                    "src": str(Path(args.src).resolve()), "ref": str(Path(args.ref).resolve()), "sentences": len(src),
                    "decode": {k: v for k, v in dataclasses.asdict(searched).items()
                               if v is not None and k not in ("prefixes", "constraints", "batch_size")}}
@@ -1051,7 +1055,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)
                             if "help" in f.metadata}, batching=not args.no_batching)
     serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8, args.device, _decode_overrides(args),
-          args.ensemble)
+          args.ensemble, args.bf16)
 
 
 def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,

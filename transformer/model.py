@@ -59,6 +59,7 @@ class Dropout(nn.Module):
 
 
 ONEDNN_MIN_MACS = 1 << 19  # products smaller than this stay on torch's default BLAS (lower per-call cost)
+ONEDNN_DTYPES = (torch.float32, torch.bfloat16)  # the float weights ``linear`` and ``pack_for_inference`` take there
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
@@ -66,9 +67,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = F
     ``ONEDNN_MIN_MACS`` multiply-adds go through oneDNN (PyTorch's own mkldnn operator, the library
     CTranslate2 picks on this CPU) instead of the default BLAS, whose fp32 kernels are much slower on
     AMD processors; tiny products stay on the BLAS, whose per-call cost is lower. A weight that
-    ``pack_for_inference`` reordered into oneDNN's blocked layout is read from that copy. The
-    measurements behind these choices: benchmarks/linear_kernels.py. Gradients always take ``F.linear``."""
-    if (not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == torch.float32 and _ONEDNN
+    ``pack_for_inference`` reordered into oneDNN's blocked layout is read from that copy. fp32 and bf16
+    (a model decoding in bf16: ``translator.Translator``) alike. The measurements behind these choices:
+    benchmarks/linear_kernels.py. Gradients always take ``F.linear``."""
+    if (not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype in ONEDNN_DTYPES and _ONEDNN
             and x.numel() * weight.size(0) >= ONEDNN_MIN_MACS):
         w = getattr(weight, "_onednn", weight)
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "relu" if relu else "none", [], "")
@@ -83,7 +85,7 @@ def pack_for_inference(model: nn.Module) -> None:
     would not follow an update of the weights (a model in training validates without them)."""
     if not _ONEDNN:
         return
-    weights = [m.weight for m in model.modules() if type(m) is nn.Linear and m.weight.dtype == torch.float32
+    weights = [m.weight for m in model.modules() if type(m) is nn.Linear and m.weight.dtype in ONEDNN_DTYPES
                and m.weight.device.type == "cpu"]
     weights += [m.output_weight for m in model.modules()
                 if isinstance(m, Transformer) and "output_proj" not in m._modules
@@ -260,7 +262,7 @@ class MultiHeadAttention(nn.Module):
         p = self.p_drop_attn if self.training else 0.0
         out, weights = attention(q, k, v, mask, is_causal, p, need_weights=self.record is not None)
         if self.record is not None:
-            self.record.append(weights.detach())
+            self.record.append(weights.detach().float())  # figures and alignments read fp32 (a bf16 model too)
         return apply(self.out_proj, out.transpose(1, 2).flatten(2))  # [B, H, Tq, d_v] -> [B, Tq, H*d_v] -> [B, Tq, D]
 
 
@@ -563,15 +565,16 @@ class Transformer(nn.Module):
         return self.embed if self.cfg.share_embeddings else self.tgt_embed
 
     def positions(self, length: int, offset: int, table: str, device: torch.device) -> Tensor:
-        """[L, D] positional encodings for positions offset .. offset+length-1 (§3.5)."""
+        """[L, D] positional encodings for positions offset .. offset+length-1 (§3.5), in the embeddings'
+        dtype (fp32; bf16 for a model decoding in bf16, whose sums would otherwise turn fp32)."""
         if self.cfg.positional == "sinusoidal":
             # computed once and grown on demand (decoding asks for one position per step): any
             # length works, a sentence longer than any in training included
-            end = offset + length
+            end, dtype = offset + length, self.source_embedding.weight.dtype
             table_ = self._sinusoids
-            if table_ is None or table_.size(0) < end or table_.device != device:
+            if table_ is None or table_.size(0) < end or table_.device != device or table_.dtype != dtype:
                 size = max(end, 2 * table_.size(0) if table_ is not None else 512)
-                self._sinusoids = table_ = sinusoidal_positions(size, self.cfg.d_model, 0, device)
+                self._sinusoids = table_ = sinusoidal_positions(size, self.cfg.d_model, 0, device).to(dtype)
             return table_[offset:end]
         if offset + length > self.cfg.max_positions:
             raise PositionsError(f"a sequence of {offset + length} positions, more than the learned position table "

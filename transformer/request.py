@@ -23,7 +23,7 @@ from .sampling import Sampling
 
 # The options that can meet in one decoding, in the table's order: a request's, then the Translator's.
 OPTIONS = ("beam", "early_stop", "nbest", "scores", "alignment", "prefix", "constraints", "sample",
-           "int8", "ensemble", "parse", "device")
+           "int8", "bf16", "ensemble", "parse", "device")
 
 # Each pair of OPTIONS that does not combine: (option, option, why), the options in the order the line
 # names them. Every pair not listed here works.
@@ -36,6 +36,7 @@ REFUSED: list[tuple[str, str, str]] = [
     ("scores", "nbest", "n-best lists carry the score of every hypothesis already"),
     ("alignment", "ensemble", "an ensemble has no one attention to align with"),
     ("int8", "device", "int8 kernels run on the CPU only"),
+    ("int8", "bf16", "int8 quantizes the fp32 weights; give one of the two"),
 ]
 
 SAMPLING_SETTINGS = ("topk", "topp", "temperature", "seed")  # each only with sample
@@ -53,7 +54,7 @@ MAX_TEMPERATURE = torch.finfo(torch.float32).max
 CLI: dict[str, str] = {
     "beam": "--beam", "early_stop": "--early-stop", "nbest": "--nbest", "scores": "--scores",
     "alignment": "--alignment", "prefix": "--prefix", "constraints": "--constraints", "sample": "--sample",
-    "int8": "--int8", "ensemble": "--ensemble", "parse": "a parsing run", "device": "--device",
+    "int8": "--int8", "bf16": "--bf16", "ensemble": "--ensemble", "parse": "a parsing run", "device": "--device",
     "alpha": "--alpha", "length_norm": "--length-norm", "max_len_offset": "--max-len-offset",
     "batch_size": "--batch-size",
     "topk": "--topk", "topp": "--topp", "temperature": "--temperature", "seed": "--seed",
@@ -71,10 +72,11 @@ class Setup:
     ensemble: bool = False  # more than one model
     parse: bool = False  # a parsing run's tree constraint (trees.TreeConstraint) is on
     device: str = "cpu"
+    bf16: bool = False  # the weights in bf16
 
     def options(self) -> set[str]:
         """The load-time OPTIONS this setup holds (``device``: a device other than the CPU)."""
-        given = {"int8": self.int8, "ensemble": self.ensemble, "parse": self.parse,
+        given = {"int8": self.int8, "bf16": self.bf16, "ensemble": self.ensemble, "parse": self.parse,
                  "device": torch.device(self.device).type != "cpu"}
         return {k for k, v in given.items() if v}
 

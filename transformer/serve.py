@@ -759,7 +759,7 @@ def deadline_protocol(seconds: float, max_connections: int) -> type:
 
 def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path | None = None,
           int8: bool = False, device: str | None = None, decode: dict[str, object] | None = None,
-          ensemble: Sequence[Path] = ()) -> None:
+          ensemble: Sequence[Path] = (), bf16: bool = False) -> None:
     """``decode``: ``decode.*`` fields replacing the run's own (the command line's --beam, --alpha, ...),
     the defaults of requests that do not give them; ``ensemble``: more runs that decode with this one, as
     `translate --ensemble` (docs/decoding.md's table is the server's too). Every option is checked, and the
@@ -772,7 +772,8 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
     defaults.verify()
     sock = listen(host, port)
     try:
-        translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode, ensemble=ensemble)
+        translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode, ensemble=ensemble,
+                                bf16=bf16)
         translator.check(defaults)  # and against the model
         app = create_app(translator, limits, name=Path(run_dir).resolve().name)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,

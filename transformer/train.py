@@ -44,7 +44,7 @@ from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import cooldown, learning_rate, make_optimizer
 from .prepare import resolve_data_path
-from .runtime import keep_freed_memory
+from .runtime import keep_freed_memory, native_bf16
 from .store import TokenStore
 from .tokenizer import Tokenizer
 from .vocabulary import open_vocabulary
@@ -396,17 +396,6 @@ def batch_losses(model: torch.nn.Module, batch: Batch, eps_ls: tuple[float, ...]
     weight = (inner.module if isinstance(inner, DistributedDataParallel) else inner).output_weight
     target = batch.tgt_out.flatten().index_select(0, batch.positions)
     return tuple(label_smoothed_loss(hidden, weight, target, eps) for eps in eps_ls)
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` multiplies bf16 in hardware: there bf16 autocast trains faster than fp32; a device
-    that would emulate it (an older GPU, a CPU without AVX512-BF16 or AMX) trains slower."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    if device.type == "cpu":  # torch.cpu's CPUID probes (private, hence looked up)
-        return any(getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
-                                                                            "_is_amx_tile_supported"))
-    return False
 
 
 def resolved_precision(precision: str, device: torch.device) -> str:

@@ -22,7 +22,7 @@ from .decode import Scored, decode_ids, score_ids
 from .ensemble import Ensemble
 from .model import FloatWeights, Transformer, pack_for_inference
 from .request import CLI, DecodeRequest, Setup, refuse_pairs
-from .runtime import keep_freed_memory
+from .runtime import keep_freed_memory, native_bf16
 from .tokenizer import UNK_ID, Tokenizer
 
 
@@ -53,15 +53,18 @@ def quantize_int8(model: Transformer) -> Transformer:
 
 
 class Translator:
-    """Model + vocabulary + the run's decoding defaults, and what was fixed when loading them (int8, an
-    ensemble, the device, a parsing run's tree constraint: ``setup``); ``decode`` answers a
+    """Model + vocabulary + the run's decoding defaults, and what was fixed when loading them (int8 or bf16,
+    an ensemble, the device, a parsing run's tree constraint: ``setup``); ``decode`` answers a
     ``request.DecodeRequest`` for lines, ``translate`` maps lines to lines, one for one."""
 
     def __init__(self, run_dir: Path, checkpoint: Path | None = None, log: Callable[[str], None] = print,
                  int8: bool = False, device: str | None = None, decode: dict[str, object] | None = None,
-                 ensemble: Sequence[Path] = ()):
+                 ensemble: Sequence[Path] = (), bf16: bool = False):
         """``device``: where the model decodes ("cpu", "cuda", "cuda:1"); default a GPU when there is
-        one. int8 quantization runs on the CPU only. ``decode``: ``decode.*`` fields that replace the
+        one. int8 quantization runs on the CPU only. ``bf16``: the weights, and so every product and the
+        keys and values kept, in bf16 (not in the paper; the search's scores stay fp32): half the bytes a
+        step reads, faster where the processor multiplies bf16 (AVX512-BF16 or AMX on a CPU; any GPU since
+        Ampere); elsewhere it is emulated, slower, and loading says so. ``decode``: ``decode.*`` fields that replace the
         run's own (the server's --beam, --alpha, ...: the defaults of its requests; --unconstrained).
         ``ensemble``: more run folders whose models decode together with this one (``ensemble.Ensemble``),
         each from its own averaged weights; they must have been trained with the same vocabulary. The
@@ -76,7 +79,8 @@ class Translator:
             raise CheckpointError(f"--device {device!r}: {e}") from None
         if torch_device.type not in ("cpu", "cuda"):  # mps, meta, xpu...: this package decodes on neither
             raise CheckpointError(f"--device {device}: give cpu, cuda or cuda:N")
-        refuse_pairs(Setup(int8, bool(ensemble), device=device).options(), CLI | {"device": f"--device {device}"})
+        refuse_pairs(Setup(int8, bool(ensemble), device=device, bf16=bf16).options(),
+                     CLI | {"device": f"--device {device}"})
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if torch_device.type == "cuda" and not gpus:
             raise CheckpointError(f"--device {device}: no CUDA GPU is visible to torch {torch.__version__}")
@@ -91,6 +95,11 @@ class Translator:
                 raise CheckpointError(f"--ensemble {other}: trained with another vocabulary than {run_dir} "
                                       "(spm.model differs); an ensemble's models must share theirs")
             models.append(_load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))[1])
+        if bf16:
+            if not native_bf16(torch_device):
+                log(f"--bf16: this {'CPU' if torch_device.type == 'cpu' else 'GPU'} has no bf16 arithmetic of its own "
+                    "(AVX512-BF16 or AMX; a GPU since Ampere): emulated, slower than fp32 here")
+            models = [m.to(torch.bfloat16) for m in models]
         if int8:
             models = [quantize_int8(m) for m in models]
         elif torch_device.type == "cpu":  # loaded to decode, never trained: the weights can be packed once
@@ -116,7 +125,8 @@ class Translator:
             from .trees import TreeConstraint
 
             self.constraint = TreeConstraint(tokenizer.vocabulary())
-        self.setup = Setup(int8, isinstance(model, Ensemble), self.constraint is not None, str(device))
+        bf16 = next(model.parameters()).dtype == torch.bfloat16
+        self.setup = Setup(int8, isinstance(model, Ensemble), self.constraint is not None, str(device), bf16)
 
     def translate(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
                   progress: bool = False) -> list[str]:
