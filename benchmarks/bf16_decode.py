@@ -1,16 +1,19 @@
 """Decoding in bf16 (`translate --bf16`) against fp32 and int8: speed and BLEU on Multi30k EN→DE test2016.
 
-    python benchmarks/bf16_decode.py [--run RUN_DIR] [--out runs] [--steps 1300] [--repeat 3] [--b1-sentences 200]
+    python benchmarks/bf16_decode.py [--device cpu|cuda] [--run RUN_DIR] [--out runs] [--steps 1300] [--repeat 3]
+                                     [--b1-sentences 200]
 
 The run (--run; default the quick recipe, configs/multi30k_en_de_quick.toml, step-bounded at --steps updates so
 that it does not depend on the machine's speed, trained into OUT/bf16_quick or read back) decodes test2016 with
 its own settings (beam 4, α 0.6, §6.1) three ways, each loaded once: fp32 (the default), bf16 (every weight, the
-products and the cached keys and values in bf16; the search's scores fp32) and int8 (`--int8`, for scale). Speed:
+products and the cached keys and values in bf16; the search's scores fp32) and int8 (`--int8`, for scale; CPU
+only: on a GPU the two others). Speed:
 sentences per second over the decoding alone, at batch 1 on the first --b1-sentences sentences and at batch 64 on
 all of them, the three ways interleaved --repeat times (median, and min–max: a shared machine's hour moves each
 reading). Quality: tokenized lowercased BLEU (the Multi30k literature's) and sacreBLEU of each way's outputs, and
-how many outputs differ from fp32's. Whether the processor multiplies bf16 itself (AVX512-BF16 or AMX) is recorded:
-elsewhere bf16 is emulated and slower. Writes benchmarks/results/bf16_decode.json and .md.
+how many outputs differ from fp32's. Whether the processor multiplies bf16 itself (AVX512-BF16 or AMX; a GPU since
+Ampere) is recorded: elsewhere bf16 is emulated and slower. Writes benchmarks/results/bf16_decode.json and .md
+(bf16_decode_cuda.* with --device cuda).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def sents_per_s(translator: Translator, lines: list[str], batch: int) -> tuple[f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where to decode")
     parser.add_argument("--run", type=Path, help="the EN→DE run to decode (default: the quick recipe, trained)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs", help="where the default run goes")
     parser.add_argument("--steps", type=int, default=1300, help="updates of the default run")
@@ -69,7 +73,8 @@ def main() -> None:
         parser.error("--repeat, --b1-sentences and --steps must be at least 1")
     state = code_state()  # the code at the start: later commits during the run must not be recorded
     run = args.run or quick_run(args.out, args.steps)
-    translators = {name: Translator(run, log=print, device="cpu", **kw) for name, kw in WAYS.items()}
+    ways = [w for w in WAYS if not (w == "int8" and args.device != "cpu")]  # int8 kernels run on the CPU only
+    translators = {name: Translator(run, log=print, device=args.device, **WAYS[name]) for name in ways}
     cfg = translators["fp32"].cfg
     src = read_lines(resolve_data_path(cfg.data.test_src))
     refs = read_lines(resolve_data_path(cfg.data.test_tgt))
@@ -77,7 +82,7 @@ def main() -> None:
     settings = {"batch 1": (1, src[:args.b1_sentences]), "batch 64": (64, src)}
     for t in translators.values():  # first calls (allocations, oneDNN's kernels) in no reading
         t.translate(src[:8], DecodeRequest(batch_size=8))
-    readings: dict[str, dict[str, list[float]]] = {s: {w: [] for w in WAYS} for s in settings}
+    readings: dict[str, dict[str, list[float]]] = {s: {w: [] for w in ways} for s in settings}
     outputs: dict[str, list[str]] = {}
     for _ in range(args.repeat):
         for setting, (batch, lines) in settings.items():
@@ -95,7 +100,8 @@ def main() -> None:
                for way, out in outputs.items()}
     result = {
         "run": os.path.relpath(run, ROOT), "sentences": len(src), "b1_sentences": len(settings["batch 1"][1]),
-        "beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha, "native_bf16": native_bf16(torch.device("cpu")),
+        "device": args.device, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+        "beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha, "native_bf16": native_bf16(torch.device(args.device)),
         "speed_sents_per_s": speed, "quality": quality,
         "bf16_vs_fp32": {s: round(v["bf16"]["median"] / v["fp32"]["median"], 3) for s, v in speed.items()},
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]), **state,
@@ -104,8 +110,9 @@ def main() -> None:
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bf16_decode.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / "bf16_decode.md").write_text(markdown(result), encoding="utf-8")
+    name = "bf16_decode" + ("_cuda" if args.device == "cuda" else "")
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (RESULTS / f"{name}.md").write_text(markdown(result), encoding="utf-8")
     print(json.dumps(result, indent=2))
 
 
@@ -115,11 +122,12 @@ def markdown(r: dict) -> str:
                                    f"({r['speed_sents_per_s'][s][way]['min']}–{r['speed_sents_per_s'][s][way]['max']})"
                                    for s in r["speed_sents_per_s"])
         + f" | {r['quality'][way]['tok_lc_bleu']} | {r['quality'][way]['sacrebleu']} | "
-          f"{r['quality'][way]['outputs_differing_from_fp32']} |\n" for way in WAYS)
+          f"{r['quality'][way]['outputs_differing_from_fp32']} |\n" for way in r["quality"])
     ratio = ", ".join(f"{s} {v}×" for s, v in r["bf16_vs_fp32"].items())
-    return (f"# Decoding in bf16: Multi30k EN→DE test2016, CPU\n\n`{r['command']}` — {r['date']}, "
+    where = r["gpu"] or "CPU"
+    return (f"# Decoding in bf16: Multi30k EN→DE test2016, {where}\n\n`{r['command']}` — {r['date']}, "
             f"{commit_text(r)}, {r['machine']}, torch {r['versions']['torch']}; run `{r['run']}`, beam {r['beam']}, "
-            f"α {r['alpha']}. This processor multiplies bf16 itself (AVX512-BF16 or AMX): "
+            f"α {r['alpha']}. This processor multiplies bf16 itself (AVX512-BF16 or AMX; a GPU since Ampere): "
             f"{'yes' if r['native_bf16'] else 'no (emulated: slower)'}.\n\n"
             f"| way | batch 1 ({r['b1_sentences']} sentences), sent/s | batch 64 ({r['sentences']}), sent/s | "
             f"tok. lc BLEU | sacreBLEU | outputs ≠ fp32 |\n|---|---|---|---|---|---|\n{speed_rows}\n"

@@ -3,7 +3,8 @@
 # repository root; the ignored folder runs/gpu carried: quick/ model, before/ = 979b027's transformer/,
 # before47/ = the trainer before issue 47's first change, data/ = test2016, site/ = tomli_w, sacremoses;
 # benchmarks/gpu_prepare.sh builds it):
-#   bash benchmarks/gpu_visit.sh decode   # ~3 min: compile_step (CUDA graph) + gpu_decode before/after
+#   bash benchmarks/gpu_visit.sh decode   # ~4 min: compile_step (CUDA graph) + gpu_decode before/after, then
+#                                         # bf16_decode: translate --bf16 against fp32 on the GPU
 #   bash benchmarks/gpu_visit.sh train    # gpu.py before/after, bf16, compiled and compiled with its graphs
 #                                         # replayed as CUDA graphs (bf16+cudagraphs: what launching costs the
 #                                         # host), profiled: base (with the micro-batch row, the loss curves, the
@@ -90,9 +91,10 @@ step() {
 set -o pipefail
 case "$1" in
   decode)
-    step compile_step_cuda 5 compile_step.py --device cuda --run runs/gpu/quick --steps 300
+    LOG_DIR=/tmp step compile_step_cuda 5 compile_step.py --device cuda --run runs/gpu/quick --steps 300
     step gpu_decode 12 gpu_decode.py --before runs/gpu/before --device cuda --runs quick=runs/gpu/quick \
-      --batches 1 64 512 ;;
+      --batches 1 64 512
+    LOG_DIR=/tmp step bf16_decode_cuda 12 bf16_decode.py --device cuda --run runs/gpu/quick ;;
   kernel|kernel-big)
     # the rows most wanted first: a call cut by its limit still brings back those its log printed
     ROWS=bf16+compile+kernel+efficient,bf16+cudagraphs+kernel+efficient
