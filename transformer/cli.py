@@ -158,9 +158,9 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    "(train.keep_best) (default: average the run's last decode.average_last checkpoints, §6.1)")
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
                    "on CPU, BLEU within a few tenths (benchmarks/results/speed.md)")
-    p.add_argument("--bf16", action="store_true", help="decode with the weights in bf16: faster where the "
-                   "processor multiplies bf16 (AVX512-BF16 or AMX CPUs, GPUs since Ampere; "
-                   "benchmarks/results/bf16_decode.md)")
+    p.add_argument("--bf16", action="store_true", help="decode with the weights, products and cached keys and "
+                   "values in bf16 (scores stay fp32): for GPUs; on a CPU --int8 was faster "
+                   "(benchmarks/results/bf16_decode.md)")
     p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for the model's operations (default: "
                    "torch's, one per core, or OMP_NUM_THREADS): fewer, to run several decoders side by side")

@@ -63,8 +63,9 @@ class Translator:
         """``device``: where the model decodes ("cpu", "cuda", "cuda:1"); default a GPU when there is
         one. int8 quantization runs on the CPU only. ``bf16``: the weights, and so every product and the
         keys and values kept, in bf16 (not in the paper; the search's scores stay fp32): half the bytes a
-        step reads, faster where the processor multiplies bf16 (AVX512-BF16 or AMX on a CPU; any GPU since
-        Ampere); elsewhere it is emulated, slower, and loading says so. ``decode``: ``decode.*`` fields that replace the
+        step reads, for a GPU's bf16 products (on a CPU with bf16 instructions but no AMX its many small
+        bf16 calls cost more than fp32's: benchmarks/bf16_decode.py); a processor without bf16 arithmetic
+        emulates it, and loading says so. ``decode``: ``decode.*`` fields that replace the
         run's own (the server's --beam, --alpha, ...: the defaults of its requests; --unconstrained).
         ``ensemble``: more run folders whose models decode together with this one (``ensemble.Ensemble``),
         each from its own averaged weights; they must have been trained with the same vocabulary. The
