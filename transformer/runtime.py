@@ -48,8 +48,9 @@ def keep_freed_memory() -> bool:
 
 
 def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` multiplies bf16 in hardware: there bf16 trains and decodes faster than fp32; a
-    device that would emulate it (an older GPU, a CPU without AVX512-BF16 or AMX) is slower."""
+    """Whether ``device`` multiplies bf16 in hardware: training's "auto" precision takes bf16 there
+    (benchmarks/speed.py measures it faster than fp32); a device that would emulate it (an older GPU, a CPU
+    without AVX512-BF16 or AMX) computes bf16 slower than fp32."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type == "cpu":  # torch.cpu's CPUID probes (private, hence looked up)
