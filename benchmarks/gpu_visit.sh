@@ -5,19 +5,17 @@
 # benchmarks/gpu_prepare.sh builds it):
 #   bash benchmarks/gpu_visit.sh decode   # ~4 min: compile_step (CUDA graph) + gpu_decode before/after, then
 #                                         # bf16_decode: translate --bf16 against fp32 on the GPU
-#   bash benchmarks/gpu_visit.sh train    # gpu.py before/after, bf16, compiled and compiled with its graphs
-#                                         # replayed as CUDA graphs (bf16+cudagraphs: what launching costs the
-#                                         # host), profiled: base (with the micro-batch row, the loss curves, the
-#                                         # first-shape cost) into gpu_train.*, then big into gpu_train_big.*,
-#                                         # each complete on its own; then gpu_attention.py: each attention kernel
-#                                         # alone at both models' sites (~10 s), and last, fused_loss.py: the loss
-#                                         # kernel alone against a copy of its logits (these two's logs stay
-#                                         # behind: $OUT takes 8 files).
-#                                         # The 2026-11-29 visit (fused loss, then both models in one gpu.py, no
-#                                         # CUDA-graph rows) was cut at 560 s, so this may outrun one call's
-#                                         # 600 s: the log's "# N s" lines say where the minutes go, and
-#   bash benchmarks/gpu_visit.sh train-base   # is its first part (gpu_train.*) and
-#   bash benchmarks/gpu_visit.sh train-big    # the rest (gpu_train_big.*, gpu_attention.*, fused_loss.*), as two calls
+#   bash benchmarks/gpu_visit.sh train-base   # gpu.py before/after, bf16, compiled and compiled with its graphs
+#                                             # replayed as CUDA graphs (bf16+cudagraphs: what launching costs the
+#                                             # host), profiled: base, with the micro-batch row, the loss curves and
+#                                             # the first-shape cost (gpu_train.*), ~10 minutes: a call of its own
+#   bash benchmarks/gpu_visit.sh train-big    # the same rows for big (gpu_train_big.*), then gpu_attention.py: each
+#                                             # attention kernel alone at both models' sites (~10 s), and last,
+#                                             # fused_loss.py: the loss kernel alone against a copy of its logits
+#                                             # (these two's logs stay behind: $OUT takes 8 files, the cache's
+#                                             # archive one of them). The two were one mode until 2026-12-04: the
+#                                             # 2026-11-29 visit was cut at 560 s, and together they brought back
+#                                             # more files than $OUT takes
 #   bash benchmarks/gpu_visit.sh headline       # where device time is short (15 minutes a session, the machine's
 #                                               # start included: train-base and train-big may not both fit), the
 #                                               # issue's goal rows in two calls: gpu_layernorm.* (base's post-norm
@@ -52,9 +50,9 @@ set -eu
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
 export PYTHONPATH=$PWD:$PWD/runs/gpu/site${PYTHONPATH:+:$PYTHONPATH}
-case "${1:-}" in decode|train|train-base|train-big|headline|headline-big|kernel|kernel-big) ;;
+case "${1:-}" in decode|train-base|train-big|headline|headline-big|kernel|kernel-big) ;;
   *) echo "usage: bash benchmarks/gpu_visit.sh" \
-       "decode|train|train-base|train-big|headline|headline-big|kernel|kernel-big" >&2
+       "decode|train-base|train-big|headline|headline-big|kernel|kernel-big" >&2
      exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
@@ -119,15 +117,12 @@ case "$1" in
       LOG_DIR=/tmp step gpu_layernorm 12 gpu_layernorm.py --models big
       step gpu_train_headline_big 20 gpu.py --models big "${HEADLINE[@]}" --name gpu_train_headline_big
     fi ;;
-  train|train-base|train-big)
-    if [ "$1" != train-big ]; then
-      step gpu_train 30 gpu.py --before runs/gpu/before47 --models base --modes bf16,bf16+compile,bf16+cudagraphs \
-        --steps 20
-    fi
-    if [ "$1" != train-base ]; then
-      step gpu_train_big 20 gpu.py --before runs/gpu/before47 --models big --modes bf16,bf16+compile,bf16+cudagraphs \
-        --steps 20 --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_big
-      LOG_DIR=/tmp step gpu_attention 2 gpu_attention.py
-      LOG_DIR=/tmp step fused_loss 4 fused_loss.py
-    fi ;;
+  train-base)
+    step gpu_train 30 gpu.py --before runs/gpu/before47 --models base --modes bf16,bf16+compile,bf16+cudagraphs \
+      --steps 20 ;;
+  train-big)
+    step gpu_train_big 20 gpu.py --before runs/gpu/before47 --models big --modes bf16,bf16+compile,bf16+cudagraphs \
+      --steps 20 --accumulate 1 --curve 0 --first-shape 0 --name gpu_train_big
+    LOG_DIR=/tmp step gpu_attention 2 gpu_attention.py
+    LOG_DIR=/tmp step fused_loss 4 fused_loss.py ;;
 esac
