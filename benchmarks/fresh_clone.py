@@ -28,6 +28,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from speed import cpu_model  # noqa: E402  (the quick start's precision "auto" follows the CPU)
+
+
+def trained_in(train_log: str) -> str:
+    """The precision a run trained in, as its train.log's model line says it ("bf16 (auto)"): the quick start's
+    "auto" takes bf16 on a CPU with bf16 units and fp32 elsewhere, which halves or doubles its updates."""
+    match = re.search(r"; (\w+(?: \(auto\))?) on \w+;", train_log)
+    return match.group(1) if match else "unknown"
 
 
 def timed(command: list[str], cwd: Path, log: Path) -> tuple[float, str]:
@@ -61,6 +70,7 @@ def main() -> None:
         print(f"quick start on a fresh clone of {commit} in {clone}", flush=True)
         quick_s, _ = timed(["bash", "scripts/quickstart.sh"], clone, base / "quickstart.log")
         summary = json.loads((clone / "runs/quickstart/summary.json").read_text())
+        precision = trained_in((clone / "runs/quickstart/train.log").read_text(encoding="utf-8"))
         scores = json.loads((clone / "runs/quickstart/test2016.json").read_text())
         print("tests on the fresh clone", flush=True)
         test_s, out = timed(["bash", "scripts/test.sh"], clone, base / "test.log")
@@ -76,21 +86,22 @@ def main() -> None:
         "commit": commit, "date": datetime.date.today().isoformat(),
         "quickstart": {"command": "bash scripts/quickstart.sh", "seconds": round(quick_s),
                        "updates": summary["step"], "train_minutes": round(summary["train_minutes"], 2),
+                       "precision": precision,
                        "tokens_per_s": round(summary["tokens_per_s"]), "sacrebleu": round(scores["bleu"], 2),
                        "chrf": round(scores["chrf"], 2), "tok_lc_bleu": round(scores["tok_lc_bleu"], 2)},
         "tests": {"command": "bash scripts/test.sh", "seconds": round(test_s), **counts},
-        "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
+        "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}", "cpu_model": cpu_model(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fresh_clone.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     q, t = result["quickstart"], result["tests"]
     (RESULTS / "fresh_clone.md").write_text(f"""# The README's two commands on a fresh clone of {commit}
 
-`python benchmarks/fresh_clone.py` — {result['date']}, {result['machine']}
+`python benchmarks/fresh_clone.py` — {result['date']}, {result['machine']} ({result['cpu_model']})
 
 | command | wall time | result |
 |---|---|---|
-| `{q['command']}` | {q['seconds'] // 60} min {q['seconds'] % 60} s | {q['updates']:,} updates in {q['train_minutes']} min ({q['tokens_per_s']:,} target tokens/s); test2016 sacreBLEU {q['sacrebleu']}, chrF {q['chrf']}, tok. lc BLEU {q['tok_lc_bleu']} |
+| `{q['command']}` | {q['seconds'] // 60} min {q['seconds'] % 60} s | {q['updates']:,} updates in {q['train_minutes']} min in {q['precision']} ({q['tokens_per_s']:,} target tokens/s); test2016 sacreBLEU {q['sacrebleu']}, chrF {q['chrf']}, tok. lc BLEU {q['tok_lc_bleu']} |
 | `{t['command']}` | {t['seconds'] // 60} min {t['seconds'] % 60} s | {', '.join(f'{n} {k}' for k, n in counts.items())} |
 """, encoding="utf-8")
     print(json.dumps(result, indent=2))
