@@ -37,6 +37,12 @@
 #                                               # 2026-12-04 visit's 79.5 and 79.1 ms (the package unchanged since).
 #                                               # Both fit one 15-minute session: kernel with timeout_s 450, then
 #                                               # kernel-big at once
+#   bash benchmarks/gpu_visit.sh curve          # ~3 minutes: issue 47's loss-curve check for the candidates, in one
+#                                               # run (gpu_train_curve_candidates.*): base's 200-step curve in bf16
+#                                               # (this package's path), the same run with its dropout masks drawn
+#                                               # again (the floor for kernels that draw their own), then compiled,
+#                                               # and compiled with the junction kernels and the memory-efficient
+#                                               # attention; after a kernel visit that finds them faster
 #   bash benchmarks/gpu_visit.sh headline-big   # then big's junction and rows (gpu_train_headline_big.*). The
 #                                               # 2026-12-04 visit ran base's and big's compiled and CUDA-graph rows
 #                                               # and the loss kernel in 349 s, the machine's start and transfers
@@ -50,9 +56,9 @@ set -eu
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TRANSFORMER_DATA=$PWD/runs/gpu/data
 export PYTHONPATH=$PWD:$PWD/runs/gpu/site${PYTHONPATH:+:$PYTHONPATH}
-case "${1:-}" in decode|train-base|train-big|headline|headline-big|kernel|kernel-big) ;;
+case "${1:-}" in decode|train-base|train-big|headline|headline-big|kernel|kernel-big|curve) ;;
   *) echo "usage: bash benchmarks/gpu_visit.sh" \
-       "decode|train-base|train-big|headline|headline-big|kernel|kernel-big" >&2
+       "decode|train-base|train-big|headline|headline-big|kernel|kernel-big|curve" >&2
      exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
@@ -105,6 +111,10 @@ case "$1" in
       step gpu_train_kernel_big 12 gpu.py --models big --modes $ROWS --profile $ROWS --steps 20 --accumulate 1 \
         --curve 0 --first-shape 0 --name gpu_train_kernel_big
     fi ;;
+  curve)
+    step gpu_train_curve_candidates 12 gpu.py --models base --modes bf16 --profile '' --steps 5 --accumulate 1 \
+      --first-shape 0 --curve 200 --curve-modes bf16+compile,bf16+compile+kernel+efficient \
+      --name gpu_train_curve_candidates ;;
   headline|headline-big)
     HEADLINE=(--modes bf16+compile,bf16+compile+kernel,bf16+tuned,bf16,bf16+kernel
               --profile bf16+compile,bf16+compile+kernel,bf16+tuned,bf16+kernel --steps 20 --accumulate 1 --curve 0

@@ -118,7 +118,9 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
         return (row(mode if micro == 1 else f"{mode} ×{micro}", 50.0 if micro == 1 else 80.0, 10.5),
                 profiled if profile else None)
     monkeypatch.setattr(gpu, "measure", measure)
-    monkeypatch.setattr(gpu, "loss_curve", lambda *a: [10.0, 9.05, 8.0])
+    def curve(name, mode, batches, steps, device="cuda", nudge=0.0, dropout_seed=None):
+        return [10.5, 9.0, 8.0] if dropout_seed else [10.0, 9.0, 8.1] if mode == "bf16+compile" else [10.0, 9.05, 8.0]
+    monkeypatch.setattr(gpu, "loss_curve", curve)
     monkeypatch.setattr(gpu, "attention_kernels", lambda batch: ["flash_fwd"])
     fresh_shapes = []
     first = {"cudnn_attention": {"batches": 8, "first_ms": 500.0, "again_ms": 50.0, "per_new_shape_ms": 450.0},
@@ -127,13 +129,19 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
                         lambda batches, n: fresh_shapes.extend(map(gpu.shape, batches)) or first)
     monkeypatch.setattr(gpu, "fp16_overflow_is_skipped", lambda batch: {"first_step_applied": False})
     monkeypatch.setattr(sys, "argv", ["gpu.py", "--models", "base", "--modes", "bf16,bf16+cudagraphs", "--tokens",
-                                      "2000", "--before", "before47", "--results", str(tmp_path), "--accumulate", "4"])
+                                      "2000", "--before", "before47", "--results", str(tmp_path), "--accumulate", "4",
+                                      "--curve-modes", "bf16+compile"])
     gpu.main()
     assert earlier == [["bf16"]]  # the earlier package has no CUDA-graph row to measure
     result = json.loads((tmp_path / "gpu_train.json").read_text())
     assert result["before"]["speedup"] == {"base bf16": 1.2}
     assert result["curve"]["at_step"] == 2 and result["curve"]["within"]  # 9.05 against 9.0: 0.56% <= 1%
     assert result["curve"]["after"] == [10.0, 9.05, 8.0] and result["first_shape"] == first
+    (candidate,) = result["curve_candidates"]  # against this run's bf16 curve, beside its redrawn masks' floor
+    assert candidate["mode"] == "bf16+compile" and candidate["at_step"] == 3 and not candidate["within"]
+    assert candidate["max_rel_diff"] == pytest.approx(0.0125)
+    assert candidate["floor_dropout"] == {"max_rel_diff": pytest.approx(0.05), "at_step": 1,
+                                          "mean_rel_diff": pytest.approx((0.05 + 0.05 / 9.05) / 3)}
     assert result["curve"]["floor"] == {"nudge": 2.0**-20, "max_rel_diff": pytest.approx(0.025), "at_step": 3,
                                         "mean_rel_diff": pytest.approx(0.025 / 3)}
     assert result["curve"]["floor_dropout"] == {"max_rel_diff": pytest.approx(0.05), "at_step": 1,
@@ -153,6 +161,7 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     assert "4 micro-batches of ~500 (the WMT recipes' layout on one device: update_freq 4)" in md
     assert "largest gap 5.56e-03 relative (step 2)" in md
     assert "moves its curve by up to 2.50e-02 (step 3), mean 8.33e-03." in md
+    assert "| bf16+compile | 3 | 1.25e-02 (3) | 0.00e+00 | 6.01e-03 | no | 5.00e-02 (1), 1.85e-02 |" in md
     assert "| cudnn_attention | 8 | 500.0 | 50.0 | 450.0 |" in md
     assert "| efficient_attention | refused: No available kernel. | | | |" in md
     assert "base bf16: the copies kernels' sources" in md and "elementwise kernels' sources" not in md  # none found
@@ -297,6 +306,8 @@ def test_compiled_rows_compile_as_the_trainer_does(monkeypatch):
     (["--results", "FILE/sub"], "--results FILE/sub: Not a directory"),
     (["--first-shape", "100"], "--first-shape 100: "),
     (["--first-shape", "-1"], "--first-shape -1: "),
+    (["--curve-modes", "bf16+fast"], "--curve-modes: unknown precision bf16+fast"),
+    (["--curve", "0", "--curve-modes", "bf16+compile"], "--curve-modes bf16+compile: needs --curve STEPS"),
 ])
 def test_bad_arguments_are_refused_in_one_line_before_any_measuring(args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -585,3 +596,26 @@ def test_the_benchmarks_of_a_part_refuse_bad_arguments_before_measuring(script, 
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"{script}.py: error: {message}"), err
 
+
+
+def test_candidate_curves_run_as_their_rows_and_stand_beside_the_dropout_floor(monkeypatch):
+    """--curve-modes on the CPU: each mode's curve is the same run drawn in that mode's context (a context that
+    fails lists the mode's error, and the next mode still runs), compared with the reference curve, beside that
+    curve's own run with its dropout masks drawn again."""
+    batches = gpu.synthetic_batches(256, 200, copy=True)[0]
+    plain = gpu.loss_curve("tiny", "fp32", batches, 3, device="cpu")
+
+    def refused(on: bool):
+        if on:
+            raise RuntimeError("no memory-efficient kernel here")
+        return gpu.contextlib.nullcontext()
+    monkeypatch.setattr(gpu, "attention_preferring_efficient", refused)
+    same, failed, bf16 = gpu.curve_candidates("fp32,bf16+compile+efficient,bf16", batches, plain, "tiny", "cpu")
+    assert same["mode"] == "fp32" and same["max_rel_diff"] == 0.0 and same["within"]  # the same run, drawn again
+    assert failed == {"mode": "bf16+compile+efficient", "error": "RuntimeError: no memory-efficient kernel here"}
+    assert bf16["mode"] == "bf16" and 0.0 < bf16["first_step_rel_diff"] < 1e-1  # the same weights, bf16's rounding
+    floor = same["floor_dropout"]
+    assert floor == bf16["floor_dropout"] and floor["max_rel_diff"] > 0.0  # other masks move the curve
+    lines = "\n".join(gpu.candidate_lines([same, failed, bf16]))
+    assert "| bf16+compile+efficient | failed: RuntimeError: no memory-efficient kernel here |" in lines
+    assert "| fp32 | 3 | 0.00e+00 (1) |" in lines
