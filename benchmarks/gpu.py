@@ -34,8 +34,8 @@ dropout masks are drawn again (the generators reseeded after the weights): the f
 them otherwise. ``--curve-modes MODES`` draws the same run in those precisions too (the candidate kernels,
 SDPA's memory-efficient kernel, compiled), each against this package's bf16 curve and beside that curve's own
 dropout floor, drawn in this run: no earlier package needed (``curve_candidates``). It also times what a batch
-of a shape never seen before costs, per attention backend (``first_shape_cost``). Writes benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Needs a
-CUDA GPU.
+of a shape never seen before costs, per attention backend (``first_shape_cost``). Writes
+benchmarks/results/NAME.json and .md (``--name``, default gpu_train). Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -369,6 +369,13 @@ def compare_curves(before: list[float], after: list[float]) -> dict:
     return {"steps": len(gaps), "max_rel_diff": gaps[worst], "at_step": worst + 1, "first_step_rel_diff": gaps[0],
             "mean_rel_diff": sum(gaps) / len(gaps), "bound": CURVE_BOUND, "within": gaps[worst] <= CURVE_BOUND,
             "loss_first": [before[0], after[0]], "loss_last": [before[-1], after[-1]]}
+
+
+def curve_floor(reference: list[float], other: list[float]) -> dict:
+    """How far ``other``, the reference run with only its rounding or its dropout masks changed, moves from
+    ``reference``: ``compare_curves``' largest gap, its step and the mean, the floor a change is read against."""
+    gaps = compare_curves(reference, other)
+    return {k: gaps[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}
 
 
 # (kind, words in a CUDA kernel's name): the first kind whose word the lower-cased name holds. Copies come
@@ -727,8 +734,7 @@ def curve_candidates(modes: str, batches: list, curve: list[float], name: str = 
     """``name``'s loss curve in each of ``modes`` against ``curve`` (this package's, bf16, the same run), each beside
     how far ``curve`` itself moves when only its dropout masks are drawn again: the floor for a change that draws
     them otherwise, as the candidate kernels do. A mode that fails is listed with its error; the rest go on."""
-    floor = compare_curves(curve, loss_curve(name, "bf16", batches, len(curve), device, dropout_seed=1))
-    floor = {k: floor[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}
+    floor = curve_floor(curve, loss_curve(name, "bf16", batches, len(curve), device, dropout_seed=1))
     out = []
     for mode in modes.split(","):
         try:
@@ -943,14 +949,12 @@ def main() -> None:
         both = [(r, after[(r["model"], r["mode"])]) for r in before["rows"] if (r["model"], r["mode"]) in after]
         result["before"] = before | {"speedup": {f"{r['model']} {r['mode']}": round(r["step_ms"] / a["step_ms"], 3)
                                                  for r, a in both}}
-        if curve and before.get("curve"):
-            def floor(other: list[float]) -> dict:  # how far the earlier package's own curve moves
-                gaps = compare_curves(before["curve"], other)
-                return {k: gaps[k] for k in ("max_rel_diff", "at_step", "mean_rel_diff")}
-
+        if curve and before.get("curve"):  # each floor: how far the earlier package's own curve moves
             result["curve"] = {"model": "base", "mode": "bf16", "batches": "copy"} | compare_curves(
-                before["curve"], curve) | {"after": curve, "floor": {"nudge": NUDGE, **floor(before["curve_nudged"])},
-                                           "floor_dropout": floor(before["curve_redrawn"])}
+                before["curve"], curve) | {"after": curve,
+                                           "floor": {"nudge": NUDGE, **curve_floor(before["curve"],
+                                                                                   before["curve_nudged"])},
+                                           "floor_dropout": curve_floor(before["curve"], before["curve_redrawn"])}
     (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# GPU training throughput ({result['gpu']})", "",
              f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']} "
