@@ -21,7 +21,8 @@ model's steps in those precisions also run under torch.profiler: GPU kernel time
 products, attention, copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share
 (kernel time over the unprofiled step time) — where a step's time goes, before changing it (issue 47) — and,
 from two more steps traced with the host, the lines of the package that launched the copies and elementwise
-kernels (``kernel_sources``), and from three more, where the GPU waits for the host (``idle_gaps``).
+kernels and each matrix product by its operands' shapes with the rate of its multiply-adds (``kernel_sources``),
+and from three more, where the GPU waits for the host (``idle_gaps``).
 ``--before DIR`` (a folder holding an earlier ``transformer/`` package, e.g. ``git archive COMMIT transformer
 | tar -x -C DIR``) first measures the same rows with that package, in a process of its own on the same card
 (rows only, in ``EARLIER_MODES``: its profile was read on 2026-11-29,
@@ -386,7 +387,9 @@ KERNEL_KINDS = (
     ("attention", ("flash", "fmha", "sdpa", "attention")),
     ("optimizer", ("adam", "multi_tensor")),  # the fused Adam step and the gradient-norm clip
     ("copies", ("copy", "memcpy")),
-    ("matmul", ("gemm", "cutlass", "xmma", "cublas", "wgmma", "nvjet", "splitk")),
+    # the aten products themselves: what a CPU trace (``kernel_sources(device="cpu")``) names its kernels
+    ("matmul", ("gemm", "cutlass", "xmma", "cublas", "wgmma", "nvjet", "splitk", "aten::mm", "aten::addmm",
+                "aten::bmm", "aten::baddbmm")),
     ("softmax/loss", ("softmax", "cross_entropy", "nll_loss", "logsumexp")),
     ("layernorm", ("layer_norm", "layernorm", "gammabeta")),
     ("indexing", ("index", "gather", "scatter", "embedding")),
@@ -454,7 +457,11 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
     runs on autograd's thread, which has no Python frames: it is charged to its autograd node (``AddBackward0``)
     and to the frames of the forward operator that made the node (the same sequence number). On a GPU an
     operator's ``kernels`` are what it launched; with ``device="cpu"`` (tests) each aten operator without
-    children is its own kernel, timed by its self time."""
+    children is its own kernel, timed by its self time.
+
+    Matrix products are told apart by their operands' shapes too (a compiled graph's products have no package
+    frame, so by source alone they would be one row), and each such row gets its multiply-adds' rate
+    (``product_flops``): which products run below the card's rate, and by how much."""
     def chain(e) -> list:
         out = []
         while e is not None:
@@ -484,7 +491,9 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
         if str(e.device_type).endswith("CUDA"):
             continue
         if device == "cpu":
-            launched = [(e.name, e.self_cpu_time_total)] if e.name.startswith("aten::") and not e.cpu_children else []
+            # a product's own children (resolve_conj, a bias's expand) are not its work
+            leaf = not e.cpu_children or kernel_kind(e.name) == "matmul"
+            launched = [(e.name, e.self_cpu_time_total)] if e.name.startswith("aten::") and leaf else []
         else:
             launched = [(k.name, k.duration) for k in e.kernels]
         for name, us in launched:
@@ -498,16 +507,38 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
             else:
                 frame, _ = where(chain(forward.get(node.sequence_nr)))
                 op = node.name[len(BACKWARD):]
-            key = (frame or "(no package frame)", op or e.name)
-            entry = sources[kind].setdefault(key, [0.0, 0, 0.0, None])
+            op = op or e.name
+            shapes = [list(x) for x in e.input_shapes or [] if x]
+            if kind == "matmul":  # the product itself and its operands (ancestors above it are not products)
+                op = f"{op} › {e.name} {shapes}" if op != e.name else f"{e.name} {shapes}"
+            key = (frame or "(no package frame)", op)
+            entry = sources[kind].setdefault(key, [0.0, 0, 0.0, None, 0.0])
             entry[0] += us
             entry[1] += 1
+            if kind == "matmul":
+                entry[4] += product_flops(e.name, shapes) or 0.0
             if us >= entry[2]:
-                entry[2], entry[3] = us, (e.input_shapes or [None])[0]
+                entry[2], entry[3] = us, shapes[0] if shapes else None
     return {kind: [{"source": f"{frame} · {op}", "ms_per_step": round(us / 1000 / steps, 3),
-                    "launches_per_step": round(n / steps, 1), "shape": shape}
-                   for (frame, op), (us, n, _, shape) in sorted(found.items(), key=lambda kv: -kv[1][0])[:top]]
+                    "launches_per_step": round(n / steps, 1), "shape": shape,
+                    **({"tflop_s": float(f"{flops / us / 1e6:.3g}")} if flops and us > 0 else {})}
+                   for (frame, op), (us, n, _, shape, flops) in sorted(found.items(), key=lambda kv: -kv[1][0])[:top]]
             for kind, found in sources.items()}
+
+
+def product_flops(op: str, shapes: list[list[int]]) -> float | None:
+    """2·M·N·K (times the batch) of one aten matrix product from its input shapes, None for any other
+    operator or shapes it does not recognise: ``mm`` [M, K] [K, N], ``addmm`` (bias) [M, K] [K, N], ``bmm``
+    [B, M, K] [B, K, N], ``baddbmm`` (bias) [B, M, K] [B, K, N]."""
+    operands = {"aten::mm": shapes[:2], "aten::addmm": shapes[1:3], "aten::bmm": shapes[:2],
+                "aten::baddbmm": shapes[1:3]}.get(op)
+    batched = op.endswith("bmm")
+    if not operands or len(operands) != 2 or any(len(x) != 2 + batched for x in operands):
+        return None
+    a, b = operands
+    if a[-1] != b[-2] or a[:-2] != b[:-2]:
+        return None
+    return 2.0 * (a[0] if batched else 1) * a[-2] * a[-1] * b[-1]
 
 
 SOURCE_STEPS = 2  # steps traced with the host for ``kernel_sources``
@@ -576,7 +607,7 @@ def profile_steps(row: dict, step, start: int, steps: int) -> dict:
     """``steps`` more training steps of ``row``'s model (``step(i)`` trains step i, warm already) under
     torch.profiler (GPU kernels only, so the host's tracing does not slow the step), summarised by
     ``kernel_summary`` against the row's unprofiled step time; then ``SOURCE_STEPS`` more traced with the
-    host, for the lines that launched the copies and elementwise kernels (``kernel_sources``); then
+    host, for the lines that launched the copies, elementwise kernels and products (``kernel_sources``); then
     ``IDLE_STEPS`` more traced with the host's operators alone (lighter: no stacks, no shapes), for where
     the GPU waits for the host (``idle_gaps``)."""
     from torch.profiler import ProfilerActivity, profile
@@ -594,7 +625,7 @@ def profile_steps(row: dict, step, start: int, steps: int) -> dict:
         for i in range(SOURCE_STEPS):
             step(start + steps + i)
         torch.cuda.synchronize()
-    sources = kernel_sources(traced.events(), SOURCE_STEPS, ("copies", "elementwise"))
+    sources = kernel_sources(traced.events(), SOURCE_STEPS, ("copies", "elementwise", "matmul"))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as timeline:
         for i in range(IDLE_STEPS):
             step(start + steps + SOURCE_STEPS + i)
@@ -771,19 +802,22 @@ def candidate_lines(candidates: list[dict]) -> list[str]:
 
 
 def source_lines(profiles: list[dict], top: int = 6) -> list[str]:
-    """The md's tables of where each profiled step's copies and elementwise kernels come from
-    (``kernel_sources``), the ``top`` costliest sources of each."""
+    """The md's tables of where each profiled step's copies, elementwise kernels and matrix products come from
+    (``kernel_sources``), the ``top`` costliest sources of each (twice as many products: one source each)."""
     lines = []
     for p in profiles:
         for kind, found in p.get("sources", {}).items():
             if not found:
                 continue
+            rate = kind == "matmul"  # each product's shapes are in its source; its multiply-adds' rate beside
             lines += ["", f"{p['model']} {p['mode']}: the {kind} kernels' sources ({SOURCE_STEPS} steps traced "
                       "with the host; file:line of the package, the operator; a backward kernel is charged to the "
-                      "line of its forward operator):", "",
-                      "| source | ms per step | launches per step | costliest shape |", "|---|---|---|---|"]
-            lines += [f"| {r['source']} | {r['ms_per_step']} | {r['launches_per_step']} | {r['shape']} |"
-                      for r in found[:top]]
+                      "line of its forward operator" + ("; the products by their operands' shapes, each with "
+                                                        "the rate of its multiply-adds" if rate else "") + "):", "",
+                      "| source | ms per step | launches per step | " + ("TFLOP/s |" if rate else "costliest shape |"),
+                      "|---|---|---|---|"]
+            lines += [f"| {r['source']} | {r['ms_per_step']} | {r['launches_per_step']} | "
+                      f"{r.get('tflop_s', '–') if rate else r['shape']} |" for r in found[:top * (1 + rate)]]
     return lines
 
 

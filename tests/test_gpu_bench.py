@@ -100,7 +100,10 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
                "kernel_ms_total": 10.0, "kernels_per_step": 100, "gpu_busy": 0.2, "top_kernels": [],
                "sources": {"copies": [{"source": "model.py:98 apply ← model.py:273 forward · aten::linear",
                                        "ms_per_step": 1.25, "launches_per_step": 24.0, "shape": [400, 64, 512]}],
-                           "elementwise": []},
+                           "elementwise": [],
+                           "matmul": [{"source": "(no package frame) · aten::mm [[24992, 512], [512, 1536]]",
+                                       "ms_per_step": 0.5, "launches_per_step": 6.0, "shape": [24992, 512],
+                                       "tflop_s": 472.0}]},
                "idle": {"steps": 3, "span_ms_per_step": 60.0, "idle_ms_per_step": 12.5, "gaps_per_step": 900.0,
                         "long_gaps_per_step": 40.0, "idle_ms_per_step_in_long_gaps": 6.0, "queue_ms_median": 0.02,
                         "by_launch": [{"launched_by": "aten::copy_", "ms_per_step": 2.5, "gaps_per_step": 1.0,
@@ -166,6 +169,8 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     assert "| efficient_attention | refused: No available kernel. | | | |" in md
     assert "base bf16: the copies kernels' sources" in md and "elementwise kernels' sources" not in md  # none found
     assert "| model.py:98 apply ← model.py:273 forward · aten::linear | 1.25 | 24.0 | [400, 64, 512] |" in md
+    assert "| (no package frame) · aten::mm [[24992, 512], [512, 1536]] | 0.5 | 6.0 | 472.0 |" in md  # the rate
+    assert "| source | ms per step | launches per step | TFLOP/s |" in md
 
 
 @pytest.mark.parametrize("modes, profiled", [("fp32", []), ("fp32,bf16+compile", ["bf16+compile"])])
@@ -221,6 +226,47 @@ def test_kernel_sources_names_the_lines_that_launch_copies(monkeypatch):
     assert any(s.endswith("· ToCopyBackward0") for s in qkv), sources  # its gradient's cast back, backward
 
 
+def test_kernel_sources_tells_the_products_apart_by_shape_with_their_rates(monkeypatch):
+    """Matrix products by their operands' shapes, each with its multiply-adds' rate: every product of a tiny
+    model's traced fp32 steps charged once, the loss's logits product [rows, d] × [d, V] among them under the
+    loss's line, and each row's rate its products' 2·M·N·K over their time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from transformer.train import train_step
+
+    torch = gpu.torch
+    monkeypatch.setattr(gpu, "VOCAB", 2000)
+    batches = gpu.synthetic_batches(400, 240)[0]
+    _, model, optimizer, dist = gpu.on_gpu("tiny", device="cpu")
+    step = lambda b: train_step(model, optimizer, [b], 0.1, 1e-4, 0.0, dist)  # noqa: E731
+    step(batches[0])
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
+        step(batches[1])
+        step(batches[2])
+    events = prof.events()
+    found = gpu.kernel_sources(events, steps=2, kinds=("matmul",), top=1000, device="cpu")["matmul"]
+    products = [e for e in events if e.name in ("aten::mm", "aten::addmm", "aten::bmm")]
+    assert sum(r["launches_per_step"] for r in found) == len(products) / 2  # every product charged once
+    flops = sum(gpu.product_flops(e.name, [list(x) for x in e.input_shapes if x]) for e in products)
+    # each row's rate times its time gives back its multiply-adds: all rows, all the products'
+    assert sum(r["tflop_s"] * r["ms_per_step"] for r in found) == pytest.approx(flops / 2e9, rel=0.02)
+    d = model.cfg.d_model
+    logits = [r for r in found if r["source"].startswith("loss.py:") and f", [{d}, 2000]]" in r["source"]]
+    assert logits and all("aten::mm [[" in r["source"] for r in logits), [r["source"] for r in found]
+
+
+def test_product_flops_reads_each_products_operands():
+    f = gpu.product_flops
+    assert f("aten::mm", [[3, 4], [4, 5]]) == 2 * 3 * 4 * 5
+    assert f("aten::addmm", [[5], [3, 4], [4, 5]]) == 2 * 3 * 4 * 5
+    assert f("aten::bmm", [[2, 3, 4], [2, 4, 5]]) == 2 * 2 * 3 * 4 * 5
+    assert f("aten::baddbmm", [[2, 3, 5], [2, 3, 4], [2, 4, 5]]) == 2 * 2 * 3 * 4 * 5
+    assert f("aten::mm", [[3, 4], [5, 6]]) is None  # inner dimensions differ
+    assert f("aten::bmm", [[2, 3, 4], [3, 4, 5]]) is None  # batches differ
+    assert f("aten::mm", [[2, 3, 4], [2, 4, 5]]) is None  # not mm's operands
+    assert f("aten::add", [[3, 4], [3, 4]]) is None and f("aten::mm", [[3, 4]]) is None
+
+
 def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     """measure() and profile_steps() end to end on the CPU, their CUDA calls stood in for: the glue a GPU
     visit would otherwise be the first to run (micro-batches, the profile of the row's own model)."""
@@ -240,7 +286,7 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     assert row["mode"] == "bf16 ×2" and row["micro_batches"] == 2 and row["skipped_steps"] == 0
     assert row["tgt_tokens_per_step"] > max(b.n_tgt_tokens for b in batches)  # two batches a step
     assert profiled["mode"] == "bf16 ×2" and profiled["step_ms"] == row["step_ms"]
-    assert set(profiled["sources"]) == {"copies", "elementwise"}
+    assert set(profiled["sources"]) == {"copies", "elementwise", "matmul"}
     assert profiled["idle"]["gaps_per_step"] == 0 and profiled["idle"]["steps"] == gpu.IDLE_STEPS  # no GPU work
     assert "host_overlap" not in row  # micro-batch rows: the outcome is read once per step either way
     monkeypatch.setattr(gpu.torch, "compile", lambda model, **kw: model)
