@@ -555,7 +555,10 @@ def idle_gaps(events: list[dict], steps: int, top: int = 10) -> dict:
     memsets, all streams together) and, for each hole, what the host was doing: the operator that queued the
     work after it (the innermost range open on the launching thread at the launch, under the outermost),
     summed by that operator, largest first. ``queue_ms_median``: how far ahead of the GPU the host queues,
-    from a launch to its kernel's start (near 0: the GPU runs as fast as the host launches)."""
+    from a launch to its kernel's start (near 0: the GPU runs as fast as the host launches). ``host_in_long_gaps``:
+    what the launching thread did inside each long hole before it queued the work after it (``host_in_window``),
+    summed by what it did: the host's work that kept the GPU waiting, where ``by_launch`` names only who ended
+    the wait."""
     work = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_WORK), key=lambda e: e["ts"])
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") in LAUNCHES and "correlation" in e.get("args", {})}
@@ -568,7 +571,7 @@ def idle_gaps(events: list[dict], steps: int, top: int = 10) -> dict:
     wanted = {id(launches[c]) for _, e in gaps if (c := e.get("args", {}).get("correlation")) in launches}
     by_thread: dict[tuple, list] = {}
     for e in events:
-        if e.get("ph") == "X" and (e.get("cat") in HOST_RANGES or id(e) in wanted):
+        if e.get("ph") == "X" and (e.get("cat") in HOST_RANGES + LAUNCHES or id(e) in wanted):
             by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
     where: dict[int, str] = {}
     for found in by_thread.values():
@@ -584,11 +587,16 @@ def idle_gaps(events: list[dict], steps: int, top: int = 10) -> dict:
             else:
                 where[id(e)] = f"{e['name']} (outside any operator)"
     by_source: dict[str, list] = {}
+    host: dict[str, float] = {}
     for us, e in gaps:
         launch = launches.get(e.get("args", {}).get("correlation"))
         source = where.get(id(launch), "(launch not traced)")  # id(None) is no launch's
         entry = by_source.setdefault(source, [0.0, 0, 0.0])
         entry[0], entry[1], entry[2] = entry[0] + us, entry[1] + 1, max(entry[2], us)
+        if us > LONG_GAP_US:
+            thread = [] if launch is None else by_thread.get((launch.get("pid"), launch.get("tid")), [])
+            for name, spent in host_in_window(thread, e["ts"] - us, e["ts"], launch).items():
+                host[name] = host.get(name, 0.0) + spent
     queued = sorted(e["ts"] - launches[c]["ts"] for e in work
                     if (c := e.get("args", {}).get("correlation")) in launches)
     idle = sum(us for us, _ in gaps)
@@ -600,7 +608,34 @@ def idle_gaps(events: list[dict], steps: int, top: int = 10) -> dict:
             "queue_ms_median": round(queued[len(queued) // 2] / 1000, 3) if queued else None,
             "by_launch": [{"launched_by": source, "ms_per_step": round(us / 1000 / steps, 3),
                            "gaps_per_step": round(n / steps, 1), "longest_us": round(longest, 1)}
-                          for source, (us, n, longest) in sorted(by_source.items(), key=lambda kv: -kv[1][0])[:top]]}
+                          for source, (us, n, longest) in sorted(by_source.items(), key=lambda kv: -kv[1][0])[:top]],
+            "host_in_long_gaps": [{"host": name, "ms_per_step": round(us / 1000 / steps, 3)}
+                                  for name, us in sorted(host.items(), key=lambda kv: -kv[1])[:top]]}
+
+
+def host_in_window(thread: list[dict], start: float, end: float, launch: dict | None) -> dict[str, float]:
+    """What one host thread did while the GPU sat idle from ``start`` to ``end`` (µs), up to ``launch``, the
+    call that queued the work ending the hole: µs by the ranges open on the thread ("outermost › innermost",
+    as ``idle_gaps`` names a launch; the innermost may be a CUDA call, a synchronisation among them), the time
+    no range covers as Python's own, and the rest, from the launch to the work's start, as the launch's
+    latency. Without a traced launch the whole hole is "(launch not traced)"; work queued before the hole
+    opened waited on the device, not the host."""
+    if launch is None:
+        return {"(launch not traced)": end - start}
+    until = min(max(launch["ts"], start), end)
+    spent: dict[str, float] = {}
+    if until < end:
+        spent["(launch to the work's start)" if until > start else "(queued before the hole: a wait on the device)"] \
+            = end - until
+    ranges = [r for r in thread if r is not launch and r["ts"] < until and r["ts"] + r["dur"] > start]
+    cuts = sorted({start, until, *(t for r in ranges for t in (r["ts"], r["ts"] + r["dur"]) if start < t < until)})
+    for a, b in zip(cuts, cuts[1:]):
+        open_ = sorted((r for r in ranges if r["ts"] <= a and r["ts"] + r["dur"] >= b),
+                       key=lambda r: (r["ts"], -r["dur"]))
+        name = ("(Python, no operator open)" if not open_ else open_[0]["name"] if len(open_) == 1
+                else f"{open_[0]['name']} › {open_[-1]['name']}")
+        spent[name] = spent.get(name, 0.0) + b - a
+    return spent
 
 
 def profile_steps(row: dict, step, start: int, steps: int) -> dict:
@@ -822,7 +857,8 @@ def source_lines(profiles: list[dict], top: int = 6) -> list[str]:
 
 
 def idle_lines(profiles: list[dict], top: int = 6) -> list[str]:
-    """The md's tables of where each profiled step's GPU waits for the host (``idle_gaps``)."""
+    """The md's tables of where each profiled step's GPU waits for the host (``idle_gaps``): who ended each
+    wait, and what the host did inside the long ones."""
     lines = []
     for p in profiles:
         if not (idle := p.get("idle")):
@@ -836,6 +872,11 @@ def idle_lines(profiles: list[dict], top: int = 6) -> list[str]:
                   "| launched by | idle ms per step | gaps per step | longest (µs) |", "|---|---|---|---|"]
         lines += [f"| {r['launched_by']} | {r['ms_per_step']} | {r['gaps_per_step']} | {r['longest_us']} |"
                   for r in idle["by_launch"][:top]]
+        if idle.get("host_in_long_gaps"):
+            lines += ["", f"What the launching thread did inside the gaps over {LONG_GAP_US:g} µs, up to the launch "
+                      "that ended each (operators traced without stacks; a CUDA call innermost, a synchronisation "
+                      "among them):", "", "| the host | ms per step |", "|---|---|"]
+            lines += [f"| {r['host']} | {r['ms_per_step']} |" for r in idle["host_in_long_gaps"][:top]]
     return lines
 
 

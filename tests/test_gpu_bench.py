@@ -107,7 +107,8 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
                "idle": {"steps": 3, "span_ms_per_step": 60.0, "idle_ms_per_step": 12.5, "gaps_per_step": 900.0,
                         "long_gaps_per_step": 40.0, "idle_ms_per_step_in_long_gaps": 6.0, "queue_ms_median": 0.02,
                         "by_launch": [{"launched_by": "aten::copy_", "ms_per_step": 2.5, "gaps_per_step": 1.0,
-                                       "longest_us": 2500.0}]}}
+                                       "longest_us": 2500.0}],
+                        "host_in_long_gaps": [{"host": "aten::item › cudaStreamSynchronize", "ms_per_step": 2.25}]}}
     before = {"package": "before47", "rows": [row("bf16", 60.0, 10.0)],
               "curve": [10.0, 9.0, 8.0], "curve_nudged": [10.0, 9.0, 8.2], "curve_redrawn": [10.5, 9.0, 8.0]}
     micro_shapes = []
@@ -161,6 +162,7 @@ def test_report_with_before_writes_speedups_memory_and_the_curve(tmp_path, monke
     assert "3 rounds of blocks of 10 steps" in md and "| base | bf16 | 50.0 | 48.5 | 47.75 | 2.25 ms |" in md
     assert "base bf16: the GPU idle 12.5 ms per step (900.0 gaps, 40.0 of them over 20 µs holding 6.0 ms)" in md
     assert "| aten::copy_ | 2.5 | 1.0 | 2500.0 |" in md
+    assert "| aten::item › cudaStreamSynchronize | 2.25 |" in md  # what the host did inside the long gaps
     assert "4 micro-batches of ~500 (the WMT recipes' layout on one device: update_freq 4)" in md
     assert "largest gap 5.56e-03 relative (step 2)" in md
     assert "moves its curve by up to 2.50e-02 (step 3), mean 8.33e-03." in md
@@ -469,6 +471,7 @@ def test_idle_gaps_charges_each_hole_to_the_operator_that_queued_the_work_after_
         {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
         op("aten::linear", 0, 100), op("aten::mm", 10, 40), launch(1, 20), work(1, 30, 100),  # busy to 130
         op("aten::copy_", 200, 30), launch(2, 210, name="cudaMemcpyAsync"), work(2, 215, 5, "gpu_memcpy"),  # 85 µs
+        op("cudaStreamSynchronize", 230, 30, tid=2, cat="cuda_runtime"),  # the host waits inside the next hole
         op("autograd::engine::evaluate_function: MmBackward0", 300, 100, tid=2), op("aten::mm", 310, 80, tid=2),
         launch(3, 320, tid=2, cat="cuda_driver", name="cuLaunchKernel"), work(3, 325, 10),  # 105 µs
         work(4, 326, 4, stream=8),  # on another stream, inside the busy time: no hole
@@ -485,6 +488,17 @@ def test_idle_gaps_charges_each_hole_to_the_operator_that_queued_the_work_after_
         ("autograd::engine::evaluate_function: MmBackward0 › aten::mm", 0.105, 1.0, 105.0),
         ("## a named range ## › aten::copy_", 0.085, 1.0, 85.0),
         ("(launch not traced)", 0.005, 1.0, 5.0)]
+    # inside the three long holes, up to each launch: what the launching thread did, then each launch's latency
+    assert [(r["host"], r["ms_per_step"]) for r in idle["host_in_long_gaps"]] == [
+        ("## a named range ##", 0.22),  # 130-200 and 350-500
+        ("(Python, no operator open)", 0.05),  # 220-230 and 260-300 on thread 2
+        ("cudaStreamSynchronize", 0.03),
+        ("(launch to the work's start)", 0.015),  # 210-215, 320-325, 500-505
+        ("## a named range ## › aten::copy_", 0.01),
+        ("autograd::engine::evaluate_function: MmBackward0", 0.01),
+        ("autograd::engine::evaluate_function: MmBackward0 › aten::mm", 0.01)]
+    assert sum(r["ms_per_step"] for r in idle["host_in_long_gaps"]) == pytest.approx(
+        idle["idle_ms_per_step_in_long_gaps"])  # every long hole's time, once
     assert gpu.idle_gaps(events, steps=2)["gaps_per_step"] == 2.0  # per step
     without_ranges = [e for e in events if e.get("cat") not in ("cpu_op", "user_annotation")]
     assert gpu.idle_gaps(without_ranges, steps=1)["by_launch"][0]["launched_by"] == \
@@ -492,7 +506,20 @@ def test_idle_gaps_charges_each_hole_to_the_operator_that_queued_the_work_after_
     assert gpu.idle_gaps([], steps=1) == {"steps": 1, "span_ms_per_step": 0.0, "idle_ms_per_step": 0.0,
                                           "gaps_per_step": 0.0, "long_gaps_per_step": 0.0,
                                           "idle_ms_per_step_in_long_gaps": 0.0, "queue_ms_median": None,
-                                          "by_launch": []}
+                                          "by_launch": [], "host_in_long_gaps": []}
+
+
+def test_host_in_window_splits_a_hole_by_what_the_launching_thread_did():
+    def r(name, ts, dur):
+        return {"name": name, "ts": ts, "dur": dur}
+
+    launch = r("cudaLaunchKernel", 90, 2)
+    thread = [r("Optimizer.step", 0, 200), r("aten::_foreach_add_", 20, 30), launch]
+    assert gpu.host_in_window(thread, 10, 100, launch) == {
+        "(launch to the work's start)": 10, "Optimizer.step": 50, "Optimizer.step › aten::_foreach_add_": 30}
+    assert gpu.host_in_window([], 10, 100, r("cudaLaunchKernel", 5, 2)) == {
+        "(queued before the hole: a wait on the device)": 90}  # queued before: the device kept it waiting
+    assert gpu.host_in_window(thread, 10, 100, None) == {"(launch not traced)": 90}
 
 
 def test_a_row_that_fails_is_reported_and_the_rows_after_it_still_run(tmp_path, monkeypatch, capsys):
