@@ -450,7 +450,8 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
                    device: str = "cuda") -> dict:
     """Which lines of the package launched the kernels of ``kinds``: torch.profiler's events of steps run with
     ``record_shapes`` and ``with_stack`` -> for each kind, milliseconds and launches per step by source, largest
-    first, with the shape of the source's costliest launch.
+    first, with the shape of the source's costliest launch and that kernel's name (an aten operator's kernel
+    names its functor: an add, a fill, a copy).
 
     A source is the two innermost frames of ``transformer/`` above the launching operator and the outermost
     aten operator below them (``model.py:283 residual ← model.py:300 forward · aten::add``). A backward kernel
@@ -512,17 +513,18 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
             if kind == "matmul":  # the product itself and its operands (ancestors above it are not products)
                 op = f"{op} › {e.name} {shapes}" if op != e.name else f"{e.name} {shapes}"
             key = (frame or "(no package frame)", op)
-            entry = sources[kind].setdefault(key, [0.0, 0, 0.0, None, 0.0])
+            entry = sources[kind].setdefault(key, [0.0, 0, 0.0, None, 0.0, None])
             entry[0] += us
             entry[1] += 1
             if kind == "matmul":
                 entry[4] += product_flops(e.name, shapes) or 0.0
             if us >= entry[2]:
-                entry[2], entry[3] = us, shapes[0] if shapes else None
+                entry[2], entry[3], entry[5] = us, shapes[0] if shapes else None, name
     return {kind: [{"source": f"{frame} · {op}", "ms_per_step": round(us / 1000 / steps, 3),
-                    "launches_per_step": round(n / steps, 1), "shape": shape,
+                    "launches_per_step": round(n / steps, 1), "shape": shape, "kernel": kernel[:120],
                     **({"tflop_s": float(f"{flops / us / 1e6:.3g}")} if flops and us > 0 else {})}
-                   for (frame, op), (us, n, _, shape, flops) in sorted(found.items(), key=lambda kv: -kv[1][0])[:top]]
+                   for (frame, op), (us, n, _, shape, flops, kernel) in sorted(found.items(),
+                                                                               key=lambda kv: -kv[1][0])[:top]]
             for kind, found in sources.items()}
 
 

@@ -222,6 +222,7 @@ def test_kernel_sources_names_the_lines_that_launch_copies(monkeypatch):
                                                                    abs=1e-3 * len(found))  # every copy charged once
     assert [r["ms_per_step"] for r in found] == sorted((r["ms_per_step"] for r in found), reverse=True)
     assert not [r for r in found if r["source"].startswith("(no package frame)")]
+    assert all(gpu.kernel_kind(r["kernel"]) == "copies" for r in found)  # each source's costliest kernel, named
     sources = {r["source"] for r in found}
     qkv = [s for s in sources if s.startswith("model.py:") and "_project" in s]
     assert any(s.endswith("· aten::linear") for s in qkv), sources  # the input's cast to bf16, forward
@@ -255,6 +256,7 @@ def test_kernel_sources_tells_the_products_apart_by_shape_with_their_rates(monke
     d = model.cfg.d_model
     logits = [r for r in found if r["source"].startswith("loss.py:") and f", [{d}, 2000]]" in r["source"]]
     assert logits and all("aten::mm [[" in r["source"] for r in logits), [r["source"] for r in found]
+    assert {r["kernel"] for r in found} <= {"aten::mm", "aten::addmm", "aten::bmm"}
 
 
 def test_product_flops_reads_each_products_operands():
