@@ -113,7 +113,15 @@ def synthetic_batches(tokens: int, n_sentences: int, seed: int = 0, copy: bool =
     """Length-bucketed batches of random pieces; source and target lengths 10..44 (mean ~27). With
     ``copy`` each target is its source: a task a model learns within a few hundred steps, so a loss curve
     over them falls, and two training paths that drift apart show it (random targets keep the loss at
-    ln V whatever the path does)."""
+    ln V whatever the path does).
+
+    Sorted by target length, a batch's sources keep their spread: at 25k tokens the full batches kept are 568
+    sentences with targets 42-44 long, ~15.7k source tokens padded to 24,992 positions (34-42% padding; the
+    targets 1-3%). MFU credits ``flops_per_token`` per target token, which counts a source as long as its
+    target: the padded source positions are credited as if real. A change that skipped padded positions
+    (unpadded position-wise layers, variable-length attention) would shorten the step without computing the
+    credited FLOPs any faster: not a gain these rows can show (Multi30k's batches, sorted by the longer side,
+    hold ~4% padding: benchmarks/results/shape_buckets.md)."""
     rng = random.Random(seed)
     examples = []
     for _ in range(n_sentences):

@@ -694,3 +694,14 @@ def test_candidate_curves_run_as_their_rows_and_stand_beside_the_dropout_floor(m
     lines = "\n".join(gpu.candidate_lines([same, failed, bf16]))
     assert "| bf16+compile+efficient | failed: RuntimeError: no memory-efficient kernel here |" in lines
     assert "| fp32 | 3 | 0.00e+00 (1) |" in lines
+
+
+def test_the_issues_batches_pad_their_sources_as_synthetic_batches_says():
+    """The batches gpu.py measures at the paper's 25k tokens (its own count of sentences), as the docstring
+    describes them for whoever reads an MFU off them: 568 sentences a batch, targets 42-44 long and nearly
+    unpadded, sources padded to 44 positions with a third or more of them padding."""
+    batches = gpu.synthetic_batches(25_000, 16 * 25_000 // 27)[0]
+    assert batches and {gpu.shape(b)[:2] for b in batches} == {(568, 44)}
+    for b in batches:
+        assert 42 <= b.tgt_in.shape[1] <= 44 and 1 - b.n_tgt_tokens / b.tgt_out.numel() < 0.03
+        assert 0.33 < 1 - b.n_src_tokens / b.src.numel() < 0.43
