@@ -466,7 +466,7 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
     runs on autograd's thread, which has no Python frames: it is charged to its autograd node (``AddBackward0``)
     and to the frames of the forward operator that made the node (the same sequence number). On a GPU an
     operator's ``kernels`` are what it launched; with ``device="cpu"`` (tests) each aten operator without
-    children is its own kernel, timed by its self time.
+    children, and each product, is its own kernel, timed by its self time.
 
     Matrix products are told apart by their operands' shapes too (a compiled graph's products have no package
     frame, so by source alone they would be one row), and each such row gets its multiply-adds' rate
@@ -578,10 +578,9 @@ def idle_gaps(events: list[dict], steps: int, top: int = 10) -> dict:
             gaps.append((e["ts"] - end, e))
         end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
     # the ranges open at each launch, per host thread: one sweep over ranges and launches in time order
-    wanted = {id(launches[c]) for _, e in gaps if (c := e.get("args", {}).get("correlation")) in launches}
-    by_thread: dict[tuple, list] = {}
+    by_thread: dict[tuple, list] = {}  # the host's ranges and CUDA calls (launches, synchronisations) per thread
     for e in events:
-        if e.get("ph") == "X" and (e.get("cat") in HOST_RANGES + LAUNCHES or id(e) in wanted):
+        if e.get("ph") == "X" and e.get("cat") in HOST_RANGES + LAUNCHES:
             by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
     where: dict[int, str] = {}
     for found in by_thread.values():
