@@ -197,24 +197,29 @@ def test_the_default_profile_takes_the_measured_precisions_among_its_own(modes, 
     assert [mode for mode, profile in seen if profile] == profiled
 
 
-def test_kernel_sources_names_the_lines_that_launch_copies(monkeypatch):
-    """On the CPU each aten operator is its own kernel: a tiny model's bf16 autocast steps, traced, must charge
-    every copy to a line of the package, autocast's casts of a projection's input to the projection's line in
-    the forward pass and, through the autograd node's sequence number, in the backward pass too."""
+def traced_tiny_steps(monkeypatch, amp_dtype):
+    """A tiny model's two training steps (after one untraced) traced on the CPU with shapes and stacks, as
+    profile_steps traces a GPU's: the model and the profiler's events."""
     from torch.profiler import ProfilerActivity, profile
 
     from transformer.train import train_step
 
-    torch = gpu.torch
     monkeypatch.setattr(gpu, "VOCAB", 2000)  # the tracing, not the paper's vocabulary: bf16 is slow on CPUs without it
     batches = gpu.synthetic_batches(400, 240)[0]
     _, model, optimizer, dist = gpu.on_gpu("tiny", device="cpu")
-    step = lambda b: train_step(model, optimizer, [b], 0.1, 1e-4, 0.0, dist, None, torch.bfloat16)  # noqa: E731
+    step = lambda b: train_step(model, optimizer, [b], 0.1, 1e-4, 0.0, dist, None, amp_dtype)  # noqa: E731
     step(batches[0])
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
         step(batches[1])
         step(batches[2])
-    events = prof.events()
+    return model, prof.events()
+
+
+def test_kernel_sources_names_the_lines_that_launch_copies(monkeypatch):
+    """On the CPU each aten operator is its own kernel: a tiny model's bf16 autocast steps, traced, must charge
+    every copy to a line of the package, autocast's casts of a projection's input to the projection's line in
+    the forward pass and, through the autograd node's sequence number, in the backward pass too."""
+    _, events = traced_tiny_steps(monkeypatch, gpu.torch.bfloat16)
     found = gpu.kernel_sources(events, steps=2, kinds=("copies",), top=1000, device="cpu")["copies"]
     copies = [e for e in events if e.name.startswith("aten::") and not e.cpu_children
               and gpu.kernel_kind(e.name) == "copies"]
@@ -233,20 +238,7 @@ def test_kernel_sources_tells_the_products_apart_by_shape_with_their_rates(monke
     """Matrix products by their operands' shapes, each with its multiply-adds' rate: every product of a tiny
     model's traced fp32 steps charged once, the loss's logits product [rows, d] × [d, V] among them under the
     loss's line, and each row's rate its products' 2·M·N·K over their time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from transformer.train import train_step
-
-    torch = gpu.torch
-    monkeypatch.setattr(gpu, "VOCAB", 2000)
-    batches = gpu.synthetic_batches(400, 240)[0]
-    _, model, optimizer, dist = gpu.on_gpu("tiny", device="cpu")
-    step = lambda b: train_step(model, optimizer, [b], 0.1, 1e-4, 0.0, dist)  # noqa: E731
-    step(batches[0])
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
-        step(batches[1])
-        step(batches[2])
-    events = prof.events()
+    model, events = traced_tiny_steps(monkeypatch, None)
     found = gpu.kernel_sources(events, steps=2, kinds=("matmul",), top=1000, device="cpu")["matmul"]
     products = [e for e in events if e.name in ("aten::mm", "aten::addmm", "aten::bmm")]
     assert sum(r["launches_per_step"] for r in found) == len(products) / 2  # every product charged once
