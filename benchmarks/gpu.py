@@ -505,6 +505,8 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
             launched = [(e.name, e.self_cpu_time_total)] if e.name.startswith("aten::") and leaf else []
         else:
             launched = [(k.name, k.duration) for k in e.kernels]
+        counted = False  # a product's multiply-adds once, however many kernels it launched (cuBLAS's split-K
+        # products launch a reduction after the product)
         for name, us in launched:
             kind = kernel_kind(name)
             if kind not in sources:
@@ -524,8 +526,9 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
             entry = sources[kind].setdefault(key, [0.0, 0, 0.0, None, 0.0, None])
             entry[0] += us
             entry[1] += 1
-            if kind == "matmul":
+            if kind == "matmul" and not counted:
                 entry[4] += product_flops(e.name, shapes) or 0.0
+                counted = True
             if us >= entry[2]:
                 entry[2], entry[3], entry[5] = us, shapes[0] if shapes else None, name
     return {kind: [{"source": f"{frame} · {op}", "ms_per_step": round(us / 1000 / steps, 3),

@@ -251,6 +251,26 @@ def test_kernel_sources_tells_the_products_apart_by_shape_with_their_rates(monke
     assert {r["kernel"] for r in found} <= {"aten::mm", "aten::addmm", "aten::bmm"}
 
 
+def test_a_product_that_launches_two_kernels_counts_its_multiply_adds_once():
+    """On a GPU an operator's kernels are its launches: a split-K product launches the product and a reduction,
+    both matmul kernels by name. The row counts both launches and their time, and the product's multiply-adds
+    once (twice would double its rate)."""
+    class Kernel:
+        def __init__(self, name, duration):
+            self.name, self.duration = name, duration
+
+    class Event:  # what kernel_sources reads of a torch.profiler FunctionEvent
+        def __init__(self, name, kernels, shapes):
+            self.name, self.kernels, self.input_shapes = name, kernels, shapes
+            self.device_type, self.cpu_parent, self.sequence_nr, self.cpu_children = "DeviceType.CPU", None, -1, []
+
+    mm = Event("aten::mm", [Kernel("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_splitK_NTT", 30.0),
+                            Kernel("cublasLt::splitKreduce_kernel", 10.0)], [[4096, 512], [512, 37000]])
+    (row,) = gpu.kernel_sources([mm], steps=1, kinds=("matmul",))["matmul"]
+    assert row["launches_per_step"] == 2.0 and row["ms_per_step"] == 0.04
+    assert row["tflop_s"] == float(f"{2 * 4096 * 512 * 37000 / 40 / 1e6:.3g}")  # 3880: this test's made-up times
+
+
 def test_product_flops_reads_each_products_operands():
     f = gpu.product_flops
     assert f("aten::mm", [[3, 4], [4, 5]]) == 2 * 3 * 4 * 5
