@@ -37,12 +37,15 @@
 #                                               # 2026-12-04 visit's 79.5 and 79.1 ms (the package unchanged since).
 #                                               # Both fit one 15-minute session: kernel with timeout_s 450, then
 #                                               # kernel-big at once
-#   bash benchmarks/gpu_visit.sh curve          # ~3 minutes: issue 47's loss-curve check for the candidates, in one
+#   bash benchmarks/gpu_visit.sh curve          # ~4 minutes: issue 47's loss-curve check for the candidates, in one
 #                                               # run (gpu_train_curve_candidates.*): base's 200-step curve in bf16
 #                                               # (this package's path), the same run with its dropout masks drawn
 #                                               # again (the floor for kernels that draw their own), then compiled,
 #                                               # and compiled with the junction kernels and the memory-efficient
-#                                               # attention; after a kernel visit that finds them faster
+#                                               # attention; then what a batch of a shape never met costs per
+#                                               # attention kernel (cuDNN's builds an execution plan for each new
+#                                               # shape: a corpus's thousands of shapes, not these rows' three); after
+#                                               # a kernel visit that finds them faster
 #   bash benchmarks/gpu_visit.sh headline-big   # then big's junction and rows (gpu_train_headline_big.*). The
 #                                               # 2026-12-04 visit ran base's and big's compiled and CUDA-graph rows
 #                                               # and the loss kernel in 349 s, the machine's start and transfers
@@ -113,7 +116,7 @@ case "$1" in
     fi ;;
   curve)
     step gpu_train_curve_candidates 12 gpu.py --models base --modes bf16 --profile '' --steps 5 --accumulate 1 \
-      --first-shape 0 --curve 200 --curve-modes bf16+compile,bf16+compile+kernel+efficient \
+      --first-shape 8 --curve 200 --curve-modes bf16+compile,bf16+compile+kernel+efficient \
       --name gpu_train_curve_candidates ;;
   headline|headline-big)
     HEADLINE=(--modes bf16+compile,bf16+compile+kernel,bf16+tuned,bf16,bf16+kernel
