@@ -505,8 +505,8 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
             launched = [(e.name, e.self_cpu_time_total)] if e.name.startswith("aten::") and leaf else []
         else:
             launched = [(k.name, k.duration) for k in e.kernels]
-        counted = False  # a product's multiply-adds once, however many kernels it launched (cuBLAS's split-K
-        # products launch a reduction after the product)
+        # a product's multiply-adds count once, however many kernels it launched (a split-K product: two)
+        counted = False
         for name, us in launched:
             kind = kernel_kind(name)
             if kind not in sources:

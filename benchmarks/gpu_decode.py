@@ -209,7 +209,7 @@ def main() -> None:
     for label, m in result["models"].items():
         for batch, r in m["batches"].items():
             lines.append(f"| {label} | {batch} | {r['after']['sentences']} | {r['before']['sentences_per_s']} | "
-                         f"{r['after']['sentences_per_s']} | {r['after'].get('first_pass_sentences_per_s', '–')} | "
+                         f"{r['after']['sentences_per_s']} | {r['after']['first_pass_sentences_per_s']} | "
                          f"{r['speedup']}× | {', '.join(f'{x}×' for x in r['speedup_per_round'])} | "
                          f"{r['outputs_differing']} |")
     for label, m in result["models"].items():
