@@ -8,15 +8,16 @@ the mean of 27 BPE pieces, V = 37,000, length-bucketed into batches of --tokens 
 scaling, bf16 + torch.compile, the same compiled graphs replayed as CUDA graphs: what launching kernels costs
 the host, measured away, compiled with Inductor's kernel tuning, ``TUNED``: what better launch parameters of
 its generated kernels would give, bf16 eager and compiled with the post-norm junctions through
-benchmarks/postnorm_kernel.py's candidate kernels, ``KERNEL_MODES``, and compiled with attention through SDPA's
-memory-efficient kernel first, ``EFFICIENT_MODES``), and reports step time, target tokens/s,
+benchmarks/postnorm_kernel.py's candidate kernels, ``KERNEL_MODES``, compiled with attention through SDPA's
+memory-efficient kernel first, ``EFFICIENT_MODES``, and compiled with the feed-forward layers' ReLU in their
+first product's epilogue, benchmarks/linear_relu.py, ``EPILOGUE_MODES``), and reports step time, target tokens/s,
 peak memory and MFU: the model's matmul FLOPs (``flops_per_token``) per second over the GPU's dense bf16 peak;
 for each one-batch row, what reading a step's outcome after queueing the next gains (``host_overlap``); and,
 with ``--accumulate N`` (default 8), each model in bf16 with a step's tokens taken as N micro-batches, as the
 WMT recipes (update_freq 8) train on one device, cycling through the shapes its warm-up meets. It also lists
 the attention kernels that ran (flash / memory-efficient SDPA) and checks on the GPU that an fp16 step whose
 gradients overflow is skipped and leaves the weights alone. With ``--profile MODES`` (default: bf16,
-bf16+compile, bf16+tuned, the kernel and efficient rows, those of them that --modes measures), each
+bf16+compile, bf16+tuned, the kernel, efficient and epilogue rows, those of them that --modes measures), each
 model's steps in those precisions also run under torch.profiler: GPU kernel time per step by kind (matrix
 products, attention, copies, elementwise, ...: ``kernel_kind``), kernels per step, and the GPU's busy share
 (kernel time over the unprofiled step time) — where a step's time goes, before changing it (issue 47) — and,
@@ -82,7 +83,10 @@ MODES = {"fp32": (None, None), "bf16": (torch.bfloat16, None), "fp16": (torch.fl
          "bf16+tuned": (torch.bfloat16, "tuned"), "bf16+kernel": (torch.bfloat16, None),
          "bf16+compile+kernel": (torch.bfloat16, "default"), "bf16+compile+efficient": (torch.bfloat16, "default"),
          "bf16+compile+kernel+efficient": (torch.bfloat16, "default"),
-         "bf16+cudagraphs+kernel+efficient": (torch.bfloat16, "reduce-overhead")}
+         "bf16+cudagraphs+kernel+efficient": (torch.bfloat16, "reduce-overhead"),
+         "bf16+compile+epilogue": (torch.bfloat16, "default"),
+         "bf16+compile+kernel+efficient+epilogue": (torch.bfloat16, "default"),
+         "bf16+cudagraphs+kernel+efficient+epilogue": (torch.bfloat16, "reduce-overhead")}
 # rows whose post-norm junctions run through benchmarks/postnorm_kernel.py's candidate kernels in place of
 # model.residual's operators: eager (what the kernels give a step no compiler fuses) and compiled (the kernels
 # launched by the compiled graph, in place of what Inductor generates for the junction)
@@ -93,6 +97,10 @@ KERNEL_MODES = tuple(m for m in MODES if "kernel" in m.split("+"))
 # (the compiled base step's host was at most 0.9 ms ahead of its GPU on 2026-12-04: a step whose kernels take
 # less may then wait for the host, so the two changes are also measured with CUDA graphs)
 EFFICIENT_MODES = tuple(m for m in MODES if "efficient" in m.split("+"))
+# rows whose feed-forward layers apply their ReLU in the first product's epilogue (benchmarks/linear_relu.py):
+# in base's compiled step on 2026-12-04 Inductor applied it by a kernel of its own after the product, 12
+# launches and 0.92 ms a step
+EPILOGUE_MODES = tuple(m for m in MODES if "epilogue" in m.split("+"))
 # the costliest single kernel of base's step in the 2026-12-04 profile
 # (benchmarks/results/gpu_visit_2026-12-04/) was one Inductor generates, dropout + residual + LayerNorm
 # backward, at an estimated third of a copy's rate (its launches were not recorded then). Coordinate descent
@@ -221,9 +229,10 @@ def measure(name: str, mode: str, batches: list, steps: int, warmup: int, src_le
 @contextlib.contextmanager
 def as_the_row_runs(mode: str):
     """Within it, the package runs as the rows of ``mode`` run it: Inductor's options, the junctions through the
-    candidate kernels, attention preferring the memory-efficient kernel, each where ``mode`` names it."""
+    candidate kernels, attention preferring the memory-efficient kernel, the feed-forward layers' ReLU in their
+    product's epilogue, each where ``mode`` names it."""
     with inductor_options(MODES[mode][1]), junctions_through_kernels(mode in KERNEL_MODES), \
-            attention_preferring_efficient(mode in EFFICIENT_MODES):
+            attention_preferring_efficient(mode in EFFICIENT_MODES), ffn_through_epilogue(mode in EPILOGUE_MODES):
         yield
 
 
@@ -253,6 +262,35 @@ def junctions_through_kernels(on: bool):
         yield
     finally:
         transformer.model.residual = operators
+
+
+@contextlib.contextmanager
+def ffn_through_epilogue(on: bool):
+    """Within it, where ``on``, the feed-forward layers' max(0, x W1ᵀ + b1) in training on a GPU goes through
+    linear_relu.linear_relu, one product with the ReLU in its epilogue (``model.apply`` replaced: the layers
+    look it up at each call); the rest (other projections, decoding, the CPU) as before."""
+    if not on:
+        yield
+        return
+    import transformer.model
+    from linear_relu import linear_relu
+
+    operators = transformer.model.apply
+
+    def through_epilogue(layer, x, relu=False):
+        if (relu and torch.is_grad_enabled() and x.device.type in EPILOGUE_DEVICES
+                and isinstance(layer, torch.nn.Linear) and layer.bias is not None):
+            return linear_relu(x, layer.weight, layer.bias)
+        return operators(layer, x, relu)
+
+    transformer.model.apply = through_epilogue
+    try:
+        yield
+    finally:
+        transformer.model.apply = operators
+
+
+EPILOGUE_DEVICES = ("cuda",)  # where the feed-forward layers take the epilogue (the tests add the CPU)
 
 
 def attention_preferring_efficient(on: bool):
@@ -948,7 +986,7 @@ def main() -> None:
     modes = args.modes.split(",")
     if args.profile is None:
         args.profile = ",".join(m for m in dict.fromkeys(("bf16", "bf16+compile", "bf16+tuned", *KERNEL_MODES,
-                                                          *EFFICIENT_MODES)) if m in modes)
+                                                          *EFFICIENT_MODES, *EPILOGUE_MODES)) if m in modes)
     elif unmeasured := [m for m in filter(None, args.profile.split(",")) if m not in modes]:
         parser.error(f"--profile {args.profile}: {', '.join(unmeasured)} not among --modes {args.modes} "
                      "(a profile runs on a measured row's model)")

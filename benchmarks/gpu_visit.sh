@@ -26,13 +26,15 @@
 #                                               # eager profiled, today's package only (gpu_train_headline.*);
 #   bash benchmarks/gpu_visit.sh kernel         # ~7 minutes, then the junction alone as long as the call lasts:
 #                                               # base's compiled step as the trainer runs it, with the junctions
-#                                               # through the candidate kernels and attention through SDPA's
-#                                               # memory-efficient kernel first, the same replayed as CUDA graphs (the
-#                                               # host may bound a step whose kernels take less), attention alone,
+#                                               # through the candidate kernels, attention through SDPA's
+#                                               # memory-efficient kernel first and the feed-forward ReLU in its
+#                                               # product's epilogue (linear_relu.py), the same replayed as CUDA
+#                                               # graphs (the host may bound a step whose kernels take less), the
+#                                               # same without the epilogue, attention alone,
 #                                               # profiled, in one run (gpu_train_kernel.*), then the junction
 #                                               # through the kernels compiled and eager, compiled, tuned
 #                                               # (gpu_layernorm.*), both logs to $OUT;
-#   bash benchmarks/gpu_visit.sh kernel-big     # ~6 minutes: big's step with both changes, compiled and as CUDA
+#   bash benchmarks/gpu_visit.sh kernel-big     # ~6 minutes: big's step with the three changes, compiled and as CUDA
 #                                               # graphs, profiled (gpu_train_kernel_big.*), read against the
 #                                               # 2026-12-04 visit's 79.5 and 79.1 ms (the package unchanged since).
 #                                               # Both fit one 15-minute session: kernel with timeout_s 450, then
@@ -41,11 +43,11 @@
 #                                               # run (gpu_train_curve_candidates.*): base's 200-step curve in bf16
 #                                               # (this package's path), the same run with its dropout masks drawn
 #                                               # again (the floor for kernels that draw their own), then compiled,
-#                                               # and compiled with the junction kernels and the memory-efficient
-#                                               # attention; then what a batch of a shape never met costs per
-#                                               # attention kernel (cuDNN's builds an execution plan for each new
-#                                               # shape: a corpus's thousands of shapes, not these rows' three); after
-#                                               # a kernel visit that finds them faster
+#                                               # and compiled with the junction kernels, the memory-efficient
+#                                               # attention and the ReLU epilogue; then what a batch of a shape
+#                                               # never met costs per attention kernel (cuDNN's builds an execution
+#                                               # plan for each new shape: a corpus's thousands of shapes, not these
+#                                               # rows' three); after a kernel visit that finds them faster
 #   bash benchmarks/gpu_visit.sh headline-big   # then big's junction and rows (gpu_train_headline_big.*). The
 #                                               # 2026-12-04 visit ran base's and big's compiled and CUDA-graph rows
 #                                               # and the loss kernel in 349 s, the machine's start and transfers
@@ -104,9 +106,10 @@ case "$1" in
     LOG_DIR=/tmp step bf16_decode_cuda 12 bf16_decode.py --device cuda --run runs/gpu/quick ;;
   kernel|kernel-big)
     # the rows most wanted first: a call cut by its limit still brings back those its log printed
-    ROWS=bf16+compile+kernel+efficient,bf16+cudagraphs+kernel+efficient
+    ROWS=bf16+compile+kernel+efficient+epilogue,bf16+cudagraphs+kernel+efficient+epilogue
     if [ "$1" = kernel ]; then
-      ROWS=bf16+compile,$ROWS,bf16+compile+efficient
+      # then the rows without the epilogue (its own gain; and, were it to fail to compile, the others' still)
+      ROWS=bf16+compile,$ROWS,bf16+compile+kernel+efficient,bf16+compile+efficient
       step gpu_train_kernel 12 gpu.py --models base --modes $ROWS --profile $ROWS --steps 20 --accumulate 1 \
         --curve 0 --first-shape 0 --name gpu_train_kernel
       step gpu_layernorm 12 gpu_layernorm.py --models base --ways compiled+kernel,kernel,compiled,compiled+tuned
@@ -116,7 +119,7 @@ case "$1" in
     fi ;;
   curve)
     step gpu_train_curve_candidates 12 gpu.py --models base --modes bf16 --profile '' --steps 5 --accumulate 1 \
-      --first-shape 8 --curve 200 --curve-modes bf16+compile,bf16+compile+kernel+efficient \
+      --first-shape 8 --curve 200 --curve-modes bf16+compile,bf16+compile+kernel+efficient+epilogue \
       --name gpu_train_curve_candidates ;;
   headline|headline-big)
     HEADLINE=(--modes bf16+compile,bf16+compile+kernel,bf16+tuned,bf16,bf16+kernel

@@ -334,6 +334,14 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
         # the kernel row's steps run the replaced junction (here on the CPU it hands back to the operators)
         assert len(junctions) == 3 and operators not in junctions and transformer.model.residual is operators
         assert row["mode"] == f"{mode} ×2" and row["skipped_steps"] == 0
+    appliers = []
+    monkeypatch.setattr(gpu, "train_step", lambda *a: appliers.append(transformer.model.apply) or real_step(*a))
+    applier = transformer.model.apply
+    for mode in gpu.EPILOGUE_MODES:  # the feed-forward layers' first product through linear_relu.py
+        appliers.clear()
+        row, _ = gpu.measure("tiny", mode, batches, 2, 1, src_len, tgt_len, micro=2)
+        assert len(appliers) == 3 and applier not in appliers and transformer.model.apply is applier
+        assert row["skipped_steps"] == 0
     orders = []  # SDPA's backends in the order it tries them, as each step begins
     monkeypatch.setattr(gpu, "train_step",
                         lambda *a: orders.append(torch._C._get_sdp_priority_order()) or real_step(*a))
