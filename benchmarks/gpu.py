@@ -435,7 +435,7 @@ KERNEL_KINDS = (
     ("copies", ("copy", "memcpy")),
     # the aten products themselves: what a CPU trace (``kernel_sources(device="cpu")``) names its kernels
     ("matmul", ("gemm", "cutlass", "xmma", "cublas", "wgmma", "nvjet", "splitk", "aten::mm", "aten::addmm",
-                "aten::bmm", "aten::baddbmm")),
+                "aten::_addmm_activation", "aten::bmm", "aten::baddbmm")),
     ("softmax/loss", ("softmax", "cross_entropy", "nll_loss", "logsumexp")),
     ("layernorm", ("layer_norm", "layernorm", "gammabeta")),
     ("indexing", ("index", "gather", "scatter", "embedding")),
@@ -579,10 +579,10 @@ def kernel_sources(events, steps: int, kinds: tuple[str, ...] = ("copies",), top
 
 def product_flops(op: str, shapes: list[list[int]]) -> float | None:
     """2·M·N·K (times the batch) of one aten matrix product from its input shapes, None for any other
-    operator or shapes it does not recognise: ``mm`` [M, K] [K, N], ``addmm`` (bias) [M, K] [K, N], ``bmm``
-    [B, M, K] [B, K, N], ``baddbmm`` (bias) [B, M, K] [B, K, N]."""
-    operands = {"aten::mm": shapes[:2], "aten::addmm": shapes[1:3], "aten::bmm": shapes[:2],
-                "aten::baddbmm": shapes[1:3]}.get(op)
+    operator or shapes it does not recognise: ``mm`` [M, K] [K, N], ``addmm`` and ``_addmm_activation`` (bias)
+    [M, K] [K, N], ``bmm`` [B, M, K] [B, K, N], ``baddbmm`` (bias) [B, M, K] [B, K, N]."""
+    operands = {"aten::mm": shapes[:2], "aten::addmm": shapes[1:3], "aten::_addmm_activation": shapes[1:3],
+                "aten::bmm": shapes[:2], "aten::baddbmm": shapes[1:3]}.get(op)
     batched = op.endswith("bmm")
     if not operands or len(operands) != 2 or any(len(x) != 2 + batched for x in operands):
         return None

@@ -47,6 +47,7 @@ KERNELS = {
     "void at::native::indexSelectLargeIndex<float, long, unsigned int, 2, 2, -2, true>(...)": "indexing",
     "void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float, float, long>(...)": "indexing",
     "Memset (Device)": "other",
+    "aten::_addmm_activation": "matmul",  # as a CPU trace names linear_relu.py's product
 }
 
 
@@ -275,6 +276,7 @@ def test_product_flops_reads_each_products_operands():
     f = gpu.product_flops
     assert f("aten::mm", [[3, 4], [4, 5]]) == 2 * 3 * 4 * 5
     assert f("aten::addmm", [[5], [3, 4], [4, 5]]) == 2 * 3 * 4 * 5
+    assert f("aten::_addmm_activation", [[5], [3, 4], [4, 5]]) == 2 * 3 * 4 * 5  # linear_relu.py's
     assert f("aten::bmm", [[2, 3, 4], [2, 4, 5]]) == 2 * 2 * 3 * 4 * 5
     assert f("aten::baddbmm", [[2, 3, 5], [2, 3, 4], [2, 4, 5]]) == 2 * 2 * 3 * 4 * 5
     assert f("aten::mm", [[3, 4], [5, 6]]) is None  # inner dimensions differ
