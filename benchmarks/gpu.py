@@ -342,7 +342,7 @@ def measure_row(name: str, mode: str, batches: list, steps: int, warmup: int, sr
     for i in range(warmup + steps):
         if i == warmup:
             torch.cuda.synchronize()
-            start, tokens = time.perf_counter(), 0
+            start, tokens, calls = time.perf_counter(), 0, allocator_calls()
         result = step(i)
         skipped += not result.applied
         tokens += result.n_tokens
@@ -353,7 +353,8 @@ def measure_row(name: str, mode: str, batches: list, steps: int, warmup: int, sr
            "parameters": count_parameters(raw), "step_ms": round(1000 * seconds, 1),
            "tgt_tokens_per_step": round(tokens / steps), "tgt_tokens_per_s": round(tokens / steps / seconds),
            "model_tflops": round(achieved / 1e12, 1), "mfu": round(achieved / H100_BF16_FLOPS, 3),
-           "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "skipped_steps": skipped}
+           "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "skipped_steps": skipped,
+           "allocator_per_step": {k: round((n - calls[k]) / steps, 2) for k, n in allocator_calls().items()}}
     if compile_mode == "reduce-overhead":  # graphs inductor ran without CUDA graphs (the log says why)
         row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"] - graph_skips
     if queue_step and micro == 1:
@@ -365,6 +366,19 @@ def measure_row(name: str, mode: str, batches: list, steps: int, warmup: int, sr
     del model, raw, optimizer
     torch.cuda.empty_cache()
     return row, profiled
+
+
+ALLOCATOR_CALLS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+
+
+def allocator_calls() -> dict[str, int]:
+    """How often PyTorch's caching allocator has called cudaMalloc and cudaFree, and retried an allocation after
+    emptying its cache, in this process. A step that meets its memory in the cache calls neither; one that does
+    not waits for them, and cudaFree waits for the whole device (big's compiled step on 2026-12-04 left the GPU
+    idle 2.8 ms at its forward's start, more than base's step with the same number of tensors: a row's counts a
+    step say whether the allocator is why)."""
+    stats = torch.cuda.memory_stats()
+    return {k: stats.get(k, 0) for k in ALLOCATOR_CALLS}
 
 
 def loss_curve(name: str, mode: str, batches: list, steps: int, device: str = "cuda",
@@ -459,6 +473,13 @@ def kernel_kind(name: str) -> str:
             return "copies"
         low = low.replace("_to_copy", "").replace("copy", "")
     return next((kind for kind, words in KERNEL_KINDS if any(w in low for w in words)), "other")
+
+
+def allocator_text(row: dict) -> str:
+    """A row's allocator calls a step (``allocator_calls``) as the md gives them; "–" for a row measured by a
+    script from before they were counted."""
+    calls = row.get("allocator_per_step")
+    return " / ".join(f"{calls[k]:g}" for k in ALLOCATOR_CALLS) if calls else "–"
 
 
 def error_line(e: Exception) -> str:
@@ -1092,11 +1113,12 @@ def main() -> None:
                 if args.accumulate > 1 else "") + ". "
              "MFU = the model's matmul FLOPs per second / the dense bf16 peak "
              f"({H100_BF16_FLOPS / 1e12:.0f} TFLOPS).", "",
-             "| model | precision | step (ms) | target tokens/s | model TFLOP/s | MFU | peak memory (GiB) |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | precision | step (ms) | target tokens/s | model TFLOP/s | MFU | peak memory (GiB) | "
+             "cudaMalloc / cudaFree / retries a step |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['mode']} | {r['step_ms']} | {r['tgt_tokens_per_s']:,} | {r['model_tflops']} | "
-              f"{100 * r['mfu']:.1f}% | {r['peak_memory_gib']} |" for r in rows]
-    lines += [f"| {f['model']} | {f['mode']} | failed: {f['error']} | | | | |" for f in failed]
+              f"{100 * r['mfu']:.1f}% | {r['peak_memory_gib']} | {allocator_text(r)} |" for r in rows]
+    lines += [f"| {f['model']} | {f['mode']} | failed: {f['error']} | | | | | |" for f in failed]
     if overlaps := [r for r in rows if "host_overlap" in r]:
         o = overlaps[0]["host_overlap"]
         lines += ["", "Reading a step's outcome late (`host_overlap`, the row's own model after its timed steps): "

@@ -293,6 +293,9 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     for name in ("synchronize", "reset_peak_memory_stats", "empty_cache"):
         monkeypatch.setattr(gpu.torch.cuda, name, lambda *a, **k: None)
     monkeypatch.setattr(gpu.torch.cuda, "max_memory_allocated", lambda *a, **k: 0)
+    reads = []  # the allocator's counters: 4 cudaMalloc and 2 cudaFree more at each read, never a retry
+    monkeypatch.setattr(gpu.torch.cuda, "memory_stats", lambda *a, **k: reads.append(1) or {
+        "num_device_alloc": 4 * len(reads), "num_device_free": 2 * len(reads), "num_alloc_retries": 0})
     real = torch.profiler.profile
     monkeypatch.setattr(torch.profiler, "profile",
                         lambda activities, **kw: real(activities=[torch.profiler.ProfilerActivity.CPU], **kw))
@@ -302,6 +305,9 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     batches, src_len, tgt_len = gpu.synthetic_batches(400, 240)
     row, profiled = gpu.measure("tiny", "bf16", batches, 2, 1, src_len, tgt_len, micro=2, profile=1)
     assert row["mode"] == "bf16 ×2" and row["micro_batches"] == 2 and row["skipped_steps"] == 0
+    # read before and after the 2 timed steps: the counts' growth a step
+    assert row["allocator_per_step"] == {"num_device_alloc": 2.0, "num_device_free": 1.0, "num_alloc_retries": 0.0}
+    assert gpu.allocator_text(row) == "2 / 1 / 0" and gpu.allocator_text({}) == "–"
     assert row["tgt_tokens_per_step"] > max(b.n_tgt_tokens for b in batches)  # two batches a step
     assert profiled["mode"] == "bf16 ×2" and profiled["step_ms"] == row["step_ms"]
     assert set(profiled["sources"]) == {"copies", "elementwise", "matmul"}
