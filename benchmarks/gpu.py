@@ -374,9 +374,9 @@ ALLOCATOR_CALLS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
 def allocator_calls() -> dict[str, int]:
     """How often PyTorch's caching allocator has called cudaMalloc and cudaFree, and retried an allocation after
     emptying its cache, in this process. A step that meets its memory in the cache calls neither; one that does
-    not waits for them, and cudaFree waits for the whole device (big's compiled step on 2026-12-04 left the GPU
-    idle 2.8 ms at its forward's start, more than base's step with the same number of tensors: a row's counts a
-    step say whether the allocator is why)."""
+    not waits for them, and cudaFree waits for the whole device: a row's counts a step say whether the allocator
+    is why a step leaves the GPU idle (big's compiled step on 2026-12-04 did so at its forward's start, longer
+    than base's with the same number of tensors: benchmarks/results/gpu_visit_2026-12-04/)."""
     stats = torch.cuda.memory_stats()
     return {k: stats.get(k, 0) for k in ALLOCATOR_CALLS}
 

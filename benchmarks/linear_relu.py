@@ -1,19 +1,19 @@
 """A candidate for issue 47: the feed-forward network's first layer, max(0, x W1ᵀ + b1) (§3.3, eq. 2), with
 the ReLU applied in the matrix product's epilogue instead of by a kernel of its own.
 
-Why: in base's compiled bf16 step on the H200 (benchmarks/results/gpu_visit_2026-12-04/), the product
-x W1ᵀ + b1 is one cuBLASLt call (its bias added in the epilogue), and Inductor then launches one more kernel
-per layer that reads the [tokens, d_ff] result back, applies the ReLU and writes it again with a mask for the
-backward: 12 launches, 0.92 ms a step, ~2.5% of the step, for work the product's epilogue can do as it
-stores (cuBLASLt's ReLU-and-bias epilogue, which ``torch._addmm_activation`` asks for on a GPU). Inductor
+Why: in base's compiled bf16 step on the H200 (benchmarks/results/gpu_visit_2026-12-04/, its profile's
+elementwise sources), the product x W1ᵀ + b1 is one cuBLASLt call (its bias added in the epilogue), and
+Inductor then launches one more kernel per layer that reads the [tokens, d_ff] result back, applies the ReLU
+and writes it again with a mask for the backward: work the product's epilogue can do as it stores
+(cuBLASLt's ReLU-and-bias epilogue, which ``torch._addmm_activation`` asks for on a GPU). Inductor
 keeps ``_addmm_activation`` as the call it is (a fallback, not decomposed), but the operator has no
 derivative, so a training step needs the autograd Function below: forward through the fused product, backward
 from the layer's own output (the ReLU's gradient passes where h > 0, as ``ReluBackward`` does).
 
 Same numbers: max(0, round(v)) = round(max(0, v)), so applying the ReLU before or after the product's
-rounding to bf16 gives the same output bits, given the same product. Only the backward reads the output
-(2 bytes an element) where Inductor's graph read its mask (1 byte): predicted, −0.9 ms forward, +0.15 ms
-backward, ~−0.75 ms a base step (~2%) and twice that for big (d_ff 4,096).
+rounding to bf16 gives the same output bits, given the same product. The backward reads the output (2 bytes
+an element) where Inductor's graph read its mask (1 byte): the forward's kernel goes, the backward's moves a
+little more (the gain predicted before measuring: docs/scaling.md).
 
     from linear_relu import linear_relu
     h = linear_relu(x, layer.weight, layer.bias)   # = F.relu(F.linear(x, weight, bias))
