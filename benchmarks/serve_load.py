@@ -35,6 +35,7 @@ from transformer.prepare import resolve_data_path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from provenance import git  # noqa: E402
 from tests.conftest import start_server  # noqa: E402  (the tests' launcher of `transformer serve`)
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -115,8 +116,7 @@ def main() -> None:
         "requests_per_s": batched["requests_per_s"], "p50_ms": batched["p50_ms"], "p99_ms": batched["p99_ms"],
         "batching_gain": round(batched["requests_per_s"] / single["requests_per_s"], 2),
         "batched": batched, "unbatched": single, "clients": args.clients, "requests_per_client": args.requests,
-        "max_wait_ms": args.max_wait_ms, "run": str(run), "beam": 4, "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip(),
+        "max_wait_ms": args.max_wait_ms, "run": str(run), "beam": 4, "commit": git("rev-parse", "--short", "HEAD"),
         "command": " ".join(["python", "benchmarks/serve_load.py", *sys.argv[1:]]),
         "date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {torch.get_num_threads()} threads",
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "fastapi": fastapi.__version__,
