@@ -60,8 +60,9 @@ def test_compiled_the_forward_launches_no_kernel_for_the_relu():
     """What torch.compile makes of a feed-forward network (eq. 2) through it: Inductor keeps
     ``_addmm_activation`` as the call it is (on a GPU one cuBLASLt product whose epilogue adds the bias and applies
     the ReLU), so the forward is the two products and nothing else, where through the operators it is the
-    products and a kernel that applies the ReLU and stores its mask (one a layer, on the H200 too). The backward takes the ReLU's gradient from the layer's output, which the second product's gradient
-    keeps anyway. Same values and gradients."""
+    products and a kernel that applies the ReLU and stores its mask (one a layer, on the H200 too). The backward
+    takes the ReLU's gradient from the layer's output, which the second product's gradient keeps anyway. Same
+    values and gradients."""
     x, w, b = operands()
     g = torch.Generator().manual_seed(1)
     w2, b2 = torch.randn(16, 24, generator=g, requires_grad=True), torch.randn(16, generator=g, requires_grad=True)
