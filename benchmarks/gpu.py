@@ -57,6 +57,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -239,14 +240,12 @@ def as_the_row_runs(mode: str):
 KERNEL_DEVICES = ("cuda",)  # where the junctions go through the kernels (the tests add the CPU: the interpreter)
 
 
-@contextlib.contextmanager
 def junctions_through_kernels(on: bool):
     """Within it, where ``on``, the package's post-norm junctions LayerNorm(x + Dropout(Sublayer(x))) in bf16
     or fp16 on a GPU go through postnorm_kernel.post_norm (``model.residual`` replaced: its layers look it up
     at each call); the rest (pre-norm, fp32, the CPU) as before."""
     if not on:
-        yield
-        return
+        return contextlib.nullcontext()
     import transformer.model
     from postnorm_kernel import post_norm
 
@@ -257,21 +256,18 @@ def junctions_through_kernels(on: bool):
             return operators(x, norm, drop, pre, sublayer)
         return post_norm(x, sublayer(x), norm, drop.p, drop.training)
 
-    transformer.model.residual = through_kernels
-    try:
-        yield
-    finally:
-        transformer.model.residual = operators
+    return mock.patch.object(transformer.model, "residual", through_kernels)
 
 
-@contextlib.contextmanager
+EPILOGUE_DEVICES = ("cuda",)  # where the feed-forward layers take the epilogue (the tests add the CPU)
+
+
 def ffn_through_epilogue(on: bool):
     """Within it, where ``on``, the feed-forward layers' max(0, x W1ᵀ + b1) in training on a GPU goes through
     linear_relu.linear_relu, one product with the ReLU in its epilogue (``model.apply`` replaced: the layers
     look it up at each call); the rest (other projections, decoding, the CPU) as before."""
     if not on:
-        yield
-        return
+        return contextlib.nullcontext()
     import transformer.model
     from linear_relu import linear_relu
 
@@ -283,14 +279,7 @@ def ffn_through_epilogue(on: bool):
             return linear_relu(x, layer.weight, layer.bias)
         return operators(layer, x, relu)
 
-    transformer.model.apply = through_epilogue
-    try:
-        yield
-    finally:
-        transformer.model.apply = operators
-
-
-EPILOGUE_DEVICES = ("cuda",)  # where the feed-forward layers take the epilogue (the tests add the CPU)
+    return mock.patch.object(transformer.model, "apply", through_epilogue)
 
 
 def attention_preferring_efficient(on: bool):
