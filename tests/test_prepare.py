@@ -301,21 +301,56 @@ FAKE = gzip.compress("Ein Hund.\nZwei Katzen.\n".encode())
 
 def test_download_success(isolated: Path, server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     url, served = server
-    (served / "fake.de.gz").write_bytes(FAKE)
+    (served / "raw").mkdir()
+    (served / "raw" / "fake.de.gz").write_bytes(FAKE)
     monkeypatch.setattr(prepare_module, "MULTI30K_SHA256", {"fake.de.gz": hashlib.sha256(FAKE).hexdigest()})
     monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", url)
     path = resolve_data_path("multi30k/fake.de.gz")
     assert path == isolated / "home" / ".cache" / "transformer" / "multi30k" / "fake.de.gz"
     assert read_lines(path) == ["Ein Hund.", "Zwei Katzen."]
     assert [p.name for p in path.parent.iterdir()] == ["fake.de.gz"]  # no temp file left
-    (served / "fake.de.gz").unlink()
+    (served / "raw" / "fake.de.gz").unlink()
     assert resolve_data_path("multi30k/fake.de.gz") == path  # found in the cache, not fetched again
+
+
+def test_a_tokenized_reference_is_downloaded_as_published_and_kept_gzipped(
+        isolated: Path, server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quick start's --tok-ref (multi30k/tok/...lc.norm.tok.de.gz) was found only in a data folder that
+    held it: a fresh machine trained for ten minutes and then stopped at "data file not found". The dataset
+    publishes it as plain text, checked against that text's sha256 and kept gzipped under the asked name."""
+    url, served = server
+    text = "ein hund .\nzwei katzen .\n".encode()
+    (served / "tok").mkdir()
+    (served / "tok" / "fake.lc.norm.tok.de").write_bytes(text)
+    monkeypatch.setattr(prepare_module, "MULTI30K_TOK_SHA256", {"fake.lc.norm.tok.de": hashlib.sha256(text).hexdigest()})
+    monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", url)
+    path = resolve_data_path("multi30k/tok/fake.lc.norm.tok.de.gz")
+    assert path == isolated / "home" / ".cache" / "transformer" / "multi30k" / "tok" / "fake.lc.norm.tok.de.gz"
+    assert gzip.decompress(path.read_bytes()) == text and read_lines(path) == ["ein hund .", "zwei katzen ."]
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # neither the plain file nor a temp file left
+    (served / "tok" / "fake.lc.norm.tok.de").unlink()
+    assert resolve_data_path("multi30k/tok/fake.lc.norm.tok.de.gz") == path  # from the cache
+    (served / "tok" / "fake.lc.norm.tok.de").write_bytes(text + b"changed\n")  # not what was published
+    with pytest.raises(DataError, match="sha256") as e:
+        resolve_data_path("multi30k/tok/fake.lc.norm.tok.de")
+    assert "\n" not in str(e.value) and "multi30k/tok/fake.lc.norm.tok.de is missing" in str(e.value)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_every_tokenized_reference_a_recipe_names_can_be_downloaded() -> None:
+    """Each config's data.test_tok_ref is one the downloader knows (a fresh machine can evaluate every recipe)."""
+    from transformer.config import load_config
+
+    configs = sorted((Path(__file__).parents[1] / "configs").glob("*.toml"))
+    refs = {load_config(str(c)).data.test_tok_ref for c in configs} - {""}
+    assert refs and all(prepare_module._published_multi30k(Path(ref)) for ref in refs), refs
 
 
 def test_download_sha_mismatch_keeps_nothing(isolated: Path, server: tuple[str, Path],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     url, served = server
-    (served / "fake.de.gz").write_bytes(FAKE)
+    (served / "raw").mkdir()
+    (served / "raw" / "fake.de.gz").write_bytes(FAKE)
     monkeypatch.setattr(prepare_module, "MULTI30K_SHA256", {"fake.de.gz": "0" * 64})
     monkeypatch.setenv("TRANSFORMER_MULTI30K_URL", url)
     monkeypatch.setenv("TRANSFORMER_DATA", str(isolated / "env"))

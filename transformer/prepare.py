@@ -19,6 +19,7 @@ sentence per line) and dest/MANIFEST.json (line counts and sha256 of every outpu
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -37,8 +38,8 @@ from .files import DownloadError, atomic_path, download, write_text
 from .trees import TreeError, linearize, read_normalized
 
 # ---------------------------------------------------------------------------------------------- data folders
-MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
-MULTI30K_SHA256 = {  # task 1 raw files, as listed in the shared data README
+MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/"  # raw/ and tok/ below it
+MULTI30K_SHA256 = {  # task 1 raw files (raw/), as listed in the shared data README
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
     "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
     "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
@@ -48,6 +49,17 @@ MULTI30K_SHA256 = {  # task 1 raw files, as listed in the shared data README
     "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
     "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
     "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+}
+# the dataset's lowercased, normalised, Moses-tokenized references (tok/) of the same sets, which published
+# Multi30k results are scored against (evaluate --tok-ref, the recipes' data.test_tok_ref): published as plain
+# text (these are its sha256), kept gzipped under the names the recipes give them (multi30k/tok/NAME.gz)
+MULTI30K_TOK_SHA256 = {
+    "test_2016_flickr.lc.norm.tok.de": "c6a33d39d48f9f510de147651316cd9d918e09ad0219df734a2f16b6baccacc4",
+    "test_2016_flickr.lc.norm.tok.en": "5b7f32627cf99eced828311b955dae9800bb52bc8b91cf8b6526829e605b29d2",
+    "test_2016_flickr.lc.norm.tok.fr": "1463bd5960f9bfe098ec3cd752d3df0c49c84dc646fb518964a29232658cd836",
+    "val.lc.norm.tok.de": "97232bd273eceb7207f689527386a97e4be2616b18ada47576bdaf96c8ae1f00",
+    "val.lc.norm.tok.en": "46573ce391ae227f1c72f873392436a20ef18e0a6d518098cfbd70b77c8572ec",
+    "val.lc.norm.tok.fr": "b303e301aa21fe7822a846b2b3fb2d5a1121ec807cd5b1d006fb7b2b5507168a",
 }
 _CHECKOUT = Path(__file__).resolve().parent.parent
 
@@ -67,19 +79,37 @@ def find_data_root() -> Path | None:
     return next((root for root in _candidate_roots() if root.is_dir()), None)
 
 
-def _download_multi30k(name: str) -> Path:
-    """Fetches one Multi30k raw file into the cache, verified against its published sha256."""
+def _published_multi30k(given: Path) -> tuple[str, str] | None:
+    """Where a Multi30k file as the recipes name it ("multi30k/FILE" raw, "multi30k/tok/NAME[.gz]" a tokenized
+    reference) is published below MULTI30K_URL, and its sha256 there; None for any other path."""
+    parts = given.parts
+    if len(parts) == 2 and parts[0] == "multi30k" and parts[1] in MULTI30K_SHA256:
+        return f"raw/{parts[1]}", MULTI30K_SHA256[parts[1]]
+    if len(parts) == 3 and parts[:2] == ("multi30k", "tok") and parts[2].removesuffix(".gz") in MULTI30K_TOK_SHA256:
+        name = parts[2].removesuffix(".gz")
+        return f"tok/{name}", MULTI30K_TOK_SHA256[name]
+    return None
+
+
+def _download_multi30k(given: Path, published: str, sha256: str) -> Path:
+    """Fetches one Multi30k file (``given``, relative to a data root) into the cache, verified against the
+    sha256 of what is published; a reference published as plain text and asked for as .gz is gzipped."""
     env = os.environ.get("TRANSFORMER_DATA")
-    folder = (Path(env).expanduser() if env else Path.home() / ".cache" / "transformer") / "multi30k"
-    url = os.environ.get("TRANSFORMER_MULTI30K_URL", MULTI30K_URL).rstrip("/") + "/" + name
-    hint = (f"download the Multi30k task1 raw files ({MULTI30K_URL}) into {folder}, "
+    path = (Path(env).expanduser() if env else Path.home() / ".cache" / "transformer") / given
+    url = os.environ.get("TRANSFORMER_MULTI30K_URL", MULTI30K_URL).rstrip("/") + "/" + published
+    hint = (f"download {MULTI30K_URL}{published} into {path.parent}, "
             "or set TRANSFORMER_DATA to a folder holding multi30k/")
+    plain = path.with_name(Path(published).name)  # the published file's own name
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        download(url, folder / name, MULTI30K_SHA256[name])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        download(url, plain, sha256)
+        if plain != path:  # gzipped, as named: the recipes' and the shared data's reference files are .gz
+            with atomic_path(path) as part:
+                part.write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
+            plain.unlink()
     except (DownloadError, OSError) as e:  # offline, HTTP error, refused, not the file, no folder: one message
-        raise DataError(f"multi30k/{name} is missing and could not be downloaded: {e}; {hint}") from None
-    return folder / name
+        raise DataError(f"{given.as_posix()} is missing and could not be downloaded: {e}; {hint}") from None
+    return path
 
 
 PTB_PARSE = "ptb-sample-parse"  # the parsing task's files (§6.3), built from ptb-sample/ on first use
@@ -128,8 +158,9 @@ def write_ptb_splits(ptb_dir: Path, dest: Path) -> dict[str, int]:
 def resolve_data_path(path: str) -> Path:
     """A data file: absolute or existing as given, else under each data root in order.
 
-    A missing Multi30k raw file ("multi30k/<file>") is downloaded, so the recipes run from a fresh
-    checkout; anything else missing is an error that lists where it was looked for.
+    A missing Multi30k raw file ("multi30k/<file>") or tokenized reference ("multi30k/tok/<file>") is
+    downloaded, so the recipes run from a fresh checkout; anything else missing is an error that lists
+    where it was looked for.
     """
     given = Path(path).expanduser()
     if given.exists():
@@ -140,8 +171,8 @@ def resolve_data_path(path: str) -> Path:
     for root in roots:
         if (root / given).exists():
             return root / given
-    if len(given.parts) == 2 and given.parts[0] == "multi30k" and given.name in MULTI30K_SHA256:
-        return _download_multi30k(given.name)
+    if (published := _published_multi30k(given)) is not None:
+        return _download_multi30k(given, *published)
     if len(given.parts) == 2 and given.parts[0] == PTB_PARSE:
         return _build_ptb_parse(given.name, roots)
     raise DataError(f"data file not found: {path} (searched ./ and {', '.join(map(str, roots))}; "
