@@ -14,11 +14,12 @@ most ``max_attention_queued`` attention requests are in progress (beyond, 503), 
 holds at most ``max_attention_pieces`` pieces per side, and a connection opened while ``max_connections``
 are open gets 503 for its request. Ctrl-C stops decoding at the next batch and answers 503 to what waits. If decoding a batch
 raises, its requests get 500 and the server goes on; if the decoding worker itself fails, the requests
-waiting for it get 500 and it is restarted; after ``MAX_RESTARTS`` failures the server answers 503 and
-/health says why. Every error is JSON, {"error": one line}: 413 body too large, 422 too many sentences
-/ too long a sentence / a beam over the limit / options that do not combine or a value out of range
-(``request.DecodeRequest.verify``, the same table as the command line's) / a wrong type or unknown
-key / a lone surrogate in a string, 400 malformed JSON, 500 anything that fails while answering. A request must arrive whole within ``request_timeout`` seconds, else its
+waiting for it get 500 and it is restarted, at most ``MAX_RESTARTS`` times: at the next failure every
+request (attention too) answers 503 and /health says why. Every error is JSON, {"error": one line}: 413
+body too large, 422 too many sentences / too long a sentence / a beam over the limit / options that do not
+combine or a value out of range (``request.DecodeRequest.verify``, the same table as the command line's) / a
+wrong type or unknown key / a lone surrogate in a string (the line names the field), 400 malformed JSON, 500
+anything that fails while answering. A request must arrive whole within ``request_timeout`` seconds, else its
 connection is closed, so slow or stalled clients (slowloris) cannot hold connections for ever;
 tests/reliability/test_server_abuse.py checks all of this against a real server.
 """
@@ -55,7 +56,7 @@ from .figures import align, attention_maps, web_page
 from .request import API, DecodeRequest
 from .translator import Translator
 
-MAX_RESTARTS = 3  # decoding worker failures after which the server stops decoding and says so
+MAX_RESTARTS = 3  # restarts of a failed decoding worker; the failure after them stops decoding, and the server says so
 
 
 def _unicode(text: str) -> str:
@@ -204,17 +205,24 @@ class Batcher:
         job = Job("translate", self.translator.check(request))
         return [hyps[0][0] for hyps in await self.submit(lines, job, None, disconnected)]
 
+    def refusal(self) -> LimitError | None:
+        """The 503 every request gets once the server is shutting down or decoding has stopped (``supervise``
+        gave up): attention requests too, which run on the model thread without the queue. None otherwise."""
+        if self.stopping:
+            return LimitError(503, "the server is shutting down")
+        if not self.alive:
+            return LimitError(503, f"decoding has stopped after {len(self.failures)} failures "
+                                   f"(last: {self.failures[-1] if self.failures else 'none'})")
+        return None
+
     async def submit(self, lines: list[str], job: Job, extra: dict[str, list] | None = None,
                      disconnected: asyncio.Future | None = None) -> list:
         """What ``job`` gives for each of ``lines`` once decoded (translate: its hypotheses as (text,
         score), best first; score: ``decode.Scored``); LimitError (503) when the queue is full, the
         wait for decoding passes ``queue_timeout``, or decoding has stopped. ``disconnected``
         completes when the client goes away: the request is then dropped, not decoded."""
-        if self.stopping:
-            raise LimitError(503, "the server is shutting down")
-        if not self.alive:
-            raise LimitError(503, f"decoding has stopped after {len(self.failures)} failures "
-                                  f"(last: {self.failures[-1] if self.failures else 'none'})")
+        if (refusal := self.refusal()) is not None:
+            raise refusal
         if len(lines) > self.limits.max_queued:  # a 503 would be retried for ever
             raise LimitError(422, f"{len(lines)} sentences, more than this server queues at once (the limit is "
                                   f"{self.limits.max_queued}, --max-queued): send them in smaller requests")
@@ -578,7 +586,9 @@ def _answer_errors_in_json(app: FastAPI) -> None:
             return JSONResponse({"error": "malformed JSON: the body is empty (send a JSON object)"}, status_code=400)
         detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]), "problem": e.get("msg", "")}
                   for e in errors]
-        return JSONResponse({"error": "invalid request", "detail": detail}, status_code=422)
+        # the one line names each field and its problem (a client, or the web page, shows only the line)
+        line = " ".join("; ".join(f"{d['field'] or 'body'}: {d['problem']}" for d in detail).split())
+        return JSONResponse({"error": f"invalid request: {line}", "detail": detail}, status_code=422)
 
     @app.exception_handler(LimitError)
     async def limited(request: Request, exc: LimitError) -> JSONResponse:
@@ -670,6 +680,8 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         _check_pieces(translator, limits, req.text, "text")
         if translator.setup.ensemble:  # as "alignment" (request.REFUSED): the models' attentions are not one
             raise LimitError(422, "attention with --ensemble: an ensemble has no one attention to draw")
+        if (refusal := app.state.batcher.refusal()) is not None:
+            raise refusal
         if attention_slots.locked():
             raise LimitError(503, f"busy: {limits.max_attention_queued} attention requests are in progress; "
                                   "try again shortly", retry_after=1)
