@@ -998,6 +998,16 @@ def test_a_long_decode_into_a_log_says_it_is_under_way(tiny_run, tmp_path, capsy
     assert "decoding 3 sentences (no progress bar: stderr is not a terminal)" in err.splitlines(), err
 
 
+def test_training_draws_its_progress_bar_at_a_terminal_only(tmp_path, tiny_overrides, capsys):
+    """stderr into a file (nohup, a batch job's log): the bar's redraws, a carriage return and a line's worth of
+    bytes each second of the run, filled the log between its lines (decoding draws none there already). The
+    log lines still come, on stdout."""
+    sets = [a for o in tiny_overrides + ["train.max_steps=4", "train.log_every=2"] for a in ("--set", o)]
+    status, out, err = run_here(capsys, "train", "tiny", "--out", str(tmp_path / "run"), *sets)
+    assert status == 0 and "step=2 " in out and "step=4 " in out, out
+    assert "%|" not in err and "\r" not in err, err
+
+
 def test_train_log_lines_reach_a_pipe_as_they_are_said(tmp_path, tiny_overrides):
     """Under nohup, `| tee` or a batch system, stdout is a pipe or a file: each log line reaches it when it is
     said, not in one block when the process ends (tqdm.write does not flush). Run without PYTHONUNBUFFERED,

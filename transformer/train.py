@@ -1087,9 +1087,11 @@ class Trainer:
                 (self.out / "summary.json").unlink()
         self.start = time.monotonic()
         self.window = resumed_window(self.window_then)
-        # the bar counts down whichever budget ends first, updates or minutes (in thousandths of it)
+        # the bar counts down whichever budget ends first, updates or minutes (in thousandths of it); at a
+        # terminal only: into a file (nohup, a batch job's log) its redraws would fill the log between its lines
         bar = tqdm(total=1000, initial=budget_used(state.step, t.max_steps, self.elapsed(), t.max_minutes),
-                   desc="train", disable=self.quiet or not dist.main, dynamic_ncols=True, mininterval=1.0,
+                   desc="train", disable=self.quiet or not dist.main or not sys.stderr.isatty(), dynamic_ncols=True,
+                   mininterval=1.0,
                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}{postfix}")
         # (at the last applied step, now), for ends(); resumed after skipped steps that ended an epoch, that epoch
         # is reported at the next applied step, as in a run never stopped
