@@ -2,8 +2,9 @@
 maximum output length during inference to input length + 50, but terminate early when possible".
 
 The search is the authors' (tensor2tensor's GNMT-style beam search, IMPLEMENTATION-NOTES A11):
-each step keeps the top 2·beam candidates over beam × V; EOS candidates among the top ``beam``
-become finished hypotheses scored by log P(Y) / lp(|Y|), the best ``beam`` others stay alive with their raw log-probs; a
+each step keeps the top 2·beam candidates over beam × V; EOS candidates become finished hypotheses
+scored by log P(Y) / lp(|Y|) (those among the top ``beam`` only, where the authors' code took any of the
+2·beam: a deviation, ``beam_step``), the best ``beam`` others stay alive with their raw log-probs; a
 sentence stops as soon as no alive beam can still beat its best finished hypothesis.
 
 What the search asks of a model is one thing: the next token's logits for each row (``NextTokenLogits``:
