@@ -1,6 +1,6 @@
 """Configuration: one dataclass per concern, defaults = the paper's base model (Table 3, §5).
 
-A preset or recipe is a TOML file that lists only what differs from these defaults; ``--set
+A preset or recipe is a TOML file that lists what it sets (mostly what differs from these defaults); ``--set
 section.key=value`` overrides it. Nothing else layers. Unknown keys are errors that suggest the
 closest known key, and types are checked, so a typo never silently trains the wrong model.
 """
@@ -44,7 +44,9 @@ class ModelConfig:
     p_drop_attn: float = 0.0  # dropout on attention weights: not in the paper, 0 in the authors' code
     p_drop_relu: float = 0.0  # dropout after the FFN ReLU: not in the paper, 0 in the authors' code
     positional: Literal["sinusoidal", "learned"] = "sinusoidal"  # §3.5; "learned" is Table 3 row E
-    max_positions: int = 1024  # rows of the learned position table (row E only; sinusoids are unbounded)
+    # rows of the learned position table (row E); a sinusoidal model computes any position, and this
+    # bounds only the output offset a request may ask (decode.max_len_offset, Translator.check)
+    max_positions: int = 1024
     share_embeddings: bool = True  # one matrix for source and target embeddings (§3.4)
     share_output: bool = True  # target embedding tied to the pre-softmax projection (§3.4)
     bias: bool = True  # biases in attention projections (the authors' first code had them; A15)
@@ -198,7 +200,8 @@ class ServeLimits:
     max_beam: int = _limit(16, "largest beam a request may ask for (the run's own beam is always allowed)")
     max_batch_tokens: int = _limit(8192, "source tokens x beam per decoding batch: the memory bound")
     max_wait_ms: float = _limit(10.0, "how long a request waits for others to batch with, in milliseconds")
-    max_queued: int = _limit(256, "sentences waiting to be decoded, all requests together; beyond, 503")
+    max_queued: int = _limit(256, "sentences waiting to be decoded, all requests together; beyond, 503 (one request "
+                                   "of more sentences than this: 422)")
     queue_timeout: float = _limit(30.0, "seconds a request may wait for its decoding to start; then 503")
     max_attention_pieces: int = _limit(128, "pieces per side of an attention request (422 beyond)")
     max_attention_queued: int = _limit(2, "attention requests in progress at once; beyond, 503")
