@@ -1025,3 +1025,16 @@ def test_train_log_lines_reach_a_pipe_as_they_are_said(tmp_path, tiny_overrides)
     finally:
         proc.terminate()
         proc.communicate(timeout=120)
+
+
+def test_the_search_options_cite_the_papers_values_for_their_task():
+    """parse's --beam, --alpha and --max-len-offset cited §6.1's translation values (4, 0.6, 50); a parsing run
+    decodes with §6.3's (beam 21, α 0.3, input + 300: the parse preset's). And the help is built without torch,
+    which a config's validation would import (a second for `--help`)."""
+    code = ("import sys; from transformer import cli; p = cli.build_parser(); "
+            "print('torch' in sys.modules); p.parse_args([sys.argv[1], '--help'])")
+    for command, cited in (("parse", ("§6.3: 21", "§6.3: 0.3", "§6.3: 300")),
+                           ("translate", ("§6.1: 4", "§6.1: 0.6", "§6.1: 50"))):
+        shown = subprocess.run([sys.executable, "-c", code, command], capture_output=True, text=True,
+                               env={**os.environ, "COLUMNS": "400"}).stdout
+        assert shown.startswith("False\n") and all(c in shown for c in cited), shown

@@ -29,13 +29,14 @@ import stat
 import sys
 import tempfile
 import threading
+import tomllib
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits
+from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits, resolve_config_path
 from .errors import Terminated, UserError, out_of_memory, summary
 from . import files
 from .files import OutputError, check_output
@@ -111,7 +112,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     """
     import torch
 
-    from .config import dump_toml, load_config, resolve_config_path
+    from .config import dump_toml, load_config
     from .train import data_paths, train
 
     if (stop := _lost_stop()) is not None:  # a rank's first seconds are these imports, where it can be lost
@@ -161,20 +162,27 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="decode with the weights, products and cached keys and "
                    "values in bf16 (scores stay fp32): for GPUs; on a CPU --int8 was faster "
                    "(benchmarks/results/bf16_decode.md)")
-    p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one)")
+    p.add_argument("--device", help="where to decode: cpu, cuda, cuda:N (default: a GPU when there is one; the "
+                   "CPU with --int8)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for the model's operations (default: "
                    "torch's, one per core, or OMP_NUM_THREADS): fewer, to run several decoders side by side")
 
 
-def _decode_options(p: argparse.ArgumentParser) -> None:
+def _decode_options(p: argparse.ArgumentParser, parsing: bool = False) -> None:
+    """The search's options; their help cites the paper's values: §6.1's for translation, §6.3's (the parse
+    preset's decoding) for ``parsing``."""
     _model_options(p)
-    paper = DecodeConfig()
-    p.add_argument("--beam", type=int, help="beam size (default: the run's decode.beam_size; §6.1: "
+    paper, section = DecodeConfig(), "§6.1"
+    if parsing:  # the parse preset's, §6.3's: the package's own TOML read as it is (config.read_toml and a
+        # config's validation import torch, which --help and the commands that need no model do without)
+        paper = DecodeConfig(**tomllib.loads(resolve_config_path("parse").read_text(encoding="utf-8"))["decode"])
+        section = "§6.3"
+    p.add_argument("--beam", type=int, help=f"beam size (default: the run's decode.beam_size; {section}: "
                    f"{paper.beam_size}); 1 = greedy")
-    p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: the run's; §6.1: {paper.alpha})")
+    p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: the run's; {section}: {paper.alpha})")
     _length_norm_option(p)
     p.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default: the "
-                   f"run's; §6.1: {paper.max_len_offset})")
+                   f"run's; {section}: {paper.max_len_offset})")
     p.add_argument("--batch-size", type=int, help="sentences per decoding batch (default: the run's, "
                    f"{paper.batch_size} unless it says otherwise)")
     p.add_argument("--early-stop", choices=EARLY_STOPS, help="when beam search stops a sentence: bound "
@@ -196,9 +204,10 @@ def _ensemble_option(p: argparse.ArgumentParser) -> None:
 
 
 def _unconstrained_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--unconstrained", action="store_true", help="parsing runs: let the beam write any sequence "
-                   "(the paper's decoding) and repair ill-formed trees afterwards, instead of allowing only "
-                   "well-formed trees of the input")
+    p.add_argument("--unconstrained", action="store_true", help="parsing runs whose beam writes only well-formed "
+                   "trees of the input (decode.constrained: ptb_sample_parse.toml's; the paper's parse.toml "
+                   "decodes freely already): let it write any sequence, as the paper, and repair ill-formed trees "
+                   "afterwards")
 
 
 def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -358,13 +367,14 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
     _ensemble_option(p)
     p.add_argument("--input", type=Path, help="input file, plain or .gz (default: stdin)")
     _output(p, "--output", help="output file (default: stdout)")
-    p.add_argument("--nbest", type=int, metavar="K", help="the K best hypotheses of each input (K <= beam), best "
+    p.add_argument("--nbest", type=int, metavar="K", help="the K best hypotheses of each input (K <= beam; with "
+                   "--sample, K draws), best "
                    "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
                    "beam's log P / lp(|Y|); the first of each list is the plain output (with --early-stop top it "
                    "may be a better one); with --constraints, only hypotheses that meet them (when any does): a "
                    "list may be shorter")
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' lines: each output with the "
-                   "beam's score, log P / lp(|Y|) (--nbest lines carry it already)")
+                   "beam's score, log P / lp(|Y|) (not with --nbest, whose lines carry it already)")
     p.add_argument("--prefix", type=Path, metavar="FILE", help="one target prefix per input line (empty: none): "
                    "each output starts with it and the search continues from it (interactive translation)")
     p.add_argument("--constraints", type=Path, metavar="FILE", help="per input line, the phrases its output must "
@@ -538,13 +548,14 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ref", type=Path, help="reference translations (raw text), or gold trees for a parsing run "
                    "(default: the run's data.test_tgt)")
     p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...; default: "
-                   "the run's data.test_tok_ref when --src and --ref are the run's too)")
+                   "the run's data.test_tok_ref when neither --src nor --ref is given)")
     p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix, test.de, "
                    "else the run's data.train_tgt's)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported in Table 2, "
                    "computed as the authors did (A13: Moses tokenizer and compound splitting, get_ende_bleu.sh)")
-    _output(p, "--json", help='write {"bleu", "chrf", "signature", ...} to this file')
-    _output(p, "--hyp-out", help="also write the translations to this file")
+    _output(p, "--json", metavar="FILE", help='write {"bleu", "chrf", "signature", ...} to FILE (a parsing run: '
+            '{"f1", "precision", "recall", ...})')
+    _output(p, "--hyp-out", metavar="FILE", help="also write the translations to FILE")
 
 
 @command("evaluate", _evaluate_arguments)
@@ -678,7 +689,7 @@ def _trees(lines: list[str], outputs: list[str]) -> list:
 
 
 def _parse_arguments(p: argparse.ArgumentParser) -> None:
-    _decode_options(p)
+    _decode_options(p, parsing=True)
     _unconstrained_option(p)
     p.add_argument("--input", type=Path, help="input file (default: stdin)")
     _output(p, "--output", help="output file (default: stdout)")
@@ -689,8 +700,9 @@ def cmd_parse(args: argparse.Namespace) -> None:
     """Parse sentences into constituency trees with a parsing run (§6.3).
 
     Input: one sentence per line, words separated by spaces (Penn Treebank tokenization). Output: one bracketed
-    tree per line, every sentence gets one (the beam writes only well-formed trees of the input; with
-    --unconstrained, ill-formed outputs are repaired); part-of-speech nodes carry the placeholder XX.
+    tree per line, every sentence gets one (with the run's decode.constrained the beam writes only well-formed
+    trees of the input; without it, or with --unconstrained, ill-formed outputs are repaired); part-of-speech
+    nodes carry the placeholder XX.
     """
     request = _request(args)
     total = _count_lines(args.input)
@@ -784,8 +796,8 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost", action="store_true", help="training cost of the config's run (train.max_steps x "
                    "max_tokens x update_freq): total FLOPs against Table 2's estimate, step time, days and memory "
                    "on H100s")
-    p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")],
-                   help=f"device counts for --cost (default {','.join(map(str, COST_DEVICES))})")
+    p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")], metavar="N,N,...",
+                   help=f"device counts for --cost, comma-separated (default {','.join(map(str, COST_DEVICES))})")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost (default 0.4)")
 
 

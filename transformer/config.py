@@ -195,9 +195,10 @@ class ServeLimits:
     texts (serve.py says what each bound does)."""
 
     max_body_bytes: int = _limit(1 << 20, "request body limit in bytes")
-    max_sentences: int = _limit(64, "sentences per translation request")
+    max_sentences: int = _limit(64, "sentences per translation or score request")
     max_chars: int = _limit(1000, "characters per sentence")
-    max_beam: int = _limit(16, "largest beam a request may ask for (the run's own beam is always allowed)")
+    max_beam: int = _limit(16, "largest beam, or number of sampled draws, a request may ask for (the server's "
+                                 "own beam, --beam or the run's, is always allowed)")
     max_batch_tokens: int = _limit(8192, "source tokens x beam per decoding batch: the memory bound")
     max_wait_ms: float = _limit(10.0, "how long a request waits for others to batch with, in milliseconds")
     max_queued: int = _limit(256, "sentences waiting to be decoded, all requests together; beyond, 503 (one request "
