@@ -39,6 +39,17 @@ def test_a_missing_sentencepiece_model_is_named(tmp_path, capsys, multi30k):
                      f'data.train_tgt="{multi30k / "val.de.gz"}"'], f"--spm {tmp_path / 'no.model'}: no such file")
 
 
+def test_preprocess_refuses_a_taken_folder_before_training_a_vocabulary(tmp_path, capsys, multi30k):
+    """An --out holding other files was refused only after the joint BPE vocabulary was trained: minutes on a
+    large corpus, lost."""
+    taken = tmp_path / "store"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine\n")
+    refused(capsys, ["preprocess", "tiny", "--out", str(taken), "--set", f'data.train_src="{multi30k / "val.en.gz"}"',
+                     "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"'], f"{taken}: already exists and is not empty")
+    assert [p.name for p in tmp_path.iterdir()] == ["store"]  # no vocabulary trained beside it
+
+
 def test_preprocess_takes_a_run_folder_for_its_vocabulary(tmp_path, capsys, multi30k, tiny_run):
     """`--spm RUN` said "no such file": the run's spm.model is what is meant."""
     sets = ["--set", f'data.train_src="{multi30k / "val.en.gz"}"', "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"']

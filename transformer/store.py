@@ -39,6 +39,18 @@ def _dtype(largest: int) -> str:
     return "uint16" if largest <= np.iinfo(np.uint16).max else "int32"
 
 
+def check_store_folder(out: Path, overwrite: bool) -> None:
+    """Refuses ``out`` as a store's folder: one that exists and is not empty, unless ``overwrite``, and even
+    then one that is not an earlier token store. Asked before any work (``transformer preprocess`` trains a
+    vocabulary first), and again by ``write_store``."""
+    out = Path(out)
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise DataError(f"{out}: already exists and is not empty; choose another folder or overwrite it")
+    if out.is_dir() and any(out.iterdir()) and (why := not_replaceable(out, "meta.json")):
+        raise DataError(f"{out}: --overwrite replaces an earlier token store only, and {why}: give a new folder, "
+                        "or remove this one yourself")
+
+
 def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: int,
                 chunk_pairs: int = 50_000, progress: bool = False, overwrite: bool = False) -> dict:
     """Encodes the line-aligned files ``src`` / ``tgt`` into a token store at ``out``; returns its meta.
@@ -52,11 +64,7 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
     src, tgt, out = Path(src), Path(tgt), Path(out)
     if chunk_pairs < 1 or max_len < 1:
         raise ValueError(f"chunk_pairs ({chunk_pairs}) and max_len ({max_len}) must be >= 1")
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(f"{out}: already exists and is not empty; choose another folder or overwrite it")
-    if out.is_dir() and any(out.iterdir()) and (why := not_replaceable(out, "meta.json")):
-        raise DataError(f"{out}: --overwrite replaces an earlier token store only, and {why}: give a new folder, "
-                        "or remove this one yourself")
+    check_store_folder(out, overwrite)
     ids_dtype, len_dtype = np.dtype(_dtype(tokenizer.vocab_size - 1)), np.dtype(_dtype(max_len))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
