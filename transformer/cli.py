@@ -385,7 +385,7 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=int, metavar="K", help="--sample: draw among the K most probable tokens only "
                    "(default 0: all)")
     p.add_argument("--topp", type=float, metavar="P", help="--sample: draw among the most probable tokens whose "
-                   "probability together reaches P (nucleus sampling)")
+                   "probability together reaches P (nucleus sampling; default 1: all)")
     p.add_argument("--temperature", type=float, metavar="T", help="--sample: divide the log-probabilities by T "
                    "(< 1 sharper, > 1 flatter; default 1)")
     p.add_argument("--seed", type=int, metavar="S", help="--sample: random seed (default 1); the same seed, input "
@@ -404,8 +404,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
     alignment, --prefix forces the start of each output, --constraints the phrases it must contain,
     --sample draws outputs instead of searching, --ensemble decodes with several runs' models together.
     Options that do not combine are refused in one line before any decoding (the table:
-    docs/decoding.md). Outputs are written as they are done: every 10,000 lines of a file or a pipe,
-    each line as it is typed at a terminal.
+    docs/decoding.md). Outputs are written as they are done: up to 10,000 lines at a time from a file, on a
+    pipe the lines that have come (up to 10,000), each line as it is typed at a terminal.
     """
     request = _request(args)
     total = _count_lines(args.input)
@@ -798,7 +798,7 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
                    "on H100s")
     p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")], metavar="N,N,...",
                    help=f"device counts for --cost, comma-separated (default {','.join(map(str, COST_DEVICES))})")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost (default 0.4)")
+    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost, in (0, 1] (default 0.4)")
 
 
 @command("params", _params_arguments)
@@ -955,10 +955,12 @@ def _attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", required=True, help="source sentence")
     p.add_argument("--tgt", help="target sentence to teacher-force (default: the model's own translation)")
     p.add_argument("--kind", choices=["enc-self", "dec-self", "cross"], default="enc-self",
-                   help="which attention (PNG only; the HTML holds all three)")
+                   help="which attention (PNG only, default enc-self; the HTML holds all three)")
     p.add_argument("--layer", type=int, default=1, help="layer, 1-based (PNG only; default 1)")
-    p.add_argument("--heads", default="all", help="'all' or a list such as 1,3 (PNG only)")
-    p.add_argument("--style", choices=["links", "heatmap", "both"], default="both", help="PNG drawing style")
+    p.add_argument("--heads", default="all", help="'all' or a list of 1-based heads such as 1,3 (PNG only; default "
+                   "all)")
+    p.add_argument("--style", choices=["links", "heatmap", "both"], default="both", help="PNG drawing style "
+                   "(default both)")
     p.add_argument("--words", action="store_true", help="PNG: merge sub-words into words (a word's weight is the "
                    "sum over its pieces as keys, the mean over its pieces as queries); the HTML has a switch")
     _output(p, "--out", suffixes=(".png", ".html"), required=True, help="FILE.png or FILE.html")
