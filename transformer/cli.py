@@ -106,9 +106,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     Train from a TOML config (a path or a preset name from configs/). Writes config.toml, spm.model,
     checkpoints/, train.log, metrics.jsonl, tb/. Every config key is documented beside its default in
     transformer/config.py; after the paper (off by default): train.keep_best = "valid_loss" |
-    "valid_smoothed_loss" | "dev_bleu" keeps best.safetensors (translate --checkpoint best), train.patience = N stops after N
-    evaluations without improvement, data.subword_alpha = 0.1 samples a new BPE-dropout segmentation
-    of the training text every epoch.
+    "valid_smoothed_loss" | "dev_bleu" keeps best.safetensors (translate --checkpoint best), train.patience = N
+    (with keep_best) stops after N evaluations without improvement of its metric, data.subword_alpha = 0.1
+    samples a new BPE-dropout segmentation of the training text every epoch.
     """
     import torch
 
@@ -366,7 +366,7 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
     _ensemble_option(p)
     p.add_argument("--input", type=Path, help="input file, plain or .gz (default: stdin)")
-    _output(p, "--output", help="output file (default: stdout)")
+    _output(p, "--output", help="output file, gzip-compressed when it ends in .gz (default: stdout)")
     p.add_argument("--nbest", type=int, metavar="K", help="the K best hypotheses of each input (K <= beam; with "
                    "--sample, K draws), best "
                    "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
@@ -444,7 +444,7 @@ def _score_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", type=Path, help="source sentences, plain or .gz (with --tgt; default: stdin, one "
                    "pair per line as SOURCE<TAB>TARGET)")
     p.add_argument("--tgt", type=Path, help="the translations to score, line-aligned with --src")
-    _output(p, "--output", help="output file (default: stdout)")
+    _output(p, "--output", help="output file, gzip-compressed when it ends in .gz (default: stdout)")
     p.add_argument("--json", action="store_true", help="one JSON object per pair instead: score, log_prob, tokens "
                    "(pieces, EOS included) and token_log_probs")
 
@@ -692,7 +692,7 @@ def _parse_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p, parsing=True)
     _unconstrained_option(p)
     p.add_argument("--input", type=Path, help="input file (default: stdin)")
-    _output(p, "--output", help="output file (default: stdout)")
+    _output(p, "--output", help="output file, gzip-compressed when it ends in .gz (default: stdout)")
 
 
 @command("parse", _parse_arguments)
