@@ -1038,3 +1038,14 @@ def test_the_search_options_cite_the_papers_values_for_their_task():
         shown = subprocess.run([sys.executable, "-c", code, command], capture_output=True, text=True,
                                env={**os.environ, "COLUMNS": "400"}).stdout
         assert shown.startswith("False\n") and all(c in shown for c in cited), shown
+
+
+def test_an_ensemble_list_that_took_the_run_folder_says_so(tmp_path, capsys):
+    """`translate --ensemble A B RUN_DIR`: the list took RUN_DIR too, and argparse said only that run_dir is
+    required, which the user had given. The line says why; ending the list with -- (options before it) works."""
+    status, out, err = run_here(capsys, "translate", "--ensemble", str(REFERENCE_RUN), str(REFERENCE_RUN))
+    assert status == 2 and "required: run_dir (--ensemble takes every folder after it: give RUN_DIR first" in err, err
+    (tmp_path / "in.txt").write_text("A dog runs.\n")
+    status, out, err = run_here(capsys, "translate", "--input", str(tmp_path / "in.txt"), "--ensemble",
+                                str(REFERENCE_RUN), "--", str(REFERENCE_RUN))
+    assert status == 0 and out.count("\n") == 1, err

@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits, resolve_config_path
 from .errors import Terminated, UserError, out_of_memory, summary
@@ -200,7 +200,9 @@ def _length_norm_option(p: argparse.ArgumentParser) -> None:
 def _ensemble_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ensemble", type=Path, nargs="+", default=[], metavar="RUN_DIR", help="more run folders "
                    "(same vocabulary) whose models decode together with RUN_DIR's: the mean of their "
-                   "probabilities at each step, each from its own averaged checkpoints (not in the paper)")
+                   "probabilities at each step, each from its own averaged checkpoints (not in the paper); give "
+                   "them after RUN_DIR, or end their list with -- (the other options before it), else RUN_DIR is taken "
+                   "as one of them")
 
 
 def _unconstrained_option(p: argparse.ArgumentParser) -> None:
@@ -1087,10 +1089,17 @@ class _CommandParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: list[str] | None = None,
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(args or [])
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace, extras
+
+    def error(self, message: str) -> NoReturn:
+        # `--ensemble A B RUN_DIR`: the list took the run folder too, and argparse says only that it is missing
+        if "required: run_dir" in message and "--ensemble" in getattr(self, "_given", []):
+            message += " (--ensemble takes every folder after it: give RUN_DIR first, or end the list with --)"
+        super().error(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
