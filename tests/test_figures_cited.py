@@ -217,6 +217,7 @@ FIGURES: list[Figure] = [
              ("41.74", "picked/val_per_seed/0"), ("41.26", "picked/val_per_seed/1"),
              ("40.83", "runs/name=wu_ls0.1/val/theirs/tok_lc_bleu"),
              ("41.35", "runs/name=pre_ls0.1/val/average_last5_b5_a1.0/tok_lc_bleu"), ("40.42", "tok_lc_bleu"),
+             ("39.15", "replication/run=wu_ls0.1_seed2/val_theirs"), ("0.54", "seed_band/sd"),
              ("8,000", "cpu_time/budget_updates"), ("112.6", "cpu_time/budget_minutes"),
              ("100", "cpu_time/updates_timed")),
     *figures("docs/results.md", "", "multi30k_en_de_wu2021.json", ("1.06", "replication/run=wu_fork/vs_published"),
