@@ -335,6 +335,9 @@ def test_a_tokenized_reference_is_downloaded_as_published_and_kept_gzipped(
         resolve_data_path("multi30k/tok/fake.lc.norm.tok.de")
     assert "\n" not in str(e.value) and "multi30k/tok/fake.lc.norm.tok.de is missing" in str(e.value)
     assert [p.name for p in path.parent.iterdir()] == [path.name]
+    path.unlink()  # asked for gzipped: the line says to gzip what it names, under the asked name
+    with pytest.raises(DataError, match=r"tok/fake\.lc\.norm\.tok\.de into .*tok, gzipped as fake\.lc\.norm\.tok\.de\.gz"):
+        resolve_data_path("multi30k/tok/fake.lc.norm.tok.de.gz")
 
 
 def test_every_tokenized_reference_a_recipe_names_can_be_downloaded() -> None:

@@ -97,9 +97,9 @@ def _download_multi30k(given: Path, published: str, sha256: str) -> Path:
     env = os.environ.get("TRANSFORMER_DATA")
     path = (Path(env).expanduser() if env else Path.home() / ".cache" / "transformer") / given
     url = os.environ.get("TRANSFORMER_MULTI30K_URL", MULTI30K_URL).rstrip("/") + "/" + published
-    hint = (f"download {MULTI30K_URL}{published} into {path.parent}, "
-            "or set TRANSFORMER_DATA to a folder holding multi30k/")
     plain = path.with_name(Path(published).name)  # the published file's own name
+    where = path.parent if plain == path else f"{path.parent}, gzipped as {path.name}"
+    hint = f"download {MULTI30K_URL}{published} into {where}, or set TRANSFORMER_DATA to a folder holding multi30k/"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         download(url, plain, sha256)
