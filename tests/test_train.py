@@ -798,6 +798,9 @@ def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(t
     """--allow-config-change accepts model changes that keep every weight's shape (dropout here) and refuses,
     naming the fields, those that do not (d_ff): the checkpoint's weights could not be loaded into them."""
     run = tmp_path / "run"
+    with pytest.raises(TrainError, match=r"--allow-config-change is for a resume \(with --resume\)"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True, allow_config_change=True)
+    assert not run.exists()  # refused before anything is written
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
     for allow in (True, False):  # without the option, the refusal did not say that it would not help
         with pytest.raises(TrainError, match=r"--resume cannot take .*model\.d_ff: 128 -> 96.* new run, with another "

@@ -667,6 +667,9 @@ class Trainer:
                  allow_config_change: bool, init_from: Path | None = None,
                  held: contextlib.ExitStack | None = None) -> None:
         self.cfg, self.out, self.quiet, self.dist, t = cfg, out, quiet, dist, cfg.train
+        if allow_config_change and not resume:  # a new run has no earlier config to change
+            raise TrainError("--allow-config-change is for a resume (with --resume): a new run takes its config as "
+                             "it is")
         if init_from is not None and t.init_qkv_gain != 1.0:  # refused before anything is written
             raise TrainError(f"train.init_qkv_gain = {t.init_qkv_gain:g} sets how a new model's first weights are "
                              f"drawn, and --init-from starts from {init_from}'s instead: give one of them")
