@@ -566,8 +566,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
     Prints detokenized cased sacreBLEU with its signature and chrF; with --tok-ref also the Multi30k
     literature's tokenized lowercased BLEU. A parsing run's outputs are scored against --ref's gold trees:
-    labelled bracket F1, precision and recall with EVALB's COLLINS.prm rules (§6.3). Without --src and
-    --ref, the run's own test set (its config's data.test_*), named on stderr.
+    labelled bracket F1 (Table 4's measure, §6.3), precision and recall, with EVALB's COLLINS.prm rules (the
+    field's convention; the paper does not name its scorer). Without --src and --ref, the run's own test set
+    (its config's data.test_*), named on stderr.
     """
     from .data import read_lines
     from .prepare import resolve_data_path
