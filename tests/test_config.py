@@ -112,6 +112,18 @@ def test_the_papers_decoding_and_averaging_per_preset():
         assert load_config(row).decode.average_last == 1, row
 
 
+def test_the_wmt_recipes_take_section_5_1s_vocabularies_and_batches():
+    """§5.1: EN-DE's shared vocabulary of about 37,000 tokens, EN-FR's 32,000 word-pieces (BPE pieces here,
+    a DEVIATION), and about 25,000 source and 25,000 target tokens a step (the recipes make 25,000 on one
+    process, or on 8, as max_tokens x update_freq x processes)."""
+    for name, size in (("base", 37_000), ("big", 37_000), ("wmt14_en_de_base", 37_000),
+                       ("wmt14_en_de_big", 37_000), ("wmt14_en_fr_big", 32_000)):
+        assert load_config(name).data.vocab_size == size, name
+    for name in ("wmt14_en_de_base", "wmt14_en_de_big", "wmt14_en_fr_big"):
+        t = load_config(name).train
+        assert t.max_tokens * t.update_freq == 25_000, name
+
+
 def test_the_parsing_preset_is_section_6_3s_model():
     """§6.3: 4 layers of d_model 1024, a 16K vocabulary, everything else the base model's (d_ff 2048, h 8);
     decoding with beam 21, α 0.3, input + 300; a parsing task, decoded freely as the paper decodes."""
