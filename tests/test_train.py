@@ -1,6 +1,7 @@
 """Training: exact resume, checkpoint cadence, overfitting a few pairs, loss normalisation."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -15,7 +16,7 @@ from transformer.config import ConfigError, load_config
 from transformer.data import DataError, Example, ShapeBuckets, collate, read_lines
 from transformer.decode import translate_ids
 from transformer.model import Transformer
-from transformer.tokenizer import Tokenizer
+from transformer.tokenizer import BOS_ID, Tokenizer
 from transformer import train as training
 from transformer.train import TrainError, budget_used, native_bf16, resolved_precision, train, train_step
 from transformer.errors import UserError
@@ -191,6 +192,43 @@ def test_accumulated_batches_normalise_by_all_tokens_of_the_step():
     moved = torch.cat([(p0 - p1).flatten() for p0, p1 in zip(before.parameters(), a.parameters())]).norm()
     assert step_a.grad_norm == pytest.approx(moved.item(), rel=1e-4) and step_a.grad_norm > 0
     assert step_b.grad_norm == pytest.approx(step_a.grad_norm, rel=1e-4)
+
+
+def _smoothed_loss_by_hand(model: Transformer, examples: list[Example], eps: float) -> tuple[float, int]:
+    """Σ over every target token of -Σ_v q_v log p_v (q: 1 - ε on the reference, ε/(V-1) elsewhere, A3), from
+    the model's full logits one example at a time, and the count of target tokens."""
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for ex in examples:
+            src, tgt = torch.tensor([ex.src]), torch.tensor([[BOS_ID] + ex.tgt[:-1]])  # shifted right (§3.1)
+            lp = torch.log_softmax(model(src, tgt).double(), -1)[0]
+            v = lp.size(-1)
+            for position, y in enumerate(ex.tgt):
+                total -= (1 - eps - eps / (v - 1)) * lp[position, y].item() + eps / (v - 1) * lp[position].sum().item()
+                n += 1
+    return total, n
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_the_trainers_loss_and_validation_score_the_model_as_section_5_4_says(eps):
+    """The loss a step minimises is the label-smoothed cross-entropy at train.eps_ls, and validation's NLL and
+    perplexity are per target token (Table 3's PPL, per word-piece), each against the model's own logits by
+    hand: a trainer that dropped ε_ls, or counted source tokens, would still train and validate."""
+    examples = [Example([5, 6, 7, 8, 9, 1], [8, 9, 1]), Example([5, 1], [8, 9, 10, 11, 12, 13, 1]),
+                Example([7, 7, 7, 7, 7, 7, 7, 1], [9, 1])]
+    torch.manual_seed(0)
+    model = Transformer(load_config("tiny", ["model.p_drop=0.0"]).model, 20).eval()
+    by_hand, n = _smoothed_loss_by_hand(model, examples, eps)
+    batch = collate(examples, [0, 1, 2])
+    assert batch.n_tgt_tokens == n == 12
+    assert training.batch_loss(model, batch, eps).item() == pytest.approx(by_hand, rel=1e-5)
+    step = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), [batch], eps, lr=0.0)
+    assert step.loss == pytest.approx(by_hand, rel=1e-5) and step.n_tokens == n  # summed, as logged
+    nll, _ = _smoothed_loss_by_hand(model, examples, 0.0)
+    scores = training.validate(model, examples, max_tokens=10, eps_ls=eps)  # several batches of 10 tokens
+    assert scores["valid_nll"] == pytest.approx(nll / n, rel=1e-5)
+    assert scores["valid_ppl"] == pytest.approx(math.exp(nll / n), rel=1e-5)
+    assert scores["valid_smoothed_loss"] == pytest.approx(by_hand / n, rel=1e-5)
 
 
 def test_clip_norm_scales_the_step_to_that_global_norm():
