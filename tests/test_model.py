@@ -160,12 +160,15 @@ def test_every_sub_layer_of_every_layer_is_dropped_before_its_residual_add():
             previous = seen[(i, f"norm_out{k}")][0]
 
 
+@pytest.mark.parametrize("copies", [1, 16])  # batch 2 or 32: on a CPU, attention through SDPA or the explicit path
 @pytest.mark.parametrize("site", ["p_drop_attn", "p_drop_relu"])
-def test_attention_and_relu_dropout_act_when_set(site):
+def test_attention_and_relu_dropout_act_when_set(site, copies):
     """model.p_drop_attn and model.p_drop_relu (0 in the paper's code, A4; options here) drop the attention
     weights and the FFN's hidden units in training: set alone, each makes a training forward differ from the
-    evaluation one; an option that is read but not applied would leave them equal."""
+    evaluation one; an option that is read but not applied would leave them equal. On a CPU a batch of 32
+    takes attention's explicit path (``attention``: batch x heads x queries > 64), training's; 2 takes SDPA."""
     src, tgt_in = torch.tensor([[5, 6, 7, 1], [8, 1, 0, 0]]), torch.tensor([[0, 9, 10], [0, 11, 0]])
+    src, tgt_in = src.repeat(copies, 1), tgt_in.repeat(copies, 1)
     model = tiny_model(cfg=dataclasses.replace(TINY, **{site: 0.5}))
     with torch.no_grad():
         evaluated = model(src, tgt_in)
