@@ -284,9 +284,10 @@ def test_decoder_position_i_ignores_later_tokens():
     assert not torch.allclose(a[:, 3:], b[:, 3:])
 
 
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])  # learned: Table 3 row (E), a table per side
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_cached_decoding_equals_full_decoding(norm):
-    model = tiny_model(cfg=dataclasses.replace(TINY, norm=norm))
+def test_cached_decoding_equals_full_decoding(norm, positional):
+    model = tiny_model(cfg=dataclasses.replace(TINY, norm=norm, positional=positional))
     src = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 1, PAD_ID, PAD_ID]])
     tgt = torch.tensor([[PAD_ID, 11, 12, 13], [PAD_ID, 14, 15, 16]])
     full = model(src, tgt)
@@ -438,6 +439,10 @@ def test_learned_positions_row_e():
     cfg = ModelConfig(**{**TINY.__dict__, "positional": "learned", "max_positions": 8})
     model = tiny_model(cfg=cfg)
     assert model.src_pos.weight.shape == (8, TINY.d_model)
+    wide = tiny_model(cfg=dataclasses.replace(cfg, d_model=256, max_positions=64))  # drawn as the embeddings (A8)
+    for table in (wide.src_pos.weight, wide.tgt_pos.weight):
+        assert table.std().item() == pytest.approx(256**-0.5, rel=0.1)
+    assert not torch.equal(wide.src_pos.weight, wide.tgt_pos.weight)  # two tables, drawn apart
     model(torch.tensor([[5, 6, 1]]), torch.tensor([[PAD_ID, 7]]))
     with pytest.raises(PositionsError, match="max_positions = 8"):
         model(torch.tensor([[5] * 9]), torch.tensor([[PAD_ID]]))
