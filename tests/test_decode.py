@@ -197,6 +197,17 @@ def test_top_early_stop_ends_when_the_best_candidate_ends():
         beam_search(model, SRC, early_stop="first")
 
 
+def test_the_bound_stops_only_when_no_alive_hypothesis_can_win_at_the_length_limit():
+    """The "bound" rule (§6.1's early stop, A11) divides the best alive score by lp at the length limit, the
+    largest it can reach, not one short of it. α = 2, outputs of at most 3 tokens (EOS counted): after step 0,
+    [] has log .58 = -0.545; alive A (log .42 = -0.868) could still reach -0.868 / lp(3) = -0.488, better,
+    so the search goes on, and finds [A, B]: log(.42 * .99 * .99) / lp(3) = -0.499. Divided by lp(2), A's
+    bound (-0.638) would have stopped the search with []."""
+    model = ScriptedModel({(): {EOS_ID: .58, A: .42}, (A,): {B: .99, EOS_ID: .01}, (A, B): {EOS_ID: .99, C: .01}})
+    assert beam_search(model, SRC, beam_size=2, alpha=2.0, max_len_offset=1) == [[A, B]]
+    assert model.rows == [2, 2, 2]  # three steps: none was cut
+
+
 def test_pad_is_never_generated():
     model = ScriptedModel({(): {PAD_ID: .9, A: .1}, (A,): {PAD_ID: .6, EOS_ID: .4}})
     assert greedy_search(model, SRC) == [[A]]
