@@ -155,6 +155,32 @@ def test_translate_into_a_pipe(tmp_path, tiny_run, capsys):
     assert len(got) == 1 and len(got[0].splitlines()) == 2 and stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
+def test_a_write_is_made_durable_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
+    """After a crash of the machine (power lost), not only of the process, the old file or the new one must be
+    there whole: the new content reaches the disk (fsync) before the rename makes it the file, and the folder's
+    fsync after the rename makes that last. Killing a process cannot show a missing fsync, so the calls are
+    watched: which file each one is about, by inode, in order."""
+    path = tmp_path / "record.json"
+    path.write_text("old")
+    events: list[tuple[str, int]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.fstat(fd).st_ino))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        events.append(("replace", os.stat(src).st_ino))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    write_text(path, "new")
+    new, folder = path.stat().st_ino, tmp_path.stat().st_ino
+    assert path.read_text() == "new"
+    assert events == [("fsync", new), ("replace", new), ("fsync", folder)]
+
+
 def test_write_text_writes_utf8(tmp_path):
     """Translations and records are UTF-8 files (the readers decode them so): umlauts, dashes and the unknown
     piece's mark are written as their UTF-8 bytes, never as another encoding's or replaced."""
