@@ -10,6 +10,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -319,6 +320,31 @@ def test_a_report_into_a_closed_pipe_stops_without_a_word(args):
     finally:
         os.close(write)
     assert (done.returncode, done.stderr) == (cli.READER_GONE, "")
+
+
+def _closing(fd: int) -> Callable[[], None]:
+    return lambda: os.close(fd)
+
+
+@pytest.mark.parametrize("args", [("params", "tiny"), ("--help",)])
+def test_a_command_started_with_stdout_closed_says_so_in_one_line(args):
+    """`transformer params tiny >&-`: Python sets sys.stdout to None, and the first print was an AttributeError's
+    traceback, raised again while the error was being said."""
+    done = subprocess.run([sys.executable, "-m", "transformer", *args], stdin=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=_closing(1))
+    assert (done.returncode, done.stderr) == (1, "error: standard output is closed (>&-): give --output FILE where "
+                                                 "the command has it, or send it to /dev/null\n")
+
+
+def test_translate_started_with_stderr_closed_writes_its_output(tiny_run, tmp_path):
+    """`translate ... --output FILE 2>&-`: its progress and log lines have nowhere to go, and the translation is
+    still written (asking the closed stream whether it was a terminal failed the command)."""
+    src, out = tmp_path / "in.en", tmp_path / "out.de"
+    src.write_text("a dog runs .\ntwo men sit .\n")
+    done = subprocess.run([sys.executable, "-m", "transformer", "translate", str(tiny_run), "--input", str(src),
+                           "--output", str(out)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                          timeout=120, preexec_fn=_closing(2))
+    assert done.returncode == 0 and len(out.read_text().splitlines()) == 2
 
 
 def test_a_broken_pipe_that_is_not_stdout_is_an_internal_error(tmp_path, capsys, monkeypatch):

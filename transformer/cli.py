@@ -1216,13 +1216,39 @@ def _lost_stop() -> BaseException | None:
     return Terminated() if Terminated.signalled == signal.SIGTERM else KeyboardInterrupt()
 
 
+class _ClosedOutput(io.TextIOBase):
+    """sys.stdout for a command started with it closed (``>&-``; Python then sets it to None): what the command
+    would print there is lost, which is the user's to fix, said in one line (not an AttributeError)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OutputError("standard output is closed (>&-): give --output FILE where the command has it, or "
+                          "send it to /dev/null")
+
+
+def _closed_streams() -> None:
+    """Stands in for a standard stream the command was started without: stderr's lines go nowhere, as the
+    user asked (the exit status still tells), and a write to stdout is refused (``_ClosedOutput``)."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")
+    if sys.stdout is None:
+        sys.stdout = _ClosedOutput()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _closed_streams()
     if "TRANSFORMER_LAUNCHER_PID" in os.environ:  # a rank of `train --nproc N`: it ends with its launcher
         from .distributed import die_with_launcher
 
         die_with_launcher()
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except OutputError as e:  # --help into a closed stdout
+        say(summary(e))
+        return e.exit_code
     try:
         outputs = getattr(args, "outputs", None) or {}
         written: dict[Path, str] = {}  # each output's resolved path, and its option
