@@ -174,6 +174,7 @@ def test_set_overrides_and_validation():
     ("train.beta2=1", r"train.beta2 must be in \[0, 1\), got 1.0"),
     ("decode.max_len_offset=-1", "decode.max_len_offset must be >= 0, got -1"),
     ("train.threads=-2", "train.threads .* must be >= 0, got -2"),
+    ("train.threads=5000", r"train.threads 5000: give 0 .. 1024"),  # creating 5,000 threads crashed the process
 ])
 def test_values_training_cannot_use_are_refused_naming_the_value(override, message):
     """Each bad value is refused in one line with the value, before training: a negative clip_norm passed,

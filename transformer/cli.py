@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from .config import EARLY_STOPS, LENGTH_NORMS, ConfigError, DecodeConfig, ServeLimits, resolve_config_path
+from .config import EARLY_STOPS, LENGTH_NORMS, MAX_THREADS, ConfigError, DecodeConfig, ServeLimits, resolve_config_path
 from .errors import Terminated, UserError, out_of_memory, summary
 from . import files
 from .files import OutputError, check_output
@@ -1260,8 +1260,8 @@ def main(argv: list[str] | None = None) -> int:
                     raise OutputError(f"{option} {getattr(args, dest)}: is also {same}'s; one file cannot hold both "
                                       "outputs: give each its own")
         if (threads := getattr(args, "threads", None)) is not None:  # the decoding commands' --threads
-            if not 1 <= threads <= 1024:
-                raise ConfigError(f"--threads {threads}: give 1 .. 1024 (default: one per core)")
+            if not 1 <= threads <= MAX_THREADS:
+                raise ConfigError(f"--threads {threads}: give 1 .. {MAX_THREADS} (default: one per core)")
             import torch
 
             torch.set_num_threads(threads)

@@ -175,6 +175,7 @@ class DecodeConfig:
 
 
 MAX_VOCAB = 2**31 - 1  # piece ids are int32 in sentencepiece and in the token store (store.py)
+MAX_THREADS = 1024  # train.threads, --threads: past a few thousand, creating the threads crashed the process
 # bounds on a model's shape far past any that trains (Table 3's largest: 6 layers, d_model 1024, d_ff 4096, h 16),
 # so that a mistyped size is refused in one line, not an overflow, an allocation failure or a hang
 MAX_SIZE = {"n_enc_layers": 1000, "n_dec_layers": 1000, "d_model": 2**16, "d_ff": 2**18, "n_heads": 1024,
@@ -274,6 +275,8 @@ class Config:
         for name, value in at_least_zero.items():
             if value < 0:
                 raise ConfigError(f"{name} must be >= 0, got {value}")
+        if t.threads > MAX_THREADS:
+            raise ConfigError(f"train.threads {t.threads}: give 0 .. {MAX_THREADS} (0 = torch's default, one per core)")
         if not 0 <= t.seed < 2**32:  # sentencepiece's sampling seed is an unsigned 32-bit int
             raise ConfigError(f"train.seed must be in [0, 2^32 - 1], got {t.seed}")
         if m.positional == "learned" and m.max_positions < self.data.max_len:
