@@ -452,6 +452,27 @@ def test_a_model_file_among_the_checkpoints_is_not_resumed_from(tmp_path, tiny_o
                     "training checkpoint)"]
 
 
+def test_average_refuses_an_out_whose_record_would_replace_another_file(tiny_run, tmp_path, capsys):
+    """`average --out mine.safetensors` wrote mine.json beside it over a file of that name that no model owned
+    (the run's own summary.json, with `--out RUN/summary.safetensors`), and exited 0; `--out /dev/null` died
+    with an internal error. Both are refused before any work; an average written again replaces its own pair."""
+    from transformer.cli import main
+
+    notes = tmp_path / "mine.json"
+    notes.write_text("my notes")
+    summary = (tiny_run / "summary.json").read_bytes()
+    for out, said in ((tmp_path / "mine.safetensors", f"its record would replace {notes}, which is no record"),
+                      (tiny_run / "summary.safetensors", "summary.json, which is no record of a model"),
+                      (Path(os.devnull), "not a file: the average is a .safetensors file with its .json record")):
+        assert main(["average", str(tiny_run), "--last", "2", "--out", str(out)]) == 1
+        assert said in capsys.readouterr().err
+    assert notes.read_text() == "my notes" and (tiny_run / "summary.json").read_bytes() == summary
+    model = tmp_path / "avg.safetensors"
+    for _ in range(2):
+        assert main(["average", str(tiny_run), "--last", "2", "--out", str(model)]) == 0
+    assert load_checkpoint(model).path == tmp_path / "avg.json"
+
+
 def test_a_model_file_in_upper_case_is_written_and_read(tiny_run, tmp_path, capsys):
     """`average --out x.SAFETENSORS` passed the command line's check (any case) and then died in write_model
     with "internal error: ValueError: ... must end in .safetensors". Every suffix check here takes any case

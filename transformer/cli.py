@@ -773,6 +773,13 @@ def cmd_average(args: argparse.Namespace) -> None:
     if Path(args.out).resolve().parent == checkpoints:
         raise OutputError(f"--out {args.out}: in the run's checkpoints folder, where it would replace or pass for a "
                           f"training checkpoint; write it beside them (e.g. {args.run_dir}/average.safetensors)")
+    out, record = Path(args.out), Path(args.out).with_suffix(".json")  # the two files write_model writes
+    if files.is_stream(out):
+        raise OutputError(f"--out {args.out}: not a file: the average is a .safetensors file with its .json record "
+                          "beside it")
+    if record.exists() and not out.exists():  # a file of that name that no model owns: summary.json, notes
+        raise OutputError(f"--out {args.out}: its record would replace {record}, which is no record of a model "
+                          "there: choose another name")
     paths = checkpoints_to_average(run_folder(args.run_dir), args.last)
     if not paths:
         raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
