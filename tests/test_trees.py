@@ -152,6 +152,22 @@ def test_unbalanced_text_is_refused_with_its_place():
         parse_brackets("(S (A a)) )", "x.mrg")
 
 
+def test_a_tree_nested_past_any_parse_is_refused_in_one_line(tmp_path, capsys):
+    """Trees 600 brackets deep ended evaluate-parse in a RecursionError (an internal error); 300 open at once
+    are scored, one more is refused where it is read, naming the file, tree and line."""
+    from transformer.cli import main
+
+    deep = {n: tmp_path / f"d{n}.mrg" for n in (299, 300, 600)}  # S brackets, and NN
+    for n, path in deep.items():
+        path.write_text("(X y)\n" + "(S " * n + "(NN x)" + ")" * n + "\n")
+    assert main(["evaluate-parse", "--gold", str(deep[299]), "--test", str(deep[299])]) == 0
+    assert "brackets: 299 matched" in capsys.readouterr().out
+    for n in (300, 600):
+        assert main(["evaluate-parse", "--gold", str(deep[n]), "--test", str(deep[299])]) == 1
+        assert capsys.readouterr().err == (f"error: {deep[n]}: tree 2 (line 2): more than 300 brackets open at once; "
+                                           "no parse tree nests so deep\n")
+
+
 def test_a_bracket_too_many_is_placed_in_its_own_tree_and_line(tmp_path, capsys):
     """The ')' too many closes line 1's tree early and the rest reads as trees of their own: the error
     is still tree 1, line 1 (it said tree 4). An empty gold or test file is an error, not F1 0."""

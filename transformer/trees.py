@@ -39,6 +39,7 @@ from .tokenizer import EOS_ID, PAD_ID
 
 PLACEHOLDER = "XX"  # every part-of-speech tag in the target sequence (Vinyals et al. 2015)
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
+MAX_DEPTH = 300  # brackets open at once: the treebank's trees nest a few dozen deep; the walks here recurse
 _BRACKET = re.compile(r"[(){}]")
 _PTB_BRACKETS = {"(": "-LRB-", ")": "-RRB-", "{": "-LCB-", "}": "-RCB-"}  # the treebank's tokens for them
 
@@ -103,6 +104,9 @@ def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
             if i + 1 < len(tokens) and tokens[i + 1][0] not in "()":
                 label, i = tokens[i + 1][0], i + 1
             stack.append(Tree(label))
+            if len(stack) > MAX_DEPTH:
+                raise TreeError(f"{where}: tree {number} (line {line}): more than {MAX_DEPTH} brackets open at once; "
+                                "no parse tree nests so deep")
         elif tok == ")":
             if not stack:
                 raise TreeError(f"{where}: tree {number} (line {line}): ')' without an open bracket")
