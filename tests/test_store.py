@@ -73,6 +73,9 @@ def test_ids_beyond_uint16_are_stored_as_int32(tmp_path: Path) -> None:
     assert store[1].tgt == [69_991, 69_992, EOS_ID]
     # the lengths take the rule with max_len in place of the vocabulary: at most 10, so uint16 still
     assert meta["length_dtype"] == "uint16" and (tmp_path / "store" / "src.len").stat().st_size == 2 * 2
+    (tmp_path / "store" / "tgt.ids").write_bytes(b"\xff" * (tmp_path / "store" / "tgt.ids").stat().st_size)
+    with pytest.raises(DataError, match=r"store/tgt\.ids: holds id -1, outside the vocabulary's 70000 pieces"):
+        TokenStore(tmp_path / "store")  # int32 is signed: bytes overwritten read as a negative id
 
 
 @pytest.fixture
@@ -99,6 +102,13 @@ def test_truncated_or_foreign_stores_are_refused(store: Path, tmp_path: Path) ->
     lengths[0] += 1  # every file the right size, but the lengths no longer add up to the ids
     lengths.tofile(cut / "src.len")
     with pytest.raises(DataError, match=r"cut: lengths sum to \d+ / \d+ ids, meta\.json says"):
+        TokenStore(cut)
+    shutil.rmtree(cut)
+    shutil.copytree(store, cut)
+    size = (cut / "src.ids").stat().st_size  # bytes overwritten in place: every size and sum still right (the
+    (cut / "src.ids").write_bytes(b"\xff" * size)  # first batch ended in the embedding's IndexError)
+    with pytest.raises(DataError, match=r"cut/src\.ids: holds id 65535, outside the vocabulary's \d+ pieces; the store "
+                                        r"is damaged"):
         TokenStore(cut)
 
     meta = json.loads((store / "meta.json").read_text())

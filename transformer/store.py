@@ -122,9 +122,10 @@ class TokenStore:
 
     Everything is checked at opening, so a bad store fails with one line before training starts,
     not at a random batch hours later: a missing or foreign meta.json, another format version, a
-    file whose size disagrees with the meta (truncated copy) and, when ``vocab_sha256`` is given,
-    a store encoded with another vocabulary (its ids would index the wrong embeddings, §3.4).
-    Memory: the two offset arrays (8 bytes per pair and side); the ids stay on disk.
+    file whose size disagrees with the meta (truncated copy), ids past the vocabulary (bytes overwritten
+    in place) and, when ``vocab_sha256`` is given, a store encoded with another vocabulary (its ids would
+    index the wrong embeddings, §3.4). Memory: the two offset arrays (8 bytes per pair and side); the ids
+    stay on disk, read once at opening for that check.
     """
 
     def __init__(self, path: Path, vocab_sha256: str | None = None) -> None:
@@ -160,6 +161,12 @@ class TokenStore:
         if self._src_offsets[-1] != meta["n_src_tokens"] or self._tgt_offsets[-1] != meta["n_tgt_tokens"]:
             raise DataError(f"{self.path}: lengths sum to {self._src_offsets[-1]} / {self._tgt_offsets[-1]} "
                             f"ids, meta.json says {meta['n_src_tokens']} / {meta['n_tgt_tokens']}; rebuild it")
+        for name, ids in (("src.ids", self._src_ids), ("tgt.ids", self._tgt_ids)):
+            if not len(ids):
+                continue
+            if (top := int(ids.max())) >= meta["vocab_size"] or (top := int(ids.min())) < 0:  # int32: signed
+                raise DataError(f"{self.path / name}: holds id {top}, outside the vocabulary's {meta['vocab_size']} "
+                                "pieces; the store is damaged, rebuild it")
 
     def __len__(self) -> int:
         return len(self.src_lengths)
