@@ -31,6 +31,14 @@ def test_outputs_are_checked_before_the_work(tmp_path, capsys, multi30k):
                 f"{option} {gone}: the folder")
     refused(capsys, ["average", str(RUN), "--last", "1", "--out", str(tmp_path / "avg.pt")], "give a .safetensors file")
     refused(capsys, ["train", "tiny", "--out", str(src / "run")], f"{src} is a file; give a folder")
+    refused(capsys, ["translate", str(RUN), "--input", str(src), "--output", str(src / "out.txt")],
+            f"--output {src / 'out.txt'}: {src} is a file, not a folder")  # it said "the folder does not exist"
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    for option, args in (("--output", ["translate", str(RUN), "--input", str(src)]),
+                         ("--out", ["average", str(RUN), "--last", "1"])):  # an internal error: RuntimeError
+        refused(capsys, [*args, option, str(tmp_path / "loop1")], f"{option} {tmp_path / 'loop1'}: a loop of symbolic "
+                "links, which leads to no file")
 
 
 def test_a_missing_sentencepiece_model_is_named(tmp_path, capsys, multi30k):

@@ -173,6 +173,12 @@ def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder
     not a folder (a file is asked for; ``folder``: a folder is, existing or not), and its suffix is one
     of ``suffixes`` when given. OutputError names ``option`` and the path otherwise."""
     path = Path(path)
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OutputError(f"{option} {path}: a loop of symbolic links, which leads to no file; remove it or give "
+                              "another name") from None
     if not folder and is_stream(path):  # a pipe, a terminal, /dev/null: written in place, as it is
         if not os.access(path, os.W_OK):
             raise OutputError(f"{option} {path}: not writable")
@@ -183,7 +189,8 @@ def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder
         if not parent.is_dir():
             raise OutputError(f"{option} {path}: {parent} is a file; give a folder")
     if not parent.is_dir():
-        raise OutputError(f"{option} {path}: the folder {parent} does not exist")
+        raise OutputError(f"{option} {path}: {parent} is a file, not a folder" if parent.exists() else
+                          f"{option} {path}: the folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{option} {path}: the folder {parent} is not writable")
     if not folder and path.is_dir():
