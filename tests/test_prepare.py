@@ -8,6 +8,7 @@ import hashlib
 import http.server
 import io
 import json
+import re
 import socket
 import tarfile
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from transformer.data import DataError, read_lines
+from transformer.files import DownloadError, download
 from transformer import prepare as prepare_module
 from transformer.prepare import (ARCHIVES, DATASETS, Pinned, find_data_root, prepare, read_sgm,
                                  resolve_data_path)
@@ -203,6 +205,13 @@ def test_every_dataset_from_a_local_mirror(name: str, tmp_path: Path) -> None:
     assert manifest["outputs"][f"test.{dataset.src_lang}"]["lines"] == 2
 
 
+def test_a_mirror_folder_that_is_missing_or_a_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    for given, said in (("gone", "no such folder"), ("notes.txt", "a file, not a folder")):
+        with pytest.raises(DataError, match=rf"^--mirror {re.escape(str(tmp_path / given))}: {said} \(give a folder"):
+            prepare("wmt14-en-de", tmp_path / "out", mirror=str(tmp_path / given), log=lambda m: None)
+
+
 def test_read_sgm_cleans_like_sacrebleu(tmp_path: Path) -> None:
     f = tmp_path / "x.sgm"
     f.write_bytes(sgm("refset", "de", ["  a \t b  ", "x&#10;y", "&amp;lt; &bogus; &#99999999;"]))
@@ -374,6 +383,15 @@ def test_download_unreachable_says_where_to_put_files(isolated: Path, monkeypatc
     folder = isolated / "home" / ".cache" / "transformer" / "multi30k"
     assert "\n" not in message and "multi30k/train.en.gz" in message and str(folder) in message
     assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "htp://example.org/"])
+def test_a_url_that_is_none_is_a_download_error_naming_it(url: str, tmp_path: Path) -> None:
+    """`prepare --mirror "http://[::1"` ended in an internal error (urllib's ValueError)."""
+    with pytest.raises(DownloadError, match=rf"^{re.escape(url)}train\.en\.gz: download failed after 0 bytes of an "
+                                            r"unknown size \(.+\)$"):
+        download(url + "train.en.gz", tmp_path / "train.en.gz")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_only_known_multi30k_files_are_downloaded(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -240,7 +240,8 @@ def download(url: str, path: Path, sha256: str | None = None) -> str:
             if sha256 is not None and digest.hexdigest() != sha256:
                 raise DownloadError(f"{url}: the download has sha256 {digest.hexdigest()}, expected {sha256}; "
                                     "discarded it")
-    except (OSError, http.client.HTTPException) as e:  # URLError, HTTPError, timeouts, IncompleteRead, disk full
+    except (OSError, http.client.HTTPException, ValueError) as e:  # URLError, HTTPError, timeouts, IncompleteRead,
+        # disk full; ValueError: a URL that is none ("http://[::1"), a Content-Length that is no number
         reason = " ".join(str(getattr(e, "reason", None) or e).split()) or type(e).__name__
         if isinstance(e, urllib.error.HTTPError):
             reason = f"HTTP {e.code} {reason}"

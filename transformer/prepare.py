@@ -393,7 +393,8 @@ def prepare(name: str, dest: Path, mirror: str | None = None, log: Callable[[str
     if "://" not in base:
         folder = Path(base).expanduser().resolve()
         if not folder.is_dir():  # found before any download, not as the first archive missing from it
-            raise DataError(f"--mirror {mirror}: no such folder (give a folder or a URL holding wmt13/, wmt14/, ...)")
+            raise DataError(f"--mirror {mirror}: {'a file, not a folder' if folder.exists() else 'no such folder'} "
+                            "(give a folder or a URL holding wmt13/, wmt14/, ...)")
         base = folder.as_uri()
     base = base.rstrip("/") + "/"
     corpora = (*dataset.train, dataset.valid, dataset.test)
