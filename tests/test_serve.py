@@ -337,8 +337,11 @@ def test_attention_requests_are_bounded_in_pieces(translator):
 
 def test_health_page_and_openapi(client):
     assert client.get("/health").json()["status"] == "ok"
-    for path in ("/health", "/"):  # what uptime checkers send
-        assert client.head(path).status_code == 200
+    for path in ("/health", "/"):  # what uptime checkers send: GET's headers, without the body
+        head, got = client.head(path), client.get(path)
+        assert head.status_code == 200 and head.content == b""
+        for header in ("content-type", "content-length"):  # "/" said application/json, of the page as a JSON string
+            assert head.headers[header] == got.headers[header], (path, header)
     page = client.get("/")
     assert page.status_code == 200 and "renderAttention" in page.text and "/v1/translate" in page.text
     paths = client.get("/openapi.json").json()["paths"]

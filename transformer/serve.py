@@ -702,8 +702,8 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     async def index() -> str:
         return page
 
-    for path, answer in (("/health", health), ("/", index)):  # HEAD: what uptime checkers send
-        app.add_api_route(path, answer, methods=["HEAD"], include_in_schema=False)
+    for path, answer, kind in (("/health", health, JSONResponse), ("/", index, HTMLResponse)):  # HEAD: what uptime
+        app.add_api_route(path, answer, methods=["HEAD"], include_in_schema=False, response_class=kind)  # checkers send
 
     return app
 
