@@ -767,8 +767,9 @@ class Trainer:
         ckpt = latest_checkpoint(self.out, warn=self.log, refuses=unresumable)
         if ckpt is None and (found := list_checkpoints(self.out)):  # training anew would write over them
             raise TrainError(f"--resume: none of the {len(found)} checkpoints in {self.out / 'checkpoints'} holds an "
-                             "intact training state (each is named above); to train this run anew, move that folder "
-                             "away first (weights that verify still serve `transformer average` and --checkpoint)")
+                             f"intact training state (each is named {'in train.log' if self.quiet else 'above'}); to "
+                             "train this run anew, move that folder away first (weights that verify still serve "
+                             "`transformer average` and --checkpoint)")
         if ckpt is None:
             self.log(f"--resume: no checkpoint in {self.out}/checkpoints; starting from scratch")
             return

@@ -218,7 +218,7 @@ def test_a_resume_that_no_checkpoint_can_serve_is_refused_and_keeps_them(tmp_pat
         state.write_bytes(bytes(data))
     before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
     with pytest.raises(TrainError, match=r"--resume: none of the 2 checkpoints in .*checkpoints holds an intact "
-                                         r"training state .* move that folder away first"):
+                                         r"training state \(each is named in train.log\); .* move that folder away first"):  # --quiet said "above"
         train(load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.save_every=2"]), run, resume=True,
               quiet=True)
     assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
