@@ -114,6 +114,10 @@ def test_params_cost_says_when_a_device_count_it_refuses_is_its_own_default(caps
     assert capsys.readouterr().err.startswith("error: --devices 8 (of the default 1,8,64): each count must be in 1 .. 4")
     assert main(["params", "base", "--cost", "--devices", "1,0"]) == 1
     assert capsys.readouterr().err.startswith("error: --devices 0: each count")
+    with pytest.raises(SystemExit):  # it said "invalid <lambda> value: 'a,b'"
+        main(["params", "base", "--cost", "--devices", "a,b"])
+    assert capsys.readouterr().err.endswith("argument --devices: 'a,b': give whole numbers separated by commas, "
+                                            "e.g. 1,8,64\n")
 
 
 def test_params_cost_compares_table_2_for_its_two_models_and_says_the_papers_batch(capsys):

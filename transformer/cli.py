@@ -796,6 +796,14 @@ def cmd_average(args: argparse.Namespace) -> None:
 COST_DEVICES = [1, 8, 64]  # params --cost's device counts, unless --devices
 
 
+def _counts(text: str) -> list[int]:
+    """--devices' comma-separated whole numbers."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:  # argparse said "invalid <lambda> value"
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, e.g. 1,8,64") from None
+
+
 def _params_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("preset", help="config file or preset name (base, big, C4, ...; the preset even where a folder of "
                    "that name is here; `transformer params base`)")
@@ -806,7 +814,7 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost", action="store_true", help="training cost of the config's run (train.max_steps x "
                    "max_tokens x update_freq): total FLOPs against Table 2's estimate, step time, days and memory "
                    "on H100s")
-    p.add_argument("--devices", type=lambda v: [int(x) for x in v.split(",")], metavar="N,N,...",
+    p.add_argument("--devices", type=_counts, metavar="N,N,...",
                    help=f"device counts for --cost, comma-separated (default {','.join(map(str, COST_DEVICES))})")
     p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost, in (0, 1] (default 0.4)")
 

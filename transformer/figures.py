@@ -284,7 +284,8 @@ def _metrics_record(line: str, where: str) -> dict:
             continue  # not logged at this step (validation and BLEU are logged every so many)
         value = record[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise FigureError(f'{where}: "{key}" must be a number, not {_json_kind(value)} {_shown(value)}')
+            shown = f" {_shown(value)}" if isinstance(value, (dict, list, str)) else ""  # true, null: said by the kind
+            raise FigureError(f'{where}: "{key}" must be a number, not {_json_kind(value)}{shown}')
         finite = not isinstance(value, float) or math.isfinite(value)  # math.isfinite overflows on a huge int
         if key == "minutes" and not (finite and value >= 0):  # an x axis, read off a clock: never NaN or negative
             raise FigureError(f'{where}: "minutes" must be a non-negative finite number, not {_shown(value)}')
