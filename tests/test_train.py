@@ -231,6 +231,14 @@ def test_the_trainers_loss_and_validation_score_the_model_as_section_5_4_says(ep
     assert scores["valid_smoothed_loss"] == pytest.approx(by_hand / n, rel=1e-5)
 
 
+def test_training_text_with_no_pair_short_enough_says_why(tmp_path, tiny_overrides):
+    """data.max_len 1 keeps no pair (each side holds at least a piece and EOS): the error said only "no usable
+    training pairs", where the validation's and the token store's count what was left out, and why."""
+    with pytest.raises(DataError, match=r"\.en: no usable training pairs of 600 \(0 with an empty side, 600 "
+                                        r"longer than data\.max_len 1 pieces\)$"):
+        train(load_config("tiny", tiny_overrides + ["data.max_len=1"]), tmp_path / "run", quiet=True)
+
+
 def test_clip_norm_scales_the_step_to_that_global_norm():
     """train.clip_norm (0 in the paper's code, A2; an option here) rescales the step's gradients to that global
     L2 norm when they are longer, keeping their direction; the reported grad_norm is the norm before clipping."""

@@ -295,8 +295,9 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         del pairs
         log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "
             f"side, {stats.skipped_long} longer than {d.max_len} pieces")
-        if not train:
-            raise DataError(f"{train_src}: no usable training pairs")
+        if not train:  # as the token store says it (store.write_store)
+            raise DataError(f"{train_src}: no usable training pairs of {stats.n_pairs:,} ({stats.skipped_empty:,} with "
+                            f"an empty side, {stats.skipped_long:,} longer than data.max_len {d.max_len} pieces)")
         if stats.skipped_long > len(train):
             log(f"warning: most training pairs ({stats.skipped_long} of {stats.n_pairs}) are longer than data.max_len "
                 f"({d.max_len} pieces with EOS) and are left out; raise data.max_len to train on them")
