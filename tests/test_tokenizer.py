@@ -83,6 +83,15 @@ def test_too_large_vocab_is_a_clear_error(train_files: list[Path], tmp_path: Pat
     assert not (tmp_path / "spm.model").exists() and list(tmp_path.iterdir()) == []
 
 
+def test_too_small_a_vocab_is_a_clear_error_with_our_remedy(train_files: list[Path], tmp_path: Path) -> None:
+    """sentencepiece's own message told the user to "decrease character_coverage with --character_coverage", an
+    option of its command line, not ours (coverage is fixed at 1.0 here)."""
+    with pytest.raises(TokenizerError, match=r"^vocab_size 5 is too small for this training text: sentencepiece "
+                                             r"needs \d+ pieces for its characters alone; raise data.vocab_size") as e:
+        Tokenizer.train(lines_of(train_files), tmp_path / "spm.model", vocab_size=5, input_sentence_size=100_000)
+    assert "character_coverage" not in str(e.value) and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("corrupt", [lambda b: b[: len(b) // 2], lambda b: b"not a model at all"])
 def test_corrupt_model_is_refused(tok: Tokenizer, tmp_path: Path, corrupt) -> None:
     bad = tmp_path / "bad.model"

@@ -111,6 +111,10 @@ class Tokenizer:
                 raise TokenizerError(
                     f"vocab_size {vocab_size} is too large for this training text ({len(sample)} sentences): "
                     f"sentencepiece allows at most {limit.group(1)}; lower data.vocab_size") from None
+            if chars := re.search(r"smaller than required_chars\. \d+ vs (\d+)", message):  # its remedy is an option
+                raise TokenizerError(  # of sentencepiece's, fixed here (character_coverage 1.0)
+                    f"vocab_size {vocab_size} is too small for this training text: sentencepiece needs {chars.group(1)} "
+                    "pieces for its characters alone; raise data.vocab_size (the BPE merges come on top)") from None
             raise TokenizerError(f"cannot train a tokenizer with vocab_size {vocab_size}: {message}") from None
         model_path = Path(model_path)
         model_path.parent.mkdir(parents=True, exist_ok=True)
