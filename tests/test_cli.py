@@ -351,6 +351,16 @@ def test_translate_started_with_stderr_closed_writes_its_output(tiny_run, tmp_pa
     assert done.returncode == 0 and len(out.read_text().splitlines()) == 2
 
 
+def test_a_dash_names_stdin_and_stdout(tiny_run, tmp_path, monkeypatch):
+    """`--input -` said "-: cannot read", and `--output -` wrote a file called "-"; as in most tools, "-" is the
+    standard stream, the option's default."""
+    monkeypatch.chdir(tmp_path)
+    plain = run_cli("translate", str(tiny_run), stdin="a dog runs .\n")
+    dashed = run_cli("translate", str(tiny_run), "--input", "-", "--output", "-", stdin="a dog runs .\n")
+    assert dashed.returncode == plain.returncode == 0 and dashed.stdout == plain.stdout != ""
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_broken_pipe_that_is_not_stdout_is_an_internal_error(tmp_path, capsys, monkeypatch):
     """Only the reader of stdout going away is the user's doing; a broken pipe elsewhere (a subprocess, a
     socket) is a failure to report."""

@@ -367,8 +367,9 @@ def _count_lines(path: Path | None) -> int | None:
 def _translate_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
     _ensemble_option(p)
-    p.add_argument("--input", type=Path, help="input file, plain or .gz (default: stdin)")
-    _output(p, "--output", help="output file, gzip-compressed when it ends in .gz (default: stdout)")
+    p.add_argument("--input", type=_standard, help="input file, plain or .gz (default, or -: stdin)")
+    _output(p, "--output", standard=True, help="output file, gzip-compressed when it ends in .gz (default, or -: "
+            "stdout)")
     p.add_argument("--nbest", type=int, metavar="K", help="the K best hypotheses of each input (K <= beam; with "
                    "--sample, K draws), best "
                    "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
@@ -446,7 +447,8 @@ def _score_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", type=Path, help="source sentences, plain or .gz (with --tgt; default: stdin, one "
                    "pair per line as SOURCE<TAB>TARGET)")
     p.add_argument("--tgt", type=Path, help="the translations to score, line-aligned with --src")
-    _output(p, "--output", help="output file, gzip-compressed when it ends in .gz (default: stdout)")
+    _output(p, "--output", standard=True, help="output file, gzip-compressed when it ends in .gz (default, or -: "
+            "stdout)")
     p.add_argument("--json", action="store_true", help="one JSON object per pair instead: score, log_prob, tokens "
                    "(pieces, EOS included) and token_log_probs")
 
@@ -694,8 +696,9 @@ def _trees(lines: list[str], outputs: list[str]) -> list:
 def _parse_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p, parsing=True)
     _unconstrained_option(p)
-    p.add_argument("--input", type=Path, help="input file (default: stdin)")
-    _output(p, "--output", help="output file, gzip-compressed when it ends in .gz (default: stdout)")
+    p.add_argument("--input", type=_standard, help="input file (default, or -: stdin)")
+    _output(p, "--output", standard=True, help="output file, gzip-compressed when it ends in .gz (default, or -: "
+            "stdout)")
 
 
 @command("parse", _parse_arguments)
@@ -1091,11 +1094,18 @@ def cmd_serve(args: argparse.Namespace) -> None:
           args.ensemble, args.bf16)
 
 
+def _standard(text: str) -> Path | None:
+    """An --input or --output whose default is stdin / stdout: "-" names that stream, as in most tools (it
+    was read or written as a file called "-")."""
+    return None if text == "-" else Path(text)
+
+
 def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,
-            **kwargs) -> None:
+            standard: bool = False, **kwargs) -> None:
     """An option naming where a command writes: ``main`` checks it (``files.check_output``) before the
-    command starts, so no finished work is lost to a path that cannot take it."""
-    action = p.add_argument(option, type=Path, **kwargs)
+    command starts, so no finished work is lost to a path that cannot take it. ``standard``: "-" is stdout,
+    the default."""
+    action = p.add_argument(option, type=_standard if standard else Path, **kwargs)
     p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder)})
 
 
