@@ -59,7 +59,12 @@ class Dropout(nn.Module):
 
 
 ONEDNN_MIN_MACS = 1 << 19  # products smaller than this stay on torch's default BLAS (lower per-call cost)
-ONEDNN_DTYPES = (torch.float32, torch.bfloat16)  # the float weights ``linear`` and ``pack_for_inference`` take there
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+# the float weights ``linear`` and ``pack_for_inference`` take there: bf16 only where oneDNN has bf16 kernels for
+# this CPU (AVX512BW/VL/DQ or AVX-NE-CONVERT); an AVX2 processor could make no bf16 product there, which went
+# through torch's own emulation instead
+ONEDNN_DTYPES = (torch.float32,) + ((torch.bfloat16,) if _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+                                    else ())
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
@@ -89,7 +94,8 @@ def pack_for_inference(model: nn.Module) -> None:
                and m.weight.device.type == "cpu"]
     weights += [m.output_weight for m in model.modules()
                 if isinstance(m, Transformer) and "output_proj" not in m._modules
-                and m.output_weight.device.type == "cpu"]  # tied: the embedding is the projection
+                and m.output_weight.dtype in ONEDNN_DTYPES and m.output_weight.device.type == "cpu"]  # tied: the
+    # embedding is the projection
     for w in weights:
         pack(w)
 
@@ -108,7 +114,6 @@ def apply(layer: nn.Module, x: Tensor, relu: bool = False) -> Tensor:
     return F.relu(layer(x)) if relu else layer(x)
 
 
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 # oneDNN keeps a compiled kernel for every input shape it has seen (1,024 by default); a server sees
 # many batch shapes, and the cache grew its memory by tens of MiB (tests/reliability/test_server_abuse.py).
 # A decoding batch needs a handful: 32 keeps them. Read when oneDNN makes its first kernel, so set here.
