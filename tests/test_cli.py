@@ -114,6 +114,8 @@ def test_params_cost_says_when_a_device_count_it_refuses_is_its_own_default(caps
     assert capsys.readouterr().err.startswith("error: --devices 8 (of the default 1,8,64): each count must be in 1 .. 4")
     assert main(["params", "base", "--cost", "--devices", "1,0"]) == 1
     assert capsys.readouterr().err.startswith("error: --devices 0: each count")
+    assert main(["params", "base", "--mfu", "5"]) == 1  # accepted, and unused without --cost
+    assert capsys.readouterr().err == "error: --mfu: for --cost's report; add --cost\n"
     with pytest.raises(SystemExit):  # it said "invalid <lambda> value: 'a,b'"
         main(["params", "base", "--cost", "--devices", "a,b"])
     assert capsys.readouterr().err.endswith("argument --devices: 'a,b': give whole numbers separated by commas, "

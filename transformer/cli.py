@@ -819,7 +819,7 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
                    "on H100s")
     p.add_argument("--devices", type=_counts, metavar="N,N,...",
                    help=f"device counts for --cost, comma-separated (default {','.join(map(str, COST_DEVICES))})")
-    p.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation assumed by --cost, in (0, 1] (default 0.4)")
+    p.add_argument("--mfu", type=float, help="model FLOPs utilisation assumed by --cost, in (0, 1] (default 0.4)")
 
 
 @command("params", _params_arguments)
@@ -833,6 +833,8 @@ def cmd_params(args: argparse.Namespace) -> None:
     from .config import MAX_VOCAB, load_config
     from .model import FLOPS_SENTENCE_LEN, Transformer, count_parameters, flops_per_token
 
+    if not args.cost and (given := [o for o, v in (("--devices", args.devices), ("--mfu", args.mfu)) if v is not None]):
+        raise ConfigError(f"{' and '.join(given)}: for --cost's report; add --cost")  # accepted and unused
     cfg = load_config(args.preset, args.set)
     if args.vocab is not None and not 1 <= args.vocab <= MAX_VOCAB:
         raise ConfigError(f"--vocab {args.vocab}: must be in 1 .. {MAX_VOCAB:,} (piece ids are int32)")
@@ -847,17 +849,18 @@ def cmd_params(args: argparse.Namespace) -> None:
         print(f"{args.preset}: {n:,} parameters ({n / 1e6:.2f}M) with a vocabulary of {vocab}; "
               f"{flops / 1e6:.1f} MFLOP per target token for training ({FLOPS_SENTENCE_LEN:g}-token sentences)")
         return
-    from .cost import cost_report, format_cost_report
+    from .cost import DEFAULT_MFU, cost_report, format_cost_report
 
     tokens = cfg.train.max_tokens * cfg.train.update_freq
-    if not 0 < args.mfu <= 1:
+    mfu = DEFAULT_MFU if args.mfu is None else args.mfu
+    if not 0 < mfu <= 1:
         raise ConfigError(f"--mfu {args.mfu}: must be in (0, 1], a share of the devices' peak FLOPs")
     devices = args.devices or COST_DEVICES
     if bad := [n for n in devices if not 1 <= n <= tokens]:  # the default list too: say it was not the user's
         default = "" if args.devices else f" (of the default {','.join(map(str, COST_DEVICES))})"
         raise ConfigError(f"--devices {bad[0]}{default}: each count must be in 1 .. {tokens:,}, the tokens of a step "
                           "(train.max_tokens x update_freq) shared among them")
-    report = cost_report(cfg, args.preset, vocab, devices, args.mfu)
+    report = cost_report(cfg, args.preset, vocab, devices, mfu)
     print(json.dumps(report, indent=2) if args.json else format_cost_report(report))
 
 

@@ -20,6 +20,7 @@ P100_FP32_FLOPS = 9.5e12  # Table 2's footnote
 PAPER_HOURS = {"base": 12.0, "big": 3.5 * 24}  # §5.2: 8 P100 GPUs
 PAPER_TOKENS_PER_STEP = 25_000  # §5.1: "approximately 25000 source tokens and 25000 target tokens" a batch
 H100_BF16_FLOPS = 989e12  # H100 SXM dense bf16 tensor-core peak (NVIDIA datasheet)
+DEFAULT_MFU = 0.4  # the share of the peak FLOPs a step is assumed to reach (params --cost --mfu)
 
 
 @dataclass
@@ -32,11 +33,11 @@ class Cost:
     weights_bytes_per_device: int  # fp32 weights + gradients + Adam's two moments
     activation_bytes_per_device: float  # estimate, bf16 autocast
 
-    def days(self, devices: int, peak_flops: float = H100_BF16_FLOPS, mfu: float = 0.4) -> float:
+    def days(self, devices: int, peak_flops: float = H100_BF16_FLOPS, mfu: float = DEFAULT_MFU) -> float:
         """Wall-clock days at ``mfu`` of ``devices`` × ``peak_flops``."""
         return self.total_flops / (devices * peak_flops * mfu) / 86400
 
-    def step_seconds(self, devices: int, peak_flops: float = H100_BF16_FLOPS, mfu: float = 0.4) -> float:
+    def step_seconds(self, devices: int, peak_flops: float = H100_BF16_FLOPS, mfu: float = DEFAULT_MFU) -> float:
         return self.flops_per_token * self.tokens_per_step / (devices * peak_flops * mfu)
 
 

@@ -150,7 +150,8 @@ def test_translation_never_loses_or_reorders_a_line(fuzz_translator, ledger, inp
 def test_a_sentence_longer_than_any_seen_in_training_still_decodes(fuzz_translator):
     very_long = " ".join(["a dog runs in the park"] * 80)  # ~480 words, positions far past training
     (out,) = fuzz_translator.translate([very_long], DecodeRequest(beam_size=1))
-    assert isinstance(out, str)
+    # decoded as a sentence of its own: the same beside a short one that pads to it (positions, masks, limits)
+    assert isinstance(out, str) and fuzz_translator.translate([very_long, "a dog ."], DecodeRequest(beam_size=1))[0] == out
 
 
 def test_translate_command_keeps_every_line(tmp_path, fuzz_run, ledger):
