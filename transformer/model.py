@@ -61,8 +61,8 @@ class Dropout(nn.Module):
 ONEDNN_MIN_MACS = 1 << 19  # products smaller than this stay on torch's default BLAS (lower per-call cost)
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 # the float weights ``linear`` and ``pack_for_inference`` take there: bf16 only where oneDNN has bf16 kernels for
-# this CPU (AVX512BW/VL/DQ or AVX-NE-CONVERT); an AVX2 processor could make no bf16 product there, which went
-# through torch's own emulation instead
+# this CPU (AVX512BW/VL/DQ or AVX-NE-CONVERT); on an AVX2 processor it has none (every bf16 product there failed),
+# and bf16 goes through torch's own kernels
 ONEDNN_DTYPES = (torch.float32,) + ((torch.bfloat16,) if _ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
                                     else ())
 
@@ -92,10 +92,9 @@ def pack_for_inference(model: nn.Module) -> None:
         return
     weights = [m.weight for m in model.modules() if type(m) is nn.Linear and m.weight.dtype in ONEDNN_DTYPES
                and m.weight.device.type == "cpu"]
-    weights += [m.output_weight for m in model.modules()
+    weights += [m.output_weight for m in model.modules()  # tied: the embedding is the projection
                 if isinstance(m, Transformer) and "output_proj" not in m._modules
-                and m.output_weight.dtype in ONEDNN_DTYPES and m.output_weight.device.type == "cpu"]  # tied: the
-    # embedding is the projection
+                and m.output_weight.dtype in ONEDNN_DTYPES and m.output_weight.device.type == "cpu"]
     for w in weights:
         pack(w)
 

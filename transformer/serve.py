@@ -702,8 +702,9 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     async def index() -> str:
         return page
 
-    for path, answer, kind in (("/health", health, JSONResponse), ("/", index, HTMLResponse)):  # HEAD: what uptime
-        app.add_api_route(path, answer, methods=["HEAD"], include_in_schema=False, response_class=kind)  # checkers send
+    # HEAD, what uptime checkers send: GET's headers (the page's own type, not JSON), without the body
+    for path, answer, kind in (("/health", health, JSONResponse), ("/", index, HTMLResponse)):
+        app.add_api_route(path, answer, methods=["HEAD"], include_in_schema=False, response_class=kind)
 
     return app
 
