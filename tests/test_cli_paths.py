@@ -105,6 +105,14 @@ def test_two_outputs_in_one_file_or_an_output_onto_the_runs_records_are_refused(
                 f"{option} {path}: is the run's own {path.name}, which training wrote")
         assert path.read_bytes() == kept
     assert main(["evaluate", str(run), "--src", str(src), "--ref", str(src), "--json", str(run / "scores.json")]) == 0
+    weights = next((run / "checkpoints").glob("*[0-9].safetensors"))  # train.keep_best's model: replaced without a
+    shutil.copy(weights, run / "best.safetensors")  # word by `average --out RUN/best.safetensors`
+    shutil.copy(weights.with_suffix(".json"), run / "best.json")
+    kept = (run / "best.safetensors").read_bytes()
+    capsys.readouterr()
+    refused(capsys, ["average", str(run), "--last", "1", "--out", str(run / "best.safetensors")],
+            f"--out {run / 'best.safetensors'}: is the run's own best.safetensors, which training wrote")
+    assert (run / "best.safetensors").read_bytes() == kept
 
 
 def test_a_checkpoint_that_is_not_there_or_not_ours_is_named_so(tmp_path, capsys):

@@ -1181,7 +1181,8 @@ def say(line: str) -> None:
     sys.stderr.write(line + "\n")
 
 
-RUN_RECORDS = ("config.toml", "train.log", "metrics.jsonl", "summary.json", "spm.model", "spm.json")  # train's
+RUN_RECORDS = ("config.toml", "train.log", "metrics.jsonl", "summary.json", "spm.model", "spm.json",  # train's
+               "best.safetensors", "best.json")
 
 
 def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: dict) -> None:
