@@ -353,6 +353,25 @@ def test_translate_started_with_stderr_closed_writes_its_output(tiny_run, tmp_pa
     assert done.returncode == 0 and len(out.read_text().splitlines()) == 2
 
 
+@pytest.mark.parametrize("signum, status, said", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
+def test_a_stop_signal_before_the_command_starts_is_said_in_one_line(signum, status, said):
+    """A rank of `train --nproc 2` imports for its first seconds, and its launcher passes Ctrl-C and SIGTERM on to
+    it there too: Ctrl-C printed a KeyboardInterrupt traceback, SIGTERM ended it without a word. Here the
+    signal comes while the command line is read, before the command runs."""
+    code = textwrap.dedent(f"""
+        import os, signal
+        from transformer import cli
+        read = cli.build_parser
+        def stopped():
+            os.kill(os.getpid(), signal.{signum})
+            return read()
+        cli.build_parser = stopped
+        raise SystemExit(cli.main(["params", "tiny"]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (status, "", f"{said}\n")
+
+
 def test_a_dash_names_stdin_and_stdout(tiny_run, tmp_path, monkeypatch):
     """`--input -` said "-: cannot read", and `--output -` wrote a file called "-"; as in most tools, "-" is the
     standard stream, the option's default."""

@@ -1269,32 +1269,30 @@ def _closed_streams() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _closed_streams()
-    if "TRANSFORMER_LAUNCHER_PID" in os.environ:  # a rank of `train --nproc N`: it ends with its launcher
-        from .distributed import die_with_launcher
-
-        die_with_launcher()
     try:
-        args = build_parser().parse_args(argv)
-    except OutputError as e:  # --help into a closed stdout
-        say(summary(e))
-        return e.exit_code
-    try:
-        outputs = getattr(args, "outputs", None) or {}
-        written: dict[Path, str] = {}  # each output's resolved path, and its option
-        for dest, (option, suffixes, folder) in outputs.items():
-            if getattr(args, dest) is not None:
-                check_output(getattr(args, dest), option, suffixes, folder)
-                _not_an_input(args, getattr(args, dest), option, outputs)
-                if (same := written.setdefault(Path(getattr(args, dest)).resolve(), option)) != option:
-                    raise OutputError(f"{option} {getattr(args, dest)}: is also {same}'s; one file cannot hold both "
-                                      "outputs: give each its own")
-        if (threads := getattr(args, "threads", None)) is not None:  # the decoding commands' --threads
-            if not 1 <= threads <= MAX_THREADS:
-                raise ConfigError(f"--threads {threads}: give 1 .. {MAX_THREADS} (default: one per core)")
-            import torch
-
-            torch.set_num_threads(threads)
+        # SIGTERM and Ctrl-C said in one line from the first moment: a rank of `train --nproc N` spends its first
+        # seconds importing, and its launcher passes a stop signal on to it there too (it printed a traceback)
         with sigterm_raises():  # an output being written is removed, as on Ctrl-C
+            if "TRANSFORMER_LAUNCHER_PID" in os.environ:  # a rank of `train --nproc N`: it ends with its launcher
+                from .distributed import die_with_launcher
+
+                die_with_launcher()
+            args = build_parser().parse_args(argv)  # an OutputError: --help into a closed stdout
+            outputs = getattr(args, "outputs", None) or {}
+            written: dict[Path, str] = {}  # each output's resolved path, and its option
+            for dest, (option, suffixes, folder) in outputs.items():
+                if getattr(args, dest) is not None:
+                    check_output(getattr(args, dest), option, suffixes, folder)
+                    _not_an_input(args, getattr(args, dest), option, outputs)
+                    if (same := written.setdefault(Path(getattr(args, dest)).resolve(), option)) != option:
+                        raise OutputError(f"{option} {getattr(args, dest)}: is also {same}'s; one file cannot hold "
+                                          "both outputs: give each its own")
+            if (threads := getattr(args, "threads", None)) is not None:  # the decoding commands' --threads
+                if not 1 <= threads <= MAX_THREADS:
+                    raise ConfigError(f"--threads {threads}: give 1 .. {MAX_THREADS} (default: one per core)")
+                import torch
+
+                torch.set_num_threads(threads)
             args.func(args)
             sys.stdout.flush()  # a report still in the buffer meets a closed pipe here, not in the interpreter's exit
     except UserError as e:  # SIGTERM / SIGINT during training too: "stopped", 143 / 130
