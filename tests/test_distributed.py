@@ -278,7 +278,7 @@ def running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal, found through /proc")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a process' state is found through /proc")
 def test_a_stop_signal_while_torchrun_starts_the_ranks_leaves_none_running(tmp_path, tiny_overrides):
     """SIGTERM or Ctrl-C reaching the launcher as torchrun starts the ranks (its handler installed, the ranks it
     started not yet recorded) made it exit 143 without stopping those already running: orphans, which held its
@@ -314,29 +314,34 @@ def test_a_stop_signal_while_torchrun_starts_the_ranks_leaves_none_running(tmp_p
             os.kill(rank, signal.SIGKILL)
 
 
-def test_a_rank_asks_for_its_launchers_death_signal_and_stops_if_it_is_gone_already(monkeypatch):
-    """A rank of ``launch_local`` asks Linux for SIGTERM when its launcher ends; when the launcher ended before
-    that, it stops itself. The launcher's pid is taken out of the environment: a rank's own children are none."""
-    asked, sent = [], []
-
-    class Libc:
-        def prctl(self, *args):
-            asked.append(args)
-            return 0
-
-    monkeypatch.setattr(distributed.sys, "platform", "linux")
-    monkeypatch.setattr(distributed.ctypes, "CDLL", lambda *args, **kwargs: Libc())
+def test_a_rank_stops_once_when_its_launcher_is_gone(monkeypatch):
+    """A rank of ``launch_local`` looks for its launcher and sends itself one SIGTERM when it is gone, at once if
+    it was gone already. Linux's parent-death signal, which it asked for before, came once for each of torch's
+    threads: a second SIGTERM, "stop at once", and the steps since the last checkpoint were lost. The
+    launcher's pid is taken out of the environment: a rank's own children are none."""
+    sent, parent = [], [4321]
     monkeypatch.setattr(distributed.os, "kill", lambda pid, sig: sent.append((pid, sig)))
-    monkeypatch.setattr(distributed.os, "getppid", lambda: 4321)
+    monkeypatch.setattr(distributed.os, "getppid", lambda: parent[0])
+    monkeypatch.setattr(distributed, "LAUNCHER_POLL_S", 0.01)
     monkeypatch.setenv(distributed.LAUNCHER_PID, "4321")  # the launcher is the parent still
     distributed.die_with_launcher()
-    assert asked == [(distributed.PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)] and not sent
     assert distributed.LAUNCHER_PID not in os.environ
-    monkeypatch.setenv(distributed.LAUNCHER_PID, "1234")  # gone: this rank was reparented
+    time.sleep(0.2)
+    assert not sent
+    parent[0] = 1  # the launcher died: this rank was reparented
+    deadline = time.monotonic() + 10
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert sent == [(os.getpid(), signal.SIGTERM)]  # once
+    monkeypatch.setenv(distributed.LAUNCHER_PID, "1234")  # gone before the rank looked
     distributed.die_with_launcher()
-    assert sent == [(os.getpid(), signal.SIGTERM)]
-    distributed.die_with_launcher()  # not a rank of launch_local: nothing asked
-    assert len(asked) == 2 and len(sent) == 1
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sent == [(os.getpid(), signal.SIGTERM)] * 2
+    distributed.die_with_launcher()  # not a rank of launch_local: nothing watched
+    time.sleep(0.2)
+    assert len(sent) == 2
 
 
 def test_ctrl_c_to_a_data_parallel_job_says_it_stopped_once(tmp_path, tiny_overrides):
@@ -359,6 +364,31 @@ def test_ctrl_c_to_a_data_parallel_job_says_it_stopped_once(tmp_path, tiny_overr
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("stopped: SIGINT: training stopped after step"), err[-3000:]
     assert list_checkpoints(run)
+
+
+def test_a_job_whose_launcher_is_killed_stops_with_its_checkpoint(tmp_path, tiny_overrides):
+    """The launcher killed (SIGKILL: out of memory, say): its ranks stop after their step and write a
+    checkpoint, as on SIGTERM. They took a SIGTERM for each of their threads (Linux's parent-death signal),
+    the second "stop at once", and lost every step since the last checkpoint."""
+    run = tmp_path / "run"
+    threads = {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}  # as a user runs it: thread pools of its own
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(run), "--nproc", "2",
+                             "--quiet", *sets(tiny_overrides + ["train.max_steps=100000", "train.log_every=1"])],
+                            env=threads, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.kill()  # the launcher alone
+        proc.wait()
+        while not list_checkpoints(run) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, whatever became of them
+    assert list_checkpoints(run), (run / "train.log").read_text()[-2000:]
+    assert "again" not in (run / "train.log").read_text()
 
 
 @pytest.mark.parametrize("broadcast_error, raised", [

@@ -12,11 +12,12 @@ fails the others stop with its message.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -175,27 +176,30 @@ def launch_local(nproc: int, argv: list[str]) -> int:
 
 # Set by ``launch_local`` for the ranks it starts: the launcher's pid (``die_with_launcher``).
 LAUNCHER_PID = "TRANSFORMER_LAUNCHER_PID"
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+LAUNCHER_POLL_S = 1.0  # how often a rank looks for its launcher (``die_with_launcher``)
 
 
 def die_with_launcher() -> None:
-    """In a rank started by ``launch_local``: SIGTERM to this rank when the launcher is gone (Linux's parent-death
-    signal), taken as any SIGTERM (a step's end and its checkpoint in training; at once before). The launcher
-    otherwise waits for its ranks, but a stop signal that reaches it while torchrun starts them (between
-    installing its handlers and recording the ranks it started) makes it exit 143 without stopping those already
-    running: they outlived it, orphans that held its stderr open. So did any rank of a launcher killed itself
-    (SIGKILL, out of memory). The variable is taken out of the environment: what the rank starts is not a rank."""
+    """In a rank started by ``launch_local``: SIGTERM to this rank, once, when the launcher is gone, taken as any
+    SIGTERM (a step's end and its checkpoint in training; at once before). The launcher otherwise waits for its
+    ranks, but a stop signal that reaches it while torchrun starts them (between installing its handlers and
+    recording the ranks it started) makes it exit 143 without stopping those already running: they outlived it,
+    orphans that held its stderr open. So did any rank of a launcher killed itself (SIGKILL, out of memory).
+
+    A thread of the rank looks for its parent every ``LAUNCHER_POLL_S``. Linux's parent-death signal
+    (prctl PR_SET_PDEATHSIG), asked for before, is kept by every thread started after it (torch's) and sent once
+    for each: a rank took the second SIGTERM as "stop at once" and lost the steps since its last checkpoint.
+    The variable is taken out of the environment: what the rank starts is not a rank."""
     launcher = os.environ.pop(LAUNCHER_PID, None)
-    if launcher is None or not sys.platform.startswith("linux"):
+    if launcher is None or os.name != "posix":
         return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
-            return  # not allowed here (a sandbox): as before
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != int(launcher):  # it was gone before the parent-death signal was asked for
+
+    def watch() -> None:
+        while os.getppid() == int(launcher):
+            time.sleep(LAUNCHER_POLL_S)
         os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def _blame(exitcode: int) -> int:
