@@ -5,6 +5,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -924,6 +925,43 @@ def test_a_resume_from_an_older_checkpoint_logs_each_step_once(tmp_path, tiny_ov
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert "metrics.jsonl: 3 record(s) after step 2, the step resumed from, left out" in (run / "train.log").read_text()
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on Windows")
+def test_a_closed_terminal_stops_training_after_its_step_with_a_checkpoint(tmp_path, tiny_overrides):
+    """Training in a terminal that closes (a dropped ssh session): SIGHUP ended it at once without a word, and
+    every step since the last checkpoint was lost. It now stops as on SIGTERM, with 129; its lines, which the
+    closed terminal would refuse (EIO), go nowhere."""
+    import fcntl
+    import pty
+    import select
+    import subprocess
+    import sys
+    import termios
+
+    master, slave = pty.openpty()
+
+    def own_terminal() -> None:  # a session of its own, whose controlling terminal is the pty: as a login shell's
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    run = tmp_path / "run"
+    sets = [a for o in tiny_overrides + ["train.max_steps=100000", "train.log_every=1"] for a in ("--set", o)]
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(run), *sets],
+                            stdin=slave, stdout=slave, stderr=slave, preexec_fn=own_terminal)
+    os.close(slave)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            if select.select([master], [], [], 0.2)[0]:
+                os.read(master, 1 << 16)  # what the terminal shows, drained
+        os.close(master)  # the terminal hangs up: SIGHUP to the session
+        assert proc.wait(timeout=120) == 128 + signal.SIGHUP, (run / "train.log").read_text()[-1500:]
+    finally:
+        proc.kill()
+    log = (run / "train.log").read_text()
+    assert list_checkpoints(run) and "SIGHUP: stopped after step" in log, log[-2000:]
 
 
 def test_a_second_signal_stops_at_once_and_says_no_checkpoint_was_written(tmp_path, tiny_overrides, monkeypatch):

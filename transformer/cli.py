@@ -2,9 +2,9 @@
 
 Exit status: 0 success, 1 a user error (one line on stderr, no traceback), 2 a usage error,
 70 an internal error (a bug: one line on stderr, the traceback in a log file to report),
-130 / 143 training stopped by SIGINT / SIGTERM after finishing its step and writing a checkpoint, and any
-command (training before its first step too) stopped by them elsewhere, in one line ("interrupted" /
-"terminated"), the output file it was writing removed;
+130 / 143 training stopped by SIGINT / SIGTERM after finishing its step and writing a checkpoint (129: SIGHUP,
+its terminal closed), and any command (training before its first step too) stopped by them elsewhere, in one
+line ("interrupted" / "terminated"), the output file it was writing removed;
 under `train --nproc N`, 128 + S when a rank was killed by signal S (named in one line); 141 (128 +
 SIGPIPE), without a word, when what read the output closed it (`transformer translate RUN | head`).
 """

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import json
 import math
+import os
 import platform
 import shutil
 import signal
+import stat
 import statistics
 import sys
 import threading
@@ -54,9 +57,12 @@ class TrainError(UserError, RuntimeError):
     """A user-facing problem with a run (its folder, its resume state); one-line message."""
 
 
+HANGUP = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()  # none on Windows
+
+
 class TrainInterrupted(TrainError):
-    """SIGTERM or SIGINT: the current step finished and a checkpoint was written. The command line
-    exits with 128 + the signal number (143 for SIGTERM, 130 for SIGINT), as shells do."""
+    """SIGTERM, SIGINT or SIGHUP: the current step finished and a checkpoint was written. The command line
+    exits with 128 + the signal number (143 for SIGTERM, 130 for SIGINT, 129 for SIGHUP), as shells do."""
 
     label = "stopped"
 
@@ -66,9 +72,12 @@ class TrainInterrupted(TrainError):
 
 
 class StopSignals:
-    """Turns the first SIGTERM / SIGINT into a request to stop after the current step (a second
+    """Turns the first SIGTERM / SIGINT / SIGHUP into a request to stop after the current step (a second
     one stops at once: one taken after the first was; Python takes a signal between two of its operations, and
-    two that arrive during one count as one). Only the main thread can take signals; elsewhere this does nothing."""
+    two that arrive during one count as one). SIGHUP, the terminal closed (a dropped ssh session), ended training
+    at once without a word and lost every step since the last checkpoint; it is taken only where it would do
+    that (under nohup it is ignored, and stays so). Only the main thread can take signals; elsewhere this does
+    nothing."""
 
     def __init__(self) -> None:
         # a stop signal before training whose exception was lost on its way up (``Terminated.signalled``): this one
@@ -76,10 +85,14 @@ class StopSignals:
         self.again: int | None = None  # a second signal, which stopped training at once
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in (signal.SIGTERM, signal.SIGINT, *HANGUP):
+                if signum in HANGUP and signal.getsignal(signum) != signal.SIG_DFL:
+                    continue
                 self._previous[signum] = signal.signal(signum, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
+        if signum in HANGUP:  # the terminal is gone: a line written to it would fail (EIO)
+            leave_terminal()
         if self.received is not None:  # the second signal: do not wait for the step
             self.restore()
             self.again = signum
@@ -168,9 +181,24 @@ def run_logger(out: Path, quiet: bool = False):
     def log(msg: str, terminal: bool = True) -> None:
         files.append_text(path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
         if terminal and not quiet:
-            tqdm.write(msg)
-            sys.stdout.flush()  # a pipe, nohup or a batch system's log gets each line as it is said
+            try:
+                tqdm.write(msg)
+                sys.stdout.flush()  # a pipe, nohup or a batch system's log gets each line as it is said
+            except OSError as e:  # the terminal hung up (its SIGHUP may come after): train on, the lines in train.log
+                if e.errno != errno.EIO:
+                    raise
+                leave_terminal()
     return log
+
+
+def leave_terminal() -> None:
+    """Points stdout and stderr at /dev/null where they are a terminal (a character device): once it has hung
+    up, every write to it fails (EIO), and training still has its step and its checkpoint to finish. The
+    progress bar stops itself on that error (tqdm's own)."""
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if stat.S_ISCHR(os.fstat(fd).st_mode):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
 
 
 def weight_shapes(model: ModelConfig, vocab_size: int) -> dict[str, tuple[int, ...]]:
@@ -1126,7 +1154,7 @@ class Trainer:
                 # stops them all
                 time_used = self.elapsed() / (60 * t.max_minutes) if dist.main and t.max_minutes else 0.0
                 out_of_time, sigterm, sigint, patience, time_used = distributed.all_sum(
-                    dist, [float(time_used >= 1.0), float(stop.received == signal.SIGTERM),
+                    dist, [float(time_used >= 1.0), float(stop.received in (signal.SIGTERM, *HANGUP)),
                            float(stop.received == signal.SIGINT), float(self.out_of_patience), time_used])
                 if sigterm or sigint:  # this rank's signal, or another's: every rank stops as signalled
                     stopped_by = stop.received or (signal.SIGTERM if sigterm else signal.SIGINT)
