@@ -680,3 +680,44 @@ def test_a_batch_closes_where_the_next_request_would_pass_the_token_bound(transl
 
     batcher, results = asyncio.run(scenario())
     assert batcher.batches == 2 and [r[0] for r in results] == translator.translate(LINES, BEAM2)
+
+
+@pytest.mark.parametrize("signals, status, said", [(("SIGTERM",), 143, "terminated"),
+                                                   (("SIGINT", "SIGINT"), 130, "interrupted")])
+def test_a_client_stalled_in_its_body_holds_no_shutdown(signals, status, said):
+    """A client that sent its headers and part of its body held SIGTERM for the whole --request-timeout (a
+    minute here); a second Ctrl-C in that wait printed two tracebacks of uvicorn's. The server waits a few
+    seconds (``SHUTDOWN_GRACE_S``) and stops with its one line."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    run = Path(__file__).parent / "data" / "decode_reference"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "serve", str(run), "--port", str(port),
+                             "--request-timeout", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", port)) as stalled:
+            stalled.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 40\r\n\r\n{\"text\"")
+            time.sleep(0.5)
+            for name in signals:
+                proc.send_signal(getattr(signal, name))
+                time.sleep(1.0)
+            _, err = proc.communicate(timeout=30)  # not the 60 s of --request-timeout
+    finally:
+        proc.kill()
+    assert proc.returncode == status and "Traceback" not in err and err.endswith(f"{said}\n"), err[-3000:]

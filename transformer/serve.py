@@ -33,6 +33,7 @@ import errno
 import html
 import itertools
 import json
+import logging
 import signal
 import socket
 import threading
@@ -56,6 +57,9 @@ from .figures import align, attention_maps, web_page
 from .request import API, DecodeRequest
 from .translator import Translator
 
+# seconds a stopping server waits for the connections still open (a client that stalled in its request's body
+# held a SIGTERM for the whole --request-timeout); decoding stops at once, and what waits is answered 503
+SHUTDOWN_GRACE_S = 5
 MAX_RESTARTS = 3  # restarts of a failed decoding worker; the failure after them stops decoding, and the server says so
 
 
@@ -790,7 +794,8 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
         translator.check(defaults)  # and against the model
         app = create_app(translator, limits, name=Path(run_dir).resolve().name)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,
-                                http=deadline_protocol(limits.request_timeout, limits.max_connections))
+                                http=deadline_protocol(limits.request_timeout, limits.max_connections),
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
         print(f"serving {run_dir} on http://{host}:{port}/ (API schema: /openapi.json; /docs shows it, with "
               "Swagger UI's scripts from the network)", flush=True)
 
@@ -801,6 +806,9 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
             def handle_exit(self, sig, frame) -> None:
                 if (batcher := getattr(app.state, "batcher", None)) is not None:
                     batcher.stop()
+                # a request still coming in (a stalled client's body) is cut short at shutdown, as asked: not an
+                # error of the application to log with its traceback (a second Ctrl-C printed two)
+                logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
                 super().handle_exit(sig, frame)
 
         if threading.current_thread() is threading.main_thread():
