@@ -195,10 +195,14 @@ def leave_terminal() -> None:
     """Points stdout and stderr at /dev/null where they are a terminal (a character device): once it has hung
     up, every write to it fails (EIO), and training still has its step and its checkpoint to finish. The
     progress bar stops itself on that error (tqdm's own)."""
-    for fd in (1, 2):
-        with contextlib.suppress(OSError):
-            if stat.S_ISCHR(os.fstat(fd).st_mode):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                    os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def weight_shapes(model: ModelConfig, vocab_size: int) -> dict[str, tuple[int, ...]]:
