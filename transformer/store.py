@@ -164,7 +164,7 @@ class TokenStore:
         for name, ids in (("src.ids", self._src_ids), ("tgt.ids", self._tgt_ids)):
             if not len(ids):
                 continue
-            if (top := int(ids.max())) >= meta["vocab_size"] or (top := int(ids.min())) < 0:  # int32: signed
+            if (top := int(ids.max())) >= meta["vocab_size"] or ids.dtype.kind == "i" and (top := int(ids.min())) < 0:
                 raise DataError(f"{self.path / name}: holds id {top}, outside the vocabulary's {meta['vocab_size']} "
                                 "pieces; the store is damaged, rebuild it")
 
