@@ -366,6 +366,32 @@ def test_ctrl_c_to_a_data_parallel_job_says_it_stopped_once(tmp_path, tiny_overr
     assert list_checkpoints(run)
 
 
+def test_a_job_whose_launcher_is_killed_stops_with_its_checkpoint(tmp_path, tiny_overrides):
+    """The launcher killed (SIGKILL: out of memory, say): its ranks stop after their step and write a
+    checkpoint, as on SIGTERM. They took a SIGTERM for each of their threads (Linux's parent-death signal),
+    the second "stop at once", and lost every step since the last checkpoint; and each rank sees its launcher gone
+    at its own moment: one stopped by the other's signal took its own while writing the checkpoint, and lost it."""
+    run = tmp_path / "run"
+    threads = {k: v for k, v in ENV.items() if k != "OMP_NUM_THREADS"}  # as a user runs it: thread pools of its own
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(run), "--nproc", "2",
+                             "--quiet", *sets(tiny_overrides + ["train.max_steps=100000", "train.log_every=1"])],
+                            env=threads, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.kill()  # the launcher alone
+        proc.wait()
+        while not list_checkpoints(run) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the ranks too, whatever became of them
+    assert list_checkpoints(run), (run / "train.log").read_text()[-2000:]
+    assert "again" not in (run / "train.log").read_text()
+
+
 @pytest.mark.parametrize("broadcast_error, raised", [
     (RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:23747"), KeyboardInterrupt),
     (RuntimeError("a bug in the broadcast"), RuntimeError)])

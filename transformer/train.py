@@ -1146,6 +1146,7 @@ class Trainer:
         # first, with nothing queued after it, where booking it reads the weights (validation, a
         # checkpoint), where it may be the last, and where training stops.
         pending: InFlight | None = None
+        saving = False
         try:
             while True:
                 plan = self.after() if pending else None
@@ -1174,15 +1175,23 @@ class Trainer:
                 if pending:
                     self.book(pending, plan, bar)
                 pending = queued
+            bar.close()
+            # the last checkpoint, taken with the signals still held: the ranks of a job see a stop signal at
+            # different moments (a killed launcher's, each within a second), and one stopped by another's took its
+            # own here as "terminated", losing the checkpoint and every step since the one before
+            saving = True
+            self.save(on_clock=self.saved_on_clock == state.step)  # the budget's end or a signal: off the clock
         except KeyboardInterrupt:
             if stop.again is None:  # not StopSignals' (no main thread, say): as it came
                 raise
-            name = signal.Signals(stop.again).name
-            self.log(f"{name} again: stopped at once, in step {state.step + 1}, without a checkpoint; --resume "
-                     "continues from the newest one", terminal=False)
-            raise TrainInterrupted(stop.again, f"{name} again: training stopped at once, in step {state.step + 1}, "
-                                   "without writing a checkpoint; --resume continues from the newest in "
-                                   f"{self.out / 'checkpoints'}") from None
+            name, where = signal.Signals(stop.again).name, f"in step {state.step + 1}"
+            if saving:
+                where = f"while writing the checkpoint of step {state.step}"
+            self.log(f"{name} again: stopped at once, {where}, without a checkpoint; --resume continues from the "
+                     "newest one", terminal=False)
+            raise TrainInterrupted(stop.again, f"{name} again: training stopped at once, {where}, without writing "
+                                   f"a checkpoint; --resume continues from the newest in {self.out / 'checkpoints'}"
+                                   ) from None
         except Exception as e:
             # train.log says why the run ended; the command line says it on the terminal
             self.log(distributed.lost_contact_line(e) or error_line(e), terminal=False)
@@ -1191,8 +1200,6 @@ class Trainer:
             stop.restore()
             if self.run_data.sampled:
                 self.run_data.sampled.close()
-        bar.close()
-        self.save(on_clock=self.saved_on_clock == state.step)  # the budget's end or a signal: off the clock
         if (stopped_by := stopped_by or stop.received) is not None:
             name = signal.Signals(stopped_by).name + ("" if stop.received else " (to another rank)")
             self.log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
