@@ -87,6 +87,33 @@ def test_a_full_disk_appending_a_log_line_stops_training_in_one_line(tmp_path, m
     assert capsys.readouterr().err == f"error: cannot write {run / 'metrics.jsonl'}: No space left on device\n"
 
 
+def test_a_folder_that_takes_no_new_file_is_refused_before_the_work(tmp_path, monkeypatch, capsys):
+    """/proc as root: its mode lets root write, and a file made there fails with ENOENT. `translate --output
+    /proc/x` translated everything, then ended in an internal error (FileNotFoundError) and lost it. The folder is
+    now tried before the work (a file made and removed), and a file the system will not make in a folder that
+    exists is a WriteError naming it, whatever the errno."""
+    import tempfile
+
+    from transformer import files
+    from transformer.files import WriteError, check_output
+
+    real = tempfile.mkstemp
+
+    def no_new_file(*args, dir=None, **kwargs):
+        if Path(dir) == tmp_path / "proc":
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+        return real(*args, dir=dir, **kwargs)
+
+    (tmp_path / "proc").mkdir()
+    monkeypatch.setattr(files.tempfile, "mkstemp", no_new_file)
+    with pytest.raises(UserError, match=r"--output .*proc/x: the folder .*proc takes no new file \(No such file"):
+        check_output(tmp_path / "proc" / "x", "--output")
+    with pytest.raises(WriteError, match=r"cannot write .*proc/x: No such file"):
+        write_text(tmp_path / "proc" / "x", "text")
+    assert check_output(tmp_path / "x", "--output") == tmp_path / "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["proc"]  # the probe left nothing
+
+
 def test_a_run_folder_is_readable_by_other_accounts(tmp_path, tiny_overrides, mask):
     """Checkpoints and spm.model are 0644 under umask 022, so another account can serve the run."""
     mask(0o022)

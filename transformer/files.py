@@ -101,7 +101,8 @@ def atomic_path(path: Path) -> Iterator[Path]:
     try:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
-        if told := _unwritable(path, e):
+        # a folder that exists and takes no new file (/proc says ENOENT) is the user's to fix, whatever the errno
+        if told := _unwritable(path, e) or (path.parent.is_dir() and WriteError(e.errno, e.strerror, str(path))):
             raise told from None
         raise
     os.close(fd)
@@ -193,6 +194,12 @@ def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder
                           f"{option} {path}: the folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{option} {path}: the folder {parent} is not writable")
+    try:  # os.access answers for the mode bits alone: a folder may still take no file (/proc, /sys, as root)
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".probe.", suffix=".tmp")
+    except OSError as e:
+        raise OutputError(f"{option} {path}: the folder {parent} takes no new file ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
     if not folder and path.is_dir():
         raise OutputError(f"{option} {path}: is a folder; give a file name")
     if not folder and path.exists() and not os.access(path, os.W_OK):
