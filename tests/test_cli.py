@@ -342,6 +342,19 @@ def test_a_command_started_with_stdout_closed_says_so_in_one_line(args):
                                                  "the command has it, or send it to /dev/null\n")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("args, status", [(("--help",), 1), (("translate", "--help"), 1), (("translate",), 2)])
+def test_help_into_a_full_disk_is_a_failure_said_in_one_line(args, status):
+    """argparse drops a failed write of its help: `--help > /dev/full` exited 0 with nothing written. A usage error
+    keeps its status (2) when its lines cannot be written either."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "transformer", *args], stdin=subprocess.DEVNULL, stdout=full,
+                              stderr=subprocess.PIPE if status == 1 else full, text=True, timeout=120)
+    assert done.returncode == status
+    if status == 1:
+        assert done.stderr == "error: No space left on device (writing an output)\n"
+
+
 def test_translate_started_with_stderr_closed_writes_its_output(tiny_run, tmp_path):
     """`translate ... --output FILE 2>&-`: its progress and log lines have nowhere to go, and the translation is
     still written (asking the closed stream whether it was a terminal failed the command)."""

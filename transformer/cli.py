@@ -34,7 +34,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import IO, NoReturn, TypeVar
 
 from .config import EARLY_STOPS, LENGTH_NORMS, MAX_THREADS, ConfigError, DecodeConfig, ServeLimits, resolve_config_path
 from .errors import Terminated, UserError, out_of_memory, summary
@@ -1112,7 +1112,19 @@ def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] =
     p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder)})
 
 
-class _CommandParser(argparse.ArgumentParser):
+class _Parser(argparse.ArgumentParser):
+    """argparse drops a failed write of its help: `--help > /dev/full` exited 0 with nothing written. Here the
+    write's error goes up to ``main``, which says it as any output's (a closed pipe: quietly). A usage error's
+    lines into a stderr that fails are still dropped: its exit status (2) says more than the write's would."""
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if file is not sys.stdout:
+            return super()._print_message(message, file)
+        file.write(message)
+        file.flush()
+
+
+class _CommandParser(_Parser):
     """A command's parser: an option it does not know is its own usage error (exit 2), told with its usage.
     argparse hands such arguments up to the top-level parser, whose usage names no option of the command."""
 
@@ -1132,9 +1144,8 @@ class _CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="transformer", epilog=EPILOG,
-                                     description="The Transformer of 'Attention Is All You Need': train, "
-                                                 "translate, evaluate.")
+    parser = _Parser(prog="transformer", epilog=EPILOG,
+                     description="The Transformer of 'Attention Is All You Need': train, translate, evaluate.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     for c in COMMANDS:
         c.arguments(sub.add_parser(c.name, help=c.help, description=c.description, epilog=EPILOG))
