@@ -309,6 +309,16 @@ def test_average_refuses_mismatches(tmp_path: Path) -> None:
                     {**META, "vocab_sha256": "cd" * 32})
     with pytest.raises(CheckpointError, match=r"^b\.json: key 'x' is torch.float32 \[3, 2\]"):
         average_checkpoints([a, b])
+    # the same shape in another dtype, and an integer buffer that differs: neither is averaged silently
+    half = write_model(tmp_path / "half.safetensors", {"x": torch.zeros(2, 3, dtype=torch.float16),
+                                                       "y": torch.zeros(2)}, META)
+    with pytest.raises(CheckpointError, match=r"^half\.json: key 'x' is torch.float16 \[2, 3\], expected "
+                                              r"torch.float32 \[2, 3\]"):
+        average_checkpoints([a, half])
+    n1, n2 = (write_model(tmp_path / f"n{i}.safetensors", {"x": torch.zeros(2), "n": torch.tensor([i])}, META)
+              for i in (1, 2))
+    with pytest.raises(CheckpointError, match=r"^n2\.json: non-float key 'n' differs between checkpoints"):
+        average_checkpoints([n1, n2])
     with pytest.raises(CheckpointError, match=r"^c\.json: unexpected key 'z'"):
         average_checkpoints([a, c])
     with pytest.raises(CheckpointError, match=r"^d\.json: trained with another vocabulary than a\.json"):
@@ -325,7 +335,7 @@ def test_average_takes_checkpoints_of_other_dropout(tmp_path: Path) -> None:
     """Dropout shapes training alone: a run resumed with another model.p_drop (--allow-config-change, which
     training.md offers) could no longer be translated, averaged, exported or evaluated."""
     paths = [write_model(tmp_path / f"{p}.safetensors", weights(i), {**META, "config": {"model": {"d_model": 8, **p}}})
-             for i, p in enumerate(({"p_drop": 0.1}, {"p_drop": 0.3, "p_drop_attn": 0.1}))]
+             for i, p in enumerate(({"p_drop": 0.1}, {"p_drop": 0.3, "p_drop_attn": 0.1, "p_drop_relu": 0.2}))]
     torch.testing.assert_close(average_checkpoints(paths)["embed.weight"],
                                (weights(0)["embed.weight"] + weights(1)["embed.weight"]) / 2)
 

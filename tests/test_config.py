@@ -175,12 +175,26 @@ def test_set_overrides_and_validation():
     ("decode.max_len_offset=-1", "decode.max_len_offset must be >= 0, got -1"),
     ("train.threads=-2", "train.threads .* must be >= 0, got -2"),
     ("train.threads=5000", r"train.threads 5000: give 0 .. 1024"),  # creating 5,000 threads crashed the process
+    ("model.p_drop=1.0", r"model.p_drop must be in \[0, 1\), got 1.0"),  # every activation zeroed
+    ("train.cooldown_fraction=1.01", r"train.cooldown_fraction must be in \[0, 1\], got 1.01"),
 ])
 def test_values_training_cannot_use_are_refused_naming_the_value(override, message):
     """Each bad value is refused in one line with the value, before training: a negative clip_norm passed,
     and training climbed its own loss; the others ended in torch's or sentencepiece's exceptions."""
     with pytest.raises(ConfigError, match=message):
         load_config("tiny", [override])
+
+
+@pytest.mark.parametrize("overrides", [
+    ["train.seed=4294967295"],  # the largest seed sentencepiece takes (unsigned 32 bits)
+    ["train.cooldown_fraction=1.0"],  # the whole budget cools down
+    ["model.p_drop=0.0", "model.p_drop_attn=0.0", "model.p_drop_relu=0.0", "train.eps_ls=0.0"],
+    ["model.d_model=60", "model.n_heads=8", "model.d_k=8", "model.d_v=8"],  # Table 3 rows A and B set d_k, d_v
+])
+def test_the_values_at_the_edges_of_each_range_are_accepted(overrides):
+    """Each range's own end, where it is inside: a check one step too strict refuses a setting the paper or a
+    user takes, and no test of the refused values alone would see it."""
+    load_config("tiny", overrides)
 
 
 def test_a_refused_value_names_the_file_or_set_that_gave_it(tmp_path):

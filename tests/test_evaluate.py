@@ -145,6 +145,14 @@ def test_score_unary_chain_and_label_mismatch():
     assert f1("(S (VP (VB Go)))", "(S (XX Go))") == (100.0, 50.0, 66.67)  # the unary VP is missing
 
 
+def test_score_counts_no_word_for_an_empty_element():
+    """A trace (-NONE-) is no word of the sentence: the constituent that holds only it spans nothing and is no
+    bracket, and the words after it keep their places (the treebank's own text, read without normalising; the
+    test tree takes the gold tags)."""
+    assert f1("(S (NP (-NONE- *)) (VP (VB Go)))", "(S (NP (XX *)) (VP (XX Go)))") == (100.0, 100.0, 100.0)
+    assert f1("(S (NP (-NONE- *)) (VP (VB Go)))", "(S (NP (XX *) (XX Go)))") == (50.0, 50.0, 50.0)  # S alone
+
+
 def test_score_advp_equals_prt():
     assert f1("(S (VP (VB give) (PRT (RP up))))", "(S (VP (XX give) (ADVP (XX up))))") == (100.0, 100.0, 100.0)
 

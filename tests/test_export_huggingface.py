@@ -198,6 +198,11 @@ def test_the_folder_says_what_it_holds(run, exported):
     cfg = load_config(str(run / "config.toml"))
     assert config["d_model"] == cfg.model.d_model and config["scale_embedding"] is True
     assert config["decoder_start_token_id"] == PAD_ID and generation["forced_eos_token_id"] == EOS_ID
+    # the model's padding id is the tokenizer's: Marian's (post-norm) a "<pad>" row after our vocabulary, which
+    # no logit test sees (generate pads finished beams with it; fine-tuning's embedding keeps it at zero)
+    pad, marian = transformers.AutoTokenizer.from_pretrained(exported).pad_token_id, config["model_type"] == "marian"
+    assert marian == (cfg.model.norm == "post")
+    assert config["pad_token_id"] == pad == (config["vocab_size"] - 1 if marian else PAD_ID)
     assert (generation["num_beams"], generation["length_penalty"]) == (cfg.decode.beam_size, cfg.decode.alpha)
     card = (exported / "README.md").read_text(encoding="utf-8")
     assert "AutoModelForSeq2SeqLM" in card and f"d_model {cfg.model.d_model}" in card

@@ -548,3 +548,8 @@ def test_flops_per_token_counts_the_forward_products_three_times():
     with FlopCounterMode(display=False) as counter:
         model(src, tgt_in)
     assert flops_per_token(cfg, vocab, length, length) == pytest.approx(3 * counter.get_total_flops() / length)
+    # a shorter source: the encoder's self-attention and the decoder's cross-attention attend over fewer keys,
+    # 2·h·(d_k + d_v) FLOPs a key for each query, forward, three times in training; the rest is per token
+    d_k, d_v = cfg.head_dims
+    fewer = 3 * (cfg.n_enc_layers + cfg.n_dec_layers) * 2 * (length - 5) * cfg.n_heads * (d_k + d_v)
+    assert flops_per_token(cfg, vocab, length, length) - flops_per_token(cfg, vocab, 5, length) == pytest.approx(fewer)

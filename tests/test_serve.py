@@ -96,6 +96,8 @@ def test_batches_respect_the_token_bound_and_beam(translator):
 @pytest.mark.parametrize("body, status, message", [
     ({"text": ["a"] * 5}, 422, "5 sentences, more than the limit of 4"),
     ({"text": ["a" * 201]}, 422, "text[0]: 201 characters"),
+    ({"text": ["a"], "prefix": ["a" * 201]}, 422, "prefix[0]: 201 characters"),
+    ({"text": ["a"], "constraints": [["a" * 100, "b" * 100]]}, 422, "constraints[0]: 201 characters"),  # joined
     ({"text": ["a"], "beam": 0}, 422, "beam 0: must be at least 1"),
     ({"text": ["a"], "beam": 17}, 422, "beam: 17, more than the limit of 16 (--max-beam)"),
     ({"text": ["a"], "alpha": -1.0}, 422, "alpha -1.0: must be a finite number >= 0"),

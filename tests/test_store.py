@@ -110,6 +110,12 @@ def test_truncated_or_foreign_stores_are_refused(store: Path, tmp_path: Path) ->
     with pytest.raises(DataError, match=r"cut/src\.ids: holds id 65535, outside the vocabulary's \d+ pieces; the store "
                                         r"is damaged"):
         TokenStore(cut)
+    ids = np.fromfile(store / "src.ids", dtype=np.uint16)
+    vocab = json.loads((store / "meta.json").read_text())["vocab_size"]
+    ids[0] = vocab  # the first id past the vocabulary's last
+    ids.tofile(cut / "src.ids")
+    with pytest.raises(DataError, match=rf"cut/src\.ids: holds id {vocab}, outside the vocabulary's {vocab} pieces"):
+        TokenStore(cut)
 
     meta = json.loads((store / "meta.json").read_text())
     (cut / "meta.json").write_text(json.dumps(meta | {"version": 99}))

@@ -116,6 +116,7 @@ def test_well_formed_flag():
     words = ["a", "b"]
     assert delinearize(["(S", "XX", "XX", ")S"], words) == (tree("(S (XX a) (XX b))"), True)
     assert not delinearize(["(S", "XX", ")NP"], words)[1]  # label mismatch and a missing XX
+    assert not delinearize(["(S", "XX", "XX", ")NP"], words)[1]  # the label mismatch alone
     assert not delinearize(["(S", "XX", "XX"], words)[1]  # never closed
     assert not delinearize(["(S", "XX", ")S", "(S", "XX", ")S"], words)[1]  # two roots
     assert not delinearize(["(S", "(NP", ")NP", "XX", "XX", ")S"], words)[1]  # an empty constituent
