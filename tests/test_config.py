@@ -176,6 +176,10 @@ def test_set_overrides_and_validation():
     ("train.threads=-2", "train.threads .* must be >= 0, got -2"),
     ("train.threads=5000", r"train.threads 5000: give 0 .. 1024"),  # creating 5,000 threads crashed the process
     ("model.p_drop=1.0", r"model.p_drop must be in \[0, 1\), got 1.0"),  # every activation zeroed
+    # a float field given an integer past a float's range, and an integer past 64 bits: both ended in an internal
+    # error (OverflowError), the learning rate's only after the run folder was written
+    ("train.max_minutes=1" + "0" * 400, r"train.max_minutes must be below 2\^63 in size, got an integer of 401 digits"),
+    ("train.warmup_steps=" + str(2**63), r"train.warmup_steps must be below 2\^63 in size"),
     ("train.cooldown_fraction=1.01", r"train.cooldown_fraction must be in \[0, 1\], got 1.01"),
 ])
 def test_values_training_cannot_use_are_refused_naming_the_value(override, message):
@@ -316,7 +320,7 @@ def test_a_config_toml_that_is_not_toml_is_a_one_line_error(tmp_path):
 
 
 @pytest.mark.parametrize("override", ["model.d_model=1099511627776", "model.n_enc_layers=100000000000",
-                                      "model.d_ff=8000000000000000000000", "model.max_positions=100000000000000"])
+                                      "model.d_ff=8000000000000000000", "model.max_positions=100000000000000"])
 def test_a_model_size_past_any_model_is_refused_in_one_line(override):
     """params overflowed (d_model 8e21), failed to allocate even on the meta device (2^40), or hung (1e11 layers);
     a learned position table of 1e14 rows died allocating in training (exit 70)."""

@@ -390,6 +390,9 @@ def _check_type(where: str, key: str, value: Any, annotation: Any) -> Any:
         if value not in choices:
             raise ConfigError(f"{where}: {key} must be one of {list(choices)}, got {value!r}")
         return value
+    if hint in (int, float) and isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        # TOML's own integers are 64-bit; Python's are not, and 10**400 overflowed a float deep in training
+        raise ConfigError(f"{where}: {key} must be below 2^63 in size, got an integer of {len(str(abs(value)))} digits")
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is int and isinstance(value, bool) or not isinstance(value, hint):
