@@ -129,6 +129,27 @@ def test_truncated_or_foreign_stores_are_refused(store: Path, tmp_path: Path) ->
         TokenStore(cut)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("vocab_size", "400", r"vocab_size is '400', not a count"),
+    ("n_kept", None, r"n_kept is None, not a count"),
+    ("n_tgt_tokens", -1, r"n_tgt_tokens is -1, not a count"),
+    ("vocab_sha256", None, r"vocab_sha256 is None, not a sha256"),
+    ("dtype", "float16", r"dtype is 'float16' where its writer takes 'uint16' \(for values up to 399\)"),
+    ("dtype", 5, r"dtype is 5 where its writer takes 'uint16'"),
+    ("length_dtype", [1], r"length_dtype is \[1\] where its writer takes 'uint16'"),
+    ("version", "1", r"format version '1', this code reads version 1"),
+])
+def test_a_meta_field_edited_by_hand_is_refused_naming_it(store: Path, tmp_path: Path, field, value, message) -> None:
+    """meta.json's values are checked at opening: "500" or null ended in an internal error (TypeError), a count
+    given as text was repeated rather than multiplied, and float16 ids, as wide as uint16, were read as numbers."""
+    cut = tmp_path / "cut"
+    shutil.copytree(store, cut)
+    meta = json.loads((store / "meta.json").read_text())
+    (cut / "meta.json").write_text(json.dumps(meta | {field: value}))
+    with pytest.raises(DataError, match=rf"cut/meta\.json: {message}"):
+        TokenStore(cut)
+
+
 def test_wrong_vocabulary_is_refused(store: Path) -> None:
     other = hashlib.sha256(b"another spm.model").hexdigest()
     with pytest.raises(DataError, match=r"meta\.json: encoded with vocabulary \w+…, this run's vocabulary is"):

@@ -117,6 +117,23 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
             shutil.rmtree(tmp)
 
 
+# meta.json's fields as ``write_store`` writes them: each checked at opening (a value edited by hand, "500" or null,
+# ended in an internal error, and a dtype of the same width was read as another kind of number)
+_COUNTS = ("vocab_size", "max_len", "n_pairs", "skipped_empty", "skipped_long", "n_kept", "n_src_tokens", "n_tgt_tokens")
+
+
+def _check_meta(meta_path: Path, meta: dict) -> None:
+    for key in _COUNTS:
+        if not isinstance(value := meta.get(key), int) or isinstance(value, bool) or value < 0:
+            raise DataError(f"{meta_path}: {key} is {value!r}, not a count; the store is damaged, rebuild it")
+    if not isinstance(value := meta.get("vocab_sha256"), str):
+        raise DataError(f"{meta_path}: vocab_sha256 is {value!r}, not a sha256; the store is damaged, rebuild it")
+    for key, largest in (("dtype", meta["vocab_size"] - 1), ("length_dtype", meta["max_len"])):
+        if meta.get(key) != (wrote := _dtype(largest)):
+            raise DataError(f"{meta_path}: {key} is {meta.get(key)!r} where its writer takes {wrote!r} (for values up "
+                            f"to {largest}); the store is damaged, rebuild it")
+
+
 class TokenStore:
     """A token store opened read-only; indexes like a list of ``Example`` so ``collate`` takes it as is.
 
@@ -134,8 +151,9 @@ class TokenStore:
         meta = read_record(meta_path, DataError, f"{self.path} is not a token store; write one with "
                            "`transformer preprocess`", FORMAT)
         if meta.get("version") != VERSION:
-            raise DataError(f"{meta_path}: format version {meta.get('version')}, this code reads version "
+            raise DataError(f"{meta_path}: format version {meta.get('version')!r}, this code reads version "
                             f"{VERSION}; rebuild the store with `transformer preprocess`")
+        _check_meta(meta_path, meta)
         if vocab_sha256 is not None and meta["vocab_sha256"] != vocab_sha256:
             raise DataError(f"{meta_path}: encoded with vocabulary {meta['vocab_sha256'][:12]}…, this run's "
                             f"vocabulary is {vocab_sha256[:12]}…; re-encode with the run's spm.model")
