@@ -1049,6 +1049,21 @@ def test_a_second_signal_while_the_last_checkpoint_is_written_says_where_it_stop
     assert not list_checkpoints(run)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+@pytest.mark.parametrize("field", ["train_src", "train_tgt"])
+def test_a_named_pipe_as_training_text_is_refused_before_it_is_read(tmp_path, tiny_overrides, field):
+    """The training text is read twice (the vocabulary, then the pairs): a named pipe gave it once, and the second
+    read waited for ever for another writer. Refused in one line before the run folder is made, as preprocess does
+    where it trains the vocabulary."""
+    from transformer.data import DataError
+
+    os.mkfifo(pipe := tmp_path / "pipe")
+    cfg = load_config("tiny", tiny_overrides + [f'data.{field}="{pipe}"'])
+    with pytest.raises(DataError, match=rf"^data\.{field} .*pipe: a pipe or device, not a file; the training text is "
+                                        "read twice"):
+        training.data_paths(cfg)
+
+
 def test_a_resumed_run_says_what_it_will_not_do_and_drops_a_stale_summary(tmp_path, tiny_overrides, monkeypatch):
     """Resumed at a budget already spent, and with --init-from, the run said nothing of either; continued for
     longer and stopped midway, it kept the earlier budget's summary.json, which said the run was done."""

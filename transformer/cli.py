@@ -886,7 +886,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     import tempfile
 
     from .config import load_config
-    from .prepare import resolve_data_path
+    from .prepare import read_twice, resolve_data_path
     from .store import check_store_folder, write_store
     from .tokenizer import Tokenizer
     from .vocabulary import train_vocabulary
@@ -901,6 +901,8 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
         raise ConfigError(f"--spm {args.spm}: no such file (a sentencepiece model, e.g. RUN/spm.model)")
     tokenizer = None if args.spm is None else Tokenizer(args.spm)  # read where it was given: its errors name it
     src, tgt, out = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt), Path(args.out)
+    if tokenizer is None:  # the vocabulary is trained on the text first
+        src, tgt = read_twice(src, "data.train_src"), read_twice(tgt, "data.train_tgt")
     check_store_folder(out, args.overwrite)  # before the vocabulary's training, not after it
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:

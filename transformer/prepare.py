@@ -179,6 +179,14 @@ def resolve_data_path(path: str) -> Path:
                     "set TRANSFORMER_DATA to the folder that holds it)")
 
 
+def read_twice(path: Path, field: str) -> Path:
+    """``path`` (``field``'s), refused unless a file: a training corpus is read twice, for the vocabulary and then
+    for the pairs, and a named pipe gives its text once (the second read waited for ever for another writer)."""
+    if not path.is_file():
+        raise DataError(f"{field} {path}: a pipe or device, not a file; the training text is read twice (the "
+                        "vocabulary, then the pairs): write it to a file first")
+    return path
+
 
 BASE_URL = "https://www.statmt.org/"
 

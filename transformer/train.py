@@ -46,7 +46,7 @@ from .errors import Terminated, UserError, summary as error_line
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import cooldown, learning_rate, make_optimizer
-from .prepare import resolve_data_path
+from .prepare import read_twice, resolve_data_path
 from .runtime import keep_freed_memory, native_bf16
 from .store import TokenStore
 from .tokenizer import Tokenizer
@@ -220,7 +220,11 @@ def data_paths(cfg: Config) -> dict[str, Path]:
         nor = f" (nor {', '.join(missing[1:])})" if len(missing) > 1 else ""
         raise ConfigError(f"{missing[0]} is not set{nor}: name the files in the config's [data] (as the complete "
                           f"recipe configs/multi30k_en_de.toml does) or with --set {missing[0]}=FILE, one --set each")
-    return {name: resolve_data_path(getattr(d, name)) for name in needed + (("train_store",) if d.train_store else ())}
+    paths = {name: resolve_data_path(getattr(d, name)) for name in needed + (("train_store",) if d.train_store else ())}
+    for name in ("train_src", "train_tgt"):
+        if name in paths:
+            read_twice(paths[name], f"data.{name}")
+    return paths
 
 
 def _saved_config(out: Path, config_path: Path) -> tuple[Config, Path] | None:
