@@ -115,6 +115,29 @@ def test_two_outputs_in_one_file_or_an_output_onto_the_runs_records_are_refused(
     assert (run / "best.safetensors").read_bytes() == kept
 
 
+def test_an_output_onto_another_runs_records_or_checkpoints_is_refused(tmp_path, capsys):
+    """Only the run a command read was guarded: `average RUN1 --out RUN2/checkpoints/step_N.safetensors` replaced
+    RUN2's newest checkpoint and its record (RUN2 then trained and translated as another model, or not at all), and
+    `translate RUN1 --output RUN2/spm.model` RUN2's vocabulary. A new file in a checkpoints folder may be taken for
+    a checkpoint. A file of another name beside a run's records is written."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(RUN, other)
+    newest = sorted((other / "checkpoints").glob("*[0-9].safetensors"))[-1]
+    kept = {p: p.read_bytes() for p in (newest, newest.with_suffix(".json"), other / "spm.model")}
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\n")
+    refused(capsys, ["average", str(RUN), "--last", "1", "--out", str(newest)],
+            f"--out {newest}: is run {other}'s own {newest.name}, which training wrote")
+    refused(capsys, ["average", str(RUN), "--last", "1", "--out", str(other / "checkpoints" / "new.safetensors")],
+            f"is in run {other}'s checkpoints folder")
+    refused(capsys, ["translate", str(RUN), "--input", str(src), "--output", str(other / "spm.model")],
+            f"--output {other / 'spm.model'}: is run {other}'s own spm.model")
+    assert all(p.read_bytes() == data for p, data in kept.items())
+    assert main(["translate", str(RUN), "--input", str(src), "--output", str(other / "out.txt")]) == 0
+
+
 def test_a_checkpoint_that_is_not_there_or_not_ours_is_named_so(tmp_path, capsys):
     """A missing --checkpoint was told as its JSON record missing, "an unfinished write"."""
     gone = tmp_path / "x.safetensors"

@@ -1198,18 +1198,29 @@ RUN_RECORDS = ("config.toml", "train.log", "metrics.jsonl", "summary.json", "spm
                "best.safetensors", "best.json")
 
 
+def _is_run(folder: Path) -> bool:
+    """Whether ``folder`` is a run folder that training wrote (its config and its log or checkpoints)."""
+    return (folder / "config.toml").is_file() and ((folder / "checkpoints").is_dir() or (folder / "train.log").is_file())
+
+
 def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: dict) -> None:
     """OutputError if ``path`` is a file the command also reads (``--output in.txt --input in.txt``), or a
-    record of the run it reads (``evaluate RUN --json RUN/summary.json``): the output would replace it, and
-    the input be lost."""
+    record of a run (``evaluate RUN --json RUN/summary.json``), or in a run's checkpoints folder: the output
+    would replace it, and the input be lost. Any run's, not only the one the command reads: `average RUN1 --out
+    RUN2/checkpoints/step_N.safetensors` replaced RUN2's newest checkpoint, and `translate RUN1 --output
+    RUN2/spm.model` its vocabulary."""
+    target = Path(path).resolve()
+    for run in (target.parent, target.parent.parent):
+        if _is_run(run) and (target.parent == run and target.name in RUN_RECORDS or target.parent.name == "checkpoints"):
+            own = isinstance(given := getattr(args, "run_dir", None), Path) and given.resolve() == run
+            who = "the run's" if own else f"run {run}'s"
+            if target.parent == run or target.exists():
+                raise OutputError(f"{option} {path}: is {who} own {target.name}, which training wrote; writing it "
+                                  "would replace it: give another file")
+            raise OutputError(f"{option} {path}: is in {who} checkpoints folder, which training keeps (a file there "
+                              "may be taken for a checkpoint): give another folder")
     if not Path(path).is_file():
         return
-    run = getattr(args, "run_dir", None)
-    if isinstance(run, Path) and run.is_dir() and (
-            any(Path(path).samefile(run / name) for name in RUN_RECORDS if (run / name).is_file())
-            or (run / "checkpoints").is_dir() and Path(path).parent.samefile(run / "checkpoints")):
-        raise OutputError(f"{option} {path}: is the run's own {Path(path).name}, which training wrote; writing it "
-                          "would replace it: give another file")
     for dest, value in vars(args).items():
         if dest not in outputs and isinstance(value, Path) and value.is_file() and os.path.samefile(value, path):
             raise OutputError(f"{option} {path}: is --{dest.replace('_', '-')} {value}, which the command reads; "
