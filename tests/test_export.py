@@ -72,7 +72,8 @@ def test_export_refuses_a_non_empty_folder(tmp_path):
 
 def test_force_replaces_an_earlier_export_only(trained_tiny, tmp_path):
     """--force deleted whatever --out named: the run being exported, a folder of runs, the run's
-    checkpoints, a corpus. It replaces a folder of files with config.json, an earlier export, only."""
+    checkpoints, a corpus. It replaces a folder of files with config.json, an earlier export, only, and one that
+    holds no file this export does not write: a user's notes beside an earlier export were deleted with it."""
     import shutil
 
     run = tmp_path / "runs" / "mine"
@@ -87,9 +88,15 @@ def test_force_replaces_an_earlier_export_only(trained_tiny, tmp_path):
         assert sorted(p.name for p in out.iterdir()) == before
     earlier = tmp_path / "earlier"
     export_ctranslate2(run, earlier, log=lambda m: None)
-    (earlier / "stale.txt").write_text("from an older export\n")
+    (earlier / "notes.txt").write_text("mine\n")
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    with pytest.raises(ExportError, match=r"--force replaces an earlier export only, and it holds notes\.txt, which "
+                                          "this command does not write"):
+        export_ctranslate2(run, earlier, force=True, log=lambda m: None)
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
+    (earlier / "notes.txt").unlink()
     export_ctranslate2(run, earlier, force=True, log=lambda m: None)
-    assert (earlier / "model.bin").is_file()
+    assert (earlier / "model.bin").is_file() and not list(earlier.parent.glob(".earlier*"))
 
 
 def test_the_exported_projection_keeps_row_0_and_never_outputs_pad():

@@ -208,3 +208,10 @@ def test_overwrite_replaces_an_earlier_store_only(corpus: tuple[Path, Path, Toke
     with pytest.raises(DataError, match=r"and it holds folders \(data\)"):
         write_store(src, tgt, tok, tmp_path, 10, overwrite=True)
     assert sorted(p.name for p in data.iterdir()) == ["s.en", "t.de"]
+    store = tmp_path / "store"
+    write_store(src, tgt, tok, store, 10)
+    (store / "notes.txt").write_text("mine\n")  # beside an earlier store: not deleted with it
+    with pytest.raises(DataError, match=r"and it holds notes\.txt, which this command does not write"):
+        write_store(src, tgt, tok, store, 10, overwrite=True)
+    (store / "notes.txt").unlink()
+    write_store(src, tgt, tok, store, 10, overwrite=True)

@@ -363,7 +363,11 @@ def _staged(out: Path, force: bool) -> Iterator[Path]:
             for path in staged.rglob("*"):
                 if path.is_file():  # the libraries' own writers do not all honour the umask (safetensors: 0600)
                     files.share(path)
-            if out.exists():
+            if out.exists():  # an earlier export of the files this one writes: a file beside them is not lost
+                if any(out.iterdir()) and (why := files.not_replaceable(out, "config.json",
+                                                                       {p.name for p in staged.iterdir()})):
+                    raise ExportError(f"{out}: --force replaces an earlier export only, and {why}: give a new "
+                                      "folder, or remove this one yourself")
                 shutil.rmtree(out)
             staged.rename(out)
     except BaseException:

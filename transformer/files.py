@@ -209,15 +209,18 @@ def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder
     return path
 
 
-def not_replaceable(folder: Path, marker: str) -> str | None:
+def not_replaceable(folder: Path, marker: str, names: set[str] | None = None) -> str | None:
     """Why a command's new output may not replace the non-empty ``folder`` (export --force, preprocess
     --overwrite), or None when it may: only an earlier output of the command is replaced, a folder of
-    files holding ``marker``, which the command writes. A run folder, a folder of runs, the run's
-    checkpoints or a corpus named by mistake would be deleted whole."""
+    files holding ``marker``, which the command writes, and (``names`` given) no file of another name. A run
+    folder, a folder of runs, the run's checkpoints or a corpus named by mistake would be deleted whole, and
+    files a user put beside an earlier output with it."""
     if folders := sorted(p.name for p in Path(folder).iterdir() if p.is_dir()):
         return f"it holds folders ({', '.join(folders[:3])}{', ...' if len(folders) > 3 else ''}), as no output of this command does"
     if not (Path(folder) / marker).is_file():
         return f"it has no {marker}, which every output of this command has"
+    if names is not None and (others := sorted(p.name for p in Path(folder).iterdir() if p.name not in names)):
+        return f"it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}, which this command does not write"
     return None
 
 

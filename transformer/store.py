@@ -39,6 +39,10 @@ def _dtype(largest: int) -> str:
     return "uint16" if largest <= np.iinfo(np.uint16).max else "int32"
 
 
+# what a store folder holds: write_store's files, and the vocabulary `transformer preprocess` copies beside them
+STORE_FILES = {*FILES, "meta.json", "spm.model"}
+
+
 def check_store_folder(out: Path, overwrite: bool) -> None:
     """Refuses ``out`` as a store's folder: one that exists and is not empty, unless ``overwrite``, and even
     then one that is not an earlier token store. Asked before any work (``transformer preprocess`` trains a
@@ -46,7 +50,7 @@ def check_store_folder(out: Path, overwrite: bool) -> None:
     out = Path(out)
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"{out}: already exists and is not empty; choose another folder or overwrite it")
-    if out.is_dir() and any(out.iterdir()) and (why := not_replaceable(out, "meta.json")):
+    if out.is_dir() and any(out.iterdir()) and (why := not_replaceable(out, "meta.json", STORE_FILES)):
         raise DataError(f"{out}: --overwrite replaces an earlier token store only, and {why}: give a new folder, "
                         "or remove this one yourself")
 
