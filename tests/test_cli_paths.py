@@ -257,6 +257,29 @@ def test_an_input_too_large_for_memory_is_one_line(error, tmp_path, capsys, monk
         assert said[-1].startswith("error: out of memory (4,000,016,000,016 bytes at once): "), said
 
 
+@pytest.mark.parametrize("field, value", [("n_heads", 2), ("ln_eps", 0.9)])
+def test_a_checkpoint_record_whose_model_config_was_edited_is_refused(tmp_path, capsys, field, value):
+    """A record's model config edited by hand (n_heads, ln_eps) loaded its weights into another model without a
+    word: other scores and translations, exit 0. Its model_hash, taken when training wrote it, tells."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    (record,) = (run / "checkpoints").glob("*.json")
+    meta = json.loads(record.read_text())
+    meta["config"]["model"][field] = value
+    record.write_text(json.dumps(meta))
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\n")
+    for chosen in ([], ["--checkpoint", str(record)]):
+        refused(capsys, ["translate", str(run), *chosen, "--input", str(src), "--threads", "1"],
+                f"{record}: its model config (hash ")
+    del meta["config"]["model"][field]  # a record written before a field was added: not compared
+    record.write_text(json.dumps(meta))
+    assert main(["translate", str(run), "--input", str(src), "--threads", "1"]) == 0
+
+
 def test_a_checkpoint_record_without_its_config_is_named(tmp_path, capsys):
     """A record edited by hand without its "config" was an internal error (KeyError: 'config') in every
     command that loads a run's model: translate, score, evaluate, export, serve."""

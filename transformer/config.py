@@ -358,6 +358,15 @@ class Config:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def edited_model(meta: dict, cfg: Config) -> bool:
+    """Whether a checkpoint record's model section (read as ``cfg``) is not the one its ``model_hash`` was taken of:
+    a record edited by hand (n_heads, ln_eps) loaded its weights silently into another model. A record whose
+    model section lacks a field of today's (written before the field was added) is not compared."""
+    given = meta.get("config", {}).get("model")
+    return (isinstance(meta.get("model_hash"), str) and isinstance(given, dict)
+            and given.keys() >= {f.name for f in dataclasses.fields(ModelConfig)} and meta["model_hash"] != cfg.model_hash())
+
+
 # fields added after config hashes were recorded, with the behaviour every config had before them
 ADDED_FIELDS: dict[str, object] = {"train.interval_unit": "steps", "decode.length_norm": "gnmt",
                                    "train.init_qkv_gain": 1.0, "train.shape_buckets": 0, "train.cuda_graphs": False}

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, chosen_weights, list_checkpoints,
                          load_checkpoint, run_folder)
-from .config import Config, ConfigError, LengthNorm, config_from_dict
+from .config import Config, ConfigError, LengthNorm, config_from_dict, edited_model
 from .data import encode_for_decoding
 from .decode import Scored, decode_ids, score_ids
 from .ensemble import Ensemble
@@ -354,6 +354,10 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         cfg = config_from_dict(meta["config"], where)
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
+    if edited_model(meta, cfg):
+        raise CheckpointError(f"{record}: its model config (hash {cfg.model_hash()}) is not the one its weights were "
+                              f"trained as (model_hash {meta['model_hash']}): the record was edited, and the weights "
+                              "would compute another function; use the record training wrote")
     try:
         cfg.validate()
     except ConfigError as e:
