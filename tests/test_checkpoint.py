@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import pickle
 from pathlib import Path
@@ -381,6 +382,21 @@ def test_a_record_of_another_shape_is_refused_naming_it(tmp_path, text, said):
     (tmp_path / "checkpoints" / "step_00000400.json").write_text(text)
     with pytest.raises(CheckpointError, match=rf"^step_00000400.json: {said}"):
         checkpoints_to_average(tmp_path, 2)
+
+
+@pytest.mark.parametrize("field, value", [("step", "x"), ("elapsed_s", None), ("epoch", [1])])
+def test_a_record_with_a_train_state_of_another_shape_is_the_one_named(tmp_path, field, value):
+    """The newest record's step edited to "x": the error named the record before it, intact (each is compared
+    with the one after it), and a user would have deleted the wrong file."""
+    fake_records(tmp_path, 200, 0, [(200, 0), (400, 0)])
+    newest = tmp_path / "checkpoints" / "step_00000400.json"
+    record = json.loads(newest.read_text())
+    record["train_state"][field] = value
+    newest.write_text(json.dumps(record))
+    with pytest.raises(CheckpointError, match=rf"^step_00000400.json: unreadable checkpoint record \(train_state\."
+                                              rf"{field} is {re.escape(repr(value))}, not a number\)"):
+        checkpoints_to_average(tmp_path, 2)
+
 
 def steps(paths: list[Path]) -> list[int]:
     return [int(p.stem.split("_")[1]) for p in paths]

@@ -294,6 +294,9 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
             if kept and record.get("on_clock") is False:  # a signal's checkpoint, superseded: a resume point only
                 continue
             train, state = record.get("config", {}).get("train", {}), record.get("train_state")
+            if state is not None and (bad := _not_a_count(state)):  # named here: the next record compares with it
+                raise CheckpointError(f"{path.name}: unreadable checkpoint record (train_state.{bad} is "
+                                      f"{state.get(bad)!r}, not a number)")
             if newer is not None and state is not None and train:
                 if train["save_every"] and train.get("interval_unit") == "epochs":
                     gap, interval = epochs_into(newer) - epochs_into(state), train["save_every"]
@@ -310,6 +313,16 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
         if len(kept) == n:
             break
     return kept[::-1]
+
+
+def _not_a_count(state: dict[str, Any]) -> str | None:
+    """The first of a record's train_state fields that ``checkpoints_to_average`` computes with that is not a
+    number (step and elapsed_s always; the epoch's, where given); None when all are."""
+    for key in ("step", "elapsed_s", "epoch", "batch_in_epoch", "epoch_batches"):
+        value = state.get(key, 0 if key not in ("step", "elapsed_s") else None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return key
+    return None
 
 
 def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print,
