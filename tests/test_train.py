@@ -475,6 +475,9 @@ def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path
     said = capsys.readouterr()
     last = (tmp_path / "run2" / "train.log").read_text().splitlines()[-1]
     assert "error: 3 steps in a row had non-finite gradients" in last  # the log says why the run ended
+    # in fp32 and before any checkpoint: the line said "the newest checkpoint holds finite weights" and "use
+    # fp32/bf16 instead of fp16"
+    assert "(no checkpoint was written yet). Lower train.lr_scale" in last and "fp16" not in last
     # and the terminal once, from the command line (the log's line went there too, before its own)
     assert (said.out + said.err).count("3 steps in a row had non-finite gradients") == 1, said
 

@@ -984,9 +984,11 @@ class Trainer:
             self.log(f"step {state.step + 1}: gradients are not finite (loss {result.loss:.4g}); step skipped "
                      f"({state.skipped_steps} so far)")
             if state.bad_in_a_row >= t.max_bad_steps:
+                kept = ("the newest checkpoint holds finite weights" if list_checkpoints(self.out)
+                        else "no checkpoint was written yet")
                 raise TrainError(f"{state.bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
-                                 f"{state.step} (the newest checkpoint holds finite weights). Lower train.lr_scale, "
-                                 "or use fp32/bf16 instead of fp16")
+                                 f"{state.step} ({kept}). Lower train.lr_scale"
+                                 + (", or use fp32/bf16 instead of fp16" if self.precision == "fp16" else ""))
             return
         state.bad_in_a_row = 0
         state.step += 1
