@@ -320,6 +320,12 @@ def test_average_refuses_mismatches(tmp_path: Path) -> None:
               for i in (1, 2))
     with pytest.raises(CheckpointError, match=r"^n2\.json: non-float key 'n' differs between checkpoints"):
         average_checkpoints([n1, n2])
+    # a record without its config (edited by hand): said so, not as every field of a.json's model differing
+    bare = write_model(tmp_path / "bare.safetensors", {"x": torch.zeros(2, 3), "y": torch.zeros(2)},
+                       {"vocab_sha256": META["vocab_sha256"]})
+    for pair in ([a, bare], [bare, a]):
+        with pytest.raises(CheckpointError, match=r"^bare\.json: the record holds no model config"):
+            average_checkpoints(pair)
     with pytest.raises(CheckpointError, match=r"^c\.json: unexpected key 'z'"):
         average_checkpoints([a, c])
     with pytest.raises(CheckpointError, match=r"^d\.json: trained with another vocabulary than a\.json"):

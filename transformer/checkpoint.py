@@ -346,12 +346,14 @@ def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print,
     return None
 
 
-def _computed(meta: dict[str, Any]) -> dict[str, Any]:
+def _computed(meta: dict[str, Any], name: str) -> dict[str, Any]:
     """A checkpoint's model config less its dropout rates, which shape training alone: checkpoints of one run
     resumed with other dropout (--allow-config-change) compute the same function of their weights."""
-    model = meta.get("config", {}).get("model")
-    return {k: v for k, v in model.items() if k not in ("p_drop", "p_drop_attn", "p_drop_relu")} \
-        if isinstance(model, dict) else {"config": model}
+    model = meta.get("config", {}).get("model") if isinstance(meta.get("config"), dict) else None
+    if not isinstance(model, dict):  # a record edited by hand: the model its weights are for is unknown
+        raise CheckpointError(f"{name}: the record holds no model config (every record "
+                              "training writes has one), so the model its weights are for is unknown")
+    return {k: v for k, v in model.items() if k not in ("p_drop", "p_drop_attn", "p_drop_relu")}
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
@@ -366,13 +368,13 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
     first = load_checkpoint(paths[0], with_state=False)
     acc = {k: t.double() if t.is_floating_point() else t for k, t in first.weights.items()}
     dtypes = {k: t.dtype for k, t in first.weights.items()}
-    model = _computed(first.meta)
+    model = _computed(first.meta, first.path.name)
     for path in paths[1:]:
         ckpt = load_checkpoint(path, with_state=False)
         name = ckpt.path.name
         if ckpt.meta.get("vocab_sha256") != first.meta.get("vocab_sha256"):
             raise CheckpointError(f"{name}: trained with another vocabulary than {first.path.name}")
-        theirs = _computed(ckpt.meta)
+        theirs = _computed(ckpt.meta, name)
         if differ := [f"model.{k}: {model.get(k)!r} in {first.path.name}, {theirs.get(k)!r} here"
                       for k in sorted(model.keys() | theirs.keys()) if model.get(k) != theirs.get(k)]:
             raise CheckpointError(f"{name}: a model that computes otherwise than {first.path.name}'s "
