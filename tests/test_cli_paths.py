@@ -248,10 +248,11 @@ def test_an_input_too_large_for_memory_is_one_line(error, tmp_path, capsys, monk
 
     monkeypatch.setattr("transformer.translator.decode_ids", too_large)
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
-    src.write_text("a " * 500_000 + "\n")
+    src.write_text("A dog runs.\n" + "a " * 500_000 + "\nTwo men.\n")
     assert main(["translate", str(RUN), "--input", str(src), "--output", str(out), "--threads", "1"]) == 1
     said = capsys.readouterr().err.splitlines()  # what was loaded, then the error
     assert said[-1].startswith("error: out of memory") and "--batch-size" in said[-1], said
+    assert "decoding input lines 1-3, whose longest is line 2 (" in said[-1], said  # the line to shorten
     assert len(said) == 2 and not out.exists(), said
     if isinstance(error, RuntimeError):
         assert said[-1].startswith("error: out of memory (4,000,016,000,016 bytes at once): "), said

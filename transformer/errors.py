@@ -13,6 +13,10 @@ class UserError(Exception):
     said = True  # False: another process of the job says it (rank 0 of a data-parallel job), not this one
 
 
+class OutOfMemory(UserError):
+    """An allocation the machine could not make, caused by the size of what the user gave (a very long line)."""
+
+
 def first_line(error: BaseException, limit: int = 200) -> str:
     """The first line of ``error``'s message, cut to ``limit`` characters: torch's C++ errors run to pages."""
     message = next(iter(str(error).strip().splitlines()), "")

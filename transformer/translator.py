@@ -7,6 +7,7 @@ the paper decodes (§6.1: last 5 for base, last 20 for big); ``checkpoint`` pick
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_av
                          load_checkpoint, run_folder)
 from .config import Config, ConfigError, LengthNorm, config_from_dict, edited_model
 from .data import encode_for_decoding
+from .errors import OutOfMemory, out_of_memory
 from .decode import Scored, decode_ids, score_ids
 from .ensemble import Ensemble
 from .model import FloatWeights, Transformer, pack_for_inference
@@ -186,7 +188,7 @@ class Translator:
                 # blank lines (EOS alone) are answered without decoding, as the server leaves them out: in a
                 # batch they would take its places and draws of the sampling generator from the other lines
                 keep = [i for i, src in enumerate(sources) if len(src) > 1]
-                with torch.inference_mode():
+                with torch.inference_mode(), _naming_the_longest(sources, keep, done):
                     decoded = decode_ids(self.model, [sources[i] for i in keep], alpha=part.alpha,
                                          length_norm=part.length_norm, max_len_offset=part.max_len_offset,
                                          batch_size=part.batch_size, bar=bar, constraint=self.constraint,
@@ -308,6 +310,22 @@ class Translator:
                            length_norm or self.cfg.decode.length_norm)
         return [Scored(0.0, 0.0, [0.0]) if len(src) == 1 and not tgt else s
                 for src, tgt, s in zip(ids, target_ids, scored)]
+
+
+@contextlib.contextmanager
+def _naming_the_longest(sources: list[list[int]], keep: list[int], done: int) -> Iterator[None]:
+    """An allocation the machine cannot make while these lines are decoded (a very long one: attention over it
+    asks for terabytes) as one line that names the longest of them, the line to shorten or split."""
+    try:
+        yield
+    except Exception as e:
+        if (asked := out_of_memory(e)) is None or not keep:
+            raise
+        i = max(keep, key=lambda k: len(sources[k]))
+        raise OutOfMemory(f"out of memory{f' ({asked})' if asked else ''}: more than this machine can give, decoding "
+                          f"input lines {done + 1}-{done + len(sources)}, whose longest is line {done + i + 1} "
+                          f"({len(sources[i]):,} pieces): shorten or split that line, or lower the batch "
+                          "(--batch-size)") from None
 
 
 def pieces_after(prefix: list[int], phrase: list[int]) -> int:
