@@ -19,11 +19,9 @@ def reference_read_lines(data: bytes) -> list[str]:
     """The whole-file reader that iter_lines replaced (decoding errors aside), kept as the reference."""
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
-    lines = data.decode("utf-8").split("\n")
+    lines = data.decode("utf-8").removeprefix("\ufeff").split("\n")  # a byte-order mark alone: no line
     if lines[-1] == "":
         lines.pop()
-    if lines and lines[0].startswith("\ufeff"):
-        lines[0] = lines[0][1:]
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
@@ -47,7 +45,7 @@ def reference_make_batches(examples: list[Example], max_tokens: int) -> list[lis
 
 
 BLOBS = [b"", b"\n", b"\n\n", b"a", b"a\n", b"a\nb", b"one\r\ntwo\r\n\r\nthree\r", b"x\r\r\n",
-         "\ufeffbom\nsecond \ufeff\n".encode(), "\ufeff\r\n".encode(),
+         "\ufeffbom\nsecond \ufeff\n".encode(), "\ufeff\r\n".encode(), "\ufeff".encode(), "\ufeff\n".encode(),
          "a\u2028b\nc\u0085d\ne\x0cf\ng\x1eh\x1di\x0bj\n".encode()]
 
 

@@ -71,10 +71,12 @@ def iter_lines(path: Path) -> Iterator[str]:
                 except UnicodeDecodeError as e:
                     raise DataError(f"{path}:{n}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column "
                                     f"{e.start + 1}); the file must be UTF-8 text") from None
-                line = line[:-1] if line.endswith("\n") else line
-                line = line[:-1] if line.endswith("\r") else line
                 if n == 1 and line.startswith("\ufeff"):
                     line = line[1:]  # a UTF-8 byte-order mark is not part of the first sentence
+                    if not line:  # nor a line: a file of the mark alone holds none, as an empty file
+                        return
+                line = line[:-1] if line.endswith("\n") else line
+                line = line[:-1] if line.endswith("\r") else line
                 yield line
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
             if zipped:
