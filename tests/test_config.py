@@ -1,6 +1,7 @@
 """Configs: every preset loads and validates; errors name the field and suggest the fix."""
 
 import functools
+import os
 import re
 import tomllib
 
@@ -243,6 +244,10 @@ def test_a_preset_given_as_a_path_outside_the_checkout_is_named(tmp_path, monkey
     (tmp_path / "folder.toml").mkdir()
     with pytest.raises(ConfigError, match="folder.toml: a folder, not a config file"):
         load_config("folder.toml")
+    if hasattr(os, "mkfifo"):  # it was "config file not found", of a file that is there
+        os.mkfifo(tmp_path / "pipe.toml")
+        with pytest.raises(ConfigError, match="pipe.toml: a pipe or device, not a config file"):
+            load_config("pipe.toml")
 
 
 def test_a_preset_is_not_hidden_by_a_folder_of_its_name(tmp_path, monkeypatch):

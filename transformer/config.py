@@ -473,6 +473,8 @@ def resolve_config_path(name_or_path: str) -> Path:
     if path.suffix == ".toml" or path.exists():
         if path.is_dir():
             raise ConfigError(f"{path}: a folder, not a config file")
+        if path.exists() and not path.is_file():  # a pipe (`<(...)`): the ranks of `train --nproc` read it again
+            raise ConfigError(f"{path}: a pipe or device, not a config file; write the config to a file")
         if not path.is_file():
             hint = (f"; the preset is named {path.stem!r} alone, found from any folder" if _preset(path.stem)
                     else f" (from {Path.cwd()})")
