@@ -50,3 +50,19 @@ def test_a_vocabulary_without_its_record_is_used_as_it_is(tmp_path, tiny_overrid
     said = []
     assert open_vocabulary(cfg, src, tgt, path, said.append, resuming=False).sha256 == first.sha256
     assert said == [f"{path}: no record of what it was trained from (spm.json); using it as it is"]
+
+
+def test_a_parsing_run_on_targets_that_are_no_trees_is_refused(tmp_path, tiny_overrides):
+    """data.task = "parse" on sentences (a translation corpus named by mistake) trained without a word, and only
+    `parse` refused the run once it was trained. Its vocabulary, the first to read the targets, refuses them."""
+    from transformer.data import DataError
+
+    src, tgt = paths(tiny_overrides)
+    cfg = load_config("tiny", tiny_overrides + ['data.task="parse"'])
+    with pytest.raises(DataError, match=rf"{tgt.name}: data.task is \"parse\", and 600 of its 600 lines are no "
+                                        "linearized tree"):
+        open_vocabulary(cfg, src, tgt, tmp_path / "spm.model", lambda m: None, resuming=False)
+    assert not list(tmp_path.glob("spm.*"))
+    tgt.write_text("".join(f"(S (NP XX ) {line} )S\n" for line in tgt.read_text(encoding="utf-8").splitlines()[:300])
+                   + "".join(f"{line}\n" for line in tgt.read_text(encoding="utf-8").splitlines()[300:]))
+    open_vocabulary(cfg, src, tgt, tmp_path / "spm.model", lambda m: None, resuming=False)  # half of them: taken

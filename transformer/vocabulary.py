@@ -11,7 +11,7 @@ from typing import Any
 
 from . import files
 from .config import Config
-from .data import iter_lines
+from .data import DataError, iter_lines, read_lines
 from .errors import UserError
 from .tokenizer import Tokenizer
 
@@ -31,7 +31,13 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
     if d.task == "parse":
         from .trees import tree_symbols  # only parsing needs trees
 
-        symbols = tree_symbols(iter_lines(tgt))
+        targets = read_lines(tgt)
+        if (plain := sum(not line.lstrip().startswith("(") for line in targets)) * 2 > len(targets):
+            # trained on as text, without a word: `parse` refused the run only once it was trained
+            raise DataError(f"{tgt}: data.task is \"parse\", and {plain:,} of its {len(targets):,} lines are no "
+                            "linearized tree (each begins with \"(\", as `transformer prepare` writes them): give "
+                            "the training trees, or set data.task = \"translate\"")
+        symbols = tree_symbols(targets)
     log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
         + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
     # the record first: a run stopped between the two writes (Ctrl-C) leaves a record without a vocabulary, which
