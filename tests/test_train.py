@@ -377,6 +377,10 @@ def test_a_token_store_with_pairs_past_data_max_len_is_refused(tmp_path, tiny_ov
         train(load_config("tiny", from_store + [f"data.max_len={longest - 1}"]), tmp_path / "short", quiet=True)
     assert not list((tmp_path / "short").glob("checkpoints/*"))
     train(load_config("tiny", from_store + [f"data.max_len={longest}"]), tmp_path / "fits", quiet=True)
+    # another data.vocab_size than the store's vocabulary: the run's config.toml said 499 of a 500-piece model
+    with pytest.raises(ConfigError, match=rf"^data.vocab_size 499: the token store {re.escape(str(store))} was "
+                                          "written with a vocabulary of 500 pieces; set data.vocab_size = 500"):
+        train(load_config("tiny", from_store + ["data.vocab_size=499"]), tmp_path / "other", quiet=True)
 
 def _snapshot(model, optimizer):
     import copy

@@ -312,6 +312,9 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             if write:
                 shutil.copyfile(store_path / "spm.model", spm_path)
         tokenizer = Tokenizer(spm_path if spm_path.exists() else store_path / "spm.model")
+        if tokenizer.vocab_size != d.vocab_size:  # the run's config would say a vocabulary its model does not have
+            raise ConfigError(f"data.vocab_size {d.vocab_size}: the token store {store_path} was written with a "
+                              f"vocabulary of {tokenizer.vocab_size} pieces; set data.vocab_size = {tokenizer.vocab_size}")
         store = TokenStore(store_path, vocab_sha256=tokenizer.sha256)
         log(f"train: token store {store_path}, {len(store)} pairs (skipped {store.stats['skipped_empty']} with an "
             f"empty side, {store.stats['skipped_long']} longer than {store.stats['max_len']} pieces)")
