@@ -668,6 +668,10 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     (old / "model.pt").write_bytes(b"\x80\x04")
     with pytest.raises(UserError, match="pickle files are refused"):
         train(cfg, tmp_path / "y", quiet=True, init_from=old / "model.pt")
+    (tmp_path / "model.pt").write_bytes(b"\x80\x04")  # outside a run folder: it was "not a run folder (no spm.model)"
+    with pytest.raises(UserError, match=r"model\.pt: not a run folder or a weights file .*: pickle files are refused "
+                                        r"unopened \(.pt, .bin\)"):
+        train(cfg, tmp_path / "y", quiet=True, init_from=tmp_path / "model.pt")
 
     # the file `transformer average` writes elsewhere (as the docs show) takes the vocabulary of the run it names
     from transformer.cli import main

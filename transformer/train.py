@@ -379,6 +379,9 @@ def parent_run(init_from: Path) -> Path:
             inside = " (give the run folder, or one checkpoint file)" if run.name == "checkpoints" else ""
             raise TrainError(f"--init-from {init_from}: not a run folder (no spm.model){inside}")
     elif init_from.is_file():
+        if init_from.suffix.lower() not in (".safetensors", ".json"):  # a pickle (.pt, .bin) is not opened at all
+            raise TrainError(f"--init-from {init_from}: not a run folder or a weights file of this package "
+                             "(.safetensors, or its .json record): pickle files are refused unopened (.pt, .bin)")
         run = init_from.parent.parent if init_from.parent.name == "checkpoints" else init_from.parent
         if (not (run / "spm.model").is_file() and init_from.suffix.lower() in (".safetensors", ".json")
                 and (named := checkpoint_record(init_from).get("run"))):
