@@ -258,6 +258,10 @@ def test_force_replaces_the_folder_and_a_failed_export_leaves_it(run, exported, 
     with pytest.raises(Exception):
         export_huggingface(run, out, checkpoint=run / "missing.safetensors", force=True, log=lambda m: None)
     assert sorted(p.name for p in out.iterdir()) == before  # a failed export keeps what was there
+    (out / "pytorch_model.bin").write_bytes(b"a user's")  # beside an earlier export: not ours to delete
+    with pytest.raises(ExportError, match=r"it holds pytorch_model\.bin, which this command does not write"):
+        export_huggingface(run, out, force=True, log=lambda m: None)
+    assert (out / "pytorch_model.bin").read_bytes() == b"a user's" and (out / "encoder_model.onnx").is_file()
 
 
 @pytest.mark.parametrize("summary", ['{"valid_ppl": 3}', '{"step": 30, "valid_ppl": 3.2', '[1]', '{"step": "x", "valid_ppl": 1}'])

@@ -347,6 +347,13 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 """
 
 
+# the files an export writes, in any of its formats (CTranslate2's, Hugging Face's, ONNX's besides its *.onnx
+# graphs), and the tokenizer files other versions of transformers write: --force replaces a folder of these alone
+EXPORT_FILES = {"config.json", "model.bin", "shared_vocabulary.json", "shared_vocabulary.txt", "spm.model",
+                "README.md", "generation_config.json", "model.safetensors", "source.spm", "target.spm",
+                "special_tokens_map.json", "tokenizer_config.json", "vocab.json", "added_tokens.json", "tokenizer.json"}
+
+
 @contextlib.contextmanager
 def _staged(out: Path, force: bool) -> Iterator[Path]:
     """A new folder beside ``out`` to write the export into; when the block ends without an error it
@@ -363,9 +370,10 @@ def _staged(out: Path, force: bool) -> Iterator[Path]:
             for path in staged.rglob("*"):
                 if path.is_file():  # the libraries' own writers do not all honour the umask (safetensors: 0600)
                     files.share(path)
-            if out.exists():  # an earlier export of the files this one writes: a file beside them is not lost
-                if any(out.iterdir()) and (why := files.not_replaceable(out, "config.json",
-                                                                       {p.name for p in staged.iterdir()})):
+            if out.exists():  # an earlier export, of any format: a file beside it (a user's) is not lost with it
+                ours = EXPORT_FILES | {p.name for p in staged.iterdir()} | {
+                    p.name for p in out.iterdir() if p.name.endswith((".onnx", ".onnx_data"))}
+                if any(out.iterdir()) and (why := files.not_replaceable(out, "config.json", ours)):
                     raise ExportError(f"{out}: --force replaces an earlier export only, and {why}: give a new "
                                       "folder, or remove this one yourself")
                 shutil.rmtree(out)
