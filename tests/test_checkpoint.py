@@ -82,6 +82,21 @@ def test_keep_last_prunes_oldest(tmp_path: Path) -> None:
                            for x in (".json", ".safetensors", ".state.safetensors"))
 
 
+def test_a_record_that_cannot_be_read_costs_no_good_checkpoint(tmp_path: Path) -> None:
+    """The newest record cut in half (a resume skips it, from the one before): pruning then kept the newest
+    keep_last files by name, the cut one among them, and deleted the good one before it, so the average an
+    uninterrupted run makes could not be made. The cut record is neither counted nor deleted."""
+    for step in (100, 200, 300):
+        save(tmp_path, step, keep_last=3)
+    cut = tmp_path / "checkpoints" / "step_00000300.json"
+    cut.write_text(cut.read_text()[:40])
+    for step in (400, 500):
+        save(tmp_path, step, keep_last=3)
+    assert steps(list_checkpoints(tmp_path)) == [200, 300, 400, 500]  # 100 goes as always; 300 stays, unread
+    cut.unlink()
+    assert steps(checkpoints_to_average(tmp_path, 3)) == [200, 400, 500]
+
+
 def test_keep_last_counts_the_save_clock_so_the_average_is_whole(tmp_path: Path) -> None:
     """The budget ends 82 steps after a checkpoint of a 200-step clock: that end checkpoint takes the
     8600 one's place in an average, so keep_last = 5 keeps 7800 too and an average of 5 can be made

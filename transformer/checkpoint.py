@@ -12,6 +12,7 @@ loading a pickle runs whatever code its author put in it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -150,15 +151,20 @@ def _prune(ckpt_dir: Path, keep_last: int) -> None:
     against `keep_last`: counting it left a run whose budget ended just after an epoch with one
     checkpoint too few for its decode.average_last. Once a newer one is written, a signal's checkpoint
     goes, and the clock's before it stay: the run resumed from it keeps the checkpoints, and so the
-    average, of a run never interrupted. With a record that cannot be read, the newest `keep_last`
-    files are kept.
+    average, of a run never interrupted. A record that cannot be read is neither counted nor deleted (resume
+    and average name it): counted as the newest, a truncated one had the good checkpoint before it deleted.
+    With a record of another shape among them (edited by hand), none is deleted.
     """
-    found = list_checkpoints(ckpt_dir.parent)
+    readable: list[tuple[Path, dict[str, Any]]] = []
+    for path in list_checkpoints(ckpt_dir.parent):
+        with contextlib.suppress(CheckpointError):
+            readable.append((path, checkpoint_record(path)))
+    found = [path for path, _ in readable]
     try:
-        clock = [p for p in found if json.loads(p.read_text(encoding="utf-8")).get("on_clock") is not False]
-        keep = {*found[-1:], *clock[-keep_last:], *checkpoints_to_average(ckpt_dir.parent, keep_last)}
-    except (CheckpointError, OSError, ValueError, AttributeError):
-        keep = set(found[-keep_last:])
+        clock = [path for path, record in readable if record.get("on_clock") is not False]
+        keep = {*found[-1:], *clock[-keep_last:], *checkpoints_to_average(ckpt_dir.parent, keep_last, found)}
+    except CheckpointError:
+        keep = set(found)
     for old in found:
         if old not in keep:
             old.unlink(missing_ok=True)
@@ -275,7 +281,7 @@ def epochs_into(state: dict[str, Any]) -> float:
     return state["epoch"] + state["batch_in_epoch"] / max(state["epoch_batches"], 1)
 
 
-def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
+def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = None) -> list[Path]:
     """The records of the last ``n`` checkpoints on the run's save clock, oldest first (§6.1 averages
     the last checkpoints "written at 10-minute intervals").
 
@@ -285,10 +291,11 @@ def checkpoints_to_average(run_dir: Path, n: int) -> list[Path]:
     newer takes the older's place, so the averaged weights keep their spacing and the newest updates.
     A checkpoint written off the clock (its record's ``on_clock`` false) that is not the newest is left out:
     it was written on a signal for the run to resume from, and an uninterrupted run never had it.
+    ``found``: the records to choose from (default: all of the run's).
     """
     kept: list[Path] = []
     newer: dict[str, Any] | None = None
-    for path in reversed(list_checkpoints(run_dir)):
+    for path in reversed(list_checkpoints(run_dir) if found is None else found):
         try:
             record = checkpoint_record(path)  # an object of this format, else a CheckpointError naming it
             if kept and record.get("on_clock") is False:  # a signal's checkpoint, superseded: a resume point only
