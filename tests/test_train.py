@@ -1075,6 +1075,26 @@ def test_a_named_pipe_as_training_text_is_refused_before_it_is_read(tmp_path, ti
         training.data_paths(cfg)
 
 
+def test_training_text_changed_in_its_files_is_refused_at_a_resume(tmp_path, tiny_overrides):
+    """The training files rewritten in place (300 of their 600 lines) between a stop and its resume: the config
+    names the same files, so the resume went on with the new text and said only that the data order differed.
+    It is refused as text of other files is, unless --allow-config-change."""
+    from transformer.data import read_lines
+
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=3"]), run, quiet=True)
+    src = next(o.split("=", 1)[1].strip('"') for o in tiny_overrides if o.startswith("data.train_src="))
+    tgt = next(o.split("=", 1)[1].strip('"') for o in tiny_overrides if o.startswith("data.train_tgt="))
+    for path in (src, tgt):
+        Path(path).write_text("".join(f"{line}\n" for line in read_lines(Path(path))[:300]), encoding="utf-8")
+    more = load_config("tiny", tiny_overrides + ["train.max_steps=5"])
+    with pytest.raises(TrainError, match=r"--resume: data.train_src, data.train_tgt changed since step_00000003.json "
+                                         r"was written \(the files' content, their names the same\)"):
+        train(more, run, resume=True, quiet=True)
+    assert [c.name for c in list_checkpoints(run)] == ["step_00000003.json"]
+    assert train(more, run, resume=True, quiet=True, allow_config_change=True)["step"] == 5
+
+
 def test_a_resumed_run_says_what_it_will_not_do_and_drops_a_stale_summary(tmp_path, tiny_overrides, monkeypatch):
     """Resumed at a budget already spent, and with --init-from, the run said nothing of either; continued for
     longer and stopped midway, it kept the earlier budget's summary.json, which said the run was done."""

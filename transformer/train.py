@@ -211,6 +211,16 @@ def weight_shapes(model: ModelConfig, vocab_size: int) -> dict[str, tuple[int, .
         return {name: tuple(w.shape) for name, w in Transformer(model, vocab_size).state_dict().items()}
 
 
+def text_sha256(cfg: Config) -> dict[str, str] | None:
+    """The sha256 of the training text's files, recorded in every checkpoint: a file changed in place since (the
+    config naming the same one) is refused at a resume. None for a token store, whose meta.json holds its
+    counts and vocabulary."""
+    if cfg.data.train_store:
+        return None
+    paths = data_paths(cfg)
+    return {name: files.file_sha256(paths[name]) for name in ("train_src", "train_tgt")}
+
+
 def data_paths(cfg: Config) -> dict[str, Path]:
     """The files training reads (data.train_src / train_tgt or train_store, valid_src / valid_tgt) by field,
     each found (``resolve_data_path``); one not set or not found is refused, naming it."""
@@ -746,14 +756,14 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(dist.device.type) if self.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
                           "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size,
-                          "batches_sha256": batches_sha256(self.run_data.batches)}
+                          "batches_sha256": batches_sha256(self.run_data.batches), "text_sha256": text_sha256(cfg)}
         if dist.enabled:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         self.saved_on_clock = -1  # the step of the newest checkpoint the save clock wrote (``save``)
         self.batches_then = 0  # a resumed run batched otherwise: its epoch's batches in the checkpoint
         self.window_then: Any = None  # the steps of the next log line the checkpoint resumed from kept
         if resume:
-            self.resume()
+            self.resume(allow_config_change)
         if init_from is not None and self.state.step == 0:  # a resumed run goes on from its own checkpoints
             self.meta_base["init_from"] = self.start_from(init_from, parent)
         elif init_from is not None:
@@ -805,8 +815,10 @@ class Trainer:
                  f"schedule" + (f"; model settings changed: {'; '.join(differ)}" if differ else ""))
         return {"path": str(init_from.resolve()), "weights": names, "vocab_sha256": meta.get("vocab_sha256")}
 
-    def resume(self) -> None:
-        """Weights, optimizer moments, position in the data and random state from the newest intact checkpoint."""
+    def resume(self, allow_changes: bool = False) -> None:
+        """Weights, optimizer moments, position in the data and random state from the newest intact checkpoint.
+        Training text changed in its files since (the config names the same ones) is refused unless
+        ``allow_changes``, as text of other files is."""
         ckpt = latest_checkpoint(self.out, warn=self.log, refuses=unresumable)
         if ckpt is None and (found := list_checkpoints(self.out)):  # training anew would write over them
             raise TrainError(f"--resume: none of the {len(found)} checkpoints in {self.out / 'checkpoints'} holds an "
@@ -818,6 +830,13 @@ class Trainer:
             return
         if ckpt.meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
             raise TrainError(f"{ckpt.path}: trained with another vocabulary than {self.out / 'spm.model'}")
+        then, now = ckpt.meta.get("text_sha256"), self.meta_base["text_sha256"]
+        if isinstance(then, dict) and now and then != now and not allow_changes:  # a checkpoint of before its record (2026-12-05): none
+            changed = ", ".join(f"data.{k}" for k in now if then.get(k) != now[k])
+            raise TrainError(f"--resume: {changed} changed since {ckpt.path.name} was written (the files' content, "
+                             "their names the same): resume with the text the run trained on, or pass "
+                             "--allow-config-change to go on with this text (its data order then differs from an "
+                             "uninterrupted run's)")
         self.raw.load_state_dict(ckpt.weights)
         if ckpt.meta.get("on_clock", True):  # a run resumed at its end writes that checkpoint again, as it was
             self.saved_on_clock = ckpt.meta["step"]
