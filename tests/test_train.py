@@ -955,6 +955,7 @@ def test_a_closed_terminal_stops_training_after_its_step_with_a_checkpoint(tmp_p
     def own_terminal() -> None:  # a session of its own, whose controlling terminal is the pty: as a login shell's
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as a login shell's: a suite run under nohup ignores it
 
     run = tmp_path / "run"
     sets = [a for o in tiny_overrides + ["train.max_steps=100000", "train.log_every=1"] for a in ("--set", o)]
