@@ -166,6 +166,9 @@ class Run:
     valid: list[Example]
     batches: list[list[int]]
     sampled: SampledEpochs | None = None  # data.subword_alpha > 0: each epoch's own examples and batches
+    # the sha256 of the training text's files, recorded in every checkpoint: a file changed in place since (the
+    # config naming the same one) is refused at a resume. None for a token store, whose meta.json holds its counts
+    text_sha256: dict[str, str] | None = None
 
 
 def shape_buckets(t: TrainConfig) -> ShapeBuckets | None:
@@ -209,16 +212,6 @@ def weight_shapes(model: ModelConfig, vocab_size: int) -> dict[str, tuple[int, .
     """The name and shape of every weight of that model (built on the meta device: nothing allocated)."""
     with torch.device("meta"):
         return {name: tuple(w.shape) for name, w in Transformer(model, vocab_size).state_dict().items()}
-
-
-def text_sha256(cfg: Config) -> dict[str, str] | None:
-    """The sha256 of the training text's files, recorded in every checkpoint: a file changed in place since (the
-    config naming the same one) is refused at a resume. None for a token store, whose meta.json holds its
-    counts and vocabulary."""
-    if cfg.data.train_store:
-        return None
-    paths = data_paths(cfg)
-    return {name: files.file_sha256(paths[name]) for name in ("train_src", "train_tgt")}
 
 
 def data_paths(cfg: Config) -> dict[str, Path]:
@@ -377,7 +370,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             f"{d.subword_alpha}) and is batched again; the batches above are those of the deterministic segmentation")
         sampled = SampledEpochs(train_src, train_tgt, tokenizer.path, d.subword_alpha, cfg.train.seed, d.max_len,
                                 cfg.train.max_tokens, buckets)
-    return Run(cfg, out, tokenizer, train, valid, batches, sampled)
+    text = None if d.train_store else {name: files.file_sha256(data[name]) for name in ("train_src", "train_tgt")}
+    return Run(cfg, out, tokenizer, train, valid, batches, sampled, text)
 
 
 def parent_run(init_from: Path) -> Path:
@@ -756,7 +750,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(dist.device.type) if self.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
                           "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size,
-                          "batches_sha256": batches_sha256(self.run_data.batches), "text_sha256": text_sha256(cfg)}
+                          "batches_sha256": batches_sha256(self.run_data.batches), "text_sha256": self.run_data.text_sha256}
         if dist.enabled:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         self.saved_on_clock = -1  # the step of the newest checkpoint the save clock wrote (``save``)
