@@ -1003,6 +1003,17 @@ def test_a_second_signal_stops_at_once_and_says_no_checkpoint_was_written(tmp_pa
     assert "SIGINT again: stopped at once" in (run / "train.log").read_text()
 
 
+def sigterm_while_saving(monkeypatch) -> None:
+    """A SIGTERM to this process as each checkpoint is written, before its write."""
+    save = training.save_checkpoint
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(training, "save_checkpoint", signalled)
+
+
 def test_a_rank_whose_own_stop_signal_comes_while_it_writes_the_checkpoint_still_writes_it(tmp_path, tiny_overrides,
                                                                                            monkeypatch):
     """A job's ranks see a stop signal at different moments (a rank of a killed launcher looks for it every second):
@@ -1012,7 +1023,7 @@ def test_a_rank_whose_own_stop_signal_comes_while_it_writes_the_checkpoint_still
     from transformer import cli, distributed
     from transformer.train import TrainInterrupted
 
-    run, all_sum, save, told = tmp_path / "run", distributed.all_sum, training.save_checkpoint, []
+    run, all_sum, told = tmp_path / "run", distributed.all_sum, []
 
     def stopped_elsewhere(d, values):
         if len(values) == 5:  # the loop's stop flags (out of time, SIGTERM, SIGINT, patience, time used)
@@ -1021,12 +1032,8 @@ def test_a_rank_whose_own_stop_signal_comes_while_it_writes_the_checkpoint_still
                 values[1] = 1.0  # another rank's SIGTERM, before step 4
         return all_sum(d, values)
 
-    def own_signal_meanwhile(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return save(*args, **kwargs)
-
     monkeypatch.setattr(distributed, "all_sum", stopped_elsewhere)
-    monkeypatch.setattr(training, "save_checkpoint", own_signal_meanwhile)
+    sigterm_while_saving(monkeypatch)  # this rank's own
     with cli.sigterm_raises(), pytest.raises(TrainInterrupted, match="SIGTERM: training stopped after step 3 with "
                                                                       "its checkpoint written"):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=100"]), run, quiet=True)
@@ -1037,9 +1044,10 @@ def test_a_second_signal_while_the_last_checkpoint_is_written_says_where_it_stop
                                                                                      monkeypatch):
     """The last checkpoint is written with training's own handlers still in place: a second signal there stops at
     once (the write is atomic: nothing half written), and says so, not "in step 4", which never began."""
+    from transformer import cli
     from transformer.train import TrainInterrupted
 
-    run, step, save, calls = tmp_path / "run", training.queue_step, training.save_checkpoint, []
+    run, step, calls = tmp_path / "run", training.queue_step, []
 
     def stopped_at_three(*args, **kwargs):
         calls.append(1)
@@ -1047,14 +1055,8 @@ def test_a_second_signal_while_the_last_checkpoint_is_written_says_where_it_stop
             os.kill(os.getpid(), signal.SIGTERM)
         return step(*args, **kwargs)
 
-    def again_meanwhile(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return save(*args, **kwargs)
-
     monkeypatch.setattr(training, "queue_step", stopped_at_three)
-    monkeypatch.setattr(training, "save_checkpoint", again_meanwhile)
-    from transformer import cli
-
+    sigterm_while_saving(monkeypatch)  # again
     with cli.sigterm_raises(), pytest.raises(TrainInterrupted, match="SIGTERM again: training stopped at once, while "
                                                                       "writing the checkpoint of step 3, without"):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=100"]), run, quiet=True)
