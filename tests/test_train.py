@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from transformer.checkpoint import list_checkpoints, load_checkpoint
-from transformer.config import ConfigError, load_config
+from transformer.config import ConfigError, load_config, read_toml
 from transformer.data import DataError, Example, ShapeBuckets, collate, read_lines
 from transformer.decode import translate_ids
 from transformer.model import Transformer
@@ -1095,7 +1095,9 @@ def test_training_text_changed_in_its_files_is_refused_at_a_resume(tmp_path, tin
                                          r"was written \(the files' content, their names the same\)"):
         train(more, run, resume=True, quiet=True)
     assert [c.name for c in list_checkpoints(run)] == ["step_00000003.json"]
+    assert read_toml(run / "config.toml")["train"]["max_steps"] == 3  # the refused resume's budget not written
     assert train(more, run, resume=True, quiet=True, allow_config_change=True)["step"] == 5
+    assert read_toml(run / "config.toml")["train"]["max_steps"] == 5
 
 
 def test_a_resumed_run_says_what_it_will_not_do_and_drops_a_stale_summary(tmp_path, tiny_overrides, monkeypatch):

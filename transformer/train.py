@@ -300,7 +300,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         if numerics := cfg.differences(saved, "train", ("precision", "threads", "compile")):  # a run moved, say
             log(f"resuming with other numerics: {'; '.join(numerics)}; the same batches, other rounding: the weights "
                 "will not be bit for bit those of a run never stopped")
-    if write:
+    if write and not (resume and has_checkpoints):  # a resume's, once nothing refuses it (Trainer.__init__)
         files.write_text(config_path, dump_toml(cfg))
 
     spm_path = out / "spm.model"
@@ -758,6 +758,8 @@ class Trainer:
         self.window_then: Any = None  # the steps of the next log line the checkpoint resumed from kept
         if resume:
             self.resume(allow_config_change)
+            if dist.main:  # not before: a refused resume leaves the config its checkpoints were trained with
+                files.write_text(out / "config.toml", dump_toml(cfg))
         if init_from is not None and self.state.step == 0:  # a resumed run goes on from its own checkpoints
             self.meta_base["init_from"] = self.start_from(init_from, parent)
         elif init_from is not None:
