@@ -1105,8 +1105,10 @@ def test_a_resumed_run_says_what_it_will_not_do_and_drops_a_stale_summary(tmp_pa
     longer and stopped midway, it kept the earlier budget's summary.json, which said the run was done."""
     run = tmp_path / "run"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
+    rate = load_checkpoint(list_checkpoints(run)[-1]).meta["optim_param_groups"][0]["lr"]
     train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), run, resume=True, quiet=True,
           init_from=run)
+    assert rate > 0 and load_checkpoint(list_checkpoints(run)[-1]).meta["optim_param_groups"][0]["lr"] == rate
     log = (run / "train.log").read_text()
     assert "train.max_steps 1: already reached at step 2; nothing to train" in log
     assert f"--init-from {run}: not used; the run goes on from its own checkpoint (step 2)" in log

@@ -838,7 +838,8 @@ class Trainer:
             self.saved_on_clock = ckpt.meta["step"]
         if "init_from" in ckpt.meta:  # where the run started, in every later record too
             self.meta_base["init_from"] = ckpt.meta["init_from"]
-        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        # the rate is the checkpoint's too: set again at every step, it is what a run resumed at its end records again
+        settings = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
         load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
         for group, own in zip(self.optimizer.param_groups, settings):  # Adam's moments and step are the checkpoint's;
             group.update(own)  # its settings the config's (--allow-config-change may change β2, ε, weight decay)
