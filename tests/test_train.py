@@ -1758,3 +1758,13 @@ def test_an_epoch_that_ends_in_a_skipped_step_just_before_a_stop_is_reported_aft
     reported = [[(r["step"], "valid_nll" in r) for r in run] for run in records]
     assert reported[1] == reported[0] == [(per_epoch, True), (per_epoch + 3, False)]
     assert [p.name for p in list_checkpoints(part)] == [p.name for p in list_checkpoints(full)]
+
+
+def test_an_average_of_more_checkpoints_than_are_kept_is_refused_before_the_run_starts(tmp_path, tiny_overrides):
+    """decode.average_last above train.keep_last: pruning kept fewer checkpoints than the run's decoding averages,
+    so "the last 20" (big, §6.1) would quietly be an average of fewer. Refused before the run folder is made."""
+    cfg = load_config("tiny", tiny_overrides + ["train.keep_last=3", "decode.average_last=5"])
+    with pytest.raises(TrainError, match=r"^decode.average_last 5 averages more checkpoints than train.keep_last 3 "
+                                         r"keeps: raise train.keep_last to at least 5$"):
+        train(cfg, tmp_path / "run", quiet=True)
+    assert not (tmp_path / "run").exists()

@@ -723,6 +723,10 @@ class Trainer:
         if t.cuda_graphs and dist.enabled:  # refused before anything is written, as above
             raise TrainError("train.cuda_graphs is for one process: with data parallelism the gradients' all-reduce "
                              "would be captured in the graphs, which this trainer does not do")
+        if cfg.decode.average_last > t.keep_last:  # as above; its average would take fewer, saying so only then
+            raise TrainError(f"decode.average_last {cfg.decode.average_last} averages more checkpoints than "
+                             f"train.keep_last {t.keep_last} keeps: raise train.keep_last to at least "
+                             f"{cfg.decode.average_last}")
         parent = None if init_from is None else parent_run(init_from)
         if init_from is not None:  # refused before anything is written, as above
             refuse_misfit(init_from, parent, cfg)
