@@ -46,6 +46,28 @@ def test_every_deviation_comment_has_a_row_and_every_row_a_comment():
             assert "DEVIATION(" in path.read_text(encoding="utf-8"), f"{cell}: no DEVIATION comment in {path.name}"
 
 
+CITED = r"§[\d.]+|A\d+"  # a paper section, or an item of IMPLEMENTATION-NOTES
+
+
+def test_each_deviation_comment_is_a_row_of_its_file_with_its_sections():
+    """Each file was named by some row, so a new DEVIATION in a file with one already passed unlisted: now every
+    comment's sections (§x, or a notes item Ax) are cited by a row that names its file."""
+    cited: dict[Path, set[str]] = {}
+    for cell in places():
+        for path in named(cell):
+            cited.setdefault(path, set()).update(re.findall(CITED, cell))
+    unlisted = []
+    for path in sorted(commented()):
+        text = path.read_text(encoding="utf-8")
+        for comment in re.finditer(r"DEVIATION\(([^)]*)\)", text):
+            sections = set(re.findall(CITED, comment.group(1)))
+            if not sections or sections - cited.get(path, set()):
+                line = text[:comment.start()].count("\n") + 1
+                unlisted.append(f"{path.relative_to(ROOT)}:{line} cites {sorted(sections) or 'no section'}, "
+                                f"its rows {sorted(cited.get(path, set()))}")
+    assert not unlisted, unlisted
+
+
 def test_the_code_map_names_what_the_package_has():
     """Each `module.py`: `name` pair of the tables names a function, class or field that module defines."""
     text = (ROOT / "PAPER_MAP.md").read_text(encoding="utf-8")
