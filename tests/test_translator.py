@@ -8,7 +8,7 @@ import torch
 
 from transformer.checkpoint import CheckpointError, list_checkpoints, load_checkpoint, write_model
 from transformer.config import ConfigError, load_config
-from transformer.request import DecodeRequest
+from transformer.request import CLI, DecodeRequest
 from transformer.train import train
 from transformer.translator import Translator
 
@@ -179,6 +179,19 @@ def test_an_ensemble_needs_one_vocabulary(run, tmp_path, tiny_overrides):
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "data.vocab_size=400"]), other, quiet=True)
     with pytest.raises(CheckpointError, match="another vocabulary"):
         Translator(run, log=lambda m: None, ensemble=[other])
+
+
+def test_an_ensemble_bounds_the_output_length_by_its_fewest_positions(run, tmp_path, tiny_overrides):
+    """--max-len-offset beyond a model's positions is refused; in an ensemble it was checked against the
+    first run's alone, so the same two runs refused it in one order and capped it silently in the other."""
+    learned = tmp_path / "learned"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "model.positional=learned",
+                                                "model.max_positions=60", "data.max_len=60"]), learned, quiet=True)
+    for first, other in ((learned, run), (run, learned)):
+        ensemble = Translator(first, log=lambda m: None, ensemble=[other])
+        with pytest.raises(ConfigError, match=r"^--max-len-offset 100: more than the model's 60 positions"):
+            ensemble.check(DecodeRequest(max_len_offset=100), None, CLI)
+        assert ensemble.check(DecodeRequest(max_len_offset=60), None, CLI).max_len_offset == 60
 
 
 def test_a_parse_prefix_that_cannot_start_a_tree_is_refused_before_decoding(tiny_parse_run):

@@ -226,7 +226,9 @@ class Translator:
         wider than the vocabulary (all that the first step can offer: a wider one only costs), outputs no
         longer than the model's positions beyond their input."""
         request.verify(self.setup, self.cfg.decode, total if lines is None else len(lines), names)
-        vocab, positions = self.tokenizer.vocab_size, self.cfg.model.max_positions
+        members = self.model.models if isinstance(self.model, Ensemble) else [self.model]
+        # an ensemble's fewest: its first run's alone accepted an offset in one order and refused it in another
+        vocab, positions = self.tokenizer.vocab_size, min(m.cfg.max_positions for m in members)
         if request.beam_size is not None and request.beam_size > vocab:
             raise ConfigError(f"{names['beam']} {request.beam_size}: wider than the vocabulary ({vocab} pieces), "
                               "all that the first step can offer")
