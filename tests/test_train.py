@@ -1768,3 +1768,25 @@ def test_an_average_of_more_checkpoints_than_are_kept_is_refused_before_the_run_
                                          r"keeps: raise train.keep_last to at least 5$"):
         train(cfg, tmp_path / "run", quiet=True)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_closed_log_pipe_leaves_training_to_go_on_into_train_log(tmp_path, tiny_overrides):
+    """`train ... | head -3`: the pipe's reader gone, the next log line raised EPIPE, and training ended at once
+    with exit 141, no word on the terminal and no checkpoint. It trains on to its budget, its lines in train.log."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    sets = [a for o in tiny_overrides + ["train.max_steps=40", "train.log_every=1"] for a in ("--set", o)]
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(run), *sets],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(3):
+            assert proc.stdout.readline()
+        proc.stdout.close()  # as head does once it has its lines
+        assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()[-2000:]
+    finally:
+        proc.kill()
+    log = (run / "train.log").read_text()
+    assert "standard output: Broken pipe; the log goes on here alone" in log and "done: " in log, log[-2000:]
+    assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 40

@@ -92,7 +92,7 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if signum in HANGUP:  # the terminal is gone: a line written to it would fail (EIO)
-            leave_terminal()
+            leave_output(hung_up=True)
         if self.received is not None:  # the second signal: do not wait for the step
             self.restore()
             self.again = signum
@@ -187,22 +187,26 @@ def run_logger(out: Path, quiet: bool = False):
             try:
                 tqdm.write(msg)
                 sys.stdout.flush()  # a pipe, nohup or a batch system's log gets each line as it is said
-            except OSError as e:  # the terminal hung up (its SIGHUP may come after): train on, the lines in train.log
-                if e.errno != errno.EIO:
-                    raise
-                leave_terminal()
+            except OSError as e:
+                # the terminal hung up (EIO; its SIGHUP may come after), the pipe's reader left (`| head`, a tee
+                # that died: EPIPE), the disk filled: train on, the lines in train.log; it ended training at once,
+                # without a checkpoint
+                leave_output(hung_up=e.errno == errno.EIO)
+                files.append_text(path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} standard output: "
+                                        f"{e.strerror or e}; the log goes on here alone\n")
     return log
 
 
-def leave_terminal() -> None:
-    """Points stdout and stderr at /dev/null where they are a terminal (a character device): once it has hung
-    up, every write to it fails (EIO), and training still has its step and its checkpoint to finish. The
-    progress bar stops itself on that error (tqdm's own)."""
+def leave_output(hung_up: bool) -> None:
+    """Points at /dev/null what can take no more lines. After a hang-up, stdout and stderr where they are the
+    terminal (a character device): every write to it fails (EIO), and training still has its step and its
+    checkpoint to finish; the progress bar stops itself on that error (tqdm's own). Else stdout alone (a pipe
+    whose reader left, a full disk), and the lines queued for it with it."""
     null = os.open(os.devnull, os.O_WRONLY)
     try:
-        for fd in (1, 2):
+        for fd in (1, 2) if hung_up else (1,):
             with contextlib.suppress(OSError):
-                if stat.S_ISCHR(os.fstat(fd).st_mode):
+                if not hung_up or stat.S_ISCHR(os.fstat(fd).st_mode):
                     os.dup2(null, fd)
     finally:
         os.close(null)
