@@ -366,6 +366,31 @@ def test_translate_started_with_stderr_closed_writes_its_output(tiny_run, tmp_pa
     assert done.returncode == 0 and len(out.read_text().splitlines()) == 2
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("command", ["translate", "score"])
+def test_a_command_whose_stderr_cannot_be_written_still_gives_its_results(command, tiny_run, tmp_path):
+    """`translate RUN 2>/dev/full`: the first log line ("averaging the last ... checkpoint(s)") raised ENOSPC,
+    and the command wrote no translation and exited 1; `score` wrote its scores, then exited 1."""
+    src = tmp_path / "in.en"
+    src.write_text("a dog runs .\ntwo men sit .\n")
+    args = {"translate": ["--input", str(src)], "score": ["--src", str(src), "--tgt", str(src)]}[command]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "transformer", command, str(tiny_run), *args],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=full, text=True, timeout=120)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 2, done
+
+
+def test_training_started_with_stdout_closed_trains(tiny_overrides, tmp_path):
+    """`train ... >&-`: its log lines, train.log's too, have nowhere else to go; the first of them ended training
+    with "give --output FILE where the command has it", an option train has not, leaving config.toml behind."""
+    run = tmp_path / "run"
+    sets = [a for o in tiny_overrides + ["train.max_steps=2"] for a in ("--set", o)]
+    done = subprocess.run([sys.executable, "-m", "transformer", "train", "tiny", "--out", str(run), *sets],
+                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300,
+                          preexec_fn=_closing(1))
+    assert done.returncode == 0 and "done: " in (run / "train.log").read_text(), done.stderr[-2000:]
+
+
 @pytest.mark.parametrize("signum, status, said", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
 def test_a_stop_signal_before_the_command_starts_is_said_in_one_line(signum, status, said):
     """A rank of `train --nproc 2` imports for its first seconds, and its launcher passes Ctrl-C and SIGTERM on to

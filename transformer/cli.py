@@ -117,6 +117,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     if (stop := _lost_stop()) is not None:  # a rank's first seconds are these imports, where it can be lost
         raise stop
+    if isinstance(sys.stdout, _ClosedOutput):  # started with it closed (>&-): its log lines are train.log's too
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")
 
     cfg = load_config(args.config, args.set)  # errors in the config show before any process starts
     own = Path(args.out) / "config.toml"  # where training writes the run's resolved config
@@ -1281,11 +1283,36 @@ class _ClosedOutput(io.TextIOBase):
                           "send it to /dev/null")
 
 
+class _Diagnostics:
+    """sys.stderr, whose lines are dropped where they cannot be written (``2>/dev/full``, a descriptor closed
+    under a wrapper script, a reader that left): the command's results and its exit status are what it is run
+    for; a failed "averaging the last 5 checkpoint(s)" ended translate before its first line, with 1."""
+
+    def __init__(self, stream: io.TextIOBase) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except (OSError, ValueError):  # ValueError: a file closed under it
+            return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.flush()
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding: the stream's own
+        return getattr(self.stream, name)
+
+
 def _closed_streams() -> None:
-    """Stands in for a standard stream the command was started without: stderr's lines go nowhere, as the
-    user asked (the exit status still tells), and a write to stdout is refused (``_ClosedOutput``)."""
+    """Stands in for a standard stream the command was started without, or that fails: stderr's lines go
+    nowhere, as the user asked (the exit status still tells), and a write to stdout is refused
+    (``_ClosedOutput``)."""
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")
+    if not isinstance(sys.stderr, _Diagnostics):
+        sys.stderr = _Diagnostics(sys.stderr)
     if sys.stdout is None:
         sys.stdout = _ClosedOutput()
 
