@@ -5,6 +5,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -241,12 +242,14 @@ def test_ctrl_c_is_said_once_in_a_data_parallel_job(rank, said, capsys, monkeypa
     assert capsys.readouterr().err == said
 
 
-def test_sigterm_stops_a_command_in_one_line_and_removes_the_output_it_was_writing(tmp_path):
+@pytest.mark.parametrize("signum, status, said", [("SIGTERM", 143, "terminated"), ("SIGHUP", 129, "hangup")])
+def test_sigterm_stops_a_command_in_one_line_and_removes_the_output_it_was_writing(tmp_path, signum, status, said):
     """SIGTERM (a batch system's stop, `kill`, `timeout`) outside training's loop: as Ctrl-C, one line, 128 + the
     signal, and the output being written is removed (its default ended the process at once, silently, and left
-    `.out.txt.XXXXXXXX.tmp` beside the output: translate --output, prepare's downloads, training's start)."""
+    `.out.txt.XXXXXXXX.tmp` beside the output: translate --output, prepare's downloads, training's start). SIGHUP,
+    the terminal closed under the command, did the same."""
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(textwrap.dedent(f"""
         import os, signal, sys
         from pathlib import Path
         from transformer import files, trees
@@ -255,17 +258,18 @@ def test_sigterm_stops_a_command_in_one_line_and_removes_the_output_it_was_writi
         def read_trees(path):
             with files.atomic_path(Path(sys.argv[1]) / "out.txt") as tmp:
                 tmp.write_text("half of it")
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.{signum})
                 sum(range(1000))  # the handler runs between two bytecodes
-                raise AssertionError("SIGTERM did not stop the command")
+                raise AssertionError("{signum} did not stop the command")
 
         trees.read_trees = read_trees
         sys.exit(main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]))
     """))
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
-    assert (proc.returncode, proc.stderr) == (143, "terminated\n"), proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # as a login shell's
+    assert (proc.returncode, proc.stderr) == (status, f"{said}\n"), proc.stderr[-2000:]
     assert list(out.iterdir()) == []
 
 
@@ -391,7 +395,8 @@ def test_training_started_with_stdout_closed_trains(tiny_overrides, tmp_path):
     assert done.returncode == 0 and "done: " in (run / "train.log").read_text(), done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("signum, status, said", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
+@pytest.mark.parametrize("signum, status, said", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted"),
+                                                  ("SIGHUP", 129, "hangup")])
 def test_a_stop_signal_before_the_command_starts_is_said_in_one_line(signum, status, said):
     """A rank of `train --nproc 2` imports for its first seconds, and its launcher passes Ctrl-C and SIGTERM on to
     it there too: Ctrl-C printed a KeyboardInterrupt traceback, SIGTERM ended it without a word. Here the
@@ -406,7 +411,8 @@ def test_a_stop_signal_before_the_command_starts_is_said_in_one_line(signum, sta
         cli.build_parser = stopped
         raise SystemExit(cli.main(["params", "tiny"]))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # as a login shell's
     assert (done.returncode, done.stdout, done.stderr) == (status, "", f"{said}\n")
 
 

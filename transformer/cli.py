@@ -1231,7 +1231,7 @@ def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: di
 
 def _terminate(signum: int, frame) -> None:
     Terminated.signalled = signum  # kept, should the exception be lost (``Terminated.signalled``)
-    raise Terminated
+    raise Terminated(signum)
 
 
 def _interrupt(signum: int, frame) -> None:
@@ -1241,15 +1241,19 @@ def _interrupt(signum: int, frame) -> None:
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises ``Terminated`` in the block, as SIGINT raises KeyboardInterrupt (training's loop takes both
-    itself, and gives this back after). Not where SIGTERM is ignored (whoever started us chose that), nor off
-    the main thread, which alone takes signals. Either signal is also kept (``Terminated.signalled``), for training
+    """SIGTERM (and SIGHUP where not ignored) raises ``Terminated`` in the block, as SIGINT raises
+    KeyboardInterrupt (training's loop takes them itself, and gives this back after). Not where SIGTERM is
+    ignored (whoever started us chose that), nor off the main thread, which alone takes signals. Each is also kept (``Terminated.signalled``), for training
     to stop with should its exception be lost."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
     Terminated.signalled = None
     previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate)}
+    # the terminal closing under a command: its default ended it at once, an --output's temporary file left
+    # behind; under nohup (ignored) it stays so
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _terminate)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
     try:
@@ -1268,7 +1272,7 @@ def _lost_stop() -> BaseException | None:
     """The exception of the stop signal kept in ``Terminated.signalled`` (whose own may have been lost), if any."""
     if Terminated.signalled is None:
         return None
-    return Terminated() if Terminated.signalled == signal.SIGTERM else KeyboardInterrupt()
+    return KeyboardInterrupt() if Terminated.signalled == signal.SIGINT else Terminated(Terminated.signalled)
 
 
 class _ClosedOutput(io.TextIOBase):
@@ -1351,9 +1355,10 @@ def main(argv: list[str] | None = None) -> int:
             say(summary(e))
         return e.exit_code
     except (KeyboardInterrupt, Terminated) as e:
+        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
         if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK") == "0":  # Ctrl-C reaches every
-            say("terminated" if isinstance(e, Terminated) else "interrupted")  # rank of a job: rank 0 says it
-        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+            say({signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}.get(signum, "hangup"))  # rank of a job:
+        return 128 + signum  # rank 0 says it
     except BrokenPipeError as e:
         if not _stdout_gone():
             return internal_error(e, argv)

@@ -1,5 +1,6 @@
 """The one base of the errors a user can cause: the command line catches it and prints one line."""
 
+import signal
 import re
 
 
@@ -37,6 +38,10 @@ class Terminated(BaseException):
     (``files.atomic_path``) and `transformer` says so in one line and exits 143 (128 + SIGTERM). SIGTERM's default
     ended the process at once, silently, leaving the temporary file of that output behind. A BaseException, as
     KeyboardInterrupt is: no ``except Exception`` takes it for an error of the work it stops."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:  # or SIGHUP, the terminal closed under a command
+        super().__init__(signum)
+        self.signum = signum
 
     # The stop signal (SIGTERM, or SIGINT's KeyboardInterrupt) raised last in ``cli.sigterm_raises``'s block: raised
     # from a signal handler, the exception can be lost where the handler ran in Python code called back by C code

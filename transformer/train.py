@@ -86,7 +86,7 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT, *HANGUP):
-                if signum in HANGUP and signal.getsignal(signum) != signal.SIG_DFL:
+                if signum in HANGUP and signal.getsignal(signum) == signal.SIG_IGN:  # nohup's
                     continue
                 self._previous[signum] = signal.signal(signum, self._handle)
 
