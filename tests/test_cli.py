@@ -332,6 +332,29 @@ def test_a_report_into_a_closed_pipe_stops_without_a_word(args):
     assert (done.returncode, done.stderr) == (cli.READER_GONE, "")
 
 
+def test_output_lines_cut_short_by_a_reader_that_left_stop_the_command():
+    """`translate --input FILE | head -1`: the chunk's lines went out in one write, which the reader's leaving cut
+    short without an error; the command ended with 0, as if every line had been written. It stops as at the next
+    write, with 141 (``main``)."""
+    code = textwrap.dedent("""
+        import os
+        from transformer import cli
+        try:
+            with cli._line_sink(None) as write:
+                write(["a line of output " * 5] * 5000)  # 440 kB: more than a pipe holds
+        except BrokenPipeError:
+            os._exit(41)
+        os._exit(0)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().startswith(b"a line of output")
+        proc.stdout.close()  # as head -1 does, the writer still blocked on the full pipe
+        assert proc.wait(timeout=60) == 41, proc.stderr.read().decode()[-2000:]
+    finally:
+        proc.kill()
+
+
 def _closing(fd: int) -> Callable[[], None]:
     return lambda: os.close(fd)
 
