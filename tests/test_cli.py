@@ -1177,3 +1177,35 @@ def test_an_ensemble_list_that_took_the_run_folder_says_so(tmp_path, capsys):
     status, out, err = run_here(capsys, "translate", "--input", str(tmp_path / "in.txt"), "--ensemble",
                                 str(REFERENCE_RUN), "--", str(REFERENCE_RUN))
     assert status == 0 and out.count("\n") == 1, err
+
+
+def test_a_dash_is_stdin_or_stdout_where_the_default_is_another(tiny_run, tmp_path, capsys, monkeypatch):
+    """`score --tgt -` read a file called "-" (`translate ... | score RUN --src in --tgt -`), and `evaluate --json -`
+    wrote one, so that no option gave evaluate's scores alone on stdout; "-" is the standard stream, and
+    evaluate's report goes to stderr when stdout carries the JSON or the translations."""
+    monkeypatch.chdir(tmp_path)
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_text("A dog runs.\nTwo men talk.\n")
+    ref.write_text("Ein Hund läuft.\nZwei Männer reden.\n")
+    files = run_cli("score", str(tiny_run), "--src", str(src), "--tgt", str(ref))
+    piped = run_cli("score", str(tiny_run), "--src", str(src), "--tgt", "-", stdin=ref.read_text())
+    assert files.returncode == piped.returncode == 0 and piped.stdout == files.stdout != "", piped.stderr
+    status, out, err = run_here(capsys, "score", str(tiny_run), "--src", "-", "--tgt", "-")
+    assert status == 1 and err.startswith("error: --src - and --tgt -: stdin can be one side"), err
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(src), "--ref", str(ref), "--json", "-")
+    assert status == 0 and json.loads(out)["sentences"] == 2 and "BLEU = " in err, (out, err)
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(src), "--ref", str(ref), "--hyp-out",
+                                "-", "--beam", "1")
+    assert status == 0 and len(out.splitlines()) == 2 and "BLEU = " not in out and "BLEU = " in err, (out, err)
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(src), "--ref", str(ref), "--json", "-",
+                                "--hyp-out", "-")
+    assert status == 1 and "one file cannot hold both outputs" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref.de", "src.en"]
+
+
+def test_a_command_started_with_stdin_closed_says_so(tiny_run):
+    """`translate RUN <&-`: "/dev/stdin: cannot read (No such file or directory)", a file it had not been given."""
+    done = subprocess.run([sys.executable, "-m", "transformer", "translate", str(tiny_run)], capture_output=True,
+                          text=True, timeout=120, preexec_fn=_closing(0))
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (1, "error: standard input is closed (<&-): give the "
+                                                                  "input as a file, or pipe it in"), done.stderr

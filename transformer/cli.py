@@ -446,9 +446,10 @@ def _score_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, help="GNMT length penalty α of SCORE (default: the run's decode.alpha; "
                    "§6.1: 0.6)")
     _length_norm_option(p)
-    p.add_argument("--src", type=Path, help="source sentences, plain or .gz (with --tgt; default: stdin, one "
-                   "pair per line as SOURCE<TAB>TARGET)")
-    p.add_argument("--tgt", type=Path, help="the translations to score, line-aligned with --src")
+    p.add_argument("--src", type=_input, help="source sentences, plain or .gz (with --tgt; default: stdin, one "
+                   "pair per line as SOURCE<TAB>TARGET; -: stdin, one sentence per line)")
+    p.add_argument("--tgt", type=_input, help="the translations to score, line-aligned with --src (-: stdin, as "
+                   "`translate ... | transformer score RUN --src in.txt --tgt -`)")
     _output(p, "--output", standard=True, help="output file, gzip-compressed when it ends in .gz (default, or -: "
             "stdout)")
     p.add_argument("--json", action="store_true", help="one JSON object per pair instead: score, log_prob, tokens "
@@ -473,6 +474,9 @@ def cmd_score(args: argparse.Namespace) -> None:
 
     if (args.src is None) != (args.tgt is None):
         raise ConfigError("give both --src and --tgt, or neither (pairs on stdin as SOURCE<TAB>TARGET)")
+    if args.src == args.tgt == STDIN:
+        raise ConfigError("--src - and --tgt -: stdin can be one side of the pairs; give the other as a file, or "
+                          "neither option, the pairs on stdin as SOURCE<TAB>TARGET")
     translator, said = _translator(args, DecodeRequest(alpha=args.alpha, length_norm=args.length_norm))
     if args.src is not None:
         pairs = iter_parallel(args.src, args.tgt)
@@ -564,9 +568,10 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "else the run's data.train_tgt's)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported in Table 2, "
                    "computed as the authors did (A13: Moses tokenizer and compound splitting, get_ende_bleu.sh)")
-    _output(p, "--json", metavar="FILE", help='write {"bleu", "chrf", "signature", ...} to FILE (a parsing run: '
-            '{"f1", "precision", "recall", ...})')
-    _output(p, "--hyp-out", metavar="FILE", help="also write the translations to FILE")
+    _output(p, "--json", metavar="FILE", dash=True, help='write {"bleu", "chrf", "signature", ...} to FILE (a '
+            'parsing run: {"f1", "precision", "recall", ...}); -: to stdout, the report then on stderr')
+    _output(p, "--hyp-out", metavar="FILE", dash=True, help="also write the translations to FILE (-: to stdout, the "
+            "report then on stderr)")
 
 
 @command("evaluate", _evaluate_arguments)
@@ -585,6 +590,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
     request = _request(args)
     translator, said = _translator(args, request)
+    report = sys.stderr if STDOUT in (args.json, args.hyp_out) else sys.stdout  # stdout is the JSON's or the lines'
     d = translator.cfg.data
     fields = {"src": ("data.test_src", d.test_src), "ref": ("data.test_tgt", d.test_tgt)}
     defaulted = [name for name in fields if getattr(args, name) is None]
@@ -629,7 +635,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             raise TreeError(f"--ref {args.ref}: {e}") from None
         print(f"F1 = {scores['f1']:.2f}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
               f"({scores['matched']} of {scores['gold_brackets']} gold / {scores['test_brackets']} test brackets, "
-              f"{scores['sentences']} sentences; EVALB COLLINS.prm rules)")
+              f"{scores['sentences']} sentences; EVALB COLLINS.prm rules)", file=report)
         hyps = [str(t) for t in trees]
     else:
         ref = read_lines(args.ref)
@@ -642,17 +648,17 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         _tell(said)
         hyps = _translate_lines(translator, src, request)
         scores = sacrebleu_scores(hyps, ref)
-        print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})")
-        print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})")
+        print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})", file=report)
+        print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})", file=report)
         if args.paper_bleu:
             scores["paper_bleu"] = paper_bleu(hyps, ref, lang)
             print(f"tokenized BLEU = {scores['paper_bleu']:.2f}  (as the authors scored Table 2: Moses tokenizer, "
-                  f"##AT## compound splitting, cased, multi-bleu; {lang})")
+                  f"##AT## compound splitting, cased, multi-bleu; {lang})", file=report)
         if tok_ref is not None:
             scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
-            print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})")
+            print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})", file=report)
     if args.hyp_out:
-        with _line_sink(args.hyp_out) as write:
+        with _line_sink(None if args.hyp_out == STDOUT else args.hyp_out) as write:
             write(hyps)
     if args.json:  # the scores and what they are of: the weights, the test set, the search
         from .checkpoint import checkpoints_to_average, chosen_weights, run_folder
@@ -666,7 +672,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                    "src": str(Path(args.src).resolve()), "ref": str(Path(args.ref).resolve()), "sentences": len(src),
                    "decode": {k: v for k, v in dataclasses.asdict(searched).items()
                               if v is not None and k not in ("prefixes", "constraints", "batch_size")}}
-        files.write_text(args.json, json.dumps(scores, indent=2) + "\n")
+        if args.json == STDOUT:
+            print(json.dumps(scores, indent=2))
+        else:
+            files.write_text(args.json, json.dumps(scores, indent=2) + "\n")
 
 
 def _target_language(args: argparse.Namespace, data) -> str:
@@ -1112,12 +1121,21 @@ def _standard(text: str) -> Path | None:
     return None if text == "-" else Path(text)
 
 
+STDIN, STDOUT = Path("/dev/stdin"), Path("-")  # "-" given to an option whose default is not that stream
+
+
+def _input(text: str) -> Path:
+    """An input file whose default is not stdin (one side of `score`'s pairs): "-" reads stdin."""
+    return STDIN if text == "-" else Path(text)
+
+
 def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,
-            standard: bool = False, **kwargs) -> None:
+            standard: bool = False, dash: bool = False, **kwargs) -> None:
     """An option naming where a command writes: ``main`` checks it (``files.check_output``) before the
     command starts, so no finished work is lost to a path that cannot take it. ``standard``: "-" is stdout,
-    the default."""
-    action = p.add_argument(option, type=_standard if standard else Path, **kwargs)
+    the default; ``dash``: "-" is stdout (``STDOUT``), where the option's default is no output."""
+    action = p.add_argument(option, type=_standard if standard else (lambda t: STDOUT if t == "-" else Path(t))
+                            if dash else Path, **kwargs)
     p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder)})
 
 
@@ -1341,9 +1359,10 @@ def main(argv: list[str] | None = None) -> int:
             outputs = getattr(args, "outputs", None) or {}
             written: dict[Path, str] = {}  # each output's resolved path, and its option
             for dest, (option, suffixes, folder) in outputs.items():
-                if getattr(args, dest) is not None:
+                if getattr(args, dest) not in (None, STDOUT):
                     check_output(getattr(args, dest), option, suffixes, folder)
                     _not_an_input(args, getattr(args, dest), option, outputs)
+                if getattr(args, dest) is not None:  # two given as - (stdout) are one output too
                     if (same := written.setdefault(Path(getattr(args, dest)).resolve(), option)) != option:
                         raise OutputError(f"{option} {getattr(args, dest)}: is also {same}'s; one file cannot hold "
                                           "both outputs: give each its own")

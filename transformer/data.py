@@ -53,6 +53,8 @@ def iter_lines(path: Path) -> Iterator[str]:
     try:
         f = open(path, "rb")
     except OSError as e:
+        if path == Path("/dev/stdin"):  # the command was started with it closed
+            raise DataError("standard input is closed (<&-): give the input as a file, or pipe it in") from None
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
     n = 0
     with f:
