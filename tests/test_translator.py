@@ -324,3 +324,14 @@ def test_a_checkpoint_of_another_vocabulary_is_refused(run, tmp_path):
     write_model(path, ckpt.weights, {"config": ckpt.meta["config"], "vocab_sha256": "0" * 64})
     with pytest.raises(CheckpointError, match="trained with another vocabulary"):
         Translator(run, path)
+
+
+def test_a_constraint_the_vocabulary_normalises_to_nothing_is_refused(run):
+    """A phrase of a zero-width space encodes to no piece: it was dropped, and the request answered as if it had
+    none, though no output could show that it was met (serve answered 200)."""
+    translator = Translator(run, log=lambda m: None)
+    with pytest.raises(ConfigError, match=r"^constraints of line 2: '\\u200b' is nothing once the vocabulary "
+                                          r"normalises it"):
+        translator.translate(["A dog runs.", "A cat sits."], DecodeRequest(constraints=[["Hund"], ["Katze", "\u200b"]]))
+    out = translator.translate(["A dog runs."], DecodeRequest(constraints=[["Hund"]]))[0]
+    assert "Hund" in out

@@ -377,12 +377,12 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
                    "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
                    "beam's log P / lp(|Y|); the first of each list is the plain output (with --early-stop top it "
                    "may be a better one); with --constraints, only hypotheses that meet them (when any does): a "
-                   "list may be shorter")
+                   "list may be shorter, as where a prefix or the length limit leaves fewer")
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' lines: each output with the "
                    "beam's score, log P / lp(|Y|) (not with --nbest, whose lines carry it already)")
-    p.add_argument("--prefix", type=Path, metavar="FILE", help="one target prefix per input line (empty: none): "
+    p.add_argument("--prefix", type=_beside_input, metavar="FILE", help="one target prefix per input line (empty: none): "
                    "each output starts with it and the search continues from it (interactive translation)")
-    p.add_argument("--constraints", type=Path, metavar="FILE", help="per input line, the phrases its output must "
+    p.add_argument("--constraints", type=_beside_input, metavar="FILE", help="per input line, the phrases its output must "
                    "contain, separated by tabs (empty: none): lexically constrained beam search (dynamic beam "
                    "allocation, Post & Vilar 2018); a beam of at least the constraints' pieces + 1 works best")
     p.add_argument("--sample", action="store_true", help="draw each output token from the model's distribution "
@@ -1122,6 +1122,13 @@ def _standard(text: str) -> Path | None:
 
 
 STDIN, STDOUT = Path("/dev/stdin"), Path("-")  # "-" given to an option whose default is not that stream
+
+
+def _beside_input(text: str) -> Path:
+    """A file read beside the input, line for line (--prefix, --constraints): stdin is the input's."""
+    if text == "-":
+        raise argparse.ArgumentTypeError("- (stdin) is the input's; give the lines as a file (bash: <(command))")
+    return Path(text)
 
 
 def _input(text: str) -> Path:

@@ -273,6 +273,10 @@ class Translator:
                     raise ConfigError(f"{key} of line {first + i + 1}: the model's vocabulary has no piece for "
                                       f"{', '.join(map(repr, lacking))}, so no output can hold the {key} as written: "
                                       "leave these characters out or replace them")
+            if phrases is not None and [] in phrases[i]:  # else dropped, and the request answered without it
+                gone = [c for c in request.constraints[i] if c.strip() and not self.tokenizer.encode(c.strip())]
+                raise ConfigError(f"constraints of line {first + i + 1}: {', '.join(map(repr, gone))} is nothing once "
+                                  "the vocabulary normalises it (no output could show that it was met): leave it out")
             if forced is not None and len(forced[i]) > room:
                 raise ConfigError(f"prefix of line {first + i + 1}: {len(forced[i])} pieces, but outputs of this "
                                   f"input hold at most {room} (input length + max_len_offset)")
