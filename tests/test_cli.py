@@ -1209,3 +1209,14 @@ def test_a_command_started_with_stdin_closed_says_so(tiny_run):
                           text=True, timeout=120, preexec_fn=_closing(0))
     assert (done.returncode, done.stderr.splitlines()[-1]) == (1, "error: standard input is closed (<&-): give the "
                                                                   "input as a file, or pipe it in"), done.stderr
+
+
+def test_unconstrained_on_a_translation_run_is_refused(tiny_run, tmp_path, capsys):
+    """`evaluate RUN --unconstrained` on a translation run: taken without a word, though it lifts a parsing run's
+    tree constraint, which a translation run's search has not."""
+    src = tmp_path / "src.en"
+    src.write_text("A dog runs.\n")
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(src), "--ref", str(src),
+                                "--unconstrained")
+    assert (status, out) == (1, "") and err == (f"error: --unconstrained: {tiny_run} is a translation run (data.task "
+                                                "= 'translate'), whose search has no tree constraint to lift\n"), err

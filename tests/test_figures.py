@@ -102,6 +102,16 @@ def test_cli_draws_png_and_html_for_each_kind(tiny_run, tmp_path, kind, capsys):
     assert ("note: --kind, --layer shape a PNG only" if kind != "enc-self" else "note: --layer shapes a PNG only") in \
         capsys.readouterr().err
     assert "renderAttention" in html.read_text(encoding="utf-8")
+    if kind != "cross":
+        return
+    # the search's options with --tgt: taken without a word, though there is no translation of the model's to search
+    assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", TGT, "--beam", "7", "--batch-size", "3",
+                 "--out", str(html)]) == 0
+    assert "note: --beam, --batch-size shape the model's own translation; with --tgt there is none to search" in \
+        capsys.readouterr().err
+    assert main(["attention", str(tiny_run), "--src", SRC, "--out", str(html)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("averaging ") and err[1].startswith("translation: "), err  # in the order they happen
 
 
 def test_characters_the_font_lacks_are_named_once_not_warned_of_glyph_by_glyph(tiny_run, tmp_path, capsys):
@@ -119,7 +129,7 @@ def test_cli_refuses_bad_requests(tiny_run, tmp_path, capsys):
     assert "translation:" not in err  # refused before decoding
     assert main(["attention", str(tiny_run), "--src", SRC, "--kind", "cross", "--heads", "2,9",
                  "--out", str(tmp_path / "a.png")]) == 1
-    assert (err := capsys.readouterr().err).endswith("--heads [9]: the model has 4 heads (1..4)\n") and "translation:" not in err
+    assert (err := capsys.readouterr().err).endswith("--heads 9: the model has 4 heads (1..4)\n") and "translation:" not in err
     assert main(["attention", str(tiny_run), "--src", SRC, "--heads", "x", "--out", str(tmp_path / "a.png")]) == 1
     assert capsys.readouterr().err.startswith("error: --heads 'x'")
     assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", " ", "--out", str(tmp_path / "a.png")]) == 1
@@ -246,7 +256,7 @@ def test_layers_and_heads_are_counted_from_one():
 
     assert chosen_heads(2, 4, 1, None) == [1, 2, 3, 4] and chosen_heads(2, 4, 2, [4, 1]) == [4, 1]
     for heads in ([0, 2], [5]):
-        with pytest.raises(FigureError, match=rf"^--heads \[{heads[0]}\]: the model has 4 heads \(1..4\)$"):
+        with pytest.raises(FigureError, match=rf"^--heads {heads[0]}: the model has 4 heads \(1..4\)$"):
             chosen_heads(2, 4, 1, heads)
     for layer in (0, 3):
         with pytest.raises(FigureError, match=rf"^--layer {layer}: the model has 2 layers \(1..2\)$"):

@@ -255,6 +255,9 @@ def _translator(args: argparse.Namespace, request, total: int | None = None):
                             device=args.device,
                             decode={"constrained": False} if getattr(args, "unconstrained", False) else None,
                             ensemble=getattr(args, "ensemble", ()))
+    if getattr(args, "unconstrained", False) and translator.cfg.data.task != "parse":  # else taken without a word
+        raise ConfigError(f"--unconstrained: {args.run_dir} is a translation run (data.task = "
+                          f"{translator.cfg.data.task!r}), whose search has no tree constraint to lift")
     translator.check(request, total=total)
     return translator, said
 
@@ -1035,6 +1038,12 @@ def cmd_attention(args: argparse.Namespace) -> None:
         said.append(f"note: {', '.join(given)} {'shape' if len(given) > 1 else 'shapes'} a PNG only; the HTML page "
                     "holds every kind, layer and head")
 
+    if args.tgt is not None and (searched := [f"--{name.replace('_', '-')}" for name in
+                                              ("beam", "alpha", "length_norm", "max_len_offset", "batch_size",
+                                               "early_stop") if getattr(args, name) is not None]):
+        said.append(f"note: {', '.join(searched)} {'shape' if len(searched) > 1 else 'shapes'} the model's own "
+                    "translation; with --tgt there is none to search")
+
     def drawable(text: str, what: str) -> None:  # as the server's figures: a longer side is illegible, and a
         limit = ServeLimits().max_attention_pieces  # PNG of 800 words took more memory than the machine had
         if (n := len(translator.tokenizer.pieces(text.strip())) + 1) > limit:
@@ -1048,7 +1057,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
     drawable(tgt, "the model's translation")
     maps = attention_maps(translator, args.src, tgt)  # checks the sentence: nothing is said before its error
     if args.tgt is None:
-        print(f"translation: {tgt}", file=sys.stderr)
+        said.append(f"translation: {tgt}")  # after what loading the model said
     if args.out.suffix.lower() == ".html":  # holds sub-word and word maps both
         files.write_text(args.out, attention_html(maps, f"attention: {args.src}"))
     else:

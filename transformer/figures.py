@@ -142,7 +142,7 @@ def chosen_heads(n_layers: int, n_heads: int, layer: int, heads: list[int] | Non
     heads = heads or list(range(1, n_heads + 1))
     bad = [h for h in heads if not 1 <= h <= n_heads]
     if bad:
-        raise FigureError(f"--heads {bad}: the model has {n_heads} heads (1..{n_heads})")
+        raise FigureError(f"--heads {','.join(map(str, bad))}: the model has {n_heads} heads (1..{n_heads})")
     return heads
 
 
