@@ -210,6 +210,10 @@ def test_a_mirror_folder_that_is_missing_or_a_file_is_named(tmp_path: Path) -> N
     for given, said in (("gone", "no such folder"), ("notes.txt", "a file, not a folder")):
         with pytest.raises(DataError, match=rf"^--mirror {re.escape(str(tmp_path / given))}: {said} \(give a folder"):
             prepare("wmt14-en-de", tmp_path / "out", mirror=str(tmp_path / given), log=lambda m: None)
+    (empty := tmp_path / "empty").mkdir()  # a folder, not holding the archives: "or pass a mirror", to one who had
+    with pytest.raises(DataError, match=rf"run prepare again to retry, check that --mirror {re.escape(str(empty))} "
+                                        r"holds \S+ where file://\S+ names it$"):
+        prepare("wmt14-en-de", tmp_path / "out", mirror=str(empty), log=lambda m: None)
 
 
 def test_read_sgm_cleans_like_sacrebleu(tmp_path: Path) -> None:

@@ -187,7 +187,8 @@ def test_existing_output_is_refused_unless_overwrite(corpus: tuple[Path, Path, T
     out = tmp_path / "store"
     out.mkdir()
     assert write_store(src, tgt, tok, out, 10)["n_kept"] == 2  # an empty folder is fine
-    with pytest.raises(DataError, match=r"store: already exists and is not empty"):
+    with pytest.raises(DataError, match=r"store: already exists and is not empty; choose another folder, or pass "
+                                        r"--overwrite to replace it$"):
         write_store(src, tgt, tok, out, 10)
     tgt.write_text("x\n\n", encoding="utf-8")
     assert write_store(src, tgt, tok, out, 10, overwrite=True)["n_kept"] == 1

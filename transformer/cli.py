@@ -812,7 +812,7 @@ def cmd_average(args: argparse.Namespace) -> None:
                                                        "run": str(Path(args.run_dir).resolve())}
     write_model(args.out, average_checkpoints(paths), meta)
     fewer = f" (--last {args.last}: the run holds {len(paths)})" if len(paths) < args.last else ""
-    print(f"averaged {len(paths)} checkpoints{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
+    print(f"averaged {len(paths)} checkpoint{'s' if len(paths) != 1 else ''}{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
 
 
 COST_DEVICES = [1, 8, 64]  # params --cost's device counts, unless --devices

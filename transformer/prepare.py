@@ -326,12 +326,14 @@ def read_sgm(path: Path) -> Iterator[str]:
             yield re.sub(r"\s+", " ", _unescape(m.group(1))).strip()
 
 
-def _download(url: str, path: Path) -> None:
+def _download(url: str, path: Path, mirror: str | None) -> None:
     """``url`` to ``path``, atomically; a failure or a short read keeps nothing."""
     try:
         download(url, path)
     except DownloadError as e:
-        raise DataError(f"{e}; run prepare again to retry, or pass a mirror") from None
+        hint = (f"check that --mirror {mirror} holds {path.name} where {url} names it" if mirror else
+                "or pass a mirror (--mirror)")
+        raise DataError(f"{e}; run prepare again to retry, {hint}") from None
 
 
 def _extract(archive: Path, members: set[str], folder: Path) -> dict[str, Path]:
@@ -422,7 +424,7 @@ def prepare(name: str, dest: Path, mirror: str | None = None, log: Callable[[str
                 log(f"{file}: {problem}: not the archive expected; downloading it again")
                 file.unlink()
             log(f"downloading {url}")
-            _download(url, file)
+            _download(url, file, mirror)
             sha256, problem = check_archive(file, pinned[corpus.archive])
             if problem is not None:
                 file.unlink()
