@@ -96,7 +96,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="data-parallel processes on this machine (§5.2: one machine, 8 GPUs; here one per GPU, gloo "
                         "on CPU): runs this command under torchrun. Many machines: torchrun --nnodes M "
                         "--nproc-per-node G -m transformer train ARGS. Tokens per step = train.max_tokens x "
-                        "update_freq x processes")
+                        "update_freq x processes (default: 1)")
 
 
 @command("train", _train_arguments)
@@ -962,8 +962,8 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
                    "for post-norm runs, Pegasus for pre-norm ones) with its tokenizer; onnx: that model through "
                    "optimum's ONNX exporter, for ONNX Runtime (default: ctranslate2)")
     _output(p, "--out", folder=True, required=True, help="output folder (must be empty or new)")
-    p.add_argument("--checkpoint", type=Path, help="weights file to export (default: the average of the last "
-                   "decode.average_last checkpoints, §6.1)")
+    p.add_argument("--checkpoint", type=Path, help="weights file to export, or 'best' for the run's "
+                   "best.safetensors (default: the average of the last decode.average_last checkpoints, §6.1)")
     p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
                    help="store weights quantized (--format ctranslate2 only; default: float32)")
     p.add_argument("--force", action="store_true", help="replace an earlier export at --out (a folder of files with "
