@@ -781,7 +781,7 @@ def test_score_errors_are_one_line(tiny_run, tmp_path):
     for args, stdin, message in [(["--src", str(tmp_path / "a.txt")], "", "give both --src and --tgt"),
                                  (["--src", str(tmp_path / "a.txt"), "--tgt", str(tmp_path / "b.txt")], "",
                                   "differ in length"),
-                                 ([], "no tab here\n", "stdin line 1: expected SOURCE<TAB>TARGET")]:
+                                 ([], "no tab here\n", "stdin:1: expected SOURCE<TAB>TARGET")]:
         result = run_cli("score", str(tiny_run), *args, stdin=stdin)
         assert result.returncode == 1 and message in result.stderr, result.stderr
         said = [line for line in result.stderr.strip().splitlines() if not line.startswith("averaging the last")]
@@ -1220,3 +1220,12 @@ def test_unconstrained_on_a_translation_run_is_refused(tiny_run, tmp_path, capsy
                                 "--unconstrained")
     assert (status, out) == (1, "") and err == (f"error: --unconstrained: {tiny_run} is a translation run (data.task "
                                                 "= 'translate'), whose search has no tree constraint to lift\n"), err
+
+
+def test_stdin_is_named_stdin_in_errors(tiny_run):
+    """Invalid UTF-8 on translate's stdin was said of "/dev/stdin:2", a path the user never gave, where score's
+    stdin errors said "stdin line 1"; both say stdin:LINE, as a file's say FILE:LINE."""
+    done = subprocess.run([sys.executable, "-m", "transformer", "translate", str(tiny_run)], input=b"a dog .\n\xff\n",
+                          capture_output=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.decode().splitlines()[-1].startswith(
+        "error: stdin:2: invalid UTF-8"), done.stderr

@@ -487,7 +487,7 @@ def cmd_score(args: argparse.Namespace) -> None:
         def stdin_pairs():
             for n, line in enumerate(iter_lines(Path("/dev/stdin")), 1):
                 if line.count("\t") != 1:
-                    raise DataError(f"stdin line {n}: expected SOURCE<TAB>TARGET (one tab), found "
+                    raise DataError(f"stdin:{n}: expected SOURCE<TAB>TARGET (one tab), found "
                                     f"{line.count(chr(9))} tabs")
                 yield tuple(line.split("\t"))
         pairs = stdin_pairs()

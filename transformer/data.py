@@ -50,12 +50,13 @@ def iter_lines(path: Path) -> Iterator[str]:
     inside their line.
     """
     path = Path(path)
+    name = "stdin" if path == Path("/dev/stdin") else path  # as errors name it: the user gave no such path
     try:
         f = open(path, "rb")
     except OSError as e:
         if path == Path("/dev/stdin"):  # the command was started with it closed
             raise DataError("standard input is closed (<&-): give the input as a file, or pipe it in") from None
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+        raise DataError(f"{name}: cannot read ({e.strerror})") from None
     n = 0
     with f:
         try:
@@ -63,7 +64,7 @@ def iter_lines(path: Path) -> Iterator[str]:
             # yielded as they come (at a terminal, each as it is typed)
             head = f.peek(2)[:2]
         except OSError as e:
-            raise DataError(f"{path}: cannot read ({e.strerror})") from None
+            raise DataError(f"{name}: cannot read ({e.strerror})") from None
         zipped = head == b"\x1f\x8b"
         stream = gzip.GzipFile(fileobj=f, mode="rb") if zipped else f
         try:
@@ -71,7 +72,7 @@ def iter_lines(path: Path) -> Iterator[str]:
                 try:
                     line = data.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{n}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column "
+                    raise DataError(f"{name}:{n}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column "
                                     f"{e.start + 1}); the file must be UTF-8 text") from None
                 if n == 1 and line.startswith("\ufeff"):
                     line = line[1:]  # a UTF-8 byte-order mark is not part of the first sentence
@@ -82,8 +83,8 @@ def iter_lines(path: Path) -> Iterator[str]:
                 yield line
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
             if zipped:
-                raise DataError(f"{path}:{n + 1}: corrupt or truncated gzip file ({e})") from None
-            raise DataError(f"{path}:{n + 1}: cannot read ({e.strerror or e})") from None
+                raise DataError(f"{name}:{n + 1}: corrupt or truncated gzip file ({e})") from None
+            raise DataError(f"{name}:{n + 1}: cannot read ({e.strerror or e})") from None
 
 
 def read_lines(path: Path) -> list[str]:
