@@ -1,7 +1,8 @@
 """Every figure the README and the results pages of docs/ quote is the one in its result file.
 
 FIGURES maps each number printed in a checked section to a result file under benchmarks/results/, a
-path into its JSON and the rounding it is printed with (the printed digits, after ``scale``). A number in
+path into its JSON (or into the JSON lines of a GPU visit's ``.log``, where a reading was kept only there)
+and the rounding it is printed with (the printed digits, after ``scale``). A number in
 a checked section that FIGURES does not map, and that is not one of the section's SETTINGS (a printed
 setting, reference or name, not a measurement), fails the test: a new figure cannot be added unchecked,
 and a result file rewritten by a later run fails every figure that no longer matches it.
@@ -27,7 +28,7 @@ class Figure:
     """One printed number: ``text`` as printed in ``page``'s ``section`` (a heading; "" for the whole page),
     equal to the value at ``path`` in ``file`` times ``scale``, rounded to the decimals ``text`` prints.
     ``path``: keys and list indices joined by slashes; ``key=value`` (``&`` between several) picks the list
-    item whose keys have these values."""
+    item whose keys have these values. A ``.log`` file is the list of the JSON objects its lines print."""
 
     page: str
     section: str
@@ -47,6 +48,9 @@ CHECKED = {
     "docs/table3.md": ("",),
     "docs/reliability.md": ("",),
     "docs/exports.md": ("CTranslate2", "Hugging Face transformers and ONNX"),
+    "docs/scaling.md": ("Measured on one H100", "Measured on one H200 (issue 47, 2026-11-29)",
+                        "Measured on one H200 (issue 47, 2026-12-04)"),
+    "docs/training.md": ("Your own data", "After the paper"),
 }
 
 # numbers in checked sections that are settings, references or names, not measurements: (page, regular
@@ -71,6 +75,43 @@ SETTINGS: list[tuple[str, str]] = [
     ("docs/results.md", r"β2\s+0\.9+8?"), ("docs/results.md", r"within\s+0\.5"),
     ("docs/results.md", r"every\s+50\s+updates"), ("docs/results.md", r"gain\s+(1/√2|1)\b"), ("docs/results.md", r"the\s+41\.5\s+the\s+issue"),
     ("docs/table3.md", r"19\s+rows\s+×\s+2\s+metrics\s+=\s+38\s+readings"), ("docs/table3.md", r"256-wide"),
+    ("docs/scaling.md", r"gpu_visit_20\d\d-\d\d-\d\db?"), ("docs/scaling.md", r"[Ii]ssue\s+47"),
+    ("docs/scaling.md", r"torch\s+2\.11"), ("docs/scaling.md", r"CUDA\s+13\.0"), ("docs/scaling.md", r"16-byte"),
+    ("docs/scaling.md", r"the\s+40%\s+assumed"),  # the Cost section's assumed MFU
+    ("docs/scaling.md", r"steps\s+\(200\)"),  # gpu.py's --curve default
+    ("docs/scaling.md", r"[Gg]oals,\s+30%(\s+for\s+base)?\s+and\s+45%"),  # issue 47's MFU goals
+    ("docs/scaling.md", r"8\s+micro-batches\s+of\s+~3,125\s+tokens"),
+    ("docs/scaling.md", r"8\s+GPUs\s+×\s+3,125\s+tokens"),
+    ("docs/scaling.md", r"N\s+=\s+\d+"), ("docs/scaling.md", r"8\s+·\s+2\^\(k/N\)"), ("docs/scaling.md", r"2\^-20"),
+    ("docs/scaling.md", r"k\s+\+\s+1"), ("docs/scaling.md", r"max\(0,"),
+    # another project's report (modelscope/FunASR#3704), not a measurement here
+    ("docs/scaling.md", r"FunASR#3704"), ("docs/scaling.md", r"0\.44\s+s\s+forward\s+and\s+0\.55\s+s\s+backward"),
+    # predicted, not measured: no result file holds them
+    ("docs/scaling.md", r"about\s+−0\.75\s+ms"), ("docs/scaling.md", r"\(~1\.5–3\s+ms\)"),
+    # the Cost section's estimates (`transformer params --cost`), which no result file holds
+    ("docs/scaling.md", r"21\.3\s+GiB\s+estimated"), ("docs/scaling.md", r"\(12\.6\s+against"),
+    # derived by arithmetic from result files' values and stored in none of them
+    ("docs/scaling.md", r"not\s+0\.67\s+h"), ("docs/scaling.md", r"not\s+6\.8\s+h"),  # 24.1 / 81.5 ms × steps
+    ("docs/scaling.md", r"take\s+1\.8\s+h"), ("docs/scaling.md", r"steps\s+8\.8\s+h"),  # 65.3 / 106.1 ms × steps
+    ("docs/scaling.md", r"\(3×\s+fp32's\s+rate"), ("docs/scaling.md", r"5\.4×\s+for\s+big"),  # bf16 / fp32 tokens/s
+    ("docs/scaling.md", r"by\s+~8%\s+between"),  # 64.3 against 59.6 ms, the 2026-11-29 visit's two calls
+    ("docs/scaling.md", r"~1,200\s+kernels"),  # 1,176 and 1,168 kernels a compiled base step, rounded
+    ("docs/scaling.md", r"~0\.46\s+s\s+per\s+new\s+shape"),  # from the ×8 rows' step times
+    ("docs/scaling.md", r"6\.7\s+ms\s+\(memory-efficient\)"), ("docs/scaling.md", r"cuDNN's\s+7\.9"),
+    ("docs/scaling.md", r"10\.9\s+ms\s+against"),  # gpu_attention.json's sites summed
+    ("docs/scaling.md", r"1\.0\s+h\s+on\s+one\s+H200"), ("docs/scaling.md", r"steps\s+6\.6\s+h"),  # ms × steps
+    ("docs/scaling.md", r"base's\s+30\.8"), ("docs/scaling.md", r"big's\s+69\.4"),  # the step the MFU goals allow
+    ("docs/scaling.md", r"1\.6%\s+apart"),  # 36.9 against 36.3 ms
+    ("docs/scaling.md", r"1\.24×\s+\(base\)\s+and\s+1\.45×"),  # gpu_attention.json: cuDNN's ms / efficient's
+    ("docs/scaling.md", r"~0\.25\s+ms\s+a\s+launch"),  # the custom operators' idle ms a step / 30 launches
+    ("docs/scaling.md", r"by\s+37%\s+and\s+41%"),  # SASS instruction counts in gpu_visit_2026-12-04b/README.md
+    ("docs/scaling.md", r"0\.92\s+ms\s+of\s+base's\s+step"),  # the two ReLU kernels' ms summed
+    ("docs/scaling.md", r"5\.3%\s+and\s+3\.5%\s+more"), ("docs/scaling.md", r"~5%\s+more"),  # positions_vs_none − 1
+    ("docs/scaling.md", r"idle\s+only\s+3\.6\s+ms"),  # step ms − kernel ms
+    ("docs/scaling.md", r"~40\s+up\s+to\s+256\s+tokens"),  # the buckets 8 · 2^(k/8) below 256: 5 doublings × 8
+    ("docs/training.md", r"WMT\s+2014"), ("docs/training.md", r"2\s+cores"),
+    ("docs/training.md", r"0\.5,\s+1,000\s+updates"),  # the bf16-stream runs' lr_scale and length
+    ("docs/training.md", r"gained\s+2%"),  # derived: 36.9 → 36.1 ms (gpu_train_headline.json)
 ]
 
 def figures(page: str, section: str, file: str, *printed: tuple[str, str], scale: float = 1.0) -> list[Figure]:
@@ -109,6 +150,10 @@ SPEED = (("1.191", "ratios/train_vs_fairseq"), ("1.874", "ratios/translate_b64_v
          ("0.812", "ratios/translate_b64_vs_ctranslate2_rounds/1"),
          ("0.329", "ratios/translate_b1_vs_ctranslate2_rounds/0"),
          ("0.342", "ratios/translate_b1_vs_ctranslate2_rounds/1"))
+
+# docs/scaling.md's measured sections: one H100, then issue 47's visits to one H200
+H100, H200_1, H200_2 = ("Measured on one H100", "Measured on one H200 (issue 47, 2026-11-29)",
+                        "Measured on one H200 (issue 47, 2026-12-04)")
 
 FIGURES: list[Figure] = [
     *quality_table("README.md", "Results"),
@@ -464,6 +509,101 @@ FIGURES: list[Figure] = [
     *figures("docs/serving.md", "Load", "serve_load.json", ("1,000", "requests"), ("50", "clients"),
              ("102.53", "batched/requests_per_s"), ("21.0", "unbatched/requests_per_s"), ("4.88", "batching_gain"),
              ("463", "batched/p50_ms"), ("764", "batched/p99_ms")),
+    # docs/scaling.md: the H100 run, then issue 47's three H200 visits (a visit's readings kept only in its
+    # logs are read from them: train_cut_at_560s.log's objects are before's rows and profiles, 0-9, then after's)
+    *figures("docs/scaling.md", H100, "gpu_train.json",
+             *[(t, f"rows/model={model}&mode={mode}/{key}") for model, mode, *row in (
+                 ("base", "fp32", "242.9", "98,857", "16.69"), ("base", "bf16", "80.5", "298,294", "15.71"),
+                 ("base", "bf16+compile", "65.3", "367,399", "15.45"), ("big", "fp32", "702.5", "34,174", "27.46"),
+                 ("big", "bf16", "128.9", "186,222", "23.98"), ("big", "bf16+compile", "106.1", "225,864", "23.45"))
+               for t, key in zip(row, ("step_ms", "tgt_tokens_per_s", "peak_memory_gib"))],
+             ("23.45", "rows/model=big&mode=bf16+compile/peak_memory_gib"),  # printed again: the estimates
+             ("15.45", "rows/model=base&mode=bf16+compile/peak_memory_gib")),
+    *figures("docs/scaling.md", H100, "gpu_train.json",
+             *[(t, f"rows/model={model}&mode={mode}/mfu") for t, model, mode in (
+                 ("3.8", "base", "fp32"), ("11.5", "base", "bf16"), ("14.1", "base", "bf16+compile"),
+                 ("4.5", "big", "fp32"), ("24.3", "big", "bf16"), ("29.5", "big", "bf16+compile"))], scale=100),
+    *figures("docs/scaling.md", H100, "fused_loss.json", ("6.7", "rows/base/fused/ms"),
+             ("16.4", "rows/base/operators/ms"), ("2.46", "rows/base/speedup"), ("11.1", "rows/big/fused/ms"),
+             ("20.3", "rows/big/operators/ms"), ("1.83", "rows/big/speedup"), ("1.2", "rows/base/fused/peak_extra_gib"),
+             ("4.2", "rows/base/operators/peak_extra_gib")),
+    *figures("docs/scaling.md", H100, "gpu_visit_2026-11-29/fused_loss.log",
+             ("7.8", "d_model=512/fused/ms"), ("12.0", "d_model=1024/fused/ms")),
+    *figures("docs/scaling.md", H200_1, "gpu_visit_2026-11-29/train_cut_at_560s.log",
+             ("64.3", "0/step_ms"), ("50.9", "10/step_ms"), ("9.6", "0/peak_memory_gib"), ("7.6", "10/peak_memory_gib"),
+             ("57.4", "2/step_ms"), ("46.5", "12/step_ms"), ("10.1", "2/peak_memory_gib"),
+             ("8.1", "12/peak_memory_gib"), ("108.4", "4/step_ms"), ("95.8", "14/step_ms"),
+             ("17.3", "4/peak_memory_gib"), ("15.3", "14/peak_memory_gib"),
+             ("95.6", "6/step_ms"), ("18.2", "6/peak_memory_gib")),
+    *figures("docs/scaling.md", H200_1, "gpu_visit_2026-11-29/train_cut_at_560s.log",
+             ("14.4", "0/mfu"), ("18.2", "10/mfu"), ("16.1", "2/mfu"), ("19.9", "12/mfu"), ("28.9", "4/mfu"),
+             ("32.7", "14/mfu"), ("32.7", "6/mfu"), scale=100),
+    *figures("docs/scaling.md", H200_1, "gpu_visit_2026-11-29/big_compile.json",
+             ("81.0", "rows/model=big&mode=bf16+compile/step_ms"),
+             ("16.2", "rows/model=big&mode=bf16+compile/peak_memory_gib"),
+             ("7.6", "profiles/model=big/kernel_ms_per_step/layernorm")),
+    *figures("docs/scaling.md", H200_1, "gpu_visit_2026-11-29/big_compile.json",
+             ("38.6", "rows/model=big&mode=bf16+compile/mfu"), ("95", "profiles/model=big/gpu_busy"), scale=100),
+    *figures("docs/scaling.md", H200_1, "gpu_visit_2026-12-04b/gpu_attention.json",
+             ("4.2", "models/base/sites/dec_self/flash/ms_per_step"),
+             ("3.3", "models/base/sites/dec_self/cudnn/ms_per_step"), ("11.2", "models/base/ms_per_step/cudnn"),
+             ("9.0", "models/base/ms_per_step/efficient")),
+    *figures("docs/scaling.md", H200_2, "gpu_visit_2026-12-04/gpu_train_curve.json",
+             ("60.8", "before/rows/model=base&mode=bf16/step_ms"), ("44.9", "rows/model=base&mode=bf16/step_ms"),
+             ("9.6", "before/rows/model=base&mode=bf16/peak_memory_gib"),
+             ("6.7", "rows/model=base&mode=bf16/peak_memory_gib"), ("200", "curve/steps")),
+    *figures("docs/scaling.md", H200_2, "gpu_visit_2026-12-04/gpu_train_curve.json",
+             ("20.7", "rows/model=base&mode=bf16/mfu"), scale=100),
+    *figures("docs/scaling.md", H200_2, "gpu_visit_2026-12-04/gpu_train_compile_pair.log",
+             ("54.8", "model=base/step_ms"), ("10.1", "model=base/peak_memory_gib"), ("95.8", "model=big/step_ms"),
+             ("18.2", "model=big/peak_memory_gib")),
+    *figures("docs/scaling.md", H200_2, "gpu_visit_2026-12-04/gpu_train_headline.json",
+             *[(t, f"rows/model={model}&mode={mode}/{key}") for model, mode, *row in (
+                 ("base", "bf16+compile", "36.9", "7.3"), ("base", "bf16+cudagraphs", "36.1", "7.3"),
+                 ("big", "bf16+compile", "79.5", "14.9"), ("big", "bf16+cudagraphs", "79.1", "14.9"))
+               for t, key in zip(row, ("step_ms", "peak_memory_gib"))],
+             ("33.3", "profiles/model=base/kernel_ms_total"), ("74.8", "profiles/model=big/kernel_ms_total"),
+             ("3.7", "profiles/model=base/top_kernels/0/ms_per_step"),
+             # printed again where the CUDA graphs' gain is read
+             *[(t, f"rows/model={model}&mode={mode}/step_ms") for t, model, mode in (
+                 ("36.9", "base", "bf16+compile"), ("36.1", "base", "bf16+cudagraphs"),
+                 ("79.5", "big", "bf16+compile"), ("79.1", "big", "bf16+cudagraphs"))]),
+    *figures("docs/scaling.md", H200_2, "gpu_visit_2026-12-04/gpu_train_headline.json",
+             ("25.0", "rows/model=base&mode=bf16+compile/mfu"), ("25.5", "rows/model=base&mode=bf16+cudagraphs/mfu"),
+             ("39.3", "rows/model=big&mode=bf16+compile/mfu"), ("39.5", "rows/model=big&mode=bf16+cudagraphs/mfu"),
+             ("90", "profiles/model=base/gpu_busy"), ("94", "profiles/model=big/gpu_busy"), scale=100),
+    *figures("docs/scaling.md", H200_2, "fused_loss.json",
+             ("71", "kernel_alone/share_of_copy"), scale=100),
+    *figures("docs/scaling.md", H200_2, "fused_loss.json",
+             ("2.9", "kernel_alone/kernel_gb_s"), scale=1e-3),  # TB/s
+    *figures("docs/scaling.md", H200_2, "gpu_visit_2026-12-04b/gpu_train_headline.log",
+             ("36.3", "mode=bf16+compile/step_ms"), ("65", "mode=bf16+compile+kernel/step_ms")),
+    *figures("docs/scaling.md", H200_2, "gpu_visit_2026-12-04b/gpu_layernorm_kernel.log",
+             ("152", "1/base/kernel/kernel_us"), ("207", "2/base/compiled/kernel_us")),
+    *figures("docs/scaling.md", H200_2, "shape_buckets.json",
+             ("4,096", "max_tokens"), ("21", "rows/per_doubling=8/shapes"), ("27", "rows/per_doubling=16/shapes"),
+             ("83", "rows/per_doubling=0/shapes"), ("116", "rows/per_doubling=0/batches")),
+    *figures("docs/scaling.md", H200_2, "shape_buckets.json",
+             ("8.8", "rows/per_doubling=8/padding_fraction"), ("7.2", "rows/per_doubling=16/padding_fraction"),
+             ("3.9", "rows/per_doubling=0/padding_fraction"), scale=100),
+    *figures("docs/training.md", "Your own data", "batching.json", ("4,096", "corpora/0/rows/0/max_tokens"),
+             ("116", "corpora/0/rows/0/batches"), ("126", "corpora/0/rows/1/batches"),
+             ("127", "corpora/0/rows/2/batches"),
+             ("120", "corpora/2/rows/1/batches"), ("2,048", "corpora/2/rows/1/max_tokens")),
+    *figures("docs/training.md", "Your own data", "batching.json", ("3.9", "corpora/0/rows/0/padding_fraction"),
+             ("7.1", "corpora/0/rows/1/padding_fraction"), ("6.8", "corpora/0/rows/2/padding_fraction"),
+             ("8.4", "corpora/2/rows/1/padding_fraction"), scale=100),
+    *figures("docs/training.md", "After the paper", "selection/multi30k_en_de_quick/pre_ff256_lr1.0.json",
+             ("2,316", "steps"), ("13,639", "train_tokens_per_s"), ("36.12", "val_tok_lc_bleu")),
+    *figures("docs/training.md", "After the paper", "tried/selection/multi30k_en_de_quick_fp32/pre_ff256_lr1.0.json",
+             ("1,144", "steps"), ("6,735", "train_tokens_per_s"), ("30.16", "val_tok_lc_bleu")),
+    *figures("docs/training.md", "After the paper", "tried/fresh_clone_06e2ae4.json",
+             ("8,173", "quickstart/tokens_per_s")),
+    *figures("docs/training.md", "After the paper", "speed.json", ("1.7", "ratios/train_bf16_vs_fp32")),
+    *figures("docs/training.md", "After the paper", "tried/speed_14acdcb.json", ("2.3", "ratios/train_bf16_vs_fp32")),
+    *figures("docs/training.md", "After the paper", "bf16_stream_multi30k.json",
+             ("3.557", "final_valid_nll/fp32_stream/seed1"), ("3.492", "final_valid_nll/fp32_stream/seed2"),
+             ("3.569", "final_valid_nll/bf16_stream/seed1"), ("3.489", "final_valid_nll/bf16_stream/seed2")),
 ]
 
 
@@ -481,8 +621,13 @@ def read_path(data: object, path: str) -> object:
 
 
 @cache
-def result(file: str) -> dict:
-    return json.loads((RESULTS / file).read_text(encoding="utf-8"))
+def result(file: str) -> dict | list:
+    """A result file's JSON; for a run's ``.log``, the JSON objects its lines print, in order (a line that is
+    one object, after a label or not: ``base {...}``)."""
+    text = (RESULTS / file).read_text(encoding="utf-8")
+    if file.endswith(".log"):
+        return [json.loads(m.group(1)) for m in re.finditer(r"^(?:\w+ )?(\{.*\})[ \t]*$", text, re.M)]
+    return json.loads(text)
 
 
 def section_text(page_text: str, heading: str) -> str:
