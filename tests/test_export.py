@@ -1,6 +1,7 @@
 """CTranslate2 export: the exported model translates as ours does."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +98,30 @@ def test_force_replaces_an_earlier_export_only(trained_tiny, tmp_path):
     (earlier / "notes.txt").unlink()
     export_ctranslate2(run, earlier, force=True, log=lambda m: None)
     assert (earlier / "model.bin").is_file() and not list(earlier.parent.glob(".earlier*"))
+
+
+def test_an_out_that_is_a_link_or_the_current_folder_is_refused_before_the_work(tmp_path, monkeypatch):
+    """--force onto a link to an earlier export: rmtree refused the link after the whole export, an internal
+    error; --out . in an empty folder: the staging folder was the temporary folder itself ("File exists"), and
+    replacing the current folder whole would leave the shell in a deleted one. A user's file beside an earlier
+    export was refused only after the model was converted. Each is refused first, before the run is read."""
+    (earlier := tmp_path / "earlier").mkdir()
+    (earlier / "config.json").write_text("{}")
+    (earlier / "notes.txt").write_text("mine\n")
+    (link := tmp_path / "link").symlink_to(earlier)
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    run = tmp_path / "no-run"  # never read: each refusal comes before
+    for out, said in ((link, rf"{re.escape(str(link))}: a symbolic link; give the folder itself \({re.escape(str(earlier))}\)"),
+                      (tmp_path / "gone", "a symbolic link; give the folder itself, or a new one"),
+                      (earlier, "it holds notes.txt, which this command does not write")):
+        with pytest.raises(ExportError, match=said):
+            export_ctranslate2(run, out, force=True, log=lambda m: None)
+    (empty := tmp_path / "empty").mkdir()
+    monkeypatch.chdir(empty)
+    for out in (Path("."), Path("..")):
+        with pytest.raises(ExportError, match=rf"^{re.escape(str(out))}: the current folder, or one above it"):
+            export_ctranslate2(run, out, force=True, log=lambda m: None)
+    assert sorted(p.name for p in earlier.iterdir()) == ["config.json", "notes.txt"] and not list(empty.iterdir())
 
 
 def test_the_exported_projection_keeps_row_0_and_never_outputs_pad():

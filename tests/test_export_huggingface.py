@@ -288,6 +288,18 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
 
 
 
+def test_a_greedy_run_is_exported(tiny_overrides, tmp_path):
+    """A run that decodes with decode.beam_size = 1: transformers refuses a generation config with one beam and
+    the beam's length penalty and early stopping, and the export ended in an internal error."""
+    from transformer.train import train
+
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "decode.beam_size=1"]), tmp_path / "run",
+          quiet=True)
+    export_huggingface(tmp_path / "run", tmp_path / "hf", log=lambda m: None)
+    config = transformers.GenerationConfig.from_pretrained(tmp_path / "hf")
+    assert config.num_beams == 1 and config.forced_eos_token_id == 1
+
+
 @pytest.mark.parametrize("export", [export_huggingface, export_onnx, export_ctranslate2])
 def test_a_refused_export_leaves_no_folder(tiny_overrides, tmp_path, export):
     """A model the format cannot hold (here d_k other than d_model / h, Table 3 row A) is refused, and leaves

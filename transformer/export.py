@@ -147,10 +147,18 @@ def _empty_out(out: Path, force: bool) -> Path:
     """``out`` as a Path, refused when it holds files and ``force`` is not given, or when it is no earlier
     export (``files.not_replaceable``): --force replaced any folder, the run being exported included."""
     out = Path(out)
+    if out.is_symlink():  # --force removed the link after the whole export, an internal error
+        raise ExportError(f"{out}: a symbolic link; give the folder itself{f' ({out.resolve()})' if out.exists() else ''}, "
+                          "or a new one")
+    if Path.cwd().resolve().is_relative_to(out.resolve()):  # the export replaces its folder whole
+        raise ExportError(f"{out}: the current folder, or one above it: give the export a folder of its own, e.g. "
+                          f"{out / 'export'}")
     if out.exists() and any(out.iterdir()):
         if not force:
             raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
-        if why := files.not_replaceable(out, "config.json"):
+        # as _staged checks again once the export's own files are known: said here before the work
+        if why := files.not_replaceable(out, "config.json", EXPORT_FILES | {
+                p.name for p in out.iterdir() if p.name.endswith((".onnx", ".onnx_data"))}):
             raise ExportError(f"{out}: --force replaces an earlier export only, and {why}: give a new folder, "
                               "or remove this one yourself")
     return out
@@ -411,8 +419,9 @@ def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -
 
     d = translator.cfg.decode
     g = hf.generation_config
-    g.num_beams, g.length_penalty, g.max_length = d.beam_size, d.alpha, hf.config.max_position_embeddings
-    g.early_stopping, g.forced_eos_token_id = "never", EOS_ID  # the search ends when no hypothesis can improve
+    g.num_beams, g.max_length, g.forced_eos_token_id = d.beam_size, hf.config.max_position_embeddings, EOS_ID
+    if d.beam_size > 1:  # a greedy config with the beam's settings is refused by GenerationConfig's own check
+        g.length_penalty, g.early_stopping = d.alpha, "never"  # the search ends when no hypothesis can improve
     hf.save_pretrained(out, safe_serialization=True)
     architecture = "Pegasus" if translator.cfg.model.norm == "pre" else "Marian"
     pieces = translator.tokenizer.vocabulary()
