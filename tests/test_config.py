@@ -233,7 +233,24 @@ def test_learned_positions_must_hold_the_longest_pair():
     with pytest.raises(ConfigError, match=r"model.max_positions \(8\) must be >= data.max_len \(60\)"):
         load_config("tiny", ["model.positional=learned", "model.max_positions=8", "data.max_len=60"])
     assert load_config("tiny", ["model.positional=learned", "model.max_positions=60", "data.max_len=60"])
-    assert load_config("tiny", ["model.max_positions=8", "data.max_len=60"])  # sinusoids: the table is unused
+    # sinusoids: the table is unused, and model.max_positions bounds only the outputs' length beyond the input
+    assert load_config("tiny", ["model.max_positions=8", "data.max_len=60", "decode.max_len_offset=8"])
+
+
+@pytest.mark.parametrize("sets, said", [
+    (["decode.max_len_offset=4611686018427387904"], r"decode.max_len_offset 4611686018427387904: more than "
+                                                    r"model.max_positions 1024"),
+    (["data.vocab_size=300", "decode.beam_size=301"], r"decode.beam_size 301: wider than data.vocab_size 300"),
+    (["train.update_freq=4611686018427387904"], r"train.update_freq 4611686018427387904: at most 1,024 batches"),
+    (["train.shape_buckets=1000000000"], r"train.shape_buckets 1000000000: at most 256 buckets"),
+    (["train.adam_eps=1e-39"], r"train.adam_eps 1e-39: below fp32's smallest normal number"),
+])
+def test_values_that_hang_exhaust_or_poison_a_run_are_refused_as_it_loads(sets, said):
+    """Each trained on: a dev BLEU (and every translate) that searched for ever, a step's batches drawn until the
+    memory ran out (a segfault), buckets past numpy's sizes (an internal error), Adam's ε flushed to 0 and NaN
+    weights written as a finished run; a beam wider than the vocabulary, which translate's --beam refuses."""
+    with pytest.raises(ConfigError, match=said):
+        load_config("tiny", sets)
 
 
 def test_other_toolkits_names_get_ours():

@@ -1790,3 +1790,12 @@ def test_a_closed_log_pipe_leaves_training_to_go_on_into_train_log(tmp_path, tin
     log = (run / "train.log").read_text()
     assert "standard output: Broken pipe; the log goes on here alone" in log and "done: " in log, log[-2000:]
     assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 40
+
+
+def test_a_run_that_ends_with_a_model_of_no_numbers_says_so(tmp_path, tiny_overrides):
+    """train.lr_scale 1e30: one step, and the run finished with 0 and a validation loss of NaN, a model whose
+    every translation failed. It ends with the reason, its records kept."""
+    run = tmp_path / "run"
+    with pytest.raises(TrainError, match=r"^the trained model's validation loss is nan: its weights overflow"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=1", "train.lr_scale=1e30"]), run, quiet=True)
+    assert (run / "summary.json").is_file() and list_checkpoints(run)

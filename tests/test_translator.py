@@ -335,3 +335,19 @@ def test_a_constraint_the_vocabulary_normalises_to_nothing_is_refused(run):
         translator.translate(["A dog runs.", "A cat sits."], DecodeRequest(constraints=[["Hund"], ["Katze", "\u200b"]]))
     out = translator.translate(["A dog runs."], DecodeRequest(constraints=[["Hund"]]))[0]
     assert "Hund" in out
+
+
+def test_a_model_whose_scores_are_not_numbers_is_said_to_be_so(run):
+    """Weights that overflow the arithmetic (a run trained at train.lr_scale 1e30 finished with rc 0): the beam
+    ranked nothing and translate ended in an IndexError; greedy search wrote an empty line and exited 0."""
+    from transformer.model import Transformer
+
+    loaded = Translator(run, log=lambda m: None)
+    model = Transformer(loaded.cfg.model, loaded.tokenizer.vocab_size)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1e30)
+    overflowing = Translator.of_model(model.eval(), loaded.tokenizer, loaded.cfg)
+    for beam in (1, 4):
+        with pytest.raises(CheckpointError, match=r"^line 1: the model's scores are not finite \(NaN or inf\)"):
+            overflowing.translate(["A dog runs."], DecodeRequest(beam_size=beam))

@@ -183,6 +183,10 @@ MAX_SIZE = {"n_enc_layers": 1000, "n_dec_layers": 1000, "d_model": 2**16, "d_ff"
 # GNMT tunes α in [0, 1] (Wu et al. 2016, §7); lp(|Y|) = ((5 + |Y|) / 6)^α overflows a float for α in the
 # hundreds, so larger values are refused rather than left to fail inside the search
 MAX_ALPHA = 10.0
+# train.update_freq: a step's batches are drawn together, so a mistyped huge count filled the memory until the
+# process died; train.shape_buckets: buckets per octave of length (8 is the documented choice)
+MAX_UPDATE_FREQ, MAX_SHAPE_BUCKETS = 1024, 256
+FP32_TINY = 1.1754944e-38  # fp32's smallest normal number: a smaller train.adam_eps flushes to 0 in Adam's update
 
 
 def _limit(default: float | int, help: str) -> object:
@@ -323,6 +327,23 @@ class Config:
             raise ConfigError(f"train.init_qkv_gain must be > 0, got {t.init_qkv_gain}")
         if not 0 <= d.alpha <= MAX_ALPHA:
             raise ConfigError(f"decode.alpha must be in [0, {MAX_ALPHA:g}], got {d.alpha}")
+        # the run's own decoding values, bounded as translate's flags are (Translator.check): dev BLEU and every
+        # translate without the flag searched with them, a huge offset for ever
+        if d.max_len_offset > m.max_positions:
+            raise ConfigError(f"decode.max_len_offset {d.max_len_offset}: more than model.max_positions "
+                              f"{m.max_positions}, the most positions an output of this model has")
+        if d.beam_size > self.data.vocab_size:
+            raise ConfigError(f"decode.beam_size {d.beam_size}: wider than data.vocab_size {self.data.vocab_size}, "
+                              "all that the first step can offer")
+        if t.update_freq > MAX_UPDATE_FREQ:
+            raise ConfigError(f"train.update_freq {t.update_freq}: at most {MAX_UPDATE_FREQ:,} batches a step (the "
+                              "paper's 8 GPUs are 8); a larger step is train.max_tokens' to make")
+        if t.shape_buckets > MAX_SHAPE_BUCKETS:
+            raise ConfigError(f"train.shape_buckets {t.shape_buckets}: at most {MAX_SHAPE_BUCKETS} buckets per "
+                              "doubling of length (8 is the usual choice)")
+        if t.adam_eps < FP32_TINY:
+            raise ConfigError(f"train.adam_eps {t.adam_eps:g}: below fp32's smallest normal number ({FP32_TINY:g}), "
+                              "it is 0 in Adam's update, and a weight without gradient becomes 0/0 (NaN)")
         return self
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

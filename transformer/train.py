@@ -1255,4 +1255,7 @@ class Trainer:
             summary.update(validate(self.raw, self.run_data.valid, t.max_tokens))
             self.log(f"done: {json.dumps(summary)}")
             files.write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")  # what benchmarks read
+            if not math.isfinite(summary["valid_nll"]):  # it ended with 0, a model no search can rank outputs of
+                raise TrainError(f"the trained model's validation loss is {summary['valid_nll']}: its weights "
+                                 "overflow the arithmetic (too high a rate: train.lr_scale, train.warmup_steps)")
         return summary

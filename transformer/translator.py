@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -199,6 +200,10 @@ class Translator:
                 bar.update(len(lines) - len(keep))
                 outputs: list[list[tuple[str, float]]] = [[("", 0.0)] * (part.nbest or 1) for _ in lines]
                 for i, hyps in zip(keep, decoded):
+                    if not hyps or any(math.isnan(h.score) for h in hyps):  # else ranked: the scores are not numbers
+                        raise CheckpointError(f"line {done + i + 1}: the model's scores are not finite (NaN or "
+                                              "inf), so no output could be ranked: its weights overflow the "
+                                              "arithmetic (a run trained at too high a rate, train.lr_scale?)")
                     outputs[i] = [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
                 done += len(lines)
                 yield lines, outputs
