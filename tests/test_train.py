@@ -233,11 +233,15 @@ def test_the_trainers_loss_and_validation_score_the_model_as_section_5_4_says(ep
 
 
 def test_training_text_with_no_pair_short_enough_says_why(tmp_path, tiny_overrides):
-    """data.max_len 1 keeps no pair (each side holds at least a piece and EOS): the error said only "no usable
-    training pairs", where the validation's and the token store's count what was left out, and why."""
+    """data.max_len 2 keeps no pair of these (each side of one piece at most): the error said only "no usable
+    training pairs", where the validation's and the token store's count what was left out, and why. data.max_len
+    1, which can keep no pair of any text (a piece and EOS are 2), is refused as the config loads, not after the
+    vocabulary is trained."""
     with pytest.raises(DataError, match=r"\.en: no usable training pairs of 600 \(0 with an empty side, 600 "
-                                        r"longer than data\.max_len 1 pieces\)$"):
-        train(load_config("tiny", tiny_overrides + ["data.max_len=1"]), tmp_path / "run", quiet=True)
+                                        r"longer than data\.max_len 2 pieces\)$"):
+        train(load_config("tiny", tiny_overrides + ["data.max_len=2"]), tmp_path / "run", quiet=True)
+    with pytest.raises(ConfigError, match=r"data.max_len 1: a sentence of one piece with its EOS is 2 pieces"):
+        load_config("tiny", tiny_overrides + ["data.max_len=1"])
 
 
 def test_clip_norm_scales_the_step_to_that_global_norm():
@@ -1799,3 +1803,11 @@ def test_a_run_that_ends_with_a_model_of_no_numbers_says_so(tmp_path, tiny_overr
     with pytest.raises(TrainError, match=r"^the trained model's validation loss is nan: its weights overflow"):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=1", "train.lr_scale=1e30"]), run, quiet=True)
     assert (run / "summary.json").is_file() and list_checkpoints(run)
+
+
+def test_a_folder_named_as_training_text_is_called_a_folder(tmp_path, tiny_overrides):
+    """data.train_src naming a folder was refused as "a pipe or device, not a file"."""
+    cfg = load_config("tiny", tiny_overrides + [f'data.train_src="{tmp_path}"'])
+    with pytest.raises(DataError, match=rf"^data\.train_src {re.escape(str(tmp_path))}: a folder; give the training "
+                                        "text's file$"):
+        training.data_paths(cfg)

@@ -263,7 +263,8 @@ def chosen_weights(run_dir: Path, checkpoint: str | Path | None) -> Path | None:
         return None if checkpoint is None else Path(checkpoint)
     best = Path(run_dir) / "best.safetensors"
     if not best.is_file():
-        raise CheckpointError(f"{run_dir}: no best.safetensors (the run was trained without train.keep_best)")
+        raise CheckpointError(f"{run_dir}: no best.safetensors (train.keep_best writes it at the run's evaluations, "
+                              "every train.eval_every; the run had none, or was trained without it)")
     return best
 
 

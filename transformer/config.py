@@ -266,6 +266,9 @@ class Config:
             if value > MAX_SIZE[name.split(".")[1]]:
                 raise ConfigError(f"{name} {value}: more than the {MAX_SIZE[name.split('.')[1]]:,} any model here can "
                                   "have (the paper's largest: 6 layers, d_model 1024, d_ff 4096, 16 heads)")
+        if self.data.max_len < 2:  # a side of one piece and its EOS is 2: no pair would be kept, after the vocabulary
+            raise ConfigError(f"data.max_len {self.data.max_len}: a sentence of one piece with its EOS is 2 pieces; "
+                              "give at least 2")
         if self.data.vocab_size > MAX_VOCAB:
             raise ConfigError(f"data.vocab_size must be at most {MAX_VOCAB:,} (piece ids are int32), got "
                               f"{self.data.vocab_size}")

@@ -182,6 +182,8 @@ def resolve_data_path(path: str) -> Path:
 def read_twice(path: Path, field: str) -> Path:
     """``path`` (``field``'s), refused unless a file: a training corpus is read twice, for the vocabulary and then
     for the pairs, and a named pipe gives its text once (the second read waited for ever for another writer)."""
+    if path.is_dir():
+        raise DataError(f"{field} {path}: a folder; give the training text's file")
     if not path.is_file():
         raise DataError(f"{field} {path}: a pipe or device, not a file; the training text is read twice (the "
                         "vocabulary, then the pairs): write it to a file first")

@@ -1017,7 +1017,8 @@ class Trainer:
                 kept = ("the newest checkpoint holds finite weights" if list_checkpoints(self.out)
                         else "no checkpoint was written yet")
                 raise TrainError(f"{state.bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
-                                 f"{state.step} ({kept}). Lower train.lr_scale"
+                                 f"{state.step} ({kept}). Lower train.lr_scale (or check train.init_qkv_gain, "
+                                 "train.adam_eps)"
                                  + (", or use fp32/bf16 instead of fp16" if self.precision == "fp16" else ""))
             return
         state.bad_in_a_row = 0
