@@ -1417,7 +1417,8 @@ def main(argv: list[str] | None = None) -> int:
         if (asked := out_of_memory(e)) is None:
             return internal_error(e, argv)
         say(f"error: out of memory{f' ({asked})' if asked else ''}: more than this machine can give; a very long "
-            "input line or too large a batch (--batch-size, train.max_tokens) needs it: shorten or split the line, "
-            "or lower the batch")  # the input's size, not a bug: nothing to report
+            "input line, too large a batch (--batch-size, train.max_tokens, decode.beam_size) or too large a model "
+            "(model.d_model, d_ff, layers) needs it: shorten or split the line, or lower the batch or the model"
+            )  # the input's or the config's size, not a bug: nothing to report
         return 1
     return 0
