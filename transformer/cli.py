@@ -383,10 +383,10 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
                    "list may be shorter, as where a prefix or the length limit leaves fewer")
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' lines: each output with the "
                    "beam's score, log P / lp(|Y|) (not with --nbest, whose lines carry it already)")
-    p.add_argument("--prefix", type=_beside_input, metavar="FILE", help="one target prefix per input line (empty: none): "
-                   "each output starts with it and the search continues from it (interactive translation)")
-    p.add_argument("--constraints", type=_beside_input, metavar="FILE", help="per input line, the phrases its output must "
-                   "contain, separated by tabs (empty: none): lexically constrained beam search (dynamic beam "
+    p.add_argument("--prefix", type=_beside_input, metavar="FILE", help="one target prefix per input line (empty: "
+                   "none): each output starts with it and the search continues from it (interactive translation)")
+    p.add_argument("--constraints", type=_beside_input, metavar="FILE", help="per input line, the phrases its output "
+                   "must contain, separated by tabs (empty: none): lexically constrained beam search (dynamic beam "
                    "allocation, Post & Vilar 2018); a beam of at least the constraints' pieces + 1 works best")
     p.add_argument("--sample", action="store_true", help="draw each output token from the model's distribution "
                    "instead of searching (not beam search: back-translation's decoding); with --nbest K, K draws")
@@ -812,7 +812,8 @@ def cmd_average(args: argparse.Namespace) -> None:
                                                        "run": str(Path(args.run_dir).resolve())}
     write_model(args.out, average_checkpoints(paths), meta)
     fewer = f" (--last {args.last}: the run holds {len(paths)})" if len(paths) < args.last else ""
-    print(f"averaged {len(paths)} checkpoint{'s' if len(paths) != 1 else ''}{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
+    plural = "s" if len(paths) != 1 else ""
+    print(f"averaged {len(paths)} checkpoint{plural}{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
 
 
 COST_DEVICES = [1, 8, 64]  # params --cost's device counts, unless --devices
@@ -1282,8 +1283,8 @@ def _interrupt(signum: int, frame) -> None:
 def sigterm_raises() -> Iterator[None]:
     """SIGTERM (and SIGHUP where not ignored) raises ``Terminated`` in the block, as SIGINT raises
     KeyboardInterrupt (training's loop takes them itself, and gives this back after). Not where SIGTERM is
-    ignored (whoever started us chose that), nor off the main thread, which alone takes signals. Each is also kept (``Terminated.signalled``), for training
-    to stop with should its exception be lost."""
+    ignored (whoever started us chose that), nor off the main thread, which alone takes signals. Each is also
+    kept (``Terminated.signalled``), for training to stop with should its exception be lost."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return

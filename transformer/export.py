@@ -148,8 +148,8 @@ def _empty_out(out: Path, force: bool) -> Path:
     export (``files.not_replaceable``): --force replaced any folder, the run being exported included."""
     out = Path(out)
     if out.is_symlink():  # --force removed the link after the whole export, an internal error
-        raise ExportError(f"{out}: a symbolic link; give the folder itself{f' ({out.resolve()})' if out.exists() else ''}, "
-                          "or a new one")
+        named = f" ({out.resolve()})" if out.exists() else ""
+        raise ExportError(f"{out}: a symbolic link; give the folder itself{named}, or a new one")
     if Path.cwd().resolve().is_relative_to(out.resolve()):  # the export replaces its folder whole
         raise ExportError(f"{out}: the current folder, or one above it: give the export a folder of its own, e.g. "
                           f"{out / 'export'}")

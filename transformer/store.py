@@ -49,7 +49,8 @@ def check_store_folder(out: Path, overwrite: bool) -> None:
     vocabulary first), and again by ``write_store``."""
     out = Path(out)
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(f"{out}: already exists and is not empty; choose another folder, or pass --overwrite to replace it")
+        raise DataError(f"{out}: already exists and is not empty; choose another folder, or pass --overwrite to "
+                        "replace it")
     if out.is_dir() and any(out.iterdir()) and (why := not_replaceable(out, "meta.json", STORE_FILES)):
         raise DataError(f"{out}: --overwrite replaces an earlier token store only, and {why}: give a new folder, "
                         "or remove this one yourself")
