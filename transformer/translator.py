@@ -392,7 +392,13 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
     except ConfigError as e:
         raise CheckpointError(f"{where}: {e}") from None
     cfg.decode = dataclasses.replace(cfg.decode, **(decode or {}))
-    cfg.validate()  # the overrides too, before any work: one set of checks for the run's values and ours
+    try:  # the overrides too, before any work: one set of checks for the run's values and ours
+        cfg.validate()
+    except ConfigError as e:  # an override's error, the run's values having passed: named as its option (serve's)
+        said = str(e)
+        for key in decode or {}:
+            said = said.replace(f"decode.{key}", CLI.get("beam" if key == "beam_size" else key, f"decode.{key}"))
+        raise ConfigError(said) from None
     if checkpoint is None:
         paths = checkpoints_to_average(run_dir, cfg.decode.average_last)
         log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
