@@ -485,7 +485,7 @@ def cmd_score(args: argparse.Namespace) -> None:
         pairs = iter_parallel(args.src, args.tgt)
     else:
         def stdin_pairs():
-            for n, line in enumerate(iter_lines(Path("/dev/stdin")), 1):
+            for n, line in enumerate(iter_lines(STDIN), 1):
                 if line.count("\t") != 1:
                     raise DataError(f"stdin:{n}: expected SOURCE<TAB>TARGET (one tab), found "
                                     f"{line.count(chr(9))} tabs")
@@ -1146,13 +1146,18 @@ def _input(text: str) -> Path:
     return STDIN if text == "-" else Path(text)
 
 
+def _dash_output(text: str) -> Path:
+    """An output file whose default is no output (evaluate's --json, --hyp-out): "-" writes stdout."""
+    return STDOUT if text == "-" else Path(text)
+
+
 def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,
             standard: bool = False, dash: bool = False, **kwargs) -> None:
     """An option naming where a command writes: ``main`` checks it (``files.check_output``) before the
     command starts, so no finished work is lost to a path that cannot take it. ``standard``: "-" is stdout,
     the default; ``dash``: "-" is stdout (``STDOUT``), where the option's default is no output."""
-    action = p.add_argument(option, type=_standard if standard else (lambda t: STDOUT if t == "-" else Path(t))
-                            if dash else Path, **kwargs)
+    kind = _standard if standard else _dash_output if dash else Path
+    action = p.add_argument(option, type=kind, **kwargs)
     p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder)})
 
 
@@ -1376,13 +1381,14 @@ def main(argv: list[str] | None = None) -> int:
             outputs = getattr(args, "outputs", None) or {}
             written: dict[Path, str] = {}  # each output's resolved path, and its option
             for dest, (option, suffixes, folder) in outputs.items():
-                if getattr(args, dest) not in (None, STDOUT):
-                    check_output(getattr(args, dest), option, suffixes, folder)
-                    _not_an_input(args, getattr(args, dest), option, outputs)
-                if getattr(args, dest) is not None:  # two given as - (stdout) are one output too
-                    if (same := written.setdefault(Path(getattr(args, dest)).resolve(), option)) != option:
-                        raise OutputError(f"{option} {getattr(args, dest)}: is also {same}'s; one file cannot hold "
-                                          "both outputs: give each its own")
+                if (given := getattr(args, dest)) is None:
+                    continue
+                if given != STDOUT:
+                    check_output(given, option, suffixes, folder)
+                    _not_an_input(args, given, option, outputs)
+                if (same := written.setdefault(Path(given).resolve(), option)) != option:  # two -: one output too
+                    raise OutputError(f"{option} {given}: is also {same}'s; one file cannot hold both outputs: give "
+                                      "each its own")
             if (threads := getattr(args, "threads", None)) is not None:  # the decoding commands' --threads
                 if not 1 <= threads <= MAX_THREADS:
                     raise ConfigError(f"--threads {threads}: give 1 .. {MAX_THREADS} (default: one per core)")
@@ -1397,9 +1403,10 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except (KeyboardInterrupt, Terminated) as e:
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK") == "0":  # Ctrl-C reaches every
-            say({signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}.get(signum, "hangup"))  # rank of a job:
-        return 128 + signum  # rank 0 says it
+        # Ctrl-C reaches every rank of a job: rank 0 says it
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK") == "0":
+            say({signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}.get(signum, "hangup"))
+        return 128 + signum
     except BrokenPipeError as e:
         if not _stdout_gone():
             return internal_error(e, argv)

@@ -54,7 +54,7 @@ def iter_lines(path: Path) -> Iterator[str]:
     try:
         f = open(path, "rb")
     except OSError as e:
-        if path == Path("/dev/stdin"):  # the command was started with it closed
+        if name == "stdin":  # the command was started with it closed
             raise DataError("standard input is closed (<&-): give the input as a file, or pipe it in") from None
         raise DataError(f"{name}: cannot read ({e.strerror})") from None
     n = 0

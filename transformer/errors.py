@@ -1,7 +1,7 @@
 """The one base of the errors a user can cause: the command line catches it and prints one line."""
 
-import signal
 import re
+import signal
 
 
 class UserError(Exception):

@@ -156,12 +156,17 @@ def _empty_out(out: Path, force: bool) -> Path:
     if out.exists() and any(out.iterdir()):
         if not force:
             raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
-        # as _staged checks again once the export's own files are known: said here before the work
-        if why := files.not_replaceable(out, "config.json", EXPORT_FILES | {
-                p.name for p in out.iterdir() if p.name.endswith((".onnx", ".onnx_data"))}):
-            raise ExportError(f"{out}: --force replaces an earlier export only, and {why}: give a new folder, "
-                              "or remove this one yourself")
+        _refuse_unreplaceable(out)  # before the work; _staged asks again, knowing the export's own files
     return out
+
+
+def _refuse_unreplaceable(out: Path, written: frozenset[str] = frozenset()) -> None:
+    """Refuses a non-empty ``out`` that --force may not replace: a folder that is no earlier export, or one
+    holding a file that no export (nor this one, ``written``) writes, a user's beside it."""
+    ours = EXPORT_FILES | written | {p.name for p in out.iterdir() if p.name.endswith((".onnx", ".onnx_data"))}
+    if why := files.not_replaceable(out, "config.json", ours):
+        raise ExportError(f"{out}: --force replaces an earlier export only, and {why}: give a new folder, "
+                          "or remove this one yourself")
 
 
 def _parse_note(cfg: Config) -> str | None:
@@ -379,11 +384,8 @@ def _staged(out: Path, force: bool) -> Iterator[Path]:
                 if path.is_file():  # the libraries' own writers do not all honour the umask (safetensors: 0600)
                     files.share(path)
             if out.exists():  # an earlier export, of any format: a file beside it (a user's) is not lost with it
-                ours = EXPORT_FILES | {p.name for p in staged.iterdir()} | {
-                    p.name for p in out.iterdir() if p.name.endswith((".onnx", ".onnx_data"))}
-                if any(out.iterdir()) and (why := files.not_replaceable(out, "config.json", ours)):
-                    raise ExportError(f"{out}: --force replaces an earlier export only, and {why}: give a new "
-                                      "folder, or remove this one yourself")
+                if any(out.iterdir()):
+                    _refuse_unreplaceable(out, frozenset(p.name for p in staged.iterdir()))
                 shutil.rmtree(out)
             staged.rename(out)
     except BaseException:
