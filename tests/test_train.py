@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.checkpoint import list_checkpoints, load_checkpoint
+from transformer.checkpoint import checkpoint_record, list_checkpoints, load_checkpoint
 from transformer.config import ConfigError, load_config, read_toml
 from transformer.data import DataError, Example, ShapeBuckets, collate, read_lines
 from transformer.decode import translate_ids
@@ -21,7 +21,6 @@ from transformer.tokenizer import BOS_ID, Tokenizer
 from transformer import train as training
 from transformer.train import TrainError, budget_used, native_bf16, resolved_precision, train, train_step
 from transformer.errors import UserError
-from transformer.vocabulary import VocabularyError
 
 
 def losses(run: Path) -> dict[int, float]:
@@ -580,7 +579,9 @@ def test_bf16_autocast_and_compile_train_like_fp32(tmp_path, tiny_overrides, opt
 
 def test_a_vocabulary_left_by_an_earlier_attempt_is_reused_only_for_the_same_inputs(tmp_path, tiny_overrides):
     """An attempt that stopped after writing spm.model but before any checkpoint: the next `train` in
-    that folder reuses the vocabulary only if it would train the same one, else says what changed."""
+    that folder reuses the vocabulary if it would train the same one, else trains a new one and says what
+    changed (before, it was refused until the user deleted it: a failed first attempt blocked a retry with
+    another data.vocab_size)."""
     run = tmp_path / "run"
     first = tiny_overrides + ["train.max_steps=1"]
     train(load_config("tiny", first), run, quiet=True)
@@ -590,19 +591,18 @@ def test_a_vocabulary_left_by_an_earlier_attempt_is_reused_only_for_the_same_inp
     assert (run / "spm.model").read_bytes() == vocabulary
     assert (run / "train.log").read_text().count("training a joint BPE vocabulary") == 1  # reused, not retrained
     shutil.rmtree(run / "checkpoints")
-    with pytest.raises(VocabularyError, match=r"spm.model was trained from other inputs .*vocab_size: 500 -> 400"):
-        train(load_config("tiny", first + ["data.vocab_size=400"]), run, quiet=True)
-    src = next(o for o in tiny_overrides if o.startswith("data.train_src=")).split("=", 1)[1].strip('"')
-    Path(src).write_text(Path(src).read_text(encoding="utf-8").replace("dog", "cat"), encoding="utf-8")
-    with pytest.raises(VocabularyError, match=r"train_src_sha256: '[0-9a-f]+' -> '[0-9a-f]+'"):
-        train(load_config("tiny", first), run, quiet=True)
+    train(load_config("tiny", first + ["data.vocab_size=400"]), run, quiet=True)
+    assert Tokenizer(run / "spm.model").vocab_size == 400
+    assert re.search(r"spm.model was trained from other inputs .*vocab_size: 500 -> 400.*training a new one",
+                     (run / "train.log").read_text())
+    assert checkpoint_record(list_checkpoints(run)[-1])["vocab_size"] == 400
 
 
 def test_a_vocabulary_written_just_before_ctrl_c_is_not_reused_for_other_inputs(tmp_path, tiny_overrides,
                                                                                monkeypatch):
-    """Ctrl-C as the vocabulary is written (a KeyboardInterrupt just after spm.model, before spm.json): the
-    next `train` in the folder, on other data, used the vocabulary of the first data, the record of its
-    inputs missing ("using it as it is"); it must say what changed, as for any vocabulary left behind."""
+    """Ctrl-C as the vocabulary is written (a KeyboardInterrupt just after spm.model): the next `train` in the
+    folder, on other data, used the vocabulary of the first data ("using it as it is"); it must train one for
+    the new data, saying what changed."""
     run = tmp_path / "run"
     written = Tokenizer.train
 
@@ -614,11 +614,12 @@ def test_a_vocabulary_written_just_before_ctrl_c_is_not_reused_for_other_inputs(
     with pytest.raises(KeyboardInterrupt):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), run, quiet=True)
     monkeypatch.undo()
-    assert (run / "spm.model").is_file()
+    first = (run / "spm.model").read_bytes()
     src = next(o for o in tiny_overrides if o.startswith("data.train_src=")).split("=", 1)[1].strip('"')
     Path(src).write_text(Path(src).read_text(encoding="utf-8").replace("dog", "cat"), encoding="utf-8")
-    with pytest.raises(VocabularyError, match=r"train_src_sha256: '[0-9a-f]+' -> '[0-9a-f]+'"):
-        train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), run, quiet=True)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), run, quiet=True)
+    assert re.search(r"train_src_sha256: '[0-9a-f]+' -> '[0-9a-f]+'", (run / "train.log").read_text())
+    assert (run / "spm.model").read_bytes() != first
 
 
 def test_a_finished_run_writes_its_summary(tmp_path, tiny_overrides):

@@ -1,12 +1,15 @@
 """The run's vocabulary (§5.1): trained from the training files with the run's seed, and reused only for the
-inputs its record names."""
+inputs its record names: one left by an attempt without checkpoints is trained anew for others."""
 
+import json
+import re
 from pathlib import Path
 
 import pytest
 
 from transformer.config import load_config
-from transformer.vocabulary import VocabularyError, open_vocabulary
+from transformer.tokenizer import Tokenizer
+from transformer.vocabulary import open_vocabulary
 
 
 def paths(overrides: list[str]) -> tuple[Path, Path]:
@@ -15,18 +18,40 @@ def paths(overrides: list[str]) -> tuple[Path, Path]:
 
 
 def test_the_record_names_both_files_and_the_seed(tmp_path, tiny_overrides):
-    """A vocabulary left in the folder is refused for another target file or another seed (each is an input
-    of the model: the seed draws its training sample), naming what changed."""
+    """A vocabulary left in the folder (by an attempt that failed before its first checkpoint) is reused for
+    the same inputs, and trained anew for another target file or another seed (each is an input of the model:
+    the seed draws its training sample), the log naming what changed."""
     src, tgt = paths(tiny_overrides)
     cfg = load_config("tiny", tiny_overrides)
     path = tmp_path / "spm.model"
     first = open_vocabulary(cfg, src, tgt, path, lambda m: None, resuming=False)
-    assert open_vocabulary(cfg, src, tgt, path, lambda m: None, resuming=False).sha256 == first.sha256
-    with pytest.raises(VocabularyError, match=r"\(seed: 1 -> 7\)"):
-        open_vocabulary(load_config("tiny", tiny_overrides + ["train.seed=7"]), src, tgt, path, print, False)
+    said: list[str] = []
+    assert open_vocabulary(cfg, src, tgt, path, said.append, resuming=False).sha256 == first.sha256
+    assert said == []
+    seeded = load_config("tiny", tiny_overrides + ["train.seed=7", "data.spm_input_sentences=200"])
+    other = open_vocabulary(seeded, src, tgt, path, said.append, False)
+    assert said[0].startswith(f"{path} was trained from other inputs than this config asks for (")
+    assert "seed: 1 -> 7" in said[0] and "training a new one in its place" in said[0]
+    assert other.sha256 != first.sha256 and Tokenizer(path).sha256 == other.sha256
+    assert json.loads(path.with_suffix(".json").read_text())["seed"] == 7
     tgt.write_text(tgt.read_text(encoding="utf-8").replace("Hund", "Katze"), encoding="utf-8")
-    with pytest.raises(VocabularyError, match=r"\(train_tgt_sha256: '[0-9a-f]+' -> '[0-9a-f]+'\)"):
-        open_vocabulary(cfg, src, tgt, path, lambda m: None, resuming=False)
+    said.clear()
+    open_vocabulary(seeded, src, tgt, path, said.append, resuming=False)
+    assert re.search(r"\(train_tgt_sha256: '[0-9a-f]+' -> '[0-9a-f]+'\)", said[0])
+
+
+def test_a_damaged_record_trains_a_new_vocabulary(tmp_path, tiny_overrides):
+    """spm.json damaged (not JSON, or JSON but no object) with no checkpoint trained on its vocabulary: trained
+    anew, and the log says why; before, the user was told to delete both files by hand."""
+    src, tgt = paths(tiny_overrides)
+    cfg, path = load_config("tiny", tiny_overrides), tmp_path / "spm.model"
+    open_vocabulary(cfg, src, tgt, path, lambda m: None, resuming=False)
+    for damaged in ("{not json", "[1, 2]"):
+        path.with_suffix(".json").write_text(damaged)
+        said: list[str] = []
+        open_vocabulary(cfg, src, tgt, path, said.append, resuming=False)
+        assert said[0].startswith(f"{path.with_suffix('.json')}: unreadable (")
+        assert json.loads(path.with_suffix(".json").read_text())["vocab_size"] == cfg.data.vocab_size
 
 
 def test_the_seed_draws_the_training_sample(tmp_path, tiny_overrides):

@@ -12,12 +12,7 @@ from typing import Any
 from . import files
 from .config import Config
 from .data import DataError, iter_lines, read_lines
-from .errors import UserError
 from .tokenizer import Tokenizer
-
-
-class VocabularyError(UserError, RuntimeError):
-    """A run folder's vocabulary that does not fit what the config asks for; one-line message."""
 
 
 def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Tokenizer:
@@ -59,7 +54,8 @@ def vocabulary_inputs(cfg: Config, src: Path, tgt: Path) -> dict[str, Any]:
 def open_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log, resuming: bool) -> Tokenizer:
     """The run folder's vocabulary: ``path`` when it was trained from what ``cfg`` asks for (the record
     beside it says), a new one when there is none. A vocabulary left by an earlier attempt with other
-    data or settings is refused with the differences, never reused for a model it does not fit.
+    data or settings (one that failed before its first checkpoint) is trained anew, saying what changed: no
+    checkpoint was trained with it, and it is never reused for a model it does not fit.
     ``resuming`` a run with checkpoints: its vocabulary is the checkpoints' (their records hold its
     sha256), whatever changes --allow-config-change let through."""
     if not path.exists():
@@ -72,11 +68,14 @@ def open_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log, resuming
         return Tokenizer(path)
     try:
         recorded = json.loads(record.read_text(encoding="utf-8"))
+        if not isinstance(recorded, dict):
+            raise ValueError(f"not a JSON object but {type(recorded).__name__}")
     except (OSError, ValueError) as e:
-        raise VocabularyError(f"{record}: unreadable ({e}); delete {path} and {record.name} to train a new vocabulary") \
-            from None
+        log(f"{record}: unreadable ({e}); no checkpoint was trained with {path.name}: training a new one in its place")
+        return train_vocabulary(cfg, src, tgt, path, log)
     wanted = vocabulary_inputs(cfg, src, tgt)
     if changed := [f"{k}: {recorded.get(k)!r} -> {v!r}" for k, v in wanted.items() if recorded.get(k) != v]:
-        raise VocabularyError(f"{path} was trained from other inputs than this config asks for ({'; '.join(changed)}): "
-                         f"choose another --out, or delete {path.name} and {record.name} to train a new one")
+        log(f"{path} was trained from other inputs than this config asks for ({'; '.join(changed)}); no checkpoint "
+            "was trained with it: training a new one in its place")
+        return train_vocabulary(cfg, src, tgt, path, log)
     return Tokenizer(path)
