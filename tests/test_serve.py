@@ -79,6 +79,25 @@ def test_requests_from_many_clients_are_decoded_together(translator):
     assert [r[0] for r in results] == translator.translate(LINES, BEAM2)  # each gets its own answer
 
 
+def test_requests_of_other_settings_do_not_split_a_batch(translator):
+    """Requests of two settings, alternating: each setting's are decoded together, two batches in all. The first
+    request of other settings ended the batch it met, so 80 such requests took 80 batches, six times as long."""
+    other = DecodeRequest(beam_size=2, alpha=0.7)
+
+    async def scenario():
+        batcher = Batcher(translator, Limits(max_wait_ms=200), ThreadPoolExecutor(1))
+        worker = asyncio.create_task(batcher.run())
+        results = await asyncio.gather(*(batcher.translate([line], request) for line in LINES
+                                         for request in (BEAM2, other)))
+        worker.cancel()
+        return batcher, results
+
+    batcher, results = asyncio.run(scenario())
+    assert batcher.requests == 6 and batcher.batches == 2 and batcher.queued == 0
+    assert [r[0] for r in results[::2]] == translator.translate(LINES, BEAM2)
+    assert [r[0] for r in results[1::2]] == translator.translate(LINES, other)
+
+
 def test_batches_respect_the_token_bound_and_beam(translator):
     async def scenario():
         batcher = Batcher(translator, Limits(max_wait_ms=200, max_batch_tokens=40), ThreadPoolExecutor(1))
@@ -282,6 +301,42 @@ def test_score_endpoint_takes_the_length_norm_as_translate_does(client, translat
 def test_bad_feature_requests_get_json_errors(client, path, body, message):
     r = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})  # "\ud800" as sent
     assert r.status_code == 422 and message in r.json()["error"] + json.dumps(r.json().get("detail", "")), r.json()
+
+
+def test_a_long_list_of_wrong_types_gets_one_short_answer(client, translator):
+    """"text" as a list of 300,000 numbers (within the body limit) was answered with one problem a number, 38 MB
+    in 3 s of the event loop; the first item of another kind is the one problem, and any request's answer names
+    at most MAX_ERRORS_SHOWN problems, with the count of the others."""
+    from transformer.serve import MAX_ERRORS_SHOWN
+
+    with TestClient(create_app(translator, Limits())) as big:
+        r = big.post("/v1/translate", content=b'{"text": [' + b",".join([b"1"] * 300_000) + b"]}",
+                     headers={"content-type": "application/json"})
+    assert r.status_code == 422 and len(r.content) < 1000
+    assert r.json()["error"] == "invalid request: text: Value error, item 0 is a number, not a string"
+    for body, problem in (({"text": ["a", ["b"]]}, "text: Value error, item 1 is an array, not a string"),
+                          ({"text": ["a"], "constraints": [["x"], "y"]},
+                           "constraints: Value error, item 1 is a string, not an array of strings"),
+                          ({"text": ["a"], "constraints": [["x", None]]},
+                           "constraints: Value error, item 0: item 1 is null, not a string")):
+        r = client.post("/v1/translate", json=body)
+        assert r.status_code == 422 and r.json()["error"] == f"invalid request: {problem}", r.json()
+    r = client.post("/v1/translate", json={"text": ["a"], **{f"key{i}": 1 for i in range(MAX_ERRORS_SHOWN + 5)}})
+    assert r.status_code == 422 and r.json()["error"].endswith("; and 5 more")
+    assert len(r.json()["detail"]) == MAX_ERRORS_SHOWN
+
+
+def test_query_parameters_and_unreadable_numbers_are_refused(client, translator):
+    """`?nbest=2` was dropped without a word (a misspelt key in the body is refused); a number of more digits
+    than Python reads was called malformed JSON."""
+    r = client.post("/v1/translate?scores=true&nbest=2", json={"text": ["a"]})
+    assert r.status_code == 422 and r.json()["error"].startswith("query parameters are not read (nbest, scores)")
+    for path, body in (("/v1/score", {"text": ["a"], "translation": ["b"]}), ("/v1/attention", {"text": "a"})):
+        assert client.post(path + "?alpha=1", json=body).status_code == 422
+    with TestClient(create_app(translator, Limits())) as big:  # the client's body limit is 4,096 bytes
+        r = big.post("/v1/translate", content=b'{"text": ["a"], "beam": ' + b"9" * 5000 + b"}",
+                     headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"] == "the body holds a number of more than 4,300 digits"
 
 
 def test_a_body_not_sent_as_json_is_told_so(client):
@@ -549,6 +604,10 @@ def test_health_is_503_once_decoding_has_stopped(translator, monkeypatch):
         assert health.status_code == 503 and health.json()["status"] == "error"
         assert "RuntimeError: a bug" in health.json()["worker_failures"][-1]
         assert c.post("/v1/translate", json={"text": ["A dog."]}).status_code == 503
+        # a request with nothing to decode was answered 200, as if the server worked
+        for path, body in (("/v1/translate", {"text": [""]}), ("/v1/translate", {"text": []}),
+                           ("/v1/score", {"text": [], "translation": []})):
+            assert c.post(path, json=body).status_code == 503, body
         # attention runs on the model thread, not through the stopped worker: it answered 200 still
         attention = c.post("/v1/attention", json={"text": "A dog."})
         assert attention.status_code == 503 and attention.json()["error"].startswith("decoding has stopped after")

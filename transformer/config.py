@@ -212,8 +212,9 @@ class ServeLimits:
     max_attention_pieces: int = _limit(128, "pieces per side of an attention request (422 beyond)")
     max_attention_queued: int = _limit(2, "attention requests in progress at once; beyond, 503")
     max_connections: int = _limit(128, "connections open at once; a request on one beyond gets 503")
-    request_timeout: float = _limit(20.0, "seconds for a request's headers and body to arrive, else the "
-                                          "connection is closed (slow or stalled clients hold nothing)")
+    request_timeout: float = _limit(20.0, "seconds for a request's headers and body to arrive, and for an answer "
+                                          "to move once writing it has stalled, else the connection is closed "
+                                          "(slow or stalled clients hold nothing)")
     batching: bool = True  # False: one request at a time (what the load benchmark compares against)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,7 @@
 """`transformer serve`: an HTTP API and a web page for a trained run (FastAPI + uvicorn).
 
-Requests from all clients are batched together: a request waits at most ``max_wait_ms`` for others
-to join it, and a batch holds at most ``max_batch_tokens`` source tokens x beam (the memory bound);
+Requests from all clients are batched together, those of the same settings in one batch: a request waits
+at most ``max_wait_ms`` for others to join it, and a batch holds at most ``max_batch_tokens`` source tokens x beam (the memory bound);
 one worker thread runs the model, so torch's own threads are never oversubscribed and a slow or
 bad request cannot stall the event loop.
 
@@ -19,7 +19,8 @@ request (attention too) answers 503 and /health says why. Every error is JSON, {
 body too large, 422 too many sentences / too long a sentence / a beam over the limit / options that do not
 combine or a value out of range (``request.DecodeRequest.verify``, the same table as the command line's) / a
 wrong type or unknown key / a lone surrogate in a string (the line names the field), 400 malformed JSON, 500
-anything that fails while answering. A request must arrive whole within ``request_timeout`` seconds, else its
+anything that fails while answering. A request must arrive whole within ``request_timeout`` seconds, and an
+answer whose writing has stalled (a client that reads nothing) must move again within as long, else its
 connection is closed, so slow or stalled clients (slowloris) cannot hold connections for ever;
 tests/reliability/test_server_abuse.py checks all of this against a real server.
 """
@@ -36,6 +37,7 @@ import json
 import logging
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -47,7 +49,7 @@ from typing import Annotated
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from .config import ConfigError, ServeLimits as Limits
@@ -60,6 +62,7 @@ from .translator import Translator
 # seconds a stopping server waits for the connections still open (a client that stalled in its request's body
 # held a SIGTERM for the whole --request-timeout); decoding stops at once, and what waits is answered 503
 SHUTDOWN_GRACE_S = 5
+MAX_ERRORS_SHOWN = 10  # of an invalid request's problems, in its answer (the count of the others after them)
 MAX_RESTARTS = 3  # restarts of a failed decoding worker; the failure after them stops decoding, and the server says so
 
 
@@ -75,13 +78,35 @@ def _unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_unicode)]
+_JSON_KINDS = {str: "a string", bool: "true or false", int: "a number", float: "a number", type(None): "null", list: "an array",
+               dict: "an object"}
+
+
+def _all_strings(value: object, depth: int = 1) -> object:
+    """A list of strings (``depth`` 2: of lists of strings) refused at its first item of another kind, in one
+    problem: item by item, a list of 340,000 numbers took the server 3 s and answered 38 MB of problems."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if depth > 1 and isinstance(item, list):
+                try:
+                    _all_strings(item, depth - 1)
+                except ValueError as e:
+                    raise ValueError(f"item {i}: {e}") from None
+            elif depth > 1 or not isinstance(item, str):
+                wanted = "an array of strings" if depth > 1 else "a string"
+                raise ValueError(f"item {i} is {_JSON_KINDS.get(type(item), type(item).__name__)}, not {wanted}")
+    return value
+
+
+Texts = Annotated[list[Text], BeforeValidator(_all_strings)]
+Phrases = Annotated[list[list[Text]], BeforeValidator(lambda value: _all_strings(value, depth=2))]
 
 
 class TranslateRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")  # "beam": true or "4", or a misspelt key: 422
 
     # the fields of a request.DecodeRequest, checked there (its table of options, spelt as the API spells them)
-    text: list[Text] = Field(description="sentences to translate, one output per input")
+    text: Texts = Field(description="sentences to translate, one output per input")
     beam: int | None = Field(None, description="beam size (default: the run's, 4 in the paper §6.1); 1 = greedy")
     alpha: float | None = Field(None, description="GNMT length penalty α >= 0 (default: the run's, 0.6 in §6.1)")
     nbest: int | None = Field(None, description="also answer the nbest (<= beam) best hypotheses of each "
@@ -92,10 +117,10 @@ class TranslateRequest(BaseModel):
     alignment: bool = Field(False, description="also answer each translation's word alignment: 0-based [source "
                                                "word, target word] pairs from the cross-attention (as translate "
                                                "--alignment)")
-    prefix: list[Text] | None = Field(None, description="one target prefix per sentence (\"\": none); each "
-                                                       "translation starts with its prefix")
-    constraints: list[list[Text]] | None = Field(None, description="per sentence, the phrases its translation must "
-                                                                "contain (lexically constrained beam search)")
+    prefix: Texts | None = Field(None, description="one target prefix per sentence (\"\": none); each "
+                                                   "translation starts with its prefix")
+    constraints: Phrases | None = Field(None, description="per sentence, the phrases its translation must "
+                                                          "contain (lexically constrained beam search)")
     sample: bool = Field(False, description="draw the outputs from the model's distribution instead of "
                                             "searching (with nbest: that many draws); not with beam")
     seed: int | None = Field(None, description="sample: the random seed, 0 .. 2^64 - 1 (default 1; same seed, "
@@ -129,8 +154,8 @@ class TranslateResponse(BaseModel):
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    text: list[Text] = Field(description="source sentences")
-    translation: list[Text] = Field(description="their translations to score, one per source sentence")
+    text: Texts = Field(description="source sentences")
+    translation: Texts = Field(description="their translations to score, one per source sentence")
     alpha: float | None = Field(None, description="GNMT length penalty α >= 0 of the score")
     length_norm: str | None = Field(None, description="what log P is divided by, as translate's \"length_norm\": "
                                                       "\"gnmt\" or \"length\"; default: the run's")
@@ -194,7 +219,10 @@ class Batcher:
         self.batches = self.requests = self.dropped = self.shed = self.timed_out = 0
         self.failures: list[str] = []  # why the worker died, each time
         self.alive = True  # False once supervise has given up restarting the worker
-        self.current: list[_Pending] = []  # taken from the queue by the worker, not yet answered
+        self.current: list[_Pending] = []  # the batch the worker decodes: taken from the queue, not yet answered
+        # taken from the queue by the worker but in no batch yet (another job's than the batch's, or past its token
+        # bound), in the order they came: they lead the next batches, and count as queued until then
+        self.waiting: list[_Pending] = []
         self.lock = threading.Lock()  # a request's started / abandoned flags, set from two threads
         self.stopping = False  # the server is shutting down: what is decoding stops at its next batch
 
@@ -259,7 +287,7 @@ class Batcher:
         return pending.future.result()
 
     def _take(self, pending: _Pending) -> bool:
-        """Counts ``pending`` out of the queue; whether it is still to be decoded."""
+        """Counts ``pending`` out of the queue (into a batch, or dropped); whether it is still to be decoded."""
         self.queued -= len(pending.lines)
         if pending.abandoned or pending.future.done():
             self.dropped += 1
@@ -267,32 +295,48 @@ class Batcher:
         return True
 
     async def run(self) -> None:
-        held: _Pending | None = None  # a request that did not fit the previous batch
         while True:
-            first = held or await self.queue.get()
-            if held is None and not self._take(first):
+            if not self.waiting:
+                self.waiting.append(await self.queue.get())
+            first = self.waiting.pop(0)  # the request that has waited longest
+            if not self._take(first):
                 continue
-            held, batch = None, [first]
-            self.current = [first]  # taken from the queue, not yet answered: failed if the worker dies
-            budget = self.limits.max_batch_tokens - first.tokens
+            batch, budget, full = [first], self.limits.max_batch_tokens - first.tokens, False
+            self.current = batch  # taken from the queue, not yet answered: failed if the worker dies
+
+            def join(nxt: _Pending) -> bool:
+                """``nxt`` into the batch if it is of the batch's job and fits (a request of another job waits
+                for a batch of its own, and those of this job behind it join this one: one request of other
+                settings in a stream of the same ones broke every batch in two); whether the batch is full."""
+                nonlocal budget
+                if nxt.job != first.job:
+                    self.waiting.append(nxt)
+                    return False
+                if nxt.tokens > budget:
+                    self.waiting.append(nxt)
+                    return True
+                if self._take(nxt):
+                    batch.append(nxt)
+                    budget -= nxt.tokens
+                return False
+
+            if self.limits.batching:
+                waited, self.waiting = self.waiting, []
+                for i, nxt in enumerate(waited):  # in the order they came, as far as the batch has room
+                    if full := join(nxt):
+                        self.waiting.extend(waited[i + 1:])
+                        break
             deadline = time.monotonic() + self.limits.max_wait_ms / 1000
-            while self.limits.batching:
+            while self.limits.batching and not full:
                 try:
                     nxt = await asyncio.wait_for(self.queue.get(), max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
                     break
-                if not self._take(nxt):
-                    continue
-                self.current.append(nxt)
-                if nxt.job != first.job or nxt.tokens > budget:
-                    held = nxt
-                    break
-                batch.append(nxt)
-                budget -= nxt.tokens
+                full = join(nxt)
             batch = [p for p in batch if not p.abandoned]  # gone while the batch was filling
             if batch:
                 await self._decode(batch)
-            self.current = [held] if held else []
+            self.current = []
 
     async def _decode(self, batch: list[_Pending]) -> None:
         job = batch[0].job
@@ -362,14 +406,13 @@ class Batcher:
                 self.failures.append(f"{type(e).__name__}: {e}")
                 failure = LimitError(500, f"the decoding worker failed ({self.failures[-1]}); it is restarted")
                 while not self.queue.empty():
-                    p = self.queue.get_nowait()
+                    self.waiting.append(self.queue.get_nowait())
+                for p in self.waiting:
                     self.queued -= len(p.lines)
+                for p in self.current + self.waiting:  # never answered
                     if not p.future.done():
                         p.future.set_exception(failure)
-                for p in self.current:  # taken from the queue, never answered
-                    if not p.future.done():
-                        p.future.set_exception(failure)
-                self.current = []
+                self.current, self.waiting = [], []
                 if len(self.failures) > MAX_RESTARTS:
                     self.alive = False
                     return
@@ -441,6 +484,14 @@ def _answerable(e: Exception, doing: str = "decoding") -> LimitError:
     return LimitError(500, f"{doing} failed: {type(e).__name__}: {first}")
 
 
+def _no_query(request: Request) -> None:
+    """422 for a query string on an endpoint that reads its options from the body: `?nbest=2` was dropped
+    without a word, while a misspelt key in the body is refused."""
+    if request.query_params:
+        raise LimitError(422, f"query parameters are not read ({', '.join(sorted(set(request.query_params)))}): "
+                              "send every option in the JSON body")
+
+
 def _check_chars(limits: Limits, text: str, where: str) -> None:
     if len(text) > limits.max_chars:
         raise LimitError(422, f"{where}: {len(text)} characters, more than the limit of {limits.max_chars}")
@@ -509,8 +560,11 @@ def _answer(req: TranslateRequest, found: list[list[tuple]]) -> TranslateRespons
 
 async def _queued(batcher: Batcher, request: Request, lines: list[str], job: Job,
                   extra: dict[str, list] | None) -> list:
-    """``batcher``'s results for ``lines`` (none to decode: none), dropped if the client goes away first."""
+    """``batcher``'s results for ``lines`` (none to decode: none, unless the server is stopping or decoding has
+    stopped: the 503 every request gets), dropped if the client goes away first."""
     if not lines:
+        if (refusal := batcher.refusal()) is not None:
+            raise refusal
         return []
     # once the body is read, the next message from the client is its leaving (http.disconnect)
     gone = asyncio.ensure_future(request.receive())
@@ -588,11 +642,14 @@ def _answer_errors_in_json(app: FastAPI) -> None:
             return JSONResponse({"error": "malformed JSON: " + errors[0].get("msg", "")}, status_code=400)
         if [(e.get("type"), tuple(e.get("loc", ()))) for e in errors] == [("missing", ("body",))]:
             return JSONResponse({"error": "malformed JSON: the body is empty (send a JSON object)"}, status_code=400)
+        # the first few: a list of 500,000 numbers sent as "text" was answered with 56 MB of errors, one a number
+        shown = errors[:MAX_ERRORS_SHOWN]
         detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]), "problem": e.get("msg", "")}
-                  for e in errors]
+                  for e in shown]
         # the one line names each field and its problem (a client, or the web page, shows only the line)
         line = " ".join("; ".join(f"{d['field'] or 'body'}: {d['problem']}" for d in detail).split())
-        return JSONResponse({"error": f"invalid request: {line}", "detail": detail}, status_code=422)
+        more = f"; and {len(errors) - len(shown):,} more" if len(errors) > len(shown) else ""
+        return JSONResponse({"error": f"invalid request: {line}{more}", "detail": detail}, status_code=422)
 
     @app.exception_handler(LimitError)
     async def limited(request: Request, exc: LimitError) -> JSONResponse:
@@ -602,6 +659,9 @@ def _answer_errors_in_json(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # FastAPI's, raised from
+            if type(exc.__cause__) is ValueError:  # JSON, but Python reads no integer of more digits
+                return JSONResponse({"error": f"the body holds a number of more than {sys.get_int_max_str_digits():,} "
+                                              "digits"}, status_code=400)
             why = {UnicodeDecodeError: "is not UTF-8 text", RecursionError: "nests arrays or objects too deeply"}.get(
                 type(exc.__cause__), "cannot be read")  # what json.loads raised
             return JSONResponse({"error": f"malformed JSON: the body {why}"}, status_code=400)
@@ -639,6 +699,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
         """Translate sentences with beam search (or, with "sample", by drawing from the model); requests
         from all clients with the same settings are decoded together."""
+        _no_query(request)
         _check_translate(req, limits)
         # as sent: the translator strips each, as it does a line of `translate`'s input, and the vocabulary's
         # normalisation makes a line break a space; splitting on Python's whitespace made spaces of characters
@@ -660,6 +721,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     async def score(req: ScoreRequest, request: Request) -> ScoreResponse:
         """Score given translations (forced decoding): the beam's length-normalised score of each and
         its log-probability; queued and batched like translations."""
+        _no_query(request)
         _check_score(req, limits)
         try:
             # the length normalisation too, as `score --length-norm`: a hypothesis of a "length_norm" translation
@@ -678,6 +740,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         """Every layer's attention weights for one sentence pair, in the compact form the page draws:
         {"translation", "src", "tgt_in", "tgt_out", "scale", "shape": {kind: [L, H, Tq, Tk]},
         "weights": {kind: flat integers}}; weight = integer / scale (figures.AttentionMaps.to_json)."""
+        _no_query(request)
         _check_chars(limits, req.text, "text")
         if req.translation is not None:
             _check_chars(limits, req.translation, "translation")
@@ -727,6 +790,11 @@ def deadline_protocol(seconds: float, max_connections: int) -> type:
     and buffers for ever. Decoding time does not count. Always h11: uvicorn's httptools protocol, picked
     when httptools is installed, would need its own version.
 
+    The answer has a deadline of its own: a client that stops reading (pipelined requests whose answers
+    fill the socket's buffers) is cut off once writing has stalled for ``seconds``; else it held its
+    connection for as long as it stayed open, and as many such clients as ``max_connections`` locked
+    everyone else out.
+
     A connection opened while ``max_connections`` others are open gets 503 for its request (read whole,
     so the client sees the answer) and is closed; the earlier ones are served. uvicorn's own
     limit_concurrency counts at request time, so a burst of connections would refuse them all."""
@@ -737,6 +805,7 @@ def deadline_protocol(seconds: float, max_connections: int) -> type:
 
     class DeadlineH11Protocol(H11Protocol):
         deadline: asyncio.TimerHandle | None = None
+        stalled: asyncio.TimerHandle | None = None  # the answer's: writing has paused (the client reads nothing)
 
         def connection_made(self, transport: asyncio.Transport) -> None:
             super().connection_made(transport)
@@ -753,9 +822,24 @@ def deadline_protocol(seconds: float, max_connections: int) -> type:
             if self.conn.their_state not in waiting:
                 self._stop()
 
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self.stalled is None:
+                self.stalled = self.loop.call_later(seconds, self.transport.abort)  # close() would flush first
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._resumed()
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop()
+            self._resumed()
             super().connection_lost(exc)
+
+        def _resumed(self) -> None:
+            if self.stalled is not None:
+                self.stalled.cancel()
+                self.stalled = None
 
         def _start(self) -> None:
             self._stop()

@@ -288,6 +288,27 @@ def slow_clients(server: Server) -> None:
     assert max(closes) - opened < 2 * REQUEST_TIMEOUT  # trickling a byte every 0.2 s would take 30 s
 
 
+def test_a_client_that_reads_none_of_its_answers_is_cut_off(server, ledger):
+    """Pipelined requests whose answers the client never reads: the server's writes stall in the socket's
+    buffers, and the connection was held for as long as the client kept it open (the request deadline
+    stopped with the request read); 128 such clients locked everyone out. Cut off once writing has stalled
+    for the request timeout: read afterwards, far fewer than the answers asked for ever arrive."""
+    asked = 2000
+    with ledger.damage("client reading none of its pipelined answers"):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once: the server must wait
+        sock.settimeout(3 * REQUEST_TIMEOUT)
+        with sock:
+            sock.connect(("127.0.0.1", server.port))
+            with contextlib.suppress(OSError):
+                sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * asked)
+            time.sleep(2 * REQUEST_TIMEOUT)  # reading nothing meanwhile
+            assert httpx.get(server.url + "/health", timeout=60).json()["status"] == "ok"
+            data, _ = read_until_closed(sock)
+        assert data.count(b"HTTP/1.1 200") < asked // 2  # an RST may drop what was buffered: none, too
+        assert_still_correct(server)
+
+
 def test_a_hundred_concurrent_clients_each_get_their_own_translation(server, multi30k, fuzz_translator):
     """100 clients at once, one sentence each: all 200, each with its own sentence's translation
     (decoded in shared batches on the server, one by one in the expectation)."""
