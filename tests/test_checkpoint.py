@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from transformer import checkpoint as ck
-from transformer.checkpoint import (FORMAT, CheckpointError, average_checkpoints, checkpoints_to_average,
-                                    latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, write_model)
+from transformer.checkpoint import (FORMAT, CheckpointError, average_checkpoints, checkpoint_record,
+                                    checkpoints_to_average, latest_checkpoint, list_checkpoints, load_checkpoint,
+                                    save_checkpoint, write_model)
 from transformer.config import load_config
 from transformer.train import train
 from transformer.translator import Translator
@@ -575,14 +576,17 @@ def test_epochs_into_is_the_epoch_plus_the_share_of_its_batches_done():
 
 
 def test_a_failed_rewrite_leaves_no_record_vouching_for_the_new_bytes(tmp_path, monkeypatch):
-    """Writing a step again (a run resumed at its end) or a model file again removes the old JSON record before
-    any tensor file is replaced: a write that fails before its record (a full disk) then leaves no checkpoint of
-    that step, not the old record naming the new bytes, which `average` would take and fail to verify."""
+    """Writing a step again (a run resumed at its end) removes the old JSON record before any tensor file is
+    replaced: a write that fails before its record (a full disk) then leaves no checkpoint of that step, not the
+    old record naming the new bytes, which `average` would take and fail to verify. A model file written again
+    (train.keep_best's best.safetensors) keeps its old record until the new one replaces it: a write that fails
+    in the tensors leaves the old pair whole (deleted first, the last best was lost to a full disk), and one that
+    fails in the record, after the tensors took their name, leaves a record that refuses them (its sha256)."""
     save_checkpoint(tmp_path, 5, weights(0), state(0), META, keep_last=3)
     model = write_model(tmp_path / "model.safetensors", weights(0), META)
 
-    def full_disk(path, record):
-        raise OSError(28, "No space left on device", str(path))
+    def full_disk(*args):
+        raise OSError(28, "No space left on device", str(args[0]))
 
     monkeypatch.setattr(ck, "_write_record", full_disk)
     with pytest.raises(OSError):
@@ -590,4 +594,41 @@ def test_a_failed_rewrite_leaves_no_record_vouching_for_the_new_bytes(tmp_path, 
     assert list_checkpoints(tmp_path) == []
     with pytest.raises(OSError):
         write_model(tmp_path / "model.safetensors", weights(1), META)
-    assert not model.exists()
+    with pytest.raises(CheckpointError, match="sha256 mismatch"):
+        load_checkpoint(model)
+    monkeypatch.undo()
+    write_model(tmp_path / "model.safetensors", weights(0), META)
+    monkeypatch.setattr(ck, "_save_file", full_disk)
+    with pytest.raises(OSError):
+        write_model(tmp_path / "model.safetensors", weights(1), META)
+    assert_same(load_checkpoint(model).weights, weights(0))
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+
+
+def test_a_record_under_another_steps_name_is_refused(tmp_path):
+    """Two records swapped (or one copied to a later step's name): averaging took step 50's weights as step 60's
+    and left the real one out, and a resume rewound to it, saying it resumed from step 60."""
+    for step in (50, 60):
+        save(tmp_path, step)
+    a, b = (tmp_path / "checkpoints" / f"step_000000{s}.json" for s in (50, 60))
+    text_a, text_b = a.read_text(), b.read_text()
+    a.write_text(text_b)
+    b.write_text(text_a)
+    with pytest.raises(CheckpointError, match=r"^step_00000060.json: its record is of step 50, not 60 \(renamed"):
+        checkpoint_record(b)
+    with pytest.raises(CheckpointError, match="its record is of step"):
+        checkpoints_to_average(tmp_path, 2)
+
+
+@pytest.mark.parametrize("what", ["a link to nothing", "a file"])
+def test_a_checkpoints_folder_that_is_not_there_is_no_empty_one(tmp_path, what):
+    """checkpoints/ a link to a disk that is not mounted (or a file): taken for a run without checkpoints,
+    `--resume` trained the run anew, over its metrics and best.safetensors."""
+    if what == "a file":
+        (tmp_path / "checkpoints").write_text("x")
+    else:
+        (tmp_path / "checkpoints").symlink_to(tmp_path / "unmounted")
+    with pytest.raises(CheckpointError, match=rf"checkpoints: {what}, not a folder of checkpoints"):
+        list_checkpoints(tmp_path)

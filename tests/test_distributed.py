@@ -527,7 +527,7 @@ def test_a_checkpoint_rank_0_cannot_write_stops_the_others_with_its_message(tmp_
     """)
     assert proc.returncode != 0
     error = (f"error: cannot write the checkpoint of step 2 in {run / 'checkpoints'}: No space left on device; "
-             "earlier checkpoints are intact: make room and --resume")
+             "there is no earlier checkpoint: make room and --resume")
     lines = proc.stderr.splitlines()
     assert error in lines and f"stopped: rank 1 of 2 waited for rank 0, which failed ({error})" in lines, \
         proc.stderr[-3000:]

@@ -692,6 +692,14 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
         shutil.copy(list_checkpoints(old)[0].with_suffix(suffix), elsewhere / f"step{suffix}")
     with pytest.raises(TrainError, match="names no run whose vocabulary it was trained with: put it in its run"):
         train(cfg, tmp_path / "z", quiet=True, init_from=elsewhere / "step.safetensors")
+    # beside another run's spm.model: refused from its record, before the new run folder takes that spm.model (a
+    # corrected retry into the same --out was then refused too, its spm.model "differs")
+    other = tmp_path / "other"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=1", "data.vocab_size=400"]), other, quiet=True)
+    shutil.copy(other / "spm.model", elsewhere / "spm.model")
+    with pytest.raises(TrainError, match=r"step.safetensors: its weights were trained with another vocabulary than"):
+        train(cfg, tmp_path / "z", quiet=True, init_from=elsewhere / "step.safetensors")
+    assert not (tmp_path / "z").exists()
 
 
 SCRIPT = {2: 5.0, 4: 4.0, 6: 4.5, 8: 3.0, 10: 3.5, 12: 3.2, 14: 3.1, 16: 2.0}  # validation NLL by step
@@ -726,6 +734,44 @@ def test_keep_best_keeps_the_best_and_patience_stops(tmp_path, tiny_overrides, s
     assert load_checkpoint(part / "best.safetensors", with_state=False).meta["best"]["step"] == 8
     again = train(load_config("tiny", common), part, resume=True, quiet=True)  # patience is spent: no more steps
     assert again["step"] == 14
+
+
+def test_a_best_newer_than_the_checkpoint_costs_no_patience(tmp_path, tiny_overrides, scripted):
+    """Killed (or the disk full) between best.safetensors of step 8 and its checkpoint: resumed from checkpoint 4,
+    the best of step 8 is taken from the file, and the evaluations replayed until step 8 (4.5, then 3.0, which
+    is not better than itself) counted against the patience: patience 2 stopped the run at step 8 at once. They
+    do not count: it stops where the run never interrupted stops, after step 12."""
+    common = tiny_overrides + ["train.log_every=2", "train.eval_every=2", "train.save_every=4",
+                               'train.keep_best="valid_loss"', "train.patience=2", "train.max_steps=16"]
+    whole = train(load_config("tiny", common), tmp_path / "whole", quiet=True)
+    assert whole["step"] == 12 and whole["best"]["step"] == 8
+    run = tmp_path / "run"
+    train(load_config("tiny", common + ["train.max_steps=10"]), run, quiet=True)
+    for step in (8, 10):
+        for path in (run / "checkpoints").glob(f"step_{step:08d}*"):
+            path.unlink()
+    resumed = train(load_config("tiny", common), run, resume=True, quiet=True)
+    assert resumed["step"] == 12 and resumed["best"] == whole["best"]
+    assert "best valid_loss 3 at step 8 taken from best.safetensors" in (run / "train.log").read_text()
+
+
+def test_a_best_of_another_run_is_not_taken(tmp_path, tiny_overrides, scripted):
+    """best.safetensors copied from a run of another vocabulary (its step newer than the checkpoint) was taken as
+    this run's best: no evaluation of the run beat its value, so the run's own best was never written, and
+    `translate --checkpoint best` refused the file at the end. It is said and left to be replaced."""
+    common = tiny_overrides + ["train.log_every=2", "train.eval_every=2", "train.save_every=4",
+                               'train.keep_best="valid_loss"']
+    run, other = tmp_path / "run", tmp_path / "other"
+    train(load_config("tiny", common + ["train.max_steps=4"]), run, quiet=True)
+    train(load_config("tiny", common + ["train.max_steps=8", "data.vocab_size=400"]), other, quiet=True)
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(other / f"best{suffix}", run / f"best{suffix}")
+    resumed = train(load_config("tiny", common + ["train.max_steps=8"]), run, resume=True, quiet=True)
+    assert resumed["best"]["step"] == 8
+    best = load_checkpoint(run / "best.safetensors", with_state=False).meta
+    assert best["vocab_sha256"] == Tokenizer(run / "spm.model").sha256 and best["best"]["step"] == 8
+    assert "best.safetensors (best valid_loss 3 at step 8) is of another vocabulary or model than this run's: " \
+           "not taken" in (run / "train.log").read_text()
 
 
 def test_the_best_moves_with_the_checkpoints(tmp_path, tiny_overrides, scripted, monkeypatch):

@@ -82,8 +82,10 @@ def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
         ready[name] = t
     with atomic_path(path) as tmp:
         _save_file(ready, tmp)
-    # Checksummed after the write, from the file itself: what load will verify is what is on disk.
-    return {"name": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
+        # checksummed after the write, from the file itself (what load will verify is what is on disk), before it
+        # takes its name: a record written over goes on naming the old bytes for no longer than a rename
+        entry = {"name": path.name, "sha256": file_sha256(tmp), "bytes": tmp.stat().st_size}
+    return entry
 
 
 def _write_record(json_path: Path, record: dict[str, Any]) -> None:
@@ -112,7 +114,9 @@ def write_model(path: Path, weights: dict[str, Tensor], meta: dict[str, Any]) ->
     meta = _own_meta(meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     json_path = path.with_suffix(".json")
-    json_path.unlink(missing_ok=True)  # overwriting: the old record must not vouch for new bytes
+    # written over (train.keep_best's best.safetensors), the old record stays until the new one replaces it: it
+    # vouches for no new bytes (they are read against its sha256), and a write that fails (a full disk) or is
+    # killed leaves the old pair whole; deleted first, it left the last best unusable for the whole write
     entry = _write_tensors(path, weights)
     _write_record(json_path, {"format": FORMAT, **meta, "files": {"weights": entry}})
     return json_path
@@ -219,9 +223,15 @@ def checkpoint_record(path: Path) -> dict[str, Any]:
     """A checkpoint's JSON record (its config, vocabulary hash, what it was averaged from), its tensors unread."""
     path = Path(path)
     json_path = _json_for(path)
-    return read_record(json_path, CheckpointError, f"{path.name} without its JSON record is an unfinished write, "
-                       "or weights from elsewhere (an export?): not a checkpoint; the record travels with its "
-                       "weights file, copy both", FORMAT, label=json_path.name)
+    record = read_record(json_path, CheckpointError, f"{path.name} without its JSON record is an unfinished write, "
+                         "or weights from elsewhere (an export?): not a checkpoint; the record travels with its "
+                         "weights file, copy both", FORMAT, label=json_path.name)
+    # a training checkpoint is named by its step, and averaging and resuming go by the name: a record copied or
+    # renamed to another step's name was averaged in place of that step's, and a resume rewound to it
+    if (named := _STEP_JSON.fullmatch(json_path.name)) and record.get("step", int(named.group(1))) != int(named.group(1)):
+        raise CheckpointError(f"{json_path.name}: its record is of step {record.get('step')!r}, not "
+                              f"{int(named.group(1))} (renamed or copied from another step's)")
+    return record
 
 
 def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
@@ -269,9 +279,15 @@ def chosen_weights(run_dir: Path, checkpoint: str | Path | None) -> Path | None:
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """The JSON records of a run's training checkpoints, oldest step first."""
+    """The JSON records of a run's training checkpoints, oldest step first. A ``checkpoints`` that is there but
+    no folder (a link to a disk not mounted, a file) is a CheckpointError: taken for none, `--resume` trained
+    the run anew over its metrics and best.safetensors."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     if not ckpt_dir.is_dir():
+        if ckpt_dir.is_symlink() or ckpt_dir.exists():
+            what = "a link to nothing" if not ckpt_dir.exists() else "a file"
+            raise CheckpointError(f"{ckpt_dir}: {what}, not a folder of checkpoints (a link to a disk that is not "
+                                  "mounted?)")
         return []
     found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := _STEP_JSON.fullmatch(p.name))]
     return [p for _, p in sorted(found)]

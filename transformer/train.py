@@ -267,7 +267,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         held.enter_context(files.hold_folder(out, "--out"))
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.toml"
-    has_checkpoints = any((out / "checkpoints").glob("*.json")) if (out / "checkpoints").exists() else False
+    # list_checkpoints refuses a "checkpoints" that is no folder (a link to a disk not mounted), taken for none
+    has_checkpoints = bool(list_checkpoints(out)) or any((out / "checkpoints").glob("*.json"))
     if has_checkpoints and not resume:
         raise TrainError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
     if resume and (found := _saved_config(out, config_path)) is not None:
@@ -403,8 +404,8 @@ def parent_run(init_from: Path) -> Path:
 
 
 def refuse_misfit(init_from: Path, parent: Path, cfg: Config) -> None:
-    """Refuses ``--init-from`` weights whose shapes this config's model does not have, or a run folder with no
-    checkpoint, from the records alone: before the new run folder, its config or vocabulary are written (the
+    """Refuses ``--init-from`` weights whose shapes this config's model does not have, or trained with another
+    vocabulary than the spm.model beside them, or a run folder with no checkpoint, from the records alone: before the new run folder, its config or vocabulary are written (the
     weights themselves are checked as they are loaded, ``Trainer.start_from``)."""
     if init_from.is_dir():
         if not (paths := list_checkpoints(parent)):
@@ -414,6 +415,11 @@ def refuse_misfit(init_from: Path, parent: Path, cfg: Config) -> None:
         record = checkpoint_record(init_from)
     else:
         return
+    # before the run folder takes the parent's spm.model: refused after it, a corrected retry into the same --out
+    # was refused too, its spm.model "differs"
+    vocabulary = parent / "spm.model"
+    if record.get("vocab_sha256") not in (None, files.file_sha256(vocabulary)):
+        raise TrainError(f"--init-from {init_from}: its weights were trained with another vocabulary than {vocabulary}")
     vocab = record.get("vocab_size")
     theirs = config_from_dict(record.get("config"), f"{init_from} (config)")
     if isinstance(vocab, int) and weight_shapes(theirs.model, vocab) != weight_shapes(cfg.model, vocab):
@@ -754,6 +760,7 @@ class Trainer:
         self.optimizer = make_optimizer(self.raw, t)
         self.state = TrainState(world_size=dist.world)
         self.pending_best: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None  # keep_best's, for save()
+        self.replaying_to = 0  # the step of a best taken from best.safetensors on --resume (reconcile_best)
         self.precision = resolved_precision(t.precision, dist.device)
         self.scaler = torch.amp.GradScaler(dist.device.type) if self.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
@@ -887,17 +894,39 @@ class Trainer:
         self.log(f"resumed from {ckpt.path.name} at step {self.state.step}")
 
     def reconcile_best(self) -> None:
-        """A best.safetensors newer than the checkpoint resumed from (killed between the two writes of
-        ``save``): its value and step are the best so far, so no worse model can replace it."""
+        """A best.safetensors newer than the checkpoint resumed from (killed, or the disk full, between the two
+        writes of ``save``; the debris of a write killed midway goes first): its value and step are the best so far, so no worse model can replace it, and the
+        evaluations replayed until that step do not count against train.patience (the run that reached it did not
+        run out of patience before; counted, one resume could stop a run at once). One that is not this run's
+        (another vocabulary or model), or not newer than the checkpoint, is left to be replaced, and said."""
         best, state = self.out / "best.safetensors", self.state
+        for debris in self.out.glob(".best.*.tmp"):  # of a write killed midway (files.atomic_path's names)
+            debris.unlink(missing_ok=True)
         if not self.cfg.train.keep_best or not best.with_suffix(".json").is_file():
             return
-        record = load_checkpoint(best, with_state=False).meta.get("best", {})
-        value = record.get("value")
-        if record.get("metric") == self.cfg.train.keep_best and value is not None and self.improves(value):
-            state.best_value, state.best_step, state.evals_since_best = value, record["step"], 0
-            self.log(f"best {record['metric']} {value:.4g} at step {record['step']} taken from best.safetensors "
-                     "(newer than the checkpoint)")
+        try:
+            meta = load_checkpoint(best, with_state=False).meta
+            model = self.cfg.differences(config_from_dict(meta.get("config"), f"{best} (config)"), "model")
+            # dropout shapes training alone: --allow-config-change may change it
+            foreign = (meta.get("vocab_sha256") != self.run_data.tokenizer.sha256
+                       or any(not change.startswith("model.p_drop") for change in model))
+        except (CheckpointError, ConfigError) as e:
+            self.log(f"{best.name}: {e}; the run's next best replaces it")
+            return
+        record = meta.get("best") if isinstance(meta.get("best"), dict) else {}
+        value, step = record.get("value"), record.get("step")
+        if (record.get("metric") != self.cfg.train.keep_best or not isinstance(value, (int, float))
+                or not isinstance(step, int) or step <= state.step):  # the checkpoint's own best is the newer
+            return
+        if foreign:
+            self.log(f"{best.name} (best {record['metric']} {value:.4g} at step {step}) is of another vocabulary "
+                     "or model than this run's: not taken; the run's next best replaces it")
+            return
+        if self.improves(value):
+            state.best_value, state.best_step, state.evals_since_best = value, step, 0
+            self.replaying_to = step
+            self.log(f"best {record['metric']} {value:.4g} at step {step} taken from {best.name} (newer than the "
+                     "checkpoint)")
 
     def elapsed(self) -> float:
         """Seconds of training, earlier attempts of a resumed run included."""
@@ -961,8 +990,12 @@ class Trainer:
                 self.pending_best = None
             save_checkpoint(self.out, self.state.step, self.raw.state_dict(), tensors, meta, self.cfg.train.keep_last)
         except OSError as e:  # disk full, folder gone or read-only: the earlier checkpoints are intact
+            fix = {errno.ENOSPC: "make room", errno.EDQUOT: "make room", errno.EFBIG: "make room",
+                   errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
+                   errno.EROFS: "make the folder writable"}.get(e.errno, "mend that")
+            kept = "earlier checkpoints are intact" if list_checkpoints(self.out) else "there is no earlier checkpoint"
             raise TrainError(f"cannot write the checkpoint of step {self.state.step} in {self.out / 'checkpoints'}: "
-                             f"{e.strerror or e}; earlier checkpoints are intact: make room and --resume") from None
+                             f"{e.strerror or e}; {kept}: {fix} and --resume") from None
 
     def learning_rate(self, time_used: float, ahead: int = 0) -> float:
         """Eq. (3) for the next step, cooled down over the end of the budget when the config says so.
@@ -1069,6 +1102,8 @@ class Trainer:
                                  dict(self.meta_base, best={"metric": t.keep_best, "step": state.step, "value": value}))
             self.log(f"best {t.keep_best} so far: {value:.4g} at step {state.step} (kept in best.safetensors "
                      "with the next checkpoint)")
+            return
+        if state.step <= self.replaying_to:  # before a best taken from best.safetensors (reconcile_best)
             return
         state.evals_since_best += 1
         if t.patience and state.evals_since_best >= t.patience:
