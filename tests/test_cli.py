@@ -407,6 +407,21 @@ def test_a_command_whose_stderr_cannot_be_written_still_gives_its_results(comman
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 2, done
 
 
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_a_locale_of_another_encoding_neither_fails_nor_hides_a_line(encoding, tiny_run, tmp_path):
+    """Under LANG=de_DE.ISO-8859-1 (or PYTHONIOENCODING), `score --json` met the piece "\u2581" and ended in an
+    internal error, and an error naming a file "\u00fc.txt" was dropped whole (exit 1, no word). stdout writes
+    UTF-8, as the output files do; stderr escapes what its encoding lacks."""
+    env = {**os.environ, "PYTHONIOENCODING": encoding}
+    run = [sys.executable, "-m", "transformer"]
+    scored = subprocess.run([*run, "score", str(tiny_run), "--json"], capture_output=True, env=env, timeout=120,
+                            input="a dog runs .\tein hund läuft .\n".encode())
+    assert scored.returncode == 0 and "\u2581".encode() in scored.stdout, scored.stderr[-2000:]
+    refused = subprocess.run([*run, "translate", str(tiny_run), "--input", str(tmp_path / "\u00fc.txt")],
+                             capture_output=True, env=env, timeout=120)
+    assert refused.returncode == 1 and b"error: " in refused.stderr and b".txt: " in refused.stderr, refused
+
+
 def test_training_started_with_stdout_closed_trains(tiny_overrides, tmp_path):
     """`train ... >&-`: its log lines, train.log's too, have nowhere else to go; the first of them ended training
     with "give --output FILE where the command has it", an option train has not, leaving config.toml behind."""

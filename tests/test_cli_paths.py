@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from transformer.cli import main
+from transformer.data import read_lines
 
 RUN = Path(__file__).parent / "data" / "decode_reference"
 
@@ -56,6 +57,17 @@ def test_preprocess_refuses_a_taken_folder_before_training_a_vocabulary(tmp_path
     refused(capsys, ["preprocess", "tiny", "--out", str(taken), "--set", f'data.train_src="{multi30k / "val.en.gz"}"',
                      "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"'], f"{taken}: already exists and is not empty")
     assert [p.name for p in tmp_path.iterdir()] == ["store"]  # no vocabulary trained beside it
+
+
+def test_preprocess_refuses_files_of_unequal_length_before_training_a_vocabulary(tmp_path, capsys, multi30k):
+    """Line counts that differ were found after the vocabulary was trained and the pairs encoded (hours on WMT);
+    `train` checks them first, and so does preprocess now."""
+    short = tmp_path / "short.de"
+    short.write_text("".join(line + "\n" for line in read_lines(multi30k / "val.de.gz")[:-1]))
+    refused(capsys, ["preprocess", "tiny", "--out", str(tmp_path / "store"), "--set",
+                     f'data.train_src="{multi30k / "val.en.gz"}"', "--set", f'data.train_tgt="{short}"'],
+            "has 1014 lines")  # one line: no "training a joint BPE vocabulary" before it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["short.de"]
 
 
 def test_preprocess_takes_a_run_folder_for_its_vocabulary(tmp_path, capsys, multi30k, tiny_run):
@@ -229,8 +241,11 @@ def test_the_language_moses_tokenizes_as_is_a_language(tmp_path):
 
 def test_attention_of_an_empty_sentence_says_only_that(tmp_path, capsys):
     """It printed "translation: " (the empty line's) before its error."""
-    refused(capsys, ["attention", str(RUN), "--src", " ", "--out", str(tmp_path / "a.png")],
-            "error: the source sentence is empty\n")
+    for blank in (" ", "\u200b \u200e"):  # zero-width characters alone: no piece, and a figure of EOS was drawn
+        refused(capsys, ["attention", str(RUN), "--src", blank, "--out", str(tmp_path / "a.png")],
+                "error: the source sentence is empty\n")
+    refused(capsys, ["attention", str(RUN), "--src", "A dog.", "--tgt", "\u200b", "--out", str(tmp_path / "a.png")],
+            "error: --tgt is empty")
     assert not list(tmp_path.iterdir())
 
 

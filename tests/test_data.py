@@ -60,6 +60,9 @@ def test_crlf_and_final_newline(tmp_path: Path) -> None:
     assert read_lines(f) == [""]
     f.write_bytes(b"")
     assert read_lines(f) == []
+    # files joined by `cat`, each with its mark: sacreBLEU scored "\ufeffEin" as another word than "Ein"
+    f.write_bytes("\ufeffein\n\ufeffzwei\n\ufeff\n".encode())
+    assert read_lines(f) == ["ein", "zwei", ""]
 
 
 def test_unicode_line_separators_stay_inside_the_line(tmp_path: Path) -> None:
@@ -120,6 +123,19 @@ def test_a_pipes_lines_come_as_they_are_written() -> None:
     os.close(write)
     assert read_lines(Path(f"/dev/fd/{read}")) == ["a", "b"]
     os.close(read)
+    # gzip whose first byte comes alone (a slow writer): it was read as text, "invalid UTF-8"
+    read, write = os.pipe()
+    blob = gzip.compress(b"a\nb\n")
+    os.write(write, blob[:1])
+    got = []
+    reader = threading.Thread(target=lambda: got.append(read_lines(Path(f"/dev/fd/{read}"))), daemon=True)
+    reader.start()
+    reader.join(0.5)
+    os.write(write, blob[1:])
+    os.close(write)
+    reader.join(30)
+    os.close(read)
+    assert got == [["a", "b"]]
 
 
 def test_parallel_files_must_have_equal_line_counts(tmp_path: Path) -> None:
@@ -140,6 +156,17 @@ def test_empty_and_overlong_pairs_are_skipped_and_counted() -> None:
     assert (stats.n_pairs, stats.skipped_empty, stats.skipped_long, stats.n_kept) == (6, 2, 2, 2)
     assert examples == [Example([107, 108, 109, EOS_ID], [110, 111, EOS_ID]),
                         Example([107, 108, 109, EOS_ID], [110, 111, 112, EOS_ID])]
+
+
+def test_a_side_with_no_piece_is_empty(tmp_path: Path) -> None:
+    """A side of characters the vocabulary's normalisation removes (zero-width space, BOM, left-to-right mark)
+    was kept by str.strip() and trained on as EOS against a sentence, where `translate` counts such a line as
+    blank; it is empty, and counted so."""
+    tok = Tokenizer.train(["a dog runs", "ein hund läuft"] * 50, tmp_path / "spm.model", 30, 1000)
+    pairs = [("\u200b", "ein hund"), ("a dog", "\u200e\ufeff"), ("a dog", "ein hund"), ("", "")]
+    kept: list[int] = []
+    examples, stats = encode_pairs(pairs, tok, max_len=20, kept=kept)
+    assert (stats.n_pairs, stats.skipped_empty, stats.skipped_long, len(examples), kept) == (4, 3, 0, 1, [2])
 
 
 def test_encode_for_decoding_never_truncates() -> None:

@@ -16,13 +16,17 @@ from transformer.data import (DataError, Example, encode_pairs, iter_lines, make
 
 
 def reference_read_lines(data: bytes) -> list[str]:
-    """The whole-file reader that iter_lines replaced (decoding errors aside), kept as the reference."""
+    """The whole-file reader that iter_lines replaced (decoding errors aside), kept as the reference; a mark at
+    the start of a later line (files joined by `cat`) is removed too."""
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
-    lines = data.decode("utf-8").removeprefix("\ufeff").split("\n")  # a byte-order mark alone: no line
+    text = data.decode("utf-8")
+    if not text.strip("\ufeff"):  # byte-order marks alone: no line
+        return []
+    lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    return [(line[:-1] if line.endswith("\r") else line).lstrip("\ufeff") for line in lines]
 
 
 def reference_make_batches(examples: list[Example], max_tokens: int) -> list[list[int]]:

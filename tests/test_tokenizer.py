@@ -248,3 +248,13 @@ def test_a_character_seen_once_is_a_piece_not_unknown(tmp_path: Path) -> None:
     tokenizer = Tokenizer.train(lines, tmp_path / "spm.model", 40, 1000)
     ids = tokenizer.encode("dvořák")
     assert UNK_ID not in ids and tokenizer.decode(ids) == "dvořák"
+
+
+def test_a_character_seen_only_in_a_long_line_is_a_piece_not_unknown(tmp_path: Path) -> None:
+    """sentencepiece left lines of more than 4,192 bytes out of training without a word (paragraphs, documents):
+    a character seen only in them was unknown, and a text of such lines alone was "unreadable"."""
+    paragraph = " ".join(["die straße ist lang"] * 300)  # 5,999 bytes
+    lines = ["ein hund läuft durch den schnee"] * 400 + [paragraph]
+    tokenizer = Tokenizer.train(lines, tmp_path / "spm.model", 40, 1000)
+    assert UNK_ID not in tokenizer.encode("straße")
+    assert Tokenizer.train([paragraph] * 3, tmp_path / "long.model", 20, 1000).vocab_size == 20

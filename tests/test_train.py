@@ -14,7 +14,7 @@ import torch
 
 from transformer.checkpoint import checkpoint_record, list_checkpoints, load_checkpoint
 from transformer.config import ConfigError, load_config, read_toml
-from transformer.data import DataError, Example, ShapeBuckets, collate, read_lines
+from transformer.data import DataError, Example, ShapeBuckets, collate, read_lines, read_parallel
 from transformer.decode import translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import BOS_ID, Tokenizer
@@ -1424,6 +1424,25 @@ def test_shape_buckets_hold_for_subword_sampled_epochs_across_an_epoch(tmp_path,
 
 def _set(overrides: list[str], key: str, value: Path) -> list[str]:
     return [o for o in overrides if not o.startswith(f"data.{key}=")] + [f'data.{key}="{value}"']
+
+
+def test_dev_bleu_translates_the_validation_pairs_validation_keeps(tmp_path, tiny_overrides, monkeypatch):
+    """Dev BLEU read the validation files again, whole: it translated the pairs the validation loss leaves out (a
+    line too long for memory, which crashed training at its first BLEU; a side of no piece), and a validation file
+    given as a pipe gave nothing the second time (an internal error). It translates the pairs kept, read once."""
+    src = next(Path(o.split("=", 1)[1].strip('"')) for o in tiny_overrides if o.startswith("data.valid_src="))
+    tgt = next(Path(o.split("=", 1)[1].strip('"')) for o in tiny_overrides if o.startswith("data.valid_tgt="))
+    pairs = read_parallel(src, tgt)[:6]
+    pairs[1] = ("a dog " * 100, pairs[1][1])  # longer than data.max_len
+    pairs[3] = (pairs[3][0], "\u200b")  # no piece
+    (tmp_path / "v.en").write_text("".join(s + "\n" for s, _ in pairs))
+    (tmp_path / "v.de").write_text("".join(t + "\n" for _, t in pairs))
+    translated = []
+    monkeypatch.setattr(training, "dev_bleu", lambda model, tok, given, cfg: translated.append(given) or 1.0)
+    overrides = _set(_set(tiny_overrides, "valid_src", tmp_path / "v.en"), "valid_tgt", tmp_path / "v.de")
+    train(load_config("tiny", overrides + ["train.max_steps=2", "train.log_every=2", "train.bleu_every=2",
+                                           "data.max_len=64"]), tmp_path / "run", quiet=True)
+    assert translated == [[pairs[i] for i in (0, 2, 4, 5)]]
 
 
 def test_a_validation_set_without_usable_pairs_is_refused(tmp_path, tiny_overrides):

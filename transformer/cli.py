@@ -12,6 +12,8 @@ SIGPIPE), without a word, when what read the output closed it (`transformer tran
 from __future__ import annotations
 
 import argparse
+import codecs
+import collections
 import contextlib
 import dataclasses
 import errno
@@ -906,6 +908,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     import tempfile
 
     from .config import load_config
+    from .data import iter_parallel
     from .prepare import read_twice, resolve_data_path
     from .store import check_store_folder, write_store
     from .tokenizer import Tokenizer
@@ -924,6 +927,10 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     if tokenizer is None:  # the vocabulary is trained on the text first
         src, tgt = read_twice(src, "data.train_src"), read_twice(tgt, "data.train_tgt")
     check_store_folder(out, args.overwrite)  # before the vocabulary's training, not after it
+    # the two files read through once (line counts, UTF-8), as `train` does before its vocabulary: a mismatch was
+    # found after the vocabulary was trained and the pairs encoded, hours on WMT (a pipe, with --spm, is read once)
+    if src.is_file() and tgt.is_file():
+        collections.deque(iter_parallel(src, tgt), maxlen=0)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         spm = args.spm or Path(tmp) / "spm.model"
@@ -1026,11 +1033,11 @@ def cmd_attention(args: argparse.Namespace) -> None:
         heads = None if args.heads == "all" else [int(h) for h in args.heads.split(",")]
     except ValueError:
         raise FigureError(f"--heads {args.heads!r}: give 'all' or head numbers such as 1,3") from None
-    if args.tgt is not None and not args.tgt.strip():
-        raise FigureError("--tgt is empty: give the target sentence, or leave --tgt out to draw the model's own "
-                          "translation")
     request = _request(args)
     translator, said = _translator(args, request)
+    if args.tgt is not None and translator.blank([args.tgt])[0]:  # no piece: blank, or zero-width spaces alone
+        raise FigureError("--tgt is empty: give the target sentence, or leave --tgt out to draw the model's own "
+                          "translation")
     if args.out.suffix.lower() != ".html":  # --layer and --heads, before any decoding
         m = translator.cfg.model
         chosen_heads(m.n_enc_layers if args.kind == "enc-self" else m.n_dec_layers, m.n_heads, args.layer, heads)
@@ -1354,21 +1361,33 @@ class _Diagnostics:
         return getattr(self.stream, name)
 
 
-def _closed_streams() -> None:
+def _standard_streams() -> None:
     """Stands in for a standard stream the command was started without, or that fails: stderr's lines go
     nowhere, as the user asked (the exit status still tells), and a write to stdout is refused
-    (``_ClosedOutput``)."""
+    (``_ClosedOutput``). Under a locale of another encoding (LANG=de_DE.ISO-8859-1, PYTHONIOENCODING), stdout
+    writes UTF-8, as the output files and every input are (a piece "▁" in `score --json` was an internal
+    error), and stderr escapes what its encoding lacks (its line was dropped whole)."""
     if sys.stderr is None:
         sys.stderr = open(os.devnull, "w", encoding="utf-8")
     if not isinstance(sys.stderr, _Diagnostics):
+        if not _utf8(sys.stderr):
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                sys.stderr.reconfigure(errors="backslashreplace")
         sys.stderr = _Diagnostics(sys.stderr)
     if sys.stdout is None:
         sys.stdout = _ClosedOutput()
+    elif not _utf8(sys.stdout):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            sys.stdout.reconfigure(encoding="utf-8")
+
+
+def _utf8(stream: io.TextIOBase) -> bool:
+    return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name == "utf-8"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    _closed_streams()
+    _standard_streams()
     try:
         # SIGTERM and Ctrl-C said in one line from the first moment: a rank of `train --nproc N` spends its first
         # seconds importing, and its launcher passes a stop signal on to it there too (it printed a traceback)

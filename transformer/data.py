@@ -43,7 +43,7 @@ def iter_lines(path: Path) -> Iterator[str]:
     """Lines of a UTF-8 file, plain or gzip (detected by its magic bytes), split on "\\n" only, streamed.
 
     One trailing "\\r" per line is removed (CRLF files), a byte-order mark is removed from the
-    first line, a final line without "\\n" counts and a trailing "\\n" does not add an empty line.
+    start of a line (the first, or one of files joined by `cat`), a final line without "\\n" counts and a trailing "\\n" does not add an empty line.
     Memory is bounded by the longest line, so corpora of millions of lines (§5.1: 4.5M and 36M
     pairs) are read without holding them; a pipe's or a terminal's lines come as they are written.
     Binary line iteration splits on b"\\n" alone, which is what keeps U+2028, U+0085 and form feeds
@@ -65,7 +65,9 @@ def iter_lines(path: Path) -> Iterator[str]:
             head = f.peek(2)[:2]
         except OSError as e:
             raise DataError(f"{name}: cannot read ({e.strerror})") from None
-        zipped = head == b"\x1f\x8b"
+        # a pipe may give its first byte alone (a slow writer: `(head -c1; sleep 9; ...)`), and no text starts with
+        # gzip's first, 0x1f: read as text, a gzip stream was "invalid UTF-8"
+        zipped = head[:1] == b"\x1f" and head[1:2] in (b"\x8b", b"")
         stream = gzip.GzipFile(fileobj=f, mode="rb") if zipped else f
         try:
             for n, data in enumerate(stream, 1):
@@ -74,9 +76,12 @@ def iter_lines(path: Path) -> Iterator[str]:
                 except UnicodeDecodeError as e:
                     raise DataError(f"{name}:{n}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column "
                                     f"{e.start + 1}); the file must be UTF-8 text") from None
-                if n == 1 and line.startswith("\ufeff"):
-                    line = line[1:]  # a UTF-8 byte-order mark is not part of the first sentence
-                    if not line:  # nor a line: a file of the mark alone holds none, as an empty file
+                if line.startswith("\ufeff"):
+                    # a UTF-8 byte-order mark is not part of the sentence: the first line's, or a later line's in
+                    # files joined by `cat` (the model's vocabulary removes it, but sacreBLEU scored "\ufeffEin"
+                    # against "Ein" as another word)
+                    line = line.lstrip("\ufeff")
+                    if n == 1 and not line:  # nor a line: a file of the mark alone holds none, as an empty file
                         return
                 line = line[:-1] if line.endswith("\n") else line
                 line = line[:-1] if line.endswith("\r") else line
@@ -141,19 +146,26 @@ class EncodeStats:
         return self.n_pairs - self.skipped_empty - self.skipped_long
 
 
-def encode_pairs(pairs: list[tuple[str, str]], tokenizer: _Encoder,
-                 max_len: int) -> tuple[list[Example], EncodeStats]:
+def encode_pairs(pairs: list[tuple[str, str]], tokenizer: _Encoder, max_len: int,
+                 kept: list[int] | None = None) -> tuple[list[Example], EncodeStats]:
     """Training examples: ids + EOS per side; empty and over-long pairs are dropped and counted.
 
-    A10: pairs longer than max_len on either side are dropped, not truncated; a truncated target
-    would teach the model to stop mid-sentence.
+    A side is empty when it has no piece: blank, or only characters the vocabulary's normalisation removes (a
+    zero-width space), as `translate` counts a blank line; stripped alone, such pairs were trained on, EOS
+    against a sentence. A10: pairs longer than max_len on either side are dropped, not truncated; a truncated
+    target would teach the model to stop mid-sentence. ``kept``: the indices of the pairs kept are appended to it.
     """
-    kept = [(s.strip(), t.strip()) for s, t in pairs if s.strip() and t.strip()]
-    src_ids = tokenizer.encode_batch([s for s, _ in kept])
-    tgt_ids = tokenizer.encode_batch([t for _, t in kept])
-    examples = [Example(s + [EOS_ID], t + [EOS_ID]) for s, t in zip(src_ids, tgt_ids)
-                if len(s) < max_len and len(t) < max_len]  # + EOS <= max_len
-    return examples, EncodeStats(len(pairs), len(pairs) - len(kept), len(kept) - len(examples))
+    src_ids = tokenizer.encode_batch([s.strip() for s, _ in pairs])
+    tgt_ids = tokenizer.encode_batch([t.strip() for _, t in pairs])
+    examples, empty = [], 0
+    for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
+        if not s or not t:
+            empty += 1
+        elif len(s) < max_len and len(t) < max_len:  # + EOS <= max_len
+            examples.append(Example(s + [EOS_ID], t + [EOS_ID]))
+            if kept is not None:
+                kept.append(i)
+    return examples, EncodeStats(len(pairs), empty, len(pairs) - empty - len(examples))
 
 
 def encode_for_decoding(texts: list[str], tokenizer: _Encoder) -> list[list[int]]:

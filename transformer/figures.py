@@ -97,10 +97,10 @@ def _word_groups(tokens: list[str]) -> tuple[list[str], list[list[int]]]:
 def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
     """Every layer's attention weights for ``src`` and ``tgt``, teacher-forced in one pass (the
     model's own translation gives what it attended to while translating)."""
-    if not src.strip():
-        raise FigureError("the source sentence is empty")
     tok = translator.tokenizer
-    src_ids = tok.encode(src.strip()) + [EOS_ID]
+    if not (src_ids := tok.encode(src.strip())):  # no piece: blank, or zero-width spaces alone (Translator.blank)
+        raise FigureError("the source sentence is empty")
+    src_ids = src_ids + [EOS_ID]
     tgt_ids = tok.encode(tgt.strip())
     model = translator.model
     with torch.inference_mode(), record_attention(model) as records:

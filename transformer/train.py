@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import functools
 import json
 import math
 import os
@@ -164,6 +163,9 @@ class Run:
     tokenizer: Tokenizer
     train: list[Example] | TokenStore  # anything indexable by example, giving an Example
     valid: list[Example]
+    # the text of the validation pairs kept, as read once: dev BLEU translates those (read again, it translated
+    # the pairs validation leaves out, a line too long for memory among them, and a pipe gave nothing the second time)
+    valid_text: list[tuple[str, str]]
     batches: list[list[int]]
     sampled: SampledEpochs | None = None  # data.subword_alpha > 0: each epoch's own examples and batches
     # the sha256 of the training text's files, recorded in every checkpoint: a file changed in place since (the
@@ -355,7 +357,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     # DEVIATION(§5.1, A10): the authors' evaluation dropped no pair by length; here the training pairs' bound
     # holds for validation too: one stray long line would take memory and time with the
     # square of its length at every validation, and a learned position table (row E) has no rows beyond it
-    valid, stats = encode_pairs(read_parallel(data["valid_src"], data["valid_tgt"]), tokenizer, d.max_len)
+    valid_pairs, kept = read_parallel(data["valid_src"], data["valid_tgt"]), []
+    valid, stats = encode_pairs(valid_pairs, tokenizer, d.max_len, kept)
     log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
         f"{stats.skipped_long} longer than {d.max_len} pieces")
     if not valid:
@@ -376,7 +379,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         sampled = SampledEpochs(train_src, train_tgt, tokenizer.path, d.subword_alpha, cfg.train.seed, d.max_len,
                                 cfg.train.max_tokens, buckets)
     text = None if d.train_store else {name: files.file_sha256(data[name]) for name in ("train_src", "train_tgt")}
-    return Run(cfg, out, tokenizer, train, valid, batches, sampled, text)
+    return Run(cfg, out, tokenizer, train, valid, [valid_pairs[i] for i in kept], batches, sampled, text)
 
 
 def parent_run(init_from: Path) -> Path:
@@ -798,8 +801,6 @@ class Trainer:
         if self.batches_then:  # batched otherwise since the checkpoint: the same share of the epoch is done
             done = round(self.state.batch_in_epoch * len(self.epoch_order) / self.batches_then)
             self.state.batch_in_epoch = min(done, len(self.epoch_order))
-        valid = (cfg.data.valid_src, cfg.data.valid_tgt)
-        self.bleu_pairs = functools.cache(lambda: read_parallel(*map(resolve_data_path, valid))[:t.bleu_sentences])
 
     def start_from(self, init_from: Path, parent: Path) -> dict[str, Any]:
         """Loads the weights ``init_from`` names (fine-tuning); what the run's records say it started from."""
@@ -1136,7 +1137,8 @@ class Trainer:
         if self.ends(t.eval_every):
             rec.update(self.evaluate())
         if self.bleu_due():
-            rec["valid_bleu"] = dev_bleu(self.raw, self.run_data.tokenizer, self.bleu_pairs(), self.cfg)
+            rec["valid_bleu"] = dev_bleu(self.raw, self.run_data.tokenizer, self.run_data.valid_text[:t.bleu_sentences],
+                                         self.cfg)
         evaluated = time.monotonic() - evaluating
         for key, value in rec.items():
             if key not in ("step", "epoch"):
