@@ -7,6 +7,7 @@ import json
 import re
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -632,3 +633,20 @@ def test_a_checkpoints_folder_that_is_not_there_is_no_empty_one(tmp_path, what):
         (tmp_path / "checkpoints").symlink_to(tmp_path / "unmounted")
     with pytest.raises(CheckpointError, match=rf"checkpoints: {what}, not a folder of checkpoints"):
         list_checkpoints(tmp_path)
+
+
+def test_a_checkpoint_of_another_run_is_not_averaged_in(tmp_path, tiny_overrides):
+    """Two runs of one vocabulary and model (another seed): a checkpoint of the second copied into the first's
+    checkpoints/ was averaged in by translate, average and evaluate, without a word. A resumed run keeps its id."""
+    common = tiny_overrides + ["train.save_every=2"]
+    run, other = tmp_path / "run", tmp_path / "other"
+    train(load_config("tiny", common + ["train.max_steps=4"]), run, quiet=True)
+    train(load_config("tiny", common + ["train.max_steps=6"]), run, resume=True, quiet=True)
+    ids = {checkpoint_record(p)["run_id"] for p in list_checkpoints(run)}
+    assert len(ids) == 1
+    train(load_config("tiny", common + ["train.max_steps=8", "train.seed=2"]), other, quiet=True)
+    for path in (other / "checkpoints").glob("step_00000008*"):
+        shutil.copy(path, run / "checkpoints" / path.name)
+    with pytest.raises(CheckpointError, match=r"step_00000008.json: a checkpoint of another run than "
+                                              r"step_00000\d+.json's"):
+        average_checkpoints(checkpoints_to_average(run, 3))

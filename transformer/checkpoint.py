@@ -385,7 +385,8 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
 
     Each tensor is cast back to its own dtype. Non-float tensors are not averaged: they must be
     equal in every file. Files must agree on keys, shapes, vocabulary and the model config (its dropout rates
-    aside: ``_computed``).
+    aside: ``_computed``), and be of one run (its record's run_id, where both have one): another run's checkpoint
+    of the same vocabulary and model, copied into checkpoints/, was averaged in without a word.
     """
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
@@ -398,6 +399,10 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
         name = ckpt.path.name
         if ckpt.meta.get("vocab_sha256") != first.meta.get("vocab_sha256"):
             raise CheckpointError(f"{name}: trained with another vocabulary than {first.path.name}")
+        runs = (first.meta.get("run_id"), ckpt.meta.get("run_id"))
+        if None not in runs and runs[0] != runs[1]:  # the records of before run ids (2026-12-05) have none
+            raise CheckpointError(f"{name}: a checkpoint of another run than {first.path.name}'s (another run_id in its "
+                                  "record: copied into this run's checkpoints?): average the checkpoints of one run")
         theirs = _computed(ckpt.meta, name)
         if differ := [f"model.{k}: {model.get(k)!r} in {first.path.name}, {theirs.get(k)!r} here"
                       for k in sorted(model.keys() | theirs.keys()) if model.get(k) != theirs.get(k)]:

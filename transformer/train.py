@@ -23,6 +23,7 @@ import statistics
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -768,7 +769,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(dist.device.type) if self.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
                           "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size,
-                          "batches_sha256": batches_sha256(self.run_data.batches), "text_sha256": self.run_data.text_sha256}
+                          "batches_sha256": batches_sha256(self.run_data.batches), "text_sha256": self.run_data.text_sha256,
+                          # one run's checkpoints, and only they, are averaged (a resume keeps its checkpoint's)
+                          "run_id": uuid.uuid4().hex}
         if dist.enabled:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         self.saved_on_clock = -1  # the step of the newest checkpoint the save clock wrote (``save``)
@@ -854,6 +857,8 @@ class Trainer:
             self.saved_on_clock = ckpt.meta["step"]
         if "init_from" in ckpt.meta:  # where the run started, in every later record too
             self.meta_base["init_from"] = ckpt.meta["init_from"]
+        if "run_id" in ckpt.meta:  # a checkpoint of before run ids (2026-12-05) has none: the run takes a new one
+            self.meta_base["run_id"] = ckpt.meta["run_id"]
         # the rate is the checkpoint's too: set again at every step, it is what a run resumed at its end records again
         settings = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
         load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
