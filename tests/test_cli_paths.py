@@ -271,6 +271,12 @@ def test_an_input_too_large_for_memory_is_one_line(error, tmp_path, capsys, monk
     assert len(said) == 2 and not out.exists(), said
     if isinstance(error, RuntimeError):
         assert said[-1].startswith("error: out of memory (4,000,016,000,016 bytes at once): "), said
+    # score named no line: "a very long input line"
+    monkeypatch.setattr("transformer.translator.score_ids", too_large)
+    assert main(["score", str(RUN), "--src", str(src), "--tgt", str(src), "--threads", "1"]) == 1
+    said = capsys.readouterr().err.splitlines()
+    assert "scoring input lines 1-3, whose longest is line 2 (2,000,000 characters): shorten or split that line" \
+        in said[-1] and said[-1].startswith("error: out of memory"), said
 
 
 @pytest.mark.parametrize("field, value", [("n_heads", 2), ("ln_eps", 0.9)])

@@ -476,6 +476,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     from .data import DataError, iter_lines, iter_parallel
 
     from .request import DecodeRequest
+    from .translator import naming_the_longest
 
     if (args.src is None) != (args.tgt is None):
         raise ConfigError("give both --src and --tgt, or neither (pairs on stdin as SOURCE<TAB>TARGET)")
@@ -497,7 +498,8 @@ def cmd_score(args: argparse.Namespace) -> None:
     with _line_sink(args.output) as write:
         for chunk in _chunks(pairs, args.src):
             src, tgt = [s for s, _ in chunk], [t for _, t in chunk]
-            scored = translator.score(src, tgt, args.alpha, length_norm=args.length_norm)
+            with naming_the_longest([len(a) + len(b) for a, b in chunk], n, "scoring", "characters", None):
+                scored = translator.score(src, tgt, args.alpha, length_norm=args.length_norm)
             if args.json:
                 write(json.dumps({"score": r.score, "log_prob": r.log_prob,
                                   "tokens": translator.tokenizer.pieces(t.strip()) + ["</s>"],

@@ -189,7 +189,9 @@ class Translator:
                 # blank lines (EOS alone) are answered without decoding, as the server leaves them out: in a
                 # batch they would take its places and draws of the sampling generator from the other lines
                 keep = [i for i, src in enumerate(sources) if len(src) > 1]
-                with torch.inference_mode(), _naming_the_longest(sources, keep, done):
+                kept = set(keep)
+                with torch.inference_mode(), naming_the_longest([len(src) if i in kept else 0
+                                                                  for i, src in enumerate(sources)], done):
                     decoded = decode_ids(self.model, [sources[i] for i in keep], alpha=part.alpha,
                                          length_norm=part.length_norm, max_len_offset=part.max_len_offset,
                                          batch_size=part.batch_size, bar=bar, constraint=self.constraint,
@@ -324,19 +326,21 @@ class Translator:
 
 
 @contextlib.contextmanager
-def _naming_the_longest(sources: list[list[int]], keep: list[int], done: int) -> Iterator[None]:
-    """An allocation the machine cannot make while these lines are decoded (a very long one: attention over it
-    asks for terabytes) as one line that names the longest of them, the line to shorten or split."""
+def naming_the_longest(lengths: list[int], done: int, doing: str = "decoding", unit: str = "pieces",
+                       lower: str | None = "the batch (--batch-size)") -> Iterator[None]:
+    """An allocation the machine cannot make while these lines (input lines ``done`` + 1 on, each of ``lengths``
+    ``unit``; 0: not at work) are worked on (a very long one: attention over it asks for terabytes) as one line
+    that names the longest of them, the line to shorten or split."""
     try:
         yield
     except Exception as e:
-        if (asked := out_of_memory(e)) is None or not keep:
+        if (asked := out_of_memory(e)) is None or not any(lengths):
             raise
-        i = max(keep, key=lambda k: len(sources[k]))
-        raise OutOfMemory(f"out of memory{f' ({asked})' if asked else ''}: more than this machine can give, decoding "
-                          f"input lines {done + 1}-{done + len(sources)}, whose longest is line {done + i + 1} "
-                          f"({len(sources[i]):,} pieces): shorten or split that line, or lower the batch "
-                          "(--batch-size)") from None
+        i = max(range(len(lengths)), key=lengths.__getitem__)
+        raise OutOfMemory(f"out of memory{f' ({asked})' if asked else ''}: more than this machine can give, {doing} "
+                          f"input lines {done + 1}-{done + len(lengths)}, whose longest is line {done + i + 1} "
+                          f"({lengths[i]:,} {unit}): shorten or split that line"
+                          + (f", or lower {lower}" if lower else "")) from None
 
 
 def pieces_after(prefix: list[int], phrase: list[int]) -> int:
