@@ -755,7 +755,7 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     """Labelled bracket precision / recall / F1 of parse trees (EVALB).
 
     Scores --test trees against --gold trees (bracketed, any layout; .mrg files work) as EVALB does with
-    COLLINS.prm.
+    COLLINS.prm, the treebank's unlabelled outermost bracket "( (S ...) )" not counted (as a TOP one is not).
     """
     from .evaluate import score_trees
     from .trees import TreeError, read_normalized

@@ -315,7 +315,9 @@ class Translator:
         P(target | source) and each piece's log-prob (EOS last); ``max_tokens`` target positions at most
         per batch (``decode.score_ids``). An empty source with an empty target scores 0, its EOS certain,
         as ``decode`` answers an empty line: score(line, translate(line)) is translate's score for every line
-        (in fp32; an int8 model's products depend on how many rows a step has: ``model.project``). Empty
+        whose output's pieces are the vocabulary's own segmentation of its text (in fp32; an int8 model's products
+        depend on how many rows a step has: ``model.project``); the text is segmented again here, and an output
+        the beam spelt in other pieces (about 1% of lines) scores lower. Empty
         here and there is blank (``blank``): no piece once the vocabulary's normalisation has run."""
         ids = encode_for_decoding(sources, self.tokenizer)
         target_ids = [self.tokenizer.encode(t.strip()) for t in targets]
