@@ -159,7 +159,7 @@ def test_empty_and_overlong_pairs_are_skipped_and_counted() -> None:
 
 
 def test_a_side_with_no_piece_is_empty(tmp_path: Path) -> None:
-    """A side of characters the vocabulary's normalisation removes (zero-width space, BOM, left-to-right mark)
+    """A side of characters the vocabulary's normalisation makes spaces (zero-width space, BOM, direction mark)
     was kept by str.strip() and trained on as EOS against a sentence, where `translate` counts such a line as
     blank; it is empty, and counted so."""
     tok = Tokenizer.train(["a dog runs", "ein hund läuft"] * 50, tmp_path / "spm.model", 30, 1000)

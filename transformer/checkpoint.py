@@ -228,9 +228,10 @@ def checkpoint_record(path: Path) -> dict[str, Any]:
                          "weights file, copy both", FORMAT, label=json_path.name)
     # a training checkpoint is named by its step, and averaging and resuming go by the name: a record copied or
     # renamed to another step's name was averaged in place of that step's, and a resume rewound to it
-    if (named := _STEP_JSON.fullmatch(json_path.name)) and record.get("step", int(named.group(1))) != int(named.group(1)):
-        raise CheckpointError(f"{json_path.name}: its record is of step {record.get('step')!r}, not "
-                              f"{int(named.group(1))} (renamed or copied from another step's)")
+    named = _STEP_JSON.fullmatch(json_path.name)
+    if named and record.get("step", step := int(named.group(1))) != step:
+        raise CheckpointError(f"{json_path.name}: its record is of step {record['step']!r}, not {step} (renamed or "
+                              "copied from another step's)")
     return record
 
 
@@ -401,8 +402,9 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
             raise CheckpointError(f"{name}: trained with another vocabulary than {first.path.name}")
         runs = (first.meta.get("run_id"), ckpt.meta.get("run_id"))
         if None not in runs and runs[0] != runs[1]:  # the records of before run ids (2026-12-05) have none
-            raise CheckpointError(f"{name}: a checkpoint of another run than {first.path.name}'s (another run_id in its "
-                                  "record: copied into this run's checkpoints?): average the checkpoints of one run")
+            raise CheckpointError(f"{name}: a checkpoint of another run than {first.path.name}'s (another run_id in "
+                                  "its record: copied into this run's checkpoints?): average the checkpoints of one "
+                                  "run")
         theirs = _computed(ckpt.meta, name)
         if differ := [f"model.{k}: {model.get(k)!r} in {first.path.name}, {theirs.get(k)!r} here"
                       for k in sorted(model.keys() | theirs.keys()) if model.get(k) != theirs.get(k)]:

@@ -381,7 +381,7 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
                    "--sample, K draws), best "
                    "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
                    "beam's log P / lp(|Y|); the first of each list is the plain output (with --early-stop top it "
-                   "may be a better one); with --constraints, only hypotheses that meet them (when any does): a "
+                   "may be a better one; with --sample, the best of the draws); with --constraints, only hypotheses that meet them (when any does): a "
                    "list may be shorter, as where a prefix or the length limit leaves fewer")
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' lines: each output with the "
                    "beam's score, log P / lp(|Y|) (not with --nbest, whose lines carry it already)")
@@ -415,7 +415,8 @@ def cmd_translate(args: argparse.Namespace) -> None:
     --sample draws outputs instead of searching, --ensemble decodes with several runs' models together.
     Options that do not combine are refused in one line before any decoding (the table:
     docs/decoding.md). Outputs are written as they are done: up to 10,000 lines at a time from a file, on a
-    pipe the lines that have come (up to 10,000), each line as it is typed at a terminal.
+    pipe the lines that have come (up to 10,000; --sample: whole chunks of 10,000), each line as it is typed at
+    a terminal.
     """
     request = _request(args)
     total = _count_lines(args.input)

@@ -43,7 +43,8 @@ def iter_lines(path: Path) -> Iterator[str]:
     """Lines of a UTF-8 file, plain or gzip (detected by its magic bytes), split on "\\n" only, streamed.
 
     One trailing "\\r" per line is removed (CRLF files), a byte-order mark is removed from the
-    start of a line (the first, or one of files joined by `cat`), a final line without "\\n" counts and a trailing "\\n" does not add an empty line.
+    start of a line (the first, or one of files joined by `cat`), a final line without "\\n" counts and
+    a trailing "\\n" does not add an empty line.
     Memory is bounded by the longest line, so corpora of millions of lines (§5.1: 4.5M and 36M
     pairs) are read without holding them; a pipe's or a terminal's lines come as they are written.
     Binary line iteration splits on b"\\n" alone, which is what keeps U+2028, U+0085 and form feeds
@@ -150,9 +151,9 @@ def encode_pairs(pairs: list[tuple[str, str]], tokenizer: _Encoder, max_len: int
                  kept: list[int] | None = None) -> tuple[list[Example], EncodeStats]:
     """Training examples: ids + EOS per side; empty and over-long pairs are dropped and counted.
 
-    A side is empty when it has no piece: blank, or only characters the vocabulary's normalisation removes (a
-    zero-width space), as `translate` counts a blank line; stripped alone, such pairs were trained on, EOS
-    against a sentence. A10: pairs longer than max_len on either side are dropped, not truncated; a truncated
+    A side is empty when it has no piece: blank, or only characters the vocabulary's normalisation makes
+    spaces (a zero-width space), as `translate` counts a blank line; stripped alone, such pairs were trained
+    on, EOS against a sentence. A10: pairs longer than max_len on either side are dropped, not truncated; a truncated
     target would teach the model to stop mid-sentence. ``kept``: the indices of the pairs kept are appended to it.
     """
     src_ids = tokenizer.encode_batch([s.strip() for s, _ in pairs])

@@ -1,9 +1,9 @@
 """`transformer serve`: an HTTP API and a web page for a trained run (FastAPI + uvicorn).
 
 Requests from all clients are batched together, those of the same settings in one batch: a request waits
-at most ``max_wait_ms`` for others to join it, and a batch holds at most ``max_batch_tokens`` source tokens x beam (the memory bound);
-one worker thread runs the model, so torch's own threads are never oversubscribed and a slow or
-bad request cannot stall the event loop.
+at most ``max_wait_ms`` for others to join it, and a batch holds at most ``max_batch_tokens`` source tokens x
+beam (the memory bound); one worker thread runs the model, so torch's own threads are never oversubscribed
+and a slow or bad request cannot stall the event loop.
 
 No request can take the server down, and the work any one client can cause is bounded: at most
 ``max_queued`` sentences wait for decoding (beyond, 503 with Retry-After at once; a request of more
