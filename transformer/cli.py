@@ -378,11 +378,11 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
     _output(p, "--output", standard=True, help="output file, gzip-compressed when it ends in .gz (default, or -: "
             "stdout)")
     p.add_argument("--nbest", type=int, metavar="K", help="the K best hypotheses of each input (K <= beam; with "
-                   "--sample, K draws), best "
-                   "first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based input line, SCORE the "
-                   "beam's log P / lp(|Y|); the first of each list is the plain output (with --early-stop top it "
-                   "may be a better one; with --sample, the best of the draws); with --constraints, only hypotheses that meet them (when any does): a "
-                   "list may be shorter, as where a prefix or the length limit leaves fewer")
+                   "--sample, K draws), best first, as Moses n-best lines 'ID ||| TEXT ||| SCORE': ID the 0-based "
+                   "input line, SCORE the beam's log P / lp(|Y|); the first of each list is the plain output (with "
+                   "--early-stop top it may be a better one; with --sample, the best of the draws); with "
+                   "--constraints, only hypotheses that meet them (when any does): a list may be shorter, as where a "
+                   "prefix or the length limit leaves fewer")
     p.add_argument("--scores", action="store_true", help="write 'SCORE<TAB>TEXT' lines: each output with the "
                    "beam's score, log P / lp(|Y|) (not with --nbest, whose lines carry it already)")
     p.add_argument("--prefix", type=_beside_input, metavar="FILE", help="one target prefix per input line (empty: "

@@ -78,8 +78,8 @@ def _unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_unicode)]
-_JSON_KINDS = {str: "a string", bool: "true or false", int: "a number", float: "a number", type(None): "null", list: "an array",
-               dict: "an object"}
+_JSON_KINDS = {str: "a string", bool: "true or false", int: "a number", float: "a number", type(None): "null",
+               list: "an array", dict: "an object"}
 
 
 def _all_strings(value: object, depth: int = 1) -> object:
@@ -642,7 +642,7 @@ def _answer_errors_in_json(app: FastAPI) -> None:
             return JSONResponse({"error": "malformed JSON: " + errors[0].get("msg", "")}, status_code=400)
         if [(e.get("type"), tuple(e.get("loc", ()))) for e in errors] == [("missing", ("body",))]:
             return JSONResponse({"error": "malformed JSON: the body is empty (send a JSON object)"}, status_code=400)
-        # the first few: a list of 500,000 numbers sent as "text" was answered with 56 MB of errors, one a number
+        # the first few: a problem in each item of a long list was answered with every one of them (MBs)
         shown = errors[:MAX_ERRORS_SHOWN]
         detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]), "problem": e.get("msg", "")}
                   for e in shown]

@@ -409,8 +409,9 @@ def parent_run(init_from: Path) -> Path:
 
 def refuse_misfit(init_from: Path, parent: Path, cfg: Config) -> None:
     """Refuses ``--init-from`` weights whose shapes this config's model does not have, or trained with another
-    vocabulary than the spm.model beside them, or a run folder with no checkpoint, from the records alone: before the new run folder, its config or vocabulary are written (the
-    weights themselves are checked as they are loaded, ``Trainer.start_from``)."""
+    vocabulary than the spm.model beside them, or a run folder with no checkpoint, from the records alone:
+    before the new run folder, its config or vocabulary are written (the weights themselves are checked as
+    they are loaded, ``Trainer.start_from``)."""
     if init_from.is_dir():
         if not (paths := list_checkpoints(parent)):
             raise TrainError(f"--init-from {init_from}: no checkpoints in {parent / 'checkpoints'}")
@@ -769,7 +770,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(dist.device.type) if self.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
                           "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size,
-                          "batches_sha256": batches_sha256(self.run_data.batches), "text_sha256": self.run_data.text_sha256,
+                          "batches_sha256": batches_sha256(self.run_data.batches),
+                          "text_sha256": self.run_data.text_sha256,
                           # one run's checkpoints, and only they, are averaged (a resume keeps its checkpoint's)
                           "run_id": uuid.uuid4().hex}
         if dist.enabled:
@@ -901,10 +903,11 @@ class Trainer:
 
     def reconcile_best(self) -> None:
         """A best.safetensors newer than the checkpoint resumed from (killed, or the disk full, between the two
-        writes of ``save``; the debris of a write killed midway goes first): its value and step are the best so far, so no worse model can replace it, and the
-        evaluations replayed until that step do not count against train.patience (the run that reached it did not
-        run out of patience before; counted, one resume could stop a run at once). One that is not this run's
-        (another vocabulary or model), or not newer than the checkpoint, is left to be replaced, and said."""
+        writes of ``save``; the debris of a write killed midway goes first): its value and step are the best so
+        far, so no worse model can replace it, and the evaluations replayed until that step do not count against
+        train.patience (the run that reached it did not run out of patience before; counted, one resume could
+        stop a run at once). One that is not this run's (another vocabulary or model), or not newer than the
+        checkpoint, is left to be replaced, and said."""
         best, state = self.out / "best.safetensors", self.state
         for debris in self.out.glob(".best.*.tmp"):  # of a write killed midway (files.atomic_path's names)
             debris.unlink(missing_ok=True)
