@@ -401,10 +401,10 @@ def test_ctrl_c_in_rank_0s_block_is_not_told_as_a_lost_rank(monkeypatch, broadca
     instead of "interrupted". A broadcast that fails otherwise is still the failure."""
     monkeypatch.setenv("WORLD_SIZE", "2")
 
-    def broadcast_object_list(box, src=0, group=None):
+    def outcome(d, failure):
         raise broadcast_error
 
-    monkeypatch.setattr(distributed.torch_dist, "broadcast_object_list", broadcast_object_list)
+    monkeypatch.setattr(distributed, "_rank0_outcome", outcome)
     with pytest.raises(raised):
         with distributed.rank0_alone(distributed.Dist(rank=0, world=2, waits="waits")):
             raise KeyboardInterrupt
@@ -414,14 +414,13 @@ def test_rank_0s_failure_in_work_the_others_wait_for_stops_them_with_its_message
     """Rank 0 sends how its block went; the others, which ran nothing in it, stop with its one line."""
     sent, incoming = [], []
 
-    def broadcast_object_list(box, src=0, group=None):
-        assert src == 0 and group == "waits"
-        if incoming:  # another rank receives what rank 0 sent
-            box[0] = incoming.pop()
-        else:
-            sent.append(box[0])
+    def outcome(d, failure):
+        if not d.main:  # another rank receives what rank 0 sent
+            return incoming.pop()
+        sent.append(failure)
+        return failure
 
-    monkeypatch.setattr(distributed.torch_dist, "broadcast_object_list", broadcast_object_list)
+    monkeypatch.setattr(distributed, "_rank0_outcome", outcome)
     rank0 = distributed.Dist(rank=0, world=2, waits="waits")
     with pytest.raises(TrainError):
         with distributed.rank0_alone(rank0):

@@ -1245,6 +1245,46 @@ def test_each_log_line_names_the_epochs_of_its_own_step(tmp_path, tiny_overrides
     assert [r["epoch"] for r in records] == [round(step / per_epoch, 3) for step in range(1, 6)]
 
 
+def test_each_checkpoint_is_written_once(tmp_path, tiny_overrides, monkeypatch):
+    """A budget that ends on a save_every multiple wrote its last checkpoint twice, the clock's and then the
+    end's (weights and Adam's moments: 2.6 GB for big); resumed at its end, the run wrote it a third time."""
+    written = []
+    real = training.save_checkpoint
+    monkeypatch.setattr(training, "save_checkpoint", lambda run, step, *a, **k: written.append(step) or
+                        real(run, step, *a, **k))
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.save_every=2"])
+    train(cfg, tmp_path / "run", quiet=True)
+    assert written == [2, 4]
+    train(cfg, tmp_path / "run", resume=True, quiet=True)
+    assert written == [2, 4]
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=5", "train.save_every=2"]), tmp_path / "run",
+          resume=True, quiet=True)
+    assert written == [2, 4, 5]  # the budget's end, off the clock
+
+
+def test_an_epoch_the_ranks_finished_stays_finished_on_fewer_ranks(tmp_path, tiny_overrides):
+    """A run of 2 ranks resumed on 1 at an epoch's end: its position was rescaled by world sizes (22 of 22 batches
+    per rank as 44 of the one process's 45), and the epoch's last batch was trained as that epoch's end again,
+    reported, validated and saved twice. The same share of the epoch is done: all of it."""
+    common = tiny_overrides + ['train.interval_unit="epochs"', "train.log_every=1", "train.eval_every=1",
+                               "train.save_every=1"]
+    run = tmp_path / "run"
+    train(load_config("tiny", common + ["train.max_steps=1"]), run, quiet=True)
+    per_epoch = checkpoint_record(list_checkpoints(run)[-1])["train_state"]["epoch_batches"]
+    shutil.rmtree(run)
+    train(load_config("tiny", common + [f"train.max_steps={per_epoch}"]), run, quiet=True)
+    (last,) = [p for p in list_checkpoints(run) if p.stem == f"step_{per_epoch:08d}"]
+    record = json.loads(last.read_text())
+    ranks = (per_epoch - 1) // 2  # each of 2 ranks' share of the epoch, all of it done (floor x 2 < per_epoch)
+    record["train_state"].update(world_size=2, batch_in_epoch=ranks, epoch_batches=ranks)
+    last.write_text(json.dumps(record))
+    train(load_config("tiny", common + [f"train.max_steps={per_epoch + 1}"]), run, resume=True, quiet=True)
+    state = checkpoint_record(list_checkpoints(run)[-1])["train_state"]
+    assert (state["step"], state["epoch"], state["batch_in_epoch"]) == (per_epoch + 1, 1, 1)
+    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [per_epoch,
+                                                                                                        per_epoch + 1]
+
+
 def test_intervals_in_epochs(tmp_path, tiny_overrides):
     """train.interval_unit = "epochs" (fairseq's cadence): log lines, validations (and so patience) and
     checkpoints come at the step that ends an epoch; a checkpoint of the budget's end less than half an

@@ -46,6 +46,7 @@ class Dist:
     # the process group of the host's own values (``all_sum``, ``gather``): a CPU group of its own beside
     # NCCL; None on CPUs, whose default group is gloo's already
     control: object = None
+    timeout_s: float = 300.0  # train.dist_timeout_s: how long a collective waits for the others
 
     @property
     def enabled(self) -> bool:
@@ -76,7 +77,7 @@ def setup(timeout_s: float) -> Dist:
     waits = torch_dist.new_group(backend="gloo", timeout=RANK0_WAIT)
     control = None if device.type == "cpu" else torch_dist.new_group(
         backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    return Dist(torch_dist.get_rank(), world, device, waits, control)
+    return Dist(torch_dist.get_rank(), world, device, waits, control, timeout_s)
 
 
 # How long the other ranks wait for rank 0's own work (vocabulary, encoding, validation, checkpoints):
@@ -98,8 +99,10 @@ def rank0_alone(d: Dist, wait: bool = True) -> Iterator[None]:
         yield
     except BaseException as e:
         if d.main:
+            # a second Ctrl-C or SIGTERM stops rank 0 at once (KeyboardInterrupt, Terminated): not a bug of its work
+            told = summary(e) if isinstance(e, Exception) else "stopped at once by a second stop signal"
             try:
-                _rank0_outcome(d, summary(e))
+                _rank0_outcome(d, told)
             except Exception as told:  # the others gone already (Ctrl-C reaches every rank of the job): the block's
                 if not lost_contact(told):  # own error says why, not the collective that could not tell them
                     raise
@@ -109,10 +112,26 @@ def rank0_alone(d: Dist, wait: bool = True) -> Iterator[None]:
 
 
 def _rank0_outcome(d: Dist, failure: str | None) -> str | None:
-    """Rank 0's ``failure`` (None: none), sent to every rank."""
-    box = [failure]
-    torch_dist.broadcast_object_list(box, src=0, group=d.waits)
-    return box[0]
+    """Rank 0's ``failure`` (None: none), sent to every rank. Rank 0 waits for the others to take it no longer than
+    a collective may (``train.dist_timeout_s``): a rank that hangs held it there for ``RANK0_WAIT``, 24 hours, as
+    gloo's sender waits for every receiver; the others wait for rank 0 as long as its work may take."""
+    text = None if failure is None else failure.encode("utf-8")
+    size = torch.tensor([-1 if text is None else len(text)], dtype=torch.int64)
+    if d.main:
+        sent = [torch_dist.broadcast(size, src=0, group=d.waits, async_op=True)]
+        if text:
+            data = torch.tensor(list(text), dtype=torch.uint8)
+            sent.append(torch_dist.broadcast(data, src=0, group=d.waits, async_op=True))
+        for work in sent:
+            work.wait(timeout=datetime.timedelta(seconds=d.timeout_s))
+        return failure
+    torch_dist.broadcast(size, src=0, group=d.waits)
+    if size.item() < 0:
+        return None
+    data = torch.empty(int(size.item()), dtype=torch.uint8)
+    if data.numel():
+        torch_dist.broadcast(data, src=0, group=d.waits)
+    return bytes(data.tolist()).decode("utf-8")
 
 
 def lost_contact(error: BaseException) -> bool:
@@ -123,7 +142,8 @@ def lost_contact(error: BaseException) -> bool:
         return False
     text = str(error)
     return isinstance(error, torch_dist.DistError) or isinstance(error, RuntimeError) and any(
-        mark in text for mark in ("gloo", "NCCL", "Connection closed by peer", "Connection reset by peer"))
+        mark in text for mark in ("gloo", "NCCL", "Connection closed by peer", "Connection reset by peer",
+                                  "Operation timed out"))  # the last: Work.wait(timeout), _rank0_outcome's
 
 
 def lost_contact_line(error: BaseException) -> str | None:

@@ -777,7 +777,7 @@ class Trainer:
         if dist.enabled:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         self.saved_on_clock = -1  # the step of the newest checkpoint the save clock wrote (``save``)
-        self.batches_then = 0  # a resumed run batched otherwise: its epoch's batches in the checkpoint
+        self.batches_then = 0  # a resumed run batched otherwise, or on other ranks: its epoch's batches then
         self.window_then: Any = None  # the steps of the next log line the checkpoint resumed from kept
         if resume:
             self.resume(allow_config_change)
@@ -803,7 +803,7 @@ class Trainer:
         if t.cuda_graphs and dist.device.type != "cuda":
             self.log(f"train.cuda_graphs: no CUDA graphs on {dist.device.type}; the compiled graphs run as they are")
         self.start_epoch(self.state.epoch)  # with subword sampling, its first segmentation: data preparation, off the clock
-        if self.batches_then:  # batched otherwise since the checkpoint: the same share of the epoch is done
+        if self.batches_then:  # batched otherwise, or on other ranks, since the checkpoint: the same share of the epoch
             done = round(self.state.batch_in_epoch * len(self.epoch_order) / self.batches_then)
             self.state.batch_in_epoch = min(done, len(self.epoch_order))
 
@@ -855,7 +855,7 @@ class Trainer:
                              "--allow-config-change to go on with this text (its data order then differs from an "
                              "uninterrupted run's)")
         self.raw.load_state_dict(ckpt.weights)
-        if ckpt.meta.get("on_clock", True):  # a run resumed at its end writes that checkpoint again, as it was
+        if ckpt.meta.get("on_clock", True):  # a run resumed at its end does not write that checkpoint again
             self.saved_on_clock = ckpt.meta["step"]
         if "init_from" in ckpt.meta:  # where the run started, in every later record too
             self.meta_base["init_from"] = ckpt.meta["init_from"]
@@ -889,8 +889,10 @@ class Trainer:
             # the step, the schedule and Adam's moments continue; the data order cannot
             self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: the position "
                      "in the epoch is rescaled and the batch order and dropout masks differ from an uninterrupted run")
-            if not rebatched:  # else rescaled below, by the epoch's batches then and now
-                self.state.batch_in_epoch = self.state.batch_in_epoch * self.state.world_size // self.dist.world
+            # rescaled as the same share of the epoch's batches then and now (__init__, once the epoch's are drawn):
+            # an epoch the ranks had finished stays finished (by world sizes, 2 ranks' 22 of 22 were 44 of 45, and its
+            # last batch was trained as the end of that epoch again, reported, validated and saved twice)
+            self.batches_then = self.state.epoch_batches
             self.state.world_size = self.dist.world
         if rebatched:
             # a checkpoint before batches were recorded (2026-12-02) was batched by (target, source) length
@@ -1262,7 +1264,10 @@ class Trainer:
             # different moments (a killed launcher's, each within a second), and one stopped by another's took its
             # own here as "terminated", losing the checkpoint and every step since the one before
             saving = True
-            self.save(on_clock=self.saved_on_clock == state.step)  # the budget's end or a signal: off the clock
+            # the budget's end or a signal: off the clock, unless the clock wrote this step's already (it was written
+            # twice, weights and Adam's moments: 2.6 GB for big at every run's end on a save_every multiple)
+            if self.saved_on_clock != state.step:
+                self.save(on_clock=False)
         except KeyboardInterrupt:
             if stop.again is None:  # not StopSignals' (no main thread, say): as it came
                 raise
