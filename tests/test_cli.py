@@ -373,10 +373,12 @@ def test_a_command_started_with_stdout_closed_says_so_in_one_line(args):
 @pytest.mark.parametrize("args, status", [(("--help",), 1), (("translate", "--help"), 1), (("translate",), 2)])
 def test_help_into_a_full_disk_is_a_failure_said_in_one_line(args, status):
     """argparse drops a failed write of its help: `--help > /dev/full` exited 0 with nothing written. A usage error
-    keeps its status (2) when its lines cannot be written either."""
+    keeps its status (2) when its lines cannot be written either. Buffered (no PYTHONUNBUFFERED, as in a user's
+    shell), what the failed flush left in stdout's buffer failed again as Python exited: a second message, 120."""
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     with open("/dev/full", "w") as full:
         done = subprocess.run([sys.executable, "-m", "transformer", *args], stdin=subprocess.DEVNULL, stdout=full,
-                              stderr=subprocess.PIPE if status == 1 else full, text=True, timeout=120)
+                              stderr=subprocess.PIPE if status == 1 else full, text=True, timeout=120, env=buffered)
     assert done.returncode == status
     if status == 1:
         assert done.stderr == "error: No space left on device (writing an output)\n"

@@ -1384,6 +1384,13 @@ def _standard_streams() -> None:
             sys.stdout.reconfigure(encoding="utf-8")
 
 
+def _drop_stdout() -> None:
+    """stdout's descriptor onto /dev/null, once a write to it has failed: the interpreter's last flush of what its
+    buffer kept fails no more (a second message, and exit status 120)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # a stdout of no descriptor: a test's capture
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _utf8(stream: io.TextIOBase) -> bool:
     return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name == "utf-8"
 
@@ -1432,7 +1439,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError as e:
         if not _stdout_gone():
             return internal_error(e, argv)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the interpreter's last flush fails no more
+        _drop_stdout()
         return READER_GONE
     except OSError as e:  # a disk or quota full, a read-only folder, a file not permitted: the user's to fix,
         if e.errno in PATH_OF_ANOTHER_KIND and (e.filename2 or e.filename):  # rename(tmp, dst): dst is in the way
@@ -1442,6 +1449,8 @@ def main(argv: list[str] | None = None) -> int:
         if e.errno not in files.UNWRITABLE:  # wherever the package or a library writes (files.WriteError's kinds)
             return internal_error(e, argv)
         say(f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e.strerror} (writing an output)")
+        if not e.filename:  # stdout's (`--help > /dev/full`): what its buffer kept failed again as Python exited, 120
+            _drop_stdout()
         return 1
     except Exception as e:  # not a UserError: a bug, told apart (internal_error)
         if (asked := out_of_memory(e)) is None:
