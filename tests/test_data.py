@@ -65,6 +65,15 @@ def test_crlf_and_final_newline(tmp_path: Path) -> None:
     assert read_lines(f) == ["ein", "zwei", ""]
 
 
+def test_old_mac_line_endings_are_refused(tmp_path: Path) -> None:
+    f = tmp_path / "mac.txt"
+    f.write_bytes(b"one\rtwo\rthree\r")  # read as one line, three sentences would be translated (or trained) as one
+    with pytest.raises(DataError, match=r"mac.txt: .*old Mac line endings.*tr '\\r' '\\n'"):
+        read_lines(f)
+    f.write_bytes(b"one\rtwo\nthree\r")  # a stray carriage return inside a line of a "\n" file is text, kept
+    assert read_lines(f) == ["one\rtwo", "three"]
+
+
 def test_unicode_line_separators_stay_inside_the_line(tmp_path: Path) -> None:
     text = "a\u2028b\nc\u0085d\ne\x0cf\ng\x1eh\x1di\x0bj\n"
     f = tmp_path / "seps.txt"

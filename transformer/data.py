@@ -44,7 +44,7 @@ def iter_lines(path: Path) -> Iterator[str]:
 
     One trailing "\\r" per line is removed (CRLF files), a byte-order mark is removed from the
     start of a line (the first, or one of files joined by `cat`), a final line without "\\n" counts and
-    a trailing "\\n" does not add an empty line.
+    a trailing "\\n" does not add an empty line. A file of "\\r" endings alone (old Mac) is refused.
     Memory is bounded by the longest line, so corpora of millions of lines (§5.1: 4.5M and 36M
     pairs) are read without holding them; a pipe's or a terminal's lines come as they are written.
     Binary line iteration splits on b"\\n" alone, which is what keeps U+2028, U+0085 and form feeds
@@ -84,8 +84,13 @@ def iter_lines(path: Path) -> Iterator[str]:
                     line = line.lstrip("\ufeff")
                     if n == 1 and not line:  # nor a line: a file of the mark alone holds none, as an empty file
                         return
-                line = line[:-1] if line.endswith("\n") else line
+                ended = line.endswith("\n")
+                line = line[:-1] if ended else line
                 line = line[:-1] if line.endswith("\r") else line
+                if n == 1 and not ended and "\r" in line:
+                    # a file with no "\n" but carriage returns inside: old Mac line endings, all its sentences one line
+                    raise DataError(f"{name}: its lines end in a carriage return alone (old Mac line endings), so it "
+                                    "reads as one line; convert it with tr '\\r' '\\n'")
                 yield line
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
             if zipped:
