@@ -1036,6 +1036,24 @@ def test_a_parse_prefix_that_cannot_start_a_tree_exits_1_with_one_line(tiny_pars
                     "opens, and fits the length limit)"]
 
 
+def test_a_parse_keeps_the_tree_the_beam_wrote_around_words_of_unknown_characters(tiny_parse_run, tmp_path, capsys):
+    """Read back from text, an unknown character stood apart ("Zo\u00eb" came back as "Zo \u2047"): the words no
+    longer lined up with the input's, and the tree the constrained beam wrote was "repaired", its words moved
+    into other constituents and its brackets dropped."""
+    from transformer.trees import PLACEHOLDER, linearize, parse_brackets
+
+    lines = ["Zo\u00eb \u00f1 \u00d8yvind .", "The dog ( \u0416uk ) barked ."]
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
+    assert main(["translate", str(tiny_parse_run), "--input", str(tmp_path / "in.txt"), "--threads", "1"]) == 0
+    written = capsys.readouterr().out.splitlines()
+    assert main(["parse", str(tiny_parse_run), "--input", str(tmp_path / "in.txt"), "--threads", "1"]) == 0
+    trees = [parse_brackets(line)[0] for line in capsys.readouterr().out.splitlines()]
+    for line, tree, raw in zip(lines, trees, written, strict=True):
+        assert tree.words() == line.replace("(", "-LRB-").replace(")", "-RRB-").split()
+        shape = [t if t[0] in "()" else PLACEHOLDER for t in raw.split()]  # the beam's tree, one token a word
+        assert linearize(tree) == shape, (raw, str(tree))
+
+
 def test_evaluating_a_parsing_run_against_linearised_targets_says_what_ref_takes(tiny_parse_run, tmp_path, capsys):
     """--ref test.wlin (the model's linearised targets) said only "word 'S' outside any bracket"."""
     (tmp_path / "test.words").write_text("The dog barked .\n")

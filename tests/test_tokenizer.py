@@ -75,6 +75,15 @@ def test_decode_drops_pad_and_stops_at_eos(tok: Tokenizer) -> None:
     assert tok.decode([EOS_ID] + ids) == ""
 
 
+def test_words_keep_an_unknown_character_inside_its_word(tok: Tokenizer) -> None:
+    """decode's text sets an unknown piece apart ("Zo \u2047"); words group pieces as the model wrote them."""
+    ids = tok.encode("Zo\u00d8 \u0416uk ran .")
+    assert UNK_ID in ids and len(tok.decode(ids).split()) > 4
+    assert tok.words([PAD_ID] + ids + [EOS_ID] + ids) == ["Zo\u2047", "\u2047uk", "ran", "."]
+    assert tok.words(tok.encode("Ein Hund rennt.")) == tok.decode(tok.encode("Ein Hund rennt.")).split()
+    assert tok.words([EOS_ID]) == [] and tok.words([]) == []
+
+
 def test_too_large_vocab_is_a_clear_error(train_files: list[Path], tmp_path: Path) -> None:
     with pytest.raises(TokenizerError, match=r"vocab_size 100000 is too large.*at most \d+") as e:
         Tokenizer.train(lines_of(train_files), tmp_path / "spm.model", vocab_size=100_000,

@@ -123,6 +123,11 @@ def test_well_formed_flag():
     assert not delinearize(["(S", "XX", "XX", "XX", ")S"], words)[1]  # an XX too many
     assert delinearize(["(S", "a", "b", ")S"], words) == (tree("(S (XX a) (XX b))"), True)  # words as leaves
     assert delinearize(["(S", "a", "XX", ")S"], words)[1]
+    # the leaves matched with the words as the model writes them (an unknown character as \u2047), not as given
+    shape = ["(S", "(NP", "Zo\u2047", ")NP", "(VP", "\u2047", ")VP", ")S"]
+    assert delinearize(shape, ["Zo\u00eb", "\u00f1"], written=["Zo\u2047", "\u2047"]) == (
+        tree("(S (NP (XX Zo\u00eb)) (VP (XX \u00f1)))"), True)
+    assert not delinearize(shape, ["Zo\u00eb", "\u00f1"])[1]
     assert delinearize(["(S", "a", "c", ")S"], words) == (tree("(S (XX a) (XX b))"), False)  # not the input's
 
 

@@ -707,14 +707,7 @@ def _language_code(path: object) -> str | None:
 
 def _parse_lines(translator, lines: list[str], request) -> list:
     """Trees for sentences of space-separated words (§6.3): decode, then rebuild with the input's words."""
-    return _trees(lines, _translate_lines(translator, lines, request))
-
-
-def _trees(lines: list[str], outputs: list[str]) -> list:
-    """The trees of decoded ``outputs``, rebuilt with the words of their input ``lines`` (§6.3)."""
-    from .trees import delinearize
-
-    return [delinearize(out.split(), line.split())[0] for line, out in zip(lines, outputs)]
+    return translator.trees(lines, _translate_lines(translator, lines, request))
 
 
 def _parse_arguments(p: argparse.ArgumentParser) -> None:
@@ -742,7 +735,7 @@ def cmd_parse(args: argparse.Namespace) -> None:
                           "use `transformer translate`")
     with _line_sink(args.output) as write:
         for lines, hyps in _decoded(args, translator, request, total, said):
-            write(map(str, _trees(lines, [h[0][0] for h in hyps])))
+            write(map(str, translator.trees(lines, [h[0][0] for h in hyps])))
 
 
 def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:

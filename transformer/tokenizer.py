@@ -149,14 +149,21 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of a model output: PAD ids are dropped and everything from the first EOS on is cut."""
-        kept: list[int] = []
-        for i in ids:
-            i = int(i)
-            if i == EOS_ID:
-                break
-            if i != PAD_ID:
-                kept.append(i)
-        return self._sp.decode(kept)
+        return self._sp.decode(_kept(ids))
+
+    def words(self, ids: Sequence[int]) -> list[str]:
+        """The words of a model output (``decode``'s ids) as its pieces group them: a piece that starts with
+        "\u2581" starts a word, and an unknown piece stays inside its word as "\u2047", where ``decode``'s
+        text sets it apart with spaces. A parse's leaves are matched with its input's words so (§6.3): in
+        text, "Zo\u00eb" written back as "Zo \u2047" was two words."""
+        words: list[str] = []
+        for i in _kept(ids):
+            piece = "\u2047" if i == UNK_ID else self._sp.id_to_piece(i)
+            if piece.startswith("\u2581") or not words:
+                words.append(piece.removeprefix("\u2581"))
+            else:
+                words[-1] += piece
+        return [w for w in words if w]
 
     def vocabulary(self) -> list[str]:
         """Every piece, by id (PAD, EOS, UNK first): what an exported model's vocabulary file lists."""
@@ -169,6 +176,18 @@ class Tokenizer:
     def dropout(self) -> BPEDropout:
         """A sampler of this vocabulary's segmentations (subword regularization in training)."""
         return BPEDropout(self._sp)
+
+
+def _kept(ids: Sequence[int]) -> list[int]:
+    """A model output's ids up to its first EOS, without PAD."""
+    kept: list[int] = []
+    for i in ids:
+        i = int(i)
+        if i == EOS_ID:
+            break
+        if i != PAD_ID:
+            kept.append(i)
+    return kept
 
 
 class BPEDropout:

@@ -27,6 +27,7 @@ from .model import FloatWeights, Transformer, pack_for_inference
 from .request import CLI, DecodeRequest, Setup, refuse_pairs
 from .runtime import keep_freed_memory, native_bf16
 from .tokenizer import UNK_ID, Tokenizer
+from .trees import Tree, TreeConstraint, delinearize, ptb_escape
 
 
 def quantize_int8(model: Transformer) -> Transformer:
@@ -126,11 +127,27 @@ class Translator:
         self.model, self.tokenizer, self.cfg, self.device = model.to(device), tokenizer, cfg, device
         self.constraint = None
         if cfg.data.task == "parse" and cfg.decode.constrained:
-            from .trees import TreeConstraint
-
             self.constraint = TreeConstraint(tokenizer.vocabulary())
         bf16 = next(model.parameters()).dtype == torch.bfloat16
         self.setup = Setup(int8, isinstance(model, Ensemble), self.constraint is not None, str(device), bf16)
+
+    def _text(self, ids: list[int]) -> str:
+        """An output's text; a parsing run's as its words (``Tokenizer.words``), which ``trees`` matches with
+        its input's."""
+        if self.cfg.data.task == "parse":
+            return " ".join(self.tokenizer.words(ids))
+        return self.tokenizer.decode(ids)
+
+    def trees(self, lines: list[str], outputs: list[str]) -> list[Tree]:
+        """A parsing run's trees of decoded ``outputs``, with the words of their input ``lines`` (§6.3): the
+        leaves are matched with the words as the model writes them, an unknown character as "\u2047"."""
+        trees = []
+        for line, out in zip(lines, outputs):
+            words = line.split()
+            pieces = self.tokenizer.encode_batch([ptb_escape(w) for w in words]) if words else []
+            written = [" ".join(self.tokenizer.words(ids)) for ids in pieces]
+            trees.append(delinearize(out.split(), words, written=written)[0])
+        return trees
 
     def translate(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
                   progress: bool = False) -> list[str]:
@@ -206,7 +223,7 @@ class Translator:
                         raise CheckpointError(f"line {done + i + 1}: the model's scores are not finite (NaN or "
                                               "inf), so no output could be ranked: its weights overflow the "
                                               "arithmetic (a run trained at too high a rate, train.lr_scale?)")
-                    outputs[i] = [(self.tokenizer.decode(h.tokens), h.score) for h in hyps]
+                    outputs[i] = [(self._text(h.tokens), h.score) for h in hyps]
                 done += len(lines)
                 yield lines, outputs
         if not done:
@@ -251,8 +268,6 @@ class Translator:
         maximum length (input length + max_len_offset, EOS included) and, on a parsing run, each line's
         tree (after its prefix) to fit it: ConfigError naming the line."""
         if self.cfg.data.task == "parse":  # §6.3: brackets as the treebank writes them, the words trained on
-            from .trees import ptb_escape
-
             lines = [" ".join(map(ptb_escape, line.split())) for line in lines]
         sources = encode_for_decoding(lines, self.tokenizer)
         forced = None if request.prefixes is None else [self.tokenizer.encode(p.strip()) for p in request.prefixes]

@@ -187,7 +187,8 @@ def tree_symbols(lines: Iterable[str]) -> set[str]:
     return {tok for line in lines for tok in line.split() if tok == PLACEHOLDER or tok[:1] in "()"}
 
 
-def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> tuple[Tree, bool]:
+def delinearize(tokens: list[str], words: list[str], root_label: str = "S", written: list[str] | None = None
+                ) -> tuple[Tree, bool]:
     """The tree a target sequence describes, with ``words`` at its leaves; and whether the sequence
     was well-formed (balanced, matching labels, one leaf per word, one root, no empty constituent).
     A leaf is XX or a word (targets written with ``linearize(words=True)``); a word must be the
@@ -202,9 +203,14 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> t
     constituent of the word before it, right after it. So a word the decoder skipped or repeated
     costs the brackets around it, not every bracket after it. Constituents left empty are removed;
     several top-level pieces, or none, are wrapped in one ``root_label`` constituent. ``words`` are taken
-    escaped (``ptb_escape``), as the model reads and writes them: "(" is the word -LRB-.
+    escaped (``ptb_escape``), as the model reads and writes them: "(" is the word -LRB-. ``written``: the
+    words as the model writes them, where that differs (``Tokenizer.words``: an unknown character is
+    "\u2047"), which the leaves are matched with; the tree holds ``words``.
     """
     words = [ptb_escape(w) for w in words]
+    written = words if written is None else written
+    if len(written) != len(words):
+        raise ValueError(f"{len(written)} written words for {len(words)} words")
     well_formed = True
     top: list[Tree] = []
     stack: list[Tree] = []
@@ -231,9 +237,9 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> t
     if stack:
         well_formed = False
     said = [str(leaf.children[0]) for leaf, _ in leaves]
-    if len(said) != len(words) or any(x not in (PLACEHOLDER, w) for x, w in zip(said, words)):
+    if len(said) != len(words) or any(x not in (PLACEHOLDER, w) for x, w in zip(said, written)):
         well_formed = False
-    _place_words(leaves, said, words, top)
+    _place_words(leaves, said, written, words, top)
 
     def prune(node: Tree) -> Tree | None:
         if node.is_preterminal:
@@ -251,13 +257,15 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S") -> t
     return Tree(root_label, pieces or [Tree(PLACEHOLDER, [w]) for w in words]), well_formed
 
 
-def _place_words(leaves: list[tuple[Tree, list]], said: list[str], words: list[str], top: list) -> None:
-    """Puts ``words`` at the leaves, in place (``delinearize``'s repair of the leaves)."""
+def _place_words(leaves: list[tuple[Tree, list]], said: list[str], written: list[str], words: list[str],
+                 top: list) -> None:
+    """Puts ``words`` at the leaves, in place, matching what the leaves said with ``written``, the words as
+    the model writes them (``delinearize``'s repair of the leaves)."""
     if len(said) == len(words) or all(x == PLACEHOLDER for x in said):
         pairs = [(i, i) for i in range(min(len(said), len(words)))]
     else:
         pairs = []
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, said, words, autojunk=False).get_opcodes():
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, said, written, autojunk=False).get_opcodes():
             if tag in ("equal", "replace"):  # a replaced run: position by position, the rest unmatched
                 pairs += zip(range(i1, i2), range(j1, j2))
     word_of = dict(pairs)
