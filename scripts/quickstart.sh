@@ -2,6 +2,8 @@
 # The main job on a fresh machine: install, train a quick Multi30k EN→DE model (≤ 15 minutes on
 # 2 CPU cores), translate a few sentences, and print BLEU on test2016.
 set -euo pipefail
+# a relative TRANSFORMER_DATA names a folder from where the command was run, not from the checkout
+if [ -d "${TRANSFORMER_DATA:-}" ]; then export TRANSFORMER_DATA="$(cd "$TRANSFORMER_DATA" && pwd)"; fi
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if [ -z "${TRANSFORMER_DATA:-}" ] && [ -d ../shared/data ]; then

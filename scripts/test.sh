@@ -2,6 +2,8 @@
 # Installs what the tests need (scripts/setup.sh; Debian's chromium + chromedriver for the browser test of the
 # web page) and runs the whole suite, slow end-to-end tests included.
 set -euo pipefail
+# a relative TRANSFORMER_DATA names a folder from where the command was run, not from the checkout
+if [ -d "${TRANSFORMER_DATA:-}" ]; then export TRANSFORMER_DATA="$(cd "$TRANSFORMER_DATA" && pwd)"; fi
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 if [ -z "${TRANSFORMER_DATA:-}" ] && [ -d ../shared/data ]; then

@@ -511,6 +511,17 @@ def test_serve_help_names_the_schema_path(capsys):
     assert status == 0 and "/openapi.json the OpenAPI description" in text
 
 
+@pytest.mark.parametrize("missing", ["uvicorn", "fastapi"])
+def test_serve_without_its_extra_says_how_to_install_it(missing, capsys, monkeypatch):
+    """uvicorn, imported late, was an internal error where fastapi was not; and the hint named a package no index
+    holds under that name (pip install 'transformer[serve]')."""
+    monkeypatch.setitem(sys.modules, missing, None)  # import fails: what an environment without it does
+    monkeypatch.delitem(sys.modules, "transformer.serve", raising=False)
+    status, out, err = run_here(capsys, "serve", str(REFERENCE_RUN), "--port", "1")
+    assert (status, out) == (1, "") and err.startswith("error: serving needs the optional dependencies: pip install "
+                                                       "-e '.[serve]' in the project's checkout (") and missing in err
+
+
 def test_the_early_stop_help_names_the_runs_default(capsys):
     """Without --early-stop a search stops by the run's decode.early_stop, as the other search options take the
     run's values; the help called bound the default, which a run whose config says top does not use."""

@@ -7,7 +7,8 @@ Triton is first imported.
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="Triton has no wheel here (the [dev] extra installs it on Linux x86-64)")
+pytest.importorskip("triton", reason="Triton has no wheel here (scripts/setup.sh installs the [triton] extra on "
+                    "Linux x86-64)")
 
 from transformer import loss as loss_module  # noqa: E402
 from transformer.fused_loss import smoothed_loss_and_grad_  # noqa: E402

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, NoReturn, TypeVar
 
 from .config import EARLY_STOPS, LENGTH_NORMS, MAX_THREADS, ConfigError, DecodeConfig, ServeLimits, resolve_config_path
-from .errors import Terminated, UserError, out_of_memory, summary
+from .errors import Terminated, UserError, install_extra, out_of_memory, summary
 from . import files
 from .files import OutputError, check_output
 
@@ -979,10 +979,10 @@ def cmd_export(args: argparse.Namespace) -> None:
     """Export a run's model to CTranslate2, Hugging Face transformers or ONNX.
 
     Writes the weights Translator uses (the average of the last checkpoints, or --checkpoint). ctranslate2: a
-    CTranslate2 model folder with the run's spm.model beside it (pip install 'transformer[export]').
+    CTranslate2 model folder with the run's spm.model beside it (the [export] extra).
     huggingface: config.json, model.safetensors, generation_config.json, a tokenizer that gives the run's ids
     and a model card, for AutoModelForSeq2SeqLM / AutoTokenizer.from_pretrained(OUT); onnx: encoder and decoder
-    graphs for optimum's ORTModelForSeq2SeqLM.from_pretrained(OUT) (both: pip install 'transformer[hf]').
+    graphs for optimum's ORTModelForSeq2SeqLM.from_pretrained(OUT) (both: the [hf] extra).
     """
     from .export import ExportError, export_ctranslate2, export_huggingface, export_onnx
 
@@ -1118,9 +1118,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
     (dynamic batching).
     """
     try:
+        import h11  # noqa: F401 (imported late in serve.py, as uvicorn: a missing one is as missing as fastapi)
+        import uvicorn  # noqa: F401
+
         from .serve import serve
     except ImportError as e:
-        raise ConfigError(f"serving needs the optional dependencies: pip install 'transformer[serve]' ({e})") from None
+        raise ConfigError(f"serving needs the optional dependencies: {install_extra('serve')} ({e})") from None
 
     limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)
                             if "help" in f.metadata}, batching=not args.no_batching)

@@ -481,7 +481,10 @@ def _parse_override(text: str) -> tuple[str, str, Any]:
     return section, key.strip(), value
 
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+# a wheel carries the presets inside the package; a checkout (an editable install) keeps them at its root
+_PACKAGE = Path(__file__).resolve().parent
+PRESET_DIR = next((d for d in (_PACKAGE / "configs", _PACKAGE.parent / "configs") if (d / "base.toml").is_file()),
+                  _PACKAGE / "configs")
 
 
 def _preset(name: str) -> Path | None:
@@ -508,6 +511,9 @@ def resolve_config_path(name_or_path: str) -> Path:
     if preset := _preset(name_or_path):
         return preset
     known = sorted(p.stem for p in PRESET_DIR.rglob("*.toml"))
+    if not known:
+        raise ConfigError(f"unknown preset or config {name_or_path!r}, and no presets are installed ({PRESET_DIR} "
+                          "is missing: an incomplete install); give a config file's path")
     hint = difflib.get_close_matches(name_or_path, known, n=1)
     raise ConfigError(f"unknown preset or config {name_or_path!r}"
                       + (f"; did you mean {hint[0]!r}?" if hint else f"; known presets: {', '.join(known)}"))

@@ -18,6 +18,12 @@ class OutOfMemory(UserError):
     """An allocation the machine could not make, caused by the size of what the user gave (a very long line)."""
 
 
+def install_extra(extra: str) -> str:
+    """How to install one of the package's optional extras. The package is installed from its checkout (no
+    index holds it under this name: `pip install 'transformer[...]'` would fail, or find another's)."""
+    return f"pip install -e '.[{extra}]' in the project's checkout"
+
+
 def first_line(error: BaseException, limit: int = 200) -> str:
     """The first line of ``error``'s message, cut to ``limit`` characters: torch's C++ errors run to pages."""
     message = next(iter(str(error).strip().splitlines()), "")

@@ -46,7 +46,7 @@ import torch
 from . import files
 from .checkpoint import chosen_weights
 from .config import Config
-from .errors import UserError
+from .errors import UserError, install_extra
 from .model import Transformer
 from .tokenizer import EOS_ID, PAD_ID, UNK_ID
 from .translator import Translator
@@ -70,7 +70,7 @@ def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int =
         from ctranslate2.specs import common_spec, transformer_spec
         from ctranslate2.converters import utils
     except ImportError:
-        raise ExportError("CTranslate2 is not installed: pip install 'transformer[export]'") from None
+        raise ExportError("CTranslate2 is not installed: " + install_extra("export")) from None
     cfg = model.cfg
     if cfg.d_model % cfg.n_heads or cfg.head_dims != (cfg.d_model // cfg.n_heads,) * 2:
         raise ExportError(f"CTranslate2 needs d_k = d_v = d_model / h; this model has model.d_k, model.d_v = "
@@ -221,7 +221,7 @@ def huggingface_model(model: Transformer, max_positions: int = 1024):
     try:
         from transformers import MarianConfig, MarianMTModel, PegasusConfig, PegasusForConditionalGeneration
     except ImportError:
-        raise ExportError("transformers is not installed: pip install 'transformer[hf]'") from None
+        raise ExportError("transformers is not installed: " + install_extra("hf")) from None
     cfg, vocab = model.cfg, model.vocab_size
     if cfg.positional != "sinusoidal":
         raise ExportError("learned positions (model.positional = \"learned\", Table 3 row E) cannot be expressed: "
@@ -470,7 +470,7 @@ def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, force:
     try:
         from optimum.exporters.onnx import main_export
     except ImportError:
-        raise ExportError("optimum's ONNX exporter is not installed: pip install 'transformer[hf]'") from None
+        raise ExportError("optimum's ONNX exporter is not installed: " + install_extra("hf")) from None
     with _staged(out, force) as folder, tempfile.TemporaryDirectory() as tmp:
         # its note on LayerNorm's ε holds for the ONNX graphs too; where it wrote the staging folder does not
         hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint,
