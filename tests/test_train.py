@@ -489,6 +489,64 @@ def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path
     assert (said.out + said.err).count("3 steps in a row had non-finite gradients") == 1, said
 
 
+def test_weights_past_floats_range_are_never_written_and_the_stop_says_which_checkpoint_is_left(
+        tmp_path, tiny_overrides, monkeypatch):
+    """train.lr_scale 1e300: the first step, its gradients finite, made every weight NaN, and the checkpoint of
+    that step was written, averaged into translations and resumed from; the stop that followed said "the newest
+    checkpoint holds finite weights". Before any update, a stop blamed the rate, which had played no part."""
+    import transformer.train as T
+    from transformer.checkpoint import list_checkpoints
+
+    common = tiny_overrides + ["train.save_every=1", "train.eval_every=1000", "train.max_bad_steps=3"]
+    with pytest.raises(TrainError, match=r"^step 1: the weights are not finite \(a step at too high a rate overflowed "
+                                         r"them\); no checkpoint written, none was written before\. Lower"):
+        train(load_config("tiny", common + ["train.max_steps=5", "train.lr_scale=1e300"]), tmp_path / "run", quiet=True)
+    assert list_checkpoints(tmp_path / "run") == []
+
+    real, calls = T.label_smoothed_loss, {"n": 0}
+
+    def poisoned(hidden, weight, target, eps_ls):  # the gradients of the third step on are not finite
+        calls["n"] += 1
+        loss = real(hidden, weight, target, eps_ls)
+        return loss * float("nan") if calls["n"] >= first_bad else loss
+    monkeypatch.setattr(T, "label_smoothed_loss", poisoned)
+    first_bad = 3
+    with pytest.raises(TrainError, match=r"stopping at step 2 \(the newest checkpoint, of step 2, holds the weights "
+                                         r"they started from\)\. Lower train.lr_scale"):
+        train(load_config("tiny", common + ["train.max_steps=20"]), tmp_path / "run2", quiet=True)
+    calls["n"], first_bad = 0, 1
+    with pytest.raises(TrainError, match=r"stopping at step 0 \(no checkpoint was written yet\)\. The initial "
+                                         r"model's gradients overflow: check the dropout rates"):
+        train(load_config("tiny", common + ["train.max_steps=20"]), tmp_path / "run3", quiet=True)
+
+
+def test_a_validation_that_is_not_a_number_is_never_the_best(tmp_path, tiny_overrides, monkeypatch):
+    """A NaN valid_nll was kept as the best (no best yet): best.safetensors held the weights that gave it, no later
+    value could beat it, and its NaN in the checkpoint's record made the run's own checkpoint refused on resume."""
+    import transformer.train as T
+    from transformer.checkpoint import list_checkpoints, load_checkpoint
+
+    real, calls = T.validate, {"n": 0}
+
+    def first_is_nan(*args, **kwargs):
+        calls["n"] += 1
+        return {k: float("nan") for k in real(*args, **kwargs)} if calls["n"] == 1 else real(*args, **kwargs)
+    monkeypatch.setattr(T, "validate", first_is_nan)
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.eval_every=2", "train.log_every=2",
+                                                "train.save_every=2", 'train.keep_best="valid_loss"'])
+    train(cfg, tmp_path / "run", quiet=True)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "valid_loss is nan: not a best, counted as no improvement" in log
+    state = load_checkpoint(list_checkpoints(tmp_path / "run")[-1], with_state=False).meta["train_state"]
+    assert state["best_step"] == 4 and math.isfinite(state["best_value"])
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=6", "train.eval_every=2", "train.log_every=2",
+                                                "train.save_every=2", 'train.keep_best="valid_loss"',
+                                                "train.patience=1"])
+    calls["n"] = 0
+    train(cfg, tmp_path / "run2", quiet=True)
+    assert ("(train.patience); no evaluation had a finite value" in (tmp_path / "run2" / "train.log").read_text())
+
+
 def test_cooldown_anneals_the_logged_rate_to_zero(tmp_path, tiny_overrides):
     """train.cooldown_fraction: eq. (3) until the last fraction of max_steps, then linear to 0."""
     from transformer.optim import learning_rate

@@ -10,7 +10,7 @@ from transformer.checkpoint import CheckpointError, list_checkpoints, load_check
 from transformer.config import ConfigError, load_config
 from transformer.request import CLI, DecodeRequest
 from transformer.train import train
-from transformer.translator import Translator
+from transformer.translator import ModelOverflow, Translator
 
 
 @pytest.fixture
@@ -351,3 +351,10 @@ def test_a_model_whose_scores_are_not_numbers_is_said_to_be_so(run):
     for beam in (1, 4):
         with pytest.raises(CheckpointError, match=r"^line 1: the model's scores are not finite \(NaN or inf\)"):
             overflowing.translate(["A dog runs."], DecodeRequest(beam_size=beam))
+    # a draw was torch.multinomial's RuntimeError on NaN probabilities (an internal error, a server's 500 "decoding
+    # failed"); a forced score was NaN, printed as a score and written into JSON
+    for sampled in (DecodeRequest(sample=True, seed=1), DecodeRequest(sample=True, seed=1, topk=5, nbest=2)):
+        with pytest.raises(ModelOverflow, match=r"^line 2: the model's scores are not finite"):
+            overflowing.translate(["", "A dog runs."], sampled)
+    with pytest.raises(ModelOverflow, match=r"^pair 1: the model's scores are not finite"):
+        overflowing.score(["A dog runs."], ["Ein Hund rennt."])

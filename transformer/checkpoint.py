@@ -294,6 +294,11 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def record_step(record: Path) -> int:
+    """The step a checkpoint record's name gives (``list_checkpoints``'s step_00001000.json: 1000)."""
+    return int(_STEP_JSON.fullmatch(record.name).group(1))
+
+
 def epochs_into(state: dict[str, Any]) -> float:
     """How far into training a checkpoint's train_state is, in epochs (fractional mid-epoch)."""
     return state["epoch"] + state["batch_in_epoch"] / max(state["epoch_batches"], 1)

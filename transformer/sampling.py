@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from .tokenizer import EOS_ID
 
 
 @dataclass
@@ -40,4 +43,9 @@ class Sampling:
             beyond[:, 0] = False  # also where topp is below float32's resolution (0 >= 0 cut every token)
             cut = torch.zeros_like(beyond).scatter(-1, order, beyond)  # back to vocabulary order
             logits = logits.masked_fill(cut, float("-inf"))  # the most probable token always stays
-        return torch.multinomial(logits.softmax(-1), 1, generator=self.generator).flatten()
+        probs = logits.softmax(-1)
+        # a model whose scores are not numbers (weights that overflow) draws EOS, its score NaN, for the caller to
+        # name the line (Translator: ModelOverflow); multinomial itself failed on it, an internal error
+        eos = F.one_hot(torch.tensor(EOS_ID, device=probs.device), probs.size(-1)).to(probs)
+        probs = torch.where(probs.isnan().any(-1, keepdim=True), eos, probs)
+        return torch.multinomial(probs, 1, generator=self.generator).flatten()

@@ -57,7 +57,7 @@ from .decode import Stopped
 from .errors import UserError
 from .figures import align, attention_maps, web_page
 from .request import API, DecodeRequest
-from .translator import Translator
+from .translator import ModelOverflow, Translator
 
 # seconds a stopping server waits for the connections still open (a client that stalled in its request's body
 # held a SIGTERM for the whole --request-timeout); decoding stops at once, and what waits is answered 503
@@ -479,7 +479,7 @@ def _answerable(e: Exception, doing: str = "decoding") -> LimitError:
     if isinstance(e, LimitError):
         return e
     first = (str(e).splitlines() or [""])[0]
-    if isinstance(e, UserError):
+    if isinstance(e, UserError) and not isinstance(e, ModelOverflow):  # the model's fault, whatever was asked
         return LimitError(422, first)
     return LimitError(500, f"{doing} failed: {type(e).__name__}: {first}")
 

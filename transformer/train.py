@@ -37,8 +37,8 @@ from . import __version__, distributed, files
 from .distributed import Dist
 
 from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
-                         epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
-                         write_model)
+                         epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, record_step,
+                         save_checkpoint, write_model)
 from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
 from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256, collate,
                    encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
@@ -987,6 +987,15 @@ class Trainer:
             self.state.clock_s = self.elapsed()
         if not self.dist.main:
             return
+        weights = self.raw.state_dict()
+        if not torch.stack([w.isfinite().all() for w in weights.values() if w.is_floating_point()]).all():
+            # a step applied with finite gradients can still take the weights past float's range (a rate far too
+            # high): written, they were averaged into translations and resumed from, and the run's end said they
+            # were finite
+            newest = list_checkpoints(self.out)
+            kept = f"the newest is of step {record_step(newest[-1])}" if newest else "none was written before"
+            raise TrainError(f"step {self.state.step}: the weights are not finite (a step at too high a rate "
+                             f"overflowed them); no checkpoint written, {kept}. Lower train.lr_scale and train anew")
         tensors, groups = optimizer_tensors(self.optimizer)
         for r, states in enumerate(rng_states):
             tensors.update({f"{name}.{r}" if r else name: state for name, state in states.items()})
@@ -999,7 +1008,7 @@ class Trainer:
             if self.pending_best is not None:  # before the checkpoint that records it (resume() reconciles a crash between)
                 write_model(self.out / "best.safetensors", *self.pending_best)
                 self.pending_best = None
-            save_checkpoint(self.out, self.state.step, self.raw.state_dict(), tensors, meta, self.cfg.train.keep_last)
+            save_checkpoint(self.out, self.state.step, weights, tensors, meta, self.cfg.train.keep_last)
         except OSError as e:  # disk full, folder gone or read-only: the earlier checkpoints are intact
             fix = {errno.ENOSPC: "make room", errno.EDQUOT: "make room", errno.EFBIG: "make room",
                    errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
@@ -1058,11 +1067,19 @@ class Trainer:
             self.log(f"step {state.step + 1}: gradients are not finite (loss {result.loss:.4g}); step skipped "
                      f"({state.skipped_steps} so far)")
             if state.bad_in_a_row >= t.max_bad_steps:
-                kept = ("the newest checkpoint holds finite weights" if list_checkpoints(self.out)
-                        else "no checkpoint was written yet")
+                newest = list_checkpoints(self.out)
+                if not newest:
+                    kept = "no checkpoint was written yet"
+                elif record_step(newest[-1]) == state.step:  # the weights these steps started from: resumed, met again
+                    kept = f"the newest checkpoint, of step {state.step}, holds the weights they started from"
+                else:
+                    kept = f"the newest checkpoint is of step {record_step(newest[-1])}"
+                # before any update the rate has played no part: the initial model's gradients overflow
+                fix = ("Lower train.lr_scale (or check train.init_qkv_gain, train.adam_eps)" if state.step else
+                       "The initial model's gradients overflow: check the dropout rates (model.p_drop*), "
+                       "model.ln_eps and train.init_qkv_gain")
                 raise TrainError(f"{state.bad_in_a_row} steps in a row had non-finite gradients; stopping at step "
-                                 f"{state.step} ({kept}). Lower train.lr_scale (or check train.init_qkv_gain, "
-                                 "train.adam_eps)"
+                                 f"{state.step} ({kept}). {fix}"
                                  + (", or use fp32/bf16 instead of fp16" if self.precision == "fp16" else ""))
             return
         state.bad_in_a_row = 0
@@ -1098,6 +1115,8 @@ class Trainer:
         """Whether ``value`` of train.keep_best's metric beats the best so far (lower for the losses,
         higher for dev BLEU)."""
         best = self.state.best_value
+        if not math.isfinite(value):  # NaN: no value beats it, nor does it beat any (a NaN best stalled patience)
+            return False
         if best is None:
             return True
         return value > best if self.cfg.train.keep_best == "dev_bleu" else value < best
@@ -1117,11 +1136,14 @@ class Trainer:
         if state.step <= self.replaying_to:  # before a best taken from best.safetensors (reconcile_best)
             return
         state.evals_since_best += 1
+        if not math.isfinite(value):
+            self.log(f"{t.keep_best} is {value}: not a best, counted as no improvement")
         if t.patience and state.evals_since_best >= t.patience:
             self.out_of_patience = True
+            kept = ("no evaluation had a finite value" if state.best_value is None else
+                    f"the best, {state.best_value:.4g} at step {state.best_step}, is in best.safetensors")
             self.log(f"stopping: {state.evals_since_best} evaluations of {t.keep_best} without improvement "
-                     f"(train.patience); the best, {state.best_value:.4g} at step {state.best_step}, is in "
-                     "best.safetensors")
+                     f"(train.patience); {kept}")
 
     def bleu_due(self, intervals: tuple[int, int] | None = None) -> bool:
         return self.ends(self.cfg.train.bleu_every, intervals) and self.cfg.data.task == "translate"

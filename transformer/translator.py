@@ -56,6 +56,15 @@ def quantize_int8(model: Transformer) -> Transformer:
     return quantized
 
 
+class ModelOverflow(CheckpointError):
+    """The model's scores are not finite whatever it is asked: weights that overflow the arithmetic (a server
+    answers 500, not a request's 422)."""
+
+    def __init__(self, where: str):
+        super().__init__(f"{where}: the model's scores are not finite (NaN or inf), so no output could be ranked: its "
+                         "weights overflow the arithmetic (a run trained at too high a rate, train.lr_scale?)")
+
+
 class Translator:
     """Model + vocabulary + the run's decoding defaults, and what was fixed when loading them (int8 or bf16,
     an ensemble, the device, a parsing run's tree constraint: ``setup``); ``decode`` answers a
@@ -220,9 +229,7 @@ class Translator:
                 outputs: list[list[tuple[str, float]]] = [[("", 0.0)] * (part.nbest or 1) for _ in lines]
                 for i, hyps in zip(keep, decoded):
                     if not hyps or any(math.isnan(h.score) for h in hyps):  # else ranked: the scores are not numbers
-                        raise CheckpointError(f"line {done + i + 1}: the model's scores are not finite (NaN or "
-                                              "inf), so no output could be ranked: its weights overflow the "
-                                              "arithmetic (a run trained at too high a rate, train.lr_scale?)")
+                        raise ModelOverflow(f"line {done + i + 1}")
                     outputs[i] = [(self._text(h.tokens), h.score) for h in hyps]
                 done += len(lines)
                 yield lines, outputs
@@ -338,6 +345,8 @@ class Translator:
         target_ids = [self.tokenizer.encode(t.strip()) for t in targets]
         scored = score_ids(self.model, ids, target_ids, self.cfg.decode.alpha if alpha is None else alpha, max_tokens,
                            length_norm or self.cfg.decode.length_norm)
+        if (bad := next((i for i, s in enumerate(scored) if math.isnan(s.log_prob)), None)) is not None:
+            raise ModelOverflow(f"pair {bad + 1}")  # printed, "nan" was taken for a score
         return [Scored(0.0, 0.0, [0.0]) if len(src) == 1 and not tgt else s
                 for src, tgt, s in zip(ids, target_ids, scored)]
 
