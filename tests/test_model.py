@@ -71,14 +71,30 @@ def test_dropout_keeps_1_minus_p_and_rescales(p):
     y = dropout(x, p, training=True)
     kept = y != 0
     assert abs(kept.float().mean().item() - (1 - p)) < 0.003
-    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
+    scale = 65536 / (65536 - round(p * 65536))  # the quantised p's 1/(1-p): within 1e-5 of p's own
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], scale))
+    assert abs(scale * (1 - p) - 1) < 1e-5
     torch.manual_seed(3)
     assert torch.equal(dropout(x, p, training=True), y)  # seeded: resume replays the same masks
     assert dropout(x, p, training=False) is x
     x.requires_grad_(True)
     torch.manual_seed(3)
     dropout(x, p, training=True).sum().backward()
-    torch.testing.assert_close(x.grad, kept.float() / (1 - p))
+    torch.testing.assert_close(x.grad, kept.float() * scale)
+
+
+@pytest.mark.parametrize("p", [0.999, 0.99999, 0.999995, 0.999999])
+def test_dropout_near_1_drops_as_much_and_keeps_the_expectation(p):
+    """A p within 2^-17 of 1 set the mask's threshold past int16's range: every element was kept, scaled by
+    1/(1-p) (a million times at 0.999999), and below it the scale of the unquantised p drifted the mean (+4% at
+    0.999, +40% at 0.99999)."""
+    torch.manual_seed(3)
+    y = dropout(torch.ones(4_000_000), p, training=True)
+    kept = y[y != 0]
+    assert 0 < kept.numel() < 4 * 4_000_000 * (1 - p)
+    dropped = round(p * 65536)  # a kept element times its chance of being kept: 1, the expectation of x
+    chance = 1 - dropped / 65536 if dropped < 65536 else 1 - p  # past the mask's resolution: F.dropout's own
+    torch.testing.assert_close(kept * chance, torch.ones_like(kept))
 
 
 def test_dropout_sits_where_section_5_4_puts_it():
