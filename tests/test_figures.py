@@ -3,6 +3,7 @@
 import html
 import json
 import re
+import shutil
 import warnings
 
 import pytest
@@ -141,6 +142,30 @@ def test_cli_refuses_bad_requests(tiny_run, tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: --tgt: ")
     assert main(["attention", str(tiny_run), "--src", SRC, "--out", str(tmp_path / "a.jpg")]) == 1
     assert "give a .png or .html" in capsys.readouterr().err
+
+
+def test_dollar_signs_are_drawn_as_text_not_read_as_tex(tiny_run, tmp_path, capsys):
+    """Labels went through matplotlib's mathtext: "$\\frac$" was an internal error (ValueError), "$5-$10" lost its
+    dollar signs; a run folder so named failed `plot` too."""
+    for style in ("links", "heatmap"):
+        assert main(["attention", str(tiny_run), "--src", "It costs $\\frac$ , $5-$10 .", "--tgt", "x_1 $",
+                     "--words", "--style", style, "--out", str(tmp_path / f"{style}.png")]) == 0, capsys.readouterr().err
+    folder = tmp_path / "$\\frac$"
+    folder.mkdir()
+    shutil.copy(tiny_run / "metrics.jsonl", folder / "metrics.jsonl")
+    assert plot_training(folder / "metrics.jsonl", tmp_path / "curves.png")
+
+
+def test_a_parsing_runs_figure_reads_brackets_as_the_parse_does(tiny_parse_run):
+    """The parse reads "(" as the treebank's word -LRB-; the figure encoded it as it came, unknown pieces the model
+    never read, beside a translation that held -LRB-."""
+    from transformer.translator import Translator
+
+    parser = Translator(tiny_parse_run, log=lambda m: None)
+    src = "He said ( hi ) ."
+    maps = attention_maps(parser, src, parser.translate([src])[0])
+    assert maps.src == parser.tokenizer.pieces("He said -LRB- hi -RRB- .") + ["</s>"]
+    assert not any(p in ("\u2581(", "(", "\u2581)", ")") for p in maps.src)
 
 
 def test_plot_draws_the_runs_own_log(tiny_run, tmp_path):

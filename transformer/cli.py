@@ -632,7 +632,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             gold = read_normalized(args.ref)
         except TreeError as e:  # a linearised target file (the model's .wlin) is the likely mix-up
             raise TreeError(f"{e} (--ref takes the gold trees, bracketed as the treebank writes them, e.g. "
-                            "test.trees, not the linearised training targets)") from None
+                            "test.gold, not the linearised training targets)") from None
         if len(src) != len(gold):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(gold)} trees")
         _tell(said)

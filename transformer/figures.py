@@ -98,6 +98,7 @@ def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
     """Every layer's attention weights for ``src`` and ``tgt``, teacher-forced in one pass (the
     model's own translation gives what it attended to while translating)."""
     tok = translator.tokenizer
+    src = translator.as_read(src)  # a parsing run's brackets as the words it reads (-LRB-), not as unknown pieces
     if not (src_ids := tok.encode(src.strip())):  # no piece: blank, or zero-width spaces alone (Translator.blank)
         raise FigureError("the source sentence is empty")
     src_ids = src_ids + [EOS_ID]
@@ -179,9 +180,9 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
         ax.set_xlim(-0.6, 1.6)
         ax.set_ylim(n, -1)
         for i, t in enumerate(rows):
-            ax.text(0, i, t, ha="right", va="center", fontsize=9)
+            ax.text(0, i, t, ha="right", va="center", fontsize=9, parse_math=False)  # "$5-$10" is text, not TeX
         for j, t in enumerate(cols):
-            ax.text(1, j, t, ha="left", va="center", fontsize=9)
+            ax.text(1, j, t, ha="left", va="center", fontsize=9, parse_math=False)
         for c, h in enumerate(heads):
             hw = w[h - 1]
             for i in range(len(rows)):
@@ -197,8 +198,8 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
         ax = fig.add_subplot(grid[int(bool(link_h)) + k // n_cols, k % n_cols])
         ax.imshow(w[h - 1].numpy(), cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_title(f"head {h}", fontsize=9)
-        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7, parse_math=False)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7, parse_math=False)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         fig.tight_layout()
@@ -332,7 +333,7 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
                 ax.text(0.5, 0.5, "not in this run's log" + (" (set train.bleu_every)" if "BLEU" in label else ""),
                         ha="center", va="center", transform=ax.transAxes, color="grey")
             ax.grid(alpha=0.3)
-    fig.suptitle(str(metrics_path.parent.name))
+    fig.suptitle(str(metrics_path.parent.name), parse_math=False)  # a folder's name, "$\frac$" too
     fig.tight_layout()
     with files.atomic_path(out) as tmp:  # whole or not at all, as every file the package writes
         fig.savefig(tmp, dpi=100, format="png")

@@ -140,6 +140,13 @@ class Translator:
         bf16 = next(model.parameters()).dtype == torch.bfloat16
         self.setup = Setup(int8, isinstance(model, Ensemble), self.constraint is not None, str(device), bf16)
 
+    def as_read(self, line: str) -> str:
+        """A source line as the model reads it: on a parsing run, its brackets as the treebank writes them, the
+        words it was trained on (§6.3: "(" is the word -LRB-)."""
+        if self.cfg.data.task == "parse":
+            return " ".join(map(ptb_escape, line.split()))
+        return line
+
     def _text(self, ids: list[int]) -> str:
         """An output's text; a parsing run's as its words (``Tokenizer.words``), which ``trees`` matches with
         its input's."""
@@ -274,9 +281,7 @@ class Translator:
         """Sources (with EOS), prefixes and constraint phrases as piece ids, checked to fit the outputs'
         maximum length (input length + max_len_offset, EOS included) and, on a parsing run, each line's
         tree (after its prefix) to fit it: ConfigError naming the line."""
-        if self.cfg.data.task == "parse":  # §6.3: brackets as the treebank writes them, the words trained on
-            lines = [" ".join(map(ptb_escape, line.split())) for line in lines]
-        sources = encode_for_decoding(lines, self.tokenizer)
+        sources = encode_for_decoding([self.as_read(line) for line in lines], self.tokenizer)
         forced = None if request.prefixes is None else [self.tokenizer.encode(p.strip()) for p in request.prefixes]
         phrases = None if request.constraints is None else [
             [self.tokenizer.encode(c.strip()) for c in cs if c.strip()] for cs in request.constraints]
