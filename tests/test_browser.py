@@ -61,14 +61,28 @@ def test_page_translates_and_shows_attention(server, browser):
         headers={"content-type": "application/json"})).read())["translations"][0]
     assert translation == expected.strip()
     assert browser.find_element(By.ID, "error").text == ""
-    n_all = len(browser.find_elements(By.CSS_SELECTOR, "#attention svg line"))
+    def shown_lines() -> int:
+        return len(browser.find_elements(By.CSS_SELECTOR, "#attention svg line:not([display='none'])"))
+
+    n_all = shown_lines()
     token = browser.find_elements(By.CSS_SELECTOR, "#attention text.attn-token[data-side='q']")[1]
     ActionChains(browser).move_to_element(token).perform()  # hover: only that token's links stay
-    wait.until(lambda b: 0 < len(b.find_elements(By.CSS_SELECTOR, "#attention svg line")) < n_all)
+    wait.until(lambda b: 0 < shown_lines() < n_all)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "serve_page.png"))
-    # heatmap view of another attention kind
+    # leaving it shows every link again: the view was redrawn under the pointer, the token replaced, its
+    # mouseleave never came, and the view stayed on the one token until a menu changed
+    ActionChains(browser).move_to_element(browser.find_element(By.TAG_NAME, "h1")).perform()
+    wait.until(lambda b: shown_lines() == n_all)
+    assert browser.execute_script("return arguments[0].isConnected", token)
+    # heatmap view of another attention kind: hovering a row dims the others, leaving it undims them
     browser.find_element(By.CSS_SELECTOR, "select[name='style'] option[value='heatmap']").click()
+    dimmed = "#attention figure.attn-heatmap rect[fill-opacity='0.15']"
+    row = browser.find_elements(By.CSS_SELECTOR, "#attention figure.attn-heatmap text.attn-token[data-side='q']")[0]
+    ActionChains(browser).move_to_element(row).perform()  # the source's rows (the translation may be empty)
+    wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, dimmed))
+    ActionChains(browser).move_to_element(browser.find_element(By.TAG_NAME, "h1")).perform()
+    wait.until(lambda b: not b.find_elements(By.CSS_SELECTOR, dimmed))
     browser.find_element(By.CSS_SELECTOR, "select[name='kind'] option[value='cross']").click()
     assert browser.find_elements(By.CSS_SELECTOR, "#attention figure.attn-heatmap rect")
 

@@ -73,7 +73,7 @@ function renderAttention(root, maps) {
   root.classList.add("attn");
   const controls = el("div", {class: "attn-controls"}, root);
   const view = el("div", {class: "attn-view"}, root);
-  const state = {kind: "enc_self", layer: 0, head: "all", style: "links", unit: "pieces", focus: null};
+  const state = {kind: "enc_self", layer: 0, head: "all", style: "links", unit: "pieces"};
   const nHeads = data.pieces.weights.enc_self[0].length;
 
   function select(name, options, key, parse) {
@@ -81,7 +81,7 @@ function renderAttention(root, maps) {
     const s = el("select", {name: key}, label);
     for (const [value, text] of options) el("option", {value: value, text: text}, s);
     s.value = String(state[key]);
-    s.addEventListener("change", () => { state[key] = parse ? parse(s.value) : s.value; state.focus = null; draw(); });
+    s.addEventListener("change", () => { state[key] = parse ? parse(s.value) : s.value; draw(); });
     return s;
   }
   select("attention", Object.entries(KINDS), "kind");
@@ -106,12 +106,12 @@ function renderAttention(root, maps) {
     const [rows, cols] = axes(maps, state.kind);
     const w = maps.weights[state.kind][state.layer];
     const heads = state.head === "all" ? [...Array(nHeads).keys()] : [state.head];
-    (state.style === "links" ? drawLinks : drawHeatmaps)(view, rows, cols, w, heads, state, draw);
+    (state.style === "links" ? drawLinks : drawHeatmaps)(view, rows, cols, w, heads);
   }
   draw();
 }
 
-function drawLinks(view, rows, cols, w, heads, state, redraw) {
+function drawLinks(view, rows, cols, w, heads) {
   const step = 20, width = 520, n = Math.max(rows.length, cols.length);
   const svg = el("svg", {width: width, height: n * step + 30, class: "attn-links"}, view, SVG);
   const x0 = 190, x1 = width - 190;
@@ -121,23 +121,27 @@ function drawLinks(view, rows, cols, w, heads, state, redraw) {
       for (let j = 0; j < cols.length; j++) {
         const a = w[h][i][j];
         if (a < 0.02) continue;
-        const isolated = state.focus && !((state.focus.side === "q" && state.focus.i === i) ||
-                                          (state.focus.side === "k" && state.focus.i === j));
-        if (isolated) continue;
         el("line", {x1: x0, y1: 20 + i * step, x2: x1, y2: 20 + j * step, stroke: COLOURS[h % COLOURS.length],
                     "stroke-width": 2.5, "stroke-opacity": (a / Math.sqrt(heads.length)).toFixed(3),
-                    "data-weight": a}, g, SVG);
+                    "data-weight": a, "data-q": i, "data-k": j}, g, SVG);
       }
     }
+  }
+  // hovering a token shows its links alone; the drawing stays (redrawn, the token under the pointer was
+  // replaced, its mouseleave never came, and the view stayed isolated)
+  function focus(side, i, label) {
+    for (const line of svg.querySelectorAll("line")) {
+      const shown = side === null || line.getAttribute("data-" + side) === String(i);
+      if (shown) line.removeAttribute("display"); else line.setAttribute("display", "none");
+    }
+    if (label) label.setAttribute("font-weight", side === null ? "normal" : "bold");
   }
   function labels(tokens, x, anchor, side) {
     tokens.forEach((t, i) => {
       const label = el("text", {x: x, y: 24 + i * step, "text-anchor": anchor, class: "attn-token", "data-side": side,
                                 "data-index": i, text: t}, svg, SVG);
-      const on = state.focus && state.focus.side === side && state.focus.i === i;
-      if (on) label.setAttribute("font-weight", "bold");
-      label.addEventListener("mouseenter", () => { state.focus = {side: side, i: i}; redraw(); });
-      label.addEventListener("mouseleave", () => { state.focus = null; redraw(); });
+      label.addEventListener("mouseenter", () => focus(side, i, label));
+      label.addEventListener("mouseleave", () => focus(null, i, label));
     });
   }
   labels(rows, x0 - 6, "end", "q");
@@ -146,8 +150,14 @@ function drawLinks(view, rows, cols, w, heads, state, redraw) {
   for (const h of heads) el("span", {style: "color:" + COLOURS[h % COLOURS.length], text: "■ head " + (h + 1) + " "}, legend);
 }
 
-function drawHeatmaps(view, rows, cols, w, heads, state, redraw) {
+function drawHeatmaps(view, rows, cols, w, heads) {
   const cell = Math.max(8, Math.min(22, Math.floor(360 / Math.max(rows.length, cols.length))));
+  // hovering a query token dims the other rows of every head's map, which stay drawn (as drawLinks' focus)
+  function focus(i) {
+    for (const rect of view.querySelectorAll("rect[data-q]")) {
+      rect.setAttribute("fill-opacity", i === null || rect.getAttribute("data-q") === String(i) ? 1 : 0.15);
+    }
+  }
   for (const h of heads) {
     const box = el("figure", {class: "attn-heatmap"}, view);
     el("figcaption", {text: "head " + (h + 1)}, box);
@@ -158,16 +168,15 @@ function drawHeatmaps(view, rows, cols, w, heads, state, redraw) {
     rows.forEach((t, i) => {
       const label = el("text", {x: left - 4, y: top + i * cell + cell * 0.75, "text-anchor": "end", class: "attn-token",
                                 "data-side": "q", "data-index": i, text: t}, svg, SVG);
-      label.addEventListener("mouseenter", () => { state.focus = {side: "q", i: i}; redraw(); });
-      label.addEventListener("mouseleave", () => { state.focus = null; redraw(); });
+      label.addEventListener("mouseenter", () => focus(i));
+      label.addEventListener("mouseleave", () => focus(null));
     });
     for (let i = 0; i < rows.length; i++) {
-      const dim = state.focus && state.focus.side === "q" && state.focus.i !== i;
       for (let j = 0; j < cols.length; j++) {
         const a = w[h][i][j];
         const shade = Math.round(255 * (1 - a));
         el("rect", {x: left + j * cell, y: top + i * cell, width: cell - 1, height: cell - 1,
-                    fill: `rgb(${shade},${shade},255)`, "fill-opacity": dim ? 0.15 : 1, "data-weight": a},
+                    fill: `rgb(${shade},${shade},255)`, "fill-opacity": 1, "data-weight": a, "data-q": i},
            svg, SVG).appendChild(el("title", {text: `${rows[i]} → ${cols[j]}: ${a.toFixed(3)}`}, null, SVG));
       }
     }
