@@ -358,3 +358,42 @@ def test_a_model_whose_scores_are_not_numbers_is_said_to_be_so(run):
             overflowing.translate(["", "A dog runs."], sampled)
     with pytest.raises(ModelOverflow, match=r"^pair 1: the model's scores are not finite"):
         overflowing.score(["A dog runs."], ["Ein Hund rennt."])
+
+
+def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line(run):
+    """A str is a sequence: translate("A dog runs.") answered 11 lines, a prefix "Ei" forced "E" on line 1 and
+    "i" on line 2, constraints ["Hund"] became the phrases H, u, n, d; wrong types failed deep in torch."""
+    translator = Translator(run, log=lambda m: None)
+    refused = [
+        (lambda: translator.translate("A dog runs."), r"^lines: a list of strings, not one string \('A dog runs.'\)"),
+        (lambda: translator.decode(["A dog.", "A cat."], DecodeRequest(prefixes="Ei")),
+         r"^--prefix \(one string a line\): a list of strings, not one string"),
+        (lambda: translator.decode(["A dog."], DecodeRequest(constraints=["Hund"])),
+         r"^--constraints of line 1 \(a list of phrases\): a list of strings, not one string \('Hund'\)"),
+        (lambda: translator.translate(["A dog.", 3]), r"^lines: a list of strings, holding int 3"),
+        (lambda: translator.translate(["A dog."], DecodeRequest(beam_size=2.5)), r"^--beam 2.5: must be a whole number"),
+        (lambda: translator.translate(["A dog."], DecodeRequest(alpha="0.6")), r"^--alpha '0.6': must be a number"),
+        (lambda: translator.score("A dog", "Ein Hund"), r"^sources: a list of strings, not one string"),
+        (lambda: translator.score(["A dog."], ["Ein Hund.", "x"]), r"^1 sources but 2 targets"),
+        (lambda: translator.score(["A dog."], ["Ein Hund."], length_norm="foo"), r"^length_norm foo: must be one of"),
+        (lambda: translator.score(["A dog."], ["Ein Hund."], alpha=1e6), r"^alpha 1000000.0: must be a finite"),
+        (lambda: Translator(run, ensemble=str(run)), r"^ensemble: a list of run folders, not one"),
+        (lambda: load_config("tiny", "train.max_steps=5"), r"^overrides: a list of strings, not one string"),
+    ]
+    for call, said in refused:
+        with pytest.raises(ConfigError, match=said):
+            call()
+    assert translator.translate(["A dog runs."], DecodeRequest(beam_size=torch.tensor(2).item(), alpha=1))
+
+
+def test_a_model_in_training_mode_decodes_as_the_loaded_run_does(run):
+    """Translator.of_model of a model in training mode decoded with dropout: two calls answered differently, and
+    neither as the run's folder, loaded, would. Decoding and scoring are in eval mode, and the mode comes back."""
+    loaded = Translator(run, log=lambda m: None)
+    lines = ["A dog runs through the snow.", "Two men are talking."]
+    expected, scored = loaded.decode(lines), loaded.score(lines, loaded.translate(lines))
+    model = loaded.model.train()
+    training = Translator.of_model(model, loaded.tokenizer, loaded.cfg)
+    for _ in range(2):
+        assert training.decode(lines) == expected and model.training
+        assert training.score(lines, loaded.translate(lines)) == scored and model.training

@@ -532,8 +532,22 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> Config:
     return cfg
 
 
+def check_strings(values: object, what: str) -> None:
+    """ConfigError where a list of strings is meant and something else came: one string above all, a sequence
+    too, which was read one character an item (``Translator.translate("A dog runs.")`` answered 11 lines)."""
+    if isinstance(values, str):
+        raise ConfigError(f"{what}: a list of strings, not one string ({values[:40]!r}): put it in a list")
+    if not isinstance(values, (list, tuple)):
+        raise ConfigError(f"{what}: a list of strings, not {type(values).__name__}")
+    for v in values:
+        if not isinstance(v, str):
+            raise ConfigError(f"{what}: a list of strings, holding {type(v).__name__} {v!r}")
+
+
 def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults, then one TOML file (a preset name or a path), then --set overrides; validated."""
+    if overrides is not None:
+        check_strings(overrides, "overrides")
     data: dict[str, Any] = {}
     where = "defaults"
     if name_or_path:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .config import EARLY_STOPS, LENGTH_NORMS, MAX_ALPHA, ConfigError, DecodeConfig, EarlyStop, LengthNorm
+from .config import (EARLY_STOPS, LENGTH_NORMS, MAX_ALPHA, ConfigError, DecodeConfig, EarlyStop, LengthNorm,
+                     check_strings)
 from .sampling import Sampling
 
 # The options that can meet in one decoding, in the table's order: a request's, then the Translator's.
@@ -130,6 +132,20 @@ class DecodeRequest:
         n-best list longer than the beam (``run``'s beam unless given), or, given the number of input
         ``lines``, prefixes or constraints for another number of lines. Nothing else is refused."""
         refuse_pairs(self.options() | setup.options(), names)
+        if self.prefixes is not None:
+            check_strings(self.prefixes, f"{names['prefix']} (one string a line)")
+        if self.constraints is not None:
+            if isinstance(self.constraints, str) or not isinstance(self.constraints, (list, tuple)):
+                raise ConfigError(f"{names['constraints']}: a list of phrases a line, not {self.constraints!r}")
+            for i, phrases in enumerate(self.constraints, 1):
+                check_strings(phrases, f"{names['constraints']} of line {i} (a list of phrases)")
+        for key, value in (("beam", self.beam_size), ("max_len_offset", self.max_len_offset), ("nbest", self.nbest),
+                           ("batch_size", self.batch_size), ("topk", self.topk), ("seed", self.seed)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise ConfigError(f"{names[key]} {value!r}: must be a whole number")
+        for key, value in (("alpha", self.alpha), ("topp", self.topp), ("temperature", self.temperature)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise ConfigError(f"{names[key]} {value!r}: must be a number")
         for key in SAMPLING_SETTINGS:
             if getattr(self, key) is not None and not self.sample:
                 raise ConfigError(f"{names[key]} without {names['sample']}: a setting of sampling")

@@ -643,9 +643,7 @@ def dev_bleu(model: Transformer, tokenizer: Tokenizer, pairs: list[tuple[str, st
     from .request import DecodeRequest
     from .translator import Translator
 
-    model.eval()
-    hyps = Translator.of_model(model, tokenizer, cfg).translate([s for s, _ in pairs], DecodeRequest())
-    model.train()
+    hyps = Translator.of_model(model, tokenizer, cfg).translate([s for s, _ in pairs], DecodeRequest())  # in eval mode
     return sacrebleu_scores(hyps, [t for _, t in pairs])["bleu"]
 
 

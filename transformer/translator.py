@@ -18,13 +18,13 @@ from tqdm import tqdm
 
 from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, chosen_weights, list_checkpoints,
                          load_checkpoint, run_folder)
-from .config import Config, ConfigError, LengthNorm, config_from_dict, edited_model
+from .config import Config, ConfigError, LengthNorm, check_strings, config_from_dict, edited_model
 from .data import encode_for_decoding
 from .errors import OutOfMemory, out_of_memory
 from .decode import Scored, decode_ids, score_ids
 from .ensemble import Ensemble
 from .model import FloatWeights, Transformer, pack_for_inference
-from .request import CLI, DecodeRequest, Setup, refuse_pairs
+from .request import API, CLI, DecodeRequest, Setup, refuse_pairs
 from .runtime import keep_freed_memory, native_bf16
 from .tokenizer import UNK_ID, Tokenizer
 from .trees import Tree, TreeConstraint, delinearize, ptb_escape
@@ -84,6 +84,8 @@ class Translator:
         each from its own averaged weights; they must have been trained with the same vocabulary. The
         decoding defaults are this run's."""
         run_dir = Path(run_dir)
+        if isinstance(ensemble, (str, Path)):  # one folder, read one character a folder
+            raise ConfigError(f"ensemble: a list of run folders, not one ({str(ensemble)!r}): put it in a list")
         keep_freed_memory()
         if device is None:
             device = "cuda" if torch.cuda.is_available() and not int8 else "cpu"
@@ -140,6 +142,17 @@ class Translator:
         bf16 = next(model.parameters()).dtype == torch.bfloat16
         self.setup = Setup(int8, isinstance(model, Ensemble), self.constraint is not None, str(device), bf16)
 
+    @contextlib.contextmanager
+    def _evaluating(self) -> Iterator[None]:
+        """The model in evaluation mode while it decodes or scores, then as it was: a model in training
+        (``of_model``'s, under training) drew dropout masks at every step, and answered at random."""
+        was = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was)
+
     def as_read(self, line: str) -> str:
         """A source line as the model reads it: on a parsing run, its brackets as the treebank writes them, the
         words it was trained on (§6.3: "(" is the word -LRB-)."""
@@ -185,6 +198,7 @@ class Translator:
         constraints. The request is checked first (``check``). A blank line's (``blank``) outputs are all ("", 0.0).
         ``progress`` shows a bar of sentences on stderr. ``stop`` is asked before each batch, and True ends
         the work with ``decode.Stopped`` (the server's request whose client has gone)."""
+        check_strings(lines, "lines")
         return next(self.stream([lines], request, progress, total=len(lines), stop=stop))[1]
 
     def stream(self, chunks: Iterable[list[str]], request: DecodeRequest = DecodeRequest(),
@@ -208,8 +222,10 @@ class Translator:
                 ) -> Iterator[tuple[list[str], list[list[tuple[str, float]]]]]:
         sampling = request.sampling(self.device)
         done = 0  # input lines decoded so far
-        with tqdm(total=total, desc="translate", unit="sent", disable=not progress, mininterval=1.0) as bar:
+        with self._evaluating(), tqdm(total=total, desc="translate", unit="sent", disable=not progress,
+                                      mininterval=1.0) as bar:
             for lines in chunks:
+                check_strings(lines, f"lines {done + 1} on")
                 part = request.lines(done, done + len(lines))
                 for key, given in part.per_line().items():
                     if len(given) < len(lines):
@@ -346,10 +362,17 @@ class Translator:
         depend on how many rows a step has: ``model.project``); the text is segmented again here, and an output
         the beam spelt in other pieces (about 1% of lines) scores lower. Empty
         here and there is blank (``blank``): no piece once the vocabulary's normalisation has run."""
+        check_strings(sources, "sources")
+        check_strings(targets, "targets")
+        if len(sources) != len(targets):
+            raise ConfigError(f"{len(sources)} sources but {len(targets)} targets")
+        # checked as the command line checks them: a length_norm of another name was gnmt without a word
+        DecodeRequest(alpha=alpha, length_norm=length_norm).verify(names=API)
         ids = encode_for_decoding(sources, self.tokenizer)
         target_ids = [self.tokenizer.encode(t.strip()) for t in targets]
-        scored = score_ids(self.model, ids, target_ids, self.cfg.decode.alpha if alpha is None else alpha, max_tokens,
-                           length_norm or self.cfg.decode.length_norm)
+        with self._evaluating():
+            scored = score_ids(self.model, ids, target_ids, self.cfg.decode.alpha if alpha is None else alpha,
+                               max_tokens, length_norm or self.cfg.decode.length_norm)
         if (bad := next((i for i, s in enumerate(scored) if math.isnan(s.log_prob)), None)) is not None:
             raise ModelOverflow(f"pair {bad + 1}")  # printed, "nan" was taken for a score
         return [Scored(0.0, 0.0, [0.0]) if len(src) == 1 and not tgt else s
