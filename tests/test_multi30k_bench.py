@@ -156,6 +156,12 @@ def test_wu2021_seed_band_pools_the_label_smoothed_runs_and_reads_the_published_
     assert (band["low"], band["high"], band["published_inside"]) == (37.02, 41.98, True)
     assert wu2021.seed_band(rows, 42.0)["published_inside"] is False
     assert wu2021.seed_band(rows[2:3], 41.02) is None
+    # read in another decoding: the runs so decoded alone (the band had been read in GNMT's α = 1 alone, though
+    # the published run and generate.py decode with score / |Y|)
+    rows[0]["test_theirs_lenpen"], rows[1]["test_theirs_lenpen"] = {"tok_lc_bleu": 40.0}, {"tok_lc_bleu": 41.0}
+    lenpen = wu2021.seed_band(rows, 41.02, "theirs_lenpen")
+    assert (lenpen["runs"], lenpen["decoding"], lenpen["mean"]) == (["a", "b"], "theirs_lenpen", 40.5)
+    assert band["decoding"] == "theirs"
 
 
 def test_wu2021_gap_rows_split_bleu_into_precisions_and_length() -> None:
