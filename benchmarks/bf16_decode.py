@@ -69,7 +69,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1300, help="updates of the default run")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the three ways")
     parser.add_argument("--b1-sentences", type=int, default=200, help="sentences decoded at batch 1")
+    parser.add_argument("--markdown", action="store_true", help="rewrite the .md from the JSON already there "
+                        "(with --device: which)")
     args = parser.parse_args()
+    if args.markdown:
+        name = RESULTS / ("bf16_decode" + ("_cuda" if args.device == "cuda" else ""))
+        name.with_suffix(".md").write_text(markdown(json.loads(name.with_suffix(".json").read_text(encoding="utf-8"))),
+                                           encoding="utf-8")
+        return
     if args.repeat < 1 or args.b1_sentences < 1 or args.steps < 1:
         parser.error("--repeat, --b1-sentences and --steps must be at least 1")
     if args.run and not list_checkpoints(args.run):
@@ -127,6 +134,10 @@ def markdown(r: dict) -> str:
         + f" | {r['quality'][way]['tok_lc_bleu']} | {r['quality'][way]['sacrebleu']} | "
           f"{r['quality'][way]['outputs_differing_from_fp32']} |\n" for way in r["quality"])
     ratio = ", ".join(f"{s} {v}×" for s, v in r["bf16_vs_fp32"].items())
+    # the rounds interleave the ways: each round's bf16 against the same round's fp32, the spread a median hides
+    paired = {s: [b / f for b, f in zip(v["bf16"]["runs"], v["fp32"]["runs"])]
+              for s, v in r["speed_sents_per_s"].items()}
+    rounds = ", ".join(f"{s} {min(x):.2f}–{max(x):.2f}×" for s, x in paired.items())
     where = r["gpu"] or "CPU"
     return (f"# Decoding in bf16: Multi30k EN→DE test2016, {where}\n\n`{r['command']}` — {r['date']}, "
             f"{commit_text(r)}, {r['machine']}, torch {r['versions']['torch']}; run `{r['run']}`, beam {r['beam']}, "
@@ -135,7 +146,8 @@ def markdown(r: dict) -> str:
             f"| way | batch 1 ({r['b1_sentences']} sentences), sent/s | batch 64 ({r['sentences']}), sent/s | "
             f"tok. lc BLEU | sacreBLEU | outputs ≠ fp32 |\n|---|---|---|---|---|---|\n{speed_rows}\n"
             f"Median of {len(next(iter(r['speed_sents_per_s'].values()))['fp32']['runs'])} interleaved rounds "
-            f"(min–max); bf16 against fp32, medians: {ratio}. Readings of one machine in one hour: "
+            f"(min–max); bf16 against fp32, medians: {ratio}; round by round: {rounds}. Readings of one machine "
+            "in one hour: "
             "a ratio is no firmer than the min–max ranges beside it.\n")
 
 
