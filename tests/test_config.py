@@ -413,3 +413,16 @@ def test_a_resume_may_spell_a_data_file_another_way(tmp_path, monkeypatch):
     assert load_config("tiny", [f'data.train_src="{tmp_path / "train.en"}"']).resume_differences(saved) == []
     assert load_config("tiny", ['data.train_src="other.en"']).resume_differences(saved) == [
         "data.train_src: 'train.en' -> 'other.en'"]
+
+
+def test_settings_that_cannot_train_are_refused_naming_their_keys():
+    """eps_ls at or past (V-1)/V gave every other piece as much as the reference (training moved away from it); an
+    lr_scale whose peak rate float32 cannot hold made every weight NaN at the first step."""
+    with pytest.raises(ConfigError, match=r"^--set train.eps_ls=0.99: train.eps_ls 0.99 with data.vocab_size 36: "
+                                          r".* below \(V - 1\) / V"):
+        load_config("tiny", ["data.vocab_size=36", "train.eps_ls=0.99"])
+    assert load_config("tiny", ["data.vocab_size=36", "train.eps_ls=0.97"]).train.eps_ls == 0.97
+    with pytest.raises(ConfigError, match=r"^--set train.lr_scale=1e42: train.lr_scale 1e\+42: eq. \(3\)'s peak "
+                                          r"rate .* beyond float32's range"):
+        load_config("tiny", ["train.lr_scale=1e42"])
+    assert load_config("tiny", ["train.lr_scale=1e6"]).train.lr_scale == 1e6

@@ -491,17 +491,29 @@ def test_skipped_steps_are_counted_not_taken_and_too_many_stop_training(tmp_path
 
 def test_weights_past_floats_range_are_never_written_and_the_stop_says_which_checkpoint_is_left(
         tmp_path, tiny_overrides, monkeypatch):
-    """train.lr_scale 1e300: the first step, its gradients finite, made every weight NaN, and the checkpoint of
-    that step was written, averaged into translations and resumed from; the stop that followed said "the newest
-    checkpoint holds finite weights". Before any update, a stop blamed the rate, which had played no part."""
+    """train.lr_scale 1e300 (now refused up front): the first step, its gradients finite, made every weight NaN,
+    and the checkpoint of that step was written, averaged into translations and resumed from; the stop that
+    followed said "the newest checkpoint holds finite weights". Before any update, a stop blamed the rate, which
+    had played no part."""
     import transformer.train as T
     from transformer.checkpoint import list_checkpoints
 
     common = tiny_overrides + ["train.save_every=1", "train.eval_every=1000", "train.max_bad_steps=3"]
+    with pytest.raises(ConfigError, match=r"train.lr_scale 1e\+300: eq. \(3\)'s peak rate .* beyond float32's range"):
+        load_config("tiny", common + ["train.lr_scale=1e300"])
+    step = training.queue_step
+
+    def overflowing(model, *args, **kwargs):  # a step applied, its gradients finite, that leaves a weight inf
+        queued = step(model, *args, **kwargs)
+        with torch.no_grad():
+            next(model.parameters()).fill_(float("inf"))
+        return queued
+    monkeypatch.setattr(training, "queue_step", overflowing)
     with pytest.raises(TrainError, match=r"^step 1: the weights are not finite \(a step at too high a rate overflowed "
                                          r"them\); no checkpoint written, none was written before\. Lower"):
-        train(load_config("tiny", common + ["train.max_steps=5", "train.lr_scale=1e300"]), tmp_path / "run", quiet=True)
+        train(load_config("tiny", common + ["train.max_steps=5"]), tmp_path / "run", quiet=True)
     assert list_checkpoints(tmp_path / "run") == []
+    monkeypatch.setattr(training, "queue_step", step)
 
     real, calls = T.label_smoothed_loss, {"n": 0}
 

@@ -176,6 +176,7 @@ class DecodeConfig:
 
 MAX_VOCAB = 2**31 - 1  # piece ids are int32 in sentencepiece and in the token store (store.py)
 MAX_THREADS = 1024  # train.threads, --threads: past a few thousand, creating the threads crashed the process
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch (config.validate)
 # bounds on a model's shape far past any that trains (Table 3's largest: 6 layers, d_model 1024, d_ff 4096, h 16),
 # so that a mistyped size is refused in one line, not an overflow, an allocation failure or a hang
 MAX_SIZE = {"n_enc_layers": 1000, "n_dec_layers": 1000, "d_model": 2**16, "d_ff": 2**18, "n_heads": 1024,
@@ -312,6 +313,15 @@ class Config:
                         ("model.p_drop_relu", m.p_drop_relu), ("train.eps_ls", t.eps_ls)]:
             if not 0.0 <= p < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {p}")
+        if self.data.vocab_size > 1 and t.eps_ls >= (self.data.vocab_size - 1) / self.data.vocab_size:
+            # §5.4 over V - 1 classes (A3): each other piece then gets ε/(V-1) >= 1 - ε, and training moves away
+            # from the reference
+            raise ConfigError(f"train.eps_ls {t.eps_ls} with data.vocab_size {self.data.vocab_size}: the reference "
+                              "would get no more probability than any other piece; it must be below (V - 1) / V")
+        peak = t.lr_scale * m.d_model ** -0.5 * max(t.warmup_steps, 1) ** -0.5  # eq. (3) at its top
+        if peak > FLOAT32_MAX:  # Adam's step in float32 is inf: every weight NaN at the first step
+            raise ConfigError(f"train.lr_scale {t.lr_scale:g}: eq. (3)'s peak rate {peak:.3g} is beyond float32's "
+                              "range")
         for name, beta in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
             if not 0.0 <= beta < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {beta}")

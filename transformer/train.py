@@ -1167,8 +1167,13 @@ class Trainer:
         if self.ends(t.eval_every):
             rec.update(self.evaluate())
         if self.bleu_due():
-            rec["valid_bleu"] = dev_bleu(self.raw, self.run_data.tokenizer, self.run_data.valid_text[:t.bleu_sentences],
-                                         self.cfg)
+            from .translator import ModelOverflow
+
+            try:
+                rec["valid_bleu"] = dev_bleu(self.raw, self.run_data.tokenizer,
+                                             self.run_data.valid_text[:t.bleu_sentences], self.cfg)
+            except ModelOverflow as e:  # its "line 1" named no file: the first validation sentence of this step
+                raise TrainError(f"step {state.step}: dev BLEU, validation sentence {e}") from None
         evaluated = time.monotonic() - evaluating
         for key, value in rec.items():
             if key not in ("step", "epoch"):

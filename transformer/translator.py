@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -33,7 +34,9 @@ from .trees import Tree, TreeConstraint, delinearize, ptb_escape
 def quantize_int8(model: Transformer) -> Transformer:
     """int8 dynamic quantization for CPU inference: every linear layer, the pre-softmax projection
     included, keeps int8 weights and quantizes its input per batch (activations stay fp32 between
-    layers). A speed option, not part of the paper; benchmarks/speed.py measures its BLEU cost.
+    layers). A speed option, not part of the paper; benchmarks/speed.py measures its BLEU cost. ``model``
+    itself is changed (its tied projection given a frozen copy of its own, as the quantized one needs): pass a
+    copy to keep it.
 
     The decoder layers' projections also keep their float weights (``model.FloatWeights``): a decoding
     step of a few rows (batch 1) multiplies by those, where quantizing the input at every call costs
@@ -70,7 +73,7 @@ class Translator:
     an ensemble, the device, a parsing run's tree constraint: ``setup``); ``decode`` answers a
     ``request.DecodeRequest`` for lines, ``translate`` maps lines to lines, one for one."""
 
-    def __init__(self, run_dir: Path, checkpoint: Path | None = None, log: Callable[[str], None] = print,
+    def __init__(self, run_dir: Path, checkpoint: Path | None = None, log: Callable[[str], None] | None = None,
                  int8: bool = False, device: str | None = None, decode: dict[str, object] | None = None,
                  ensemble: Sequence[Path] = (), bf16: bool = False):
         """``device``: where the model decodes ("cpu", "cuda", "cuda:1"); default a GPU when there is
@@ -82,8 +85,13 @@ class Translator:
         run's own (the server's --beam, --alpha, ...: the defaults of its requests; --unconstrained).
         ``ensemble``: more run folders whose models decode together with this one (``ensemble.Ensemble``),
         each from its own averaged weights; they must have been trained with the same vocabulary. The
-        decoding defaults are this run's."""
+        decoding defaults are this run's. ``log``: what loading does (default: to stderr). Loading sets the
+        whole process's allocator to keep freed memory (``runtime.keep_freed_memory``), as decoding's repeated
+        allocations want: a host program's freed memory stays mapped too."""
         run_dir = Path(run_dir)
+        if log is None:  # what loading did, on stderr as the command line says it: stdout is for translations
+            def log(message: str) -> None:
+                print(message, file=sys.stderr)
         if isinstance(ensemble, (str, Path)):  # one folder, read one character a folder
             raise ConfigError(f"ensemble: a list of run folders, not one ({str(ensemble)!r}): put it in a list")
         keep_freed_memory()
@@ -358,7 +366,8 @@ class Translator:
         P(target | source) and each piece's log-prob (EOS last); ``max_tokens`` target positions at most
         per batch (``decode.score_ids``). An empty source with an empty target scores 0, its EOS certain,
         as ``decode`` answers an empty line: score(line, translate(line)) is translate's score for every line
-        whose output's pieces are the vocabulary's own segmentation of its text (in fp32; an int8 model's products
+        whose output's pieces are the vocabulary's own segmentation of its text (in fp32, to about 1e-5: the
+        kernels follow the batch's shape; an int8 model's products
         depend on how many rows a step has: ``model.project``); the text is segmented again here, and an output
         the beam spelt in other pieces (about 1% of lines) scores lower. Empty
         here and there is blank (``blank``): no piece once the vocabulary's normalisation has run."""
