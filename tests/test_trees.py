@@ -43,9 +43,11 @@ def test_a_word_without_its_part_of_speech_node_is_refused_naming_the_tree(tmp_p
     with pytest.raises(TreeError, match=r"^the word 'barked' stands in \(S \.\.\.\) without a part-of-speech node"):
         normalize(tree("(S (NP (DT The) (NN dog)) barked)"))
     gold = tmp_path / "g.mrg"
-    gold.write_text("(S (NP (DT A) (NN cat)) (VP (VBD sat)))\n(S (NP (DT The) (NN dog)) barked)\n")
+    gold.write_text("(S (NP (DT A) (NN cat))\n   (VP (VBD sat)))\n\n(S (NP (DT The) (NN dog)) barked)\n")
     assert main(["evaluate-parse", "--gold", str(gold), "--test", str(gold)]) == 1
-    assert capsys.readouterr().err.startswith(f"error: {gold}: tree 2: the word 'barked' stands in (S ...)")
+    # and where it is: the line a tree starts on (other errors of a file named it already)
+    assert capsys.readouterr().err.startswith(f"error: {gold}: tree 2 (line 4): the word 'barked' stands in (S ...)")
+    assert [t.line for t in parse_brackets(gold.read_text())] == [1, 4]
 
 
 def test_evaluate_reads_gold_trees_as_evaluate_parse_does(tiny_parse_run, tmp_path, capsys, monkeypatch):

@@ -54,6 +54,7 @@ class Tree:
 
     label: str
     children: list[Tree | str] = field(default_factory=list)
+    line: int = field(default=0, compare=False, repr=False)  # where a tree read from text starts (0: not read)
 
     @property
     def is_preterminal(self) -> bool:
@@ -103,7 +104,7 @@ def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
             label = ""
             if i + 1 < len(tokens) and tokens[i + 1][0] not in "()":
                 label, i = tokens[i + 1][0], i + 1
-            stack.append(Tree(label))
+            stack.append(Tree(label, line=0 if stack else start))
             if len(stack) > MAX_DEPTH:
                 raise TreeError(f"{where}: tree {number} (line {line}): more than {MAX_DEPTH} brackets open at once; "
                                 "no parse tree nests so deep")
@@ -164,7 +165,7 @@ def read_normalized(path: Path) -> list[Tree | None]:
         try:
             out.append(normalize(tree))
         except TreeError as e:
-            raise TreeError(f"{path}: tree {i}: {e}") from None
+            raise TreeError(f"{path}: tree {i} (line {tree.line}): {e}") from None
     return out
 
 
