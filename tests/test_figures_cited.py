@@ -56,6 +56,8 @@ CHECKED = {
 # numbers in checked sections that are settings, references or names, not measurements: (page, regular
 # expression); "*" for every page. A page's own phrases must still be printed there.
 SETTINGS: list[tuple[str, str]] = [
+    # sizes written with a unit's suffix: vocabularies, step budgets, corpora, and §5.1's 25k tokens a batch
+    ("*", r"\d+[kK](?:\s+|-)(?:joint\s+)?(?:BPE|sentencepiece|sentences|steps|word|token|tokens)\b"), ("*", r"~?25k\b"),
     ("*", r"\d+\s+CPU\s+cores"), ("*", r"\d+\s+threads"), ("*", r"beam\s+\d+"), ("*", r"batch\s+\d+"),
     ("*", r"α\s+\d\.\d"), ("*", r"d_model\s+\d+"), ("*", r"d_ff\s+\d+"), ("*", r"\d\+\d\s+layers"),
     ("*", r"Table\s+\d"), ("*", r"eq\.\s+\(\d\)"), ("*", r"et\s+al\.,?\s+\(?\d{4}"), ("*", r"test20\d\d"),
@@ -541,6 +543,8 @@ FIGURES: list[Figure] = [
              ("17.3", "4/peak_memory_gib"), ("15.3", "14/peak_memory_gib"),
              ("95.6", "6/step_ms"), ("18.2", "6/peak_memory_gib")),
     *figures("docs/scaling.md", H200_1, "gpu_visit_2026-11-29/train_cut_at_560s.log",
+             ("35k", "model=base&mode=bf16 ×8/tgt_tokens_per_s")),
+    *figures("docs/scaling.md", H200_1, "gpu_visit_2026-11-29/train_cut_at_560s.log",
              ("14.4", "0/mfu"), ("18.2", "10/mfu"), ("16.1", "2/mfu"), ("19.9", "12/mfu"), ("28.9", "4/mfu"),
              ("32.7", "14/mfu"), ("32.7", "6/mfu"), scale=100),
     *figures("docs/scaling.md", H200_1, "gpu_visit_2026-11-29/big_compile.json",
@@ -652,7 +656,8 @@ def section_text(page_text: str, heading: str) -> str:
 
 
 # a number: not part of a word, a version (0.12.3.1) or a section reference (§6.1)
-NUMBER = re.compile(r"(?<![\w.§])\d[\d,]*(?:\.\d+)?(?:e-?\d+)?(?![\w]|\.\d)")
+# a number, with its unit's suffix where one is glued to it ("35k", "63.1M"): a figure so written was skipped
+NUMBER = re.compile(r"(?<![\w.§])\d[\d,]*(?:\.\d+)?(?:e-?\d+)?(?:[kKM](?![\w]|\.\d))?(?![\w]|\.\d)")
 
 
 def numbers(text: str) -> list[tuple[int, int, str]]:
@@ -676,17 +681,21 @@ def unmapped(text: str, figures: list[str], settings: list[str]) -> list[str]:
     return out
 
 
+SUFFIX = {"k": 1e3, "K": 1e3, "M": 1e6}  # "35k": 35,296 in thousands, rounded as printed
+
+
 def printed_value(figure: Figure) -> float:
-    return float(figure.text.replace(",", ""))
+    return float(figure.text.replace(",", "").rstrip("kKM"))
 
 
 def matches(figure: Figure) -> tuple[bool, object]:
     value = read_path(result(figure.file), figure.path)
-    mantissa, _, exponent = figure.text.partition("e")
+    unit = SUFFIX.get(figure.text[-1], 1.0)
+    mantissa, _, exponent = figure.text.rstrip("kKM").partition("e")
     decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
     if exponent:  # printed in scientific notation: compare as many significant digits
         return float(f"{float(value) * figure.scale:.{decimals}e}") == printed_value(figure), value
-    return round(float(value) * figure.scale, decimals) == printed_value(figure), value
+    return round(float(value) * figure.scale / unit, decimals) == printed_value(figure), value
 
 
 def page_text(page: str) -> str:
@@ -734,6 +743,12 @@ def test_a_wrong_or_unmapped_figure_is_caught():
     assert not matches(Figure("README.md", "Results", "1.17", "tried/speed_529ba0e.json", "ratios/train_vs_fairseq"))[0]
     assert read_path({"rows": [{"row": "A1", "x": 3}, {"row": "A1", "x": 4, "y": 1}]}, "rows/row=A1&y=1/x") == 4
     assert section_text("# A\none 1\n## B\ntwo `2` [x](y3.md)\n# C\nthree 3\n", "A") == "\none 1\n## B\ntwo   [x]\n"
+    # a figure with its unit's suffix is a number too (a changed "35k" passed unseen), read in its unit
+    assert unmapped("at 99k target tokens/s", [], []) == ["99k"]
+    assert matches(Figure("docs/scaling.md", "", "35k", "gpu_visit_2026-11-29/train_cut_at_560s.log",
+                          "model=base&mode=bf16 ×8/tgt_tokens_per_s"))[0]
+    assert not matches(Figure("docs/scaling.md", "", "36k", "gpu_visit_2026-11-29/train_cut_at_560s.log",
+                              "model=base&mode=bf16 ×8/tgt_tokens_per_s"))[0]
 
 
 @pytest.mark.parametrize("page", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
