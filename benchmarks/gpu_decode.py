@@ -21,11 +21,14 @@ workers, and the start-up of `translate` on one sentence beside `import torch`'s
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +37,48 @@ from provenance import code_state
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BATCHES = (1, 64, 512)
+
+
+def as_this_package_reads(run: Path) -> Path:
+    """``run`` as the package of this process reads it: a copy beside it whose configs (config.toml, each
+    checkpoint record's) hold only the keys that package's Config knows, and a training precision it takes.
+    A run trained by today's package holds keys added since the "before" package (train.init_qkv_gain, ...,
+    precision "auto"), which that package refuses as unknown; none of them changes how the weights decode.
+    The other files are links to the run's own (the records' checksums are of the weights)."""
+    import dataclasses
+    import tomllib
+
+    import tomli_w
+
+    from transformer.config import Config
+
+    defaults = Config()
+    known = {f.name: {g.name for g in dataclasses.fields(getattr(defaults, f.name))}
+             for f in dataclasses.fields(Config)}
+
+    def readable(config: dict) -> dict:
+        out = {section: {k: v for k, v in values.items() if k in known.get(section, ())}
+               for section, values in config.items() if section in known}
+        if out.get("train", {}).get("precision") == "auto":  # before "auto" existed; training's, not decoding's
+            out["train"]["precision"] = "fp32"
+        return out
+
+    copy = Path(tempfile.mkdtemp(prefix=f"{run.name}.", dir=run.parent))
+    atexit.register(shutil.rmtree, copy, ignore_errors=True)
+    (copy / "checkpoints").mkdir()
+    for path in run.iterdir():
+        if path.is_file() and path.name != "config.toml":
+            (copy / path.name).symlink_to(path.resolve())
+    if (run / "config.toml").is_file():
+        (copy / "config.toml").write_text(tomli_w.dumps(readable(tomllib.loads((run / "config.toml").read_text()))))
+    for path in (run / "checkpoints").iterdir():
+        if path.suffix == ".json":
+            record = json.loads(path.read_text())
+            record["config"] = readable(record["config"])
+            (copy / "checkpoints" / path.name).write_text(json.dumps(record))
+        else:
+            (copy / "checkpoints" / path.name).symlink_to(path.resolve())
+    return copy
 
 
 def worker(run: str, batch: int, sentences: int, repeat: int, device: str, data: str) -> dict:
@@ -45,7 +90,8 @@ def worker(run: str, batch: int, sentences: int, repeat: int, device: str, data:
     from transformer.decode import decode_ids
     from transformer.translator import Translator
 
-    translator = Translator(Path(run), list_checkpoints(Path(run))[-1], log=lambda m: None, device=device)
+    run = as_this_package_reads(Path(run))
+    translator = Translator(run, list_checkpoints(run)[-1], log=lambda m: None, device=device)
     lines = read_lines(Path(data))[:sentences]
     sources = encode_for_decoding(lines, translator.tokenizer)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)

@@ -29,7 +29,7 @@ from transformer.data import read_lines
 from transformer.prepare import resolve_data_path
 from transformer.translator import Translator
 from transformer.evaluate import score_trees
-from transformer.trees import delinearize, read_trees
+from transformer.trees import read_trees
 
 from common import train_or_reread, weight_candidates
 from provenance import code_state, commit_text
@@ -44,7 +44,7 @@ def parse(translator: Translator, words_file: str, gold_file: str) -> dict:
     start = time.monotonic()
     outputs = translator.translate(lines)
     seconds = time.monotonic() - start
-    results = [delinearize(out.split(), line.split()) for line, out in zip(lines, outputs)]
+    results = translator.trees(lines, outputs)  # as `transformer parse` rebuilds them
     score = score_trees(gold, [t for t, _ in results]).as_dict()
     score["well_formed_before_repair"] = round(sum(ok for _, ok in results) / len(results), 4)
     score["parse_seconds"] = round(seconds, 1)

@@ -519,7 +519,7 @@ def test_serve_without_its_extra_says_how_to_install_it(missing, capsys, monkeyp
     monkeypatch.delitem(sys.modules, "transformer.serve", raising=False)
     status, out, err = run_here(capsys, "serve", str(REFERENCE_RUN), "--port", "1")
     assert (status, out) == (1, "") and err.startswith("error: serving needs the optional dependencies: pip install "
-                                                       "-e '.[serve]' in the project's checkout (") and missing in err
+                                                       "'fastapi") and "(the [serve] extra) (" in err and missing in err
 
 
 def test_the_early_stop_help_names_the_runs_default(capsys):
@@ -1053,7 +1053,7 @@ def test_a_parse_keeps_the_tree_the_beam_wrote_around_words_of_unknown_character
     into other constituents and its brackets dropped."""
     from transformer.trees import PLACEHOLDER, linearize, parse_brackets
 
-    lines = ["Zo\u00eb \u00f1 \u00d8yvind .", "The dog ( \u0416uk ) barked ."]
+    lines = ["Zo\u00eb \u00f1 \u00d8yvind .", "The dog ( \u0416uk ) barked .", "I don\u00b4t know ."]
     (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
     assert main(["translate", str(tiny_parse_run), "--input", str(tmp_path / "in.txt"), "--threads", "1"]) == 0
     written = capsys.readouterr().out.splitlines()
@@ -1061,8 +1061,13 @@ def test_a_parse_keeps_the_tree_the_beam_wrote_around_words_of_unknown_character
     trees = [parse_brackets(line)[0] for line in capsys.readouterr().out.splitlines()]
     for line, tree, raw in zip(lines, trees, written, strict=True):
         assert tree.words() == line.replace("(", "-LRB-").replace(")", "-RRB-").split()
-        shape = [t if t[0] in "()" else PLACEHOLDER for t in raw.split()]  # the beam's tree, one token a word
-        assert linearize(tree) == shape, (raw, str(tree))
+        if "\u00b4" not in line:  # "don\u00b4t" the model writes as two words, whose leaves are merged
+            shape = [t if t[0] in "()" else PLACEHOLDER for t in raw.split()]  # the beam's tree, one token a word
+            assert linearize(tree) == shape, (raw, str(tree))
+    # each output of the constrained beam is a well-formed tree of its input, read as the model wrote it
+    from transformer.translator import Translator
+
+    assert [ok for _, ok in Translator(tiny_parse_run, log=lambda m: None).trees(lines, written)] == [True] * 3
 
 
 def test_evaluating_a_parsing_run_against_linearised_targets_says_what_ref_takes(tiny_parse_run, tmp_path, capsys):

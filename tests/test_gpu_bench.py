@@ -5,6 +5,7 @@ benchmarks/gpu_attention.py's glue on the CPU."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -733,3 +734,28 @@ def test_the_issues_batches_pad_their_sources_as_synthetic_batches_says():
     for b in batches:
         assert 42 <= b.tgt_in.shape[1] <= 44 and 1 - b.n_tgt_tokens / b.tgt_out.numel() < 0.03
         assert 0.33 < 1 - b.n_src_tokens / b.src.numel() < 0.43
+
+
+@pytest.mark.slow
+def test_the_decode_visits_before_package_reads_a_run_of_todays(tiny_run, tmp_path):
+    """gpu_decode.py's "before" (979b027, issue 43's) refused the quick model's config, keys added since
+    (train.init_qkv_gain, ..., precision "auto"): the visit's first measurement failed and ended the script.
+    Its worker reads the run through a copy whose configs hold what that package knows."""
+    root = Path(__file__).resolve().parents[1]
+    before = tmp_path / "before"
+    before.mkdir()
+    archive = subprocess.run(["git", "-C", str(root), "archive", "979b027", "transformer", "configs"],
+                             capture_output=True)
+    if archive.returncode:
+        pytest.skip(f"979b027 is not in this clone's history: {archive.stderr.decode()[:200]}")
+    subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
+    lines = tmp_path / "test.en"
+    lines.write_text("A dog runs.\nTwo men are talking.\n")
+    for code in (before, root):  # the old package, and today's through the same copy
+        done = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_decode.py"), "--worker", str(tiny_run),
+                               "2", "2", "1", "cpu", str(lines)], capture_output=True, text=True, cwd=root,
+                              env={**os.environ, "PYTHONPATH": f"{code}:{root / 'benchmarks'}"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        assert result["code"] == str(code / "transformer") and result["sentences"] == 2
+    assert not [p for p in tiny_run.parent.iterdir() if p.name.startswith(f"{tiny_run.name}.")]  # copies removed

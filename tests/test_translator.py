@@ -358,6 +358,14 @@ def test_a_model_whose_scores_are_not_numbers_is_said_to_be_so(run):
             overflowing.translate(["", "A dog runs."], sampled)
     with pytest.raises(ModelOverflow, match=r"^pair 1: the model's scores are not finite"):
         overflowing.score(["A dog runs."], ["Ein Hund rennt."])
+    # in int8, the quantization of values that are not finite failed first: torch's RuntimeError, an internal error
+    from transformer.translator import quantize_int8
+
+    int8 = Translator.of_model(quantize_int8(model), loaded.tokenizer, loaded.cfg)
+    with pytest.raises(ModelOverflow, match=r"^lines 1 to 2: the model's scores are not finite"):
+        int8.translate(["A dog runs.", "A cat."])
+    with pytest.raises(ModelOverflow, match=r"^pairs 1 to 1: the model's scores are not finite"):
+        int8.score(["A dog runs."], ["Ein Hund rennt."])
 
 
 def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line(run):
@@ -384,6 +392,13 @@ def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line
         with pytest.raises(ConfigError, match=said):
             call()
     assert translator.translate(["A dog runs."], DecodeRequest(beam_size=torch.tensor(2).item(), alpha=1))
+    # a NumPy array (a table's column) is a list of lines too, as it was; an iterator has no count to check
+    import numpy as np
+
+    both = ["A dog runs.", "Two men."]
+    assert translator.translate(np.array(both)) == translator.translate(both)
+    with pytest.raises(ConfigError, match=r"^lines: a list of strings, not generator"):
+        translator.translate(line for line in ["A dog runs."])
 
 
 def test_a_model_in_training_mode_decodes_as_the_loaded_run_does(run):
@@ -397,3 +412,26 @@ def test_a_model_in_training_mode_decodes_as_the_loaded_run_does(run):
     for _ in range(2):
         assert training.decode(lines) == expected and model.training
         assert training.score(lines, loaded.translate(lines)) == scored and model.training
+
+
+def test_the_weights_read_are_named_and_a_checkpoint_pruned_while_read_is_read_again(run, monkeypatch):
+    """A run still training prunes its checkpoints: one removed between listing and reading failed the load (a
+    plain retry would have worked), and evaluate --json listed the checkpoints again after decoding, naming newer
+    ones than it had decoded with."""
+    import transformer.translator as T
+
+    real, calls = T.average_checkpoints, []
+
+    def pruned_once(paths):
+        calls.append(list(paths))
+        if len(calls) == 1:  # the trainer's prune, between the listing and the read
+            paths[0].with_suffix(".safetensors").unlink()
+            paths[0].unlink()
+            raise CheckpointError(f"{paths[0].with_suffix('.safetensors').name}: cannot read weights file")
+        return real(paths)
+    monkeypatch.setattr(T, "average_checkpoints", pruned_once)
+    translator = Translator(run, log=lambda m: None)
+    assert len(calls) == 2 and calls[0][0] not in calls[1]
+    assert translator.weights_from == [p.with_suffix(".safetensors").resolve() for p in calls[1]]
+    assert Translator(run, checkpoint=calls[1][-1], log=lambda m: None).weights_from == [
+        calls[1][-1].with_suffix(".safetensors").resolve()]

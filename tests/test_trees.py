@@ -127,9 +127,14 @@ def test_well_formed_flag():
     assert delinearize(["(S", "a", "XX", ")S"], words)[1]
     # the leaves matched with the words as the model writes them (an unknown character as \u2047), not as given
     shape = ["(S", "(NP", "Zo\u2047", ")NP", "(VP", "\u2047", ")VP", ")S"]
-    assert delinearize(shape, ["Zo\u00eb", "\u00f1"], written=["Zo\u2047", "\u2047"]) == (
+    assert delinearize(shape, ["Zo\u00eb", "\u00f1"], written=[["Zo\u2047"], ["\u2047"]]) == (
         tree("(S (NP (XX Zo\u00eb)) (VP (XX \u00f1)))"), True)
     assert not delinearize(shape, ["Zo\u00eb", "\u00f1"])[1]
+    # a word the model writes as two ("don\u00b4t": normalised to "don \u0301t"): its leaves merge into the first,
+    # and a constituent left empty goes
+    split = ["(S", "(NP", "I", ")NP", "(VP", "don", "(ADVP", "\u2047t", ")ADVP", "know", ")VP", ")S"]
+    assert delinearize(split, ["I", "don\u00b4t", "know"], written=[["I"], ["don", "\u2047t"], ["know"]]) == (
+        tree("(S (NP (XX I)) (VP (XX don\u00b4t) (XX know)))"), True)
     assert delinearize(["(S", "a", "c", ")S"], words) == (tree("(S (XX a) (XX b))"), False)  # not the input's
 
 

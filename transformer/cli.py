@@ -669,13 +669,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         with _line_sink(None if args.hyp_out == STDOUT else args.hyp_out) as write:
             write(hyps)
     if args.json:  # the scores and what they are of: the weights, the test set, the search
-        from .checkpoint import checkpoints_to_average, chosen_weights, run_folder
+        from .checkpoint import chosen_weights
 
         searched = translator.check(request)
-        chosen = chosen_weights(Path(args.run_dir), args.checkpoint)
-        weights = ({"checkpoint": str(chosen.resolve())} if chosen is not None else
-                   {"averaged": [str(p.with_suffix(".safetensors").resolve()) for p in
-                                 checkpoints_to_average(run_folder(args.run_dir), translator.cfg.decode.average_last)]})
+        # the files the model was loaded from: listed again, a run still training named newer ones
+        read = [str(p) for p in translator.weights_from]
+        weights = ({"checkpoint": read[0]} if chosen_weights(Path(args.run_dir), args.checkpoint) is not None
+                   else {"averaged": read})
         scores |= {"run": str(Path(args.run_dir).resolve()), **weights, "int8": args.int8, "bf16": args.bf16,
                    "src": str(Path(args.src).resolve()), "ref": str(Path(args.ref).resolve()), "sentences": len(src),
                    "decode": {k: v for k, v in dataclasses.asdict(searched).items()
@@ -707,7 +707,7 @@ def _language_code(path: object) -> str | None:
 
 def _parse_lines(translator, lines: list[str], request) -> list:
     """Trees for sentences of space-separated words (§6.3): decode, then rebuild with the input's words."""
-    return translator.trees(lines, _translate_lines(translator, lines, request))
+    return [tree for tree, _ in translator.trees(lines, _translate_lines(translator, lines, request))]
 
 
 def _parse_arguments(p: argparse.ArgumentParser) -> None:
@@ -735,7 +735,7 @@ def cmd_parse(args: argparse.Namespace) -> None:
                           "use `transformer translate`")
     with _line_sink(args.output) as write:
         for lines, hyps in _decoded(args, translator, request, total, said):
-            write(map(str, translator.trees(lines, [h[0][0] for h in hyps])))
+            write(str(tree) for tree, _ in translator.trees(lines, [h[0][0] for h in hyps]))
 
 
 def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:

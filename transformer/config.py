@@ -16,6 +16,7 @@ import os
 import re
 import tomllib
 import typing
+from collections.abc import Mapping, Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -545,9 +546,10 @@ def config_from_dict(data: dict[str, Any], where: str = "config") -> Config:
 def check_strings(values: object, what: str) -> None:
     """ConfigError where a list of strings is meant and something else came: one string above all, a sequence
     too, which was read one character an item (``Translator.translate("A dog runs.")`` answered 11 lines)."""
-    if isinstance(values, str):
+    if isinstance(values, (str, bytes)):
         raise ConfigError(f"{what}: a list of strings, not one string ({values[:40]!r}): put it in a list")
-    if not isinstance(values, (list, tuple)):
+    # a list, a tuple, a NumPy array or a column of a table: in order and counted; not a mapping, a set or an iterator
+    if isinstance(values, (Mapping, AbstractSet)) or not (hasattr(values, "__len__") and hasattr(values, "__iter__")):
         raise ConfigError(f"{what}: a list of strings, not {type(values).__name__}")
     for v in values:
         if not isinstance(v, str):

@@ -19,8 +19,18 @@ class OutOfMemory(UserError):
 
 
 def install_extra(extra: str) -> str:
-    """How to install one of the package's optional extras. The package is installed from its checkout (no
-    index holds it under this name: `pip install 'transformer[...]'` would fail, or find another's)."""
+    """How to install one of the package's optional extras: its requirements as the installed package's metadata
+    lists them (a wheel's user has no checkout), else the checkout's editable install. No index holds the package
+    under its name: `pip install 'transformer[...]'` would fail, or find another's."""
+    from importlib import metadata
+
+    try:
+        marker = f'extra == "{extra}"'
+        wanted = [r.split(";")[0].strip() for r in metadata.requires("transformer") or [] if marker in r]
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        wanted = []
+    if wanted:
+        return f"pip install {' '.join(repr(r) for r in wanted)} (the [{extra}] extra)"
     return f"pip install -e '.[{extra}]' in the project's checkout"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .tokenizer import EOS_ID
@@ -46,6 +45,7 @@ class Sampling:
         probs = logits.softmax(-1)
         # a model whose scores are not numbers (weights that overflow) draws EOS, its score NaN, for the caller to
         # name the line (Translator: ModelOverflow); multinomial itself failed on it, an internal error
-        eos = F.one_hot(torch.tensor(EOS_ID, device=probs.device), probs.size(-1)).to(probs)
+        eos = probs.new_zeros(probs.size(-1))  # made where probs are: from a host tensor, a GPU step would sync
+        eos[EOS_ID] = 1.0
         probs = torch.where(probs.isnan().any(-1, keepdim=True), eos, probs)
         return torch.multinomial(probs, 1, generator=self.generator).flatten()

@@ -112,7 +112,7 @@ class Translator:
             visible = "1 CUDA GPU (cuda:0)" if gpus == 1 else f"{gpus} CUDA GPUs (cuda:0 .. cuda:{gpus - 1})"
             raise CheckpointError(f"--device {device}: torch sees {visible}")
         tokenizer = _tokenizer(run_dir)
-        cfg, model = _load_model(run_dir, checkpoint, tokenizer, decode, log)
+        cfg, model, self.weights_from = _load_model(run_dir, checkpoint, tokenizer, decode, log)
         models = [model]
         for other in map(Path, ensemble):
             if _tokenizer(other).sha256 != tokenizer.sha256:
@@ -138,6 +138,7 @@ class Translator:
         """A model in memory with its run's vocabulary and config (training's dev BLEU): it decodes
         requests as the run's folder, loaded, would."""
         translator = cls.__new__(cls)
+        translator.weights_from = []  # in memory: from no file
         translator._hold(model, tokenizer, cfg, next(model.parameters()).device, int8=False)
         return translator
 
@@ -175,15 +176,15 @@ class Translator:
             return " ".join(self.tokenizer.words(ids))
         return self.tokenizer.decode(ids)
 
-    def trees(self, lines: list[str], outputs: list[str]) -> list[Tree]:
-        """A parsing run's trees of decoded ``outputs``, with the words of their input ``lines`` (§6.3): the
-        leaves are matched with the words as the model writes them, an unknown character as "\u2047"."""
+    def trees(self, lines: list[str], outputs: list[str]) -> list[tuple[Tree, bool]]:
+        """A parsing run's trees of decoded ``outputs``, with the words of their input ``lines`` (§6.3), each with
+        whether its output was a well-formed tree of them (``trees.delinearize``, which repairs the others): the
+        leaves are matched with the words as the model writes them (``Tokenizer.words``)."""
         trees = []
         for line, out in zip(lines, outputs):
             words = line.split()
-            pieces = self.tokenizer.encode_batch([ptb_escape(w) for w in words]) if words else []
-            written = [" ".join(self.tokenizer.words(ids)) for ids in pieces]
-            trees.append(delinearize(out.split(), words, written=written)[0])
+            pieces = self.tokenizer.encode_batch([self.as_read(w) for w in words]) if words else []
+            trees.append(delinearize(out.split(), words, written=[self.tokenizer.words(ids) for ids in pieces]))
         return trees
 
     def translate(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
@@ -247,8 +248,8 @@ class Translator:
                 # batch they would take its places and draws of the sampling generator from the other lines
                 keep = [i for i, src in enumerate(sources) if len(src) > 1]
                 kept = set(keep)
-                with torch.inference_mode(), naming_the_longest([len(src) if i in kept else 0
-                                                                  for i, src in enumerate(sources)], done):
+                with torch.inference_mode(), _int8_overflow(f"lines {done + 1} to {done + len(lines)}"), \
+                        naming_the_longest([len(src) if i in kept else 0 for i, src in enumerate(sources)], done):
                     decoded = decode_ids(self.model, [sources[i] for i in keep], alpha=part.alpha,
                                          length_norm=part.length_norm, max_len_offset=part.max_len_offset,
                                          batch_size=part.batch_size, bar=bar, constraint=self.constraint,
@@ -377,15 +378,27 @@ class Translator:
             raise ConfigError(f"{len(sources)} sources but {len(targets)} targets")
         # checked as the command line checks them: a length_norm of another name was gnmt without a word
         DecodeRequest(alpha=alpha, length_norm=length_norm).verify(names=API)
-        ids = encode_for_decoding(sources, self.tokenizer)
+        ids = encode_for_decoding([self.as_read(s) for s in sources], self.tokenizer)  # as decode reads them
         target_ids = [self.tokenizer.encode(t.strip()) for t in targets]
-        with self._evaluating():
+        with self._evaluating(), _int8_overflow(f"pairs 1 to {len(sources)}"):
             scored = score_ids(self.model, ids, target_ids, self.cfg.decode.alpha if alpha is None else alpha,
                                max_tokens, length_norm or self.cfg.decode.length_norm)
         if (bad := next((i for i, s in enumerate(scored) if math.isnan(s.log_prob)), None)) is not None:
             raise ModelOverflow(f"pair {bad + 1}")  # printed, "nan" was taken for a score
         return [Scored(0.0, 0.0, [0.0]) if len(src) == 1 and not tgt else s
                 for src, tgt, s in zip(ids, target_ids, scored)]
+
+
+@contextlib.contextmanager
+def _int8_overflow(where: str) -> Iterator[None]:
+    """An int8 model's quantization of values that are not finite (weights that overflow the arithmetic) as the
+    ModelOverflow fp32 and bf16 raise: torch's own error was an internal error."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "ChooseQuantizationParams" not in str(e):
+            raise
+        raise ModelOverflow(where) from None
 
 
 @contextlib.contextmanager
@@ -423,9 +436,10 @@ def _tokenizer(run_dir: Path) -> Tokenizer:
 
 
 def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, decode: dict[str, object] | None,
-                log: Callable[[str], None]) -> tuple[Config, Transformer]:
-    """The run's config (with the ``decode`` overrides, validated) and its model in eval mode, with the
-    weights of ``checkpoint`` or else the average of its last ``decode.average_last`` checkpoints (§6.1)."""
+                log: Callable[[str], None]) -> tuple[Config, Transformer, list[Path]]:
+    """The run's config (with the ``decode`` overrides, validated), its model in eval mode, with the weights of
+    ``checkpoint`` or else the average of its last ``decode.average_last`` checkpoints (§6.1), and the weight
+    files those were (a run still training prunes and writes them: what was read is said, not listed again)."""
     checkpoint = chosen_weights(run_dir, checkpoint)
     if checkpoint is None:
         paths = list_checkpoints(run_dir)
@@ -467,11 +481,18 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
             said = said.replace(f"decode.{key}", CLI.get("beam" if key == "beam_size" else key, f"decode.{key}"))
         raise ConfigError(said) from None
     if checkpoint is None:
-        paths = checkpoints_to_average(run_dir, cfg.decode.average_last)
+        for attempt in range(3):
+            paths = checkpoints_to_average(run_dir, cfg.decode.average_last)
+            try:
+                weights = average_checkpoints(paths)  # one path: its weights exactly, without the optimizer state
+                break
+            except CheckpointError:  # one pruned while it was read (a run still saving checkpoints): list again
+                if attempt == 2 or all(p.exists() and p.with_suffix(".safetensors").exists() for p in paths):
+                    raise
         log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
-        weights = average_checkpoints(paths)  # one path: its weights exactly, without the optimizer state
+        read = [p.with_suffix(".safetensors").resolve() for p in paths]
     else:
-        weights = ckpt.weights
+        weights, read = ckpt.weights, [Path(checkpoint).with_suffix(".safetensors").resolve()]
     model = Transformer(cfg.model, tokenizer.vocab_size)
     own = model.state_dict()  # load_state_dict casts: integer weights would load, and NaNs translate to noise
     if bad := next((k for k, t in weights.items() if k in own and own[k].is_floating_point()
@@ -487,4 +508,4 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
     if missing or unexpected:
         raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config "
                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return cfg, model.eval()
+    return cfg, model.eval(), read

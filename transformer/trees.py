@@ -188,8 +188,8 @@ def tree_symbols(lines: Iterable[str]) -> set[str]:
     return {tok for line in lines for tok in line.split() if tok == PLACEHOLDER or tok[:1] in "()"}
 
 
-def delinearize(tokens: list[str], words: list[str], root_label: str = "S", written: list[str] | None = None
-                ) -> tuple[Tree, bool]:
+def delinearize(tokens: list[str], words: list[str], root_label: str = "S",
+                written: list[list[str]] | None = None) -> tuple[Tree, bool]:
     """The tree a target sequence describes, with ``words`` at its leaves; and whether the sequence
     was well-formed (balanced, matching labels, one leaf per word, one root, no empty constituent).
     A leaf is XX or a word (targets written with ``linearize(words=True)``); a word must be the
@@ -204,14 +204,20 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S", writ
     constituent of the word before it, right after it. So a word the decoder skipped or repeated
     costs the brackets around it, not every bracket after it. Constituents left empty are removed;
     several top-level pieces, or none, are wrapped in one ``root_label`` constituent. ``words`` are taken
-    escaped (``ptb_escape``), as the model reads and writes them: "(" is the word -LRB-. ``written``: the
-    words as the model writes them, where that differs (``Tokenizer.words``: an unknown character is
-    "\u2047"), which the leaves are matched with; the tree holds ``words``.
+    escaped (``ptb_escape``), as the model reads and writes them: "(" is the word -LRB-. ``written``: each
+    word as the model writes it, where that differs (``Tokenizer.words``: an unknown character is "\u2047";
+    a character the vocabulary's normalisation makes a space and an accent splits a word in two, "don\u00b4t"
+    written as "don" and "\u2047t"), which the leaves are matched with: a word written as several has as many
+    leaves, merged into its first (constituents left empty go). The tree holds ``words``.
     """
     words = [ptb_escape(w) for w in words]
-    written = words if written is None else written
+    written = [[w] for w in words] if written is None else written
     if len(written) != len(words):
         raise ValueError(f"{len(written)} written words for {len(words)} words")
+    # the words as the model writes them, one after another; a word it writes as none (zero-width characters
+    # alone) stands as "", which no leaf says: the repair places it
+    owner = [i for i, parts in enumerate(written) for _ in (parts or [""])]
+    given, words = words, [part for parts in written for part in (parts or [""])]
     well_formed = True
     top: list[Tree] = []
     stack: list[Tree] = []
@@ -238,9 +244,9 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S", writ
     if stack:
         well_formed = False
     said = [str(leaf.children[0]) for leaf, _ in leaves]
-    if len(said) != len(words) or any(x not in (PLACEHOLDER, w) for x, w in zip(said, written)):
+    if len(said) != len(words) or any(x not in (PLACEHOLDER, w) for x, w in zip(said, words)):
         well_formed = False
-    _place_words(leaves, said, written, words, top)
+    _place_words(leaves, said, words, top)
 
     def prune(node: Tree) -> Tree | None:
         if node.is_preterminal:
@@ -252,21 +258,38 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S", writ
     if len(pieces) != len(top) or any(_has_empty(t) for t in top):
         well_formed = False
     if len(pieces) == 1 and not pieces[0].is_preterminal:
-        return pieces[0], well_formed
+        return _owned(pieces[0], owner, given), well_formed
     if pieces:  # several pieces at the top (or bare words): one root holds them
         well_formed = False
-    return Tree(root_label, pieces or [Tree(PLACEHOLDER, [w]) for w in words]), well_formed
+    return _owned(Tree(root_label, pieces or [Tree(PLACEHOLDER, [w]) for w in words]), owner, given), well_formed
 
 
-def _place_words(leaves: list[tuple[Tree, list]], said: list[str], written: list[str], words: list[str],
-                 top: list) -> None:
-    """Puts ``words`` at the leaves, in place, matching what the leaves said with ``written``, the words as
-    the model writes them (``delinearize``'s repair of the leaves)."""
+def _owned(tree: Tree, owner: list[int], words: list[str]) -> Tree:
+    """``tree``, whose leaves are the written words in order (``owner``: the input word each is of), with one leaf
+    per input word: its first written word's, holding the word; the leaves of its later ones go, and the
+    constituents they leave empty with them."""
+    leaves, last = iter(owner), -1
+
+    def walk(node: Tree) -> Tree | None:
+        nonlocal last
+        if node.is_preterminal:
+            k = next(leaves)
+            if k == last:
+                return None
+            last = k
+            return Tree(node.label, [words[k]])
+        kept = [c for c in (walk(c) for c in node.children if isinstance(c, Tree)) if c is not None]
+        return Tree(node.label, kept) if kept else None
+    return walk(tree)
+
+
+def _place_words(leaves: list[tuple[Tree, list]], said: list[str], words: list[str], top: list) -> None:
+    """Puts ``words`` at the leaves, in place (``delinearize``'s repair of the leaves)."""
     if len(said) == len(words) or all(x == PLACEHOLDER for x in said):
         pairs = [(i, i) for i in range(min(len(said), len(words)))]
     else:
         pairs = []
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, said, written, autojunk=False).get_opcodes():
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, said, words, autojunk=False).get_opcodes():
             if tag in ("equal", "replace"):  # a replaced run: position by position, the rest unmatched
                 pairs += zip(range(i1, i2), range(j1, j2))
     word_of = dict(pairs)
