@@ -873,9 +873,12 @@ def serve(run_dir: Path, host: str, port: int, limits: Limits, checkpoint: Path 
     defaults.verify()
     sock = listen(host, port)
     try:
-        translator = Translator(run_dir, checkpoint, int8=int8, device=device, decode=decode, ensemble=ensemble,
-                                bf16=bf16)
+        said: list[str] = []  # what loading says, once it has passed its checks: an error comes alone
+        translator = Translator(run_dir, checkpoint, log=said.append, int8=int8, device=device, decode=decode,
+                                ensemble=ensemble, bf16=bf16)
         translator.check(defaults)  # and against the model
+        for message in said:
+            print(message, file=sys.stderr)
         app = create_app(translator, limits, name=Path(run_dir).resolve().name)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=5,
                                 http=deadline_protocol(limits.request_timeout, limits.max_connections),
