@@ -435,3 +435,26 @@ def test_the_weights_read_are_named_and_a_checkpoint_pruned_while_read_is_read_a
     assert translator.weights_from == [p.with_suffix(".safetensors").resolve() for p in calls[1]]
     assert Translator(run, checkpoint=calls[1][-1], log=lambda m: None).weights_from == [
         calls[1][-1].with_suffix(".safetensors").resolve()]
+
+
+def test_a_checkpoint_rewritten_while_read_is_read_again_and_real_damage_still_refused(run, monkeypatch):
+    """best.safetensors rewritten by a run still training (its tensors replaced a moment before its record) was
+    refused as "sha256 mismatch (file corrupt or modified)", though a plain retry read it."""
+    import transformer.translator as T
+
+    real, calls = T.load_checkpoint, []
+
+    def rewritten_once(path, with_state=True):
+        calls.append(path)
+        if len(calls) == 1:
+            raise CheckpointError(f"{Path(path).name}: sha256 mismatch (file corrupt or modified)")
+        return real(path, with_state=with_state)
+    monkeypatch.setattr(T, "load_checkpoint", rewritten_once)
+    monkeypatch.setattr(T.time, "sleep", lambda s: None)
+    newest = list_checkpoints(run)[-1]
+    assert Translator(run, checkpoint=newest, log=lambda m: None).weights_from and len(calls) == 2
+    def damaged(path, with_state=True):
+        raise CheckpointError(f"{Path(path).name}: sha256 mismatch (file corrupt or modified)")
+    monkeypatch.setattr(T, "load_checkpoint", damaged)  # every read: damage, which retrying does not mend
+    with pytest.raises(CheckpointError, match=r"^--checkpoint .*: sha256 mismatch"):
+        Translator(run, checkpoint=newest, log=lambda m: None)

@@ -11,14 +11,15 @@ import contextlib
 import dataclasses
 import math
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, chosen_weights, list_checkpoints,
-                         load_checkpoint, run_folder)
+from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoints_to_average, chosen_weights,
+                         list_checkpoints, load_checkpoint, run_folder)
 from .config import Config, ConfigError, LengthNorm, check_strings, config_from_dict, edited_model
 from .data import encode_for_decoding
 from .errors import OutOfMemory, out_of_memory
@@ -435,6 +436,19 @@ def _tokenizer(run_dir: Path) -> Tokenizer:
     return Tokenizer(spm_path)
 
 
+def _read_settled(path: Path, tries: int = 3) -> Checkpoint:
+    """``path``'s checkpoint, read again where it did not match its record: best.safetensors rewritten by a run
+    still training (its tensors replaced a moment before its record) read as "corrupt" one load in a thousand."""
+    for _ in range(tries - 1):
+        try:
+            return load_checkpoint(path, with_state=False)
+        except CheckpointError as e:
+            if "sha256 mismatch" not in str(e):
+                raise
+            time.sleep(0.2)  # the writer's next rename
+    return load_checkpoint(path, with_state=False)
+
+
 def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, decode: dict[str, object] | None,
                 log: Callable[[str], None]) -> tuple[Config, Transformer, list[Path]]:
     """The run's config (with the ``decode`` overrides, validated), its model in eval mode, with the weights of
@@ -448,7 +462,7 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         meta = load_checkpoint(paths[-1], with_state=False).meta
     else:
         try:
-            ckpt = load_checkpoint(Path(checkpoint), with_state=False)
+            ckpt = _read_settled(Path(checkpoint))
         except CheckpointError as e:  # its messages name the file alone: say which option gave it
             said = str(e).removeprefix(f"{Path(checkpoint).name}: ")  # the option names it already
             raise CheckpointError(f"--checkpoint {checkpoint}: {said}") from None
