@@ -394,6 +394,9 @@ def test_attention_requests_are_bounded_in_pieces(translator):
 
 def test_health_page_and_openapi(client):
     assert client.get("/health").json()["status"] == "ok"
+    # which weights it serves: a run still training has newer checkpoints than those it loaded
+    served = client.get("/health").json()["weights"]
+    assert served and all(name.endswith(".safetensors") and "/" not in name for name in served)
     for path in ("/health", "/"):  # what uptime checkers send: GET's headers, without the body
         head, got = client.head(path), client.get(path)
         assert head.status_code == 200 and head.content == b""

@@ -511,11 +511,13 @@ def _check_score(req: ScoreRequest, limits: Limits) -> None:
     _check_sentences(limits, req.translation, "translation")
 
 
-def _health(batcher: Batcher | None, name: str) -> JSONResponse:
-    """200 while the decoding worker runs, 503 once it has stopped (or before it starts), with its counts."""
+def _health(batcher: Batcher | None, name: str, weights: list[str]) -> JSONResponse:
+    """200 while the decoding worker runs, 503 once it has stopped (or before it starts), with its counts and the
+    weight files served (a run still training has newer ones by now: which the server loaded was said only at
+    its start)."""
     ok = batcher is not None and batcher.alive
-    return JSONResponse({"status": "ok" if ok else "error", "model": name, **(batcher.health() if batcher else {})},
-                        status_code=200 if ok else 503)
+    return JSONResponse({"status": "ok" if ok else "error", "model": name, "weights": weights,
+                         **(batcher.health() if batcher else {})}, status_code=200 if ok else 503)
 
 
 def _check_translate(req: TranslateRequest, limits: Limits) -> None:
@@ -758,9 +760,11 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
             body = await asyncio.to_thread(lambda: json.dumps(maps).encode())  # MBs: not on the event loop
         return Response(body, media_type="application/json")
 
+    weights = [p.name for p in translator.weights_from]  # names alone: the server's paths are its own
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        return _health(getattr(app.state, "batcher", None), name)
+        return _health(getattr(app.state, "batcher", None), name, weights)
 
     page = web_page("index.html", {"{{TITLE}}": html.escape(name), "{{BEAM}}": str(decode.beam_size),
                                    "{{MAX_BEAM}}": str(max_beam), "{{ALPHA}}": str(decode.alpha)})
