@@ -1066,12 +1066,13 @@ class Trainer:
                      f"({state.skipped_steps} so far)")
             if state.bad_in_a_row >= t.max_bad_steps:
                 newest = list_checkpoints(self.out)
-                if not newest:
+                last = record_step(newest[-1]) if newest else None
+                if last is None:
                     kept = "no checkpoint was written yet"
-                elif record_step(newest[-1]) == state.step:  # the weights these steps started from: resumed, met again
+                elif last == state.step:  # the weights these steps started from: resumed, met again
                     kept = f"the newest checkpoint, of step {state.step}, holds the weights they started from"
                 else:
-                    kept = f"the newest checkpoint is of step {record_step(newest[-1])}"
+                    kept = f"the newest checkpoint is of step {last}"
                 # before any update the rate has played no part: the initial model's gradients overflow
                 fix = ("Lower train.lr_scale (or check train.init_qkv_gain, train.adam_eps)" if state.step else
                        "The initial model's gradients overflow: check the dropout rates (model.p_drop*), "
