@@ -47,6 +47,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
+from transformer.checkpoint import checkpoint_record, list_checkpoints
 from transformer.config import Config, LengthNorm, load_config
 from transformer.train import train
 from transformer.translator import Translator
@@ -203,6 +204,8 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
     scores = val_scores(cfg, out, name, decodings_of(name))
     done = {
         "name": name, "values": values, "config": str(CONFIG.relative_to(ROOT)), "config_sha256": run_key(cfg),
+        # how its batch orders were seeded (TrainState.batch_order; none recorded before 2026-12-05: 1)
+        "batch_order": checkpoint_record(list_checkpoints(out)[-1])["train_state"].get("batch_order", 1),
         "steps": summary["step"], "valid_ppl": round(summary["valid_ppl"], 3), "best": summary.get("best"),
         "val": scores, "train_minutes": round(summary["train_minutes"], 1),
         "train_tokens_per_s": round(summary["tokens_per_s"]), "device": device_name(),
@@ -319,7 +322,7 @@ def report(runs_dir: Path) -> None:
         test = test_scores(done, [d for d in TEST_DECODINGS if d in done["val"]])
         replication.append({
             "run": name, "config_sha256": done["config_sha256"], "values": done["values"], "steps": done["steps"],
-            "valid_ppl": done["valid_ppl"],
+            "valid_ppl": done["valid_ppl"], "batch_order": done.get("batch_order", 1),
             "stopped_by_patience": bool((done.get("best") or {}).get("stopped_by_patience")),
             **{f"test_{d}": {k: test[d][k] for k in ("tok_lc_bleu", "tok_lc_parts", "sacrebleu", "chrf")}
                for d in test},
@@ -399,7 +402,8 @@ def seed_band(replication: list[dict], published: float, decoding: str = "theirs
     band = prediction_interval([x[f"test_{decoding}"]["tok_lc_bleu"] for x in runs], BAND_LEVEL)
     low, high = round(band["mean"] - band["half_width"], 2), round(band["mean"] + band["half_width"], 2)
     return {"runs": [x["run"] for x in runs], "decoding": decoding, "level": BAND_LEVEL, **band, "low": low,
-            "high": high, "published_inside": low <= published <= high}
+            "high": high, "published_inside": low <= published <= high,
+            "batch_orders": sorted({x.get("batch_order", 1) for x in runs})}
 
 
 def reading(values: dict[str, object]) -> str:
@@ -501,6 +505,11 @@ def write_markdown(r: dict) -> None:
         f"{b['level']:.0%} probability (mean ± t(0.975, n−1) · s · √(1 + 1/n)). The published {pub}, one run, "
         f"is {'inside' if b['published_inside'] else 'outside'} it.\n"
         for b in (r.get("seed_band"), r.get("seed_band_lenpen")) if b)
+    if any(1 in b.get("batch_orders", [1]) for b in (r.get("seed_band"), r.get("seed_band_lenpen")) if b):
+        band_line += ("\nThe runs drew their batch orders seeded with seed + epoch (batch order 1, before "
+                      "2026-12-05), so a run of seed s + 1 trained the epoch orders of seed s one epoch later: "
+                      "the seeds differ in initialisation and dropout over largely shared orders, and a band of "
+                      "independent orders (batch order 2) may be wider.\n")
     if band_line and r.get("seed_band_lenpen"):
         band_line += ("\nWhether the published run lies beyond our seeds' spread depends on the decoding the band "
                       "is read in; a single published number cannot tell a difference not yet tested from a good "

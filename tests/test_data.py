@@ -343,6 +343,18 @@ def test_batch_order_is_deterministic_and_sharded() -> None:
         BatchOrder(2, 0, rank=0, world_size=3)
 
 
+def test_neighbouring_seeds_draw_their_own_batch_orders() -> None:
+    """Seeded with seed + epoch (version 1), seed 8 trained seed 7's orders an epoch ahead: a band of runs of
+    seeds 1, 2, 3... was read as if their orders were independent draws. Version 2 draws each (seed, epoch)'s own;
+    runs begun with version 1 keep it, so they resume exactly."""
+    assert BatchOrder(101, 8, version=1).epoch_order(0) == BatchOrder(101, 7, version=1).epoch_order(1)
+    orders = {tuple(BatchOrder(101, seed).epoch_order(epoch)) for seed in range(6) for epoch in range(6)}
+    assert len(orders) == 36
+    assert BatchOrder(101, 7).version == 2 and BatchOrder(101, 7).epoch_order(0) == BatchOrder(101, 7).epoch_order(0)
+    with pytest.raises(ValueError, match="batch order version 3"):
+        BatchOrder(101, 7, version=3)
+
+
 def test_subword_sampling_segments_each_epoch_anew_reproducibly(multi30k: Path, tmp_path: Path) -> None:
     """Epochs differ from each other and from the deterministic segmentation; an epoch sampled in the
     worker process equals the same epoch sampled here (the seed carries across processes); every

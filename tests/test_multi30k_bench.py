@@ -162,6 +162,10 @@ def test_wu2021_seed_band_pools_the_label_smoothed_runs_and_reads_the_published_
     lenpen = wu2021.seed_band(rows, 41.02, "theirs_lenpen")
     assert (lenpen["runs"], lenpen["decoding"], lenpen["mean"]) == (["a", "b"], "theirs_lenpen", 40.5)
     assert band["decoding"] == "theirs"
+    # rows of before batch orders were recorded drew theirs seeded with seed + epoch: the band says so
+    assert band["batch_orders"] == [1]
+    rows[1]["batch_order"] = 2
+    assert wu2021.seed_band(rows, 41.02)["batch_orders"] == [1, 2]
 
 
 def test_wu2021_gap_rows_split_bleu_into_precisions_and_length() -> None:

@@ -14,7 +14,7 @@ import torch
 
 from transformer.checkpoint import checkpoint_record, list_checkpoints, load_checkpoint
 from transformer.config import ConfigError, load_config, read_toml
-from transformer.data import DataError, Example, ShapeBuckets, collate, read_lines, read_parallel
+from transformer.data import BatchOrder, DataError, Example, ShapeBuckets, collate, read_lines, read_parallel
 from transformer.decode import translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import BOS_ID, Tokenizer
@@ -1353,6 +1353,32 @@ def test_an_epoch_the_ranks_finished_stays_finished_on_fewer_ranks(tmp_path, tin
     assert (state["step"], state["epoch"], state["batch_in_epoch"]) == (per_epoch + 1, 1, 1)
     assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [per_epoch,
                                                                                                         per_epoch + 1]
+
+
+def test_a_run_resumes_with_the_batch_order_it_began_with(tmp_path, tiny_overrides, monkeypatch):
+    """A new run records batch order 2; a checkpoint of before the record (no batch_order) resumes with the
+    first order, which its epochs so far were drawn in, and keeps recording it. A record naming no known order
+    is passed over for the one before it."""
+    versions = []
+    monkeypatch.setattr(training, "BatchOrder", lambda *a, **k: versions.append(a[4]) or BatchOrder(*a, **k))
+    common = tiny_overrides + ["train.log_every=1", "train.save_every=2"]
+    run = tmp_path / "run"
+    train(load_config("tiny", common + ["train.max_steps=2"]), run, quiet=True)
+    last = list_checkpoints(run)[-1]
+    assert checkpoint_record(last)["train_state"]["batch_order"] == 2 and set(versions) == {2}
+    record = json.loads(last.read_text())
+    del record["train_state"]["batch_order"]
+    last.write_text(json.dumps(record))
+    versions.clear()
+    train(load_config("tiny", common + ["train.max_steps=4"]), run, resume=True, quiet=True)
+    last = list_checkpoints(run)[-1]
+    assert checkpoint_record(last)["train_state"]["batch_order"] == 1 and set(versions) == {1}
+    record = json.loads(last.read_text())
+    record["train_state"]["batch_order"] = 7
+    last.write_text(json.dumps(record))
+    train(load_config("tiny", common + ["train.max_steps=6"]), run, resume=True, quiet=True)
+    assert "train_state.batch_order is 7, none of the batch orders (1, 2)" in (run / "train.log").read_text()
+    assert "resumed from step_00000002.json" in (run / "train.log").read_text()
 
 
 def test_intervals_in_epochs(tmp_path, tiny_overrides):

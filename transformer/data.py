@@ -353,29 +353,46 @@ def lengths(examples: list[Example]) -> tuple[list[int], list[int]]:
     return [len(e.src) for e in examples], [len(e.tgt) for e in examples]
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of a draw made anew every epoch: distinct for every (seed, epoch) of a run (train.seed < 2^32,
+    epochs < 1,000,003), so runs of neighbouring seeds do not share their draws an epoch apart."""
+    return seed * 1_000_003 + epoch
+
+
+# the versions of BatchOrder's seeding; a run keeps the one it started with (TrainState.batch_order), so it resumes
+# exactly. 1 seeded epoch e of seed s with s + e: seed s + 1 trained the orders of seed s an epoch ahead.
+BATCH_ORDERS = (1, 2)
+
+
 class BatchOrder:
     """Deterministic per-epoch shuffled order of a fixed list of batches, resumable at (epoch, position).
 
     The order of epoch e is a function of (seed, e) alone, so a resumed run replays
     ``epoch_order(e)[position:]`` exactly. With world_size > 1, rank r takes every world_size-th
     batch of the shared permutation, so ranks see distinct batches and all take the same number of
-    steps (the remainder is dropped for that epoch; the next permutation drops others).
+    steps (the remainder is dropped for that epoch; the next permutation drops others). ``version``
+    is the seeding's (``BATCH_ORDERS``); runs started before version 2 resume with 1.
     """
 
-    def __init__(self, n_batches: int, seed: int, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, n_batches: int, seed: int, rank: int = 0, world_size: int = 1,
+                 version: int = BATCH_ORDERS[-1]) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if version not in BATCH_ORDERS:
+            raise ValueError(f"batch order version {version} is none of {BATCH_ORDERS}")
         if n_batches < world_size:
             raise DataError(f"only {n_batches} batches for {world_size} ranks; use more data or "
                             "a smaller train.max_tokens")
         self.n_batches, self.seed, self.rank, self.world_size = n_batches, seed, rank, world_size
+        self.version = version
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
         return self.n_batches // self.world_size
 
     def epoch_order(self, epoch: int) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed + epoch)
+        generator = torch.Generator().manual_seed(self.seed + epoch if self.version == 1 else
+                                                  epoch_seed(self.seed, epoch))
         order = torch.randperm(self.n_batches, generator=generator).tolist()
         return order[:len(self) * self.world_size][self.rank::self.world_size]
 
@@ -437,7 +454,7 @@ def _sample_epoch(seed: int, epoch: int) -> tuple[list[Example], list[list[int]]
 def sample_examples(pairs: list[tuple[str, str]], dropout: BPEDropout, alpha: float, seed: int, epoch: int,
                     max_len: int) -> list[Example]:
     """``encode_pairs`` with every side segmented by BPE-dropout, the draws seeded by (seed, epoch)."""
-    return encode_pairs(pairs, _Sampled(dropout, alpha, random.Random(seed * 1_000_003 + epoch)), max_len)[0]
+    return encode_pairs(pairs, _Sampled(dropout, alpha, random.Random(epoch_seed(seed, epoch))), max_len)[0]
 
 
 @dataclass

@@ -40,8 +40,8 @@ from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, check
                          epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, record_step,
                          save_checkpoint, write_model)
 from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
-from .data import (Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256, collate,
-                   encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
+from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
+                   collate, encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import Terminated, UserError, summary as error_line
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
@@ -125,6 +125,7 @@ class TrainState:
     best_value: float | None = None  # train.keep_best's best value so far, at step best_step
     best_step: int = 0
     evals_since_best: int = 0  # evaluations of it since (train.patience stops training at that many)
+    batch_order: int = BATCH_ORDERS[-1]  # BatchOrder's seeding: a run keeps its own (a record without one: 1)
 
 
 def unresumable(ckpt: Checkpoint) -> str | None:
@@ -150,6 +151,8 @@ def unresumable(ckpt: Checkpoint) -> str | None:
             return f"train_state.{key} is {value!r}, not a count"
         if not (number and math.isfinite(value) or none):
             return f"train_state.{key} is {value!r}, not a finite number"
+    if state.get("batch_order", 1) not in BATCH_ORDERS:
+        return f"train_state.batch_order is {state['batch_order']!r}, none of the batch orders {BATCH_ORDERS}"
     if isinstance(meta.get("step"), bool) or not isinstance(meta.get("step"), int):
         return f"its step is {meta.get('step')!r}, not a count"
     return None
@@ -866,7 +869,8 @@ class Trainer:
             group.update(own)  # its settings the config's (--allow-config-change may change β2, ε, weight decay)
         if self.scaler and ckpt.meta.get("scaler"):  # checkpoints before the scaler was saved restart it
             self.scaler.load_state_dict(ckpt.meta["scaler"])
-        self.state = TrainState(**{"world_size": 1, **ckpt.meta["train_state"]})
+        # a checkpoint of before the fields: one rank, and the first batch order (2026-12-05)
+        self.state = TrainState(**{"world_size": 1, "batch_order": 1, **ckpt.meta["train_state"]})
         self.window_then = ckpt.meta.get("log_window")
         if "clock_s" not in ckpt.meta["train_state"]:  # a checkpoint of an earlier version: the clock starts at it
             self.state.clock_s = self.state.elapsed_s
@@ -945,7 +949,8 @@ class Trainer:
         """The examples, batches and batch order of ``epoch`` (its own segmentation with subword sampling)."""
         run, t = self.run_data, self.cfg.train
         self.examples, self.batches = run.sampled(epoch) if run.sampled else (run.train, run.batches)
-        self.epoch_order = BatchOrder(len(self.batches), t.seed, self.dist.rank, self.dist.world).epoch_order(epoch)
+        self.epoch_order = BatchOrder(len(self.batches), t.seed, self.dist.rank, self.dist.world,
+                                      self.state.batch_order).epoch_order(epoch)
         self.state.epoch_batches = len(self.epoch_order)
 
     def intervals_done(self, step: int | None = None) -> int:
