@@ -202,7 +202,9 @@ def test_a_parse_prefix_that_cannot_start_a_tree_is_refused_before_decoding(tiny
     parser = Translator(tiny_parse_run, log=lambda m: None)
     lines = ["The dog barked .", "Stocks fell ."]
     for prefix, piece in (["The dog", r"1, 'The'"], [")S", r"1, '\)S'"], ["(S Stocks )S", r"\d+, '\)S'"],
-                          ["(S fell", r"2, '\w+'"]):  # "fell" may be more than one piece
+                          ["(S fell", r"2, '\w+'"],  # "fell" may be more than one piece
+                          ["x", r"1, a word's start \('\u2581'\)"]):  # "x" as "\u2581", "x": the first was ''
+            # (\u2581 is sentencepiece's word start; a prefix the vocabulary spells with it alone named nothing)
         with pytest.raises(ConfigError, match=f"^prefix of line 2 on a parsing run: its piece {piece}, cannot continue"):
             parser.decode(lines, DecodeRequest(prefixes=["", prefix]))
     outputs = parser.decode(lines, DecodeRequest(prefixes=["(S (NP The", ""], nbest=2))
@@ -211,6 +213,19 @@ def test_a_parse_prefix_that_cannot_start_a_tree_is_refused_before_decoding(tiny
     free = Translator(tiny_parse_run, log=lambda m: None, decode={"constrained": False})
     assert free.setup.parse is False
     assert free.translate(lines, DecodeRequest(prefixes=["The dog", ""]))[0].startswith("The dog")
+
+
+def test_a_prefix_of_characters_without_a_piece_names_those_alone(tiny_parse_run):
+    """A parsing run's vocabulary spells "(" only inside "(S", "(NP", ...: each character looked up alone,
+    the refusal of "(S \u00e9" named "(" too, which the prefix "(S" alone shows is written fine."""
+    parser = Translator(tiny_parse_run, log=lambda m: None)
+    assert parser.tokenizer.unknown("(S (NP \u00e9t\u00e9 x") == ["\u00e9"]
+    with pytest.raises(ConfigError, match="^prefix of line 1: the model's vocabulary has no piece for '\u00e9', so no"):
+        parser.decode(["The dog barked ."], DecodeRequest(prefixes=["(S \u00e9"]))
+    free = Translator(tiny_parse_run, log=lambda m: None, decode={"constrained": False})  # constraints allowed
+    with pytest.raises(ConfigError, match="^constraints of line 1: the model's vocabulary has no piece for "
+                                          "'\u00e9', '\u00eb', so no"):
+        free.decode(["The dog barked ."], DecodeRequest(constraints=[["(S \u00e9", "Zo\u00eb \u00e9"]]))
 
 
 def test_the_translator_says_what_was_fixed_at_load(run):

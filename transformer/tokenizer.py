@@ -165,6 +165,14 @@ class Tokenizer:
                 words[-1] += piece
         return [w for w in words if w]
 
+    def unknown(self, text: str) -> list[str]:
+        """The characters of ``text`` that the vocabulary has no piece for (each once, in order), as its
+        segmentation of the whole text finds them: on its own a character may lack a piece that it has inside
+        a longer one (a parsing run's "(" exists only in "(S", "(NP", ...)."""
+        ids, pieces = self._sp.encode(text, out_type=int), self._sp.encode(text, out_type=str)
+        return list(dict.fromkeys(c for i, piece in zip(ids, pieces) if i == UNK_ID
+                                  for c in piece.removeprefix("\u2581") if not c.isspace()))
+
     def vocabulary(self) -> list[str]:
         """Every piece, by id (PAD, EOS, UNK first): what an exported model's vocabulary file lists."""
         return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]

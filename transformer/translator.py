@@ -327,9 +327,8 @@ class Translator:
             for key, texts, given in (("prefix", request.prefixes, forced and [forced[i]]),
                                       ("constraints", request.constraints, phrases and phrases[i])):
                 if given and any(UNK_ID in ids for ids in given):  # the output would hold "⁇", not the text
-                    text = texts[i] if key == "prefix" else " ".join(texts[i])
-                    lacking = "".join(dict.fromkeys(c for c in text if not c.isspace()
-                                                    and UNK_ID in self.tokenizer.encode(c)))
+                    parts = [texts[i]] if key == "prefix" else texts[i]  # each as it was encoded
+                    lacking = dict.fromkeys(c for part in parts for c in self.tokenizer.unknown(part.strip()))
                     raise ConfigError(f"{key} of line {first + i + 1}: the model's vocabulary has no piece for "
                                       f"{', '.join(map(repr, lacking))}, so no output can hold the {key} as written: "
                                       "leave these characters out or replace them")

@@ -450,7 +450,9 @@ class TreeConstraint:
         walker.begin(torch.tensor([source]), 1, torch.tensor([max_len]))
         for k, token in enumerate(prefix):
             if not walker.allowed()[0, token]:
-                return (f"its piece {k + 1}, {self.pieces[token].replace(chr(0x2581), '')!r}, cannot continue a tree of "
+                piece = self.pieces[token].replace("\u2581", "")  # a word's start alone ("x" as "\u2581", "x"): said so
+                shown = repr(piece) if piece else "a word's start ('\u2581')"
+                return (f"its piece {k + 1}, {shown}, cannot continue a tree of "
                         "the input (a tree starts with an opening bracket, holds the input's words in order, closes "
                         "what it opens, and fits the length limit)")
             walker.advance(torch.tensor([0]), torch.tensor([token]))
