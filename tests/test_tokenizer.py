@@ -90,6 +90,12 @@ def test_too_large_vocab_is_a_clear_error(train_files: list[Path], tmp_path: Pat
                         input_sentence_size=100_000)
     assert "\n" not in str(e.value) and ".cc(" not in str(e.value)
     assert not (tmp_path / "spm.model").exists() and list(tmp_path.iterdir()) == []
+    assert "sample" not in str(e.value)  # the whole text was read
+    # learnt from a sample (data.spm_input_sentences): the limit is the sample's, and the message says so
+    with pytest.raises(TokenizerError, match=r"too large for this training text \(10 sentences, a sample of its "
+                                             rf"{len(lines_of(train_files))} \(data.spm_input_sentences\)\): .* lower "
+                                             r"data.vocab_size or raise data.spm_input_sentences$"):
+        Tokenizer.train(lines_of(train_files), tmp_path / "spm.model", vocab_size=1000, input_sentence_size=10)
 
 
 def test_too_small_a_vocab_is_a_clear_error_with_our_remedy(train_files: list[Path], tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import hashlib
 import io
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -98,7 +98,16 @@ class Tokenizer:
         at the change of script between "(" and the label). ``named``: what the sentences are, for the
         error when there are none.
         """
-        sample = _sample((s for s in sentences if s.strip()), input_sentence_size, seed)
+        given = 0  # non-empty sentences, sampled or not
+
+        def counted() -> Iterator[str]:
+            nonlocal given
+            for s in sentences:
+                if s.strip():
+                    given += 1
+                    yield s
+
+        sample = _sample(counted(), input_sentence_size, seed)
         if not sample:
             raise TokenizerError(f"cannot train a tokenizer: {named} is empty (every line is blank)")
         spm.set_random_generator_seed(seed)
@@ -116,9 +125,12 @@ class Tokenizer:
         except RuntimeError as e:
             message = _spm_message(e)
             if limit := re.search(r"value <= (\d+)", message):
+                sampled = given > len(sample)  # the vocabulary is learnt from data.spm_input_sentences of them
                 raise TokenizerError(
-                    f"vocab_size {vocab_size} is too large for this training text ({len(sample)} sentences): "
-                    f"sentencepiece allows at most {limit.group(1)}; lower data.vocab_size") from None
+                    f"vocab_size {vocab_size} is too large for this training text ({len(sample)} sentences"
+                    + (f", a sample of its {given} (data.spm_input_sentences)" if sampled else "")
+                    + f"): sentencepiece allows at most {limit.group(1)}; lower data.vocab_size"
+                    + (" or raise data.spm_input_sentences" if sampled else "")) from None
             if chars := re.search(r"smaller than required_chars\. \d+ vs (\d+)", message):  # its remedy is an option
                 raise TokenizerError(  # of sentencepiece's, fixed here (character_coverage 1.0)
                     f"vocab_size {vocab_size} is too small for this training text: sentencepiece needs {chars.group(1)} "
