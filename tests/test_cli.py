@@ -1142,9 +1142,12 @@ def test_score_perplexity_leaves_out_empty_sources(tiny_run, tmp_path, capsys):
     assert zero_width == with_empty
 
 
-def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_overrides, multi30k, capsys):
+@pytest.mark.parametrize("tgt_lang", ['"fr"', '"fra"', None], ids=["fr", "fra", "recipe-de"])
+def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_overrides, multi30k, capsys, tgt_lang):
     """The README's own-data command moves a German recipe to French with --set but keeps its test set: evaluate
-    without files scored French outputs against German references (BLEU 0.00, exit 0)."""
+    without files scored French outputs against German references (BLEU 0.00, exit 0). So it did where
+    data.tgt_lang was a three-letter code ("fra") or left at the recipe's "de": the training files' names
+    say the run's language."""
     from transformer.config import load_config
     from transformer.train import train
 
@@ -1156,12 +1159,13 @@ def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_ove
         shutil.copy(german, tmp_path / f"{split}.fr")
         french.append(f'data.{split}_tgt="{tmp_path / f"{split}.fr"}"')
     test = [f'data.test_src="{multi30k}/test_2016_flickr.en.gz"', f'data.test_tgt="{multi30k}/test_2016_flickr.de.gz"']
-    train(load_config("tiny", tiny_overrides + french + test + ['data.tgt_lang="fr"', "train.max_steps=1"]),
-          tmp_path / "run", quiet=True)
+    lang = [] if tgt_lang is None else [f"data.tgt_lang={tgt_lang}"]
+    train(load_config("tiny", tiny_overrides + french + test + lang + ["train.max_steps=1"]), tmp_path / "run",
+          quiet=True)
     status, out, err = run_here(capsys, "evaluate", str(tmp_path / "run"))
     assert status == 1 and out == "", err
     assert err.startswith(f"error: --ref not given, and the run's data.test_tgt {multi30k}/test_2016_flickr.de.gz is in "
-                          "'de' where its data.tgt_lang is 'fr'"), err
+                          f"'de' where its data.train_tgt {tmp_path / 'train.fr'} is in 'fr'"), err
 
 
 def test_a_long_decode_into_a_log_says_it_is_under_way(tiny_run, tmp_path, capsys, monkeypatch):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import sacrebleu
 
-from transformer.evaluate import (_split_compounds, moses_tokenize_lc, paper_bleu, sacrebleu_scores, score_trees,
+from transformer.config import ConfigError
+from transformer.evaluate import (_split_compounds, bleu_metric, moses_tokenize_lc, paper_bleu, sacrebleu_scores, score_trees,
                                   tok_lc_bleu)
 from transformer.trees import Tree, TreeError, parse_brackets
 
@@ -43,6 +44,39 @@ def test_sacrebleu_scores_match_sacrebleu() -> None:
     assert same["bleu"] == pytest.approx(100.0) and same["chrf"] == pytest.approx(100.0)
     with pytest.raises(ValueError, match="2 hypotheses but 3 references"):
         sacrebleu_scores(HYPS[:2], REFS)
+
+
+def test_sacrebleu_tokenizes_by_the_target_language() -> None:
+    """Chinese is written without spaces between words: 13a made each sentence one word, and a close
+    translation scored 0. sacreBLEU's own tokenizer for the language is taken; 13a for the others."""
+    refs = ["一只狗在雪地里奔跑。", "两个男人在街上踢足球。", "一个女孩在公园里骑自行车。"]
+    hyps = ["一只狗在雪地上奔跑。", "两个男人在街道上踢足球。", "一个女孩在公园骑自行车。"]
+    assert sacrebleu_scores(hyps, refs)["bleu"] < 1
+    for lang in ("zh", "zho", "zh-CN", "ZH_tw"):
+        scores = sacrebleu_scores(hyps, refs, lang)
+        assert scores["bleu"] == pytest.approx(sacrebleu.BLEU(trg_lang="zh").corpus_score(hyps, [refs]).score)
+        assert scores["bleu"] > 50
+        assert "tok:zh" in scores["signature"]
+    assert sacrebleu_scores(HYPS, REFS, "de") == sacrebleu_scores(HYPS, REFS)  # 13a, as before
+
+
+def test_a_bleu_tokenizer_whose_packages_are_missing_is_one_line() -> None:
+    try:
+        import MeCab  # noqa: F401
+        pytest.skip("MeCab is installed: sacreBLEU's Japanese tokenizer works")
+    except ImportError:
+        pass
+    with pytest.raises(ConfigError, match=r"^BLEU of 'ja' text needs sacreBLEU's tokenizer for it, whose packages "
+                                          r"are not installed: pip install 'sacrebleu\[ja\]'$"):
+        bleu_metric("jpn")
+
+
+def test_the_language_of_a_side_is_its_training_files(tmp_path) -> None:
+    from transformer.config import DataConfig
+
+    assert DataConfig(tgt_lang="de", train_tgt="mine/train.fr.gz").language("tgt") == "fr"
+    assert DataConfig(tgt_lang="pt-BR", train_tgt="mine/target.txt").language("tgt") == "pt"
+    assert DataConfig(src_lang="EN", train_src="").language("src") == "en"
 
 
 def test_multi_bleu_hand_computed() -> None:

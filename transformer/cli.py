@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NoReturn, TypeVar
 
-from .config import EARLY_STOPS, LENGTH_NORMS, MAX_THREADS, ConfigError, DecodeConfig, ServeLimits, resolve_config_path
+from .config import (EARLY_STOPS, LENGTH_NORMS, MAX_THREADS, ConfigError, DecodeConfig, ServeLimits, language_code,
+                     resolve_config_path)
 from .errors import Terminated, UserError, install_extra, out_of_memory, summary
 from . import files
 from .files import OutputError, check_output
@@ -572,8 +573,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the run's data.test_tgt)")
     p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...; default: "
                    "the run's data.test_tok_ref when neither --src nor --ref is given)")
-    p.add_argument("--lang", help="target language for Moses tokenization (default: the --ref suffix, test.de, "
-                   "else the run's data.train_tgt's)")
+    p.add_argument("--lang", help="target language, for sacreBLEU's tokenizer (zh, ja, ko have their own) and Moses' "
+                   "(default: the --ref suffix, test.de, else the run's data.train_tgt's, else its data.tgt_lang)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported in Table 2, "
                    "computed as the authors did (A13: Moses tokenizer and compound splitting, get_ende_bleu.sh)")
     _output(p, "--json", metavar="FILE", dash=True, help='write {"bleu", "chrf", "signature", ...} to FILE (a '
@@ -594,7 +595,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     """
     from .data import read_lines
     from .prepare import resolve_data_path
-    from .evaluate import paper_bleu, sacrebleu_scores, tok_lc_bleu
+    from .evaluate import bleu_metric, paper_bleu, sacrebleu_scores, tok_lc_bleu
 
     request = _request(args)
     translator, said = _translator(args, request)
@@ -613,10 +614,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         args.tok_ref = d.test_tok_ref
     for name in defaulted:  # a recipe's test set kept when --set moved the run to other languages and data
         side = "src" if name == "src" else "tgt"
-        lang, code = getattr(d, f"{side}_lang").lower(), _language_code(getattr(args, name))
-        if code and len(lang) == 2 and code not in (lang, _language_code(getattr(d, f"train_{side}"))):
+        # the language of the run's training text (DataConfig.language): its file's name, else data.{side}_lang
+        lang, code = d.language(side), language_code(getattr(args, name))
+        if code and len(lang) == 2 and code != lang:
+            trained = (f"data.train_{side} {getattr(d, f'train_{side}')}" if language_code(getattr(d, f"train_{side}"))
+                       else f"data.{side}_lang")
             raise ConfigError(f"--{name} not given, and the run's {fields[name][0]} {getattr(args, name)} is in "
-                              f"'{code}' where its data.{side}_lang is '{lang}' (the recipe's test set, kept when the "
+                              f"'{code}' where its {trained} is in '{lang}' (the recipe's test set, kept when the "
                               "run was pointed at other data): give --src and --ref")
     if defaulted:  # a copied recipe's test set is not the user's own: say which files are scored
         said.append("scoring the run's " + ", ".join(f"{fields[n][0]} {getattr(args, n)}" for n in defaulted))
@@ -653,9 +657,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         if tok_ref is not None and len(tok_ref) != len(ref):
             raise ConfigError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but --ref {args.ref} has {len(ref)}")
         lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
+        # sacreBLEU tokenizes by the target language, Chinese, Japanese and Korean by their own rules: its
+        # tokenizer is had (ja, ko: MeCab) before any decoding
+        bleu_lang = args.lang or language_code(args.ref) or d.language("tgt")
+        bleu_metric(bleu_lang)
         _tell(said)
         hyps = _translate_lines(translator, src, request)
-        scores = sacrebleu_scores(hyps, ref)
+        scores = sacrebleu_scores(hyps, ref, bleu_lang)
         print(f"BLEU = {scores['bleu']:.2f}  ({scores['signature']})", file=report)
         print(f"chrF = {scores['chrf']:.2f}  ({scores['chrf_signature']})", file=report)
         if args.paper_bleu:
@@ -693,16 +701,10 @@ def _target_language(args: argparse.Namespace, data) -> str:
     if args.lang:
         return args.lang
     for path in (args.ref, data.train_tgt):
-        if code := _language_code(path):
+        if code := language_code(path):
             return code
     raise ConfigError(f"--lang not given, and neither --ref {args.ref} nor the run's data.train_tgt "
                       f"{data.train_tgt or '(none)'} ends in a language code (.de, .fr, ...): give --lang")
-
-
-def _language_code(path: object) -> str | None:
-    """The two letters that end a file's name (test.de, test.de.gz), lower-cased; None when it has none."""
-    code = Path(str(path)).name.removesuffix(".gz").rsplit(".", 1)[-1]
-    return code.lower() if len(code) == 2 and code.isalpha() else None
 
 
 def _parse_lines(translator, lines: list[str], request) -> list:

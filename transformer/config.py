@@ -89,6 +89,20 @@ class DataConfig:
     # vocabulary here is BPE). Validation, test and decoding keep the deterministic segmentation.
     subword_alpha: float = 0.0
 
+    def language(self, side: Literal["src", "tgt"]) -> str:
+        """The language of a side's text, for its tokenizers (sacreBLEU's, Moses'): the two letters that end
+        its training file's name (train.de.gz), else data.{side}_lang's first subtag ("pt-BR": "pt"),
+        lowercased. The file's name goes first: a recipe's data.tgt_lang is kept when --set moves the run to
+        files of another language."""
+        lang = getattr(self, f"{side}_lang").lower().replace("_", "-").split("-")[0]
+        return language_code(getattr(self, f"train_{side}")) or lang
+
+
+def language_code(path: object) -> str | None:
+    """The two letters that end a file's name (test.de, test.de.gz), lower-cased; None when it has none."""
+    code = Path(str(path)).name.removesuffix(".gz").rsplit(".", 1)[-1]
+    return code.lower() if len(code) == 2 and code.isalpha() else None
+
 
 @dataclass
 class TrainConfig:

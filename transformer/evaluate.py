@@ -30,6 +30,7 @@ import sacrebleu
 from sacrebleu.metrics.bleu import BLEUScore
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
+from .config import ConfigError
 from .trees import Tree, TreeError, with_tags
 
 
@@ -38,10 +39,28 @@ def _check_lengths(hyps: list[str], refs: list[str]) -> None:
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
 
 
-def sacrebleu_scores(hyps: list[str], refs: list[str]) -> dict[str, float | str]:
-    """Detokenized, cased BLEU and chrF with sacreBLEU's defaults (13a tokenization, exp smoothing)."""
+# ISO 639-2/3 codes of the languages sacreBLEU tokenizes by their own rules, as its two-letter codes
+_SACREBLEU_CODES = {"zho": "zh", "chi": "zh", "jpn": "ja", "kor": "ko"}
+
+
+def bleu_metric(lang: str = "") -> sacrebleu.BLEU:
+    """sacreBLEU's BLEU for text in ``lang`` with its defaults for that language: 13a tokenization, except
+    Chinese, Japanese and Korean, written without spaces between words, which 13a would score as one word a
+    sentence (BLEU about 0); Japanese and Korean need sacreBLEU's extras (MeCab), a ConfigError without."""
+    code = lang.lower().replace("_", "-").split("-")[0]
+    code = _SACREBLEU_CODES.get(code, code)
+    try:
+        return sacrebleu.BLEU(trg_lang=code)
+    except RuntimeError:  # its message is a paragraph; the remedy is one install
+        raise ConfigError(f"BLEU of '{code}' text needs sacreBLEU's tokenizer for it, whose packages are not "
+                          f"installed: pip install 'sacrebleu[{code}]'") from None
+
+
+def sacrebleu_scores(hyps: list[str], refs: list[str], lang: str = "") -> dict[str, float | str]:
+    """Detokenized, cased BLEU and chrF with sacreBLEU's defaults (exp smoothing; its tokenizer for the
+    target language ``lang``, 13a for most: ``bleu_metric``)."""
     _check_lengths(hyps, refs)
-    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    bleu, chrf = bleu_metric(lang), sacrebleu.CHRF()
     return {"bleu": bleu.corpus_score(hyps, [refs]).score, "chrf": chrf.corpus_score(hyps, [refs]).score,
             "signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
 

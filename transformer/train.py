@@ -647,7 +647,7 @@ def dev_bleu(model: Transformer, tokenizer: Tokenizer, pairs: list[tuple[str, st
     from .translator import Translator
 
     hyps = Translator.of_model(model, tokenizer, cfg).translate([s for s, _ in pairs], DecodeRequest())  # in eval mode
-    return sacrebleu_scores(hyps, [t for _, t in pairs])["bleu"]
+    return sacrebleu_scores(hyps, [t for _, t in pairs], cfg.data.language("tgt"))["bleu"]
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
@@ -743,6 +743,9 @@ class Trainer:
             raise TrainError(f"decode.average_last {cfg.decode.average_last} averages more checkpoints than "
                              f"train.keep_last {t.keep_last} keeps: raise train.keep_last to at least "
                              f"{cfg.decode.average_last}")
+        if t.bleu_every and cfg.data.task == "translate":  # dev BLEU's tokenizer can be had (ja, ko: MeCab)
+            from .evaluate import bleu_metric
+            bleu_metric(cfg.data.language("tgt"))
         parent = None if init_from is None else parent_run(init_from)
         if init_from is not None:  # refused before anything is written, as above
             refuse_misfit(init_from, parent, cfg)
