@@ -698,6 +698,26 @@ def test_a_finished_run_writes_its_summary(tmp_path, tiny_overrides):
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary and summary["step"] == 3
 
 
+def test_text_the_vocabulary_cannot_spell_is_warned_of(tmp_path, tiny_overrides, multi30k):
+    """Fine-tuned onto French with a German run's vocabulary, a share of the target's characters (é, è, à, ç)
+    became the unknown piece without a word: the model learnt to write \u2047, and its validation perplexity
+    looked fine. Its own vocabulary, trained on the text, warns of nothing."""
+    old = tmp_path / "old"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), old, quiet=True)
+    assert "unknown to the vocabulary" not in (old / "train.log").read_text()
+    french = []
+    for split, n in (("train", 600), ("val", 50)):
+        path = tmp_path / f"{split}.fr"
+        path.write_text("".join(line + "\n" for line in read_lines(multi30k / f"{split}.fr.gz")[:n]), encoding="utf-8")
+        french.append(f'data.{"valid" if split == "val" else split}_tgt="{path}"')
+    train(load_config("tiny", tiny_overrides + french + ["train.max_steps=1"]), tmp_path / "new", quiet=True,
+          init_from=old)
+    log = (tmp_path / "new" / "train.log").read_text()
+    for split in ("train", "valid"):
+        assert re.search(rf"warning: {split}: 0% of the source's pieces and [\d.]+% of the target's are unknown to the "
+                         rf"vocabulary \({tmp_path / 'new' / 'spm.model'}\): characters it has no piece for", log), log
+
+
 def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides, capsys):
     """Fine-tuning: the new run's spm.model is the old one's bytes, its first weights the old run's
     averaged ones, so before any update its validation loss on the old data is the old run's; a model

@@ -33,7 +33,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from .errors import UserError
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, BPEDropout, Tokenizer
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, BPEDropout, Tokenizer
 
 class DataError(UserError, ValueError):
     """A user error in the data; a one-line message naming the file and line, or both files."""
@@ -146,10 +146,23 @@ class EncodeStats:
     n_pairs: int  # pairs read
     skipped_empty: int  # a side empty after stripping whitespace
     skipped_long: int  # a side longer than max_len pieces, EOS included (A10)
+    pieces: tuple[int, int] = (0, 0)  # of the pairs kept, (source, target), EOS left out
+    unknown: tuple[int, int] = (0, 0)  # of those, the vocabulary's unknown piece (characters it has no piece for)
 
     @property
     def n_kept(self) -> int:
         return self.n_pairs - self.skipped_empty - self.skipped_long
+
+    def unknown_warning(self, what: str, vocabulary: str) -> str | None:
+        """A warning when more than 0.1% of a side's pieces are unknown: the model learns to write "\u2047"
+        for what the vocabulary cannot spell (a vocabulary inherited by --init-from from other text, or learnt
+        from a sample, data.spm_input_sentences, that lacked those characters). None otherwise."""
+        shares = [u / p if p else 0.0 for u, p in zip(self.unknown, self.pieces)]
+        if max(shares) <= 0.001:
+            return None
+        return (f"warning: {what}: {100 * shares[0]:.2g}% of the source's pieces and {100 * shares[1]:.2g}% of the "
+                f"target's are unknown to the vocabulary ({vocabulary}): characters it has no piece for, which the "
+                "model reads and writes as \u2047 (a vocabulary of other text, or of a sample that lacked them)")
 
 
 def encode_pairs(pairs: list[tuple[str, str]], tokenizer: _Encoder, max_len: int,
@@ -164,14 +177,18 @@ def encode_pairs(pairs: list[tuple[str, str]], tokenizer: _Encoder, max_len: int
     src_ids = tokenizer.encode_batch([s.strip() for s, _ in pairs])
     tgt_ids = tokenizer.encode_batch([t.strip() for _, t in pairs])
     examples, empty = [], 0
+    pieces, unknown = [0, 0], [0, 0]
     for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
         if not s or not t:
             empty += 1
         elif len(s) < max_len and len(t) < max_len:  # + EOS <= max_len
             examples.append(Example(s + [EOS_ID], t + [EOS_ID]))
+            pieces[0], pieces[1] = pieces[0] + len(s), pieces[1] + len(t)
+            unknown[0], unknown[1] = unknown[0] + s.count(UNK_ID), unknown[1] + t.count(UNK_ID)
             if kept is not None:
                 kept.append(i)
-    return examples, EncodeStats(len(pairs), empty, len(pairs) - empty - len(examples))
+    return examples, EncodeStats(len(pairs), empty, len(pairs) - empty - len(examples), (pieces[0], pieces[1]),
+                                 (unknown[0], unknown[1]))
 
 
 def encode_for_decoding(texts: list[str], tokenizer: _Encoder) -> list[list[int]]:

@@ -351,6 +351,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         if not train:  # as the token store says it (store.write_store)
             raise DataError(f"{train_src}: no usable training pairs of {stats.n_pairs:,} ({stats.skipped_empty:,} with "
                             f"an empty side, {stats.skipped_long:,} longer than data.max_len {d.max_len} pieces)")
+        if warning := stats.unknown_warning("train", str(tokenizer.path)):
+            log(warning)
         if stats.skipped_long > len(train):
             log(f"warning: most training pairs ({stats.skipped_long} of {stats.n_pairs}) are longer than data.max_len "
                 f"({d.max_len} pieces with EOS) and are left out; raise data.max_len to train on them")
@@ -365,6 +367,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     valid, stats = encode_pairs(valid_pairs, tokenizer, d.max_len, kept)
     log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
         f"{stats.skipped_long} longer than {d.max_len} pieces")
+    if warning := stats.unknown_warning("valid", str(tokenizer.path)):
+        log(warning)
     if not valid:
         raise DataError(f"{data['valid_src']}: no usable validation pairs of {stats.n_pairs} ({stats.skipped_empty} "
                         f"with an empty side, {stats.skipped_long} longer than data.max_len {d.max_len}); validation "
