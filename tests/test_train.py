@@ -718,6 +718,27 @@ def test_text_the_vocabulary_cannot_spell_is_warned_of(tmp_path, tiny_overrides,
                          rf"vocabulary \({tmp_path / 'new' / 'spm.model'}\): characters it has no piece for", log), log
 
 
+def test_a_parsing_fine_tune_of_a_translation_vocabulary_is_refused_before_training(tmp_path, tiny_overrides,
+                                                                                    multi30k):
+    """--init-from a translation run with data.task "parse": the inherited vocabulary has no bracket symbols, and
+    the run trained its whole budget before `parse` refused it ("not a parsing model")."""
+    from conftest import DATA
+    from transformer.prepare import write_ptb_splits
+
+    if not (DATA / "ptb-sample").is_dir():
+        pytest.skip(f"ptb-sample not found under {DATA}")
+    old = tmp_path / "old"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), old, quiet=True)
+    write_ptb_splits(DATA / "ptb-sample", tmp_path)
+    trees = [f'data.{split}_{side}="{tmp_path}/{split}.{suffix}"' for split in ("train", "valid")
+             for side, suffix in (("src", "words"), ("tgt", "wlin"))]
+    with pytest.raises(DataError, match=r'^data.task is "parse", and the vocabulary .*new/spm.model has none of the '
+                                        r"training trees' bracket symbols"):
+        train(load_config("tiny", tiny_overrides + trees + ['data.task="parse"', "train.max_steps=2"]),
+              tmp_path / "new", quiet=True, init_from=old)
+    assert not list_checkpoints(tmp_path / "new")
+
+
 def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides, capsys):
     """Fine-tuning: the new run's spm.model is the old one's bytes, its first weights the old run's
     averaged ones, so before any update its validation loss on the old data is the old run's; a model

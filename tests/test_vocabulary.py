@@ -91,3 +91,18 @@ def test_a_parsing_run_on_targets_that_are_no_trees_is_refused(tmp_path, tiny_ov
     tgt.write_text("".join(f"(S (NP XX ) {line} )S\n" for line in tgt.read_text(encoding="utf-8").splitlines()[:300])
                    + "".join(f"{line}\n" for line in tgt.read_text(encoding="utf-8").splitlines()[300:]))
     open_vocabulary(cfg, src, tgt, tmp_path / "spm.model", lambda m: None, resuming=False)  # half of them: taken
+
+
+def test_a_parsing_vocabulary_that_lacks_some_symbols_is_warned_of(tiny_parse_run):
+    """A symbol of the training trees that is no piece of the vocabulary (one reused from other trees): the
+    beam cannot write that constituent, and the log says which."""
+    from transformer.tokenizer import Tokenizer
+    from transformer.vocabulary import check_tree_symbols
+
+    said: list[str] = []
+    tokenizer = Tokenizer(tiny_parse_run / "spm.model")
+    check_tree_symbols(tokenizer, ["(S (NP dog )NP )S"], said.append)  # trees with words (.wlin), no XX
+    assert said == []
+    check_tree_symbols(tokenizer, ["(S (FOOBAR dog )FOOBAR )S"], said.append)
+    assert said == [f"warning: the vocabulary {tokenizer.path} lacks 2 of the training trees' 4 symbols as a piece "
+                    "((FOOBAR, )FOOBAR): the parser cannot write those constituents"]

@@ -50,7 +50,7 @@ from .prepare import read_twice, resolve_data_path
 from .runtime import keep_freed_memory, native_bf16
 from .store import TokenStore
 from .tokenizer import Tokenizer
-from .vocabulary import open_vocabulary
+from .vocabulary import check_tree_symbols, open_vocabulary
 
 
 class TrainError(UserError, RuntimeError):
@@ -344,6 +344,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         pairs = read_parallel(train_src, train_tgt)  # checked (line counts, UTF-8) before a BPE is trained on them
         tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log,
                                     resuming=has_checkpoints or vocabulary_of is not None)
+        if d.task == "parse":
+            check_tree_symbols(tokenizer, [t for _, t in pairs], log)
         train, stats = encode_pairs(pairs, tokenizer, d.max_len)
         del pairs
         log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "

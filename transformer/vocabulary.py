@@ -42,6 +42,27 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
                            d.spm_input_sentences, seed=cfg.train.seed, symbols=sorted(symbols), named=f"{src} + {tgt}")
 
 
+def check_tree_symbols(tokenizer: Tokenizer, targets: list[str], log) -> None:
+    """A parsing run's vocabulary holds its training trees' bracket symbols as pieces (``train_vocabulary``
+    keeps them whole; one inherited by --init-from, or reused, may not): with none, a DataError before
+    training (its parser is refused only once trained: ``trees.TreeConstraint``); with some missing, a
+    warning naming them (the beam cannot write those constituents)."""
+    from .trees import tree_symbols
+
+    pieces = set(tokenizer.vocabulary())
+    symbols = tree_symbols(targets)
+    missing = sorted(s for s in symbols if "\u2581" + s not in pieces)
+    if not missing:
+        return
+    if not any(s.startswith("(") and "\u2581" + s in pieces for s in symbols):
+        raise DataError(f"data.task is \"parse\", and the vocabulary {tokenizer.path} has none of the training "
+                        "trees' bracket symbols ((NP, )NP, ...) as a piece: it is no parsing vocabulary (--init-from a "
+                        "translation run?); fine-tune a parsing run, or train a new vocabulary")
+    log(f"warning: the vocabulary {tokenizer.path} lacks {len(missing)} of the training trees' {len(symbols)} "
+        f"symbols as a piece ({', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}): the parser cannot "
+        "write those constituents")
+
+
 def vocabulary_inputs(cfg: Config, src: Path, tgt: Path) -> dict[str, Any]:
     """What a vocabulary is a function of (``Tokenizer.train``): the training files' contents, the
     size, the sentences sampled, the seed, and the task (parsing keeps its tree symbols whole)."""
