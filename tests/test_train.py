@@ -739,6 +739,33 @@ def test_a_parsing_fine_tune_of_a_translation_vocabulary_is_refused_before_train
     assert not list_checkpoints(tmp_path / "new")
 
 
+def test_a_fine_tune_stopped_before_its_first_checkpoint_stays_a_fine_tune(tmp_path, tiny_overrides):
+    """A fine-tune that stopped after taking its parent's vocabulary, before any checkpoint (killed, or refused
+    for its validation set): --resume without --init-from trained from random weights with the parent's
+    vocabulary ("no checkpoint; starting from scratch"), and a new run in the folder reused that vocabulary as
+    its own. The record beside it names the weights: --resume starts from them again; a new run is refused."""
+    old = tmp_path / "old"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), old, quiet=True)
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n")
+    new = tmp_path / "new"
+    with pytest.raises(DataError, match="no usable validation pairs"):
+        train(load_config("tiny", tiny_overrides + [f'data.valid_src="{blank}"', f'data.valid_tgt="{blank}"',
+                                                    "train.max_steps=2"]), new, quiet=True, init_from=old)
+    assert (new / "spm.model").is_file() and not list_checkpoints(new)
+    with pytest.raises(TrainError, match=rf"spm.model is the vocabulary of {old.resolve()}, taken by --init-from, and "
+                                         rf"this run holds no checkpoint yet: give --init-from {old.resolve()} again"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "data.vocab_size=400"]), new, quiet=True)
+    summary = train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), new, quiet=True, resume=True)
+    assert summary["init_from"]["path"] == str(old.resolve())
+    assert (f"--resume: no checkpoint in {new}/checkpoints; starting again from the weights of --init-from "
+            f"{old.resolve()}, which the run was started with") in (new / "train.log").read_text()
+    shutil.rmtree(new / "checkpoints")  # stopped before its first checkpoint, and the parent gone since
+    shutil.rmtree(old)
+    with pytest.raises(TrainError, match=r"--resume: .*new is a fine-tune started with --init-from .*old, which is gone"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), new, quiet=True, resume=True)
+
+
 def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides, capsys):
     """Fine-tuning: the new run's spm.model is the old one's bytes, its first weights the old run's
     averaged ones, so before any update its validation loss on the old data is the old run's; a model

@@ -257,7 +257,7 @@ def _saved_config(out: Path, config_path: Path) -> tuple[Config, Path] | None:
 
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 allow_changes: bool = False, vocabulary_of: Path | None = None,
-                held: contextlib.ExitStack | None = None) -> Run:
+                held: contextlib.ExitStack | None = None, init_from: Path | None = None) -> Run:
     """Creates or re-opens the run folder, trains or loads the BPE vocabulary, reads the data.
 
     ``write=False`` (data-parallel ranks other than 0) only reads what rank 0 wrote. Resuming with
@@ -277,6 +277,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     has_checkpoints = bool(list_checkpoints(out)) or any((out / "checkpoints").glob("*.json"))
     if has_checkpoints and not resume:
         raise TrainError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
+    if vocabulary_of is None and not has_checkpoints and (parent := recorded_init_from(out)) is not None:
+        # a fine-tune stopped before its first checkpoint: its vocabulary is not a new run's (nor its config.toml)
+        raise TrainError(f"{out / 'spm.model'} is the vocabulary of {parent}, taken by --init-from, and this run holds "
+                         f"no checkpoint yet: give --init-from {parent} again (or --resume) to fine-tune, or another "
+                         "--out to train a run of its own")
     if resume and (found := _saved_config(out, config_path)) is not None:
         saved, source = found
         if changed := cfg.resume_differences(saved):
@@ -316,7 +321,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
 
     spm_path = out / "spm.model"
     if vocabulary_of is not None:
-        inherit_vocabulary(vocabulary_of / "spm.model", spm_path, write)
+        inherit_vocabulary(vocabulary_of / "spm.model", spm_path, write, init_from or vocabulary_of)
     if d.train_store:  # encoded once by `transformer preprocess`, with its own vocabulary
         store_path = data["train_store"]
         if not spm_path.exists():
@@ -441,13 +446,40 @@ def refuse_misfit(init_from: Path, parent: Path, cfg: Config) -> None:
                          f"({'; '.join(cfg.differences(theirs, 'model'))})")
 
 
-def inherit_vocabulary(parent: Path, path: Path, write: bool) -> None:
-    """``path`` becomes a byte copy of the parent run's vocabulary; one already there must be that."""
-    if path.exists():
-        if files.file_sha256(path) != files.file_sha256(parent):
-            raise TrainError(f"{path} differs from {parent}, the vocabulary --init-from names: choose another --out")
-    elif write:
-        files.write_bytes(path, parent.read_bytes())
+def inherit_vocabulary(parent: Path, path: Path, write: bool, init_from: Path) -> None:
+    """``path`` becomes a byte copy of the parent run's vocabulary; one already there must be that. Its record
+    (spm.json, written first) names ``init_from``: a fine-tune stopped before its first checkpoint resumes from
+    those weights again (``inherited_from``), and a new run in the folder does not take the vocabulary for its
+    own (``vocabulary.open_vocabulary``)."""
+    if path.exists() and files.file_sha256(path) != files.file_sha256(parent):
+        raise TrainError(f"{path} differs from {parent}, the vocabulary --init-from names: choose another --out")
+    if write:
+        files.write_text(path.with_suffix(".json"), json.dumps({INIT_FROM: str(init_from.resolve())}, indent=2) + "\n")
+        if not path.exists():
+            files.write_bytes(path, parent.read_bytes())
+
+
+# the key of a vocabulary record (spm.json) that names the weights a fine-tune took the vocabulary with
+INIT_FROM = "init_from"
+
+
+def recorded_init_from(out: Path) -> Path | None:
+    """The weights a fine-tune in ``out`` was started from, as its vocabulary's record names them
+    (``inherit_vocabulary``); None for a run with a vocabulary of its own."""
+    try:
+        record = json.loads((out / "spm.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return Path(record[INIT_FROM]) if isinstance(record, dict) and isinstance(record.get(INIT_FROM), str) else None
+
+
+def inherited_from(out: Path) -> Path | None:
+    """``recorded_init_from``, for a resume: a TrainError where those weights are gone."""
+    init_from = recorded_init_from(out)
+    if init_from is not None and not init_from.exists():
+        raise TrainError(f"--resume: {out} is a fine-tune started with --init-from {init_from}, which is gone, and "
+                         "holds no checkpoint yet: give --init-from the weights to start from, or another --out")
+    return init_from
 
 
 def batch_loss(model: torch.nn.Module, batch: Batch, eps_ls: float) -> torch.Tensor:
@@ -736,6 +768,9 @@ class Trainer:
                  allow_config_change: bool, init_from: Path | None = None,
                  held: contextlib.ExitStack | None = None) -> None:
         self.cfg, self.out, self.quiet, self.dist, t = cfg, out, quiet, dist, cfg.train
+        # a fine-tune stopped before its first checkpoint goes on as one: from the weights it was started from
+        self.init_again = inherited_from(out) if resume and init_from is None and not list_checkpoints(out) else None
+        init_from = init_from or self.init_again
         if allow_config_change and not resume:  # a new run has no earlier config to change
             raise TrainError("--allow-config-change is for a resume (with --resume): a new run takes its config as "
                              "it is")
@@ -759,7 +794,7 @@ class Trainer:
             if dist.main:
                 self.log = run_logger(out, quiet)
                 self.run_data = prepare_run(cfg, out, resume, self.log, allow_changes=allow_config_change,
-                                            vocabulary_of=parent, held=held)
+                                            vocabulary_of=parent, held=held, init_from=init_from)
         if not dist.main:
             self.log = lambda msg, terminal=True: None
             self.run_data = prepare_run(cfg, out, resume, self.log, write=False, allow_changes=True,
@@ -853,7 +888,9 @@ class Trainer:
                              "train this run anew, move that folder away first (weights that verify still serve "
                              "`transformer average` and --checkpoint)")
         if ckpt is None:
-            self.log(f"--resume: no checkpoint in {self.out}/checkpoints; starting from scratch")
+            self.log(f"--resume: no checkpoint in {self.out}/checkpoints; " + (
+                f"starting again from the weights of --init-from {self.init_again}, which the run was started with"
+                if self.init_again else "starting from scratch"))
             return
         if ckpt.meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
             raise TrainError(f"{ckpt.path}: trained with another vocabulary than {self.out / 'spm.model'}")
