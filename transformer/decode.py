@@ -7,7 +7,7 @@ The searches themselves are in ``search.py``; what constrains them in ``constrai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import torch
@@ -25,6 +25,26 @@ class Stopped(Exception):
     """``decode_ids``' ``stop`` said so before a batch: what is left is not decoded."""
 
 
+# a batch's rows are padded to its first (longest) source: a row may be padded to at most twice its length and
+# this many pieces more, or it starts a batch of its own
+PAD_SLACK = 16
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
+    """Batches of positions in ``lengths`` (sorted longest first): at most ``batch_size`` each, and a source
+    shorter than half its batch's first (less ``PAD_SLACK``) starts a new one. Counted in sentences alone, one
+    long line (thousands of pieces) took 63 short ones into its batch, padded to its length: memory that grows
+    with the square of that length, times the batch, until the kernel killed the process without a word."""
+    batch: list[int] = []
+    for k, n in enumerate(lengths):
+        if batch and (len(batch) == batch_size or lengths[batch[0]] > 2 * n + PAD_SLACK):
+            yield batch
+            batch = []
+        batch.append(k)
+    if batch:
+        yield batch
+
+
 def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.beam_size,
                alpha: float = PAPER.alpha, max_len_offset: int = PAPER.max_len_offset,
                batch_size: int = PAPER.batch_size, bar: tqdm | None = None,
@@ -37,7 +57,7 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     ``nbest`` hypotheses, best first.
 
     Sentences are sorted by length (longest first, so memory trouble shows at once) and decoded
-    ``batch_size`` at a time. beam_size 1 is greedy search (beam search with a ``constraint``, and for an
+    ``batch_size`` at a time, a much longer one in a batch of its own (``length_batches``). beam_size 1 is greedy search (beam search with a ``constraint``, and for an
     input with a prefix or constraints, decoded apart from the others of its batch, so that an input's
     output never depends on what shares its batch); ``early_stop`` is beam search's stopping rule; ``prefixes`` (one per
     source, token ids, [] for none) are forced as each output's first tokens (``PrefixConstraint``);
@@ -82,10 +102,10 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
 
     order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     outputs: list[list[Hypothesis]] = [[] for _ in sources]
-    for start in range(0, len(order), batch_size):
+    for chunk in length_batches([len(sources[i]) for i in order], batch_size):
         if stop is not None and stop():
             raise Stopped
-        chunk = order[start: start + batch_size]
+        chunk = [order[k] for k in chunk]
         groups = [chunk]
         if beam_size == 1 and sampling is None and constraint is None:
             # beam 1 is greedy search for an input without a prefix or constraints, whatever shares its
