@@ -276,7 +276,9 @@ def test_sigterm_stops_a_command_in_one_line_and_removes_the_output_it_was_writi
 @pytest.mark.parametrize("error, said", [
     (OSError(errno.ENOSPC, "No space left on device"), "error: No space left on device (writing an output)\n"),
     (OSError(errno.EDQUOT, "Disk quota exceeded", "out/x.bin"), "error: out/x.bin: Disk quota exceeded\n"),
-    (OSError(errno.EACCES, "Permission denied", "/srv/in.mrg"), "error: /srv/in.mrg: Permission denied\n")])
+    (OSError(errno.EACCES, "Permission denied", "/srv/in.mrg"), "error: /srv/in.mrg: Permission denied\n"),
+    # a file-size limit (ulimit -f, FAT32's 4 GiB) was "internal error: OSError: [Errno 27] File too large"
+    (OSError(errno.EFBIG, "File too large"), "error: File too large (writing an output)\n")])
 def test_a_full_disk_met_outside_the_packages_own_writers_is_one_line(error, said, tmp_path, capsys, monkeypatch):
     """A library's or a stream's write on a full disk (CTranslate2's converter, a token store's arrays) said
     "internal error: OSError: [Errno 28] ... please report it": the user's to fix, in one line, exit 1."""
@@ -1284,3 +1286,40 @@ def test_stdin_is_named_stdin_in_errors(tiny_run):
                           capture_output=True, timeout=120)
     assert done.returncode == 1 and done.stderr.decode().splitlines()[-1].startswith(
         "error: stdin:2: invalid UTF-8"), done.stderr
+
+
+@pytest.mark.parametrize("taken, left", [(10, b"first line\tA\n"), (13, b"first line\tA\n"), (0, b"")],
+                         ids=["mid-line", "at-a-line-end", "nothing-yet"])
+def test_a_stop_while_a_slow_reader_holds_stdout_finishes_the_line_under_way(monkeypatch, taken, left):
+    """SIGTERM while a pipe's reader was slow left stdout ending in half a line ("-20.591740<TAB>": a score
+    whose translation was cut off, read as an empty one). The line under way is finished, then the stop goes on."""
+    from transformer.errors import Terminated
+
+    read_end, write_end = os.pipe()
+    real, calls = os.write, []
+
+    def slow(fd: int, data) -> int:  # the reader takes ``taken`` bytes, then the signal comes during the write
+        calls.append(len(data))
+        if len(calls) == 1 and taken:
+            return real(fd, bytes(data[:taken]))
+        if len(calls) <= 2:
+            raise Terminated(signal.SIGTERM)
+        return real(fd, data)
+
+    class Stdout:
+        encoding, errors = "utf-8", "strict"
+
+        def fileno(self) -> int:
+            return write_end
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Stdout())
+    monkeypatch.setattr(os, "write", slow)
+    with pytest.raises(Terminated):
+        cli._write_whole_lines("first line\tA\nsecond\nthird\n")
+    monkeypatch.undo()
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        assert f.read() == left

@@ -536,6 +536,45 @@ def _stdout_gone() -> bool:
         return False
 
 
+def _write_whole_lines(text: str) -> None:
+    """``text`` (whole lines) onto stdout, flushed; stopped (Ctrl-C, SIGTERM, SIGHUP) while a slow reader held the
+    write, the line under way is finished before the stop goes on: a pipe was left ending in half a line
+    ("-20.591740<TAB>", a score without its translation, read as an empty one). The wait for the reader is where a
+    stop may come, with nothing written meanwhile; each write of at most PIPE_BUF bytes (which a pipe takes whole
+    once it is writable) is made with the stops held, so what it wrote is always counted. A second stop leaves it."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file: a test's capture
+        fd = None
+    if fd is None or not hasattr(signal, "pthread_sigmask"):  # Windows: written as it comes
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    sys.stdout.flush()  # what print() left in the buffer goes first
+    data = memoryview(text.encode(sys.stdout.encoding or "utf-8", sys.stdout.errors or "strict"))
+    done = 0
+
+    def write_to(end: int) -> None:
+        nonlocal done
+        while done < end:
+            select.select([], [fd], [])
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+            try:
+                done += os.write(fd, data[done:min(end, done + select.PIPE_BUF)])
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    try:
+        write_to(len(data))
+    except (KeyboardInterrupt, Terminated):
+        with contextlib.suppress(OSError, KeyboardInterrupt, Terminated):
+            write_to(bytes(data).find(b"\n", done - 1) + 1 if done else 0)  # the end of the line under way
+        raise
+
+
+_STOPS = {signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])}
+
+
 @contextlib.contextmanager
 def _line_sink(path: Path | None) -> Iterator[Callable[[Iterable[str]], None]]:
     """Where a command writes its output lines as it makes them: stdout, flushed at every write (a
@@ -544,8 +583,7 @@ def _line_sink(path: Path | None) -> Iterator[Callable[[Iterable[str]], None]]:
     .gz, as the inputs may be."""
     if path is None:
         def write(lines: Iterable[str]) -> None:
-            sys.stdout.write("".join(f"{line}\n" for line in lines))
-            sys.stdout.flush()
+            _write_whole_lines("".join(f"{line}\n" for line in lines))
             # a reader that left during a long write (`| head -1`) cut it short without an error, and the command
             # ended with 0, its lines lost; as at the next write, it stops with 141 (main)
             with contextlib.suppress(OutputError):  # not a file: a test's capture

@@ -59,7 +59,8 @@ class OutputError(UserError):
     """An output path the command could not write: refused before the work that would fill it."""
 
 
-UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})  # the user's to fix, not a bug
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                         errno.EFBIG})  # the user's to fix (EFBIG: a size limit, ulimit -f, FAT32), not a bug
 
 
 class WriteError(OutputError, OSError):
