@@ -228,7 +228,7 @@ def test_corrupt_files_refused_and_latest_falls_back(tmp_path: Path, how: str, n
         target.write_text(json.dumps({"format": "someone-else/3", "files": {}}))
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(path)
-    assert str(err.value).startswith(f"{name}: ") and problem in str(err.value)
+    assert str(err.value).startswith(f"{target}: ") and problem in str(err.value)  # the path: which run's file
     warnings: list[str] = []
     c = latest_checkpoint(tmp_path, warn=warnings.append)
     assert c is not None and c.meta["step"] == 100
@@ -241,7 +241,7 @@ def test_valid_checksum_but_not_safetensors(tmp_path: Path) -> None:
     (tmp_path / "m.safetensors").write_bytes(blob)
     entry = {"name": "m.safetensors", "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}
     (tmp_path / "m.json").write_text(json.dumps({"format": FORMAT, "files": {"weights": entry}}))
-    with pytest.raises(CheckpointError, match=r"^m\.safetensors: not a valid safetensors file"):
+    with pytest.raises(CheckpointError, match=r"/m\.safetensors: not a valid safetensors file"):
         load_checkpoint(tmp_path / "m.json")
     entry["name"] = "../m.safetensors"
     (tmp_path / "m.json").write_text(json.dumps({"format": FORMAT, "files": {"weights": entry}}))
@@ -276,7 +276,7 @@ def test_pickle_refused_without_unpickling(tmp_path: Path) -> None:
     blob = pickle.dumps(_Payload(pwned))
     for suffix in ck.PICKLE_SUFFIXES:
         (tmp_path / f"model{suffix}").write_bytes(blob)
-        with pytest.raises(CheckpointError, match=rf"^model\{suffix}: pickle files are refused"):
+        with pytest.raises(CheckpointError, match=rf"/model\{suffix}: pickle files are refused"):
             load_checkpoint(tmp_path / f"model{suffix}")
     # A pickle under a safetensors name, with a record vouching for it, is still never unpickled.
 
@@ -288,7 +288,7 @@ def test_pickle_refused_without_unpickling(tmp_path: Path) -> None:
     (tmp_path / "evil.pt").write_bytes(blob)
     entry |= {"name": "evil.pt"}
     (tmp_path / "evil.json").write_text(json.dumps({"format": FORMAT, "files": {"weights": entry}}))
-    with pytest.raises(CheckpointError, match=r"^evil\.pt: pickle files are refused"):
+    with pytest.raises(CheckpointError, match=r"/evil\.pt: pickle files are refused"):
         load_checkpoint(tmp_path / "evil.json")
     assert not pwned.exists()
 
@@ -403,7 +403,7 @@ def test_a_record_of_another_shape_is_refused_naming_it(tmp_path, text, said):
     """average and evaluate --json read the records: JSON that is no record died with AttributeError."""
     fake_records(tmp_path, 200, 0, [(200, 0), (400, 0)])
     (tmp_path / "checkpoints" / "step_00000400.json").write_text(text)
-    with pytest.raises(CheckpointError, match=rf"^step_00000400.json: {said}"):
+    with pytest.raises(CheckpointError, match=rf"/checkpoints/step_00000400.json: {said}"):
         checkpoints_to_average(tmp_path, 2)
 
 
@@ -416,7 +416,7 @@ def test_a_record_with_a_train_state_of_another_shape_is_the_one_named(tmp_path,
     record = json.loads(newest.read_text())
     record["train_state"][field] = value
     newest.write_text(json.dumps(record))
-    with pytest.raises(CheckpointError, match=rf"^step_00000400.json: unreadable checkpoint record \(train_state\."
+    with pytest.raises(CheckpointError, match=rf"/checkpoints/step_00000400.json: unreadable checkpoint record \(train_state\."
                                               rf"{field} is {re.escape(repr(value))}, not a number\)"):
         checkpoints_to_average(tmp_path, 2)
 
@@ -537,7 +537,7 @@ def test_a_model_file_in_upper_case_is_written_and_read(tiny_run, tmp_path, caps
     assert main(["translate", str(tiny_run), "--checkpoint", str(model), "--input", str(tmp_path / "in.txt")]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
     (tmp_path / "model.PT").write_bytes(b"not read")  # a pickle's suffix in any case is refused before it is opened
-    with pytest.raises(CheckpointError, match=r"^model\.PT: pickle files are refused"):
+    with pytest.raises(CheckpointError, match=r"/model\.PT: pickle files are refused"):
         load_checkpoint(tmp_path / "model.PT")
 
 
@@ -617,7 +617,7 @@ def test_a_record_under_another_steps_name_is_refused(tmp_path):
     text_a, text_b = a.read_text(), b.read_text()
     a.write_text(text_b)
     b.write_text(text_a)
-    with pytest.raises(CheckpointError, match=r"^step_00000060.json: its record is of step 50, not 60 \(renamed"):
+    with pytest.raises(CheckpointError, match=r"/checkpoints/step_00000060.json: its record is of step 50, not 60 \(renamed"):
         checkpoint_record(b)
     with pytest.raises(CheckpointError, match="its record is of step"):
         checkpoints_to_average(tmp_path, 2)

@@ -722,14 +722,14 @@ def test_a_parsing_fine_tune_of_a_translation_vocabulary_is_refused_before_train
                                                                                     multi30k):
     """--init-from a translation run with data.task "parse": the inherited vocabulary has no bracket symbols, and
     the run trained its whole budget before `parse` refused it ("not a parsing model")."""
-    from conftest import DATA
     from transformer.prepare import write_ptb_splits
 
-    if not (DATA / "ptb-sample").is_dir():
-        pytest.skip(f"ptb-sample not found under {DATA}")
+    ptb = multi30k.parent / "ptb-sample"  # beside Multi30k in the data folder
+    if not ptb.is_dir():
+        pytest.skip(f"{ptb} not found")
     old = tmp_path / "old"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), old, quiet=True)
-    write_ptb_splits(DATA / "ptb-sample", tmp_path)
+    write_ptb_splits(ptb, tmp_path)
     trees = [f'data.{split}_{side}="{tmp_path}/{split}.{suffix}"' for split in ("train", "valid")
              for side, suffix in (("src", "words"), ("tgt", "wlin"))]
     with pytest.raises(DataError, match=r'^data.task is "parse", and the vocabulary .*new/spm.model has none of the '

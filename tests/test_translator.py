@@ -123,8 +123,9 @@ def test_device_choice_is_checked(run):
     assert Translator(run, int8=True).device == torch.device("cpu")  # int8 decodes on the CPU, GPU or not
     with pytest.raises(ConfigError, match="--int8 with --device cuda: int8 kernels run on the CPU only"):
         Translator(run, int8=True, device="cuda")
-    with pytest.raises(CheckpointError, match="--device 'gpu0'"):
-        Translator(run, device="gpu0")
+    for other in ("gpu0", "foo", "cuda:x"):  # torch's message listed its twenty device types, xpu and opengl among them
+        with pytest.raises(CheckpointError, match=f"^--device {other}: give cpu, cuda or cuda:N$"):
+            Translator(run, device=other)
     for other in ("mps", "meta"):  # devices torch names, which this package does not decode on: internal errors
         with pytest.raises(CheckpointError, match=f"^--device {other}: give cpu, cuda or cuda:N$"):
             Translator(run, device=other)
@@ -473,3 +474,24 @@ def test_a_checkpoint_rewritten_while_read_is_read_again_and_real_damage_still_r
     monkeypatch.setattr(T, "load_checkpoint", damaged)  # every read: damage, which retrying does not mend
     with pytest.raises(CheckpointError, match=r"^--checkpoint .*: sha256 mismatch"):
         Translator(run, checkpoint=newest, log=lambda m: None)
+
+
+def test_a_damaged_checkpoint_is_named_by_its_path_with_the_way_out(tiny_run, tmp_path):
+    """Both `translate RUN --ensemble DAMAGED` and `translate DAMAGED --ensemble RUN` said
+    "step_00000030.safetensors: sha256 mismatch": which run was damaged, and what to do, went unsaid."""
+    import re
+    import shutil
+
+    from transformer.checkpoint import list_checkpoints
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_run, damaged)
+    newest = list_checkpoints(damaged)[-1].with_suffix(".safetensors")
+    data = bytearray(newest.read_bytes())
+    data[-1] ^= 1
+    newest.write_bytes(bytes(data))
+    said = (rf"^{re.escape(str(newest))}: sha256 mismatch \(file corrupt or modified\); to decode with the others, "
+            rf"give --checkpoint one that is intact, or move the damaged one out of {re.escape(str(damaged))}/checkpoints$")
+    for run, ensemble in ((tiny_run, [damaged]), (damaged, [tiny_run])):
+        with pytest.raises(CheckpointError, match=said):
+            Translator(run, log=lambda m: None, ensemble=ensemble)

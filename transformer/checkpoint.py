@@ -188,11 +188,13 @@ def _json_for(path: Path) -> Path:
         return path.with_name(path.name[: -len(".state.safetensors")] + ".json")
     if _suffix(path) == ".safetensors":
         return path.with_suffix(".json")  # as write_model names it, whatever the case of the suffix
-    raise CheckpointError(f"{path.name}: not a checkpoint file (expected .json or .safetensors)")
+    raise CheckpointError(f"{path}: not a checkpoint file (expected .json or .safetensors)")
 
 
 def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dict[str, Tensor]:
-    """Reads one listed file, verifying size and sha256 on the very bytes that are then parsed."""
+    """Reads one listed file, verifying size and sha256 on the very bytes that are then parsed. Errors name the
+    files by their paths: a bare name (step_00000020.safetensors) did not say which run of an ensemble, or of
+    several commands, was damaged."""
     if not isinstance(entry, dict) or not {"name", "sha256", "bytes"} <= entry.keys():
         raise CheckpointError(f"{json_name}: malformed entry for the {role} file")
     if isinstance(entry["bytes"], bool) or not isinstance(entry["bytes"], int) or not isinstance(entry["sha256"], str):
@@ -202,21 +204,21 @@ def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dic
     if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
         raise CheckpointError(f"{json_name}: {role} file name {name!r} is not a plain file name")
     if _suffix(name) in PICKLE_SUFFIXES:
-        raise CheckpointError(f"{name}: pickle files are refused (they can run code when loaded)")
+        raise CheckpointError(f"{directory / name}: pickle files are refused (they can run code when loaded)")
     path = directory / name
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise CheckpointError(f"{name}: cannot read {role} file ({e.strerror or e})") from None
+        raise CheckpointError(f"{path}: cannot read {role} file ({e.strerror or e})") from None
     if len(data) != entry["bytes"]:
-        raise CheckpointError(f"{name}: size {len(data)} bytes, expected {entry['bytes']} "
+        raise CheckpointError(f"{path}: size {len(data)} bytes, expected {entry['bytes']} "
                               "(truncated or replaced)")
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointError(f"{name}: sha256 mismatch (file corrupt or modified)")
+        raise CheckpointError(f"{path}: sha256 mismatch (file corrupt or modified)")
     try:
         return st_load(data)
     except Exception as e:  # safetensors raises its own error types for a bad header
-        raise CheckpointError(f"{name}: not a valid safetensors file ({e})") from None
+        raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from None
 
 
 def checkpoint_record(path: Path) -> dict[str, Any]:
@@ -225,12 +227,12 @@ def checkpoint_record(path: Path) -> dict[str, Any]:
     json_path = _json_for(path)
     record = read_record(json_path, CheckpointError, f"{path.name} without its JSON record is an unfinished write, "
                          "or weights from elsewhere (an export?): not a checkpoint; the record travels with its "
-                         "weights file, copy both", FORMAT, label=json_path.name)
+                         "weights file, copy both", FORMAT, label=str(json_path))
     # a training checkpoint is named by its step, and averaging and resuming go by the name: a record copied or
     # renamed to another step's name was averaged in place of that step's, and a resume rewound to it
     named = _STEP_JSON.fullmatch(json_path.name)
     if named and record.get("step", step := int(named.group(1))) != step:
-        raise CheckpointError(f"{json_path.name}: its record is of step {record['step']!r}, not {step} (renamed or "
+        raise CheckpointError(f"{json_path}: its record is of step {record['step']!r}, not {step} (renamed or "
                               "copied from another step's)")
     return record
 
@@ -242,19 +244,19 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
     """
     path = Path(path)
     if _suffix(path) in PICKLE_SUFFIXES:
-        raise CheckpointError(f"{path.name}: pickle files are refused (they can run code when loaded); "
+        raise CheckpointError(f"{path}: pickle files are refused (they can run code when loaded); "
                               "convert the weights to safetensors")
     json_path = _json_for(path)
     if not path.exists():
-        raise CheckpointError(f"{path.name}: no such file")
+        raise CheckpointError(f"{path}: no such file")
     record = checkpoint_record(path)
     files = record.get("files")
     if not isinstance(files, dict) or "weights" not in files:
-        raise CheckpointError(f"{json_path.name}: record lists no weights file")
-    weights = _read_tensors(json_path.parent, files["weights"], "weights", json_path.name)
+        raise CheckpointError(f"{json_path}: record lists no weights file")
+    weights = _read_tensors(json_path.parent, files["weights"], "weights", str(json_path))
     state = None
     if with_state and "state" in files:
-        state = _read_tensors(json_path.parent, files["state"], "state", json_path.name)
+        state = _read_tensors(json_path.parent, files["state"], "state", str(json_path))
     return Checkpoint(path=json_path, weights=weights, state=state, meta=record)
 
 
@@ -325,7 +327,7 @@ def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = Non
                 continue
             train, state = record.get("config", {}).get("train", {}), record.get("train_state")
             if state is not None and (bad := _not_a_count(state)):  # named here: the next record compares with it
-                raise CheckpointError(f"{path.name}: unreadable checkpoint record (train_state.{bad} is "
+                raise CheckpointError(f"{path}: unreadable checkpoint record (train_state.{bad} is "
                                       f"{state.get(bad)!r}, not a number)")
             if newer is not None and state is not None and train:
                 if train["save_every"] and train.get("interval_unit") == "epochs":
@@ -337,7 +339,7 @@ def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = Non
                 if gap < interval / 2:
                     continue
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # a field of another shape
-            raise CheckpointError(f"{path.name}: unreadable checkpoint record ({type(e).__name__}: {e})") from None
+            raise CheckpointError(f"{path}: unreadable checkpoint record ({type(e).__name__}: {e})") from None
         kept.append(path)
         newer = state
         if len(kept) == n:

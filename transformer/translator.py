@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoints_to_average, chosen_weights,
-                         list_checkpoints, load_checkpoint, run_folder)
+from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
+                         chosen_weights, list_checkpoints, load_checkpoint, run_folder)
 from .config import Config, ConfigError, LengthNorm, check_strings, config_from_dict, edited_model
 from .data import encode_for_decoding
 from .errors import OutOfMemory, out_of_memory
@@ -100,8 +100,8 @@ class Translator:
             device = "cuda" if torch.cuda.is_available() and not int8 else "cpu"
         try:
             torch_device = torch.device(device)
-        except RuntimeError as e:
-            raise CheckpointError(f"--device {device!r}: {e}") from None
+        except RuntimeError:  # torch's message lists some twenty device types, which this package does not decode on
+            raise CheckpointError(f"--device {device}: give cpu, cuda or cuda:N") from None
         if torch_device.type not in ("cpu", "cuda"):  # mps, meta, xpu...: this package decodes on neither
             raise CheckpointError(f"--device {device}: give cpu, cuda or cuda:N")
         refuse_pairs(Setup(int8, bool(ensemble), device=device, bf16=bf16).options(),
@@ -457,13 +457,13 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
     if checkpoint is None:
         paths = list_checkpoints(run_dir)
         if not paths:
-            raise CheckpointError(f"{run_dir}/checkpoints: no checkpoints to translate with")
-        meta = load_checkpoint(paths[-1], with_state=False).meta
+            raise CheckpointError(f"{run_dir}/checkpoints: no checkpoints (train the run first, or give --checkpoint)")
+        meta = checkpoint_record(paths[-1])  # its weights are verified as they are averaged
     else:
         try:
             ckpt = _read_settled(Path(checkpoint))
-        except CheckpointError as e:  # its messages name the file alone: say which option gave it
-            said = str(e).removeprefix(f"{Path(checkpoint).name}: ")  # the option names it already
+        except CheckpointError as e:  # its messages name the file: say which option gave it
+            said = str(e).removeprefix(f"{checkpoint}: ")  # the option names it already
             raise CheckpointError(f"--checkpoint {checkpoint}: {said}") from None
         meta = ckpt.meta
     if meta.get("vocab_sha256") not in (None, tokenizer.sha256):
@@ -499,9 +499,10 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
             try:
                 weights = average_checkpoints(paths)  # one path: its weights exactly, without the optimizer state
                 break
-            except CheckpointError:  # one pruned while it was read (a run still saving checkpoints): list again
+            except CheckpointError as e:  # one pruned while it was read (a run still saving checkpoints): list again
                 if attempt == 2 or all(p.exists() and p.with_suffix(".safetensors").exists() for p in paths):
-                    raise
+                    raise CheckpointError(f"{e}; to decode with the others, give --checkpoint one that is intact, or "
+                                          f"move the damaged one out of {run_dir / 'checkpoints'}") from None
         log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
         read = [p.with_suffix(".safetensors").resolve() for p in paths]
     else:

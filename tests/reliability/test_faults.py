@@ -203,7 +203,7 @@ def corrupt_then_resume(run: Path, newest: Path, target: Path, damage: str, over
     train(load_config("tiny", overrides + ["train.max_steps=6", "train.save_every=2"]), run, resume=True,
           quiet=True)
     log = (run / "train.log").read_text()
-    assert f"skipping {target.name}" in log and "resumed from step_00000002.json at step 2" in log
+    assert f"skipping {target}" in log and "resumed from step_00000002.json at step 2" in log
     assert load_checkpoint(list_checkpoints(run)[-1]).meta["train_state"]["step"] == 6
 
 
