@@ -55,7 +55,7 @@ def test_preprocess_refuses_a_taken_folder_before_training_a_vocabulary(tmp_path
     taken.mkdir()
     (taken / "notes.txt").write_text("mine\n")
     refused(capsys, ["preprocess", "tiny", "--out", str(taken), "--set", f'data.train_src="{multi30k / "val.en.gz"}"',
-                     "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"'], f"{taken}: already exists and is not empty")
+                     "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"'], f"{taken}: exists, and it has no meta.json")
     assert [p.name for p in tmp_path.iterdir()] == ["store"]  # no vocabulary trained beside it
 
 

@@ -67,7 +67,8 @@ def test_exported_model_translates_as_ours_beam4(tmp_path, trained_tiny, multi30
 def test_export_refuses_a_non_empty_folder(tmp_path):
     (tmp_path / "ct2").mkdir()
     (tmp_path / "ct2" / "keep.txt").write_text("x")
-    with pytest.raises(ExportError, match="not empty"):
+    with pytest.raises(ExportError, match=r"ct2: exists, and it has no config.json, .* \(--force replaces an earlier "
+                                          r"export only\)"):  # a folder that is no export: --force is not offered
         export_ctranslate2(tmp_path / "run", tmp_path / "ct2", log=lambda m: None)
 
 
@@ -84,15 +85,16 @@ def test_force_replaces_an_earlier_export_only(trained_tiny, tmp_path):
     for out, why in ((run, "it holds folders (checkpoints, tb)"), (tmp_path / "runs", "it holds folders (mine)"),
                      (run / "checkpoints", "it has no config.json"), (tmp_path / "corpus", "it has no config.json")):
         before = sorted(p.name for p in out.iterdir())
-        with pytest.raises(ExportError, match=rf"--force replaces an earlier export only, and {re.escape(why)}"):
-            export_ctranslate2(run, out, force=True, log=lambda m: None)
+        for force in (True, False):  # without it, --force was offered, and then refused
+            with pytest.raises(ExportError, match=rf"exists, and {re.escape(why)}.* \(--force replaces an earlier "
+                                                  r"export only\)"):
+                export_ctranslate2(run, out, force=force, log=lambda m: None)
         assert sorted(p.name for p in out.iterdir()) == before
     earlier = tmp_path / "earlier"
     export_ctranslate2(run, earlier, log=lambda m: None)
     (earlier / "notes.txt").write_text("mine\n")
     before = {p.name: p.read_bytes() for p in earlier.iterdir()}
-    with pytest.raises(ExportError, match=r"--force replaces an earlier export only, and it holds notes\.txt, which "
-                                          "this command does not write"):
+    with pytest.raises(ExportError, match=r"exists, and it holds notes\.txt, which this command does not write"):
         export_ctranslate2(run, earlier, force=True, log=lambda m: None)
     assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
     (earlier / "notes.txt").unlink()

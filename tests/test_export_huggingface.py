@@ -209,7 +209,7 @@ def test_the_folder_says_what_it_holds(run, exported):
     valid = Path(cfg.data.valid_src)  # absolute here: the card, which may be published, shows the name alone
     assert valid.is_absolute() and f"validated on `{valid.name}`" in card and str(valid.parent) not in card
     assert (exported / "model.safetensors").is_file()
-    with pytest.raises(ExportError, match="not empty"):
+    with pytest.raises(ExportError, match=r"out: holds an earlier export \(use --force to replace it\)$"):
         export_huggingface(run, exported, log=lambda m: None)
 
 

@@ -187,7 +187,7 @@ def test_existing_output_is_refused_unless_overwrite(corpus: tuple[Path, Path, T
     out = tmp_path / "store"
     out.mkdir()
     assert write_store(src, tgt, tok, out, 10)["n_kept"] == 2  # an empty folder is fine
-    with pytest.raises(DataError, match=r"store: already exists and is not empty; choose another folder, or pass "
+    with pytest.raises(DataError, match=r"store: holds an earlier token store; choose another folder, or pass "
                                         r"--overwrite to replace it$"):
         write_store(src, tgt, tok, out, 10)
     tgt.write_text("x\n\n", encoding="utf-8")
@@ -204,8 +204,10 @@ def test_overwrite_replaces_an_earlier_store_only(corpus: tuple[Path, Path, Toke
     src, tgt = data / "s.en", data / "t.de"
     src.write_text("a b\nc\n", encoding="utf-8")
     tgt.write_text("x\ny z\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"--overwrite replaces an earlier token store only, and it has no meta.json"):
-        write_store(src, tgt, tok, data, 10, overwrite=True)
+    for overwrite in (True, False):  # without it, --overwrite was offered, and then refused
+        with pytest.raises(DataError, match=r"data: exists, and it has no meta.json, .* \(--overwrite replaces an "
+                                            r"earlier token store only\)"):
+            write_store(src, tgt, tok, data, 10, overwrite=overwrite)
     with pytest.raises(DataError, match=r"and it holds folders \(data\)"):
         write_store(src, tgt, tok, tmp_path, 10, overwrite=True)
     assert sorted(p.name for p in data.iterdir()) == ["s.en", "t.de"]

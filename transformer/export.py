@@ -154,9 +154,11 @@ def _empty_out(out: Path, force: bool) -> Path:
         raise ExportError(f"{out}: the current folder, or one above it: give the export a folder of its own, e.g. "
                           f"{out / 'export'}")
     if out.exists() and any(out.iterdir()):
+        # before the work (_staged asks again, knowing the export's own files), and before --force is offered:
+        # a folder it may not replace was answered "use --force", which then refused it
+        _refuse_unreplaceable(out)
         if not force:
-            raise ExportError(f"{out}: exists and is not empty (use --force to overwrite)")
-        _refuse_unreplaceable(out)  # before the work; _staged asks again, knowing the export's own files
+            raise ExportError(f"{out}: holds an earlier export (use --force to replace it)")
     return out
 
 
@@ -165,8 +167,8 @@ def _refuse_unreplaceable(out: Path, written: frozenset[str] = frozenset()) -> N
     holding a file that no export (nor this one, ``written``) writes, a user's beside it."""
     ours = EXPORT_FILES | written | {p.name for p in out.iterdir() if p.name.endswith((".onnx", ".onnx_data"))}
     if why := files.not_replaceable(out, "config.json", ours):
-        raise ExportError(f"{out}: --force replaces an earlier export only, and {why}: give a new folder, "
-                          "or remove this one yourself")
+        raise ExportError(f"{out}: exists, and {why} (--force replaces an earlier export only): give a new "
+                          "folder, or remove this one yourself")
 
 
 def _parse_note(cfg: Config) -> str | None:

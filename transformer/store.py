@@ -48,12 +48,15 @@ def check_store_folder(out: Path, overwrite: bool) -> None:
     then one that is not an earlier token store. Asked before any work (``transformer preprocess`` trains a
     vocabulary first), and again by ``write_store``."""
     out = Path(out)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(f"{out}: already exists and is not empty; choose another folder, or pass --overwrite to "
-                        "replace it")
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: a file, not a folder; choose another folder")
+    # refused before --overwrite is offered: a folder it may not replace was answered "pass --overwrite"
     if out.is_dir() and any(out.iterdir()) and (why := not_replaceable(out, "meta.json", STORE_FILES)):
-        raise DataError(f"{out}: --overwrite replaces an earlier token store only, and {why}: give a new folder, "
-                        "or remove this one yourself")
+        raise DataError(f"{out}: exists, and {why} (--overwrite replaces an earlier token store only): give a new "
+                        "folder, or remove this one yourself")
+    if out.is_dir() and not overwrite and any(out.iterdir()):
+        raise DataError(f"{out}: holds an earlier token store; choose another folder, or pass --overwrite to "
+                        "replace it")
 
 
 def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: int,
