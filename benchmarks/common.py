@@ -19,7 +19,7 @@ from transformer.checkpoint import (average_checkpoints, checkpoints_to_average,
 from transformer.config import Config, LengthNorm, load_config
 from transformer.data import encode_pairs, lengths, read_lines, read_parallel
 from transformer.errors import UserError
-from transformer.evaluate import sacrebleu_scores, tok_lc_bleu_score
+from transformer.evaluate import sacrebleu_scores, tok_lc_bleu_score, writes_tokenized
 from transformer.prepare import resolve_data_path
 from transformer.request import DecodeRequest
 from transformer.train import train
@@ -144,7 +144,7 @@ class Split:
         else:
             src, ref, tok = d.test_src, d.test_tgt, d.test_tok_ref
         self.name, self.lang = name, d.tgt_lang
-        self.pretokenized = "/tok/" in d.train_tgt  # trained on the lowercased tokenized files: outputs are in that form
+        self.pretokenized = writes_tokenized(d.train_tgt)  # trained on the tokenized files: outputs are in that form
         self.src, self.ref, self.tok_ref = (read_lines(resolve_data_path(p))[:limit] for p in (src, ref, tok))
 
     def score(self, translator: Translator, beam: int | None = None, alpha: float | None = None,

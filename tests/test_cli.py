@@ -1323,3 +1323,27 @@ def test_a_stop_while_a_slow_reader_holds_stdout_finishes_the_line_under_way(mon
     os.close(write_end)
     with os.fdopen(read_end, "rb") as f:
         assert f.read() == left
+
+
+def test_evaluate_scores_a_tokenized_runs_outputs_as_they_are(tiny_run, tmp_path, capsys, monkeypatch):
+    """A run trained on Multi30k's tokenized lowercased files writes that form: `evaluate --tok-ref` tokenized
+    its outputs again (&apos; -> &amp; apos ;) and reported a fifth of the score the benchmark reported."""
+    import transformer.evaluate
+    from transformer.evaluate import tok_lc_bleu, writes_tokenized
+
+    assert writes_tokenized("multi30k/tok/train.lc.norm.tok.de.gz") and writes_tokenized("/data/tok/train.de")
+    assert not writes_tokenized("multi30k/train.de.gz") and not writes_tokenized("mine/train.tok.de")
+    hyps = ["un homme dans l&apos; eau , avec un &quot; chapeau &quot; ."]
+    assert tok_lc_bleu(hyps, hyps, "fr", pretokenized=True) == pytest.approx(100.0)
+    assert tok_lc_bleu(hyps, hyps, "fr") < 50  # escaped again: &amp; apos ;
+    seen = []
+    monkeypatch.setattr(transformer.evaluate, "tok_lc_bleu", lambda *a: seen.append(a[3]) or 50.0)
+    (tmp_path / "src.en").write_text("A dog runs.\n")
+    (tmp_path / "ref.de").write_text("Ein Hund rennt.\n")
+    (tmp_path / "tok.de").write_text("ein hund rennt .\n")
+    common = ["evaluate", str(tiny_run), "--src", str(tmp_path / "src.en"), "--ref", str(tmp_path / "ref.de"),
+              "--tok-ref", str(tmp_path / "tok.de"), "--beam", "1"]
+    for flag, pretokenized, said in (([], False, "Moses lc+norm+tok, de"),
+                                     (["--pretokenized"], True, "outputs as written, tokenized by training, de")):
+        status, out, err = run_here(capsys, *common, *flag)
+        assert status == 0 and seen[-1] is pretokenized and f"tokenized lowercased BLEU = 50.00  ({said})" in out, err

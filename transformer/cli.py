@@ -611,6 +611,9 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the run's data.test_tgt)")
     p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...; default: "
                    "the run's data.test_tok_ref when neither --src nor --ref is given)")
+    p.add_argument("--pretokenized", action="store_true", help="the run writes tokenized lowercased text (trained on "
+                   "it): --tok-ref scores its outputs as they are, not tokenized again (default: so for a run trained "
+                   "on files in a tok/ folder, as Multi30k's)")
     p.add_argument("--lang", help="target language, for sacreBLEU's tokenizer (zh, ja, ko have their own) and Moses' "
                    "(default: the --ref suffix, test.de, else the run's data.train_tgt's, else its data.tgt_lang)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported in Table 2, "
@@ -633,7 +636,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     """
     from .data import read_lines
     from .prepare import resolve_data_path
-    from .evaluate import bleu_metric, paper_bleu, sacrebleu_scores, tok_lc_bleu
+    from .evaluate import bleu_metric, paper_bleu, sacrebleu_scores, tok_lc_bleu, writes_tokenized
 
     request = _request(args)
     translator, said = _translator(args, request)
@@ -709,8 +712,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             print(f"tokenized BLEU = {scores['paper_bleu']:.2f}  (as the authors scored Table 2: Moses tokenizer, "
                   f"##AT## compound splitting, cased, multi-bleu; {lang})", file=report)
         if tok_ref is not None:
-            scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang)
-            print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  (Moses lc+norm+tok, {lang})", file=report)
+            pretokenized = args.pretokenized or writes_tokenized(d.train_tgt)
+            scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang, pretokenized)
+            how = "outputs as written, tokenized by training" if pretokenized else "Moses lc+norm+tok"
+            print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  ({how}, {lang})", file=report)
     if args.hyp_out:
         with _line_sink(None if args.hyp_out == STDOUT else args.hyp_out) as write:
             write(hyps)

@@ -25,6 +25,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import sacrebleu
 from sacrebleu.metrics.bleu import BLEUScore
@@ -74,6 +75,14 @@ def _normalizer(lang: str) -> MosesPunctNormalizer:
 @lru_cache(maxsize=None)
 def _tokenizer(lang: str) -> MosesTokenizer:
     return MosesTokenizer(lang=lang)
+
+
+def writes_tokenized(train_tgt: str) -> bool:
+    """Whether a run trained on ``train_tgt`` writes Moses-tokenized lowercased text: trained on files in a tok/
+    folder, as Multi30k's (multi30k/tok/train.lc.norm.tok.de.gz). Its outputs are scored against tokenized
+    references as they are (``tok_lc_bleu``'s ``pretokenized``): tokenized again, their escapes are escaped
+    again (&apos; -> &amp; apos ;), and the score fell to a fifth."""
+    return "tok" in Path(train_tgt).parent.parts
 
 
 def moses_tokenize_lc(lines: list[str], lang: str) -> list[str]:
