@@ -318,3 +318,18 @@ def test_a_checkpoint_record_without_its_config_is_named(tmp_path, capsys):
             f"{record}: the record holds no config")
     refused(capsys, ["translate", str(run), "--checkpoint", str(record), "--input", str(src), "--threads", "1"],
             f"{record}: the record holds no config")
+
+
+def test_a_folder_or_file_given_for_the_other_is_named_so(tmp_path, capsys, multi30k):
+    """`preprocess --spm FOLDER` without spm.model said "no such file" of a folder that is there; a text file as
+    data.train_store was "a token store without spm.model"."""
+    data = ["--set", f'data.train_src="{multi30k / "val.en.gz"}"', "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"']
+    (tmp_path / "empty").mkdir()
+    refused(capsys, ["preprocess", "tiny", "--out", str(tmp_path / "store"), "--spm", str(tmp_path / "empty"), *data],
+            f"error: --spm {tmp_path / 'empty'}: a folder without spm.model (a sentencepiece model, e.g. RUN/spm.model)")
+    text = tmp_path / "in.en"
+    text.write_text("A dog runs.\n")
+    refused(capsys, ["train", "tiny", "--out", str(tmp_path / "run"), "--set", f'data.train_store="{text}"', *data,
+                     "--set", f'data.valid_src="{multi30k / "val.en.gz"}"', "--set",
+                     f'data.valid_tgt="{multi30k / "val.de.gz"}"'],
+            f"error: data.train_store {text}: a file, not a token store's folder")

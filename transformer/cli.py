@@ -962,7 +962,8 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     if args.spm is not None and args.spm.is_dir() and (args.spm / "spm.model").is_file():
         args.spm = args.spm / "spm.model"  # a run folder: its vocabulary
     if args.spm is not None and not args.spm.is_file():
-        raise ConfigError(f"--spm {args.spm}: no such file (a sentencepiece model, e.g. RUN/spm.model)")
+        what = "a folder without spm.model" if args.spm.is_dir() else "no such file"
+        raise ConfigError(f"--spm {args.spm}: {what} (a sentencepiece model, e.g. RUN/spm.model)")
     tokenizer = None if args.spm is None else Tokenizer(args.spm)  # read where it was given: its errors name it
     src, tgt, out = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt), Path(args.out)
     if tokenizer is None:  # the vocabulary is trained on the text first

@@ -324,6 +324,9 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         inherit_vocabulary(vocabulary_of / "spm.model", spm_path, write, init_from or vocabulary_of)
     if d.train_store:  # encoded once by `transformer preprocess`, with its own vocabulary
         store_path = data["train_store"]
+        if not store_path.is_dir():  # a text file named in its place was "a token store without spm.model"
+            raise DataError(f"data.train_store {store_path}: a file, not a token store's folder (`transformer "
+                            "preprocess` writes one)")
         if not spm_path.exists():
             if not (store_path / "spm.model").exists():
                 raise DataError(f"{store_path}: the token store has no spm.model (write it with `transformer "
