@@ -420,3 +420,25 @@ def test_the_parsing_splits_take_every_file_of_their_range_and_no_other(tmp_path
         taken += words
     assert sorted(taken) == sorted(f"w{n} ." for n in range(1, 190))  # each file in one split exactly
     assert read_lines(tmp_path / "out" / "valid.gold")[0] == "(S (NP (CD w160)) (. .))"
+
+
+def test_linearize_writes_the_task_files_of_any_trees(tmp_path: Path, capsys) -> None:
+    """configs/parse.toml asks for the user's own WSJ splits in the task's form, and no command wrote them:
+    `transformer linearize` does, as the sample's splits are written (the same bytes for the same trees)."""
+    from transformer.cli import main
+    from transformer.prepare import PTB_SPLITS, TREE_FILES, write_ptb_splits
+
+    for number in range(1, 190):
+        (tmp_path / f"wsj_{number:04d}.mrg").write_text(f"( (S (NP-SBJ (CD w{number})) (VP (VBZ runs)) (. .)) )\n")
+    write_ptb_splits(tmp_path, tmp_path / "splits")
+    first, last = PTB_SPLITS["valid"]
+    files = [str(tmp_path / f"wsj_{n:04d}.mrg") for n in range(first, last + 1)]
+    assert main(["linearize", *files, "--out", str(tmp_path / "mine" / "valid")]) == 1  # its folder is not there
+    assert "--out" in capsys.readouterr().err and not (tmp_path / "mine").exists()
+    assert main(["linearize", *files, "--out", str(tmp_path / "valid")]) == 0
+    for suffix in TREE_FILES:
+        assert (tmp_path / f"valid.{suffix}").read_bytes() == (tmp_path / "splits" / f"valid.{suffix}").read_bytes()
+    assert read_lines(tmp_path / "valid.wlin")[0] == "(S (NP w160 )NP (VP runs )VP . )S"
+    (tmp_path / "none.mrg").write_text("( (-NONE- *T*) )\n")
+    assert main(["linearize", str(tmp_path / "none.mrg"), "--out", str(tmp_path / "none")]) == 1
+    assert "no tree with a word" in capsys.readouterr().err

@@ -783,6 +783,33 @@ def cmd_parse(args: argparse.Namespace) -> None:
             write(str(tree) for tree, _ in translator.trees(lines, [h[0][0] for h in hyps]))
 
 
+def _linearize_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trees", type=Path, nargs="+", help="files of bracketed trees (.mrg files, say), read in order")
+    _output(p, "--out", required=True, metavar="PREFIX", help="writes PREFIX.words, PREFIX.lin, PREFIX.wlin and "
+            "PREFIX.gold")
+
+
+@command("linearize", _linearize_arguments)
+def cmd_linearize(args: argparse.Namespace) -> None:
+    """Write the parsing task's files (§6.3) from treebank trees: a training, validation or test split.
+
+    Reads bracketed trees (.mrg files of the Penn Treebank, say; traces and function tags are removed) and
+    writes, one line a tree: PREFIX.words (the source: its words), PREFIX.wlin (the target linearized with the
+    words at the leaves: configs/ptb_sample_parse.toml's form), PREFIX.lin (with XX at the leaves, as Vinyals et
+    al. 2015) and PREFIX.gold (the tree, for `evaluate --ref`). Name them in a parsing config's data.* fields.
+    """
+    from .prepare import TREE_FILES, write_tree_files
+    from .trees import TreeError, read_normalized
+
+    for suffix in TREE_FILES:  # before the trees are read: a folder that cannot take them is said first
+        check_output(args.out.with_name(f"{args.out.name}.{suffix}"), "--out")
+    trees = [t for path in args.trees for t in read_normalized(path) if t is not None]
+    if not trees:
+        raise TreeError(f"{' '.join(map(str, args.trees))}: no tree with a word (once traces are removed)")
+    for path in write_tree_files(trees, args.out):
+        print(f"{path}: {len(trees)} lines")
+
+
 def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gold", type=Path, required=True, help="gold trees, bracketed (a .mrg file, say)")
     p.add_argument("--test", type=Path, required=True, help="the trees to score, one per gold tree, in order")

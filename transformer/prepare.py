@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from .data import DataError, iter_lines, iter_parallel
 from .files import DownloadError, atomic_path, download, write_text
-from .trees import TreeError, linearize, read_normalized
+from .trees import Tree, TreeError, linearize, read_normalized
 
 # ---------------------------------------------------------------------------------------------- data folders
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/"  # raw/ and tok/ below it
@@ -146,13 +146,24 @@ def write_ptb_splits(ptb_dir: Path, dest: Path) -> dict[str, int]:
             if not path.exists():
                 raise TreeError(f"{path}: missing (expected wsj_0001.mrg ... wsj_0189.mrg in {ptb_dir})")
             trees.extend(t for t in read_normalized(path) if t is not None)
-        for suffix, lines in (("words", [" ".join(t.words()) for t in trees]),
-                              ("lin", [" ".join(linearize(t)) for t in trees]),
-                              ("wlin", [" ".join(linearize(t, words=True)) for t in trees]),
-                              ("gold", [str(t) for t in trees])):
-            write_text(dest / f"{split}.{suffix}", "".join(line + "\n" for line in lines))
+        write_tree_files(trees, dest / split)
         counts[split] = len(trees)
     return counts
+
+
+TREE_FILES = ("words", "lin", "wlin", "gold")  # the parsing task's files of a set of trees, by suffix
+
+
+def write_tree_files(trees: list[Tree], prefix: Path) -> list[Path]:
+    """The parsing task's files of ``trees`` (§6.3), one line a tree, at PREFIX.SUFFIX for each of TREE_FILES:
+    the source (its words, separated by spaces), the target linearized with XX at the leaves, and with the words
+    in their place, and the tree itself (PTB bracketing, as `evaluate --ref` reads it)."""
+    paths = []
+    for suffix, lines in zip(TREE_FILES, ([" ".join(t.words()) for t in trees], [" ".join(linearize(t)) for t in trees],
+                                          [" ".join(linearize(t, words=True)) for t in trees], [str(t) for t in trees])):
+        paths.append(prefix.with_name(f"{prefix.name}.{suffix}"))
+        write_text(paths[-1], "".join(line + "\n" for line in lines))
+    return paths
 
 
 def resolve_data_path(path: str) -> Path:

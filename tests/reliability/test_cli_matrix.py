@@ -44,6 +44,7 @@ GOOD: dict[str, list[str]] = {
     "evaluate": ["evaluate", "{run}", "--src", "{text}", "--ref", "{de}", "--json", "{tmp}/bleu.json"],
     "parse": ["parse", "{parse_run}", "--input", "{words}", "--output", "{tmp}/trees.txt"],
     "evaluate-parse": ["evaluate-parse", "--gold", "{tree}", "--test", "{tree}"],
+    "linearize": ["linearize", "{tree}", "--out", "{tmp}/split"],
     "average": ["average", "{run}", "--last", "1", "--out", "{tmp}/avg.safetensors"],
     "params": ["params", "tiny"],
     "preprocess": ["preprocess", "tiny", "--out", "{tmp}/store", "--spm", "{run}/spm.model",
