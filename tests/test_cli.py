@@ -30,6 +30,13 @@ def run_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+def login_shell_signals() -> None:
+    """A child's SIGHUP and SIGINT as a login shell's: a suite run under nohup ignores SIGHUP, and one run as a
+    background job (`... &` in a script) ignores SIGINT, which Python then leaves ignored: the command ran on."""
+    for signum in (signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def run_here(capsys, *args: str) -> tuple[int, str, str]:
     """``main`` on ``args`` in this process: (exit status, stdout, stderr). For the refusals, which a fresh
     interpreter would only slow down (the end-to-end tests above and below run the command itself)."""
@@ -268,7 +275,7 @@ def test_sigterm_stops_a_command_in_one_line_and_removes_the_output_it_was_writi
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # as a login shell's
+                          preexec_fn=login_shell_signals)
     assert (proc.returncode, proc.stderr) == (status, f"{said}\n"), proc.stderr[-2000:]
     assert list(out.iterdir()) == []
 
@@ -454,7 +461,7 @@ def test_a_stop_signal_before_the_command_starts_is_said_in_one_line(signum, sta
         raise SystemExit(cli.main(["params", "tiny"]))
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))  # as a login shell's
+                          preexec_fn=login_shell_signals)
     assert (done.returncode, done.stdout, done.stderr) == (status, "", f"{said}\n")
 
 
