@@ -453,7 +453,7 @@ def inherit_vocabulary(parent: Path, path: Path, write: bool, init_from: Path) -
     """``path`` becomes a byte copy of the parent run's vocabulary; one already there must be that. Its record
     (spm.json, written first) names ``init_from``: a fine-tune stopped before its first checkpoint resumes from
     those weights again (``inherited_from``), and a new run in the folder does not take the vocabulary for its
-    own (``vocabulary.open_vocabulary``)."""
+    own (``prepare_run`` refuses it)."""
     if path.exists() and files.file_sha256(path) != files.file_sha256(parent):
         raise TrainError(f"{path} differs from {parent}, the vocabulary --init-from names: choose another --out")
     if write:
