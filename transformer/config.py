@@ -94,8 +94,12 @@ class DataConfig:
         its training file's name (train.de.gz), else data.{side}_lang's first subtag ("pt-BR": "pt"),
         lowercased. The file's name goes first: a recipe's data.tgt_lang is kept when --set moves the run to
         files of another language."""
-        lang = getattr(self, f"{side}_lang").lower().replace("_", "-").split("-")[0]
-        return language_code(getattr(self, f"train_{side}")) or lang
+        return language_code(getattr(self, f"train_{side}")) or primary_language(getattr(self, f"{side}_lang"))
+
+
+def primary_language(lang: str) -> str:
+    """A language tag's first subtag, lowercased: "pt-BR" and "pt_br" are "pt"."""
+    return lang.lower().replace("_", "-").split("-")[0]
 
 
 def language_code(path: object) -> str | None:

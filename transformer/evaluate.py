@@ -31,7 +31,7 @@ import sacrebleu
 from sacrebleu.metrics.bleu import BLEUScore
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-from .config import ConfigError
+from .config import ConfigError, primary_language
 from .trees import Tree, TreeError, with_tags
 
 
@@ -48,7 +48,7 @@ def bleu_metric(lang: str = "") -> sacrebleu.BLEU:
     """sacreBLEU's BLEU for text in ``lang`` with its defaults for that language: 13a tokenization, except
     Chinese, Japanese and Korean, written without spaces between words, which 13a would score as one word a
     sentence (BLEU about 0); Japanese and Korean need sacreBLEU's extras (MeCab), a ConfigError without."""
-    code = lang.lower().replace("_", "-").split("-")[0]
+    code = primary_language(lang)
     code = _SACREBLEU_CODES.get(code, code)
     try:
         return sacrebleu.BLEU(trg_lang=code)
