@@ -1354,3 +1354,12 @@ def test_evaluate_scores_a_tokenized_runs_outputs_as_they_are(tiny_run, tmp_path
                                      (["--pretokenized"], True, "outputs as written, tokenized by training, de")):
         status, out, err = run_here(capsys, *common, *flag)
         assert status == 0 and seen[-1] is pretokenized and f"tokenized lowercased BLEU = 50.00  ({said})" in out, err
+    # the pairs: without a tokenized reference it has nothing to act on, and is refused before any decoding; beside
+    # --paper-bleu both take effect (the paper's BLEU tokenizes the outputs as ever)
+    no_tok = [a for a in common if a not in ("--tok-ref", str(tmp_path / "tok.de"))]
+    status, out, err = run_here(capsys, *no_tok, "--pretokenized")
+    assert (status, out) == (1, "") and err == ("error: --pretokenized without --tok-ref: it says how the tokenized "
+                                                "BLEU reads the outputs, and there is no tokenized reference to score "
+                                                "them against\n"), err
+    status, out, err = run_here(capsys, *common, "--pretokenized", "--paper-bleu")
+    assert status == 0 and seen[-1] is True and "tokenized BLEU = " in out and "(outputs as written" in out, err

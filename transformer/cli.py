@@ -613,7 +613,7 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "the run's data.test_tok_ref when neither --src nor --ref is given)")
     p.add_argument("--pretokenized", action="store_true", help="the run writes tokenized lowercased text (trained on "
                    "it): --tok-ref scores its outputs as they are, not tokenized again (default: so for a run trained "
-                   "on files in a tok/ folder, as Multi30k's)")
+                   "on files in a tok/ folder, as Multi30k's); needs --tok-ref, and leaves --paper-bleu as it is")
     p.add_argument("--lang", help="target language, for sacreBLEU's tokenizer (zh, ja, ko have their own) and Moses' "
                    "(default: the --ref suffix, test.de, else the run's data.train_tgt's, else its data.tgt_lang)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported in Table 2, "
@@ -663,6 +663,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name} not given, and the run's {fields[name][0]} {getattr(args, name)} is in "
                               f"'{code}' where its {trained} is in '{lang}' (the recipe's test set, kept when the "
                               "run was pointed at other data): give --src and --ref")
+    if args.pretokenized and (d.task == "parse" or args.tok_ref is None):  # it says how --tok-ref reads outputs
+        raise ConfigError("--pretokenized without --tok-ref: it says how the tokenized BLEU reads the outputs, and "
+                          "there is no tokenized reference to score them against" + (" (a parsing run scores trees)"
+                                                                                     if d.task == "parse" else ""))
     if defaulted:  # a copied recipe's test set is not the user's own: say which files are scored
         said.append("scoring the run's " + ", ".join(f"{fields[n][0]} {getattr(args, n)}" for n in defaulted))
     args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
