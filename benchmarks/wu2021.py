@@ -132,6 +132,11 @@ RUNS: dict[str, dict[str, object]] = {
     "wu_fork_qkv_seed3": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 3},
     # a fourth, the last whatever it scores (chosen before it ran): the reading's mean and the seed band
     "wu_fork_qkv_seed4": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 4},
+    # seeds 5 and 6, the band's first runs of batch order 2 (each epoch's order drawn on its own, where
+    # seeds 1-4 shared orders one epoch apart): whether independent orders widen the band, reported
+    # whatever they score (chosen before they ran, 2026-12-05)
+    "wu_fork_qkv_seed5": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 5},
+    "wu_fork_qkv_seed6": FORK | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 6},
     # our recipe's choices at their budget with fairseq's q, k and v draw: a candidate for the recipe
     "ours_qkv": OURS | {"train.init_qkv_gain": QKV_FAIRSEQ},
     "ours_qkv_seed2": OURS | {"train.init_qkv_gain": QKV_FAIRSEQ, "train.seed": 2},
@@ -142,7 +147,8 @@ NOT_CANDIDATES = ("wu_ls0.1_lctok", "wu_ls0.1_lctok_seed2", "wu_fork_lctok")
 REPLICATION = ("wu_ls0", "wu_ls0_seed2", "wu_ls0.1", "wu_ls0.1_seed2", "wu_ls0.1_adam98",
                "wu_ls0.1_smoothed_patience", "wu_ls0.1_smoothed_patience_seed2", "wu_fork", "wu_fork_seed2",
                "wu_fork_epochs", "wu_fork_epochs_seed2", "wu_fork_qkv", "wu_fork_qkv_seed2",
-               "wu_fork_qkv_seed3", "wu_fork_qkv_seed4", *NOT_CANDIDATES)
+               "wu_fork_qkv_seed3", "wu_fork_qkv_seed4", "wu_fork_qkv_seed5", "wu_fork_qkv_seed6",
+               *NOT_CANDIDATES)
 # Decodings scored on val: weights (the last checkpoint, or the average of the last N), beam, α, and the
 # length normalisation (decode.length_norm). evaluate.sh averages the last 10 epoch checkpoints and runs
 # generate.py --beam 5 with score / |Y| (--lenpen 1): "theirs_lenpen" exactly; "theirs", the first runs'
