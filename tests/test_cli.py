@@ -90,6 +90,7 @@ def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
                      str(head["tok_ref"]), "--lang", "de", "--json", str(out_json), "--beam", "1", "--paper-bleu")
     assert result.returncode == 0, result.stderr
     assert "BLEU = " in result.stdout and "nrefs:1|case:mixed" in result.stdout and "chrF" in result.stdout
+    assert "warning: Moses" not in result.stderr  # it has German rules (a mistyped code is warned of)
     scores = json.loads(out_json.read_text())
     assert {"bleu", "chrf", "signature", "tok_lc_bleu", "paper_bleu"} <= set(scores)
     # and what they are of (the JSON held the scores alone): the weights, the test set, the search
@@ -1175,6 +1176,21 @@ def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_ove
     assert status == 1 and out == "", err
     assert err.startswith(f"error: --ref not given, and the run's data.test_tgt {multi30k}/test_2016_flickr.de.gz is in "
                           f"'de' where its data.train_tgt {tmp_path / 'train.fr'} is in 'fr'"), err
+
+
+def test_evaluate_warns_of_a_language_moses_has_no_rules_for(tiny_run, tmp_path, capsys):
+    """A mistyped --lang ("dee") was taken without a word, and Moses tokenized the outputs with its defaults
+    (English abbreviations): the tokenized scores changed silently. It is scored so, after a warning."""
+    (tmp_path / "src").write_text("A dog runs.\nTwo men talk.\n")
+    (tmp_path / "ref").write_text("Ein Hund läuft.\nZwei Männer reden.\n")
+    (tmp_path / "tok").write_text("ein hund läuft .\nzwei männer reden .\n")
+    files = ["--src", str(tmp_path / "src"), "--ref", str(tmp_path / "ref"), "--tok-ref", str(tmp_path / "tok"),
+             "--beam", "1"]
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), *files, "--lang", "dee")
+    assert status == 0 and "tokenized lowercased BLEU" in out, err
+    assert "warning: Moses has no rules for language 'dee'" in err
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), *files, "--lang", "de")
+    assert status == 0 and "warning" not in err, err
 
 
 def test_a_long_decode_into_a_log_says_it_is_under_way(tiny_run, tmp_path, capsys, monkeypatch):

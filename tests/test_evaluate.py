@@ -12,8 +12,8 @@ import pytest
 import sacrebleu
 
 from transformer.config import ConfigError
-from transformer.evaluate import (_split_compounds, bleu_metric, moses_tokenize_lc, paper_bleu, sacrebleu_scores, score_trees,
-                                  tok_lc_bleu)
+from transformer.evaluate import (_split_compounds, bleu_metric, moses_language_warning, moses_tokenize_lc, paper_bleu,
+                                  sacrebleu_scores, score_trees, tok_lc_bleu)
 from transformer.trees import Tree, TreeError, parse_brackets
 
 DATA = Path(os.environ.get("TRANSFORMER_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -95,6 +95,15 @@ def test_tokenization_steps() -> None:
     assert moses_tokenize_lc(["Er sagte: „Hallo, Baden-Württemberg.“"], "de") == [
         "er sagte : &quot; hallo , baden-württemberg &quot; ."]
     assert moses_tokenize_lc(["It's a dog's life."], "en") == ["it &apos;s a dog &apos;s life ."]
+
+
+def test_a_language_moses_has_no_rules_for_is_warned_of() -> None:
+    # a mistyped code is tokenized with Moses's defaults, which split German abbreviations: worth a warning
+    assert moses_tokenize_lc(["ca. 5 Leute."], "de") == ["ca. 5 leute ."]
+    assert moses_tokenize_lc(["ca. 5 Leute."], "dee") == ["ca . 5 leute ."]
+    warning = moses_language_warning("dee")
+    assert warning is not None and "'dee'" in warning and " de," in warning
+    assert moses_language_warning("de") is None and moses_language_warning("fr") is None
 
 
 @needs_data

@@ -636,7 +636,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     """
     from .data import read_lines
     from .prepare import resolve_data_path
-    from .evaluate import bleu_metric, paper_bleu, sacrebleu_scores, tok_lc_bleu, writes_tokenized
+    from .evaluate import (bleu_metric, moses_language_warning, paper_bleu, sacrebleu_scores, tok_lc_bleu,
+                           writes_tokenized)
 
     request = _request(args)
     translator, said = _translator(args, request)
@@ -702,6 +703,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         if tok_ref is not None and len(tok_ref) != len(ref):
             raise ConfigError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but --ref {args.ref} has {len(ref)}")
         lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
+        if lang and (warning := moses_language_warning(lang)):
+            print(warning, file=sys.stderr)
         # sacreBLEU tokenizes by the target language, Chinese, Japanese and Korean by their own rules: its
         # tokenizer is had (ja, ko: MeCab) before any decoding
         bleu_lang = args.lang or language_code(args.ref) or d.language("tgt")

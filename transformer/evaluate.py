@@ -30,6 +30,7 @@ from pathlib import Path
 import sacrebleu
 from sacrebleu.metrics.bleu import BLEUScore
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
+from sacremoses.corpus import NonbreakingPrefixes
 
 from .config import ConfigError, primary_language
 from .trees import Tree, TreeError, with_tags
@@ -75,6 +76,18 @@ def _normalizer(lang: str) -> MosesPunctNormalizer:
 @lru_cache(maxsize=None)
 def _tokenizer(lang: str) -> MosesTokenizer:
     return MosesTokenizer(lang=lang)
+
+
+def moses_language_warning(lang: str) -> str | None:
+    """A warning when Moses has no rules of its own for ``lang`` (its nonbreaking prefixes): sacremoses then
+    tokenizes with English abbreviations and no language's apostrophe rules without a word, so a mistyped
+    language ("dee" for "de") changes the tokenized scores silently. A language Moses has no rules for
+    (Turkish, say) is still scored so, after the warning."""
+    known = sorted(set(NonbreakingPrefixes().available_langs.values()))
+    if lang in known:
+        return None
+    return (f"warning: Moses has no rules for language {lang!r}: the tokenized scores use its defaults (English "
+            f"abbreviations); it has rules for {', '.join(known)}")
 
 
 def writes_tokenized(train_tgt: str) -> bool:
