@@ -185,7 +185,7 @@ def test_params_and_its_cost_report_quote_one_figure_at_one_length(capsys):
     (["average", "{tmp}", "--last", "2", "--out", "{tmp}/a.safetensors"], "no checkpoints"),
     (["params", "bsae"], "did you mean 'base'"),
     (["train", "configs/multi30k_en_de.toml", "--out", "{tmp}/r", "--set", 'data.train_src="/nonexistent/x.en"'],
-     "data file not found"),
+     "data.train_src: data file not found"),
     (["train", "tiny", "--out", "{tmp}/r"], "data.train_src is not set"),
 ])
 def test_user_errors_exit_1_with_one_line(tmp_path, capsys, args, message):
@@ -1176,6 +1176,19 @@ def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_ove
     assert status == 1 and out == "", err
     assert err.startswith(f"error: --ref not given, and the run's data.test_tgt {multi30k}/test_2016_flickr.de.gz is in "
                           f"'de' where its data.train_tgt {tmp_path / 'train.fr'} is in 'fr'"), err
+
+
+def test_evaluate_names_the_option_of_a_file_not_found(tiny_run, tmp_path, capsys):
+    """evaluate said "data file not found: PATH" where translate and score name their option: which of --src,
+    --ref and --tok-ref was it?"""
+    (tmp_path / "src").write_text("A dog runs.\n")
+    (tmp_path / "ref").write_text("Ein Hund läuft.\n")
+    given = {"--src": str(tmp_path / "src"), "--ref": str(tmp_path / "ref"), "--tok-ref": str(tmp_path / "ref")}
+    for option in given:
+        args = [a for k, v in (given | {option: str(tmp_path / "missing")}).items() for a in (k, v)]
+        status, out, err = run_here(capsys, "evaluate", str(tiny_run), *args, "--lang", "de")
+        assert status == 1 and out == "", err
+        assert err == f"error: {option}: data file not found: {tmp_path / 'missing'}\n"
 
 
 def test_evaluate_warns_of_a_language_moses_has_no_rules_for(tiny_run, tmp_path, capsys):

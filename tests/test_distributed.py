@@ -228,7 +228,7 @@ def test_a_missing_data_file_is_refused_before_any_process_starts(tmp_path, tiny
     proc = launch(["train", "tiny", "--out", str(tmp_path / "run"), "--nproc", "2",
                    *sets(tiny_overrides + [f'data.valid_tgt="{tmp_path / "missing.de"}"'])])
     assert proc.returncode == 1
-    assert proc.stderr.strip() == f"error: data file not found: {tmp_path / 'missing.de'}"
+    assert proc.stderr.strip() == f"error: data.valid_tgt: data file not found: {tmp_path / 'missing.de'}"
     assert not (tmp_path / "run").exists()
 
 

@@ -670,7 +670,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                                                                                      if d.task == "parse" else ""))
     if defaulted:  # a copied recipe's test set is not the user's own: say which files are scored
         said.append("scoring the run's " + ", ".join(f"{fields[n][0]} {getattr(args, n)}" for n in defaulted))
-    args.src, args.ref = resolve_data_path(str(args.src)), resolve_data_path(str(args.ref))
+    args.src, args.ref = (resolve_data_path(str(getattr(args, n)), fields[n][0] if n in defaulted else f"--{n}")
+                          for n in ("src", "ref"))
     src = read_lines(args.src)
     if not any(line.strip() for line in src):
         raise ConfigError(f"--src {args.src}: no sentences to evaluate (the file is empty or blank)")
@@ -699,7 +700,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         ref = read_lines(args.ref)
         if len(src) != len(ref):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
-        tok_ref = None if args.tok_ref is None else read_lines(resolve_data_path(str(args.tok_ref)))
+        tok_ref = None if args.tok_ref is None else read_lines(resolve_data_path(
+            str(args.tok_ref), fields["tok_ref"][0] if "tok_ref" in defaulted else "--tok-ref"))
         if tok_ref is not None and len(tok_ref) != len(ref):
             raise ConfigError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but --ref {args.ref} has {len(ref)}")
         lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
@@ -999,7 +1001,8 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
         what = "a folder without spm.model" if args.spm.is_dir() else "no such file"
         raise ConfigError(f"--spm {args.spm}: {what} (a sentencepiece model, e.g. RUN/spm.model)")
     tokenizer = None if args.spm is None else Tokenizer(args.spm)  # read where it was given: its errors name it
-    src, tgt, out = resolve_data_path(d.train_src), resolve_data_path(d.train_tgt), Path(args.out)
+    src, tgt = (resolve_data_path(getattr(d, name), f"data.{name}") for name in ("train_src", "train_tgt"))
+    out = Path(args.out)
     if tokenizer is None:  # the vocabulary is trained on the text first
         src, tgt = read_twice(src, "data.train_src"), read_twice(tgt, "data.train_tgt")
     check_store_folder(out, args.overwrite)  # before the vocabulary's training, not after it

@@ -166,18 +166,18 @@ def write_tree_files(trees: list[Tree], prefix: Path) -> list[Path]:
     return paths
 
 
-def resolve_data_path(path: str) -> Path:
+def resolve_data_path(path: str, field: str = "") -> Path:
     """A data file: absolute or existing as given, else under each data root in order.
 
     A missing Multi30k raw file ("multi30k/<file>") or tokenized reference ("multi30k/tok/<file>") is
     downloaded, so the recipes run from a fresh checkout; anything else missing is an error that lists
-    where it was looked for.
+    where it was looked for, and names ``field`` (the config field or option that gave the path) first.
     """
-    given = Path(path).expanduser()
+    given, named = Path(path).expanduser(), f"{field}: " if field else ""
     if given.exists():
         return given
     if given.is_absolute():
-        raise DataError(f"data file not found: {given}")
+        raise DataError(f"{named}data file not found: {given}")
     roots = _candidate_roots()
     for root in roots:
         if (root / given).exists():
@@ -186,7 +186,7 @@ def resolve_data_path(path: str) -> Path:
         return _download_multi30k(given, *published)
     if len(given.parts) == 2 and given.parts[0] == PTB_PARSE:
         return _build_ptb_parse(given.name, roots)
-    raise DataError(f"data file not found: {path} (searched ./ and {', '.join(map(str, roots))}; "
+    raise DataError(f"{named}data file not found: {path} (searched ./ and {', '.join(map(str, roots))}; "
                     "set TRANSFORMER_DATA to the folder that holds it)")
 
 

@@ -233,7 +233,8 @@ def data_paths(cfg: Config) -> dict[str, Path]:
         nor = f" (nor {', '.join(missing[1:])})" if len(missing) > 1 else ""
         raise ConfigError(f"{missing[0]} is not set{nor}: name the files in the config's [data] (as the complete "
                           f"recipe configs/multi30k_en_de.toml does) or with --set {missing[0]}=FILE, one --set each")
-    paths = {name: resolve_data_path(getattr(d, name)) for name in needed + (("train_store",) if d.train_store else ())}
+    paths = {name: resolve_data_path(getattr(d, name), f"data.{name}")
+             for name in needed + (("train_store",) if d.train_store else ())}
     for name in ("train_src", "train_tgt"):
         if name in paths:
             read_twice(paths[name], f"data.{name}")
