@@ -273,3 +273,22 @@ def test_a_character_seen_only_in_a_long_line_is_a_piece_not_unknown(tmp_path: P
     tokenizer = Tokenizer.train(lines, tmp_path / "spm.model", 40, 1000)
     assert UNK_ID not in tokenizer.encode("straße")
     assert Tokenizer.train([paragraph] * 3, tmp_path / "long.model", 20, 1000).vocab_size == 20
+
+
+def test_a_text_of_short_lines_trains_the_file_sentencepieces_defaults_write(tmp_path: Path) -> None:
+    """The long lines' flag (above) was given for every text, and sentencepiece stores each flag given in the
+    model file: the same pieces from the same text came in a file of another sha256, and --ensemble of a run
+    trained before it refused one trained after as "another vocabulary". It is given only where a line is
+    longer than sentencepiece's default."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    def trainer_spec(lines: list[str], name: str):
+        Tokenizer.train(lines, tmp_path / name, 40, 1000)
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString((tmp_path / name).read_bytes())
+        return proto.trainer_spec
+
+    short = ["ein hund läuft durch den schnee"] * 400
+    assert not trainer_spec(short, "short.model").HasField("max_sentence_length")
+    paragraph = " ".join(["die straße ist lang"] * 300)  # 5,999 bytes
+    assert trainer_spec(short + [paragraph], "long.model").max_sentence_length == len(paragraph.encode())

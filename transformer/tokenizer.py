@@ -37,8 +37,9 @@ class TokenizerError(UserError, ValueError):
     """A user error with a tokenizer model or its training; the message names the file."""
 
 
-SPM_SENTENCE_BYTES = 4192  # sentencepiece's default max_sentence_length, kept where no line is longer: the same
-# vocabularies as before for such text
+SPM_SENTENCE_BYTES = 4192  # sentencepiece's default max_sentence_length: given only where a line is longer, since
+# a flag given is stored in the model file, and a vocabulary is known by that file's sha256 (the same pieces from
+# a file that differs in this field alone were refused as "another vocabulary" by --ensemble and token stores)
 
 
 def _sample(sentences: Iterable[str], k: int, seed: int) -> list[str]:
@@ -115,12 +116,12 @@ class Tokenizer:
         # sentencepiece leaves out, without a word, sentences of more bytes than max_sentence_length (4,192 by
         # default): their characters became unknown pieces, and a file of such lines alone was "unreadable"
         longest = max(len(s.encode("utf-8")) for s in sample)
+        long_lines = {"max_sentence_length": longest} if longest > SPM_SENTENCE_BYTES else {}
         try:
             spm.SentencePieceTrainer.train(
                 sentence_iterator=iter(sample), model_writer=writer, model_type="bpe",
                 vocab_size=vocab_size, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-                character_coverage=1.0, input_sentence_size=0, num_threads=_SPM_THREADS,
-                max_sentence_length=max(SPM_SENTENCE_BYTES, longest),
+                character_coverage=1.0, input_sentence_size=0, num_threads=_SPM_THREADS, **long_lines,
                 user_defined_symbols=sorted({"\u2581" + s for s in symbols}), minloglevel=2)
         except RuntimeError as e:
             message = _spm_message(e)
