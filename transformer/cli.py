@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import IO, NoReturn, TypeVar
 
 from .config import (EARLY_STOPS, LENGTH_NORMS, MAX_THREADS, ConfigError, DecodeConfig, ServeLimits, language_code,
-                     resolve_config_path)
+                     primary_language, resolve_config_path)
 from .errors import Terminated, UserError, install_extra, out_of_memory, summary
 from . import files
 from .files import OutputError, check_output
@@ -747,11 +747,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def _target_language(args: argparse.Namespace, data) -> str:
-    """The language Moses tokenizes the outputs as: --lang, else the two letters that end --ref's name
+    """The language Moses tokenizes the outputs as: --lang (its first subtag), else the two letters that end --ref's name
     (test.de, test.de.gz), else the run's data.train_tgt's; a ConfigError before any decoding otherwise (a
     reference named ref.txt was tokenized as language "txt")."""
     if args.lang:
-        return args.lang
+        return primary_language(args.lang)  # Moses knows "pt", not "pt-BR" (it took English rules for that)
     for path in (args.ref, data.train_tgt):
         if code := language_code(path):
             return code
