@@ -384,6 +384,25 @@ def test_subword_sampling_segments_each_epoch_anew_reproducibly(multi30k: Path, 
         assert len(b) * max(max(len(examples[i].src), len(examples[i].tgt)) for i in b) <= 512 or len(b) == 1
 
 
+def test_closing_the_sampler_ends_the_next_epochs_sampling_under_way(multi30k: Path, tmp_path: Path) -> None:
+    """close() waited for the next epoch's sampling, started as the last one was taken (minutes on a large corpus):
+    a run stopped by SIGTERM exited that much later, and a second SIGTERM in the wait hung it for good. The worker
+    now ends at once, its epoch unfinished."""
+    from transformer.data import SampledEpochs, read_lines, read_parallel
+    from transformer.tokenizer import Tokenizer
+
+    src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+    for path, lang in ((src, "en"), (tgt, "de")):  # an epoch of seconds: the next is still sampling when closed
+        path.write_text("\n".join(read_lines(multi30k / f"train.{lang}.gz")[:500] * 30) + "\n", encoding="utf-8")
+    tok = Tokenizer.train([s for p in read_parallel(src, tgt)[:500] for s in p], tmp_path / "spm.model", 300, 10_000)
+    sampler = SampledEpochs(src, tgt, tok.path, 0.1, 7, 256, 512)
+    sampler(0)
+    workers, ahead = list(sampler._pool._processes.values()), sampler._ahead[1]
+    sampler.close()
+    assert not ahead.done() or ahead.cancelled() or ahead.exception() is not None  # its sampling did not finish
+    assert workers and not any(w.is_alive() for w in workers)
+
+
 def test_the_sampling_worker_ends_with_its_trainer(multi30k: Path, tmp_path: Path) -> None:
     """A trainer killed by SIGKILL (or the OOM killer) left its subword-sampling worker process behind, waiting
     on its task queue for ever with its ~400 MB of training text; it now ends within seconds of its parent."""

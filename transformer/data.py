@@ -440,7 +440,15 @@ class SampledEpochs:
         return future.result()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Ends the worker at once. The next epoch's sampling is under way by now (minutes on a large corpus),
+        and is of no use to a run that stops: shutdown's wait for it held a stopped run's exit for as long, and
+        a second SIGTERM in that wait left the process hung in the executor's join."""
+        processes = list((getattr(self._pool, "_processes", None) or {}).values())  # no public API names them
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join()
 
 
 _sampler: dict = {}  # the worker process's state: its training text, dropout and settings

@@ -1365,9 +1365,11 @@ class Trainer:
             self.log(distributed.lost_contact_line(e) or error_line(e), terminal=False)
             raise
         finally:
-            stop.restore()
-            if self.run_data.sampled:
-                self.run_data.sampled.close()
+            try:  # while a second signal is still StopSignals' to take
+                if self.run_data.sampled:
+                    self.run_data.sampled.close()
+            finally:
+                stop.restore()
         if (stopped_by := stopped_by or stop.received) is not None:
             name = signal.Signals(stopped_by).name + ("" if stop.received else " (to another rank)")
             self.log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
