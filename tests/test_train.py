@@ -163,6 +163,31 @@ def test_a_log_lines_tokens_per_second_are_its_own_steps(tmp_path, tiny_override
         assert seconds[r["step"]] <= tokens[r["step"]] / r["tokens_per_s"] < seconds[r["step"]] + 0.08, r
 
 
+def test_the_summary_takes_the_last_steps_validation_rather_than_validating_again(tmp_path, tiny_overrides,
+                                                                                     monkeypatch):
+    """A run whose last step validated validated the same weights again for summary.json: on a large validation
+    set (50k pairs, 26 s for the tiny model) that doubled the last validation. A run whose last step did not
+    validate still validates for its summary."""
+    from transformer import train as training
+
+    calls, validate = [], training.validate
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(training, "validate", counted)
+    for steps, validations in ((4, 2), (5, 3)):  # validated at 2 and 4; at 2, 4, and for the summary of 5
+        calls.clear()
+        run = tmp_path / f"run{steps}"
+        summary = train(load_config("tiny", tiny_overrides + [f"train.max_steps={steps}", "train.log_every=1",
+                                                              "train.eval_every=2"]), run, quiet=True)
+        assert len(calls) == validations
+        last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+        assert (summary["valid_nll"] == last.get("valid_nll")) == (steps == 4)
+        assert summary["valid_ppl"] == pytest.approx(math.exp(summary["valid_nll"]))
+
+
 def test_the_progress_bar_counts_down_the_budget_that_ends_first():
     # the quick start: 893 of 8,000 updates after 9 min 40 s of 10 minutes is 97% done, not 11%
     assert budget_used(893, 8000, 580.0, 10.0) == 966
@@ -555,7 +580,8 @@ def test_a_validation_that_is_not_a_number_is_never_the_best(tmp_path, tiny_over
                                                 "train.save_every=2", 'train.keep_best="valid_loss"',
                                                 "train.patience=1"])
     calls["n"] = 0
-    train(cfg, tmp_path / "run2", quiet=True)
+    with pytest.raises(TrainError, match="validation loss is nan"):  # its last validation is its summary's
+        train(cfg, tmp_path / "run2", quiet=True)
     assert ("(train.patience); no evaluation had a finite value" in (tmp_path / "run2" / "train.log").read_text())
 
 

@@ -826,6 +826,7 @@ class Trainer:
         if dist.enabled:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         self.saved_on_clock = -1  # the step of the newest checkpoint the save clock wrote (``save``)
+        self.validated: tuple[int, dict[str, float]] = (-1, {})  # the step last validated, and its scores
         self.batches_then = 0  # a resumed run batched otherwise, or on other ranks: its epoch's batches then
         self.window_then: Any = None  # the steps of the next log line the checkpoint resumed from kept
         if resume:
@@ -1221,7 +1222,8 @@ class Trainer:
         bar.set_postfix(step=budget, loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
         evaluating = time.monotonic()
         if self.ends(t.eval_every):
-            rec.update(self.evaluate())
+            self.validated = (state.step, self.evaluate())
+            rec.update(self.validated[1])
         if self.bleu_due():
             from .translator import ModelOverflow
 
@@ -1386,7 +1388,10 @@ class Trainer:
                                "stopped_by_patience": self.out_of_patience}
         if dist.main:
             self.writer.close()
-            summary.update(validate(self.raw, self.run_data.valid, t.max_tokens))
+            # the last step's validation where it had one (the same weights: on a large validation set, minutes)
+            step, scores = self.validated
+            summary.update({k: scores[k] for k in ("valid_nll", "valid_ppl")} if step == state.step else
+                           validate(self.raw, self.run_data.valid, t.max_tokens))
             self.log(f"done: {json.dumps(summary)}")
             files.write_text(self.out / "summary.json", json.dumps(summary, indent=2) + "\n")  # what benchmarks read
             if not math.isfinite(summary["valid_nll"]):  # it ended with 0, a model no search can rank outputs of
