@@ -188,6 +188,21 @@ def test_the_summary_takes_the_last_steps_validation_rather_than_validating_agai
         assert summary["valid_ppl"] == pytest.approx(math.exp(summary["valid_nll"]))
 
 
+def test_encoding_a_large_training_text_is_said_first(tmp_path, tiny_overrides, monkeypatch):
+    """A million pairs took ~30 s to encode with nothing in the log before the "train:" line: a start-up that looked
+    hung. From LARGE_TEXT pairs (here lowered to the slice's), the log says it encodes them, and of the store."""
+    from transformer import train as training
+
+    for large, said in ((10**9, False), (1, True)):
+        monkeypatch.setattr(training, "LARGE_TEXT", large)
+        run = tmp_path / f"run{large}"
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), run, quiet=True)
+        log = (run / "train.log").read_text()
+        assert ("train: encoding " in log and "transformer preprocess" in log) == said
+        if said:
+            assert log.index("train: encoding ") < log.index(" pairs used of ")  # before, not after
+
+
 def test_the_progress_bar_counts_down_the_budget_that_ends_first():
     # the quick start: 893 of 8,000 updates after 9 min 40 s of 10 minutes is 97% done, not 11%
     assert budget_used(893, 8000, 580.0, 10.0) == 966
