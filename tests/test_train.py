@@ -203,6 +203,28 @@ def test_encoding_a_large_training_text_is_said_first(tmp_path, tiny_overrides, 
             assert log.index("train: encoding ") < log.index(" pairs used of ")  # before, not after
 
 
+def test_the_progress_bar_says_when_it_stands_still_for_a_validation(tmp_path, tiny_overrides, monkeypatch):
+    """A validation (minutes on a large set, or a dev BLEU) left the bar standing with nothing said: it now reads
+    "validating" meanwhile, and "train" again after."""
+    from tqdm import tqdm
+
+    from transformer import train as training
+
+    seen = []
+
+    class Bar(tqdm):
+        def set_description(self, desc=None, refresh=True):
+            seen.append(desc)
+            super().set_description(desc, refresh)
+
+    monkeypatch.setattr(training, "tqdm", Bar)
+    monkeypatch.setattr(training.Trainer, "evaluate", lambda self: seen.append("evaluated") or {"valid_nll": 1.0,
+                                                                                             "valid_ppl": math.e})
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.log_every=1", "train.eval_every=2"]),
+          tmp_path / "run", quiet=True)
+    assert seen == ["train", "train (validating)", "evaluated", "train"] * 2  # steps 1 and 2, then 3 and 4
+
+
 def test_the_progress_bar_counts_down_the_budget_that_ends_first():
     # the quick start: 893 of 8,000 updates after 9 min 40 s of 10 minutes is 97% done, not 11%
     assert budget_used(893, 8000, 580.0, 10.0) == 966

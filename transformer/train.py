@@ -1225,6 +1225,8 @@ class Trainer:
         budget = f"{state.step}/{t.max_steps}" + (f", {rec['minutes']:.1f}/{t.max_minutes:g} min" if t.max_minutes else "")
         bar.set_postfix(step=budget, loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
         evaluating = time.monotonic()
+        if self.evaluates():  # the bar stands still meanwhile (a large validation set, dev BLEU: minutes)
+            bar.set_description("train (validating)")
         if self.ends(t.eval_every):
             self.validated = (state.step, self.evaluate())
             rec.update(self.validated[1])
@@ -1237,6 +1239,7 @@ class Trainer:
             except ModelOverflow as e:  # its "line 1" named no file: the first validation sentence of this step
                 raise TrainError(f"step {state.step}: dev BLEU, validation sentence {e}") from None
         evaluated = time.monotonic() - evaluating
+        bar.set_description("train")
         for key, value in rec.items():
             if key not in ("step", "epoch"):
                 self.writer.add_scalar(key, value, state.step)
