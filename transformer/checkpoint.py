@@ -46,6 +46,10 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the one-line message names the file and the problem."""
 
 
+class CheckpointMismatch(CheckpointError):
+    """Checkpoints, each intact, that cannot be averaged together (another vocabulary, run or model)."""
+
+
 @dataclass
 class Checkpoint:
     """A verified checkpoint, fully in memory."""
@@ -315,16 +319,25 @@ def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = Non
     a signal, just after a checkpoint of the clock, would otherwise count twice the same weights. The
     newer takes the older's place, so the averaged weights keep their spacing and the newest updates.
     A checkpoint written off the clock (its record's ``on_clock`` false) that is not the newest is left out:
-    it was written on a signal for the run to resume from, and an uninterrupted run never had it.
+    it was written on a signal for the run to resume from, and an uninterrupted run never had it. The
+    checkpoints are those of the newest's model (``_computed``): a run resumed with a model change
+    (--allow-config-change) averages those since the change, fewer until ``n`` are written (the weights of
+    before compute another function; averaged in, decoding was refused until then).
     ``found``: the records to choose from (default: all of the run's).
     """
     kept: list[Path] = []
     newer: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
     for path in reversed(list_checkpoints(run_dir) if found is None else found):
         try:
             record = checkpoint_record(path)  # an object of this format, else a CheckpointError naming it
             if kept and record.get("on_clock") is False:  # a signal's checkpoint, superseded: a resume point only
                 continue
+            if isinstance((record.get("config") or {}).get("model"), dict):
+                if model is None:
+                    model = _computed(record, path.name)
+                elif _computed(record, path.name) != model:  # before a model change: not this model's
+                    break
             train, state = record.get("config", {}).get("train", {}), record.get("train_state")
             if state is not None and (bad := _not_a_count(state)):  # named here: the next record compares with it
                 raise CheckpointError(f"{path}: unreadable checkpoint record (train_state.{bad} is "
@@ -385,7 +398,10 @@ def _computed(meta: dict[str, Any], name: str) -> dict[str, Any]:
     if not isinstance(model, dict):  # a record edited by hand: the model its weights are for is unknown
         raise CheckpointError(f"{name}: the record holds no model config (every record "
                               "training writes has one), so the model its weights are for is unknown")
-    return {k: v for k, v in model.items() if k not in ("p_drop", "p_drop_attn", "p_drop_relu")}
+    # sinusoids have no weights: their table's length bounds the decoding's length alone (max_len_offset)
+    ignored = ("p_drop", "p_drop_attn", "p_drop_relu") + (("max_positions",) if model.get("positional") !=
+                                                           "learned" else ())
+    return {k: v for k, v in model.items() if k not in ignored}
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
@@ -406,16 +422,16 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
         ckpt = load_checkpoint(path, with_state=False)
         name = ckpt.path.name
         if ckpt.meta.get("vocab_sha256") != first.meta.get("vocab_sha256"):
-            raise CheckpointError(f"{name}: trained with another vocabulary than {first.path.name}")
+            raise CheckpointMismatch(f"{name}: trained with another vocabulary than {first.path.name}")
         runs = (first.meta.get("run_id"), ckpt.meta.get("run_id"))
         if None not in runs and runs[0] != runs[1]:  # the records of before run ids (2026-12-05) have none
-            raise CheckpointError(f"{name}: a checkpoint of another run than {first.path.name}'s (another run_id in "
+            raise CheckpointMismatch(f"{name}: a checkpoint of another run than {first.path.name}'s (another run_id in "
                                   "its record: copied into this run's checkpoints?): average the checkpoints of one "
                                   "run")
         theirs = _computed(ckpt.meta, name)
         if differ := [f"model.{k}: {model.get(k)!r} in {first.path.name}, {theirs.get(k)!r} here"
                       for k in sorted(model.keys() | theirs.keys()) if model.get(k) != theirs.get(k)]:
-            raise CheckpointError(f"{name}: a model that computes otherwise than {first.path.name}'s "
+            raise CheckpointMismatch(f"{name}: a model that computes otherwise than {first.path.name}'s "
                                   f"({'; '.join(differ)}), changed on a resume with --allow-config-change: average "
                                   "the checkpoints of one setting (fewer of the last), or give one --checkpoint")
         extra, missing = ckpt.weights.keys() - acc.keys(), acc.keys() - ckpt.weights.keys()

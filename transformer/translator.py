@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
-                         chosen_weights, list_checkpoints, load_checkpoint, run_folder)
+from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_checkpoints, checkpoint_record,
+                         checkpoints_to_average, chosen_weights, list_checkpoints, load_checkpoint, run_folder)
 from .config import Config, ConfigError, LengthNorm, check_strings, config_from_dict, edited_model
 from .data import encode_for_decoding
 from .errors import OutOfMemory, out_of_memory
@@ -499,6 +499,8 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
             try:
                 weights = average_checkpoints(paths)  # one path: its weights exactly, without the optimizer state
                 break
+            except CheckpointMismatch as e:  # each intact: not to be moved away as damaged
+                raise CheckpointError(f"{e}; give --checkpoint one of them") from None
             except CheckpointError as e:  # one pruned while it was read (a run still saving checkpoints): list again
                 if attempt == 2 or all(p.exists() and p.with_suffix(".safetensors").exists() for p in paths):
                     raise CheckpointError(f"{e}; to decode with the others, give --checkpoint one that is intact, or "
