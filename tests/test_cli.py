@@ -1027,6 +1027,7 @@ def test_serve_takes_the_tables_ensemble_as_translate_does(tmp_path, capsys, mon
             for body in ({"beam": 3, "nbest": 2}, {"alignment": True}):
                 answers.append(c.post("/v1/translate", json={"text": MATRIX_LINES["translate"], **body}))
             answers.append(c.post("/v1/attention", json={"text": MATRIX_LINES["translate"][0]}))
+            answers.append(c.get("/health"))
 
     monkeypatch.setattr(uvicorn.Server, "run", served)
     with socket.socket() as s:
@@ -1038,7 +1039,9 @@ def test_serve_takes_the_tables_ensemble_as_translate_does(tmp_path, capsys, mon
     capsys.readouterr()
     assert main(["translate", run, "--ensemble", run, "--beam", "3", "--nbest", "2",
                  "--input", str(tmp_path / "in.txt")]) == 0
-    nbest, refused, attention = answers
+    nbest, refused, attention, health = answers
+    # which weights the other run gave (it named the first run's alone)
+    assert health.json()["ensemble"] == [{"run": REFERENCE_RUN.name, "weights": health.json()["weights"]}]
     assert nbest.status_code == 200 and capsys.readouterr().out == "".join(
         f"{i} ||| {h['text']} ||| {h['score']:.6f}\n" for i, hyps in enumerate(nbest.json()["nbest"]) for h in hyps)
     assert refused.status_code == 422 and refused.json()["error"] == (
@@ -1189,6 +1192,26 @@ def test_evaluate_names_the_option_of_a_file_not_found(tiny_run, tmp_path, capsy
         status, out, err = run_here(capsys, "evaluate", str(tiny_run), *args, "--lang", "de")
         assert status == 1 and out == "", err
         assert err == f"error: {option}: data file not found: {tmp_path / 'missing'}\n"
+
+
+def test_evaluate_json_names_an_ensembles_weights(tiny_run, tmp_path, capsys):
+    """evaluate --json of an --ensemble named the first run's weights alone: its scores read as one model's."""
+    (tmp_path / "src").write_text("A dog runs.\n")
+    (tmp_path / "ref").write_text("Ein Hund läuft.\n")
+    status, _, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(tmp_path / "src"), "--ref",
+                              str(tmp_path / "ref"), "--beam", "1", "--ensemble", str(tiny_run), "--json",
+                              str(tmp_path / "s.json"))
+    assert status == 0, err
+    scores = json.loads((tmp_path / "s.json").read_text())
+    assert scores["ensemble"] == [{"run": str(tiny_run.resolve()), "averaged": scores["averaged"]}]
+    # given the optimizer state's file of a checkpoint, the weights read are its record's weights file
+    state = sorted((tiny_run / "checkpoints").glob("*.state.safetensors"))[-1]
+    status, _, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(tmp_path / "src"), "--ref",
+                              str(tmp_path / "ref"), "--beam", "1", "--json", str(tmp_path / "s.json"),
+                              "--checkpoint", str(state))
+    scores = json.loads((tmp_path / "s.json").read_text())
+    assert status == 0 and "ensemble" not in scores, err
+    assert scores["checkpoint"] == str(state.with_name(state.name.replace(".state", "")).resolve())
 
 
 def test_evaluate_warns_of_a_language_moses_has_no_rules_for(tiny_run, tmp_path, capsys):

@@ -736,6 +736,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         read = [str(p) for p in translator.weights_from]
         weights = ({"checkpoint": read[0]} if chosen_weights(Path(args.run_dir), args.checkpoint) is not None
                    else {"averaged": read})
+        if translator.ensemble_from:  # the other runs' weights, each run's average
+            weights["ensemble"] = [{"run": str(run), "averaged": [str(p) for p in read]}
+                                   for run, read in translator.ensemble_from]
         scores |= {"run": str(Path(args.run_dir).resolve()), **weights, "int8": args.int8, "bf16": args.bf16,
                    "src": str(Path(args.src).resolve()), "ref": str(Path(args.ref).resolve()), "sentences": len(src),
                    "decode": {k: v for k, v in dataclasses.asdict(searched).items()

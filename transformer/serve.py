@@ -511,12 +511,13 @@ def _check_score(req: ScoreRequest, limits: Limits) -> None:
     _check_sentences(limits, req.translation, "translation")
 
 
-def _health(batcher: Batcher | None, name: str, weights: list[str]) -> JSONResponse:
+def _health(batcher: Batcher | None, name: str, weights: list[str], ensemble: list[dict]) -> JSONResponse:
     """200 while the decoding worker runs, 503 once it has stopped (or before it starts), with its counts and the
     weight files served (a run still training has newer ones by now: which the server loaded was said only at
-    its start)."""
+    its start), an --ensemble's other runs' by run."""
     ok = batcher is not None and batcher.alive
     return JSONResponse({"status": "ok" if ok else "error", "model": name, "weights": weights,
+                         **({"ensemble": ensemble} if ensemble else {}),
                          **(batcher.health() if batcher else {})}, status_code=200 if ok else 503)
 
 
@@ -761,10 +762,11 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         return Response(body, media_type="application/json")
 
     weights = [p.name for p in translator.weights_from]  # names alone: the server's paths are its own
+    ensemble = [{"run": run.name, "weights": [p.name for p in read]} for run, read in translator.ensemble_from]
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return _health(getattr(app.state, "batcher", None), name, weights)
+        return _health(getattr(app.state, "batcher", None), name, weights, ensemble)
 
     page = web_page("index.html", {"{{TITLE}}": html.escape(name), "{{BEAM}}": str(decode.beam_size),
                                    "{{MAX_BEAM}}": str(max_beam), "{{ALPHA}}": str(decode.alpha)})

@@ -115,11 +115,14 @@ class Translator:
         tokenizer = _tokenizer(run_dir)
         cfg, model, self.weights_from = _load_model(run_dir, checkpoint, tokenizer, decode, log)
         models = [model]
+        self.ensemble_from: list[tuple[Path, list[Path]]] = []  # each --ensemble run and its weight files
         for other in map(Path, ensemble):
             if _tokenizer(other).sha256 != tokenizer.sha256:
                 raise CheckpointError(f"--ensemble {other}: trained with another vocabulary than {run_dir} "
                                       "(spm.model differs); an ensemble's models must share theirs")
-            models.append(_load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))[1])
+            _, member, read = _load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))
+            models.append(member)
+            self.ensemble_from.append((other.resolve(), read))
         if bf16:
             if not native_bf16(torch_device):
                 log(f"--bf16: this {'CPU' if torch_device.type == 'cpu' else 'GPU'} has no bf16 arithmetic of its own "
@@ -139,7 +142,7 @@ class Translator:
         """A model in memory with its run's vocabulary and config (training's dev BLEU): it decodes
         requests as the run's folder, loaded, would."""
         translator = cls.__new__(cls)
-        translator.weights_from = []  # in memory: from no file
+        translator.weights_from, translator.ensemble_from = [], []  # in memory: from no file
         translator._hold(model, tokenizer, cfg, next(model.parameters()).device, int8=False)
         return translator
 
@@ -468,7 +471,7 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         meta = ckpt.meta
     if meta.get("vocab_sha256") not in (None, tokenizer.sha256):
         raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {run_dir / 'spm.model'}")
-    record = Path(checkpoint).with_suffix(".json") if checkpoint is not None else paths[-1]
+    record = ckpt.path if checkpoint is not None else paths[-1]  # the .json (a .state.safetensors names its own)
     where = f"{record}: its config"  # the record's own values first: an error in them is the file's
     if "config" not in meta:  # a record edited or written by hand: the model's shape is nowhere else
         raise CheckpointError(f"{record}: the record holds no config (every record training writes has one), so "
@@ -508,7 +511,8 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
         read = [p.with_suffix(".safetensors").resolve() for p in paths]
     else:
-        weights, read = ckpt.weights, [Path(checkpoint).with_suffix(".safetensors").resolve()]
+        # the weights file its record names: given the optimizer state's, that was recorded as the weights read
+        weights, read = ckpt.weights, [(ckpt.path.parent / ckpt.meta["files"]["weights"]["name"]).resolve()]
     model = Transformer(cfg.model, tokenizer.vocab_size)
     own = model.state_dict()  # load_state_dict casts: integer weights would load, and NaNs translate to noise
     if bad := next((k for k, t in weights.items() if k in own and own[k].is_floating_point()
