@@ -283,6 +283,10 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
     (tmp_path / "best.safetensors").touch()  # train.keep_best wrote it
     best = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"))
     assert "the average of the last 5 checkpoints (these weights)" in average
+    # what was averaged, where the exporter says: a run of 3 checkpoints was carded as "the last 5"
+    three = [tmp_path / "checkpoints" / f"step_000000{s}.safetensors" for s in (10, 20, 33)]
+    assert ("the average of the run's last 3 checkpoint(s), step_00000010, step_00000020, step_00000033 (these "
+            "weights)") in _model_card(tmp_path, load_config("tiny"), "Marian", 500, None, three).replace("\n", " ")
     assert "these weights are `step_00000080.json`, the file --checkpoint named" in one and "(these weights)" not in one
     assert "these weights are `best.safetensors`, the file --checkpoint named" in best
 

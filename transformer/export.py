@@ -316,13 +316,19 @@ def _shown(path: str) -> str:
     return Path(path).name if Path(path).is_absolute() else path
 
 
-def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoint: Path | None = None) -> str:
+def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoint: Path | None = None,
+                averaged: list[Path] | None = None) -> str:
     """README.md of an exported folder: what the model is, how it was trained and scored, and which of the
-    run's weights it holds (``checkpoint``, as --checkpoint gave it; None: the average decoding takes)."""
+    run's weights it holds (``checkpoint``, as --checkpoint gave it; None: the average decoding takes, of the
+    files ``averaged`` names where given: a run of fewer checkpoints than decode.average_last averages fewer)."""
     m, d = cfg.model, cfg.data
-    weights = f"the average of the last {cfg.decode.average_last} checkpoints" + (
-        " (these weights)" if checkpoint is None else
-        f"; these weights are `{chosen_weights(run_dir, checkpoint).name}`, the file --checkpoint named")
+    if checkpoint is None and averaged:
+        weights = (f"the average of the run's last {len(averaged)} checkpoint(s), "
+                   f"{', '.join(p.stem for p in averaged)} (these weights)")
+    else:
+        weights = f"the average of the last {cfg.decode.average_last} checkpoints" + (
+            " (these weights)" if checkpoint is None else
+            f"; these weights are `{chosen_weights(run_dir, checkpoint).name}`, the file --checkpoint named")
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
@@ -444,7 +450,8 @@ def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -
                                     clean_up_tokenization_spaces=False,
                                     split_special_tokens=True)  # "</s>" in a text is text, as ours reads it
         tokenizer.save_pretrained(out)
-    card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size, checkpoint)
+    card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size, checkpoint,
+                       translator.weights_from)
     (out / "README.md").write_text(card, encoding="utf-8")
     return architecture, translator.cfg.model.ln_eps
 
