@@ -868,8 +868,8 @@ def cmd_average(args: argparse.Namespace) -> None:
 
     Uniform mean in float64 of the last N checkpoints' weights; writes a model file usable with --checkpoint.
     """
-    from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, load_checkpoint, run_folder,
-                             write_model)
+    from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints,
+                             load_checkpoint, run_folder, write_model)
 
     if args.last < 1:
         raise ConfigError(f"--last must be >= 1, got {args.last}")
@@ -884,7 +884,8 @@ def cmd_average(args: argparse.Namespace) -> None:
     if record.exists() and not out.exists():  # a file of that name that no model owns: summary.json, notes
         raise OutputError(f"--out {args.out}: its record would replace {record}, which is no record of a model "
                           "there: choose another name")
-    paths = checkpoints_to_average(run_folder(args.run_dir), args.last)
+    held = list_checkpoints(run_folder(args.run_dir))
+    paths = checkpoints_to_average(run_folder(args.run_dir), args.last, held)
     if not paths:
         raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
     meta = load_checkpoint(paths[-1], with_state=False).meta
@@ -893,7 +894,9 @@ def cmd_average(args: argparse.Namespace) -> None:
     meta = {k: meta[k] for k in keep if k in meta} | {"averaged": [p.name for p in paths],
                                                        "run": str(Path(args.run_dir).resolve())}
     write_model(args.out, average_checkpoints(paths), meta)
-    fewer = f" (--last {args.last}: the run holds {len(paths)})" if len(paths) < args.last else ""
+    # it said "the run holds 3" of a run of 4, one of them replaced by the budget's end's (docs/training.md)
+    fewer = (f" (--last {args.last}: {len(paths)} of the run's {len(held)} checkpoints are averaged as decoding "
+             "averages them)" if len(paths) < args.last else "")
     plural = "s" if len(paths) != 1 else ""
     print(f"averaged {len(paths)} checkpoint{plural}{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
 
