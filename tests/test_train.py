@@ -225,6 +225,17 @@ def test_the_progress_bar_says_when_it_stands_still_for_a_validation(tmp_path, t
     assert seen == ["train", "train (validating)", "evaluated", "train"] * 2  # steps 1 and 2, then 3 and 4
 
 
+def test_save_every_is_the_one_save_clock_where_set(tmp_path, tiny_overrides):
+    """save_every with the default save_minutes kept both clocks: checkpoints of either (33, 40, 46, 50, 54...),
+    and the average of the last N took them unevenly spaced. save_every, where set, is the one clock."""
+    from transformer.checkpoint import list_checkpoints
+
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=9", "train.save_every=4",
+                                                "train.save_minutes=0.00001"]), run, quiet=True)
+    assert [int(p.stem.split("_")[1]) for p in list_checkpoints(run)] == [4, 8, 9]
+
+
 def test_the_progress_bar_counts_down_the_budget_that_ends_first():
     # the quick start: 893 of 8,000 updates after 9 min 40 s of 10 minutes is 97% done, not 11%
     assert budget_used(893, 8000, 580.0, 10.0) == 966

@@ -142,8 +142,9 @@ class TrainConfig:
     eval_every: int = 1000  # intervals between validations
     bleu_every: int = 0  # intervals between dev BLEU (beam search on valid, decode settings); 0 = never
     bleu_sentences: int = 500  # first N validation pairs translated for dev BLEU
-    save_every: int = 0  # intervals between checkpoints; 0 = only by time
-    # minutes of training between checkpoints (§6.1: "written at 10-minute intervals"), counted across resumes
+    save_every: int = 0  # intervals between checkpoints; 0 = by time (save_minutes), which is then off
+    # minutes of training between checkpoints (§6.1: "written at 10-minute intervals"), counted across resumes;
+    # with save_every set, not used: one clock spaces the checkpoints an average takes
     save_minutes: float = 10.0
     keep_last: int = 20  # checkpoints of the save clock kept on disk (big averages the last 20; §6.1)
     # not in the paper: keep the weights that score best on the validation set in best.safetensors

@@ -1106,7 +1106,9 @@ class Trainer:
         logged = self.ends(t.log_every, intervals) or step == t.max_steps
         # minutes of training, earlier attempts of a resumed run included: a run stopped more often than its
         # clock still writes the checkpoints (and so the average) of a run never stopped
-        due = self.ends(t.save_every, intervals) or (
+        # one clock: save_every's where set, the minutes' otherwise (both at once, the average of the last N took
+        # checkpoints of either, unevenly spaced, and keep_last counted both)
+        due = self.ends(t.save_every, intervals) if t.save_every else (
             t.save_minutes and self.elapsed() - self.state.clock_s >= 60 * t.save_minutes)
         return AfterStep(intervals[1], logged, logged and self.evaluates(intervals),
                          bool(distributed.all_sum(self.dist, [float(bool(due))])[0]),
