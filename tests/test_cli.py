@@ -1204,6 +1204,7 @@ def test_evaluate_json_names_an_ensembles_weights(tiny_run, tmp_path, capsys):
     assert status == 0, err
     scores = json.loads((tmp_path / "s.json").read_text())
     assert scores["ensemble"] == [{"run": str(tiny_run.resolve()), "averaged": scores["averaged"]}]
+    assert "checkpoint_step" not in scores  # an average's files name their steps
     # given the optimizer state's file of a checkpoint, the weights read are its record's weights file
     state = sorted((tiny_run / "checkpoints").glob("*.state.safetensors"))[-1]
     status, _, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(tmp_path / "src"), "--ref",
@@ -1212,6 +1213,10 @@ def test_evaluate_json_names_an_ensembles_weights(tiny_run, tmp_path, capsys):
     scores = json.loads((tmp_path / "s.json").read_text())
     assert status == 0 and "ensemble" not in scores, err
     assert scores["checkpoint"] == str(state.with_name(state.name.replace(".state", "")).resolve())
+    # and which weights those were, as best.safetensors, rewritten as a run goes on, cannot say by its name
+    record = json.loads(state.with_name(state.name.replace(".state.safetensors", ".json")).read_text())
+    assert (scores["checkpoint_step"], scores["checkpoint_sha256"]) == (record["step"],
+                                                                        record["files"]["weights"]["sha256"])
 
 
 def test_evaluate_warns_of_a_language_moses_has_no_rules_for(tiny_run, tmp_path, capsys):

@@ -736,6 +736,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         read = [str(p) for p in translator.weights_from]
         weights = ({"checkpoint": read[0]} if chosen_weights(Path(args.run_dir), args.checkpoint) is not None
                    else {"averaged": read})
+        if (record := translator.weights_record) is not None:  # which weights: best.safetensors is rewritten
+            step = record.get("step", (record.get("best") or {}).get("step"))
+            weights |= {"checkpoint_step": step, "checkpoint_sha256": record["files"]["weights"]["sha256"]}
         if translator.ensemble_from:  # the other runs' weights, each run's average
             weights["ensemble"] = [{"run": str(run), "averaged": [str(p) for p in read]}
                                    for run, read in translator.ensemble_from]

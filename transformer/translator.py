@@ -113,14 +113,14 @@ class Translator:
             visible = "1 CUDA GPU (cuda:0)" if gpus == 1 else f"{gpus} CUDA GPUs (cuda:0 .. cuda:{gpus - 1})"
             raise CheckpointError(f"--device {device}: torch sees {visible}")
         tokenizer = _tokenizer(run_dir)
-        cfg, model, self.weights_from = _load_model(run_dir, checkpoint, tokenizer, decode, log)
+        cfg, model, self.weights_from, self.weights_record = _load_model(run_dir, checkpoint, tokenizer, decode, log)
         models = [model]
         self.ensemble_from: list[tuple[Path, list[Path]]] = []  # each --ensemble run and its weight files
         for other in map(Path, ensemble):
             if _tokenizer(other).sha256 != tokenizer.sha256:
                 raise CheckpointError(f"--ensemble {other}: trained with another vocabulary than {run_dir} "
                                       "(spm.model differs); an ensemble's models must share theirs")
-            _, member, read = _load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))
+            _, member, read, _ = _load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))
             models.append(member)
             self.ensemble_from.append((other.resolve(), read))
         if bf16:
@@ -142,7 +142,7 @@ class Translator:
         """A model in memory with its run's vocabulary and config (training's dev BLEU): it decodes
         requests as the run's folder, loaded, would."""
         translator = cls.__new__(cls)
-        translator.weights_from, translator.ensemble_from = [], []  # in memory: from no file
+        translator.weights_from, translator.ensemble_from, translator.weights_record = [], [], None  # from no file
         translator._hold(model, tokenizer, cfg, next(model.parameters()).device, int8=False)
         return translator
 
@@ -452,10 +452,12 @@ def _read_settled(path: Path, tries: int = 3) -> Checkpoint:
 
 
 def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, decode: dict[str, object] | None,
-                log: Callable[[str], None]) -> tuple[Config, Transformer, list[Path]]:
+                log: Callable[[str], None]) -> tuple[Config, Transformer, list[Path], dict | None]:
     """The run's config (with the ``decode`` overrides, validated), its model in eval mode, with the weights of
-    ``checkpoint`` or else the average of its last ``decode.average_last`` checkpoints (§6.1), and the weight
-    files those were (a run still training prunes and writes them: what was read is said, not listed again)."""
+    ``checkpoint`` or else the average of its last ``decode.average_last`` checkpoints (§6.1), the weight
+    files those were (a run still training prunes and writes them: what was read is said, not listed again),
+    and ``checkpoint``'s record as read (best.safetensors is rewritten as the run goes on: its step and hash
+    say which it was); None for an average."""
     checkpoint = chosen_weights(run_dir, checkpoint)
     if checkpoint is None:
         paths = list_checkpoints(run_dir)
@@ -528,4 +530,4 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
     if missing or unexpected:
         raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config "
                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return cfg, model.eval(), read
+    return cfg, model.eval(), read, None if checkpoint is None else ckpt.meta
