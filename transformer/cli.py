@@ -670,8 +670,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                                                                                      if d.task == "parse" else ""))
     if defaulted:  # a copied recipe's test set is not the user's own: say which files are scored
         said.append("scoring the run's " + ", ".join(f"{fields[n][0]} {getattr(args, n)}" for n in defaulted))
-    args.src, args.ref = (resolve_data_path(str(getattr(args, n)), fields[n][0] if n in defaulted else f"--{n}")
-                          for n in ("src", "ref"))
+    def given_by(name: str) -> str:  # what named a file: the run's config field, else the option
+        return fields[name][0] if name in defaulted else "--" + name.replace("_", "-")
+
+    args.src, args.ref = (resolve_data_path(str(getattr(args, n)), given_by(n)) for n in ("src", "ref"))
     src = read_lines(args.src)
     if not any(line.strip() for line in src):
         raise ConfigError(f"--src {args.src}: no sentences to evaluate (the file is empty or blank)")
@@ -700,8 +702,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         ref = read_lines(args.ref)
         if len(src) != len(ref):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
-        tok_ref = None if args.tok_ref is None else read_lines(resolve_data_path(
-            str(args.tok_ref), fields["tok_ref"][0] if "tok_ref" in defaulted else "--tok-ref"))
+        tok_ref = None if args.tok_ref is None else read_lines(resolve_data_path(str(args.tok_ref),
+                                                                                given_by("tok_ref")))
         if tok_ref is not None and len(tok_ref) != len(ref):
             raise ConfigError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but --ref {args.ref} has {len(ref)}")
         lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
@@ -888,7 +890,7 @@ def cmd_average(args: argparse.Namespace) -> None:
         raise OutputError(f"--out {args.out}: its record would replace {record}, which is no record of a model "
                           "there: choose another name")
     held = list_checkpoints(run_folder(args.run_dir))
-    paths = checkpoints_to_average(run_folder(args.run_dir), args.last, held)
+    paths = checkpoints_to_average(Path(args.run_dir), args.last, held)
     if not paths:
         raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
     meta = load_checkpoint(paths[-1], with_state=False).meta
