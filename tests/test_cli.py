@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import platform
 import pty
 import select
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import transformer
 from transformer.checkpoint import average_checkpoints, list_checkpoints, load_checkpoint
 from transformer import cli
 from transformer.cli import main
@@ -233,7 +235,8 @@ def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tm
     assert capsys.readouterr().err == ("internal error: RuntimeError: an unforeseen failure — please report it "
                                        f"with the traceback in {log}\n")  # the message's first line
     text = log.read_text()
-    assert text.startswith("transformer evaluate-parse --gold g.mrg") and "Traceback" in text and "in bug" in text
+    assert text.startswith(f"transformer evaluate-parse --gold g.mrg --test t.mrg\n{cli.version_line()}\n\n")
+    assert "Traceback" in text and "in bug" in text
 
 
 @pytest.mark.parametrize("rank, said", [(None, "interrupted\n"), ("0", "interrupted\n"), ("1", "")])
@@ -1421,3 +1424,12 @@ def test_evaluate_scores_a_tokenized_runs_outputs_as_they_are(tiny_run, tmp_path
                                                 "them against\n"), err
     status, out, err = run_here(capsys, *common, "--pretokenized", "--paper-bleu")
     assert status == 0 and seen[-1] is True and "tokenized BLEU = " in out and "(outputs as written" in out, err
+
+
+def test_version_names_this_package_torch_and_python_without_importing_torch():
+    """`transformer --version`, what a bug report starts with: argparse said only that COMMAND is required."""
+    code = ("import sys; from transformer import cli\n"
+            "try:\n    cli.main(['--version'])\nexcept SystemExit as e:\n    print(e.code, 'torch' in sys.modules)")
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert said.stdout == (f"transformer {transformer.__version__} (torch {torch.__version__}, Python "
+                           f"{platform.python_version()})\n0 False\n"), said

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import transformer
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +29,7 @@ def test_a_wheel_holds_the_presets_and_runs_outside_the_checkout(tmp_path: Path)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path / "dist"), str(source)], check=True, cwd=tmp_path, capture_output=True)
     (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert wheel.name.startswith(f"transformer-{transformer.__version__}-"), wheel.name  # the one version
     with zipfile.ZipFile(wheel) as z:
         held = set(z.namelist())
     presets = {f"transformer/configs/{p.relative_to(ROOT / 'configs')}" for p in (ROOT / "configs").rglob("*.toml")}
@@ -44,6 +47,8 @@ def test_a_wheel_holds_the_presets_and_runs_outside_the_checkout(tmp_path: Path)
 
     where = run("-c", "import transformer.config as c; print(c.__file__); print(c.PRESET_DIR)").stdout.split()
     assert where == [str(site / "transformer" / "config.py"), str(site / "transformer" / "configs")]
+    said = run("-m", "transformer", "--version")
+    assert said.returncode == 0 and said.stdout.startswith(f"transformer {transformer.__version__} (torch "), said
     helped = run("-m", "transformer", "--help")
     assert helped.returncode == 0 and "translate" in helped.stdout, helped.stderr
     for preset in ("tiny", "E", "parse"):  # one of configs/, one of configs/table3/, the one --help reads

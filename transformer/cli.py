@@ -18,11 +18,13 @@ import contextlib
 import dataclasses
 import errno
 import gzip
+import importlib.metadata
 import inspect
 import io
 import itertools
 import json
 import os
+import platform
 import queue
 import select
 import shlex
@@ -41,7 +43,7 @@ from typing import IO, NoReturn, TypeVar
 from .config import (EARLY_STOPS, LENGTH_NORMS, MAX_THREADS, ConfigError, DecodeConfig, ServeLimits, language_code,
                      primary_language, resolve_config_path)
 from .errors import Terminated, UserError, install_extra, out_of_memory, summary
-from . import files
+from . import __version__, files
 from .files import OutputError, check_output
 
 T = TypeVar("T")
@@ -1292,9 +1294,21 @@ class _CommandParser(_Parser):
         super().error(message)
 
 
+def version_line() -> str:
+    """What a bug report needs first: this package's version, torch's (read from its installed metadata:
+    importing torch would take a second) and Python's."""
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"transformer {__version__} (torch {torch_version}, Python {platform.python_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="transformer", epilog=EPILOG,
                      description="The Transformer of 'Attention Is All You Need': train, translate, evaluate.")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="show this package's version and torch's and Python's (for a bug report), and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     for c in COMMANDS:
         c.arguments(sub.add_parser(c.name, help=c.help, description=c.description, epilog=EPILOG))
@@ -1310,14 +1324,14 @@ INTERNAL_ERROR = 70  # sysexits.h's EX_SOFTWARE: the program failed, not what it
 
 def internal_error(error: Exception, argv: list[str]) -> int:
     """An exception no check foresaw is a bug, kept apart from the user's errors: one line that says so
-    on stderr, the traceback in transformer-error-PID.log under the system's temporary folder (where the
-    user can attach it to a report without a screenful of it in the way), and INTERNAL_ERROR. In a rank of a
-    data-parallel job, a collective that fails because another rank is gone is that rank's doing: one line
-    that says so, and status 1."""
+    on stderr, the traceback (after the command and ``version_line``) in transformer-error-PID.log under the
+    system's temporary folder (where the user can attach it to a report without a screenful of it in the way),
+    and INTERNAL_ERROR. In a rank of a data-parallel job, a collective that fails because another rank is gone
+    is that rank's doing: one line that says so, and status 1."""
     text = "".join(traceback.format_exception(error))
     log = Path(tempfile.gettempdir()) / f"transformer-error-{os.getpid()}.log"
     try:
-        log.write_text(f"transformer {' '.join(argv)}\n\n{text}", encoding="utf-8")
+        log.write_text(f"transformer {' '.join(argv)}\n{version_line()}\n\n{text}", encoding="utf-8")
         where = f"the traceback in {log}"
     except OSError:  # no writable temporary folder: the traceback goes where the user can see it
         sys.stderr.write(text)
