@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
+import transformer  # noqa: E402
 from transformer.data import encode_for_decoding  # noqa: E402
 from transformer.figures import attention_maps  # noqa: E402
 from transformer.request import DecodeRequest  # noqa: E402
@@ -394,6 +395,7 @@ def test_attention_requests_are_bounded_in_pieces(translator):
 
 def test_health_page_and_openapi(client):
     assert client.get("/health").json()["status"] == "ok"
+    assert client.get("/health").json()["version"] == transformer.__version__  # which code answers
     # which weights it serves: a run still training has newer checkpoints than those it loaded
     served = client.get("/health").json()["weights"]
     assert served and all(name.endswith(".safetensors") and "/" not in name for name in served)
@@ -406,6 +408,7 @@ def test_health_page_and_openapi(client):
     assert page.status_code == 200 and "renderAttention" in page.text and "/v1/translate" in page.text
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/translate", "/v1/attention", "/health"} <= set(paths)
+    assert client.get("/openapi.json").json()["info"]["version"] == transformer.__version__
 
 
 def run_batcher(translator, limits: Limits, scenario):

@@ -52,6 +52,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from . import __version__
 from .config import ConfigError, ServeLimits as Limits
 from .decode import Stopped
 from .errors import UserError
@@ -512,11 +513,12 @@ def _check_score(req: ScoreRequest, limits: Limits) -> None:
 
 
 def _health(batcher: Batcher | None, name: str, weights: list[str], ensemble: list[dict]) -> JSONResponse:
-    """200 while the decoding worker runs, 503 once it has stopped (or before it starts), with its counts and the
-    weight files served (a run still training has newer ones by now: which the server loaded was said only at
-    its start), an --ensemble's other runs' by run."""
+    """200 while the decoding worker runs, 503 once it has stopped (or before it starts), with this package's
+    version, the worker's counts and the weight files served (a run still training has newer ones by now: which
+    the server loaded was said only at its start), an --ensemble's other runs' by run."""
     ok = batcher is not None and batcher.alive
-    return JSONResponse({"status": "ok" if ok else "error", "model": name, "weights": weights,
+    return JSONResponse({"status": "ok" if ok else "error", "version": __version__, "model": name,
+                         "weights": weights,
                          **({"ensemble": ensemble} if ensemble else {}),
                          **(batcher.health() if batcher else {})}, status_code=200 if ok else 503)
 
@@ -691,7 +693,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         worker.cancel()
         executor.shutdown(wait=False)
 
-    app = FastAPI(title=f"transformer: {name}", lifespan=lifespan,
+    app = FastAPI(title=f"transformer: {name}", version=__version__, lifespan=lifespan,
                   description="Translation with the Transformer of 'Attention Is All You Need' (beam search, "
                               "§6.1) and its attention weights (appendix figures).")
     app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
