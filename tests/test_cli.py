@@ -703,6 +703,42 @@ def test_a_line_written_to_a_pipe_is_answered_while_the_pipe_stays_open(tiny_run
     assert got == whole.stdout.splitlines() and len(got) == 4
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("stdin_side", ["--tgt -", "--src -", "pairs"])
+def test_a_pair_written_to_a_pipe_is_scored_while_the_pipe_stays_open(tiny_run, tmp_path, stdin_side):
+    """`translate ... | transformer score RUN --src in.txt --tgt -`: with one side on stdin the pairs were read
+    10,000 at a time, so a pipe's pairs waited for its end; they are scored as they come, as pairs given on
+    stdin whole (SOURCE<TAB>TARGET) and translate's lines are."""
+    sources = SENTENCES.splitlines()
+    targets = ["ein hund läuft .", "eine frau", "zwei männer", "ein kind spielt ."][:len(sources)]
+    (tmp_path / "src.txt").write_text("".join(f"{s}\n" for s in sources))
+    (tmp_path / "tgt.txt").write_text("".join(f"{t}\n" for t in targets))
+    given = {"--tgt -": ["--src", str(tmp_path / "src.txt"), "--tgt", "-"],
+             "--src -": ["--src", "-", "--tgt", str(tmp_path / "tgt.txt")], "pairs": []}[stdin_side]
+    typed = {"--tgt -": targets, "--src -": sources, "pairs": [f"{s}\t{t}" for s, t in zip(sources, targets)]}
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "score", str(tiny_run), *given],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    got = []
+    try:
+        for line in typed[stdin_side]:
+            proc.stdin.write(f"{line}\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, f"no score for {line!r} while the pipe stays open"
+            got.append(proc.stdout.readline().rstrip("\n"))
+        proc.stdin.close()
+        status = proc.wait(120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status == 0 and proc.stdout.read() == "", proc.stderr.read()
+    whole = run_cli("score", str(tiny_run), "--src", str(tmp_path / "src.txt"), "--tgt", str(tmp_path / "tgt.txt"))
+    # the same scores, each pair scored alone against all four in one batch (padding moves the last digit)
+    assert [float(x) for line in got for x in line.split("\t")] == pytest.approx(
+        [float(x) for line in whole.stdout.splitlines() for x in line.split("\t")], rel=1e-5)
+    assert len(got) == len(sources)
+
+
 def test_a_long_input_is_decoded_and_written_chunk_by_chunk(tiny_run, tmp_path, capsys, monkeypatch):
     """An input longer than a chunk (3 lines here): the outputs of one chunk, n-best lists numbered by
     input line, each line's own prefix across the chunks, and draws that go on from chunk to chunk

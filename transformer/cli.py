@@ -500,7 +500,8 @@ def cmd_score(args: argparse.Namespace) -> None:
         pairs = stdin_pairs()
     total, pieces, n, empty = 0.0, 0, 0, 0
     with _line_sink(args.output) as write:
-        for chunk in _chunks(pairs, args.src):
+        # where stdin is one side, its pairs come as they are typed or piped, as translate's lines do
+        for chunk in _chunks(pairs, None if STDIN in (args.src, args.tgt) else args.src):
             src, tgt = [s for s, _ in chunk], [t for _, t in chunk]
             with naming_the_longest([len(a) + len(b) for a, b in chunk], n, "scoring", "characters", None):
                 scored = translator.score(src, tgt, args.alpha, length_norm=args.length_norm)
