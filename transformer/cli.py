@@ -618,7 +618,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    "it): --tok-ref scores its outputs as they are, not tokenized again (default: so for a run trained "
                    "on files in a tok/ folder, as Multi30k's); needs --tok-ref, and leaves --paper-bleu as it is")
     p.add_argument("--lang", help="target language, for sacreBLEU's tokenizer (zh, ja, ko have their own) and Moses' "
-                   "(default: the --ref suffix, test.de, else the run's data.train_tgt's, else its data.tgt_lang)")
+                   "(default: the --ref suffix, test.de, else the run's data.train_tgt's, else, for sacreBLEU, its "
+                   "data.tgt_lang; Moses' rules differ by language, so it needs --lang there)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported in Table 2, "
                    "computed as the authors did (A13: Moses tokenizer and compound splitting, get_ende_bleu.sh)")
     _output(p, "--json", metavar="FILE", dash=True, help='write {"bleu", "chrf", "signature", ...} to FILE (a '

@@ -225,7 +225,8 @@ class ServeLimits:
     max_chars: int = _limit(1000, "characters per sentence")
     max_beam: int = _limit(16, "largest beam, or number of sampled draws, a request may ask for (the server's "
                                  "own beam, --beam or the run's, is always allowed)")
-    max_batch_tokens: int = _limit(8192, "source tokens x beam per decoding batch: the memory bound")
+    max_batch_tokens: int = _limit(8192, "source tokens x beam per decoding batch, with prefixes, constraints "
+                                         "and scored translations: the memory bound")
     max_wait_ms: float = _limit(10.0, "how long a request waits for others to batch with, in milliseconds")
     max_queued: int = _limit(256, "sentences waiting to be decoded, all requests together; beyond, 503 (one request "
                                    "of more sentences than this: 422)")

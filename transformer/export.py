@@ -2,7 +2,7 @@
 Hugging Face ``transformers`` (Marian for post-norm runs, Pegasus for pre-norm ones) and, through
 that, to ONNX.
 
-The exported model computes what ``Translator`` computes: post-norm layers (§3.1), embeddings
+The exported model computes what ``Translator`` computes: post-norm layers (§3.1) or pre-norm ones, embeddings
 scaled by √d_model (§3.4), our positional table (§3.5), LayerNorm ε of the run's config. Two details
 of this project need care:
 

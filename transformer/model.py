@@ -2,7 +2,8 @@
 
 Shape legend: B batch, S source length, T target length, D d_model, H heads, V vocabulary,
 d_k / d_v per-head sizes. Masks are boolean with True = "may attend" (the convention of
-``torch.nn.functional.scaled_dot_product_attention``); they are built only in ``padding_mask``.
+``torch.nn.functional.scaled_dot_product_attention``), built in ``padding_mask``; ``attention`` makes its own
+causal one, and a decoding's cache holds its source mask additive (0 / -inf, ``init_cache``).
 
 Token ids: PAD = 0 doubles as the decoder's start symbol. Its embedding is zero at lookup, so the
 first decoder input is the zero vector plus PE(0), as in the authors' code (IMPLEMENTATION-NOTES A5).
@@ -239,9 +240,11 @@ class MultiHeadAttention(nn.Module):
         """x through several projections, each split into heads.
 
         With gradients (training), the projections run as one matmul with their weights side by
-        side: one larger product and one backward instead of two or three small ones. Inference
-        calls them one by one: concatenating the weights at every decoding step would cost what it
-        saves, and int8 copies (``translator.quantize_int8``) hold no float weights to concatenate.
+        side: one larger product and one backward instead of two or three small ones. Without gradients
+        (validation, the encoder and the memory's keys and values when decoding starts) they run one by
+        one: joining the weights would copy them at every call, and an int8 copy's encoder layers
+        (``translator.quantize_int8``) hold no float weights to join. Decoding steps read weights joined
+        once a batch (``StepWeights``).
         """
         if torch.is_grad_enabled() and (weights := joined(projections)) is not None:
             outputs = F.linear(x, *weights).split([m.out_features for m in projections], -1)
@@ -318,7 +321,8 @@ def autocast_stream(x: Tensor, pre: bool) -> Tensor:
 
 
 class EncoderLayer(nn.Module):
-    """§3.1: self-attention then FFN, each wrapped as LayerNorm(x + Dropout(Sublayer(x))) (§5.4)."""
+    """§3.1: self-attention then FFN, each wrapped as LayerNorm(x + Dropout(Sublayer(x))) (§5.4), or
+    pre-norm (``residual``)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -413,7 +417,8 @@ class DecoderCache:
 
 
 class DecoderLayer(nn.Module):
-    """§3.1: masked self-attention, encoder-decoder attention, FFN; each post-norm residual (§5.4)."""
+    """§3.1: masked self-attention, encoder-decoder attention, FFN; each a post-norm residual (§5.4), or
+    pre-norm (``residual``)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -116,7 +116,7 @@ PTB_PARSE = "ptb-sample-parse"  # the parsing task's files (§6.3), built from p
 
 
 def _build_ptb_parse(name: str, roots: list[Path]) -> Path:
-    """Writes {train,valid,test}.{words,lin,gold} from the WSJ sample's .mrg files into the cache."""
+    """Writes {train,valid,test}.{words,lin,wlin,gold} from the WSJ sample's .mrg files into the cache."""
     ptb = next((root / "ptb-sample" for root in roots if (root / "ptb-sample").is_dir()), None)
     if ptb is None:
         raise DataError(f"{PTB_PARSE}/{name}: built from ptb-sample/ (the Penn Treebank WSJ sample's .mrg files), "

@@ -2,8 +2,9 @@
 
 Requests from all clients are batched together, those of the same settings in one batch: a request waits
 at most ``max_wait_ms`` for others to join it, and a batch holds at most ``max_batch_tokens`` source tokens x
-beam (the memory bound); one worker thread runs the model, so torch's own threads are never oversubscribed
-and a slow or bad request cannot stall the event loop.
+beam, a sentence's prefix, constraints or translation counted with it (the memory bound); one worker thread
+runs the model, so torch's own threads are never oversubscribed and a slow or bad request cannot stall the
+event loop.
 
 No request can take the server down, and the work any one client can cause is bounded: at most
 ``max_queued`` sentences wait for decoding (beyond, 503 with Retry-After at once; a request of more
@@ -202,7 +203,7 @@ class _Pending:
     lines: list[str]
     extra: dict[str, list] | None  # per line: "prefix", "constraints" (translate) or "translation" (score)
     job: Job
-    tokens: int  # source tokens x beam
+    tokens: int  # the pieces (EOS each) of its lines and their prefixes, constraints or translations, x beam
     future: asyncio.Future = field(repr=False)
     started: bool = False  # taken into a batch: decoding it has begun
     abandoned: bool = False  # its client went away or its wait timed out: not decoded (further)

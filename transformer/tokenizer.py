@@ -6,7 +6,7 @@ embedding matrices of §3.4 index the same pieces.
 
 The special ids are defined here and nowhere else. They follow the authors' code (IMPLEMENTATION-NOTES
 A5): PAD = 0, EOS = 1, and no learned start symbol: the decoder input is the target shifted right
-with a zero vector, which ``nn.Embedding(padding_idx=0)`` gives when the start symbol *is* PAD.
+with a zero vector, which ``model.Embedding`` gives PAD (zeroed at lookup) when the start symbol *is* PAD.
 """
 
 from __future__ import annotations

@@ -1183,8 +1183,9 @@ class Trainer:
         return value > best if self.cfg.train.keep_best == "dev_bleu" else value < best
 
     def keep_best(self, value: float) -> None:
-        """train.keep_best: a better value than any before writes best.safetensors (+ its JSON record with
-        the metric, step and value); with train.patience, that many evaluations without one end training."""
+        """train.keep_best: a better value than any before is kept for best.safetensors (+ its JSON record with
+        the metric, step and value), written with the next checkpoint (``save``); with train.patience, that
+        many evaluations without one end training."""
         t, state = self.cfg.train, self.state
         if self.improves(value):
             state.best_value, state.best_step, state.evals_since_best = value, state.step, 0

@@ -200,7 +200,8 @@ class Translator:
     def blank(self, lines: list[str]) -> list[bool]:
         """Which lines hold nothing to translate: no piece once the vocabulary's normalisation has run (empty,
         spaces, or characters it makes spaces, such as zero-width spaces). ``decode`` answers them with empty
-        outputs, ``score`` leaves their perplexity out, and a prefix or constraint for one is refused."""
+        outputs, the ``score`` command leaves them out of its perplexity, and a prefix or constraint for one is
+        refused."""
         return [not ids for ids in self.tokenizer.encode_batch([line.strip() for line in lines])]
 
     def decode(self, lines: list[str], request: DecodeRequest = DecodeRequest(),

@@ -30,7 +30,7 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
         if (plain := sum(not line.lstrip().startswith("(") for line in targets)) * 2 > len(targets):
             # trained on as text, without a word: `parse` refused the run only once it was trained
             raise DataError(f"{tgt}: data.task is \"parse\", and {plain:,} of its {len(targets):,} lines are no "
-                            "linearized tree (each begins with \"(\", as `transformer prepare` writes them): give "
+                            "linearized tree (each begins with \"(\", as `transformer linearize` writes them): give "
                             "the training trees, or set data.task = \"translate\"")
         symbols = tree_symbols(targets)
     log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
