@@ -219,7 +219,7 @@ def test_an_unknown_option_is_told_with_its_commands_usage(capsys):
         assert status == 2 and err.startswith(f"usage: transformer {command} [-h]"), err
         assert err.endswith(f"transformer {command}: error: unrecognized arguments: --bogus\n"), err
     status, _, err = run_here(capsys, "--bogus", "translate", "RUN")  # before the command: the top level's
-    assert status == 2 and err.startswith("usage: transformer [-h] COMMAND"), err
+    assert status == 2 and err.startswith("usage: transformer [-h] [--version] COMMAND"), err
 
 
 def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tmp_path, capsys, monkeypatch):
