@@ -683,11 +683,19 @@ def test_a_line_written_to_a_pipe_is_answered_while_the_pipe_stays_open(tiny_run
     """A program that writes a line to `translate`'s stdin and waits for its answer gets it: the lines that
     have come are decoded (no more than a chunk), not held until 10,000 lines or the end of the input; the
     answers are one batch's of the same lines."""
-    proc = subprocess.Popen([sys.executable, "-m", "transformer", "translate", str(tiny_run), "--batch-size", "1"],
+    got = answers_on_a_pipe(["translate", str(tiny_run), "--batch-size", "1"], SENTENCES.splitlines())
+    whole = run_cli("translate", str(tiny_run), "--batch-size", "1", stdin=SENTENCES)
+    assert got == whole.stdout.splitlines() and len(got) == 4
+
+
+def answers_on_a_pipe(argv: list[str], lines: list[str]) -> list[str]:
+    """`transformer ARGV`'s output lines, each line of ``lines`` written to its stdin, a pipe kept open, only
+    once the line before it is answered; the command must then end with 0 and say no more."""
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", *argv],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     got = []
     try:
-        for line in SENTENCES.splitlines():
+        for line in lines:
             proc.stdin.write(f"{line}\n")
             proc.stdin.flush()
             ready, _, _ = select.select([proc.stdout], [], [], 120)
@@ -699,8 +707,7 @@ def test_a_line_written_to_a_pipe_is_answered_while_the_pipe_stays_open(tiny_run
         proc.kill()
         proc.wait()
     assert status == 0 and proc.stdout.read() == "", proc.stderr.read()
-    whole = run_cli("translate", str(tiny_run), "--batch-size", "1", stdin=SENTENCES)
-    assert got == whole.stdout.splitlines() and len(got) == 4
+    return got
 
 
 @pytest.mark.slow
@@ -716,22 +723,7 @@ def test_a_pair_written_to_a_pipe_is_scored_while_the_pipe_stays_open(tiny_run, 
     given = {"--tgt -": ["--src", str(tmp_path / "src.txt"), "--tgt", "-"],
              "--src -": ["--src", "-", "--tgt", str(tmp_path / "tgt.txt")], "pairs": []}[stdin_side]
     typed = {"--tgt -": targets, "--src -": sources, "pairs": [f"{s}\t{t}" for s, t in zip(sources, targets)]}
-    proc = subprocess.Popen([sys.executable, "-m", "transformer", "score", str(tiny_run), *given],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    got = []
-    try:
-        for line in typed[stdin_side]:
-            proc.stdin.write(f"{line}\n")
-            proc.stdin.flush()
-            ready, _, _ = select.select([proc.stdout], [], [], 120)
-            assert ready, f"no score for {line!r} while the pipe stays open"
-            got.append(proc.stdout.readline().rstrip("\n"))
-        proc.stdin.close()
-        status = proc.wait(120)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert status == 0 and proc.stdout.read() == "", proc.stderr.read()
+    got = answers_on_a_pipe(["score", str(tiny_run), *given], typed[stdin_side])
     whole = run_cli("score", str(tiny_run), "--src", str(tmp_path / "src.txt"), "--tgt", str(tmp_path / "tgt.txt"))
     # the same scores, each pair scored alone against all four in one batch (padding moves the last digit)
     assert [float(x) for line in got for x in line.split("\t")] == pytest.approx(
