@@ -1461,3 +1461,11 @@ def test_version_names_this_package_torch_and_python_without_importing_torch():
     said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert said.stdout == (f"transformer {transformer.__version__} (torch {torch.__version__}, Python "
                            f"{platform.python_version()})\n0 False\n"), said
+
+
+def test_building_the_parser_leaves_the_version_unread(monkeypatch):
+    """The version line (a metadata lookup for torch) is read when --version is given, not at every command."""
+    def unread() -> str:
+        raise AssertionError("version_line called while building the parser")
+    monkeypatch.setattr(cli, "version_line", unread)
+    assert cli.build_parser().parse_args(["average", "runs/x", "--last", "2", "--out", "a.safetensors"]).command == "average"

@@ -1306,10 +1306,23 @@ def version_line() -> str:
     return f"transformer {__version__} (torch {torch_version}, Python {platform.python_version()})"
 
 
+class _VersionAction(argparse.Action):
+    """argparse's own "version" action takes the text when the parser is built, which would look up torch's
+    metadata at every command's start; this one looks only when --version is given."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> NoReturn:
+        print(version_line())  # on stdout, as argparse's own action writes it
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="transformer", epilog=EPILOG,
                      description="The Transformer of 'Attention Is All You Need': train, translate, evaluate.")
-    parser.add_argument("--version", action="version", version=version_line(),
+    parser.add_argument("--version", action=_VersionAction,
                         help="show this package's version and torch's and Python's (for a bug report), and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     for c in COMMANDS:
