@@ -62,7 +62,7 @@ def measure(run: Path, b1: int, repeat: int, work: Path) -> dict:
     models = {}
     for q in ("float32", "int8"):
         models[q] = work / f"ct2_{q}"
-        export_ctranslate2(run, models[q], last, None if q == "float32" else "int8", force=True, log=log)
+        export_ctranslate2(run, models[q], last, None if q == "float32" else "int8", overwrite=True, log=log)
     python = Path(sys.executable)
     runs = {}
     settings = [(backend, q, batch, 2) for backend in BACKENDS for q in models for batch in (64, 1)]

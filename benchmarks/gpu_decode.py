@@ -129,7 +129,7 @@ def against_ctranslate2(run: Path, args) -> dict:
     work, last = ROOT / "runs" / "gpu_decode_cpu" / run.name, list_checkpoints(run)[-1]
     work.mkdir(parents=True, exist_ok=True)
     for q in ("float32", "int8"):
-        export_ctranslate2(run, work / f"ct2_{q}", last, None if q == "float32" else "int8", force=True,
+        export_ctranslate2(run, work / f"ct2_{q}", last, None if q == "float32" else "int8", overwrite=True,
                            log=lambda m: None)
     ours, py = {"run": str(run), "checkpoint": str(last)}, Path(sys.executable)
     systems = {"ours": (py, "speed_worker.py", "ours", ours), "ours_int8": (py, "speed_worker.py", "ours_int8", ours),

@@ -300,7 +300,8 @@ def translating(args: argparse.Namespace, work: Path, tok: Tokenizer, bin_dir: P
     """Section 3: the same weights in every system; speed.json's translation keys."""
     last = list_checkpoints(args.run)[-1]
     for q in ("float32", "int8"):
-        export_ctranslate2(args.run, work / f"ct2_{q}", last, None if q == "float32" else "int8", force=True, log=log)
+        export_ctranslate2(args.run, work / f"ct2_{q}", last, None if q == "float32" else "int8", overwrite=True,
+                           log=log)
     ours, py = {"run": str(args.run), "checkpoint": str(last)}, Path(sys.executable)
     systems = {"ours": (py, "speed_worker.py", "ours", ours),
                "ours_int8": (py, "speed_worker.py", "ours_int8", ours),
@@ -536,7 +537,7 @@ def user_model(run: Path, work: Path, repeat: int = 3) -> dict:
     sh([sys.executable, "-m", "transformer", "average", str(run), "--last", str(cfg.decode.average_last),
         "--out", str(avg)])
     ct2_dir = work / "user_ct2"
-    export_ctranslate2(run, ct2_dir, avg, None, force=True, log=log)
+    export_ctranslate2(run, ct2_dir, avg, None, overwrite=True, log=log)
     src, empty = work / "user_test.en", work / "user_empty.en"
     src.write_text("".join(line + "\n" for line in read_lines(resolve_data_path(cfg.data.test_src))), encoding="utf-8")
     empty.write_text("", encoding="utf-8")

@@ -67,13 +67,13 @@ def test_exported_model_translates_as_ours_beam4(tmp_path, trained_tiny, multi30
 def test_export_refuses_a_non_empty_folder(tmp_path):
     (tmp_path / "ct2").mkdir()
     (tmp_path / "ct2" / "keep.txt").write_text("x")
-    with pytest.raises(ExportError, match=r"ct2: exists, and it has no config.json, .* \(--force replaces an earlier "
-                                          r"export only\)"):  # a folder that is no export: --force is not offered
+    with pytest.raises(ExportError, match=r"ct2: exists, and it has no config.json, .* \(--overwrite replaces an "
+                                          r"earlier export only\)"):  # no export here: --overwrite is not offered
         export_ctranslate2(tmp_path / "run", tmp_path / "ct2", log=lambda m: None)
 
 
-def test_force_replaces_an_earlier_export_only(trained_tiny, tmp_path):
-    """--force deleted whatever --out named: the run being exported, a folder of runs, the run's
+def test_overwrite_replaces_an_earlier_export_only(trained_tiny, tmp_path):
+    """--overwrite deleted whatever --out named: the run being exported, a folder of runs, the run's
     checkpoints, a corpus. It replaces a folder of files with config.json, an earlier export, only, and one that
     holds no file this export does not write: a user's notes beside an earlier export were deleted with it."""
     import shutil
@@ -85,25 +85,40 @@ def test_force_replaces_an_earlier_export_only(trained_tiny, tmp_path):
     for out, why in ((run, "it holds folders (checkpoints, tb)"), (tmp_path / "runs", "it holds folders (mine)"),
                      (run / "checkpoints", "it has no config.json"), (tmp_path / "corpus", "it has no config.json")):
         before = sorted(p.name for p in out.iterdir())
-        for force in (True, False):  # without it, --force was offered, and then refused
-            with pytest.raises(ExportError, match=rf"exists, and {re.escape(why)}.* \(--force replaces an earlier "
+        for overwrite in (True, False):  # without it, --overwrite was offered, and then refused
+            with pytest.raises(ExportError, match=rf"exists, and {re.escape(why)}.* \(--overwrite replaces an earlier "
                                                   r"export only\)"):
-                export_ctranslate2(run, out, force=force, log=lambda m: None)
+                export_ctranslate2(run, out, overwrite=overwrite, log=lambda m: None)
         assert sorted(p.name for p in out.iterdir()) == before
     earlier = tmp_path / "earlier"
     export_ctranslate2(run, earlier, log=lambda m: None)
     (earlier / "notes.txt").write_text("mine\n")
     before = {p.name: p.read_bytes() for p in earlier.iterdir()}
     with pytest.raises(ExportError, match=r"exists, and it holds notes\.txt, which this command does not write"):
-        export_ctranslate2(run, earlier, force=True, log=lambda m: None)
+        export_ctranslate2(run, earlier, overwrite=True, log=lambda m: None)
     assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
     (earlier / "notes.txt").unlink()
-    export_ctranslate2(run, earlier, force=True, log=lambda m: None)
+    export_ctranslate2(run, earlier, overwrite=True, log=lambda m: None)
     assert (earlier / "model.bin").is_file() and not list(earlier.parent.glob(".earlier*"))
 
 
+def test_the_command_replaces_an_export_with_overwrite_and_its_old_name_force(trained_tiny, tmp_path, capsys):
+    """export named the idea --force, preprocess --overwrite: one name now, the old one understood with a note."""
+    from transformer.cli import main
+
+    run, out = trained_tiny("post"), tmp_path / "ct2"
+    export = ["export", str(run), "--out", str(out)]
+    assert main(export) == 0
+    assert main(export) == 1 and capsys.readouterr().err.endswith("holds an earlier export (use --overwrite to "
+                                                                  "replace it)\n")
+    for given, note in (("--overwrite", False), ("--force", True)):
+        (out / "model.bin").write_bytes(b"")
+        assert main([*export, given]) == 0 and (out / "model.bin").stat().st_size > 0
+        assert ("note: --force is now --overwrite" in capsys.readouterr().err) == note
+
+
 def test_an_out_that_is_a_link_or_the_current_folder_is_refused_before_the_work(tmp_path, monkeypatch):
-    """--force onto a link to an earlier export: rmtree refused the link after the whole export, an internal
+    """--overwrite onto a link to an earlier export: rmtree refused the link after the whole export, an internal
     error; --out . in an empty folder: the staging folder was the temporary folder itself ("File exists"), and
     replacing the current folder whole would leave the shell in a deleted one. A user's file beside an earlier
     export was refused only after the model was converted. Each is refused first, before the run is read."""
@@ -117,12 +132,12 @@ def test_an_out_that_is_a_link_or_the_current_folder_is_refused_before_the_work(
                       (tmp_path / "gone", "a symbolic link; give the folder itself, or a new one"),
                       (earlier, "it holds notes.txt, which this command does not write")):
         with pytest.raises(ExportError, match=said):
-            export_ctranslate2(run, out, force=True, log=lambda m: None)
+            export_ctranslate2(run, out, overwrite=True, log=lambda m: None)
     (empty := tmp_path / "empty").mkdir()
     monkeypatch.chdir(empty)
     for out in (Path("."), Path("..")):
         with pytest.raises(ExportError, match=rf"^{re.escape(str(out))}: the current folder, or one above it"):
-            export_ctranslate2(run, out, force=True, log=lambda m: None)
+            export_ctranslate2(run, out, overwrite=True, log=lambda m: None)
     assert sorted(p.name for p in earlier.iterdir()) == ["config.json", "notes.txt"] and not list(empty.iterdir())
 
 

@@ -209,7 +209,7 @@ def test_the_folder_says_what_it_holds(run, exported):
     valid = Path(cfg.data.valid_src)  # absolute here: the card, which may be published, shows the name alone
     assert valid.is_absolute() and f"validated on `{valid.name}`" in card and str(valid.parent) not in card
     assert (exported / "model.safetensors").is_file()
-    with pytest.raises(ExportError, match=r"out: holds an earlier export \(use --force to replace it\)$"):
+    with pytest.raises(ExportError, match=r"out: holds an earlier export \(use --overwrite to replace it\)$"):
         export_huggingface(run, exported, log=lambda m: None)
 
 
@@ -247,20 +247,20 @@ def test_a_refusal_names_the_config_option(fields, option):
             ctranslate2_spec(Transformer(cfg, 50), [f"p{i}" for i in range(50)])
 
 
-def test_force_replaces_the_folder_and_a_failed_export_leaves_it(run, exported, tmp_path):
+def test_overwrite_replaces_the_folder_and_a_failed_export_leaves_it(run, exported, tmp_path):
     pytest.importorskip("optimum.onnxruntime")
     out = tmp_path / "out"
     shutil.copytree(exported, out)
-    export_onnx(run, out, force=True, log=lambda m: None)
+    export_onnx(run, out, overwrite=True, log=lambda m: None)
     assert (out / "encoder_model.onnx").is_file()
     assert not (out / "model.safetensors").exists()  # nothing of the folder's old export is left beside the new
     before = sorted(p.name for p in out.iterdir())
     with pytest.raises(Exception):
-        export_huggingface(run, out, checkpoint=run / "missing.safetensors", force=True, log=lambda m: None)
+        export_huggingface(run, out, checkpoint=run / "missing.safetensors", overwrite=True, log=lambda m: None)
     assert sorted(p.name for p in out.iterdir()) == before  # a failed export keeps what was there
     (out / "pytorch_model.bin").write_bytes(b"a user's")  # beside an earlier export: not ours to delete
     with pytest.raises(ExportError, match=r"it holds pytorch_model\.bin, which this command does not write"):
-        export_huggingface(run, out, force=True, log=lambda m: None)
+        export_huggingface(run, out, overwrite=True, log=lambda m: None)
     assert (out / "pytorch_model.bin").read_bytes() == b"a user's" and (out / "encoder_model.onnx").is_file()
 
 

@@ -1068,8 +1068,9 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
                    "best.safetensors (default: the average of the last decode.average_last checkpoints, §6.1)")
     p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
                    help="store weights quantized (--format ctranslate2 only; default: float32)")
-    p.add_argument("--force", action="store_true", help="replace an earlier export at --out (a folder of files with "
-                   "config.json; any other non-empty folder is refused)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out (a folder of files "
+                   "with config.json; any other non-empty folder is refused)")
+    p.add_argument("--force", action="store_true", help=argparse.SUPPRESS)  # --overwrite's old name, as it was
 
 
 @command("export", _export_arguments)
@@ -1087,14 +1088,17 @@ def cmd_export(args: argparse.Namespace) -> None:
     def log(message: str) -> None:
         print(message, file=sys.stderr)
 
+    if args.force:  # preprocess named the same idea --overwrite; one name now, the old one still understood
+        log("note: --force is now --overwrite (as `transformer preprocess` names it); --force will be removed")
+    overwrite = args.overwrite or args.force
     if args.quantization and args.format != "ctranslate2":
         raise ExportError(f"--quantization is for --format ctranslate2; --format {args.format} stores float32")
     if args.format == "ctranslate2":
-        export_ctranslate2(args.run_dir, args.out, args.checkpoint, args.quantization, args.force, log=log)
+        export_ctranslate2(args.run_dir, args.out, args.checkpoint, args.quantization, overwrite, log=log)
     elif args.format == "huggingface":
-        export_huggingface(args.run_dir, args.out, args.checkpoint, args.force, log=log)
+        export_huggingface(args.run_dir, args.out, args.checkpoint, overwrite, log=log)
     else:
-        export_onnx(args.run_dir, args.out, args.checkpoint, args.force, log=log)
+        export_onnx(args.run_dir, args.out, args.checkpoint, overwrite, log=log)
 
 
 def _attention_arguments(p: argparse.ArgumentParser) -> None:

@@ -143,31 +143,31 @@ def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int =
     return spec
 
 
-def _empty_out(out: Path, force: bool) -> Path:
-    """``out`` as a Path, refused when it holds files and ``force`` is not given, or when it is no earlier
-    export (``files.not_replaceable``): --force replaced any folder, the run being exported included."""
+def _empty_out(out: Path, overwrite: bool) -> Path:
+    """``out`` as a Path, refused when it holds files and ``overwrite`` is not given, or when it is no earlier
+    export (``files.not_replaceable``): --overwrite replaced any folder, the run being exported included."""
     out = Path(out)
-    if out.is_symlink():  # --force removed the link after the whole export, an internal error
+    if out.is_symlink():  # --overwrite removed the link after the whole export, an internal error
         named = f" ({out.resolve()})" if out.exists() else ""
         raise ExportError(f"{out}: a symbolic link; give the folder itself{named}, or a new one")
     if Path.cwd().resolve().is_relative_to(out.resolve()):  # the export replaces its folder whole
         raise ExportError(f"{out}: the current folder, or one above it: give the export a folder of its own, e.g. "
                           f"{out / 'export'}")
     if out.exists() and any(out.iterdir()):
-        # before the work (_staged asks again, knowing the export's own files), and before --force is offered:
-        # a folder it may not replace was answered "use --force", which then refused it
+        # before the work (_staged asks again, knowing the export's own files), and before --overwrite is offered:
+        # a folder it may not replace was answered "use --overwrite", which then refused it
         _refuse_unreplaceable(out)
-        if not force:
-            raise ExportError(f"{out}: holds an earlier export (use --force to replace it)")
+        if not overwrite:
+            raise ExportError(f"{out}: holds an earlier export (use --overwrite to replace it)")
     return out
 
 
 def _refuse_unreplaceable(out: Path, written: frozenset[str] = frozenset()) -> None:
-    """Refuses a non-empty ``out`` that --force may not replace: a folder that is no earlier export, or one
+    """Refuses a non-empty ``out`` that --overwrite may not replace: a folder that is no earlier export, or one
     holding a file that no export (nor this one, ``written``) writes, a user's beside it."""
     ours = EXPORT_FILES | written | {p.name for p in out.iterdir() if p.name.endswith((".onnx", ".onnx_data"))}
     if why := files.not_replaceable(out, "config.json", ours):
-        raise ExportError(f"{out}: exists, and {why} (--force replaces an earlier export only): give a new "
+        raise ExportError(f"{out}: exists, and {why} (--overwrite replaces an earlier export only): give a new "
                           "folder, or remove this one yourself")
 
 
@@ -186,7 +186,7 @@ def _parse_note(cfg: Config) -> str | None:
 
 
 def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None, quantization: str | None = None,
-                       force: bool = False, log=print) -> Path:
+                       overwrite: bool = False, log=print) -> Path:
     """Write the run's decoding weights (the same average ``Translator`` uses) as a CTranslate2 model.
 
     The sentencepiece model is copied beside it, so the folder is all a user needs. It is written into a
@@ -194,7 +194,7 @@ def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None,
     its force, an empty ``out`` included, and with it deletes an earlier export before writing the new one.
     """
     out = Path(out)
-    with _staged(out, force) as folder:
+    with _staged(out, overwrite) as folder:
         translator = Translator(run_dir, checkpoint, log=log, device="cpu")
         spec = ctranslate2_spec(translator.model, translator.tokenizer.vocabulary())
         from ctranslate2.converters.converter import Converter
@@ -369,18 +369,18 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 
 
 # the files an export writes, in any of its formats (CTranslate2's, Hugging Face's, ONNX's besides its *.onnx
-# graphs), and the tokenizer files other versions of transformers write: --force replaces a folder of these alone
+# graphs), and the tokenizer files other versions of transformers write: --overwrite replaces a folder of these alone
 EXPORT_FILES = {"config.json", "model.bin", "shared_vocabulary.json", "shared_vocabulary.txt", "spm.model",
                 "README.md", "generation_config.json", "model.safetensors", "source.spm", "target.spm",
                 "special_tokens_map.json", "tokenizer_config.json", "vocab.json", "added_tokens.json", "tokenizer.json"}
 
 
 @contextlib.contextmanager
-def _staged(out: Path, force: bool) -> Iterator[Path]:
+def _staged(out: Path, overwrite: bool) -> Iterator[Path]:
     """A new folder beside ``out`` to write the export into; when the block ends without an error it
-    replaces ``out`` (with ``force``, whatever was there), else it is removed and ``out`` stays as it was,
+    replaces ``out`` (with ``overwrite``, whatever was there), else it is removed and ``out`` stays as it was,
     as do its parents: the folders made for it are removed again, so a refused export leaves nothing."""
-    out = _empty_out(out, force)
+    out = _empty_out(out, overwrite)
     made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # the deepest first
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -403,13 +403,13 @@ def _staged(out: Path, force: bool) -> Iterator[Path]:
         raise
 
 
-def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None, force: bool = False,
+def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None, overwrite: bool = False,
                        log=print) -> Path:
     """Write the run's decoding weights (the same average ``Translator`` uses) as a ``transformers`` model
     folder: config.json, model.safetensors, generation_config.json, a MarianTokenizer that gives our
     ids (source.spm, target.spm, vocab.json, tokenizer_config.json) and README.md."""
     out = Path(out)
-    with _staged(out, force) as folder:
+    with _staged(out, overwrite) as folder:
         architecture, ln_eps = _write_huggingface(Path(run_dir), checkpoint, folder, log)
     log(f"exported {run_dir} to {out} (transformers {architecture}; AutoModelForSeq2SeqLM.from_pretrained)")
     if ln_eps != HF_LN_EPS:
@@ -472,7 +472,7 @@ def _libraries_quiet() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, force: bool = False, log=print) -> Path:
+def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, overwrite: bool = False, log=print) -> Path:
     """The ``transformers`` export converted by ``optimum``'s ONNX exporter: encoder and decoder (with past
     keys and values) graphs, config and tokenizer, for ``optimum.onnxruntime.ORTModelForSeq2SeqLM``."""
     out = Path(out)
@@ -480,7 +480,7 @@ def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, force:
         from optimum.exporters.onnx import main_export
     except ImportError:
         raise ExportError("optimum's ONNX exporter is not installed: " + install_extra("hf")) from None
-    with _staged(out, force) as folder, tempfile.TemporaryDirectory() as tmp:
+    with _staged(out, overwrite) as folder, tempfile.TemporaryDirectory() as tmp:
         # its note on LayerNorm's ε holds for the ONNX graphs too; where it wrote the staging folder does not
         hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint,
                                     log=lambda m: log(m) if m.startswith("note:") else None)

@@ -211,7 +211,7 @@ def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder
 
 
 def not_replaceable(folder: Path, marker: str, names: set[str] | None = None) -> str | None:
-    """Why a command's new output may not replace the non-empty ``folder`` (export --force, preprocess
+    """Why a command's new output may not replace the non-empty ``folder`` (export's and preprocess's
     --overwrite), or None when it may: only an earlier output of the command is replaced, a folder of
     files holding ``marker``, which the command writes, and (``names`` given) no file of another name. A run
     folder, a folder of runs, the run's checkpoints or a corpus named by mistake would be deleted whole, and
