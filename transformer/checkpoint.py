@@ -6,7 +6,7 @@ checkpoint. Every file is written through files.atomic_path (temp file, fsync, r
 folder), so a crash leaves either the old state or the new one, never half of a file under the final name.
 
 Nothing here unpickles: tensors are read by safetensors (a JSON header and raw bytes), and pickle
-files (.pt, .pth, .bin, .pkl, .ckpt) are refused by their suffix before they are opened, because
+files (.pt, .pth, .bin, .pkl, .pickle, .ckpt) are refused by their suffix before they are opened, because
 loading a pickle runs whatever code its author put in it.
 """
 
