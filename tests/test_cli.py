@@ -858,11 +858,14 @@ def test_score_errors_are_one_line(tiny_run, tmp_path):
 
 
 def test_alignment_lines_are_pharaoh_pairs_within_the_sentences(tiny_run):
-    result = run_cli("translate", str(tiny_run), "--alignment", stdin=SENTENCES)
+    """A line of zero-width characters alone (blank once normalised) is answered as an empty line is: it
+    ended the whole run with "the source sentence is empty"."""
+    given = SENTENCES + "\u200b\u200e\n"
+    result = run_cli("translate", str(tiny_run), "--alignment", stdin=given)
     assert result.returncode == 0, result.stderr
     rows = result.stdout.splitlines()
-    assert len(rows) == 4 and rows[2] == " ||| "  # the empty line: no output, no links
-    for source, row in zip(SENTENCES.splitlines(), rows):
+    assert len(rows) == 5 and rows[2] == rows[4] == " ||| "  # the blank lines: no output, no links
+    for source, row in zip(given.splitlines(), rows):
         text, links = row.split(" ||| ")
         pairs = [tuple(map(int, p.split("-"))) for p in links.split()]
         assert all(0 <= s < len(source.split()) and 0 <= t < len(text.split()) for s, t in pairs)

@@ -130,9 +130,10 @@ def word_alignment(maps: AttentionMaps) -> list[tuple[int, int]]:
 
 
 def align(translator, src: str, tgt: str) -> list[tuple[int, int]]:
-    """``word_alignment`` of ``src`` and its translation ``tgt`` (one teacher-forced pass); an empty source
-    aligns nothing. What `translate --alignment` and the server's "alignment" answer."""
-    return word_alignment(attention_maps(translator, src, tgt)) if src.strip() else []
+    """``word_alignment`` of ``src`` and its translation ``tgt`` (one teacher-forced pass); a blank source
+    (``Translator.blank``: zero-width characters alone too) aligns nothing. What `translate --alignment` and
+    the server's "alignment" answer."""
+    return [] if translator.blank([src])[0] else word_alignment(attention_maps(translator, src, tgt))
 
 
 def chosen_heads(n_layers: int, n_heads: int, layer: int, heads: list[int] | None) -> list[int]:
