@@ -1117,6 +1117,25 @@ def test_a_parse_keeps_the_tree_the_beam_wrote_around_words_of_unknown_character
     assert [ok for _, ok in Translator(tiny_parse_run, log=lambda m: None).trees(lines, written)] == [True] * 3
 
 
+def test_a_blank_line_parses_to_an_empty_line_and_evaluate_names_it(tiny_parse_run, tmp_path, capsys):
+    """parse wrote the word None for a blank line (no scorer reads it), and evaluate, given a blank --src line
+    beside a gold tree, blamed --ref: "tree 2: the test tree is empty once normalised"."""
+    lines = ["The dog barked .", "", "   ", "A cat ."]
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
+    for unconstrained in ([], ["--unconstrained"]):
+        assert main(["parse", str(tiny_parse_run), "--input", str(tmp_path / "in.txt"), "--beam", "2",
+                     "--threads", "1", *unconstrained]) == 0
+        out = capsys.readouterr().out.split("\n")
+        assert len(out) == 5 and out[1] == out[2] == out[4] == "" and out[0].startswith("("), out
+    (tmp_path / "gold").write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))\n(S (NP (DT A) (NN cat)) (. .))\n")
+    (tmp_path / "words").write_text("The dog barked .\n\n")
+    status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "words"),
+                                "--ref", str(tmp_path / "gold"), "--beam", "2")
+    assert (status, out) == (1, ""), err
+    assert err == (f"error: --src {tmp_path / 'words'}:2: a blank line, where --ref {tmp_path / 'gold'}'s tree 2 "
+                   "holds words (the sentences and the trees go one to one)\n")
+
+
 def test_evaluating_a_parsing_run_against_linearised_targets_says_what_ref_takes(tiny_parse_run, tmp_path, capsys):
     """--ref test.wlin (the model's linearised targets) said only "word 'S' outside any bracket"."""
     (tmp_path / "test.words").write_text("The dog barked .\n")

@@ -692,6 +692,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                             "test.gold, not the linearised training targets)") from None
         if len(src) != len(gold):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(gold)} trees")
+        for i, (line, tree) in enumerate(zip(src, gold), 1):  # else its empty parse was blamed on --ref
+            if tree is not None and not line.split():
+                raise ConfigError(f"--src {args.src}:{i}: a blank line, where --ref {args.ref}'s tree {i} holds "
+                                  "words (the sentences and the trees go one to one)")
         _tell(said)
         trees = _parse_lines(translator, src, request)
         try:
@@ -701,7 +705,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         print(f"F1 = {scores['f1']:.2f}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
               f"({scores['matched']} of {scores['gold_brackets']} gold / {scores['test_brackets']} test brackets, "
               f"{scores['sentences']} sentences; EVALB COLLINS.prm rules)", file=report)
-        hyps = [str(t) for t in trees]
+        hyps = [_tree_line(t) for t in trees]
     else:
         ref = read_lines(args.ref)
         if len(src) != len(ref):
@@ -771,6 +775,12 @@ def _target_language(args: argparse.Namespace, data) -> str:
                       f"{data.train_tgt or '(none)'} ends in a language code (.de, .fr, ...): give --lang")
 
 
+def _tree_line(tree) -> str:
+    """A tree as `parse` writes it, one a line; a blank input line's (None) as an empty line, as `translate`
+    answers one (it was the word None, which no scorer reads)."""
+    return "" if tree is None else str(tree)
+
+
 def _parse_lines(translator, lines: list[str], request) -> list:
     """Trees for sentences of space-separated words (§6.3): decode, then rebuild with the input's words."""
     return [tree for tree, _ in translator.trees(lines, _translate_lines(translator, lines, request))]
@@ -791,7 +801,7 @@ def cmd_parse(args: argparse.Namespace) -> None:
     Input: one sentence per line, words separated by spaces (Penn Treebank tokenization). Output: one bracketed
     tree per line, every sentence gets one (with the run's decode.constrained the beam writes only well-formed
     trees of the input; without it, or with --unconstrained, ill-formed outputs are repaired); part-of-speech
-    nodes carry the placeholder XX.
+    nodes carry the placeholder XX. A blank line gives an empty line.
     """
     request = _request(args)
     total = _count_lines(args.input)
@@ -801,7 +811,7 @@ def cmd_parse(args: argparse.Namespace) -> None:
                           "use `transformer translate`")
     with _line_sink(args.output) as write:
         for lines, hyps in _decoded(args, translator, request, total, said):
-            write(str(tree) for tree, _ in translator.trees(lines, [h[0][0] for h in hyps]))
+            write(_tree_line(tree) for tree, _ in translator.trees(lines, [h[0][0] for h in hyps]))
 
 
 def _linearize_arguments(p: argparse.ArgumentParser) -> None:

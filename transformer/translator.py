@@ -180,10 +180,11 @@ class Translator:
             return " ".join(self.tokenizer.words(ids))
         return self.tokenizer.decode(ids)
 
-    def trees(self, lines: list[str], outputs: list[str]) -> list[tuple[Tree, bool]]:
+    def trees(self, lines: list[str], outputs: list[str]) -> list[tuple[Tree | None, bool]]:
         """A parsing run's trees of decoded ``outputs``, with the words of their input ``lines`` (§6.3), each with
         whether its output was a well-formed tree of them (``trees.delinearize``, which repairs the others): the
-        leaves are matched with the words as the model writes them (``Tokenizer.words``)."""
+        leaves are matched with the words as the model writes them (``Tokenizer.words``). A blank line has no
+        tree (None)."""
         trees = []
         for line, out in zip(lines, outputs):
             words = line.split()

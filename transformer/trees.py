@@ -189,7 +189,7 @@ def tree_symbols(lines: Iterable[str]) -> set[str]:
 
 
 def delinearize(tokens: list[str], words: list[str], root_label: str = "S",
-                written: list[list[str]] | None = None) -> tuple[Tree, bool]:
+                written: list[list[str]] | None = None) -> tuple[Tree | None, bool]:
     """The tree a target sequence describes, with ``words`` at its leaves; and whether the sequence
     was well-formed (balanced, matching labels, one leaf per word, one root, no empty constituent).
     A leaf is XX or a word (targets written with ``linearize(words=True)``); a word must be the
@@ -208,7 +208,8 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S",
     word as the model writes it, where that differs (``Tokenizer.words``: an unknown character is "\u2047";
     a character the vocabulary's normalisation makes a space and an accent splits a word in two, "don\u00b4t"
     written as "don" and "\u2047t"), which the leaves are matched with: a word written as several has as many
-    leaves, merged into its first (constituents left empty go). The tree holds ``words``.
+    leaves, merged into its first (constituents left empty go). The tree holds ``words``; no words, no tree
+    (None, as ``normalize`` gives for a tree that holds none).
     """
     words = [ptb_escape(w) for w in words]
     written = [[w] for w in words] if written is None else written
@@ -264,7 +265,7 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S",
     return _owned(Tree(root_label, pieces or [Tree(PLACEHOLDER, [w]) for w in words]), owner, given), well_formed
 
 
-def _owned(tree: Tree, owner: list[int], words: list[str]) -> Tree:
+def _owned(tree: Tree, owner: list[int], words: list[str]) -> Tree | None:
     """``tree``, whose leaves are the written words in order (``owner``: the input word each is of), with one leaf
     per input word: its first written word's, holding the word; the leaves of its later ones go, and the
     constituents they leave empty with them."""
