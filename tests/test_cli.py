@@ -1136,6 +1136,23 @@ def test_a_blank_line_parses_to_an_empty_line_and_evaluate_names_it(tiny_parse_r
                    "holds words (the sentences and the trees go one to one)\n")
 
 
+def test_evaluate_refuses_what_does_not_score_the_run(tiny_run, tiny_parse_run, tmp_path, capsys):
+    """--src alone was scored against the run's own test references (BLEU 0.61, one line on stderr said so);
+    a parsing run's evaluate ignored BLEU's options (--tok-ref, --paper-bleu, --lang) without a word."""
+    (tmp_path / "words").write_text("The dog barked .\n")
+    (tmp_path / "gold").write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))\n")
+    for given, missing in (("--src", "--ref"), ("--ref", "--src")):
+        status, out, err = run_here(capsys, "evaluate", str(tiny_run), given, str(tmp_path / "words"))
+        assert (status, out) == (1, "") and err == (f"error: {given} without {missing}: give both, or neither for the "
+                                                    "run's own test set (data.test_src and data.test_tgt)\n"), err
+    files = ["--src", str(tmp_path / "words"), "--ref", str(tmp_path / "gold")]
+    for extra, named in ((["--tok-ref", str(tmp_path / "words")], "--tok-ref"), (["--paper-bleu"], "--paper-bleu"),
+                         (["--lang", "en", "--pretokenized"], "--pretokenized, --lang")):
+        status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), *files, *extra)
+        assert (status, out) == (1, "") and err == (f"error: {named}: BLEU's, and {tiny_parse_run} is a parsing run, "
+                                                    "whose trees are scored by F1 against --ref's gold trees\n"), err
+
+
 def test_evaluating_a_parsing_run_against_linearised_targets_says_what_ref_takes(tiny_parse_run, tmp_path, capsys):
     """--ref test.wlin (the model's linearised targets) said only "word 'S' outside any bracket"."""
     (tmp_path / "test.words").write_text("The dog barked .\n")

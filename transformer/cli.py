@@ -643,10 +643,19 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .evaluate import (bleu_metric, moses_language_warning, paper_bleu, sacrebleu_scores, tok_lc_bleu,
                            writes_tokenized)
 
+    if (args.src is None) != (args.ref is None):  # the run's own file paired with another: a score of nothing
+        given, missing = ("--src", "--ref") if args.ref is None else ("--ref", "--src")
+        raise ConfigError(f"{given} without {missing}: give both, or neither for the run's own test set "
+                          "(data.test_src and data.test_tgt)")
     request = _request(args)
     translator, said = _translator(args, request)
     report = sys.stderr if STDOUT in (args.json, args.hyp_out) else sys.stdout  # stdout is the JSON's or the lines'
     d = translator.cfg.data
+    if d.task == "parse" and (bleus := [option for option, given in (
+            ("--tok-ref", args.tok_ref is not None), ("--pretokenized", args.pretokenized),
+            ("--paper-bleu", args.paper_bleu), ("--lang", args.lang is not None)) if given]):
+        raise ConfigError(f"{', '.join(bleus)}: BLEU's, and {args.run_dir} is a parsing run, whose trees are scored "
+                          "by F1 against --ref's gold trees")  # they were ignored without a word
     fields = {"src": ("data.test_src", d.test_src), "ref": ("data.test_tgt", d.test_tgt)}
     defaulted = [name for name in fields if getattr(args, name) is None]
     for name in defaulted:
@@ -668,10 +677,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name} not given, and the run's {fields[name][0]} {getattr(args, name)} is in "
                               f"'{code}' where its {trained} is in '{lang}' (the recipe's test set, kept when the "
                               "run was pointed at other data): give --src and --ref")
-    if args.pretokenized and (d.task == "parse" or args.tok_ref is None):  # it says how --tok-ref reads outputs
+    if args.pretokenized and args.tok_ref is None:  # it says how --tok-ref reads outputs
         raise ConfigError("--pretokenized without --tok-ref: it says how the tokenized BLEU reads the outputs, and "
-                          "there is no tokenized reference to score them against" + (" (a parsing run scores trees)"
-                                                                                     if d.task == "parse" else ""))
+                          "there is no tokenized reference to score them against")
     if defaulted:  # a copied recipe's test set is not the user's own: say which files are scored
         said.append("scoring the run's " + ", ".join(f"{fields[n][0]} {getattr(args, n)}" for n in defaulted))
     def given_by(name: str) -> str:  # what named a file: the run's config field, else the option
