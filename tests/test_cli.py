@@ -1508,3 +1508,26 @@ def test_building_the_parser_leaves_the_version_unread(monkeypatch):
         raise AssertionError("version_line called while building the parser")
     monkeypatch.setattr(cli, "version_line", unread)
     assert cli.build_parser().parse_args(["average", "runs/x", "--last", "2", "--out", "a.safetensors"]).command == "average"
+
+
+def test_evaluate_evaluate_parse_and_linearize_read_stdin_once(tiny_run, tmp_path, capsys):
+    """"-" was a file of that name to evaluate ("data file not found: -"), evaluate-parse and linearize
+    ("-: cannot read"), where translate, score and parse read stdin; stdin is one input, so naming it twice is
+    refused rather than read as empty the second time."""
+    gold = "(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))\n"
+    (tmp_path / "g.mrg").write_text(gold)
+    (tmp_path / "ref.de").write_text("Ein Hund rennt .\n")
+    said = run_cli("evaluate-parse", "--gold", "-", "--test", str(tmp_path / "g.mrg"), stdin=gold)
+    assert said.returncode == 0 and "F1        = 100.00" in said.stdout, said.stderr
+    said = run_cli("linearize", "-", "--out", str(tmp_path / "x"), stdin=gold)
+    assert said.returncode == 0 and said.stdout.endswith(f"{tmp_path / 'x.gold'}: 1 line\n"), said.stderr
+    said = run_cli("evaluate", str(tiny_run), "--src", "-", "--ref", str(tmp_path / "ref.de"), "--beam", "1",
+                   "--threads", "1", stdin="A dog runs .\n")
+    assert said.returncode == 0 and said.stdout.startswith("BLEU = "), said.stderr
+    for args, named in ((["evaluate-parse", "--gold", "-", "--test", "-"], "--gold and --test"),
+                        (["linearize", "-", str(tmp_path / "g.mrg"), "-", "--out", str(tmp_path / "y")], "trees"),
+                        (["evaluate", str(tiny_run), "--src", "-", "--ref", str(tmp_path / "ref.de"), "--tok-ref", "-"],
+                         "--src and --tok-ref")):
+        status, out, err = run_here(capsys, *args)
+        assert (status, out) == (1, "") and err == (f"error: {named}: - (stdin) given more than once; it holds one "
+                                                    "input: give the others as files\n"), err

@@ -607,13 +607,13 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
     _ensemble_option(p)
     _unconstrained_option(p)
-    p.add_argument("--src", type=Path, help="source sentences, plain or .gz; a path that does not "
+    p.add_argument("--src", type=_input, help="source sentences, plain or .gz; a path that does not "
                    "exist is looked up under the data root ($TRANSFORMER_DATA, ...), e.g. multi30k/val.en.gz "
-                   "(default: the run's data.test_src)")
-    p.add_argument("--ref", type=Path, help="reference translations (raw text), or gold trees for a parsing run "
-                   "(default: the run's data.test_tgt)")
-    p.add_argument("--tok-ref", type=Path, help="Moses-tokenized lowercased references (multi30k/tok/...; default: "
-                   "the run's data.test_tok_ref when neither --src nor --ref is given)")
+                   "(-: stdin; default: the run's data.test_src)")
+    p.add_argument("--ref", type=_input, help="reference translations (raw text), or gold trees for a parsing run "
+                   "(-: stdin; default: the run's data.test_tgt)")
+    p.add_argument("--tok-ref", type=_input, help="Moses-tokenized lowercased references (multi30k/tok/...; -: "
+                   "stdin; default: the run's data.test_tok_ref when neither --src nor --ref is given)")
     p.add_argument("--pretokenized", action="store_true", help="the run writes tokenized lowercased text (trained on "
                    "it): --tok-ref scores its outputs as they are, not tokenized again (default: so for a run trained "
                    "on files in a tok/ folder, as Multi30k's); needs --tok-ref, and leaves --paper-bleu as it is")
@@ -643,6 +643,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     from .evaluate import (bleu_metric, moses_language_warning, paper_bleu, sacrebleu_scores, tok_lc_bleu,
                            writes_tokenized)
 
+    _one_stdin(("--src", args.src == STDIN), ("--ref", args.ref == STDIN), ("--tok-ref", args.tok_ref == STDIN))
     if (args.src is None) != (args.ref is None):  # the run's own file paired with another: a score of nothing
         given, missing = ("--src", "--ref") if args.ref is None else ("--ref", "--src")
         raise ConfigError(f"{given} without {missing}: give both, or neither for the run's own test set "
@@ -823,7 +824,8 @@ def cmd_parse(args: argparse.Namespace) -> None:
 
 
 def _linearize_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trees", type=Path, nargs="+", help="files of bracketed trees (.mrg files, say), read in order")
+    p.add_argument("trees", type=_input, nargs="+", help="files of bracketed trees (.mrg files, say), read in order "
+                   "(-: stdin)")
     _output(p, "--out", required=True, metavar="PREFIX", help="writes PREFIX.words, PREFIX.lin, PREFIX.wlin and "
             "PREFIX.gold")
 
@@ -840,18 +842,20 @@ def cmd_linearize(args: argparse.Namespace) -> None:
     from .prepare import TREE_FILES, write_tree_files
     from .trees import TreeError, read_normalized
 
+    _one_stdin(("trees", args.trees.count(STDIN)))
     for suffix in TREE_FILES:  # before the trees are read: a folder that cannot take them is said first
         check_output(args.out.with_name(f"{args.out.name}.{suffix}"), "--out")
     trees = [t for path in args.trees for t in read_normalized(path) if t is not None]
     if not trees:
         raise TreeError(f"{' '.join(map(str, args.trees))}: no tree with a word (once traces are removed)")
     for path in write_tree_files(trees, args.out):
-        print(f"{path}: {len(trees)} lines")
+        print(f"{path}: {len(trees):,} {'line' if len(trees) == 1 else 'lines'}")
 
 
 def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gold", type=Path, required=True, help="gold trees, bracketed (a .mrg file, say)")
-    p.add_argument("--test", type=Path, required=True, help="the trees to score, one per gold tree, in order")
+    p.add_argument("--gold", type=_input, required=True, help="gold trees, bracketed (a .mrg file, say; -: stdin)")
+    p.add_argument("--test", type=_input, required=True, help="the trees to score, one per gold tree, in order (-: "
+                   "stdin)")
     p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
 
 
@@ -865,6 +869,7 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     from .evaluate import score_trees
     from .trees import TreeError, read_normalized
 
+    _one_stdin(("--gold", args.gold == STDIN), ("--test", args.test == STDIN))
     gold, test = read_normalized(args.gold), read_normalized(args.test)
     if len(gold) != len(test):
         raise TreeError(f"--gold {args.gold} has {len(gold)} trees but --test {args.test} has {len(test)}")
@@ -1268,8 +1273,17 @@ def _beside_input(text: str) -> Path:
 
 
 def _input(text: str) -> Path:
-    """An input file whose default is not stdin (one side of `score`'s pairs): "-" reads stdin."""
+    """An input file whose default is not stdin (one side of `score`'s pairs, evaluate's files): "-" reads
+    stdin."""
     return STDIN if text == "-" else Path(text)
+
+
+def _one_stdin(*given: tuple[str, int]) -> None:
+    """Refuses stdin ("-") named more than once among a command's inputs (option, times it is "-"): the first
+    would read it whole and the others nothing."""
+    if sum(n for _, n in given) > 1:
+        raise ConfigError(f"{' and '.join(o for o, n in given if n)}: - (stdin) given more than once; it holds one "
+                          "input: give the others as files")
 
 
 def _dash_output(text: str) -> Path:
