@@ -18,7 +18,8 @@ from transformer.data import BatchOrder, DataError, Example, ShapeBuckets, colla
 from transformer.decode import translate_ids
 from transformer.model import Transformer
 from transformer.tokenizer import BOS_ID, Tokenizer
-from transformer import train as training
+from transformer import runtime, train as training
+from transformer.runtime import emulated_on_cpu
 from transformer.train import TrainError, budget_used, native_bf16, resolved_precision, train, train_step
 from transformer.errors import UserError
 
@@ -657,6 +658,19 @@ def test_native_bf16_on_a_cpu_reads_its_bf16_instructions(monkeypatch, avx512_bf
     assert resolved_precision("auto", torch.device("cpu")) == ("bf16" if avx512_bf16 or amx else "fp32")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: not including_emulation)
     assert native_bf16(torch.device("cuda")) and not native_bf16(torch.device("meta"))
+
+
+@pytest.mark.parametrize("units", [False, True])
+def test_a_precision_this_cpu_would_emulate_is_said_in_the_log(tmp_path, tiny_overrides, monkeypatch, units):
+    """fp16 on a CPU without AMX-FP16 trained at a seventh of fp32's rate, the log saying only "fp16 on cpu";
+    bf16 without bf16 units likewise. fp32 is never emulated."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: units)
+    monkeypatch.setattr(runtime, "native_bf16", lambda device: units)
+    assert [emulated_on_cpu(p) for p in ("fp32", "bf16", "fp16")] == [False, not units, not units]
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=1", "train.eval_every=1000",
+                                                 'train.precision="fp16"']), tmp_path / "run", quiet=True)
+    said = "note: train.precision fp16 on this CPU, which has no fp16 matrix units: its products are emulated"
+    assert (said in (tmp_path / "run" / "train.log").read_text()) == (not units)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

@@ -47,6 +47,14 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1))
 
 
+def emulated_on_cpu(precision: str) -> bool:
+    """Whether this CPU lacks matrix units for ``precision`` (bf16 without AVX512-BF16 or AMX, fp16 without
+    AMX-FP16): its products are emulated there, slower than fp32's."""
+    probe = {"bf16": lambda: native_bf16(torch.device("cpu")),
+             "fp16": getattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)}.get(precision)
+    return probe is not None and not probe()
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` multiplies bf16 in hardware: training's "auto" precision takes bf16 there
     (benchmarks/speed.py measures it faster than fp32); a device that would emulate it (an older GPU, a CPU

@@ -47,7 +47,7 @@ from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
 from .optim import cooldown, learning_rate, make_optimizer
 from .prepare import read_twice, resolve_data_path
-from .runtime import keep_freed_memory, native_bf16
+from .runtime import emulated_on_cpu, keep_freed_memory, native_bf16
 from .store import TokenStore
 from .tokenizer import Tokenizer
 from .vocabulary import check_tree_symbols, open_vocabulary
@@ -854,6 +854,10 @@ class Trainer:
         self.log(f"model: {count_parameters(self.raw):,} parameters; vocabulary {tokenizer.vocab_size}; "
                  f"{self.precision}{auto} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x "
                  f"update_freq {t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
+        if dist.device.type == "cpu" and emulated_on_cpu(self.precision):  # fp16 trained at a seventh of fp32's rate
+            self.log(f"note: train.precision {self.precision} on this CPU, which has no {self.precision} matrix "
+                     "units: its products are emulated, far slower than fp32's (train.precision = \"auto\" picks by "
+                     "the hardware)")
         if t.cuda_graphs and dist.device.type != "cuda":
             self.log(f"train.cuda_graphs: no CUDA graphs on {dist.device.type}; the compiled graphs run as they are")
         self.start_epoch(self.state.epoch)  # with subword sampling, its first segmentation: data preparation, off the clock
