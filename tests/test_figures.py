@@ -215,6 +215,24 @@ def test_plot_names_the_line_it_cannot_draw(tmp_path, capsys, line, said):
     assert err.count("\n") == 1 and not (tmp_path / "x.png").exists()
 
 
+def test_plot_leaves_out_a_last_line_cut_short_and_refuses_a_log_of_nothing_to_draw(tmp_path):
+    """A run killed mid-write (or one writing now) leaves its last line cut short: plot refused the whole file
+    ("not a JSON record"), where a resume leaves that line out. A whole last line without its newline (a
+    file written by hand) is kept. Records with no metric drew an empty figure, said as "wrote x.png ()"."""
+    log = tmp_path / "metrics.jsonl"
+    log.write_bytes(GOOD_RECORD + b'{"step": 10, "minutes": 1.0, "lr": 0.002, "train_lo')
+    assert plot_training(log, tmp_path / "cut.png") == ["train_loss", "lr"]
+    log.write_bytes(GOOD_RECORD + b'{"step": 10, "valid_ppl": 9.5}')
+    assert plot_training(log, tmp_path / "whole.png") == ["train_loss", "valid_ppl", "lr"]
+    log.write_bytes(GOOD_RECORD + b'{"step": 10, "minutes": 1.0, "lr": 0.002, "train_lo\n' + GOOD_RECORD)
+    with pytest.raises(FigureError, match=r"metrics.jsonl:2: not a JSON record"):  # damage inside: still named
+        plot_training(log, tmp_path / "x.png")
+    log.write_bytes(b'{"step": 5, "minutes": 0.5}\n{"step": 10, "tokens_per_s": 900}\n')
+    with pytest.raises(FigureError, match=r"metrics.jsonl: no record holds a metric to draw \(train_loss, valid_nll, "):
+        plot_training(log, tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_plot_draws_a_diverged_run_with_gaps(tmp_path):
     """NaN and Infinity are what train.py logs when a loss overflows (json reads them back): a gap in the
     line, not a refusal, since a diverged run is the one to look at."""

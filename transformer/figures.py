@@ -307,10 +307,18 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
 
     from .data import read_lines  # the one reader of text files: invalid UTF-8 is named with its line
 
-    records = [_metrics_record(line, f"{metrics_path}:{n}")
-               for n, line in enumerate(read_lines(metrics_path), 1) if line.strip()]
+    lines = read_lines(metrics_path)
+    if lines and not metrics_path.read_bytes().endswith(b"\n"):  # its last line may be being written
+        try:
+            _metrics_record(lines[-1], "")  # whole after all (a file written by hand): kept
+        except FigureError:  # cut short (a run killed mid-write, one writing it now): left out, as a resume does
+            lines.pop()
+    records = [_metrics_record(line, f"{metrics_path}:{n}") for n, line in enumerate(lines, 1) if line.strip()]
     if not records:
         raise FigureError(f"{metrics_path}: no records yet (the first is written after train.log_every steps)")
+    if not any(key in r for r in records for _, keys in _PANELS for key in keys):
+        raise FigureError(f"{metrics_path}: no record holds a metric to draw ("
+                          f"{', '.join(key for _, keys in _PANELS for key in keys)})")
     drawn = []
     fig, axes = plt.subplots(len(_PANELS), 2, figsize=(11, 3 * len(_PANELS)), squeeze=False)
     for row, (label, keys) in enumerate(_PANELS):
