@@ -249,3 +249,27 @@ def test_the_layer_menu_follows_the_kind_of_attention(browser, tmp_path, enc, de
     assert layer().first_selected_option.text == str(min(enc, dec))  # the nearest layer the stack has
     assert browser.find_elements(By.CSS_SELECTOR, "svg line")  # drawn
     assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_the_page_opens_at_the_view_it_is_given(browser, tmp_path):
+    """`attention --out FILE.html` with --kind, --layer, --heads, --style or --words: the page ignored them
+    (a note said they shape a PNG only; --words not even that) and opened at its first choices."""
+    import torch
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from transformer.figures import AttentionMaps, attention_html
+
+    src, tgt_in, tgt_out = ["▁A", "▁do", "g", "</s>"], ["<s>", "▁Ein"], ["▁Ein", "</s>"]
+    maps = AttentionMaps(src, tgt_in, tgt_out, {"enc_self": torch.full((2, 2, 4, 4), 0.25),
+                                                "dec_self": torch.full((2, 2, 2, 2), 0.5),
+                                                "cross": torch.full((2, 2, 2, 4), 0.25)})
+    page = tmp_path / "attention.html"
+    view = {"kind": "cross", "layer": 1, "style": "heatmap", "head": 1, "unit": "words"}
+    page.write_text(attention_html(maps, view=view), encoding="utf-8")
+    browser.get(page.as_uri())
+    chosen = {name: Select(browser.find_element(By.NAME, name)).first_selected_option.get_attribute("value")
+              for name in ("kind", "layer", "head", "style", "unit")}
+    assert chosen == {"kind": "cross", "layer": "1", "head": "1", "style": "heatmap", "unit": "words"}
+    assert "dog" in browser.find_element(By.CLASS_NAME, "attn-view").text  # drawn in words
+    assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

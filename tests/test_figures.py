@@ -62,11 +62,15 @@ def unflatten(data: dict, kind: str) -> torch.Tensor:
     return torch.tensor(data["weights"][kind], dtype=torch.float32).view(data["shape"][kind]) / data["scale"]
 
 
+# the page's one call: its data, then the view it opens at (None, or an object of the menus' values)
+PAGE_CALL = r"renderAttention\(document.getElementById\(\"attention\"\), (.*), (null|\{[^{}]*\})\);\n</script>"
+
+
 def test_html_embeds_the_weights_and_needs_no_network(translator):
     maps = attention_maps(translator, SRC, TGT)
     page = attention_html(maps, "a </script> title")
     assert not re.search(r"""(src|href)=["']?https?:""", page) and "fetch(" not in page
-    payload = re.search(r"renderAttention\(document.getElementById\(\"attention\"\), (.*)\);\n</script>", page).group(1)
+    payload = re.search(PAGE_CALL, page).group(1)
     data = json.loads(payload)
     # rounded to 1/scale: within half of it, and float32's rounding of w * SCALE and of the quotient (5.0000101e-4 was
     # met, where some weights fell on a half)
@@ -76,6 +80,7 @@ def test_html_embeds_the_weights_and_needs_no_network(translator):
 
 
 HOSTILE = ["</script><script>document.title='pwned'</script>", "<!--<script>", "/*{{DATA}}*/null", "{{TITLE}}",
+           "/*{{VIEW}}*/null",
            "&amp; &lt;b&gt;", "]]> <![CDATA[", "\u2028\u2029 end"]
 
 
@@ -87,7 +92,7 @@ def test_user_text_cannot_leave_its_place_in_the_page(text):
                          {k: torch.full((1, 1, 2, 2), 0.5) for k in ("enc_self", "dec_self", "cross")})
     page = attention_html(maps, text)
     assert page.count("<script>") == 1 and page.count("</script>") == 1 and "<!--" not in page
-    payload = re.search(r"renderAttention\(document.getElementById\(\"attention\"\), (.*)\);\n</script>", page).group(1)
+    payload = re.search(PAGE_CALL, page).group(1)
     assert json.loads(payload)["src"][0] == text
     assert f"<h1>{html.escape(text)}</h1>" in page
 
@@ -100,11 +105,18 @@ def test_cli_draws_png_and_html_for_each_kind(tiny_run, tmp_path, kind, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", TGT, "--words", "--out", str(html)]) == 0
     assert "note:" not in capsys.readouterr().err
-    assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", TGT, "--kind", kind, "--layer", "2", "--out",
-                 str(html)]) == 0
-    assert ("note: --kind, --layer shape a PNG only" if kind != "enc-self" else "note: --layer shapes a PNG only") in \
-        capsys.readouterr().err
-    assert "renderAttention" in html.read_text(encoding="utf-8")
+    assert '}, {"kind": "enc_self", "layer": 0, "style": "links", "head": "all", "unit": "words"});' in \
+        html.read_text(encoding="utf-8")  # --words was ignored by the page (it opened at sub-words)
+    # the page opens at the options' choices, where a note said they shape a PNG only
+    assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", TGT, "--kind", kind, "--layer", "2", "--heads",
+                 "2", "--style", "heatmap", "--out", str(html)]) == 0
+    assert "note:" not in capsys.readouterr().err
+    view = f'{{"kind": "{kind.replace("-", "_")}", "layer": 1, "style": "heatmap", "head": 1, "unit": "pieces"}}'
+    assert f"}}, {view});" in html.read_text(encoding="utf-8")
+    assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", TGT, "--heads", "1,2", "--out", str(html)]) == 0
+    assert "note: --heads 1,2: the HTML page shows one head or all; it opens at all" in capsys.readouterr().err
+    assert main(["attention", str(tiny_run), "--src", SRC, "--tgt", TGT, "--layer", "9", "--out", str(html)]) == 1
+    assert "--layer 9: the model has" in capsys.readouterr().err  # refused for a page too, before any decoding
     if kind != "cross":
         return
     # the search's options with --tgt: taken without a word, though there is no translation of the model's to search

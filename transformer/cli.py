@@ -1129,14 +1129,15 @@ def _attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", required=True, help="source sentence")
     p.add_argument("--tgt", help="target sentence to teacher-force (default: the model's own translation)")
     p.add_argument("--kind", choices=["enc-self", "dec-self", "cross"], default="enc-self",
-                   help="which attention (PNG only, default enc-self; the HTML holds all three)")
-    p.add_argument("--layer", type=int, default=1, help="layer, 1-based (PNG only; default 1)")
-    p.add_argument("--heads", default="all", help="'all' or a list of 1-based heads such as 1,3 (PNG only; default "
-                   "all)")
-    p.add_argument("--style", choices=["links", "heatmap", "both"], default="both", help="PNG drawing style "
-                   "(default both)")
-    p.add_argument("--words", action="store_true", help="PNG: merge sub-words into words (a word's weight is the "
-                   "sum over its pieces as keys, the mean over its pieces as queries); the HTML has a switch")
+                   help="which attention (default enc-self; the HTML page holds all three and opens at this one, as "
+                   "it does at the other options' choices)")
+    p.add_argument("--layer", type=int, default=1, help="layer, 1-based (default 1)")
+    p.add_argument("--heads", default="all", help="'all' or a list of 1-based heads such as 1,3 (default all; the "
+                   "HTML page shows one head or all)")
+    p.add_argument("--style", choices=["links", "heatmap", "both"], default="both", help="drawing style (default "
+                   "both; the HTML page shows one at a time, links for both)")
+    p.add_argument("--words", action="store_true", help="merge sub-words into words (a word's weight is the sum "
+                   "over its pieces as keys, the mean over its pieces as queries); the HTML page has a switch")
     _output(p, "--out", suffixes=(".png", ".html"), required=True, help="FILE.png or FILE.html")
 
 
@@ -1159,13 +1160,15 @@ def cmd_attention(args: argparse.Namespace) -> None:
     if args.tgt is not None and translator.blank([args.tgt])[0]:  # no piece: blank, or zero-width spaces alone
         raise FigureError("--tgt is empty: give the target sentence, or leave --tgt out to draw the model's own "
                           "translation")
-    if args.out.suffix.lower() != ".html":  # --layer and --heads, before any decoding
-        m = translator.cfg.model
-        chosen_heads(m.n_enc_layers if args.kind == "enc-self" else m.n_dec_layers, m.n_heads, args.layer, heads)
-    elif given := [f"--{name}" for name, default in (("kind", "enc-self"), ("layer", 1), ("heads", "all"),
-                                                      ("style", "both")) if getattr(args, name) != default]:
-        said.append(f"note: {', '.join(given)} {'shape' if len(given) > 1 else 'shapes'} a PNG only; the HTML page "
-                    "holds every kind, layer and head")
+    m = translator.cfg.model  # --layer and --heads, before any decoding
+    chosen_heads(m.n_enc_layers if args.kind == "enc-self" else m.n_dec_layers, m.n_heads, args.layer, heads)
+    page = args.out.suffix.lower() == ".html"
+    if page and heads is not None and len(heads) > 1:
+        said.append(f"note: --heads {args.heads}: the HTML page shows one head or all; it opens at all")
+    # the page opens at the options' choices (they were ignored, said in a note): its menus' own names
+    view = {"kind": KIND_NAMES[args.kind], "layer": args.layer - 1, "style": "heatmap" if args.style == "heatmap"
+            else "links", "head": heads[0] - 1 if heads is not None and len(heads) == 1 else "all",
+            "unit": "words" if args.words else "pieces"}
 
     if args.tgt is not None and (searched := [f"--{name.replace('_', '-')}" for name in
                                               ("beam", "alpha", "length_norm", "max_len_offset", "batch_size",
@@ -1187,8 +1190,8 @@ def cmd_attention(args: argparse.Namespace) -> None:
     maps = attention_maps(translator, args.src, tgt)  # checks the sentence: nothing is said before its error
     if args.tgt is None:
         said.append(f"translation: {tgt}")  # after what loading the model said
-    if args.out.suffix.lower() == ".html":  # holds sub-word and word maps both
-        files.write_text(args.out, attention_html(maps, f"attention: {args.src}"))
+    if page:  # holds sub-word and word maps both
+        files.write_text(args.out, attention_html(maps, f"attention: {args.src}", view))
     else:
         if missing := draw_attention(maps.merged() if args.words else maps, KIND_NAMES[args.kind], args.layer, heads,
                                      args.out, args.style):

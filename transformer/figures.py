@@ -214,10 +214,13 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
     return [chr(c) for c in sorted(missing)]
 
 
-def attention_html(maps: AttentionMaps, title: str = "attention") -> str:
+def attention_html(maps: AttentionMaps, title: str = "attention", view: dict | None = None) -> str:
     """A self-contained interactive page (no network): pick kind, layer, head, links or heatmaps,
-    pieces or words; hover a token to isolate its attention."""
-    fields = {"{{TITLE}}": html.escape(title), "/*{{DATA}}*/null": script_json(maps.to_json())}
+    pieces or words; hover a token to isolate its attention. ``view``: what it opens at, the page's own
+    names for its menus ({"kind": "cross", "layer": 0, "head": "all" or 0-based, "style": "links" or
+    "heatmap", "unit": "pieces" or "words"}; each left out opens at the first)."""
+    fields = {"{{TITLE}}": html.escape(title), "/*{{DATA}}*/null": script_json(maps.to_json()),
+              "/*{{VIEW}}*/null": script_json(view)}
     return web_page("attention.html", fields)
 
 

@@ -66,14 +66,15 @@ function mergeWords(maps) {
   return out;
 }
 
-function renderAttention(root, maps) {
+// opening: what the page opens at (`transformer attention --kind --layer --heads --style --words` for an .html)
+function renderAttention(root, maps, opening) {
   const pieces = unpack(maps);
   const data = {pieces: pieces, words: mergeWords(pieces)};
   root.innerHTML = "";
   root.classList.add("attn");
   const controls = el("div", {class: "attn-controls"}, root);
   const view = el("div", {class: "attn-view"}, root);
-  const state = {kind: "enc_self", layer: 0, head: "all", style: "links", unit: "pieces"};
+  const state = Object.assign({kind: "enc_self", layer: 0, head: "all", style: "links", unit: "pieces"}, opening);
   const nHeads = data.pieces.weights.enc_self[0].length;
 
   function select(name, options, key, parse) {
