@@ -461,7 +461,11 @@ def _check_type(where: str, key: str, value: Any, annotation: Any) -> Any:
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is int and isinstance(value, bool) or not isinstance(value, hint):
-        raise ConfigError(f"{where}: {key} must be {hint.__name__}, got {type(value).__name__} {value!r}")
+        quote = ""
+        if hint is str and where.startswith("--set "):  # read as TOML: 123, true, nan and 2024-01-01 are no text
+            name, _, raw = where.removeprefix("--set ").partition("=")
+            quote = f"; as text, quote it: --set '{name.strip()}=\"{raw.strip()}\"'"
+        raise ConfigError(f"{where}: {key} must be {hint.__name__}, got {type(value).__name__} {value!r}{quote}")
     return value
 
 
