@@ -210,10 +210,17 @@ def test_a_mirror_folder_that_is_missing_or_a_file_is_named(tmp_path: Path) -> N
     for given, said in (("gone", "no such folder"), ("notes.txt", "a file, not a folder")):
         with pytest.raises(DataError, match=rf"^--mirror {re.escape(str(tmp_path / given))}: {said} \(give a folder"):
             prepare("wmt14-en-de", tmp_path / "out", mirror=str(tmp_path / given), log=lambda m: None)
-    (empty := tmp_path / "empty").mkdir()  # a folder, not holding the archives: "or pass a mirror", to one who had
-    with pytest.raises(DataError, match=rf"run prepare again to retry, check that --mirror {re.escape(str(empty))} "
-                                        r"holds \S+ where file://\S+ names it$"):
+    # a folder not holding the archives: said before any work, each archive it lacks named (it was "download
+    # failed after 0 bytes ...; run prepare again to retry", the first archive only, and downloads/ left behind)
+    (empty := tmp_path / "empty").mkdir()
+    (empty / "wmt14").mkdir()
+    (empty / "wmt14" / "dev.tgz").write_bytes(b"")
+    with pytest.raises(DataError, match=rf"^--mirror {re.escape(str(empty))}: has no wmt13/training-parallel-commoncrawl"
+                                        r"\.tgz, wmt13/training-parallel-europarl-v7\.tgz, wmt14/test-full\.tgz, "
+                                        r"wmt14/training-parallel-nc-v9\.tgz \(a mirror holds each archive at its path "
+                                        r"under https://www\.statmt\.org/\)$"):
         prepare("wmt14-en-de", tmp_path / "out", mirror=str(empty), log=lambda m: None)
+    assert not (tmp_path / "out").exists()
 
 
 def test_read_sgm_cleans_like_sacrebleu(tmp_path: Path) -> None:

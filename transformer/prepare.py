@@ -412,7 +412,7 @@ def prepare(name: str, dest: Path, mirror: str | None = None, log: Callable[[str
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     dataset, dest = DATASETS[name], Path(dest)
-    base = mirror or BASE_URL
+    base, folder = mirror or BASE_URL, None
     if "://" not in base:
         folder = Path(base).expanduser().resolve()
         if not folder.is_dir():  # found before any download, not as the first archive missing from it
@@ -421,6 +421,11 @@ def prepare(name: str, dest: Path, mirror: str | None = None, log: Callable[[str
         base = folder.as_uri()
     base = base.rstrip("/") + "/"
     corpora = (*dataset.train, dataset.valid, dataset.test)
+    if folder is not None and (absent := sorted({c.archive for c in corpora if not (folder / c.archive).is_file()
+                                                 and not (dest / "downloads" / Path(c.archive).name).is_file()})):
+        # a local mirror lacks them: said before any work, not as "download failed ... run prepare again to retry"
+        raise DataError(f"--mirror {mirror}: has no {', '.join(absent)} (a mirror holds each archive at its path "
+                        f"under {BASE_URL})")
     (dest / "downloads").mkdir(parents=True, exist_ok=True)
 
     archives: dict[str, dict] = {}
