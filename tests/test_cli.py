@@ -1287,6 +1287,15 @@ def test_evaluate_json_names_an_ensembles_weights(tiny_run, tmp_path, capsys):
     record = json.loads(state.with_name(state.name.replace(".state.safetensors", ".json")).read_text())
     assert (scores["checkpoint_step"], scores["checkpoint_sha256"]) == (record["step"],
                                                                         record["files"]["weights"]["sha256"])
+    # a file of `average`'s has no one step (null): the checkpoints it is the mean of are named
+    assert main(["average", str(tiny_run), "--last", "2", "--out", str(tmp_path / "avg.safetensors")]) == 0
+    status, _, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(tmp_path / "src"), "--ref",
+                              str(tmp_path / "ref"), "--beam", "1", "--json", str(tmp_path / "s.json"),
+                              "--checkpoint", str(tmp_path / "avg.safetensors"))
+    scores = json.loads((tmp_path / "s.json").read_text())
+    assert status == 0 and scores["checkpoint_step"] is None, err
+    assert scores["checkpoint_averaged"] == [p.name for p in sorted((tiny_run / "checkpoints").glob("step_*.json"))
+                                             ][-2:] != [], scores
 
 
 def test_evaluate_warns_of_a_language_moses_has_no_rules_for(tiny_run, tmp_path, capsys):

@@ -758,6 +758,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         if (record := translator.weights_record) is not None:  # which weights: best.safetensors is rewritten
             step = record.get("step", (record.get("best") or {}).get("step"))
             weights |= {"checkpoint_step": step, "checkpoint_sha256": record["files"]["weights"]["sha256"]}
+            if "averaged" in record:  # a file `average` wrote: no one step, the checkpoints it is the mean of
+                weights["checkpoint_averaged"] = record["averaged"]
         if translator.ensemble_from:  # the other runs' weights, each run's average
             weights["ensemble"] = [{"run": str(run), "averaged": [str(p) for p in read]}
                                    for run, read in translator.ensemble_from]
