@@ -239,6 +239,19 @@ def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tm
     assert "Traceback" in text and "in bug" in text
 
 
+def test_an_argument_of_bytes_that_are_no_utf8_is_refused_and_an_internal_error_still_logs(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """`train --out $'bad\\xffname'` ended in a traceback (TensorBoard's writer), and the internal error's own
+    log then failed to encode the command: a second traceback, and an empty log."""
+    assert main(["train", "tiny", "--out", str(tmp_path / "bad\udcffname")]) == 1
+    assert capsys.readouterr().err == (f"error: {tmp_path}/bad\\xffname: not valid UTF-8 (a path or value the run's "
+                                       "records could not hold): give it in UTF-8\n")
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert cli.internal_error(RuntimeError("a bug"), ["parse", "x\udcffy"]) == 70
+    assert (tmp_path / f"transformer-error-{os.getpid()}.log").read_text().startswith("transformer parse x\\udcffy\n")
+
+
 @pytest.mark.parametrize("rank, said", [(None, "interrupted\n"), ("0", "interrupted\n"), ("1", "")])
 def test_ctrl_c_is_said_once_in_a_data_parallel_job(rank, said, capsys, monkeypatch):
     """Ctrl-C reaches every rank of a job: each said "interrupted"; rank 0 says it for them (exit 130 all)."""

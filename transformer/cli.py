@@ -954,7 +954,7 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F} '
                    '(with --cost: the whole report)')
     p.add_argument("--cost", action="store_true", help="training cost of the config's run (train.max_steps x "
-                   "max_tokens x update_freq): total FLOPs against Table 2's estimate, step time, days and memory "
+                   "max_tokens x update_freq): total FLOPs against Table 2's estimate, step time, hours and memory "
                    "on H100s")
     p.add_argument("--devices", type=_counts, metavar="N,N,...",
                    help=f"device counts for --cost, comma-separated (default {','.join(map(str, COST_DEVICES))})")
@@ -1387,7 +1387,8 @@ def internal_error(error: Exception, argv: list[str]) -> int:
     text = "".join(traceback.format_exception(error))
     log = Path(tempfile.gettempdir()) / f"transformer-error-{os.getpid()}.log"
     try:
-        log.write_text(f"transformer {' '.join(argv)}\n{version_line()}\n\n{text}", encoding="utf-8")
+        log.write_text(f"transformer {' '.join(argv)}\n{version_line()}\n\n{text}", encoding="utf-8",
+                       errors="backslashreplace")  # an argument of bytes that are no UTF-8 failed this write
         where = f"the traceback in {log}"
     except OSError:  # no writable temporary folder: the traceback goes where the user can see it
         sys.stderr.write(text)
@@ -1566,6 +1567,11 @@ def main(argv: list[str] | None = None) -> int:
                 from .distributed import die_with_launcher
 
                 die_with_launcher()
+            if undecodable := next((a for a in argv if any("\udc80" <= c <= "\udcff" for c in a)), None):
+                # bytes that are no UTF-8 (Python's surrogate escapes): the JSON and TOML records cannot hold them
+                shown = undecodable.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                raise ConfigError(f"{shown}: not valid UTF-8 (a path or value the run's records could not hold): "
+                                  "give it in UTF-8")
             args = build_parser().parse_args(argv)  # an OutputError: --help into a closed stdout
             outputs = getattr(args, "outputs", None) or {}
             written: dict[Path, str] = {}  # each output's resolved path, and its option
