@@ -1261,10 +1261,18 @@ def cmd_serve(args: argparse.Namespace) -> None:
           args.ensemble, args.bf16)
 
 
+def _out_path(text: str) -> Path:
+    """An output's path, refused when empty: Path("") is the current folder, and `--out "$RUN"` with RUN unset
+    trained into it (checkpoints, config.toml and train.log beside the user's files)."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty: give a path")
+    return Path(text)
+
+
 def _standard(text: str) -> Path | None:
     """An --input or --output whose default is stdin / stdout: "-" names that stream, as in most tools (it
     was read or written as a file called "-")."""
-    return None if text == "-" else Path(text)
+    return None if text == "-" else _out_path(text)
 
 
 STDIN, STDOUT = Path("/dev/stdin"), Path("-")  # "-" given to an option whose default is not that stream
@@ -1293,7 +1301,7 @@ def _one_stdin(*given: tuple[str, int]) -> None:
 
 def _dash_output(text: str) -> Path:
     """An output file whose default is no output (evaluate's --json, --hyp-out): "-" writes stdout."""
-    return STDOUT if text == "-" else Path(text)
+    return STDOUT if text == "-" else _out_path(text)
 
 
 def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,
@@ -1301,7 +1309,7 @@ def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] =
     """An option naming where a command writes: ``main`` checks it (``files.check_output``) before the
     command starts, so no finished work is lost to a path that cannot take it. ``standard``: "-" is stdout,
     the default; ``dash``: "-" is stdout (``STDOUT``), where the option's default is no output."""
-    kind = _standard if standard else _dash_output if dash else Path
+    kind = _standard if standard else _dash_output if dash else _out_path
     action = p.add_argument(option, type=kind, **kwargs)
     p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder)})
 

@@ -65,7 +65,7 @@ RUN_DIR = [("missing", "{tmp}/missing"), ("a file", "{text}"), ("not a run", "{f
 CONFIG = [("missing", "{tmp}/missing.toml"), ("a folder", "{folder}"), ("not TOML", "{text}")]
 FOLDER = [("missing", "{tmp}/missing"), ("a file", "{text}")]
 UNWRITABLE = [] if ROOT else [("unwritable", "{readonly}/out")]
-OUT_FOLDER = [("a file", "{text}"), ("under a file", "{text}/out"), *UNWRITABLE]
+OUT_FOLDER = [("a file", "{text}"), ("under a file", "{text}/out"), ("empty", ""), *UNWRITABLE]  # "": the cwd
 NUMBERS = {int: ["-1", "0", str(10**20)], float: ["nan", "inf", "-1", "0", "1e30"]}
 DEVICES = ["cuda:99", "abacus"]
 
@@ -146,7 +146,7 @@ def values(action: argparse.Action, outputs: dict) -> list[tuple[str, str]] | No
             return OUT_FOLDER
         suffix = suffixes[0] if suffixes else ".txt"
         return [("in a missing folder", "{tmp}/missing/out" + suffix), ("a folder", "{folder}"),
-                ("under a file", "{text}/out" + suffix), *UNWRITABLE,
+                ("under a file", "{text}/out" + suffix), ("empty", ""), *UNWRITABLE,
                 *([("wrong suffix", "{tmp}/out.wrong")] if suffixes else [])]
     if action.type in (Path, _standard, _input, _beside_input):  # a path, or "-" for stdin or stdout, or refused
         if action.dest == "run_dir" or action.metavar == "RUN_DIR":
