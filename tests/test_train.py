@@ -854,6 +854,25 @@ def test_a_fine_tune_stopped_before_its_first_checkpoint_stays_a_fine_tune(tmp_p
         train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), new, quiet=True, resume=True)
 
 
+def test_a_fine_tune_resumes_with_its_vocabularys_true_size_or_the_size_it_was_given(tmp_path, tiny_overrides):
+    """A fine-tune keeps its parent's vocabulary (500 pieces) whatever data.vocab_size says (tiny's 1000):
+    its resume with the true size was refused, even with --allow-config-change, as "cannot change how the
+    vocabulary is made, data.vocab_size: 1000 -> 500: the run keeps spm.model" (which has 500)."""
+    parent, tuned = tmp_path / "parent", tmp_path / "tuned"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "data.vocab_size=500"]), parent, quiet=True)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), tuned, quiet=True, init_from=parent)
+    for vocab_size, steps in ((500, 3), (1000, 4)):  # the true size, then the one the run was started with
+        summary = train(load_config("tiny", tiny_overrides + [f"train.max_steps={steps}",
+                                                               f"data.vocab_size={vocab_size}"]), tuned, resume=True,
+                        quiet=True)
+        assert summary["step"] == steps
+    # a run whose vocabulary is data.vocab_size's still refuses to change it on a resume
+    with pytest.raises(TrainError, match=r"--resume cannot change how the vocabulary is made, data.vocab_size: "
+                                         r"500 -> 600"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=3", "data.vocab_size=600"]), parent, resume=True,
+              quiet=True)
+
+
 def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides, capsys):
     """Fine-tuning: the new run's spm.model is the old one's bytes, its first weights the old run's
     averaged ones, so before any update its validation loss on the old data is the old run's; a model

@@ -286,7 +286,14 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                          "--out to train a run of its own")
     if resume and (found := _saved_config(out, config_path)) is not None:
         saved, source = found
-        if changed := cfg.resume_differences(saved):
+        changed = cfg.resume_differences(saved)
+        kept = out / "spm.model"
+        if has_checkpoints and kept.is_file() and (recorded_init_from(out) is not None
+                                                   or Tokenizer(kept).vocab_size != saved.data.vocab_size):
+            # the run's vocabulary was never data.vocab_size's (a fine-tune's, its parent's; or one found in the
+            # folder): that value applies neither then nor now (its true size was refused as a change)
+            changed = [c for c in changed if not c.startswith("data.vocab_size:")]
+        if changed:
             vocabulary = [c for c in changed if c.startswith(("data.vocab_size:", "data.spm_input_sentences:"))]
             if vocabulary and has_checkpoints:  # recorded in config.toml, they would describe a vocabulary it has not
                 raise TrainError(f"--resume cannot change how the vocabulary is made, {'; '.join(vocabulary)}: the "
