@@ -978,7 +978,9 @@ def test_keep_best_keeps_the_best_and_patience_stops(tmp_path, tiny_overrides, s
     assert resumed["step"] == 14 and resumed["best"] == whole["best"]
     assert load_checkpoint(part / "best.safetensors", with_state=False).meta["best"]["step"] == 8
     again = train(load_config("tiny", common), part, resume=True, quiet=True)  # patience is spent: no more steps
-    assert again["step"] == 14
+    assert again["step"] == 14  # and the log says so (it went straight to "done", the reason in summary.json)
+    assert (part / "train.log").read_text().count("train.patience 3: already run out at step 14 (3 evaluations of "
+                                                  "valid_loss without improvement); nothing to train") == 1
 
 
 def test_a_best_newer_than_the_checkpoint_costs_no_patience(tmp_path, tiny_overrides, scripted):

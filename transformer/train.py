@@ -1327,6 +1327,10 @@ class Trainer:
         # set by keep_best on rank 0 (every rank stops after the same step); a run resumed after its patience
         # ran out stops at once, unless the new config allows more
         self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
+        if self.out_of_patience and state.step < t.max_steps:  # it ended at once, said only in summary.json
+            self.log(f"train.patience {t.patience}: already run out at step {state.step} ({state.evals_since_best} "
+                     f"evaluations of {t.keep_best} without improvement); nothing to train: raise train.patience to "
+                     "train on")
         stop = StopSignals()
         stopped_by: int | None = None  # the signal that stops every rank, whichever rank it came to
         # the host runs a step ahead: it queues step k + 1 before it reads step k's outcome, so that on a GPU
