@@ -873,6 +873,29 @@ def test_a_fine_tune_resumes_with_its_vocabularys_true_size_or_the_size_it_was_g
               quiet=True)
 
 
+def test_a_refusal_after_the_log_began_is_in_the_log_and_the_validation_files_are_read_first(tmp_path,
+                                                                                                tiny_overrides):
+    """A run refused once it had begun its train.log ended the log mid-sentence, the reason on stderr alone (a
+    nohup job's lost); validation files of two lengths were found only after the vocabulary's training."""
+    valid_tgt = next(o for o in tiny_overrides if o.startswith("data.valid_tgt=")).split("=", 1)[1].strip('"')
+    (tmp_path / "short.de").write_text("".join(line + "\n" for line in read_lines(valid_tgt)[:49]))
+    with pytest.raises(DataError, match="differ in length"):
+        train(load_config("tiny", tiny_overrides + [f'data.valid_tgt="{tmp_path / "short.de"}"']), tmp_path / "short",
+              quiet=True)
+    assert not (tmp_path / "short").exists()  # refused before the folder, and its vocabulary, were made
+    run = tmp_path / "run"
+    with pytest.raises(DataError, match="no usable training pairs") as refused:  # after the vocabulary's training
+        train(load_config("tiny", tiny_overrides + ["data.max_len=2"]), run, quiet=True)
+    log = (run / "train.log").read_text()
+    assert "training a joint BPE vocabulary" in log and log.endswith(f" error: {refused.value}\n")
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), tmp_path / "done", quiet=True)
+    lines = (tmp_path / "done" / "train.log").read_text().count("\n")
+    with pytest.raises(TrainError, match="--resume with a config that differs"):  # refused before it wrote a line
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.lr_scale=3"]), tmp_path / "done",
+              resume=True, quiet=True)
+    assert (tmp_path / "done" / "train.log").read_text().count("\n") == lines  # not the finished run's: as it was
+
+
 def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides, capsys):
     """Fine-tuning: the new run's spm.model is the old one's bytes, its first weights the old run's
     averaged ones, so before any update its validation loss on the old data is the old run's; a model

@@ -271,6 +271,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     writes it.
     """
     d, data = cfg.data, data_paths(cfg)  # before the run folder is made or its config written
+    # read now, not after the vocabulary's training: a validation file of another length was found minutes later
+    valid_pairs = read_parallel(data["valid_src"], data["valid_tgt"])
     if held is not None:
         held.enter_context(files.hold_folder(out, "--out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -287,9 +289,9 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     if resume and (found := _saved_config(out, config_path)) is not None:
         saved, source = found
         changed = cfg.resume_differences(saved)
-        kept = out / "spm.model"
-        if has_checkpoints and kept.is_file() and (recorded_init_from(out) is not None
-                                                   or Tokenizer(kept).vocab_size != saved.data.vocab_size):
+        vocabulary_file = out / "spm.model"
+        if has_checkpoints and vocabulary_file.is_file() and (
+                recorded_init_from(out) is not None or Tokenizer(vocabulary_file).vocab_size != saved.data.vocab_size):
             # the run's vocabulary was never data.vocab_size's (a fine-tune's, its parent's; or one found in the
             # folder): that value applies neither then nor now (its true size was refused as a change)
             changed = [c for c in changed if not c.startswith("data.vocab_size:")]
@@ -385,7 +387,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     # DEVIATION(§5.1, A10): the authors' evaluation dropped no pair by length; here the training pairs' bound
     # holds for validation too: one stray long line would take memory and time with the
     # square of its length at every validation, and a learned position table (row E) has no rows beyond it
-    valid_pairs, kept = read_parallel(data["valid_src"], data["valid_tgt"]), []
+    kept: list[int] = []
     valid, stats = encode_pairs(valid_pairs, tokenizer, d.max_len, kept)
     log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
         f"{stats.skipped_long} longer than {d.max_len} pieces")
@@ -758,10 +760,18 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     torch.set_flush_denormal(True)
     keep_freed_memory()
     dist = distributed.setup(t.dist_timeout_s)
+    log = Path(out) / "train.log"
+    logged = log.stat().st_size if log.is_file() else None
     try:
         with contextlib.ExitStack() as held:  # the run folder's lock (rank 0's), released however training ends
             return Trainer(cfg, Path(out), resume, quiet, dist, allow_config_change,
                            None if init_from is None else Path(init_from), held).run()
+    except UserError as e:  # the reason in the log this run wrote (nohup: stderr may be gone), where it ended
+        if (dist.main and e.said and not isinstance(e, TrainInterrupted) and log.is_file()  # a stop: logged already
+                and log.stat().st_size != logged):
+            with contextlib.suppress(OSError):  # a full disk: said on stderr alone
+                files.append_text(log, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {error_line(e)}\n")
+        raise
     finally:
         distributed.teardown(dist)
 
