@@ -454,6 +454,17 @@ def test_a_token_store_with_pairs_past_data_max_len_is_refused(tmp_path, tiny_ov
         train(load_config("tiny", from_store + [f"data.max_len={longest - 1}"]), tmp_path / "short", quiet=True)
     assert not list((tmp_path / "short").glob("checkpoints/*"))
     train(load_config("tiny", from_store + [f"data.max_len={longest}"]), tmp_path / "fits", quiet=True)
+    # another corpus encoded into the same folder: a resume on it went on without a word (text_sha256 was null)
+    for side in ("src", "tgt"):
+        name = next(o for o in tiny_overrides if o.startswith(f"data.train_{side}=")).split("=", 1)[1].strip('"')
+        (tmp_path / f"half.{side}").write_text("".join(line + "\n" for line in read_lines(name)[:300]))
+    assert main(["preprocess", "tiny", "--out", str(store), "--overwrite", "--spm", str(tmp_path / "fits"), *sets,
+                 "--set", f'data.train_src="{tmp_path / "half.src"}"', "--set",
+                 f'data.train_tgt="{tmp_path / "half.tgt"}"']) == 0
+    again = load_config("tiny", from_store + [f"data.max_len={longest}", "train.max_steps=2"])
+    with pytest.raises(TrainError, match=r"^--resume: data.train_store changed since step_00000001.json was written"):
+        train(again, tmp_path / "fits", resume=True, quiet=True)
+    assert train(again, tmp_path / "fits", resume=True, quiet=True, allow_config_change=True)["step"] == 2
     # another data.vocab_size than the store's vocabulary: the run's config.toml said 499 of a 500-piece model
     with pytest.raises(ConfigError, match=rf"^data.vocab_size 499: the token store {re.escape(str(store))} was "
                                           "written with a vocabulary of 500 pieces; set data.vocab_size = 500"):

@@ -173,8 +173,8 @@ class Run:
     valid_text: list[tuple[str, str]]
     batches: list[list[int]]
     sampled: SampledEpochs | None = None  # data.subword_alpha > 0: each epoch's own examples and batches
-    # the sha256 of the training text's files, recorded in every checkpoint: a file changed in place since (the
-    # config naming the same one) is refused at a resume. None for a token store, whose meta.json holds its counts
+    # the sha256 of the training text's files (of a token store's meta.json), recorded in every checkpoint: a file
+    # changed in place since (the config naming the same one) is refused at a resume
     text_sha256: dict[str, str] | None = None
 
 
@@ -410,7 +410,10 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             f"{d.subword_alpha}) and is batched again; the batches above are those of the deterministic segmentation")
         sampled = SampledEpochs(train_src, train_tgt, tokenizer.path, d.subword_alpha, cfg.train.seed, d.max_len,
                                 cfg.train.max_tokens, buckets)
-    text = None if d.train_store else {name: files.file_sha256(data[name]) for name in ("train_src", "train_tgt")}
+    # what the run trains on, for a resume to compare: the text's bytes, or a token store's record (its counts and
+    # sources: another corpus encoded into the same folder was resumed on without a word; its ids are not read)
+    text = ({"train_store": files.file_sha256(data["train_store"] / "meta.json")} if d.train_store else
+            {name: files.file_sha256(data[name]) for name in ("train_src", "train_tgt")})
     return Run(cfg, out, tokenizer, train, valid, [valid_pairs[i] for i in kept], batches, sampled, text)
 
 
