@@ -877,6 +877,11 @@ def test_a_fine_tune_resumes_with_its_vocabularys_true_size_or_the_size_it_was_g
                                                                f"data.vocab_size={vocab_size}"]), tuned, resume=True,
                         quiet=True)
         assert summary["step"] == steps
+    # --resume --init-from into a new folder: "starting from scratch", then "starting from the weights of"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), tmp_path / "fresh", resume=True, quiet=True,
+          init_from=parent)
+    assert (f"--resume: no checkpoint in {tmp_path / 'fresh'}/checkpoints; starting from the weights of --init-from "
+            f"{parent}\n") in (tmp_path / "fresh" / "train.log").read_text()
     # a run whose vocabulary is data.vocab_size's still refuses to change it on a resume
     with pytest.raises(TrainError, match=r"--resume cannot change how the vocabulary is made, data.vocab_size: "
                                          r"500 -> 600"):

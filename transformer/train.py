@@ -798,7 +798,7 @@ class Trainer:
         self.cfg, self.out, self.quiet, self.dist, t = cfg, out, quiet, dist, cfg.train
         # a fine-tune stopped before its first checkpoint goes on as one: from the weights it was started from
         self.init_again = inherited_from(out) if resume and init_from is None and not list_checkpoints(out) else None
-        init_from = init_from or self.init_again
+        init_from = self.init_from = init_from or self.init_again
         if allow_config_change and not resume:  # a new run has no earlier config to change
             raise TrainError("--allow-config-change is for a resume (with --resume): a new run takes its config as "
                              "it is")
@@ -923,7 +923,8 @@ class Trainer:
         if ckpt is None:
             self.log(f"--resume: no checkpoint in {self.out}/checkpoints; " + (
                 f"starting again from the weights of --init-from {self.init_again}, which the run was started with"
-                if self.init_again else "starting from scratch"))
+                if self.init_again else f"starting from the weights of --init-from {self.init_from}"
+                if self.init_from else "starting from scratch"))
             return
         if ckpt.meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
             raise TrainError(f"{ckpt.path}: trained with another vocabulary than {self.out / 'spm.model'}")
