@@ -598,6 +598,7 @@ def test_weights_past_floats_range_are_never_written_and_the_stop_says_which_che
                                          r"them\); no checkpoint written, none was written before\. Lower"):
         train(load_config("tiny", common + ["train.max_steps=5"]), tmp_path / "run", quiet=True)
     assert list_checkpoints(tmp_path / "run") == []
+    assert (tmp_path / "run" / "train.log").read_text().count("step 1: the weights are not finite") == 1  # said once
     monkeypatch.setattr(training, "queue_step", step)
 
     real, calls = T.label_smoothed_loss, {"n": 0}

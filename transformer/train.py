@@ -772,8 +772,10 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     except UserError as e:  # the reason in the log this run wrote (nohup: stderr may be gone), where it ended
         if (dist.main and e.said and not isinstance(e, TrainInterrupted) and log.is_file()  # a stop: logged already
                 and log.stat().st_size != logged):
-            with contextlib.suppress(OSError):  # a full disk: said on stderr alone
-                files.append_text(log, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {error_line(e)}\n")
+            with contextlib.suppress(OSError), open(log, "rb") as f:  # a full disk: said on stderr alone
+                f.seek(max(0, log.stat().st_size - 4096))
+                if not f.read().endswith(f" {error_line(e)}\n".encode()):  # Trainer.run's own, after the first step
+                    files.append_text(log, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {error_line(e)}\n")
         raise
     finally:
         distributed.teardown(dist)
@@ -1396,11 +1398,11 @@ class Trainer:
             name, where = signal.Signals(stop.again).name, f"in step {state.step + 1}"
             if saving:
                 where = f"while writing the checkpoint of step {state.step}"
-            self.log(f"{name} again: stopped at once, {where}, without a checkpoint; --resume continues from the "
-                     "newest one", terminal=False)
+            then = (f"--resume continues from the newest in {self.out / 'checkpoints'}" if list_checkpoints(self.out)
+                    else "none was written before it, so --resume starts the run again")  # it named a missing folder
+            self.log(f"{name} again: stopped at once, {where}, without a checkpoint; {then}", terminal=False)
             raise TrainInterrupted(stop.again, f"{name} again: training stopped at once, {where}, without writing "
-                                   f"a checkpoint; --resume continues from the newest in {self.out / 'checkpoints'}"
-                                   ) from None
+                                   f"a checkpoint; {then}") from None
         except Exception as e:
             # train.log says why the run ended; the command line says it on the terminal
             self.log(distributed.lost_contact_line(e) or error_line(e), terminal=False)
