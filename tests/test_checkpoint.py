@@ -676,3 +676,19 @@ def test_a_resume_that_changed_the_model_averages_the_checkpoints_since(tmp_path
     # hand-picked across the change, each intact: not to be moved away as damaged
     with pytest.raises(CheckpointMismatch, match=r"a model that computes otherwise"):
         average_checkpoints(list_checkpoints(run)[-2:])
+
+
+def test_a_checkpoint_whose_write_fails_leaves_no_tensor_file_behind(tmp_path, monkeypatch):
+    """A full disk while the record was written left that step's tensor files, without a record that vouches for
+    them, until the next checkpoint (taking the room a user had to free). The earlier checkpoint stays whole."""
+    import errno
+
+    save(tmp_path, 1)
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+
+    def full(path, record):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(ck, "_write_record", full)
+    with pytest.raises(OSError, match="No space left"):
+        save(tmp_path, 2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before

@@ -144,9 +144,15 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, Tensor], state:
     stem = f"step_{step:08d}"
     json_path = ckpt_dir / f"{stem}.json"
     json_path.unlink(missing_ok=True)  # re-saving a step: the old record must not vouch for new bytes
-    files = {"weights": _write_tensors(ckpt_dir / f"{stem}.safetensors", weights),
-             "state": _write_tensors(ckpt_dir / f"{stem}.state.safetensors", state)}
-    _write_record(json_path, {"format": FORMAT, "step": step, **meta, "files": files})
+    try:
+        files = {"weights": _write_tensors(ckpt_dir / f"{stem}.safetensors", weights),
+                 "state": _write_tensors(ckpt_dir / f"{stem}.state.safetensors", state)}
+        _write_record(json_path, {"format": FORMAT, "step": step, **meta, "files": files})
+    except BaseException:  # a full disk, say: the tensor files already written, without their record, go now
+        for suffix in (".safetensors", ".state.safetensors"):  # (they stayed until the next checkpoint, taking room)
+            with contextlib.suppress(OSError):
+                (ckpt_dir / f"{stem}{suffix}").unlink(missing_ok=True)
+        raise
     _prune(ckpt_dir, keep_last)
     return json_path
 
