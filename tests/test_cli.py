@@ -1553,3 +1553,11 @@ def test_evaluate_evaluate_parse_and_linearize_read_stdin_once(tiny_run, tmp_pat
         status, out, err = run_here(capsys, *args)
         assert (status, out) == (1, "") and err == (f"error: {named}: - (stdin) given more than once; it holds one "
                                                     "input: give the others as files\n"), err
+
+
+@pytest.mark.parametrize("command", ["translate", "parse"])
+def test_an_input_that_cannot_be_read_is_named_with_its_option(command, tmp_path, capsys):
+    """"in.txt: cannot read", where evaluate names its options: which file of the command's was it?"""
+    status, out, err = run_here(capsys, command, str(REFERENCE_RUN), "--input", str(tmp_path / "in.txt"))
+    assert (status, out) == (1, "") and err == f"error: --input {tmp_path / 'in.txt'}: cannot read (No such file or " \
+                                               "directory)\n"

@@ -364,14 +364,17 @@ def _count_lines(path: Path | None) -> int | None:
     """The number of lines of an input file, read through once before the model loads: a file that cannot
     be read is refused first, and the prefixes and constraints are checked against its lines. None for
     stdin and for a pipe given as a file (`--input <(zcat corpus.gz)`), which can be read once only."""
-    from .data import iter_lines
+    from .data import DataError, iter_lines
 
     if path is None:
         return None
     with contextlib.suppress(OSError):  # one that cannot be read: iter_lines names the error
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
-    return sum(1 for _ in iter_lines(path))
+    try:
+        return sum(1 for _ in iter_lines(path))
+    except DataError as e:  # "in.txt: cannot read": said with the option that named it, as evaluate says its own
+        raise DataError(f"--input {e}") from None
 
 
 def _translate_arguments(p: argparse.ArgumentParser) -> None:
