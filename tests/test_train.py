@@ -109,6 +109,11 @@ def test_other_numerics_on_resume_are_said(tmp_path, tiny_overrides):
           quiet=True)
     assert ("resuming with other numerics: train.threads: 1 -> 2; the same batches, other rounding"
             in (run / "train.log").read_text())
+    # another save clock is allowed too, and said (the docs warn against averaging checkpoints of two clocks)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.threads=2", "train.save_minutes=5"]),
+          run, resume=True, quiet=True)
+    assert ("resuming with another save clock: train.save_minutes: 0.0 -> 5.0; until decode.average_last checkpoints "
+            "of it are written" in (run / "train.log").read_text())
 
 
 def test_a_resume_that_draws_other_batches_says_so(tmp_path, tiny_overrides):

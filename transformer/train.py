@@ -324,6 +324,9 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             log(f"resuming with another budget: {'; '.join(budget)}" + (
                 f"; the cooldown (train.cooldown_fraction {cooldown:g}) is the new budget's last part, so a run "
                 "already cooled down goes back to eq. (3)'s rate until then" if cooldown else ""))
+        if clock := cfg.differences(saved, "train", ("save_every", "save_minutes")):  # allowed, and said: as a warning
+            log(f"resuming with another save clock: {'; '.join(clock)}; until decode.average_last checkpoints of it "
+                "are written, the average of the last ones spans both clocks, unevenly spaced")
         if numerics := cfg.differences(saved, "train", ("precision", "threads", "compile")):  # a run moved, say
             log(f"resuming with other numerics: {'; '.join(numerics)}; the same batches, other rounding: the weights "
                 "will not be bit for bit those of a run never stopped")
