@@ -1140,7 +1140,8 @@ def test_a_blank_line_parses_to_an_empty_line_and_evaluate_names_it(tiny_parse_r
                      "--threads", "1", *unconstrained]) == 0
         out = capsys.readouterr().out.split("\n")
         assert len(out) == 5 and out[1] == out[2] == out[4] == "" and out[0].startswith("("), out
-    (tmp_path / "gold").write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))\n(S (NP (DT A) (NN cat)) (. .))\n")
+    (tmp_path / "gold").write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))\n"
+                                   "(S (NP (DT A) (NN cat)) (. .))\n")
     (tmp_path / "words").write_text("The dog barked .\n\n")
     status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "words"),
                                 "--ref", str(tmp_path / "gold"), "--beam", "2")
@@ -1529,7 +1530,8 @@ def test_building_the_parser_leaves_the_version_unread(monkeypatch):
     def unread() -> str:
         raise AssertionError("version_line called while building the parser")
     monkeypatch.setattr(cli, "version_line", unread)
-    assert cli.build_parser().parse_args(["average", "runs/x", "--last", "2", "--out", "a.safetensors"]).command == "average"
+    parsed = cli.build_parser().parse_args(["average", "runs/x", "--last", "2", "--out", "a.safetensors"])
+    assert parsed.command == "average"
 
 
 def test_evaluate_evaluate_parse_and_linearize_read_stdin_once(tiny_run, tmp_path, capsys):
@@ -1561,3 +1563,10 @@ def test_an_input_that_cannot_be_read_is_named_with_its_option(command, tmp_path
     status, out, err = run_here(capsys, command, str(REFERENCE_RUN), "--input", str(tmp_path / "in.txt"))
     assert (status, out) == (1, "") and err == f"error: --input {tmp_path / 'in.txt'}: cannot read (No such file or " \
                                                "directory)\n"
+    (tmp_path / "here.txt").write_text("A dog runs.\n")
+    for missing in ("--src", "--tgt"):  # score's, named before the model loads
+        given = {"--src": str(tmp_path / "here.txt"), "--tgt": str(tmp_path / "here.txt"),
+                 missing: str(tmp_path / "in.txt")}
+        status, out, err = run_here(capsys, "score", str(REFERENCE_RUN), *[a for kv in given.items() for a in kv])
+        assert (status, out) == (1, "") and err == (f"error: {missing} {tmp_path / 'in.txt'}: cannot read (No such "
+                                                    "file or directory)\n"), err

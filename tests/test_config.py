@@ -215,8 +215,8 @@ def test_the_values_at_the_edges_of_each_range_are_accepted(overrides):
 def test_a_set_text_read_as_another_toml_type_says_how_to_quote_it(raw, tmp_path):
     """--set data.src_lang=123 said only "must be str, got int 123": TOML reads it as a number (true, nan and
     dates likewise), and the way out, quoting it, was not said. A file's value is refused as before."""
-    with pytest.raises(ConfigError, match=rf"""^--set data.src_lang={raw}: data.src_lang must be str, got .*; as text, """
-                                          rf"""quote it: --set 'data.src_lang="{raw}"'$"""):
+    with pytest.raises(ConfigError, match=rf"""^--set data.src_lang={raw}: data.src_lang must be str, got .*; as """
+                                          rf"""text, quote it: --set 'data.src_lang="{raw}"'$"""):
         load_config("tiny", [f"data.src_lang={raw}"])
     assert load_config("tiny", [f'data.src_lang="{raw}"']).data.src_lang == raw
     (tmp_path / "mine.toml").write_text(f"[data]\nsrc_lang = {raw}\n")

@@ -215,8 +215,9 @@ def test_a_mirror_folder_that_is_missing_or_a_file_is_named(tmp_path: Path) -> N
     (empty := tmp_path / "empty").mkdir()
     (empty / "wmt14").mkdir()
     (empty / "wmt14" / "dev.tgz").write_bytes(b"")
-    with pytest.raises(DataError, match=rf"^--mirror {re.escape(str(empty))}: has no wmt13/training-parallel-commoncrawl"
-                                        r"\.tgz, wmt13/training-parallel-europarl-v7\.tgz, wmt14/test-full\.tgz, "
+    with pytest.raises(DataError, match=rf"^--mirror {re.escape(str(empty))}: has no wmt13/training-parallel-"
+                                        r"commoncrawl\.tgz, wmt13/training-parallel-europarl-v7\.tgz, "
+                                        r"wmt14/test-full\.tgz, "
                                         r"wmt14/training-parallel-nc-v9\.tgz \(a mirror holds each archive at its path "
                                         r"under https://www\.statmt\.org/\)$"):
         prepare("wmt14-en-de", tmp_path / "out", mirror=str(empty), log=lambda m: None)

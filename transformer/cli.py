@@ -490,6 +490,9 @@ def cmd_score(args: argparse.Namespace) -> None:
     if args.src == args.tgt == STDIN:
         raise ConfigError("--src - and --tgt -: stdin can be one side of the pairs; give the other as a file, or "
                           "neither option, the pairs on stdin as SOURCE<TAB>TARGET")
+    for option, path in (("--src", args.src), ("--tgt", args.tgt)):  # before the model loads, naming the option
+        if path not in (None, STDIN) and not path.exists():
+            raise DataError(f"{option} {path}: cannot read (No such file or directory)")
     translator, said = _translator(args, DecodeRequest(alpha=args.alpha, length_norm=args.length_norm))
     if args.src is not None:
         pairs = iter_parallel(args.src, args.tgt)
