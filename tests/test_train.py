@@ -99,6 +99,28 @@ def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides
             ) in (run / "train.log").read_text()
 
 
+def test_a_resume_from_another_folder_names_the_same_files_otherwise(tmp_path, tiny_overrides, monkeypatch):
+    """A run trained from its data folder (`train.en`) and resumed from elsewhere (`/data/train.en`, as a job script
+    does) was refused as a data change, and with --allow-config-change said "another validation set". The files'
+    content, recorded in the checkpoint, says they are the same; another file's content is still a change."""
+    names = {o.split("=", 1)[0]: Path(o.split("=", 1)[1].strip('"')) for o in tiny_overrides if o.startswith("data.")
+             and o.split("=", 1)[0].endswith(("_src", "_tgt"))}
+    folder = next(iter(names.values())).parent
+    relative = [o for o in tiny_overrides if o.split("=", 1)[0] not in names]
+    relative += [f'{key}="{path.name}"' for key, path in names.items()]
+    monkeypatch.chdir(folder)
+    run = tmp_path / "run"
+    train(load_config("tiny", relative + ["train.max_steps=2"]), run, quiet=True)
+    monkeypatch.chdir(tmp_path.parent)
+    assert train(load_config("tiny", tiny_overrides + ["train.max_steps=3"]), run, resume=True, quiet=True)["step"] == 3
+    assert "another validation set" not in (run / "train.log").read_text()
+    (folder / "other.en").write_text("".join(line + "\n" for line in read_lines(names["data.train_src"])[::-1]))
+    moved = [o for o in tiny_overrides if not o.startswith("data.train_src=")]
+    with pytest.raises(TrainError, match=r"--resume with a config that differs from .* in: data.train_src: "):
+        train(load_config("tiny", moved + [f'data.train_src="{folder / "other.en"}"', "train.max_steps=4"]), run,
+              resume=True, quiet=True)
+
+
 def test_other_numerics_on_resume_are_said(tmp_path, tiny_overrides):
     """A run may be resumed in another precision, with other threads or compiled (moved to another machine, say):
     the same batches, other rounding. The log says that its weights are no longer bit for bit those of a run never

@@ -176,6 +176,8 @@ class Run:
     # the sha256 of the training text's files (of a token store's meta.json), recorded in every checkpoint: a file
     # changed in place since (the config naming the same one) is refused at a resume
     text_sha256: dict[str, str] | None = None
+    # the validation files' (a resume compares a file named otherwise, from another folder, by its content)
+    valid_sha256: dict[str, str] | None = None
 
 
 def shape_buckets(t: TrainConfig) -> ShapeBuckets | None:
@@ -288,7 +290,16 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                          "--out to train a run of its own")
     if resume and (found := _saved_config(out, config_path)) is not None:
         saved, source = found
-        changed = cfg.resume_differences(saved)
+        recorded = checkpoint_record(source) if has_checkpoints and source.suffix == ".json" else {}
+
+        def spelt_otherwise(change: str) -> bool:  # a data file named as the record's, with its content: `train.en`
+            key = change.partition(":")[0].removeprefix("data.")  # from one folder, `/runs/x/train.en` from another
+            hashes = recorded.get("valid_sha256" if key.startswith("valid_") else "text_sha256")
+            if not isinstance(hashes, dict) or key not in hashes or key not in data:
+                return False
+            return files.file_sha256(data[key] / "meta.json" if key == "train_store" else data[key]) == hashes[key]
+
+        changed = [c for c in cfg.resume_differences(saved) if not spelt_otherwise(c)]
         vocabulary_file = out / "spm.model"
         if has_checkpoints and vocabulary_file.is_file() and (
                 recorded_init_from(out) is not None or Tokenizer(vocabulary_file).vocab_size != saved.data.vocab_size):
@@ -313,7 +324,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 raise TrainError(f"--resume with a config that differs from {source} in: {'; '.join(changed)} "
                                  "(pass --allow-config-change to resume anyway)")
             log(f"resuming with changed config (--allow-config-change): {'; '.join(changed)}")
-        if valid := cfg.differences(saved, "data", ("valid_src", "valid_tgt")):  # may change: said, as it splits the curve
+        if valid := [c for c in cfg.differences(saved, "data", ("valid_src", "valid_tgt")) if not spelt_otherwise(c)]:
+            # may change: said, as it splits the curve
             log(f"resuming with another validation set: {'; '.join(valid)}; validation figures from here on are of "
                 "it, those logged before of the earlier one" + (
                     " (train.keep_best's best so far, too, which later ones are compared with)"
@@ -417,7 +429,9 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     # sources: another corpus encoded into the same folder was resumed on without a word; its ids are not read)
     text = ({"train_store": files.file_sha256(data["train_store"] / "meta.json")} if d.train_store else
             {name: files.file_sha256(data[name]) for name in ("train_src", "train_tgt")})
-    return Run(cfg, out, tokenizer, train, valid, [valid_pairs[i] for i in kept], batches, sampled, text)
+    valid_sha256 = {name: files.file_sha256(data[name]) for name in ("valid_src", "valid_tgt")}
+    return Run(cfg, out, tokenizer, train, valid, [valid_pairs[i] for i in kept], batches, sampled, text,
+               valid_sha256)
 
 
 def parent_run(init_from: Path) -> Path:
@@ -849,7 +863,7 @@ class Trainer:
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
                           "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size,
                           "batches_sha256": batches_sha256(self.run_data.batches),
-                          "text_sha256": self.run_data.text_sha256,
+                          "text_sha256": self.run_data.text_sha256, "valid_sha256": self.run_data.valid_sha256,
                           # one run's checkpoints, and only they, are averaged (a resume keeps its checkpoint's)
                           "run_id": uuid.uuid4().hex}
         if dist.enabled:
