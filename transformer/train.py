@@ -786,13 +786,12 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
         with contextlib.ExitStack() as held:  # the run folder's lock (rank 0's), released however training ends
             return Trainer(cfg, Path(out), resume, quiet, dist, allow_config_change,
                            None if init_from is None else Path(init_from), held).run()
-    except UserError as e:  # the reason in the log this run wrote (nohup: stderr may be gone), where it ended
-        if (dist.main and e.said and not isinstance(e, TrainInterrupted) and log.is_file()  # a stop: logged already
-                and log.stat().st_size != logged):
-            with contextlib.suppress(OSError), open(log, "rb") as f:  # a full disk: said on stderr alone
-                f.seek(max(0, log.stat().st_size - 4096))
-                if not f.read().endswith(f" {error_line(e)}\n".encode()):  # Trainer.run's own, after the first step
-                    files.append_text(log, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {error_line(e)}\n")
+    except Exception as e:  # why the run ended, in the log it wrote (nohup: stderr may be gone); the command line
+        # says it on the terminal. A refusal before the log's first line leaves it as it was; a stop logged its own
+        if dist.main and not isinstance(e, TrainInterrupted) and log.is_file() and log.stat().st_size != logged:
+            with contextlib.suppress(OSError):  # a full disk: said on stderr alone
+                files.append_text(log, f"{time.strftime('%Y-%m-%d %H:%M:%S')} "
+                                       f"{distributed.lost_contact_line(e) or error_line(e)}\n")
         raise
     finally:
         distributed.teardown(dist)
@@ -1420,10 +1419,6 @@ class Trainer:
             self.log(f"{name} again: stopped at once, {where}, without a checkpoint; {then}", terminal=False)
             raise TrainInterrupted(stop.again, f"{name} again: training stopped at once, {where}, without writing "
                                    f"a checkpoint; {then}") from None
-        except Exception as e:
-            # train.log says why the run ended; the command line says it on the terminal
-            self.log(distributed.lost_contact_line(e) or error_line(e), terminal=False)
-            raise
         finally:
             try:  # while a second signal is still StopSignals' to take
                 if self.run_data.sampled:
