@@ -77,6 +77,20 @@ def test_preprocess_takes_a_run_folder_for_its_vocabulary(tmp_path, capsys, mult
     assert (tmp_path / "store" / "spm.model").read_bytes() == (tiny_run / "spm.model").read_bytes()
 
 
+def test_preprocess_overwrites_a_store_with_its_own_vocabulary(tmp_path, capsys, multi30k, tiny_run):
+    """`--overwrite --spm STORE` (re-encoding with the store's own vocabulary) ended in a traceback once the old
+    store, its spm.model with it, was replaced, and left a store without a vocabulary."""
+    store = tmp_path / "store"
+    val = ["--set", f'data.train_src="{multi30k / "val.en.gz"}"', "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"']
+    assert main(["preprocess", "tiny", "--out", str(store), "--spm", str(tiny_run), *val]) == 0
+    test = ["--set", f'data.train_src="{multi30k / "test_2016_flickr.en.gz"}"',
+            "--set", f'data.train_tgt="{multi30k / "test_2016_flickr.de.gz"}"']
+    for spm in (store, store / "spm.model"):
+        assert main(["preprocess", "tiny", "--out", str(store), "--overwrite", "--spm", str(spm), *test]) == 0
+        assert (store / "spm.model").read_bytes() == (tiny_run / "spm.model").read_bytes()
+        assert "test_2016_flickr.en" in (store / "meta.json").read_text()
+    assert "Traceback" not in capsys.readouterr().err
+
 def test_a_translation_written_to_a_file_is_whole(tmp_path, capsys):
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("A dog runs.\nTwo men.\n")

@@ -1027,7 +1027,6 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     would) into OUT, streaming in bounded memory; training reads it with --set data.train_store=OUT instead of
     the text (§5.1: millions of pairs).
     """
-    import shutil
     import tempfile
 
     from .config import load_config
@@ -1062,8 +1061,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
         if tokenizer is None:
             tokenizer = train_vocabulary(cfg, src, tgt, spm, log=lambda m: print(m, file=sys.stderr))
         meta = write_store(src, tgt, tokenizer, out, d.max_len, progress=sys.stderr.isatty(),
-                           overwrite=args.overwrite)
-        shutil.copyfile(spm, out / "spm.model")
+                           overwrite=args.overwrite, vocabulary=spm)
     print(f"{out}: {meta['n_kept']:,} pairs of {meta['n_pairs']:,} ({meta['skipped_empty']} with an empty side, "
           f"{meta['skipped_long']} longer than {d.max_len} pieces skipped); train with "
           f"--set data.train_store={out}")

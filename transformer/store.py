@@ -60,14 +60,17 @@ def check_store_folder(out: Path, overwrite: bool) -> None:
 
 
 def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: int,
-                chunk_pairs: int = 50_000, progress: bool = False, overwrite: bool = False) -> dict:
+                chunk_pairs: int = 50_000, progress: bool = False, overwrite: bool = False,
+                vocabulary: Path | None = None) -> dict:
     """Encodes the line-aligned files ``src`` / ``tgt`` into a token store at ``out``; returns its meta.
 
     Pairs are filtered exactly as training filters them (``encode_pairs``: empty sides and pairs
     longer than max_len pieces with EOS are skipped and counted, A10), chunk by chunk, so memory is
     bounded by ``chunk_pairs`` and not by the corpus. The store is built in a sibling temporary
     folder and renamed into place, so an interrupted run never leaves a half store that a later
-    run would open; an existing non-empty ``out`` is refused unless ``overwrite``.
+    run would open; an existing non-empty ``out`` is refused unless ``overwrite``. ``vocabulary``: the
+    tokenizer's model file, copied in as spm.model before the rename, so the store and its vocabulary
+    replace the old ones at once (the file may be the old store's own).
     """
     src, tgt, out = Path(src), Path(tgt), Path(out)
     if chunk_pairs < 1 or max_len < 1:
@@ -110,6 +113,8 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
                 "sources": {side: {"path": str(path.resolve()), "bytes": path.stat().st_size}
                             for side, path in (("src", src), ("tgt", tgt))}}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if vocabulary is not None:
+            shutil.copyfile(vocabulary, tmp / "spm.model")
         if out.exists() and (not out.is_dir() or any(out.iterdir())):  # overwrite: move the old one aside
             old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
             os.replace(out, old / "store")
