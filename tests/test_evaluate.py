@@ -42,8 +42,14 @@ def test_sacrebleu_scores_match_sacrebleu() -> None:
     assert s["chrf_signature"].startswith("nrefs:1|case:mixed") and "nc:6" in s["chrf_signature"]
     same = sacrebleu_scores(REFS, REFS)
     assert same["bleu"] == pytest.approx(100.0) and same["chrf"] == pytest.approx(100.0)
-    with pytest.raises(ValueError, match="2 hypotheses but 3 references"):
+    with pytest.raises(ConfigError, match="2 hypotheses but 3 references"):
         sacrebleu_scores(HYPS[:2], REFS)
+    # sacreBLEU scored one string a character a line, and failed inside on no lines or an item that is no string
+    for hyps, refs, message in (("abc", "abc", "hypotheses: a list of strings, not one string"),
+                                ([], [], "no hypotheses to score"), ([None], ["a"], "holding NoneType None"),
+                                (["a"], ("a", 1), "references: a list of strings, holding int 1")):
+        with pytest.raises(ConfigError, match=message):
+            sacrebleu_scores(hyps, refs)
 
 
 def test_sacrebleu_tokenizes_by_the_target_language() -> None:
@@ -224,7 +230,7 @@ def test_more_hypotheses_than_references_are_refused_by_name():
     """A translation file one line longer than its references (a stray line) is an error that counts both, in
     each of the scores; never a BLEU of the first lines, nor sacreBLEU's own message."""
     for score in (sacrebleu_scores, lambda h, r: tok_lc_bleu(h, r, "de"), lambda h, r: paper_bleu(h, r, "de")):
-        with pytest.raises(ValueError, match=r"^4 hypotheses but 3 references$"):
+        with pytest.raises(ConfigError, match=r"^4 hypotheses but 3 references$"):
             score(HYPS + ["Ein Hund."], REFS)
 
 

@@ -2257,3 +2257,27 @@ def test_a_folder_named_as_training_text_is_called_a_folder(tmp_path, tiny_overr
     with pytest.raises(DataError, match=rf"^data\.train_src {re.escape(str(tmp_path))}: a folder; give the training "
                                         "text's file$"):
         training.data_paths(cfg)
+
+
+def test_train_from_python_checks_its_arguments(tmp_path, tiny_overrides):
+    """A Config edited after load_config was trained as it was (max_steps -5: a run of step 0) or failed deep in
+    torch (a str for d_model); a preset's name for the config, or None for the folder, was an AttributeError or
+    pathlib's TypeError. Each is now a ConfigError naming it, before anything is written."""
+    def edited(section: str, key: str, value: object):
+        cfg = load_config("tiny", tiny_overrides)
+        setattr(getattr(cfg, section), key, value)
+        return cfg
+
+    out = tmp_path / "run"
+    for cfg, where, message in ((edited("train", "max_steps", -5), out, "^train.max_steps must be positive, got -5"),
+                                (edited("model", "d_model", "abc"), out, "^cfg: model.d_model must be int, got str"),
+                                ("tiny", out, r"^cfg: a Config \(load_config\(PRESET or FILE\)\), not str 'tiny'"),
+                                (load_config("tiny", tiny_overrides), None, "^out: a path .*, not NoneType None"),
+                                (load_config("tiny", tiny_overrides), "", "^out: a path .*, not str ''")):
+        with pytest.raises(ConfigError, match=message):
+            train(cfg, where, quiet=True)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="^init_from: a path .*, not int 5"):
+        train(load_config("tiny", tiny_overrides), out, quiet=True, init_from=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="^load_config: the preset or file: a path .*, not int 123"):
+        load_config(123)  # type: ignore[arg-type]
+    assert not out.exists()

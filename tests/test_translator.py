@@ -495,3 +495,32 @@ def test_a_damaged_checkpoint_is_named_by_its_path_with_the_way_out(tiny_run, tm
     for run, ensemble in ((tiny_run, [damaged]), (damaged, [tiny_run])):
         with pytest.raises(CheckpointError, match=said):
             Translator(run, log=lambda m: None, ensemble=ensemble)
+
+
+def test_api_misuse_is_a_config_error(tiny_parse_run, run):
+    """`decode(lines, None)` (docs/python.md: a field left None takes the run's value) and a dict for the
+    request were an AttributeError; `trees` cut the longer of its lists, read one string a character a line and
+    made trees of a translation run's sentences."""
+    parser = Translator(tiny_parse_run, log=lambda m: None)
+    for request in (None, {"beam_size": 2}):
+        with pytest.raises(ConfigError, match=f"^request: a DecodeRequest, not {type(request).__name__}"):
+            parser.decode(["The dog barked ."], request)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="^request: a DecodeRequest"):
+            parser.check(request)  # type: ignore[arg-type]
+    lines = ["The dog barked ."]
+    outputs = parser.translate(lines)
+    assert parser.trees(lines, outputs)[0][0] is not None
+    for args, message in (((lines, outputs + ["x"]), "^trees: 1 lines but 2 outputs"),
+                          (("The dog", "x"), "^lines: a list of strings, not one string"),
+                          (([None], [None]), "^lines: a list of strings, holding NoneType")):
+        with pytest.raises(ConfigError, match=message):
+            parser.trees(*args)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^trees: a translation run \(data.task = 'translate'\)"):
+        Translator(run, log=lambda m: None).trees(lines, ["Ein Hund."])
+    for kwargs, message in (({"run_dir": 123}, "^run_dir: a path .*, not int 123"),
+                            ({"run_dir": None}, "^run_dir: a path .*, not NoneType"),
+                            ({"run_dir": run, "checkpoint": 5}, "^checkpoint: a path .*, not int 5"),
+                            ({"run_dir": run, "ensemble": [None]}, "^ensemble: a run folder: a path"),
+                            ({"run_dir": run, "log": 5}, r"^log: a function of one message \(str\), not int 5")):
+        with pytest.raises(ConfigError, match=message):
+            Translator(**kwargs)  # type: ignore[arg-type]

@@ -580,8 +580,18 @@ def check_strings(values: object, what: str) -> None:
             raise ConfigError(f"{what}: a list of strings, holding {type(v).__name__} {v!r}")
 
 
+def as_path(value: object, what: str) -> Path:
+    """A path argument of the Python API as a Path: a ConfigError naming ``what`` for anything else, where
+    pathlib raised a TypeError of its own (None, a number) or took "" for the current folder."""
+    if isinstance(value, (str, os.PathLike)) and os.fspath(value) not in ("", b""):
+        return Path(value)
+    raise ConfigError(f"{what}: a path (str or pathlib.Path), not {type(value).__name__} {value!r}")
+
+
 def load_config(name_or_path: str | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults, then one TOML file (a preset name or a path), then --set overrides; validated."""
+    if name_or_path is not None:
+        as_path(name_or_path, "load_config: the preset or file")
     if overrides is not None:
         check_strings(overrides, "overrides")
     data: dict[str, Any] = {}

@@ -32,13 +32,19 @@ from sacrebleu.metrics.bleu import BLEUScore
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 from sacremoses.corpus import NonbreakingPrefixes
 
-from .config import ConfigError, primary_language
+from .config import ConfigError, check_strings, primary_language
 from .trees import Tree, TreeError, with_tags
 
 
 def _check_lengths(hyps: list[str], refs: list[str]) -> None:
+    """ConfigError for what sacreBLEU would score wrongly or fail on inside: one string (scored a character a
+    line), lists of other lengths, none at all (its IndexError), an item that is no string."""
+    check_strings(hyps, "hypotheses")
+    check_strings(refs, "references")
     if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+        raise ConfigError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    if not hyps:
+        raise ConfigError("no hypotheses to score (and no references)")
 
 
 # ISO 639-2/3 codes of the languages sacreBLEU tokenizes by their own rules, as its two-letter codes

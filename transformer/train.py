@@ -39,7 +39,7 @@ from .distributed import Dist
 from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
                          epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, record_step,
                          save_checkpoint, write_model)
-from .config import Config, ConfigError, ModelConfig, TrainConfig, config_from_dict, dump_toml, read_toml
+from .config import Config, ConfigError, ModelConfig, TrainConfig, as_path, config_from_dict, dump_toml, read_toml
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
                    collate, encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import Terminated, UserError, summary as error_line
@@ -772,6 +772,11 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     Under torchrun, every rank runs this function: rank r takes every world-th batch of one seeded
     order (``BatchOrder``), DDP averages gradients, and rank 0 alone writes the run folder.
     """
+    if not isinstance(cfg, Config):  # a preset's name, say: load_config reads one
+        raise ConfigError(f"cfg: a Config (load_config(PRESET or FILE)), not {type(cfg).__name__} {cfg!r}")
+    # a Config edited after load_config (cfg.train.max_steps = -5, a str for an int) is checked as a file's values
+    cfg = config_from_dict(cfg.to_dict(), "cfg").validate()
+    out, init_from = as_path(out, "out"), None if init_from is None else as_path(init_from, "init_from")
     t = cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
@@ -780,12 +785,11 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     torch.set_flush_denormal(True)
     keep_freed_memory()
     dist = distributed.setup(t.dist_timeout_s)
-    log = Path(out) / "train.log"
+    log = out / "train.log"
     logged = log.stat().st_size if log.is_file() else None
     try:
         with contextlib.ExitStack() as held:  # the run folder's lock (rank 0's), released however training ends
-            return Trainer(cfg, Path(out), resume, quiet, dist, allow_config_change,
-                           None if init_from is None else Path(init_from), held).run()
+            return Trainer(cfg, out, resume, quiet, dist, allow_config_change, init_from, held).run()
     except Exception as e:  # why the run ended, in the log it wrote (nohup: stderr may be gone); the command line
         # says it on the terminal. A refusal before the log's first line leaves it as it was; a stop logged its own
         if dist.main and not isinstance(e, TrainInterrupted) and log.is_file() and log.stat().st_size != logged:

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_checkpoints, checkpoint_record,
                          checkpoints_to_average, chosen_weights, list_checkpoints, load_checkpoint, run_folder)
-from .config import Config, ConfigError, LengthNorm, check_strings, config_from_dict, edited_model
+from .config import Config, ConfigError, LengthNorm, as_path, check_strings, config_from_dict, edited_model
 from .data import encode_for_decoding
 from .errors import OutOfMemory, out_of_memory
 from .decode import Scored, decode_ids, score_ids
@@ -89,7 +89,10 @@ class Translator:
         decoding defaults are this run's. ``log``: what loading does (default: to stderr). Loading sets the
         whole process's allocator to keep freed memory (``runtime.keep_freed_memory``), as decoding's repeated
         allocations want: a host program's freed memory stays mapped too."""
-        run_dir = Path(run_dir)
+        run_dir = as_path(run_dir, "run_dir")
+        checkpoint = None if checkpoint is None else as_path(checkpoint, "checkpoint")
+        if log is not None and not callable(log):  # else an error at the first thing loading says
+            raise ConfigError(f"log: a function of one message (str), not {type(log).__name__} {log!r}")
         if log is None:  # what loading did, on stderr as the command line says it: stdout is for translations
             def log(message: str) -> None:
                 print(message, file=sys.stderr)
@@ -116,7 +119,7 @@ class Translator:
         cfg, model, self.weights_from, self.weights_record = _load_model(run_dir, checkpoint, tokenizer, decode, log)
         models = [model]
         self.ensemble_from: list[tuple[Path, list[Path]]] = []  # each --ensemble run and its weight files
-        for other in map(Path, ensemble):
+        for other in (as_path(member, "ensemble: a run folder") for member in ensemble):
             if _tokenizer(other).sha256 != tokenizer.sha256:
                 raise CheckpointError(f"--ensemble {other}: trained with another vocabulary than {run_dir} "
                                       "(spm.model differs); an ensemble's models must share theirs")
@@ -185,6 +188,13 @@ class Translator:
         whether its output was a well-formed tree of them (``trees.delinearize``, which repairs the others): the
         leaves are matched with the words as the model writes them (``Tokenizer.words``). A blank line has no
         tree (None)."""
+        if self.cfg.data.task != "parse":  # its outputs are sentences: "trees" of them would be made up
+            raise ConfigError(f"trees: a translation run (data.task = {self.cfg.data.task!r}); trees are a parsing "
+                              "run's")
+        check_strings(lines, "lines")
+        check_strings(outputs, "outputs")
+        if len(lines) != len(outputs):  # zip would cut the longer
+            raise ConfigError(f"trees: {len(lines)} lines but {len(outputs)} outputs (one output a line)")
         trees = []
         for line, out in zip(lines, outputs):
             words = line.split()
@@ -294,6 +304,9 @@ class Translator:
         one, for its errors) when given. Beyond ``DecodeRequest.verify``, what the model bounds: a beam no
         wider than the vocabulary (all that the first step can offer: a wider one only costs), outputs no
         longer than the model's positions beyond their input."""
+        if not isinstance(request, DecodeRequest):  # None or a dict: `request.verify` was an AttributeError
+            raise ConfigError(f"request: a DecodeRequest, not {type(request).__name__} (leave it out for the run's "
+                              "own settings, or give DecodeRequest(...) with the fields to change)")
         request.verify(self.setup, self.cfg.decode, total if lines is None else len(lines), names)
         members = self.model.models if isinstance(self.model, Ensemble) else [self.model]
         # an ensemble's fewest: its first run's alone accepted an offset in one order and refused it in another
