@@ -116,6 +116,29 @@ def test_truncated_or_foreign_stores_are_refused(store: Path, tmp_path: Path) ->
     ids.tofile(cut / "src.ids")
     with pytest.raises(DataError, match=rf"cut/src\.ids: holds id {vocab}, outside the vocabulary's {vocab} pieces"):
         TokenStore(cut)
+    # damage no size or sum shows, which trained without a word: zero bytes (padding), pieces moved from one
+    # pair to the next in the lengths, an EOS overwritten
+    tgt = np.fromfile(store / "tgt.ids", dtype=np.uint16)
+    zeroed = tgt.copy()
+    zeroed[-5:] = 0
+    shutil.copy(store / "src.ids", cut / "src.ids")
+    zeroed.tofile(cut / "tgt.ids")
+    with pytest.raises(DataError, match=r"cut/tgt\.ids: holds the padding id 0, which no pair has; the store is dam"):
+        TokenStore(cut)
+    shutil.copy(store / "tgt.ids", cut / "tgt.ids")
+    lengths = np.fromfile(store / "src.len", dtype=np.uint16)
+    lengths[0], lengths[1] = lengths[0] + 1, lengths[1] - 1
+    lengths.tofile(cut / "src.len")
+    with pytest.raises(DataError, match=r"cut/src\.ids: pair 0 does not end with EOS \(src\.len and src\.ids disagree\)"):
+        TokenStore(cut)
+    shutil.copy(store / "src.len", cut / "src.len")
+    ids = np.fromfile(store / "src.ids", dtype=np.uint16)
+    ids[np.flatnonzero(ids == 1)[3]] = 5
+    ids.tofile(cut / "src.ids")
+    with pytest.raises(DataError, match=rf"cut/src\.ids: {int((ids == 1).sum())} EOS ids for {len(lengths)} pairs"):
+        TokenStore(cut)
+    shutil.copy(store / "src.ids", cut / "src.ids")
+    TokenStore(cut)  # as written
 
     meta = json.loads((store / "meta.json").read_text())
     (cut / "meta.json").write_text(json.dumps(meta | {"version": 99}))

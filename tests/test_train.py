@@ -497,6 +497,32 @@ def test_a_token_store_with_pairs_past_data_max_len_is_refused(tmp_path, tiny_ov
                                           "written with a vocabulary of 500 pieces; set data.vocab_size = 500"):
         train(load_config("tiny", from_store + ["data.vocab_size=499"]), tmp_path / "other", quiet=True)
 
+
+def test_a_token_store_of_the_other_task_is_refused(tmp_path, tiny_overrides, tiny_parse_run):
+    """A parsing run trained on a translation store (and the reverse) without a word; its parser was refused only
+    once trained ("not a parsing model"). The store now records its task; one written before that is checked, for
+    a parsing run, by its vocabulary's bracket symbols."""
+    from transformer.cli import main
+    store = tmp_path / "store"
+    assert main(["preprocess", "tiny", "--out", str(store), *[x for o in tiny_overrides for x in ("--set", o)]]) == 0
+    meta = json.loads((store / "meta.json").read_text())
+    assert meta["task"] == "translate"
+    splits = tiny_parse_run.parent
+    parse = load_config("configs/ptb_sample_parse.toml", [
+        f'data.train_store="{store}"', 'data.train_src=""', 'data.train_tgt=""', f"data.vocab_size={meta['vocab_size']}",
+        f'data.valid_src="{splits}/valid.words"', f'data.valid_tgt="{splits}/valid.wlin"', "train.max_steps=1"])
+    with pytest.raises(DataError, match=rf"^data.train_store {re.escape(str(store))}: pairs of data.task 'translate' "
+                                        r"\(trees or sentences\), and this run's data.task is 'parse'"):
+        train(parse, tmp_path / "parse", quiet=True)
+    (store / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "task"}))  # an older store's
+    with pytest.raises(DataError, match=r"^data.task is \"parse\", and the vocabulary .* has none of the training "):
+        train(parse, tmp_path / "parse_older", quiet=True)
+    (store / "meta.json").write_text(json.dumps(meta | {"task": "parse"}))
+    with pytest.raises(DataError, match=r"pairs of data.task 'parse' \(trees or sentences\), and this run's data.task "
+                                        r"is 'translate'"):
+        train(load_config("tiny", tiny_overrides + [f'data.train_store="{store}"', "train.max_steps=1"]),
+              tmp_path / "translate", quiet=True)
+
 def _snapshot(model, optimizer):
     import copy
     return copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())

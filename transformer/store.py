@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from .data import DataError, Example, encode_pairs, iter_parallel
 from .files import not_replaceable, read_record
-from .tokenizer import Tokenizer
+from .tokenizer import EOS_ID, PAD_ID, Tokenizer
 
 FORMAT = "transformer-token-store"
 VERSION = 1
@@ -61,7 +61,7 @@ def check_store_folder(out: Path, overwrite: bool) -> None:
 
 def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: int,
                 chunk_pairs: int = 50_000, progress: bool = False, overwrite: bool = False,
-                vocabulary: Path | None = None) -> dict:
+                vocabulary: Path | None = None, task: str | None = None) -> dict:
     """Encodes the line-aligned files ``src`` / ``tgt`` into a token store at ``out``; returns its meta.
 
     Pairs are filtered exactly as training filters them (``encode_pairs``: empty sides and pairs
@@ -70,7 +70,8 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
     folder and renamed into place, so an interrupted run never leaves a half store that a later
     run would open; an existing non-empty ``out`` is refused unless ``overwrite``. ``vocabulary``: the
     tokenizer's model file, copied in as spm.model before the rename, so the store and its vocabulary
-    replace the old ones at once (the file may be the old store's own).
+    replace the old ones at once (the file may be the old store's own). ``task``: the config's data.task,
+    recorded so that a run of the other task refuses the store.
     """
     src, tgt, out = Path(src), Path(tgt), Path(out)
     if chunk_pairs < 1 or max_len < 1:
@@ -109,7 +110,7 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
                             f"with an empty side, {counts['skipped_long']:,} longer than {max_len} pieces)")
         meta = {"format": FORMAT, "version": VERSION, "vocab_size": tokenizer.vocab_size,
                 "vocab_sha256": tokenizer.sha256, "dtype": ids_dtype.name, "length_dtype": len_dtype.name,
-                **counts, "max_len": max_len,
+                **counts, "max_len": max_len, **({} if task is None else {"task": task}),
                 "sources": {side: {"path": str(path.resolve()), "bytes": path.stat().st_size}
                             for side, path in (("src", src), ("tgt", tgt))}}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -133,6 +134,18 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
 # meta.json's fields as ``write_store`` writes them: each checked at opening (a value edited by hand, "500" or null,
 # ended in an internal error, and a dtype of the same width was read as another kind of number)
 _COUNTS = ("vocab_size", "max_len", "n_pairs", "skipped_empty", "skipped_long", "n_kept", "n_src_tokens", "n_tgt_tokens")
+
+
+def _scan(ids: np.ndarray, chunk: int = 1 << 24) -> tuple[int, int, int]:
+    """The smallest and largest id and the number of EOS ids, read a chunk at a time: a memory-mapped store
+    stays on disk, and its temporaries are a chunk's."""
+    lows, tops, eos = [], [], 0
+    for start in range(0, len(ids), chunk):
+        part = np.asarray(ids[start:start + chunk])
+        lows.append(int(part.min()))
+        tops.append(int(part.max()))
+        eos += int(np.count_nonzero(part == EOS_ID))
+    return min(lows), max(tops), eos
 
 
 def _check_meta(meta_path: Path, meta: dict) -> None:
@@ -192,12 +205,24 @@ class TokenStore:
         if self._src_offsets[-1] != meta["n_src_tokens"] or self._tgt_offsets[-1] != meta["n_tgt_tokens"]:
             raise DataError(f"{self.path}: lengths sum to {self._src_offsets[-1]} / {self._tgt_offsets[-1]} "
                             f"ids, meta.json says {meta['n_src_tokens']} / {meta['n_tgt_tokens']}; rebuild it")
-        for name, ids in (("src.ids", self._src_ids), ("tgt.ids", self._tgt_ids)):
+        for name, ids, offsets in (("src.ids", self._src_ids, self._src_offsets),
+                                   ("tgt.ids", self._tgt_ids, self._tgt_offsets)):
             if not len(ids):
                 continue
-            if (top := int(ids.max())) >= meta["vocab_size"] or ids.dtype.kind == "i" and (top := int(ids.min())) < 0:
-                raise DataError(f"{self.path / name}: holds id {top}, outside the vocabulary's {meta['vocab_size']} "
-                                "pieces; the store is damaged, rebuild it")
+            low, top, eos = _scan(ids)
+            if top >= meta["vocab_size"] or low < 0:
+                raise DataError(f"{self.path / name}: holds id {top if low >= 0 else low}, outside the vocabulary's "
+                                f"{meta['vocab_size']} pieces; the store is damaged, rebuild it")
+            if low == PAD_ID:  # a block of zero bytes (a crash, a copy cut short and padded) reads as padding
+                raise DataError(f"{self.path / name}: holds the padding id {PAD_ID}, which no pair has; the store "
+                                "is damaged, rebuild it")
+            # each pair is its pieces and one EOS (encode_pairs): lengths moved between pairs (sums unchanged) cut
+            # pairs in the wrong places, which no size or sum above shows
+            if eos != n or len(ends := np.flatnonzero(ids[offsets[1:] - 1] != EOS_ID)):
+                pair = int(ends[0]) if eos == n else None
+                raise DataError(f"{self.path / name}: " + (f"pair {pair} does not end with EOS" if pair is not None
+                                                          else f"{eos} EOS ids for {n} pairs") +
+                                f" ({name.replace('ids', 'len')} and {name} disagree); the store is damaged, rebuild it")
 
     def __len__(self) -> int:
         return len(self.src_lengths)

@@ -364,6 +364,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             raise ConfigError(f"data.vocab_size {d.vocab_size}: the token store {store_path} was written with a "
                               f"vocabulary of {tokenizer.vocab_size} pieces; set data.vocab_size = {tokenizer.vocab_size}")
         store = TokenStore(store_path, vocab_sha256=tokenizer.sha256)
+        if store.stats.get("task", d.task) != d.task:  # a store written before the task was recorded is not checked
+            raise DataError(f"data.train_store {store_path}: pairs of data.task {store.stats['task']!r} (trees or "
+                            f"sentences), and this run's data.task is {d.task!r}: write a store with this config")
+        if d.task == "parse":  # the store holds ids alone: the validation trees show the brackets it should have
+            check_tree_symbols(tokenizer, [t for _, t in valid_pairs], log)
         log(f"train: token store {store_path}, {len(store)} pairs (skipped {store.stats['skipped_empty']} with an "
             f"empty side, {store.stats['skipped_long']} longer than {store.stats['max_len']} pieces)")
         longest = int(max(store.src_lengths.max(), store.tgt_lengths.max())) if len(store) else 0
