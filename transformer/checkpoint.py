@@ -397,6 +397,12 @@ def latest_checkpoint(run_dir: Path, warn: Callable[[str], None] = print,
     return None
 
 
+def same_model(a: Path, b: Path) -> bool:
+    """Whether two checkpoints' records are of one model (``_computed``): what ``checkpoints_to_average`` stops
+    at, for saying why it chose fewer."""
+    return _computed(checkpoint_record(a), a.name) == _computed(checkpoint_record(b), b.name)
+
+
 def _computed(meta: dict[str, Any], name: str) -> dict[str, Any]:
     """A checkpoint's model config less its dropout rates, which shape training alone: checkpoints of one run
     resumed with other dropout (--allow-config-change) compute the same function of their weights."""

@@ -909,7 +909,7 @@ def cmd_average(args: argparse.Namespace) -> None:
     Uniform mean in float64 of the last N checkpoints' weights; writes a model file usable with --checkpoint.
     """
     from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints,
-                             load_checkpoint, run_folder, write_model)
+                             load_checkpoint, run_folder, same_model, write_model)
 
     if args.last < 1:
         raise ConfigError(f"--last must be >= 1, got {args.last}")
@@ -935,8 +935,11 @@ def cmd_average(args: argparse.Namespace) -> None:
                                                        "run": str(Path(args.run_dir).resolve())}
     write_model(args.out, average_checkpoints(paths), meta)
     # it said "the run holds 3" of a run of 4, one of them replaced by the budget's end's (docs/training.md)
+    before = held[:held.index(paths[0])] if paths[0] in held else []
+    other = (f"; {before[-1].stem} and those before it are of another model (a resume with a model change), which "
+             "it leaves out" if len(paths) < args.last and before and not same_model(before[-1], paths[-1]) else "")
     fewer = (f" (--last {args.last}: {len(paths)} of the run's {len(held)} checkpoints are averaged as decoding "
-             "averages them)" if len(paths) < args.last else "")
+             f"averages them{other})" if len(paths) < args.last else "")
     plural = "s" if len(paths) != 1 else ""
     print(f"averaged {len(paths)} checkpoint{plural}{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
 
