@@ -450,3 +450,11 @@ def test_linearize_writes_the_task_files_of_any_trees(tmp_path: Path, capsys) ->
     (tmp_path / "none.mrg").write_text("( (-NONE- *T*) )\n")
     assert main(["linearize", str(tmp_path / "none.mrg"), "--out", str(tmp_path / "none")]) == 1
     assert "no tree with a word" in capsys.readouterr().err
+    # a tree left without a word among others was dropped without a word, and a test split's lines no longer
+    # numbered the file's trees
+    (tmp_path / "mix.mrg").write_text("( (S (NP (NN a)) (. .)) )\n( (S (NP-SBJ (-NONE- *T*-1)) ) )\n"
+                                      "( (S (NP (NN b)) (. .)) )\n")
+    assert main(["linearize", str(tmp_path / "mix.mrg"), "--out", str(tmp_path / "mix")]) == 0
+    err = capsys.readouterr().err
+    assert err == f"left out 1 tree without a word once traces are removed ({tmp_path / 'mix.mrg'}: tree 2)\n", err
+    assert len(read_lines(tmp_path / "mix.words")) == 2

@@ -853,9 +853,14 @@ def cmd_linearize(args: argparse.Namespace) -> None:
     _one_stdin(("trees", args.trees.count(STDIN)))
     for suffix in TREE_FILES:  # before the trees are read: a folder that cannot take them is said first
         check_output(args.out.with_name(f"{args.out.name}.{suffix}"), "--out")
-    trees = [t for path in args.trees for t in read_normalized(path) if t is not None]
+    read = [(path, i, t) for path in args.trees for i, t in enumerate(read_normalized(path), 1)]
+    trees = [t for _, _, t in read if t is not None]
     if not trees:
         raise TreeError(f"{' '.join(map(str, args.trees))}: no tree with a word (once traces are removed)")
+    if empty := [f"{path}: tree {i}" for path, i, t in read if t is None]:  # a test split's lines no longer
+        # number the file's trees: said, with which
+        print(f"left out {len(empty)} tree{'s' if len(empty) > 1 else ''} without a word once traces are removed "
+              f"({', '.join(empty[:5])}{', ...' if len(empty) > 5 else ''})", file=sys.stderr)
     for path in write_tree_files(trees, args.out):
         print(f"{path}: {len(trees):,} {'line' if len(trees) == 1 else 'lines'}")
 
