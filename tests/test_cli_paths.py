@@ -347,3 +347,27 @@ def test_a_folder_or_file_given_for_the_other_is_named_so(tmp_path, capsys, mult
                      "--set", f'data.valid_src="{multi30k / "val.en.gz"}"', "--set",
                      f'data.valid_tgt="{multi30k / "val.de.gz"}"'],
             f"error: data.train_store {text}: a file, not a token store's folder")
+
+
+@pytest.mark.parametrize("command", ["export", "preprocess"])
+def test_a_folder_replaced_from_beside_it_needs_its_parent_writable(tmp_path, capsys, monkeypatch, multi30k, tiny_run,
+                                                                    command):
+    """export and preprocess write the folder beside itself and rename it into place: an --out that exists (empty,
+    or an earlier one with --overwrite) in a folder that takes no file ended in a traceback (PermissionError on the
+    staging folder), where a new --out there was refused in one line."""
+    import os
+
+    parent = tmp_path / "ro"
+    out = parent / "empty"
+    out.mkdir(parents=True)
+    parent.chmod(0o555)
+    if os.geteuid() == 0:  # root writes into any folder: the check is told what another account would find
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: access(p, mode) and not (p == parent and mode & os.W_OK))
+    argv = (["export", str(tiny_run), "--out", str(out)] if command == "export" else
+            ["preprocess", "tiny", "--out", str(out), "--spm", str(tiny_run), "--set",
+             f'data.train_src="{multi30k / "val.en.gz"}"', "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"'])
+    try:
+        refused(capsys, argv, f"error: --out {out}: the folder {parent} is not writable\n")
+    finally:
+        parent.chmod(0o755)

@@ -1020,7 +1020,8 @@ def cmd_params(args: argparse.Namespace) -> None:
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="config file or preset name (the preset even where a folder of that name is "
                    "here); its data section names the corpus")
-    _output(p, "--out", folder=True, required=True, help="store folder to create (must be new or empty)")
+    _output(p, "--out", folder=True, replaced=True, required=True,
+            help="store folder to create (must be new or empty, or --overwrite)")
     _set_option(p)
     p.add_argument("--spm", type=Path, help="sentencepiece model to use (RUN/spm.model, or the run folder RUN); "
                    "default: train one")
@@ -1100,7 +1101,8 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
                    help="ctranslate2: a CTranslate2 model folder; huggingface: a transformers model folder (Marian "
                    "for post-norm runs, Pegasus for pre-norm ones) with its tokenizer; onnx: that model through "
                    "optimum's ONNX exporter, for ONNX Runtime (default: ctranslate2)")
-    _output(p, "--out", folder=True, required=True, help="output folder (must be empty or new)")
+    _output(p, "--out", folder=True, replaced=True, required=True,
+            help="output folder (must be empty or new, or an earlier export with --overwrite)")
     p.add_argument("--checkpoint", type=Path, help="weights file to export, or 'best' for the run's "
                    "best.safetensors (default: the average of the last decode.average_last checkpoints, §6.1)")
     p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
@@ -1317,13 +1319,14 @@ def _dash_output(text: str) -> Path:
 
 
 def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,
-            standard: bool = False, dash: bool = False, **kwargs) -> None:
+            standard: bool = False, dash: bool = False, replaced: bool = False, **kwargs) -> None:
     """An option naming where a command writes: ``main`` checks it (``files.check_output``) before the
     command starts, so no finished work is lost to a path that cannot take it. ``standard``: "-" is stdout,
-    the default; ``dash``: "-" is stdout (``STDOUT``), where the option's default is no output."""
+    the default; ``dash``: "-" is stdout (``STDOUT``), where the option's default is no output; ``replaced``:
+    a folder written beside itself and renamed into place."""
     kind = _standard if standard else _dash_output if dash else _out_path
     action = p.add_argument(option, type=kind, **kwargs)
-    p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder)})
+    p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder, replaced)})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1595,11 +1598,11 @@ def main(argv: list[str] | None = None) -> int:
             args = build_parser().parse_args(argv)  # an OutputError: --help into a closed stdout
             outputs = getattr(args, "outputs", None) or {}
             written: dict[Path, str] = {}  # each output's resolved path, and its option
-            for dest, (option, suffixes, folder) in outputs.items():
+            for dest, (option, suffixes, folder, replaced) in outputs.items():
                 if (given := getattr(args, dest)) is None:
                     continue
                 if given != STDOUT:
-                    check_output(given, option, suffixes, folder)
+                    check_output(given, option, suffixes, folder, replaced)
                     _not_an_input(args, given, option, outputs)
                 if (same := written.setdefault(Path(given).resolve(), option)) != option:  # two -: one output too
                     raise OutputError(f"{option} {given}: is also {same}'s; one file cannot hold both outputs: give "

@@ -169,11 +169,14 @@ def hold_folder(folder: Path, option: str) -> IO[str]:
     return f
 
 
-def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder: bool = False) -> Path:
+def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,
+                 replaced: bool = False) -> Path:
     """``path`` checked before a command starts the work whose result goes there, so that nothing
     finished is lost to a path that cannot be written: its folder exists and is writable, the path is
     not a folder (a file is asked for; ``folder``: a folder is, existing or not), and its suffix is one
-    of ``suffixes`` when given. OutputError names ``option`` and the path otherwise."""
+    of ``suffixes`` when given. ``replaced``: the folder is written beside itself and renamed into place
+    (an export, a token store), so an existing one's parent must take files too. OutputError names
+    ``option`` and the path otherwise."""
     path = Path(path)
     try:
         os.stat(path)
@@ -193,14 +196,15 @@ def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder
     if not parent.is_dir():
         raise OutputError(f"{option} {path}: {parent} is a file, not a folder" if parent.exists() else
                           f"{option} {path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{option} {path}: the folder {parent} is not writable")
-    try:  # os.access answers for the mode bits alone: a folder may still take no file (/proc, /sys, as root)
-        fd, probe = tempfile.mkstemp(dir=parent, prefix=".probe.", suffix=".tmp")
-    except OSError as e:
-        raise OutputError(f"{option} {path}: the folder {parent} takes no new file ({e.strerror})") from None
-    os.close(fd)
-    os.unlink(probe)
+    for folder_in in (parent, path.parent) if folder and replaced and parent == path else (parent,):
+        if not os.access(folder_in, os.W_OK | os.X_OK):
+            raise OutputError(f"{option} {path}: the folder {folder_in} is not writable")
+        try:  # os.access answers for the mode bits alone: a folder may still take no file (/proc, /sys, as root)
+            fd, probe = tempfile.mkstemp(dir=folder_in, prefix=".probe.", suffix=".tmp")
+        except OSError as e:
+            raise OutputError(f"{option} {path}: the folder {folder_in} takes no new file ({e.strerror})") from None
+        os.close(fd)
+        os.unlink(probe)
     if not folder and path.is_dir():
         raise OutputError(f"{option} {path}: is a folder; give a file name")
     if not folder and path.exists() and not os.access(path, os.W_OK):

@@ -141,7 +141,7 @@ def values(action: argparse.Action, outputs: dict) -> list[tuple[str, str]] | No
     know how to hurt (``test_every_command_and_option_is_covered`` fails on it)."""
     name = action.option_strings[0] if action.option_strings else action.dest
     if action.dest in outputs:
-        _, suffixes, folder = outputs[action.dest]
+        _, suffixes, folder, _ = outputs[action.dest]
         if folder:
             return OUT_FOLDER
         suffix = suffixes[0] if suffixes else ".txt"
