@@ -548,6 +548,19 @@ def test_serve_without_its_extra_says_how_to_install_it(missing, capsys, monkeyp
                                                        "'fastapi") and "(the [serve] extra) (" in err and missing in err
 
 
+@pytest.mark.parametrize("missing", ["onnxruntime", "onnx"])
+def test_onnx_export_without_onnxruntime_says_how_to_install_it(missing, capsys, monkeypatch, tmp_path):
+    """optimum asks for onnx and onnxruntime only once its export is done (to fix the graphs' dynamic shapes): an
+    internal error (its RuntimeError) after all the work. Now refused before it, as a missing optimum is."""
+    pytest.importorskip("optimum.exporters.onnx")
+    monkeypatch.setitem(sys.modules, missing, None)  # import fails: what an environment without it does
+    status, out, err = run_here(capsys, "export", str(REFERENCE_RUN), "--format", "onnx", "--out",
+                                str(tmp_path / "onnx"))
+    assert (status, out) == (1, "") and err.startswith(f"error: {missing} is not installed, which optimum's ONNX "
+                                                       "export needs: pip install ") and err.count("\n") == 1, err
+    assert not (tmp_path / "onnx").exists()
+
+
 def test_the_early_stop_help_names_the_runs_default(capsys):
     """Without --early-stop a search stops by the run's decode.early_stop, as the other search options take the
     run's values; the help called bound the default, which a run whose config says top does not use."""

@@ -32,6 +32,7 @@ so a run trained at another ε (ours defaults to the authors' 1e-6) is exported 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import shutil
@@ -472,6 +473,15 @@ def _libraries_quiet() -> Iterator[None]:
             logger.setLevel(level)
 
 
+def _importable(name: str) -> bool:
+    """Whether a module can be imported (an import that fails inside counts as not installed)."""
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
 def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, overwrite: bool = False, log=print) -> Path:
     """The ``transformers`` export converted by ``optimum``'s ONNX exporter: encoder and decoder (with past
     keys and values) graphs, config and tokenizer, for ``optimum.onnxruntime.ORTModelForSeq2SeqLM``."""
@@ -480,6 +490,10 @@ def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, overwr
         from optimum.exporters.onnx import main_export
     except ImportError:
         raise ExportError("optimum's ONNX exporter is not installed: " + install_extra("hf")) from None
+    missing = [name for name in ("onnx", "onnxruntime") if not _importable(name)]
+    if missing:  # optimum asks for them only once its export is done (to fix the graphs' dynamic shapes)
+        raise ExportError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed, which "
+                          f"optimum's ONNX export needs: " + install_extra("hf"))
     with _staged(out, overwrite) as folder, tempfile.TemporaryDirectory() as tmp:
         # its note on LayerNorm's ε holds for the ONNX graphs too; where it wrote the staging folder does not
         hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint,
