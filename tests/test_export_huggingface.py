@@ -289,6 +289,20 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
             "weights)") in _model_card(tmp_path, load_config("tiny"), "Marian", 500, None, three).replace("\n", " ")
     assert "these weights are `step_00000080.json`, the file --checkpoint named" in one and "(these weights)" not in one
     assert "these weights are `best.safetensors`, the file --checkpoint named" in best
+    # the run's summary is of its last update: the card now says which update the weights given are of
+    at = _model_card(tmp_path, load_config("tiny"), "Marian", 500, tmp_path / "checkpoints" / "step_00000080.json",
+                     [], {"step": 80})
+    assert "these weights are `step_00000080.json` (update 80), the file --checkpoint named" in at
+    best_at = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"), [], {"best": {"step": 1500}})
+    assert "`best.safetensors` (update 1,500)" in best_at
+
+
+def test_the_model_card_bounds_generate_as_the_run_does(tmp_path):
+    """The card's example called generate() without a bound: a model that loops wrote 1,024 pieces."""
+    from transformer.export import _model_card
+
+    card = _model_card(tmp_path, load_config("tiny", ["decode.max_len_offset=30"]), "Marian", 500)
+    assert 'limit = batch["input_ids"].shape[1] + 30' in card and "generate(**batch, max_new_tokens=limit)" in card
 
 
 
@@ -333,6 +347,10 @@ def test_a_parsing_run_is_exported_with_a_note_on_what_translate_adds(tiny_parse
     export(tiny_parse_run, tmp_path / "out", log=said.append)
     notes = [m for m in said if m.startswith("note: a parsing run")]
     assert len(notes) == 1 and "-LRB-" in notes[0] and "(decode.constrained)" in notes[0], said
+    if export is export_huggingface:  # the card travels without the log: it was a translation model's, "en→de"
+        card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+        assert "pipeline_tag: text2text-generation" in card and "language:" not in card
+        assert "the exported model does not, so escape the input yourself" in card and '["The dog barked ."]' in card
 
 
 def test_the_model_card_says_when_the_runs_layernorm_eps_drifts(tmp_path):

@@ -318,18 +318,21 @@ def _shown(path: str) -> str:
 
 
 def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoint: Path | None = None,
-                averaged: list[Path] | None = None) -> str:
+                averaged: list[Path] | None = None, record: dict | None = None) -> str:
     """README.md of an exported folder: what the model is, how it was trained and scored, and which of the
-    run's weights it holds (``checkpoint``, as --checkpoint gave it; None: the average decoding takes, of the
-    files ``averaged`` names where given: a run of fewer checkpoints than decode.average_last averages fewer)."""
+    run's weights it holds (``checkpoint``, as --checkpoint gave it, with its ``record``; None: the average
+    decoding takes, of the files ``averaged`` names where given: a run of fewer checkpoints than
+    decode.average_last averages fewer). A parsing run's card says what its exported model does not (§6.3)."""
     m, d = cfg.model, cfg.data
     if checkpoint is None and averaged:
         weights = (f"the average of the run's last {len(averaged)} checkpoint(s), "
                    f"{', '.join(p.stem for p in averaged)} (these weights)")
     else:
+        step = (record or {}).get("step", ((record or {}).get("best") or {}).get("step"))
+        at = f" (update {step:,})" if isinstance(step, int) and not isinstance(step, bool) else ""
         weights = f"the average of the last {cfg.decode.average_last} checkpoints" + (
             " (these weights)" if checkpoint is None else
-            f"; these weights are `{chosen_weights(run_dir, checkpoint).name}`, the file --checkpoint named")
+            f"; these weights are `{chosen_weights(run_dir, checkpoint).name}`{at}, the file --checkpoint named")
     summary_path = run_dir / "summary.json"
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
@@ -342,13 +345,19 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
              "model's outputs differ slightly from the run's own.\n")
     norm = ("score / length^α, as `generate` divides" if cfg.decode.length_norm == "length" else
             "GNMT's; `generate` divides by length^α instead")
+    if (parse_note := _parse_note(cfg)) is None:
+        head = (f"pipeline_tag: translation\nlanguage: [{d.src_lang}, {d.tgt_lang}]\n"
+                f"tags: [translation, transformer, {architecture.lower()}]")
+        title, example = f"{d.src_lang}→{d.tgt_lang} Transformer", "A man is riding a bike."
+    else:  # its "languages" are words and trees: no language codes, and a parsing example
+        head = f"pipeline_tag: text2text-generation\ntags: [constituency-parsing, transformer, {architecture.lower()}]"
+        title, example = "English constituency parser (§6.3 of Vaswani et al., 2017)", "The dog barked ."
+        drift += "\nA parsing run: " + parse_note.removeprefix("note: a parsing run: ") + ".\n"
     return f"""---
 library_name: transformers
-pipeline_tag: translation
-language: [{d.src_lang}, {d.tgt_lang}]
-tags: [translation, transformer, {architecture.lower()}]
+{head}
 ---
-# {d.src_lang}→{d.tgt_lang} Transformer ({architecture} layout)
+# {title} ({architecture} layout)
 
 A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and exported from `{run_dir.name}`.
 
@@ -363,8 +372,10 @@ A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and 
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained("PATH")
 model = AutoModelForSeq2SeqLM.from_pretrained("PATH")
-batch = tokenizer(["A man is riding a bike."], return_tensors="pt", padding=True)
-print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
+batch = tokenizer(["{example}"], return_tensors="pt", padding=True)
+# the run's own length limit, the source's length + {cfg.decode.max_len_offset}: without it, up to 1,024 pieces
+limit = batch["input_ids"].shape[1] + {cfg.decode.max_len_offset}
+print(tokenizer.batch_decode(model.generate(**batch, max_new_tokens=limit), skip_special_tokens=True))
 ```
 """
 
@@ -452,7 +463,7 @@ def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -
                                     split_special_tokens=True)  # "</s>" in a text is text, as ours reads it
         tokenizer.save_pretrained(out)
     card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size, checkpoint,
-                       translator.weights_from)
+                       translator.weights_from, translator.weights_record)
     (out / "README.md").write_text(card, encoding="utf-8")
     return architecture, translator.cfg.model.ln_eps
 
