@@ -1088,6 +1088,7 @@ def test_serve_takes_the_tables_ensemble_as_translate_does(tmp_path, capsys, mon
                 answers.append(c.post("/v1/translate", json={"text": MATRIX_LINES["translate"], **body}))
             answers.append(c.post("/v1/attention", json={"text": MATRIX_LINES["translate"][0]}))
             answers.append(c.get("/health"))
+            answers.append(c.get("/"))
 
     monkeypatch.setattr(uvicorn.Server, "run", served)
     with socket.socket() as s:
@@ -1099,7 +1100,9 @@ def test_serve_takes_the_tables_ensemble_as_translate_does(tmp_path, capsys, mon
     capsys.readouterr()
     assert main(["translate", run, "--ensemble", run, "--beam", "3", "--nbest", "2",
                  "--input", str(tmp_path / "in.txt")]) == 0
-    nbest, refused, attention, health = answers
+    nbest, refused, attention, health, page = answers
+    # the page asked for the attention after each translation, and showed the refusal as an error each time
+    assert 'id="attention" data-drawn="false"' in page.text and 'attention.dataset.drawn === "true"' in page.text
     # which weights the other run gave (it named the first run's alone)
     assert health.json()["ensemble"] == [{"run": REFERENCE_RUN.name, "weights": health.json()["weights"]}]
     assert nbest.status_code == 200 and capsys.readouterr().out == "".join(

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import gzip
 import json
 import threading
 import time
@@ -17,7 +18,7 @@ import transformer  # noqa: E402
 from transformer.data import encode_for_decoding  # noqa: E402
 from transformer.figures import attention_maps  # noqa: E402
 from transformer.request import DecodeRequest  # noqa: E402
-from transformer.config import ConfigError  # noqa: E402
+from transformer.config import MAX_ALPHA, ConfigError  # noqa: E402
 from transformer.serve import MAX_RESTARTS, Batcher, LimitError, Limits, _in_model_thread, create_app  # noqa: E402
 from transformer.translator import Translator  # noqa: E402
 
@@ -120,6 +121,8 @@ def test_batches_respect_the_token_bound_and_beam(translator):
     ({"text": ["a"], "constraints": [["a" * 100, "b" * 100]]}, 422, "constraints[0]: 201 characters"),  # joined
     ({"text": ["a"], "beam": 0}, 422, "beam 0: must be at least 1"),
     ({"text": ["a"], "beam": 17}, 422, "beam: 17, more than the limit of 16 (--max-beam)"),
+    # the server's limit, not the vocabulary's size (1,000 pieces), which a beam past both was refused by
+    ({"text": ["a"], "beam": 1001}, 422, "beam: 1001, more than the limit of 16 (--max-beam)"),
     ({"text": ["a"], "alpha": -1.0}, 422, "alpha -1.0: must be a finite number >= 0"),
     ({"text": "not a list"}, 422, "invalid request: text: Input should be a valid list"),
     ({"beam": 4}, 422, "invalid request: text: Field required"),
@@ -349,6 +352,14 @@ def test_a_body_not_sent_as_json_is_told_so(client):
         assert r.status_code == 415 and "Content-Type: application/json" in r.json()["error"], r.json()
     r = client.post("/v1/translate", content=body, headers={"content-type": "application/json; charset=utf-8"})
     assert r.status_code == 200
+    # a compressed body was read as sent: "malformed JSON: the body is not UTF-8 text"
+    r = client.post("/v1/translate", content=gzip.compress(body.encode()),
+                    headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 415 and r.json()["error"] == ("Content-Encoding gzip: the server reads a body as it is "
+                                                          "sent; send it uncompressed"), r.json()
+    r = client.post("/v1/translate", content=body, headers={"content-type": "application/json",
+                                                            "content-encoding": "identity"})
+    assert r.status_code == 200
 
 
 def test_malformed_json_and_large_bodies(client):
@@ -406,9 +417,36 @@ def test_health_page_and_openapi(client):
             assert head.headers[header] == got.headers[header], (path, header)
     page = client.get("/")
     assert page.status_code == 200 and "renderAttention" in page.text and "/v1/translate" in page.text
+    # the α field's bound is the API's (it was 2, where the API takes up to 10), and one model's attention is drawn
+    assert f'id="alpha" type="number" min="0" max="{MAX_ALPHA:g}"' in page.text and 'data-drawn="true"' in page.text
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/translate", "/v1/attention", "/health"} <= set(paths)
     assert client.get("/openapi.json").json()["info"]["version"] == transformer.__version__
+
+
+def test_the_openapi_description_is_of_the_answers_sent(client):
+    """/openapi.json described FastAPI's own 422 body ({"detail": [{loc, msg, type}]}), which the server never
+    sends, none of its 400/413/415/503, and /v1/attention's answer as {}: a client generated from it read every
+    error wrongly. Each answer described now validates against its schema."""
+    from transformer.serve import AttentionResponse, ErrorResponse
+
+    spec = client.get("/openapi.json").json()
+    for path in ("/v1/translate", "/v1/score", "/v1/attention"):
+        answers = spec["paths"][path]["post"]["responses"]
+        for status in ("400", "413", "415", "422", "503"):
+            assert answers[status]["content"]["application/json"]["schema"] == \
+                {"$ref": "#/components/schemas/ErrorResponse"}, (path, status)
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    assert spec["paths"]["/v1/attention"]["post"]["responses"]["200"]["content"]["application/json"]["schema"] == \
+        {"$ref": "#/components/schemas/AttentionResponse"}
+    invalid = client.post("/v1/translate", json={"text": ["A dog."], "beam": "4", "beem": 2})
+    malformed = client.post("/v1/translate", content=b"{", headers={"content-type": "application/json"})
+    refused = client.post("/v1/translate", json={"text": ["A dog."], "sample": True, "beam": 2})
+    for answer, status in ((invalid, 422), (malformed, 400), (refused, 422)):
+        assert answer.status_code == status and ErrorResponse.model_validate(answer.json()).error, answer.json()
+    assert len(ErrorResponse.model_validate(invalid.json()).detail) == 2
+    maps = client.post("/v1/attention", json={"text": "A dog runs."})
+    assert maps.status_code == 200 and AttentionResponse.model_validate(maps.json()).scale > 0
 
 
 def run_batcher(translator, limits: Limits, scenario):

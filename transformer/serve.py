@@ -54,7 +54,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from starlette.exceptions import HTTPException
 
 from . import __version__
-from .config import ConfigError, ServeLimits as Limits
+from .config import MAX_ALPHA, ConfigError, ServeLimits as Limits
 from .decode import Stopped
 from .errors import UserError
 from .figures import align, attention_maps, web_page
@@ -174,6 +174,36 @@ class AttentionRequest(BaseModel):
     text: Text = Field(description="one source sentence")
     translation: Text | None = Field(None, description="target to teacher-force (default: the model's own "
                                                       "translation with the run's beam settings)")
+
+
+class AttentionResponse(BaseModel):  # the schema /openapi.json shows: the answer is written as JSON directly
+    translation: str = Field(description="the target the maps are of (the one sent, else the model's own)")
+    src: list[str] = Field(description="the source's pieces, EOS included")
+    tgt_in: list[str] = Field(description="the decoder's input pieces (the target shifted right)")
+    tgt_out: list[str] = Field(description="the pieces it predicts, EOS included")
+    scale: int = Field(description="a weight is its integer / scale")
+    shape: dict[str, list[int]] = Field(description="per kind (encoder, decoder, cross): [layers, heads, queries, "
+                                                    "keys]")
+    weights: dict[str, list[int]] = Field(description="per kind: the weights × scale, row-major over shape")
+
+
+class ErrorDetail(BaseModel):
+    field: str = Field(description="the request's field, dotted (\"\": the body)")
+    problem: str
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="what is wrong, in one line")
+    detail: list[ErrorDetail] | None = Field(None, description="422 for fields of the wrong kind: each field "
+                                                               "and its problem (the first ten)")
+
+
+_ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
+    (400, "malformed JSON"), (413, "a body, a list or a text over the server's limits"),
+    (415, "a body not sent as application/json"),
+    (422, "an invalid request: a field of the wrong kind (with detail), options the search refuses together, a "
+          "value out of range or over the server's limits"),
+    (503, "busy or shutting down: try again after Retry-After seconds"))}
 
 
 class LimitError(Exception):
@@ -426,14 +456,19 @@ class Batcher:
 
 
 class BodyLimit:
-    """ASGI middleware: refuses a body over ``limit`` bytes with 413, whether or not it says its length."""
+    """ASGI middleware: refuses a body over ``limit`` bytes with 413, whether or not it says its length, and a
+    compressed one (Content-Encoding) with 415: it was read as JSON as sent, "the body is not UTF-8 text"."""
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        if (coding := headers.get(b"content-encoding", b"").strip().lower()) not in (b"", b"identity"):
+            return await send_error(send, 415, f"Content-Encoding {coding.decode('latin-1')}: the server reads a body "
+                                               "as it is sent; send it uncompressed")
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await self._refuse(send)
         received, started, refused = 0, False, False
@@ -543,15 +578,15 @@ def _decode_request(req: TranslateRequest, translator: Translator, lines: list[s
                           prefixes=None if req.prefix is None else list(req.prefix),
                           constraints=None if req.constraints is None else [list(cs) for cs in req.constraints],
                           sample=req.sample, topk=req.topk, topp=req.topp, temperature=req.temperature, seed=req.seed)
+    # the server's limit first: a beam past the vocabulary's size too was refused as "wider than the vocabulary"
+    if req.sample and (req.nbest or 1) > max_beam:  # the run's own beam (req.beam None) is within max_beam
+        raise LimitError(422, f"nbest: {req.nbest} draws, more than the limit of {max_beam} (--max-beam)")
+    if not req.sample and req.beam is not None and req.beam > max_beam:
+        raise LimitError(422, f"beam: {req.beam}, more than the limit of {max_beam} (--max-beam)")
     try:
-        asked = translator.check(asked, lines, API)
+        return translator.check(asked, lines, API)
     except ConfigError as e:
         raise LimitError(422, str(e)) from None
-    if asked.sample and (asked.nbest or 1) > max_beam:
-        raise LimitError(422, f"nbest: {asked.nbest} draws, more than the limit of {max_beam} (--max-beam)")
-    if not asked.sample and asked.beam_size > max_beam:
-        raise LimitError(422, f"beam: {asked.beam_size}, more than the limit of {max_beam} (--max-beam)")
-    return asked
 
 
 def _answer(req: TranslateRequest, found: list[list[tuple]]) -> TranslateResponse:
@@ -701,7 +736,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
 
     _answer_errors_in_json(app)
 
-    @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True)
+    @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True, responses=_ERRORS)
     async def translate(req: TranslateRequest, request: Request) -> TranslateResponse:
         """Translate sentences with beam search (or, with "sample", by drawing from the model); requests
         from all clients with the same settings are decoded together."""
@@ -723,7 +758,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
             found[i] = hyps
         return _answer(req, found)
 
-    @app.post("/v1/score", response_model=ScoreResponse)
+    @app.post("/v1/score", response_model=ScoreResponse, responses=_ERRORS)
     async def score(req: ScoreRequest, request: Request) -> ScoreResponse:
         """Score given translations (forced decoding): the beam's length-normalised score of each and
         its log-probability; queued and batched like translations."""
@@ -741,7 +776,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
                                 {"translation": list(req.translation)})
         return ScoreResponse(scores=[r.score for r in results], log_probs=[r.log_prob for r in results])
 
-    @app.post("/v1/attention")
+    @app.post("/v1/attention", responses={200: {"model": AttentionResponse}} | _ERRORS)
     async def attention(req: AttentionRequest, request: Request) -> Response:
         """Every layer's attention weights for one sentence pair, in the compact form the page draws:
         {"translation", "src", "tgt_in", "tgt_out", "scale", "shape": {kind: [L, H, Tq, Tk]},
@@ -772,7 +807,9 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         return _health(getattr(app.state, "batcher", None), name, weights, ensemble)
 
     page = web_page("index.html", {"{{TITLE}}": html.escape(name), "{{BEAM}}": str(decode.beam_size),
-                                   "{{MAX_BEAM}}": str(max_beam), "{{ALPHA}}": str(decode.alpha)})
+                                   "{{MAX_BEAM}}": str(max_beam), "{{ALPHA}}": str(decode.alpha),
+                                   "{{MAX_ALPHA}}": f"{MAX_ALPHA:g}",
+                                   "{{DRAWN}}": "false" if translator.setup.ensemble else "true"})
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:
