@@ -10,7 +10,7 @@ of this project need care:
   exported embedding tables have row 0 zeroed and ``decoder_start_token`` is the PAD piece, so the
   first decoder input is PE(0), as ours.
 - With tied weights our pre-softmax projection still uses row 0 of the shared matrix. The exported
-  projection is therefore its own copy of the full matrix, with a bias of -1e9 on PAD so it is never
+  projection is therefore its own copy of the full matrix, with a bias of -1e4 on PAD so it is never
   output (our search sets PAD's log-probability to -inf).
 
 CTranslate2's beam search normalises scores by length^α, not GNMT's ((5+|Y|)/6)^α (§6.1), so beam
@@ -22,8 +22,8 @@ as [sin | cos] halves where ours interleaves them (§3.5). Permuting the d_model
 that reads or writes the residual stream (embedding columns, the input columns of Q/K/V, FFN and the
 output projection, the output rows of attention and FFN, LayerNorm's γ and β) gives the same function.
 The same PAD and projection treatment as above applies: row 0 of the embeddings zeroed, an untied full
-projection, and ``final_logits_bias`` -1e9 on PAD. A Marian export has one row more, a "<pad>" at the
-end that nothing outputs or reads (zero, -1e9): CTranslate2's converter takes a Marian model's last
+projection, and ``final_logits_bias`` -1e4 on PAD. A Marian export has one row more, a "<pad>" at the
+end that nothing outputs or reads (zero, -1e4): CTranslate2's converter takes a Marian model's last
 token for OPUS-MT's padding and drops it; our PAD, id 0, stays the decoder's start symbol, named
 "<s>" there. Ids 0 .. V-1 are ours, so the tokenizer gives our ids. Both fix LayerNorm's ε at 1e-5 (no config field),
 so a run trained at another ε (ours defaults to the authors' 1e-6) is exported with a small drift.
@@ -51,6 +51,11 @@ from .errors import UserError, install_extra
 from .model import Transformer
 from .tokenizer import EOS_ID, PAD_ID, UNK_ID
 from .translator import Translator
+
+# the logit bias of a piece never output (PAD): exp(-1e4) is 0 in every float type, and it stays finite in float16
+# (at most 65,504), where -1e9 became -inf (numpy's overflow warning at a float16 CTranslate2 export; an infinite
+# label-smoothed loss to a fine-tune in float16)
+NEVER = -1e4
 
 
 class ExportError(UserError):
@@ -131,7 +136,7 @@ def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int =
     out_weight = model.target_embedding.weight if cfg.share_output else model.output_proj.weight
     spec.decoder.projection.weight = _numpy(out_weight)
     bias = np.zeros(out_weight.size(0), dtype=np.float32)
-    bias[PAD_ID] = -1e9  # PAD is never an output
+    bias[PAD_ID] = NEVER  # PAD is never an output
     spec.decoder.projection.bias = bias
 
     spec.register_source_vocabulary(pieces)
@@ -220,7 +225,7 @@ HF_LN_EPS = 1e-5  # LayerNorm ε of transformers' Marian and Pegasus layers (not
 
 def huggingface_model(model: Transformer, max_positions: int = 1024):
     """``model`` as a ``transformers`` MarianMTModel (post-norm) or PegasusForConditionalGeneration
-    (pre-norm) in eval mode, computing the same logits (PAD's aside: -1e9 there, never an output)."""
+    (pre-norm) in eval mode, computing the same logits (PAD's aside: NEVER there, never an output)."""
     try:
         from transformers import MarianConfig, MarianMTModel, PegasusConfig, PegasusForConditionalGeneration
     except ImportError:
@@ -306,8 +311,8 @@ def huggingface_model(model: Transformer, max_positions: int = 1024):
         hf.lm_head.weight.zero_()
         hf.lm_head.weight[:vocab] = model.output_weight[:, perm]  # untied: row 0 kept, as our projection has it
         hf.final_logits_bias.zero_()
-        hf.final_logits_bias[0, PAD_ID] = -1e9  # PAD is never an output
-        hf.final_logits_bias[0, vocab:] = -1e9  # nor Marian's trailing "<pad>"
+        hf.final_logits_bias[0, PAD_ID] = NEVER  # PAD is never an output
+        hf.final_logits_bias[0, vocab:] = NEVER  # nor Marian's trailing "<pad>"
     return hf
 
 
