@@ -556,9 +556,19 @@ def test_onnx_export_without_onnxruntime_says_how_to_install_it(missing, capsys,
     monkeypatch.setitem(sys.modules, missing, None)  # import fails: what an environment without it does
     status, out, err = run_here(capsys, "export", str(REFERENCE_RUN), "--format", "onnx", "--out",
                                 str(tmp_path / "onnx"))
-    assert (status, out) == (1, "") and err.startswith(f"error: {missing} is not installed, which optimum's ONNX "
-                                                       "export needs: pip install ") and err.count("\n") == 1, err
+    assert (status, out) == (1, "") and err.startswith(f"error: {missing}, which optimum's ONNX export needs, is not "
+                                                       "installed: pip install ") and err.count("\n") == 1, err
     assert not (tmp_path / "onnx").exists()
+
+
+@pytest.mark.parametrize("fmt, missing, what", [("ctranslate2", "ctranslate2", "CTranslate2"),
+                                                 ("huggingface", "transformers", "transformers")])
+def test_an_export_without_its_library_says_so_before_the_work(fmt, missing, what, capsys, monkeypatch, tmp_path):
+    """The missing library was found only once the run's average was made (minutes for a big model)."""
+    monkeypatch.setitem(sys.modules, missing, None)
+    status, out, err = run_here(capsys, "export", str(REFERENCE_RUN), "--format", fmt, "--out", str(tmp_path / "x"))
+    assert (status, out) == (1, "") and err.startswith(f"error: {what} is not installed: pip install "), err
+    assert "averaging" not in err and not (tmp_path / "x").exists()
 
 
 def test_the_early_stop_help_names_the_runs_default(capsys):

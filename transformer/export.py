@@ -200,6 +200,7 @@ def export_ctranslate2(run_dir: Path, out: Path, checkpoint: Path | None = None,
     its force, an empty ``out`` included, and with it deletes an earlier export before writing the new one.
     """
     out = Path(out)
+    _require("ctranslate2", "CTranslate2", "export")
     with _staged(out, overwrite) as folder:
         translator = Translator(run_dir, checkpoint, log=log, device="cpu")
         spec = ctranslate2_spec(translator.model, translator.tokenizer.vocabulary())
@@ -426,6 +427,7 @@ def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None,
     folder: config.json, model.safetensors, generation_config.json, a MarianTokenizer that gives our
     ids (source.spm, target.spm, vocab.json, tokenizer_config.json) and README.md."""
     out = Path(out)
+    _require("transformers", "transformers", "hf")
     with _staged(out, overwrite) as folder:
         architecture, ln_eps = _write_huggingface(Path(run_dir), checkpoint, folder, log)
     log(f"exported {run_dir} to {out} (transformers {architecture}; AutoModelForSeq2SeqLM.from_pretrained)")
@@ -489,13 +491,13 @@ def _libraries_quiet() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def _importable(name: str) -> bool:
-    """Whether a module can be imported (an import that fails inside counts as not installed)."""
+def _require(module: str, what: str, extra: str) -> None:
+    """ExportError saying how to install ``module`` where it cannot be imported: before the work (the run's
+    average, minutes for a big model), not after it."""
     try:
-        importlib.import_module(name)
+        importlib.import_module(module)
     except ImportError:
-        return False
-    return True
+        raise ExportError(f"{what} is not installed: " + install_extra(extra)) from None
 
 
 def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, overwrite: bool = False, log=print) -> Path:
@@ -506,10 +508,9 @@ def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, overwr
         from optimum.exporters.onnx import main_export
     except ImportError:
         raise ExportError("optimum's ONNX exporter is not installed: " + install_extra("hf")) from None
-    missing = [name for name in ("onnx", "onnxruntime") if not _importable(name)]
-    if missing:  # optimum asks for them only once its export is done (to fix the graphs' dynamic shapes)
-        raise ExportError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed, which "
-                          f"optimum's ONNX export needs: " + install_extra("hf"))
+    for module in ("onnx", "onnxruntime"):  # optimum asks for them only once its export is done (to fix the graphs'
+        _require(module, f"{module}, which optimum's ONNX export needs,", "hf")  # dynamic shapes)
+    _require("transformers", "transformers", "hf")
     with _staged(out, overwrite) as folder, tempfile.TemporaryDirectory() as tmp:
         # its note on LayerNorm's ε holds for the ONNX graphs too; where it wrote the staging folder does not
         hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint,
