@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -320,6 +321,9 @@ def test_a_rank_stops_once_when_its_launcher_is_gone(monkeypatch):
     threads: a second SIGTERM, "stop at once", and the steps since the last checkpoint were lost. The
     launcher's pid is taken out of the environment: a rank's own children are none."""
     sent, parent = [], [4321]
+    joined = threading.Event()
+    joined.set()  # in its job: the signal is left to training (a rank still joining is the next test's)
+    monkeypatch.setattr(distributed, "JOINED", joined)
     monkeypatch.setattr(distributed.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     monkeypatch.setattr(distributed.os, "getppid", lambda: parent[0])
     monkeypatch.setattr(distributed, "LAUNCHER_POLL_S", 0.01)
@@ -342,6 +346,39 @@ def test_a_rank_stops_once_when_its_launcher_is_gone(monkeypatch):
     distributed.die_with_launcher()  # not a rank of launch_local: nothing watched
     time.sleep(0.2)
     assert len(sent) == 2
+
+
+def test_a_rank_stuck_joining_its_job_exits_once_its_launcher_is_gone(tmp_path):
+    """Joining the job, a rank connects to the launcher's rendezvous store: with the launcher killed there, torch
+    retried in C++ for ten minutes, where Python never took the SIGTERM, an orphan writing stack traces. Here the
+    signal is ignored to stand for that: the rank exits on its own, 143, once the grace has passed."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import signal, time\n"
+        "from transformer import distributed\n"
+        "distributed.LAUNCHER_POLL_S, distributed.JOIN_GRACE_S = 0.05, 1.0\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a signal Python never takes, as in torch's C++ retries\n"
+        "distributed.die_with_launcher()\n"
+        "time.sleep(60)\n")
+    # the rank's launcher is its parent: a shell that starts it and is killed
+    shell = subprocess.Popen(["bash", "-c", f"{distributed.LAUNCHER_PID}=$$ {sys.executable} {script} & echo $!; wait"],
+                             stdout=subprocess.PIPE, text=True)
+    rank = int(shell.stdout.readline())
+    shell.kill()
+    shell.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(rank):
+        time.sleep(0.1)
+    assert not _alive(rank), "the rank outlived its launcher"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped by init) is gone
+        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def test_ctrl_c_to_a_data_parallel_job_says_it_stopped_once(tmp_path, tiny_overrides):

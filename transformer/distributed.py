@@ -77,6 +77,7 @@ def setup(timeout_s: float) -> Dist:
     waits = torch_dist.new_group(backend="gloo", timeout=RANK0_WAIT)
     control = None if device.type == "cpu" else torch_dist.new_group(
         backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    JOINED.set()
     return Dist(torch_dist.get_rank(), world, device, waits, control, timeout_s)
 
 
@@ -197,6 +198,8 @@ def launch_local(nproc: int, argv: list[str]) -> int:
 # Set by ``launch_local`` for the ranks it starts: the launcher's pid (``die_with_launcher``).
 LAUNCHER_PID = "TRANSFORMER_LAUNCHER_PID"
 LAUNCHER_POLL_S = 1.0  # how often a rank looks for its launcher (``die_with_launcher``)
+JOINED = threading.Event()  # set once this process has joined its job (``setup``)
+JOIN_GRACE_S = 10.0  # how long a rank not yet joined may take to stop once its launcher is gone
 
 
 def die_with_launcher() -> None:
@@ -209,7 +212,12 @@ def die_with_launcher() -> None:
     A thread of the rank looks for its parent every ``LAUNCHER_POLL_S``. Linux's parent-death signal
     (prctl PR_SET_PDEATHSIG), asked for before, is kept by every thread started after it (torch's) and sent once
     for each: a rank took the second SIGTERM as "stop at once" and lost the steps since its last checkpoint.
-    The variable is taken out of the environment: what the rank starts is not a rank."""
+    The variable is taken out of the environment: what the rank starts is not a rank.
+
+    A rank still joining its job when the launcher goes is connecting to the launcher's rendezvous store, which
+    is gone with it: torch retries in C++ for minutes, where Python never takes the signal, and the rank lived
+    on as an orphan writing C++ stack traces to the dead launcher's stderr for ten minutes. One that has not
+    joined within ``JOIN_GRACE_S`` of the signal exits at once (143, as on SIGTERM): it has written nothing."""
     launcher = os.environ.pop(LAUNCHER_PID, None)
     if launcher is None or os.name != "posix":
         return
@@ -218,6 +226,11 @@ def die_with_launcher() -> None:
         while os.getppid() == int(launcher):
             time.sleep(LAUNCHER_POLL_S)
         os.kill(os.getpid(), signal.SIGTERM)
+        if not JOINED.wait(JOIN_GRACE_S):  # still alive, and not in the job: stuck joining it
+            with contextlib.suppress(OSError, ValueError):  # its stderr may be the dead launcher's pipe
+                print("terminated: the launcher is gone and this rank had not joined its job", file=sys.stderr,
+                      flush=True)
+            os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
