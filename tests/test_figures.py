@@ -318,6 +318,9 @@ def test_layers_and_heads_are_counted_from_one():
     for layer in (0, 3):
         with pytest.raises(FigureError, match=rf"^--layer {layer}: the model has 2 layers \(1..2\)$"):
             chosen_heads(2, 4, layer, None)
+    # a head given twice was drawn twice, with two legend entries of one head
+    with pytest.raises(FigureError, match=r"^--heads 1,3,1,3,2: head 1,3 given twice; give each once$"):
+        chosen_heads(2, 4, 1, [1, 3, 1, 3, 2])
 
 
 def test_a_piece_after_a_special_token_starts_a_word():

@@ -97,6 +97,15 @@ def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides
     assert (f"resuming with another validation set: data.valid_src: '{tmp_path}/val0_50.en' -> '{src}'; "
             f"data.valid_tgt: '{tmp_path}/val0_50.de' -> '{tgt}'; validation figures from here on are of it"
             ) in (run / "train.log").read_text()
+    # a folder whose run stopped before its first checkpoint starts from scratch: it said "resuming with another
+    # budget" first
+    early = tmp_path / "early"
+    early.mkdir()
+    shutil.copy(run / "config.toml", early / "config.toml")
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", f'data.valid_src="{src}"',
+                                                f'data.valid_tgt="{tgt}"']), early, resume=True, quiet=True)
+    log = (early / "train.log").read_text()
+    assert "starting from scratch" in log and "resuming with another" not in log, log
 
 
 def test_a_resume_from_another_folder_names_the_same_files_otherwise(tmp_path, tiny_overrides, monkeypatch):
@@ -1392,6 +1401,37 @@ def test_a_second_signal_stops_at_once_and_says_no_checkpoint_was_written(tmp_pa
             pytest.fail("a bare KeyboardInterrupt, which the command line reports as 'interrupted' alone")
     assert stopped.value.exit_code == 130
     assert "SIGINT again: stopped at once" in (run / "train.log").read_text()
+
+
+def test_a_stop_signal_then_the_other_ranks_gone_is_told_as_the_stop_not_a_crash(tmp_path, tiny_overrides,
+                                                                                 monkeypatch):
+    """A signal at a job's start: the rank still starting stopped at once, and this one, which took it as "stop
+    after this step", lost it at the step's end: "lost the other processes ... a remote worker crashing", with a
+    traceback file. It is now the stop it was, 143, naming what --resume does."""
+    from transformer import cli, distributed
+    from transformer.train import TrainInterrupted
+
+    step, calls = training.queue_step, []
+
+    def signalled_then_alone(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:46314")
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(training, "queue_step", signalled_then_alone)
+    monkeypatch.setattr(distributed, "lost_contact", lambda e: "Connection closed by peer" in str(e))
+    with cli.sigterm_raises(), pytest.raises(TrainInterrupted, match=r"^SIGTERM: training stopped in step \d+, "
+                                             r"without a checkpoint of it: another process of the job had stopped on "
+                                             r"the signal before it; none was written before it, so --resume starts"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=8", "train.save_every=4"]), tmp_path / "run",
+              quiet=True)
+    calls.clear()  # without a signal first, the same error is still the lost peer it is (the command says so)
+    with cli.sigterm_raises(), pytest.raises(RuntimeError, match="Connection closed by peer"):
+        monkeypatch.setattr(training, "queue_step", lambda *a, **k: (_ for _ in ()).throw(
+            RuntimeError("Connection closed by peer")))
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=8"]), tmp_path / "other", quiet=True)
 
 
 def sigterm_while_saving(monkeypatch) -> None:

@@ -101,7 +101,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                    help="data-parallel processes on this machine (§5.2: one machine, 8 GPUs; here one per GPU, gloo "
                         "on CPU): runs this command under torchrun. Many machines: torchrun --nnodes M "
                         "--nproc-per-node G -m transformer train ARGS. Tokens per step = train.max_tokens x "
-                        "update_freq x processes (default: 1)")
+                        "update_freq x processes (default: 1; at most one per GPU, else one per CPU core)")
 
 
 @command("train", _train_arguments)

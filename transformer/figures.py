@@ -145,6 +145,9 @@ def chosen_heads(n_layers: int, n_heads: int, layer: int, heads: list[int] | Non
     bad = [h for h in heads if not 1 <= h <= n_heads]
     if bad:
         raise FigureError(f"--heads {','.join(map(str, bad))}: the model has {n_heads} heads (1..{n_heads})")
+    if twice := sorted({h for h in heads if heads.count(h) > 1}):  # drawn twice, two legend entries for one head
+        raise FigureError(f"--heads {','.join(map(str, heads))}: head {','.join(map(str, twice))} given twice; give "
+                          "each once")
     return heads
 
 

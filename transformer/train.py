@@ -324,24 +324,27 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 raise TrainError(f"--resume with a config that differs from {source} in: {'; '.join(changed)} "
                                  "(pass --allow-config-change to resume anyway)")
             log(f"resuming with changed config (--allow-config-change): {'; '.join(changed)}")
-        if valid := [c for c in cfg.differences(saved, "data", ("valid_src", "valid_tgt")) if not spelt_otherwise(c)]:
-            # may change: said, as it splits the curve
-            log(f"resuming with another validation set: {'; '.join(valid)}; validation figures from here on are of "
-                "it, those logged before of the earlier one" + (
-                    " (train.keep_best's best so far, too, which later ones are compared with)"
-                    if cfg.train.keep_best else ""))
-        budget = cfg.differences(saved, "train", ("max_steps", "max_minutes"))
-        if budget:  # a budget is not part of what a run is: continuing a run for longer (or less) needs no flag
-            cooldown = cfg.train.cooldown_fraction
-            log(f"resuming with another budget: {'; '.join(budget)}" + (
-                f"; the cooldown (train.cooldown_fraction {cooldown:g}) is the new budget's last part, so a run "
-                "already cooled down goes back to eq. (3)'s rate until then" if cooldown else ""))
-        if clock := cfg.differences(saved, "train", ("save_every", "save_minutes")):  # allowed, and said: as a warning
-            log(f"resuming with another save clock: {'; '.join(clock)}; until decode.average_last checkpoints of it "
-                "are written, the average of the last ones spans both clocks, unevenly spaced")
-        if numerics := cfg.differences(saved, "train", ("precision", "threads", "compile")):  # a run moved, say
-            log(f"resuming with other numerics: {'; '.join(numerics)}; the same batches, other rounding: the weights "
-                "will not be bit for bit those of a run never stopped")
+        # what a resume changes, said: not of a folder without checkpoints, whose run starts from scratch (a
+        # "resuming with another budget" came before "starting from scratch")
+        if has_checkpoints:
+            valid = [c for c in cfg.differences(saved, "data", ("valid_src", "valid_tgt")) if not spelt_otherwise(c)]
+            if valid:
+                # may change: said, as it splits the curve
+                log(f"resuming with another validation set: {'; '.join(valid)}; validation figures from here on are "
+                    "of it, those logged before of the earlier one" + (
+                        " (train.keep_best's best so far, too, which later ones are compared with)"
+                        if cfg.train.keep_best else ""))
+            if budget := cfg.differences(saved, "train", ("max_steps", "max_minutes")):  # a budget is not part of
+                cooldown = cfg.train.cooldown_fraction  # what a run is: running it for longer (or less) needs no flag
+                log(f"resuming with another budget: {'; '.join(budget)}" + (
+                    f"; the cooldown (train.cooldown_fraction {cooldown:g}) is the new budget's last part, so a run "
+                    "already cooled down goes back to eq. (3)'s rate until then" if cooldown else ""))
+            if clock := cfg.differences(saved, "train", ("save_every", "save_minutes")):  # allowed, and said
+                log(f"resuming with another save clock: {'; '.join(clock)}; until decode.average_last checkpoints of "
+                    "it are written, the average of the last ones spans both clocks, unevenly spaced")
+            if numerics := cfg.differences(saved, "train", ("precision", "threads", "compile")):  # a run moved, say
+                log(f"resuming with other numerics: {'; '.join(numerics)}; the same batches, other rounding: the "
+                    "weights will not be bit for bit those of a run never stopped")
     if write and not (resume and has_checkpoints):  # a resume's, once nothing refuses it (Trainer.__init__)
         files.write_text(config_path, dump_toml(cfg))
 
@@ -912,6 +915,11 @@ class Trainer:
             done = round(self.state.batch_in_epoch * len(self.epoch_order) / self.batches_then)
             self.state.batch_in_epoch = min(done, len(self.epoch_order))
 
+    def resume_note(self) -> str:
+        """What --resume does after a stop without a checkpoint of its own."""
+        return (f"--resume continues from the newest in {self.out / 'checkpoints'}" if list_checkpoints(self.out)
+                else "none was written before it, so --resume starts the run again")  # it named a missing folder
+
     def start_from(self, init_from: Path, parent: Path) -> dict[str, Any]:
         """Loads the weights ``init_from`` names (fine-tuning); what the run's records say it started from."""
         if init_from.is_dir():
@@ -1423,11 +1431,23 @@ class Trainer:
             name, where = signal.Signals(stop.again).name, f"in step {state.step + 1}"
             if saving:
                 where = f"while writing the checkpoint of step {state.step}"
-            then = (f"--resume continues from the newest in {self.out / 'checkpoints'}" if list_checkpoints(self.out)
-                    else "none was written before it, so --resume starts the run again")  # it named a missing folder
+            then = self.resume_note()
             self.log(f"{name} again: stopped at once, {where}, without a checkpoint; {then}", terminal=False)
-            raise TrainInterrupted(stop.again, f"{name} again: training stopped at once, {where}, without writing "
-                                   f"a checkpoint; {then}") from None
+            again = TrainInterrupted(stop.again, f"{name} again: training stopped at once, {where}, without writing "
+                                     f"a checkpoint; {then}")
+            again.said = self.dist.main  # every rank takes it: rank 0 says so for the job (it was said once a rank)
+            raise again from None
+        except Exception as e:
+            if stop.received is None or not distributed.lost_contact(e):
+                raise
+            # the signal reached the ranks at different moments: one still starting (before the loop) stops at
+            # once with nothing to save, and this one, waiting for it at the step's end, lost it; it was told as a
+            # crash ("lost the other processes ... a remote worker crashing") with a traceback file
+            name = signal.Signals(stop.received).name
+            then = self.resume_note()
+            raise TrainInterrupted(stop.received, f"{name}: training stopped in step {state.step + 1}, without a "
+                                   f"checkpoint of it: another process of the job had stopped on the signal before "
+                                   f"it; {then}") from None
         finally:
             try:  # while a second signal is still StopSignals' to take
                 if self.run_data.sampled:
