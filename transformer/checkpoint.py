@@ -311,6 +311,12 @@ def record_step(record: Path) -> int:
     return int(_STEP_JSON.fullmatch(record.name).group(1))
 
 
+def weights_step(record: dict[str, Any]) -> Any:
+    """The update a weights file's record is of: a training checkpoint's step, best.safetensors' best step;
+    None for a file `average` wrote (its record names the checkpoints it is the mean of)."""
+    return record.get("step", (record.get("best") or {}).get("step"))
+
+
 def epochs_into(state: dict[str, Any]) -> float:
     """How far into training a checkpoint's train_state is, in epochs (fractional mid-epoch)."""
     return state["epoch"] + state["batch_in_epoch"] / max(state["epoch_batches"], 1)

@@ -754,7 +754,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         with _line_sink(None if args.hyp_out == STDOUT else args.hyp_out) as write:
             write(hyps)
     if args.json:  # the scores and what they are of: the weights, the test set, the search
-        from .checkpoint import chosen_weights
+        from .checkpoint import chosen_weights, weights_step
 
         searched = translator.check(request)
         # the files the model was loaded from: listed again, a run still training named newer ones
@@ -762,8 +762,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         weights = ({"checkpoint": read[0]} if chosen_weights(Path(args.run_dir), args.checkpoint) is not None
                    else {"averaged": read})
         if (record := translator.weights_record) is not None:  # which weights: best.safetensors is rewritten
-            step = record.get("step", (record.get("best") or {}).get("step"))
-            weights |= {"checkpoint_step": step, "checkpoint_sha256": record["files"]["weights"]["sha256"]}
+            weights |= {"checkpoint_step": weights_step(record),
+                        "checkpoint_sha256": record["files"]["weights"]["sha256"]}
             if "averaged" in record:  # a file `average` wrote: no one step, the checkpoints it is the mean of
                 weights["checkpoint_averaged"] = record["averaged"]
         if translator.ensemble_from:  # the other runs' weights, each run's average

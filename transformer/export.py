@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from . import files
-from .checkpoint import chosen_weights
+from .checkpoint import chosen_weights, weights_step
 from .config import Config
 from .errors import UserError, install_extra
 from .model import Transformer
@@ -72,11 +72,9 @@ def _positions(model: Transformer, table: str, length: int) -> np.ndarray:
 
 def ctranslate2_spec(model: Transformer, pieces: list[str], max_positions: int = 1024):
     """A ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights; ``pieces`` = id -> piece."""
-    try:
-        from ctranslate2.specs import common_spec, transformer_spec
-        from ctranslate2.converters import utils
-    except ImportError:
-        raise ExportError("CTranslate2 is not installed: " + install_extra("export")) from None
+    _require("ctranslate2.specs", "CTranslate2", "export")
+    from ctranslate2.specs import common_spec, transformer_spec
+    from ctranslate2.converters import utils
     cfg = model.cfg
     if cfg.d_model % cfg.n_heads or cfg.head_dims != (cfg.d_model // cfg.n_heads,) * 2:
         raise ExportError(f"CTranslate2 needs d_k = d_v = d_model / h; this model has model.d_k, model.d_v = "
@@ -227,10 +225,8 @@ HF_LN_EPS = 1e-5  # LayerNorm ε of transformers' Marian and Pegasus layers (not
 def huggingface_model(model: Transformer, max_positions: int = 1024):
     """``model`` as a ``transformers`` MarianMTModel (post-norm) or PegasusForConditionalGeneration
     (pre-norm) in eval mode, computing the same logits (PAD's aside: NEVER there, never an output)."""
-    try:
-        from transformers import MarianConfig, MarianMTModel, PegasusConfig, PegasusForConditionalGeneration
-    except ImportError:
-        raise ExportError("transformers is not installed: " + install_extra("hf")) from None
+    _require("transformers", "transformers", "hf")
+    from transformers import MarianConfig, MarianMTModel, PegasusConfig, PegasusForConditionalGeneration
     cfg, vocab = model.cfg, model.vocab_size
     if cfg.positional != "sinusoidal":
         raise ExportError("learned positions (model.positional = \"learned\", Table 3 row E) cannot be expressed: "
@@ -334,7 +330,7 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
         weights = (f"the average of the run's last {len(averaged)} checkpoint(s), "
                    f"{', '.join(p.stem for p in averaged)} (these weights)")
     else:
-        step = (record or {}).get("step", ((record or {}).get("best") or {}).get("step"))
+        step = weights_step(record or {})
         at = f" (update {step:,})" if isinstance(step, int) and not isinstance(step, bool) else ""
         weights = f"the average of the last {cfg.decode.average_last} checkpoints" + (
             " (these weights)" if checkpoint is None else
@@ -504,10 +500,8 @@ def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, overwr
     """The ``transformers`` export converted by ``optimum``'s ONNX exporter: encoder and decoder (with past
     keys and values) graphs, config and tokenizer, for ``optimum.onnxruntime.ORTModelForSeq2SeqLM``."""
     out = Path(out)
-    try:
-        from optimum.exporters.onnx import main_export
-    except ImportError:
-        raise ExportError("optimum's ONNX exporter is not installed: " + install_extra("hf")) from None
+    _require("optimum.exporters.onnx", "optimum's ONNX exporter", "hf")
+    from optimum.exporters.onnx import main_export
     for module in ("onnx", "onnxruntime"):  # optimum asks for them only once its export is done (to fix the graphs'
         _require(module, f"{module}, which optimum's ONNX export needs,", "hf")  # dynamic shapes)
     _require("transformers", "transformers", "hf")

@@ -196,7 +196,8 @@ def check_output(path: Path, option: str, suffixes: tuple[str, ...] = (), folder
     if not parent.is_dir():
         raise OutputError(f"{option} {path}: {parent} is a file, not a folder" if parent.exists() else
                           f"{option} {path}: the folder {parent} does not exist")
-    for folder_in in (parent, path.parent) if folder and replaced and parent == path else (parent,):
+    # a folder that exists and is replaced from beside it: its parent takes the new one before the rename
+    for folder_in in (parent, path.parent) if replaced and path.is_dir() else (parent,):
         if not os.access(folder_in, os.W_OK | os.X_OK):
             raise OutputError(f"{option} {path}: the folder {folder_in} is not writable")
         try:  # os.access answers for the mode bits alone: a folder may still take no file (/proc, /sys, as root)
