@@ -1259,7 +1259,7 @@ def test_score_perplexity_leaves_out_empty_sources(tiny_run, tmp_path, capsys):
 
     alone = perplexity("A dog runs.\n", "Ein Hund läuft.\n")
     with_empty = perplexity("A dog runs.\n\n", "Ein Hund läuft.\n\n")
-    assert alone.startswith("1 pairs, ") and with_empty.startswith("2 pairs (1 with an empty source, left out)")
+    assert alone.startswith("1 pair, ") and with_empty.startswith("2 pairs (1 with an empty source, left out)")
     assert with_empty.split("), ", 1)[1] == alone.split(", ", 1)[1]  # the same pieces and perplexity
     assert perplexity("\n", "\n").endswith("0 pieces (EOS included): no perplexity")
     # a source of zero-width spaces is blank once normalised, as an empty one: it counted as a sentence
@@ -1591,6 +1591,8 @@ def test_an_input_that_cannot_be_read_is_named_with_its_option(command, tmp_path
     status, out, err = run_here(capsys, command, str(REFERENCE_RUN), "--input", str(tmp_path / "in.txt"))
     assert (status, out) == (1, "") and err == f"error: --input {tmp_path / 'in.txt'}: cannot read (No such file or " \
                                                "directory)\n"
+    status, out, err = run_here(capsys, command, str(REFERENCE_RUN), "--input", str(tmp_path))  # a folder too
+    assert (status, out) == (1, "") and err == f"error: --input {tmp_path}: cannot read (Is a directory)\n"
     (tmp_path / "here.txt").write_text("A dog runs.\n")
     for missing in ("--src", "--tgt"):  # score's, named before the model loads
         given = {"--src": str(tmp_path / "here.txt"), "--tgt": str(tmp_path / "here.txt"),

@@ -168,6 +168,29 @@ def test_a_pipe_is_written_in_place_and_a_link_keeps_pointing_at_its_file(tmp_pa
     assert not dangling.is_symlink() and dangling.read_text() == "mine\n"
 
 
+def test_dev_stdout_redirected_to_a_file_is_written_where_the_shell_writes(tmp_path):
+    """`translate --output /dev/stdout >> job.log` replaced job.log with a file of the translations alone
+    (/dev/stdout leads to a regular file, which was renamed over): the log's earlier lines were lost, and
+    what the shell wrote after went to the file replaced. It is written at the descriptor's own offset."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "job.log"
+    log.write_text("earlier\n")
+    write = ("import sys; from transformer.files import write_text; print('before', flush=True); "
+             "[write_text(p, p + '\\n') for p in sys.argv[1:]]; print('after')")
+    names = ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"]
+    with open(log, "a") as out:
+        subprocess.run([sys.executable, "-c", write, *names], stdout=out, check=True)
+    assert log.read_text() == "earlier\nbefore\n" + "".join(f"{name}\n" for name in names) + "after\n"
+    with open(log, "w") as out:  # `>`, not `>>`: the offset is the descriptor's, not the file's end
+        out.write("header\n")
+        out.flush()
+        subprocess.run([sys.executable, "-c", write, "/dev/stdout"], stdout=out, check=True)
+        out.write("footer\n")
+    assert log.read_text() == "header\nbefore\n/dev/stdout\nafter\nfooter\n"
+
+
 def test_translate_into_a_pipe(tmp_path, tiny_run, capsys):
     import threading
 

@@ -1,5 +1,6 @@
 """Translating from a run folder: averaging by default, refusing weights that do not fit."""
 
+import json
 import re
 from pathlib import Path
 
@@ -140,7 +141,6 @@ def test_device_choice_is_checked(run):
 def test_a_checkpoint_records_own_bad_config_names_the_record(tmp_path, config, problem):
     """A record edited by hand: a config that is no table was an internal error, and one that breaks a rule
     read as if the user's own config or options were at fault."""
-    import json
     import shutil
 
     run = tmp_path / "run"
@@ -180,6 +180,24 @@ def test_an_ensemble_needs_one_vocabulary(run, tmp_path, tiny_overrides):
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "data.vocab_size=400"]), other, quiet=True)
     with pytest.raises(CheckpointError, match="another vocabulary"):
         Translator(run, log=lambda m: None, ensemble=[other])
+
+
+def test_an_ensemble_needs_one_task_and_direction(run, tmp_path):
+    """A joint vocabulary trained on both sides is the same spm.model for EN->DE and DE->EN: such a pair was
+    averaged into one model without a word, and its outputs were noise."""
+    import shutil
+
+    reverse = tmp_path / "reverse"
+    shutil.copytree(run, reverse)
+    for record in (reverse / "checkpoints").glob("*.json"):  # the model's own hash covers no data setting
+        meta = json.loads(record.read_text())
+        meta["config"]["data"] |= {"src_lang": "de", "tgt_lang": "en"}
+        record.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=rf"^--ensemble {re.escape(str(reverse))}: trained for de->en "
+                                              rf"translation, {re.escape(str(run))} for en->de translation; "):
+        Translator(run, log=lambda m: None, ensemble=[reverse])
+    with pytest.raises(CheckpointError, match=r"^--ensemble .*nope: "):
+        Translator(run, log=lambda m: None, ensemble=[tmp_path / "nope"])
 
 
 def test_an_ensemble_bounds_the_output_length_by_its_fewest_positions(run, tmp_path, tiny_overrides):
@@ -402,6 +420,16 @@ def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line
         (lambda: translator.score(["A dog."], ["Ein Hund."], length_norm="foo"), r"^length_norm foo: must be one of"),
         (lambda: translator.score(["A dog."], ["Ein Hund."], alpha=1e6), r"^alpha 1000000.0: must be a finite"),
         (lambda: Translator(run, ensemble=str(run)), r"^ensemble: a list of run folders, not one"),
+        (lambda: translator.score(["A dog."], ["Ein Hund."], max_tokens="8"), r"^max_tokens: a whole number >= 1"),
+        (lambda: translator.score(["A dog."], ["Ein Hund."], max_tokens=0), r"^max_tokens: a whole number >= 1"),
+        (lambda: Translator(run, int8="yes"), r"^int8: True or False, not str 'yes'"),
+        # the decode overrides are typed as a config file's values are, not set as given
+        (lambda: Translator(run, decode={"beam": 2}), r"^decode: unknown key decode.beam; did you mean "
+                                                      r"decode.beam_size\?"),
+        (lambda: Translator(run, decode={"beam_size": "4"}), r"^decode: decode.beam_size must be int, got str"),
+        (lambda: Translator(run, decode={"length_norm": "foo"}), r"^decode: decode.length_norm must be one of"),
+        (lambda: Translator(run, decode={"average_last": 2.5}), r"^decode: decode.average_last must be int"),
+        (lambda: Translator(run, decode=[1]), r"^decode: a dict of decode.\* fields, not list"),
         (lambda: load_config("tiny", "train.max_steps=5"), r"^overrides: a list of strings, not one string"),
     ]
     for call, said in refused:

@@ -206,10 +206,10 @@ def _length_norm_option(p: argparse.ArgumentParser) -> None:
 
 def _ensemble_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ensemble", type=Path, nargs="+", default=[], metavar="RUN_DIR", help="more run folders "
-                   "(same vocabulary) whose models decode together with RUN_DIR's: the mean of their "
-                   "probabilities at each step, each from its own averaged checkpoints (not in the paper); give "
-                   "them after RUN_DIR, or end their list with -- (the other options before it), else RUN_DIR is taken "
-                   "as one of them")
+                   "(same vocabulary, languages and task) whose models decode together with RUN_DIR's: the mean of "
+                   "their probabilities at each step, each from its own averaged checkpoints (not in the paper); "
+                   "give them after RUN_DIR, or end their list with -- and RUN_DIR after it (the other options "
+                   "before them), else RUN_DIR is taken as one of them")
 
 
 def _unconstrained_option(p: argparse.ArgumentParser) -> None:
@@ -369,7 +369,7 @@ def _count_lines(path: Path | None) -> int | None:
     if path is None:
         return None
     with contextlib.suppress(OSError):  # one that cannot be read: iter_lines names the error
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        if not stat.S_ISREG(mode := os.stat(path).st_mode) and not stat.S_ISDIR(mode):  # a folder: refused here
             return None
     try:
         return sum(1 for _ in iter_lines(path))
@@ -525,7 +525,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     _tell(said)  # at the end: a pair may be refused (a tab too many, a file shorter) whenever it is read
     if n:
         left_out = f" ({empty} with an empty source, left out)" if empty else ""
-        print(f"{n} pairs{left_out}, {pieces} pieces (EOS included): "
+        print(f"{n} pair{'s' * (n != 1)}{left_out}, {pieces} piece{'s' * (pieces != 1)} (EOS included): "
               + (f"perplexity {math.exp(-total / pieces):.3f}" if pieces else "no perplexity"), file=sys.stderr)
 
 

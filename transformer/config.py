@@ -554,6 +554,15 @@ def resolve_config_path(name_or_path: str) -> Path:
                       + (f"; did you mean {hint[0]!r}?" if hint else f"; known presets: {', '.join(known)}"))
 
 
+def set_section(cfg: Config, section: str, values: object, where: str) -> None:
+    """``values``, a mapping of ``section``'s keys (a program's own overrides), set on ``cfg`` as a config
+    file's are: each key known, each value of its field's type; ``where`` names them in an error."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: a dict of {section}.* fields, not {type(values).__name__} {values!r}")
+    for key, value in values.items():
+        _apply(cfg, section, str(key), value, where)
+
+
 def config_from_dict(data: dict[str, Any], where: str = "config") -> Config:
     if not isinstance(data, dict):  # a checkpoint record edited by hand, or written by something else
         raise ConfigError(f"{where}: must be a table of [sections], not {type(data).__name__}")

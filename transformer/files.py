@@ -17,7 +17,10 @@ import hashlib
 import http.client
 import json
 import os
+import re
+import shutil
 import stat
+import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -79,12 +82,34 @@ def _unwritable(path: Path, error: OSError) -> WriteError | None:
 
 def is_stream(path: Path) -> bool:
     """Whether ``path`` names something there that is no regular file, links followed: a pipe, a terminal,
-    /dev/null, /dev/stdout. Written in place, as a stream: a file put in its place would cut the reader off."""
+    /dev/null; or one of this process's descriptors (/dev/stdout, whatever a shell redirected it to).
+    Written in place, as a stream: a file put in its place would cut the reader (or the shell) off."""
     try:
         mode = os.stat(path).st_mode
     except OSError:  # not there (or not to be looked at): a file to write
         return False
-    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+    return not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode) or descriptor(path) is not None)
+
+
+_DESCRIPTOR = re.compile(r"/dev/std(?P<std>in|out|err)|/dev/fd/(?P<fd>\d+)|/proc/(?P<pid>\w[\w-]*)/fd/(?P<proc>\d+)")
+
+
+def descriptor(path: Path) -> int | None:
+    """The number of this process's open descriptor that ``path`` names (/dev/stdout, /dev/fd/3,
+    /proc/self/fd/1, or a link to one), None for any other path: opened by name, a regular file behind it
+    would be opened again, from its start, and not where the shell's own writes to it go on."""
+    name = os.path.abspath(path)
+    for _ in range(40):  # the kernel's bound on links followed
+        match = _DESCRIPTOR.fullmatch(name)
+        if match and match["pid"] in (None, "self", "thread-self", str(os.getpid())):
+            std, fd, proc = match.group("std", "fd", "proc")
+            return ("in", "out", "err").index(std) if std else int(fd or proc)
+        try:
+            target = os.readlink(name)
+        except OSError:  # no link (or none to read): the path names a file of its own
+            return None
+        name = os.path.normpath(os.path.join(os.path.dirname(name), target))
+    return None
 
 
 @contextlib.contextmanager
@@ -94,6 +119,18 @@ def atomic_path(path: Path) -> Iterator[Path]:
     the user can fix (UNWRITABLE) is a WriteError naming ``path``. A stream (``is_stream``) is written in
     place, and a link's target is replaced, not the link (a dangling link is replaced itself)."""
     path = Path(path)
+    if is_stream(path) and (fd := descriptor(path)) is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+        # the file a shell redirected a descriptor to (`>> job.log`): written whole, once done, at that
+        # descriptor's own offset, between what the shell wrote there before and writes after
+        with tempfile.TemporaryDirectory(prefix="transformer-") as folder:
+            tmp = Path(folder) / path.name
+            yield tmp
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):  # closed, or no file: nothing of ours held
+                    stream.flush()
+            with open(tmp, "rb") as src, open(os.dup(fd), "wb") as out:
+                shutil.copyfileobj(src, out)
+        return
     if is_stream(path):
         yield path
         return

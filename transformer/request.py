@@ -98,7 +98,8 @@ class DecodeRequest:
 
     ``prefixes``: one per input line ("" for none), each output starts with it; ``constraints``: per
     input line, the phrases every output must contain; ``scores`` and ``alignment`` say what the answer
-    holds beside the text (the command line writes them; n-best lists always carry scores)."""
+    holds beside the text (the command line writes them; n-best lists always carry scores; in a program an
+    output's alignment is ``figures.align(translator, line, output)``)."""
 
     beam_size: int | None = None
     alpha: float | None = None

@@ -8,7 +8,6 @@ the paper decodes (§6.1: last 5 for base, last 20 for big); ``checkpoint`` pick
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import sys
 import time
@@ -20,7 +19,8 @@ from tqdm import tqdm
 
 from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_checkpoints, checkpoint_record,
                          checkpoints_to_average, chosen_weights, list_checkpoints, load_checkpoint, run_folder)
-from .config import Config, ConfigError, LengthNorm, as_path, check_strings, config_from_dict, edited_model
+from .config import (Config, ConfigError, LengthNorm, as_path, check_strings, config_from_dict, edited_model,
+                     set_section)
 from .data import encode_for_decoding
 from .errors import OutOfMemory, out_of_memory
 from .decode import Scored, decode_ids, score_ids
@@ -85,8 +85,8 @@ class Translator:
         emulates it, and loading says so. ``decode``: ``decode.*`` fields that replace the
         run's own (the server's --beam, --alpha, ...: the defaults of its requests; --unconstrained).
         ``ensemble``: more run folders whose models decode together with this one (``ensemble.Ensemble``),
-        each from its own averaged weights; they must have been trained with the same vocabulary. The
-        decoding defaults are this run's. ``log``: what loading does (default: to stderr). Loading sets the
+        each from its own averaged weights; they must have been trained with the same vocabulary, for the same
+        task and languages. The decoding defaults are this run's. ``log``: what loading does (default: to stderr). Loading sets the
         whole process's allocator to keep freed memory (``runtime.keep_freed_memory``), as decoding's repeated
         allocations want: a host program's freed memory stays mapped too."""
         run_dir = as_path(run_dir, "run_dir")
@@ -96,6 +96,9 @@ class Translator:
         if log is None:  # what loading did, on stderr as the command line says it: stdout is for translations
             def log(message: str) -> None:
                 print(message, file=sys.stderr)
+        for name, value in (("int8", int8), ("bf16", bf16)):
+            if not isinstance(value, bool):  # "no" is true
+                raise ConfigError(f"{name}: True or False, not {type(value).__name__} {value!r}")
         if isinstance(ensemble, (str, Path)):  # one folder, read one character a folder
             raise ConfigError(f"ensemble: a list of run folders, not one ({str(ensemble)!r}): put it in a list")
         keep_freed_memory()
@@ -120,10 +123,19 @@ class Translator:
         models = [model]
         self.ensemble_from: list[tuple[Path, list[Path]]] = []  # each --ensemble run and its weight files
         for other in (as_path(member, "ensemble: a run folder") for member in ensemble):
-            if _tokenizer(other).sha256 != tokenizer.sha256:
+            try:
+                theirs = _tokenizer(other)
+            except CheckpointError as e:  # "x: no such folder", said with the option that named it
+                raise CheckpointError(f"--ensemble {e}") from None
+            if theirs.sha256 != tokenizer.sha256:
                 raise CheckpointError(f"--ensemble {other}: trained with another vocabulary than {run_dir} "
                                       "(spm.model differs); an ensemble's models must share theirs")
-            _, member, read, _ = _load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))
+            own, member, read, _ = _load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))
+            # a joint vocabulary is the same file both ways: the task and direction say what a model computes
+            task, mine = (_task(c.data.task, c.data.src_lang, c.data.tgt_lang) for c in (own, cfg))
+            if task != mine:
+                raise CheckpointError(f"--ensemble {other}: trained for {task}, {run_dir} for {mine}; an "
+                                      "ensemble's models must do the same task")
             models.append(member)
             self.ensemble_from.append((other.resolve(), read))
         if bf16:
@@ -392,6 +404,8 @@ class Translator:
         here and there is blank (``blank``): no piece once the vocabulary's normalisation has run."""
         check_strings(sources, "sources")
         check_strings(targets, "targets")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigError(f"max_tokens: a whole number >= 1, not {max_tokens!r}")
         if len(sources) != len(targets):
             raise ConfigError(f"{len(sources)} sources but {len(targets)} targets")
         # checked as the command line checks them: a length_norm of another name was gnmt without a word
@@ -405,6 +419,11 @@ class Translator:
             raise ModelOverflow(f"pair {bad + 1}")  # printed, "nan" was taken for a score
         return [Scored(0.0, 0.0, [0.0]) if len(src) == 1 and not tgt else s
                 for src, tgt, s in zip(ids, target_ids, scored)]
+
+
+def _task(task: str, src_lang: str, tgt_lang: str) -> str:
+    """What a run's model computes, as an error says it: "en->de translation", "words->tree parsing"."""
+    return f"{src_lang}->{tgt_lang} " + ("translation" if task == "translate" else "parsing")
 
 
 @contextlib.contextmanager
@@ -505,7 +524,7 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         cfg.validate()
     except ConfigError as e:
         raise CheckpointError(f"{where}: {e}") from None
-    cfg.decode = dataclasses.replace(cfg.decode, **(decode or {}))
+    set_section(cfg, "decode", decode or {}, "decode")  # typed as a config file's values are
     try:  # the overrides too, before any work: one set of checks for the run's values and ours
         cfg.validate()
     except ConfigError as e:  # an override's error, the run's values having passed: named as its option (serve's)
