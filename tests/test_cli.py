@@ -177,7 +177,8 @@ def test_params_and_its_cost_report_quote_one_figure_at_one_length(capsys):
     flops = json.loads(said("--json"))["flops_per_token"]
     assert json.loads(said("--cost", "--json"))["flops_per_token"] == flops
     assert f"{flops / 1e6:.1f} MFLOP per target token for training (27-token sentences)" in said()
-    assert f"{flops / 1e9:.3f} GFLOP per target token (training, 27-token sentences)" in said("--cost")
+    assert f"{flops / 1e9:.3g} GFLOP per target token (training, 27-token sentences)" in said("--cost")
+    assert said("--cost").startswith("base: 63,082,496 parameters")  # as `params` says it: tiny models were 0.0M
 
 
 @pytest.mark.parametrize("args, message", [

@@ -398,6 +398,10 @@ def test_closing_the_sampler_ends_the_next_epochs_sampling_under_way(multi30k: P
     sampler = SampledEpochs(src, tgt, tok.path, 0.1, 7, 256, 512)
     sampler(0)
     workers, ahead = list(sampler._pool._processes.values()), sampler._ahead[1]
+    # a terminal's Ctrl-C reaches the worker too: it printed its own KeyboardInterrupt traceback; close() ends it
+    import signal
+    status = Path(f"/proc/{workers[0].pid}/status").read_text().splitlines()
+    assert int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16) >> (signal.SIGINT - 1) & 1
     sampler.close()
     assert not ahead.done() or ahead.cancelled() or ahead.exception() is not None  # its sampling did not finish
     assert workers and not any(w.is_alive() for w in workers)

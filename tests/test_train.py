@@ -507,6 +507,32 @@ def test_a_token_store_with_pairs_past_data_max_len_is_refused(tmp_path, tiny_ov
         train(load_config("tiny", from_store + ["data.vocab_size=499"]), tmp_path / "other", quiet=True)
 
 
+def test_a_token_store_run_leaves_no_vocabulary_a_text_run_would_take(tmp_path, tiny_overrides):
+    """A store run refused for its data.vocab_size had copied the store's spm.model into the run folder, with no
+    record of where it came from: a later run of text there took it for its own, a 300-piece vocabulary for
+    a config of 400. The store's is copied once the store has passed its checks, its record naming the store
+    (a run of text then trains its own), and it replaces one that an attempt that wrote no checkpoint left."""
+    from transformer.cli import main
+    store, out = tmp_path / "store", tmp_path / "run"
+    assert main(["preprocess", "tiny", "--out", str(store), *[x for o in tiny_overrides for x in ("--set", o)],
+                 "--set", "data.vocab_size=300"]) == 0
+    from_store = [f'data.train_store="{store}"', 'data.train_src=""', 'data.train_tgt=""', "train.max_steps=1"]
+    with pytest.raises(ConfigError, match=r"^data.vocab_size 400: the token store .* with a vocabulary of 300"):
+        train(load_config("tiny", tiny_overrides + from_store + ["data.vocab_size=400"]), out, quiet=True)
+    assert not (out / "spm.model").exists()
+    (out / "config.toml").unlink()  # what the refused run wrote: a run of text, the folder's first, comes next
+    train(load_config("tiny", tiny_overrides + ["data.vocab_size=400", "train.max_steps=1"]), out, quiet=True)
+    assert Tokenizer(out / "spm.model").vocab_size == 400
+    left = tmp_path / "left"  # an attempt of text that wrote its vocabulary and no checkpoint
+    left.mkdir()
+    for name in ("spm.model", "spm.json"):
+        (left / name).write_bytes((out / name).read_bytes())
+    train(load_config("tiny", tiny_overrides + from_store + ["data.vocab_size=300"]), left, quiet=True)
+    assert (left / "spm.model").read_bytes() == (store / "spm.model").read_bytes()
+    assert json.loads((left / "spm.json").read_text()) == {"train_store": str(store)}
+    assert f"{left / 'spm.model'}: left by an earlier attempt" in (left / "train.log").read_text()
+
+
 def test_a_token_store_of_the_other_task_is_refused(tmp_path, tiny_overrides, tiny_parse_run):
     """A parsing run trained on a translation store (and the reverse) without a word; its parser was refused only
     once trained ("not a parsing model"). The store now records its task; one written before that is checked, for
@@ -745,6 +771,16 @@ def test_a_precision_this_cpu_would_emulate_is_said_in_the_log(tmp_path, tiny_ov
                                                  'train.precision="fp16"']), tmp_path / "run", quiet=True)
     said = "note: train.precision fp16 on this CPU, which has no fp16 matrix units: its products are emulated"
     assert (said in (tmp_path / "run" / "train.log").read_text()) == (not units)
+
+
+def test_more_threads_than_cores_is_said_in_the_log(tmp_path, tiny_overrides, monkeypatch):
+    """train.threads 1000 on 2 cores trained 90 times slower, and the log said nothing of it."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    for threads, said in ((1, False), (2, True)):
+        out = tmp_path / str(threads)
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=1", "train.eval_every=1000",
+                                                     f"train.threads={threads}"]), out, quiet=True)
+        assert ("note: train.threads 2 x 1 rank(s), on 1 core(s)" in (out / "train.log").read_text()) == said
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

@@ -89,8 +89,8 @@ def cost_report(cfg: Config, preset: str, vocab: int, devices: list[int], mfu: f
 
 def format_cost_report(r: dict) -> str:
     """``cost_report`` as the lines a terminal shows: a summary, Table 2's comparison, a table per device count."""
-    lines = [f"{r['preset']}: {r['parameters'] / 1e6:.1f}M parameters (vocabulary {r['vocab']}); "
-             f"{r['flops_per_token'] / 1e9:.3f} GFLOP per target token "
+    lines = [f"{r['preset']}: {r['parameters']:,} parameters (vocabulary {r['vocab']}); "  # as `params` says it
+             f"{r['flops_per_token'] / 1e9:.3g} GFLOP per target token "
              f"(training, {FLOPS_SENTENCE_LEN:g}-token sentences); "
              f"{r['tokens_per_step']:,} tokens per step x {r['steps']:,} steps = {r['total_flops']:.3g} FLOPs"]
     if (t2 := r.get("table2")) is None:

@@ -19,6 +19,7 @@ import math
 import multiprocessing
 import os
 import random
+import signal
 import threading
 import time
 import zlib
@@ -457,6 +458,9 @@ _sampler: dict = {}  # the worker process's state: its training text, dropout an
 def _start_sampler(src: Path, tgt: Path, spm_model: Path, alpha: float, max_len: int, max_tokens: int,
                    buckets: ShapeBuckets | None) -> None:
     os.nice(10)  # the next epoch is due in minutes: the training processes come first
+    # a terminal's Ctrl-C reaches the whole process group: the trainer stops it (close), and its own
+    # KeyboardInterrupt printed a traceback beside the trainer's one line
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     _sampler.update(pairs=read_parallel(src, tgt), dropout=Tokenizer(spm_model).dropout(), alpha=alpha,
                     max_len=max_len, max_tokens=max_tokens, buckets=buckets)

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import signal
 import stat
 import statistics
@@ -356,13 +355,13 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         if not store_path.is_dir():  # a text file named in its place was "a token store without spm.model"
             raise DataError(f"data.train_store {store_path}: a file, not a token store's folder (`transformer "
                             "preprocess` writes one)")
-        if not spm_path.exists():
-            if not (store_path / "spm.model").exists():
-                raise DataError(f"{store_path}: the token store has no spm.model (write it with `transformer "
-                                "preprocess`)")
-            if write:
-                shutil.copyfile(store_path / "spm.model", spm_path)
-        tokenizer = Tokenizer(spm_path if spm_path.exists() else store_path / "spm.model")
+        # the run's vocabulary is its checkpoints' or its parent's; else the store's, which replaces one left by
+        # an attempt that wrote no checkpoint, and is copied in once the store has passed its checks
+        settled = spm_path.exists() and (has_checkpoints or vocabulary_of is not None)
+        if not settled and not (store_path / "spm.model").exists():
+            raise DataError(f"{store_path}: the token store has no spm.model (write it with `transformer "
+                            "preprocess`)")
+        tokenizer = Tokenizer(spm_path if settled else store_path / "spm.model")
         if tokenizer.vocab_size != d.vocab_size:  # the run's config would say a vocabulary its model does not have
             raise ConfigError(f"data.vocab_size {d.vocab_size}: the token store {store_path} was written with a "
                               f"vocabulary of {tokenizer.vocab_size} pieces; set data.vocab_size = {tokenizer.vocab_size}")
@@ -380,6 +379,14 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                             f"data.max_len {store.stats['max_len']}), longer than this run's data.max_len {d.max_len}: "
                             f"write it again with --set data.max_len={d.max_len}, or train with data.max_len "
                             f"{store.stats['max_len']}")
+        if write and not settled and not (spm_path.exists() and files.file_sha256(spm_path) == tokenizer.sha256):
+            if spm_path.exists():
+                log(f"{spm_path}: left by an earlier attempt, and no checkpoint was trained with it: the token store's "
+                    "vocabulary in its place")
+            # its record first, naming the store: a later run of text in this folder trains a vocabulary of its own
+            files.write_text(spm_path.with_suffix(".json"), json.dumps({"train_store": str(store_path)}, indent=2)
+                             + "\n")
+            files.write_bytes(spm_path, (store_path / "spm.model").read_bytes())
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = data["train_src"], data["train_tgt"]
@@ -904,6 +911,11 @@ class Trainer:
         self.log(f"model: {count_parameters(self.raw):,} parameters; vocabulary {tokenizer.vocab_size}; "
                  f"{self.precision}{auto} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x "
                  f"update_freq {t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if dist.device.type == "cpu" and t.threads * dist.world > cores:  # threads waiting for a core, each step
+            self.log(f"note: train.threads {t.threads} x {dist.world} rank(s), on {cores} core(s) this process may "
+                     "use: threads beyond the cores wait for each other at every product, many times slower (0: "
+                     "torch's default)")
         if dist.device.type == "cpu" and emulated_on_cpu(self.precision):  # fp16 trained at a seventh of fp32's rate
             self.log(f"note: train.precision {self.precision} on this CPU, which has no {self.precision} matrix "
                      "units: its products are emulated, far slower than fp32's (train.precision = \"auto\" picks by "
