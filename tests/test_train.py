@@ -1071,6 +1071,11 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     tuned = train(cfg, tmp_path / "from_average", quiet=True, init_from=elsewhere / "avg.safetensors")
     assert tuned["init_from"]["weights"] == ["avg"] and tuned["step"] == 2
     assert (tmp_path / "from_average" / "spm.model").read_bytes() == (old / "spm.model").read_bytes()
+    old.rename(tmp_path / "moved")  # the run it names moved away: "the file names no run" said the opposite
+    with pytest.raises(TrainError, match=rf"avg.safetensors: the run it names, {re.escape(str(old))}, is no run "
+                                         r"folder now \(no spm.model: moved or removed\?\)"):
+        train(cfg, tmp_path / "from_moved", quiet=True, init_from=elsewhere / "avg.safetensors")
+    (tmp_path / "moved").rename(old)
     for suffix in (".safetensors", ".json"):  # a training checkpoint copied out names no run
         shutil.copy(list_checkpoints(old)[0].with_suffix(suffix), elsewhere / f"step{suffix}")
     with pytest.raises(TrainError, match="names no run whose vocabulary it was trained with: put it in its run"):

@@ -468,8 +468,11 @@ def parent_run(init_from: Path) -> Path:
     else:
         raise TrainError(f"--init-from {init_from}: no such run folder or weights file")
     if not (run / "spm.model").is_file():
-        raise TrainError(f"--init-from {init_from}: {run} is not a run folder (no spm.model), and the file names "
-                         "no run whose vocabulary it was trained with: put it in its run folder, beside spm.model")
+        beside = init_from.parent.parent if init_from.parent.name == "checkpoints" else init_from.parent
+        named = (f"the run it names, {run}, is no run folder now (no spm.model: moved or removed?)" if run != beside
+                 else f"{run} is not a run folder (no spm.model), and the file names no run whose vocabulary it was "
+                      "trained with")
+        raise TrainError(f"--init-from {init_from}: {named}: put it in its run folder, beside spm.model")
     return run
 
 
