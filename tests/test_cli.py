@@ -101,12 +101,24 @@ def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
     assert (scores["src"], scores["ref"], scores["sentences"]) == (str(Path(head["src"]).resolve()),
                                                                    str(Path(head["tgt"]).resolve()), 20)
     assert scores["decode"]["beam_size"] == 1 and scores["decode"]["alpha"] == 0.6 and scores["int8"] is False
+    # and how to score them again: the files' hashes, the tokenized BLEUs' methods, the batch (int8 follows its
+    # shape), the averaged weights' hashes, the versions (two procedures of tok_lc_bleu read alike)
+    from transformer.checkpoint import checkpoint_record
+    from transformer.files import file_sha256
+
+    assert scores["ref_sha256"] == file_sha256(Path(head["tgt"]))
+    assert scores["tok_ref"] == str(Path(head["tok_ref"]).resolve())
+    assert scores["tok_lc_bleu_method"].startswith("Moses lc+norm+tok, de") and scores["pretokenized"] is False
+    assert scores["paper_bleu_method"].startswith("Moses tokenizer, ##AT## compound splitting, cased")
+    assert scores["decode"]["batch_size"] > 0 and {"sacrebleu", "sacremoses", "torch"} <= set(scores["versions"])
+    assert scores["averaged_sha256"] == [checkpoint_record(Path(p))["files"]["weights"]["sha256"]
+                                         for p in scores["averaged"]]
     # without files: the run's own test set, its tokenized references too, named on stderr
     result = run_cli("evaluate", str(run), "--json", str(out_json), "--beam", "1")
     assert result.returncode == 0, result.stderr
     assert f"data.test_tok_ref {head['tok_ref']}" in result.stderr and f"data.test_src {head['src']}" in result.stderr
-    assert {k: v for k, v in json.loads(out_json.read_text()).items() if k != "paper_bleu"} == \
-        {k: v for k, v in scores.items() if k != "paper_bleu"}
+    assert {k: v for k, v in json.loads(out_json.read_text()).items() if not k.startswith("paper_bleu")} == \
+        {k: v for k, v in scores.items() if not k.startswith("paper_bleu")}
 
 
 def test_params_cost_recomputes_table_2(capsys):
@@ -1305,6 +1317,22 @@ def test_evaluate_names_the_option_of_a_file_not_found(tiny_run, tmp_path, capsy
         status, out, err = run_here(capsys, "evaluate", str(tiny_run), *args, "--lang", "de")
         assert status == 1 and out == "", err
         assert err == f"error: {option}: data file not found: {tmp_path / 'missing'}\n"
+
+
+def test_evaluate_json_names_stdin_as_such_and_a_reference_of_another_language_is_said(tiny_run, tmp_path):
+    """--ref - was recorded as "/proc/18164/fd/pipe:[234546]"; a French reference for a German-writing run was
+    scored, and tokenized by French rules, without a word."""
+    (tmp_path / "src.en").write_text("A dog runs.\n")
+    (tmp_path / "ref.fr").write_text("Un chien court.\n")
+    result = run_cli("evaluate", str(tiny_run), "--src", str(tmp_path / "src.en"), "--ref", "-", "--beam", "1",
+                     "--json", str(tmp_path / "s.json"), stdin="Ein Hund läuft.\n")
+    assert result.returncode == 0, result.stderr
+    scores = json.loads((tmp_path / "s.json").read_text())
+    assert scores["ref"] == "-" and "ref_sha256" not in scores and len(scores["src_sha256"]) == 64
+    result = run_cli("evaluate", str(tiny_run), "--src", str(tmp_path / "src.en"), "--ref", str(tmp_path / "ref.fr"),
+                     "--beam", "1")
+    assert result.returncode == 0, result.stderr
+    assert f"note: --ref {tmp_path / 'ref.fr'} says 'fr', and {tiny_run} translates into 'de'" in result.stderr
 
 
 def test_evaluate_json_names_an_ensembles_weights(tiny_run, tmp_path, capsys):

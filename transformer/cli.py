@@ -725,11 +725,18 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         ref = read_lines(args.ref)
         if len(src) != len(ref):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
-        tok_ref = None if args.tok_ref is None else read_lines(resolve_data_path(str(args.tok_ref),
-                                                                                given_by("tok_ref")))
+        if args.tok_ref is not None:
+            args.tok_ref = resolve_data_path(str(args.tok_ref), given_by("tok_ref"))
+        tok_ref = None if args.tok_ref is None else read_lines(args.tok_ref)
         if tok_ref is not None and len(tok_ref) != len(ref):
             raise ConfigError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but --ref {args.ref} has {len(ref)}")
         lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
+        trained = d.language("tgt")  # a reference of another language was scored, and tokenized by its rules
+        for option, code in (("--lang", args.lang and primary_language(args.lang)), ("--ref", language_code(args.ref)),
+                             ("--tok-ref", language_code(args.tok_ref))):
+            if code and len(trained) == 2 and code != trained:
+                print(f"note: {option} {getattr(args, option[2:].replace('-', '_'))} says '{code}', and "
+                      f"{args.run_dir} translates into '{trained}': scored as given", file=sys.stderr)
         if lang and (warning := moses_language_warning(lang)):
             print(warning, file=sys.stderr)
         # sacreBLEU tokenizes by the target language, Chinese, Japanese and Korean by their own rules: its
@@ -749,7 +756,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             pretokenized = args.pretokenized or writes_tokenized(d.train_tgt)
             scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang, pretokenized)
             how = "outputs as written, tokenized by training" if pretokenized else "Moses lc+norm+tok"
+            scores["tok_lc_bleu_method"] = f"{how}, {lang}; multi-bleu: no smoothing, against --tok-ref"
             print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  ({how}, {lang})", file=report)
+        if args.paper_bleu:
+            scores["paper_bleu_method"] = f"Moses tokenizer, ##AT## compound splitting, cased, multi-bleu; {lang}"
     if args.hyp_out:
         with _line_sink(None if args.hyp_out == STDOUT else args.hyp_out) as write:
             write(hyps)
@@ -769,14 +779,51 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         if translator.ensemble_from:  # the other runs' weights, each run's average
             weights["ensemble"] = [{"run": str(run), "averaged": [str(p) for p in read]}
                                    for run, read in translator.ensemble_from]
+        if "averaged" in weights:  # each file's hash, from its record: the files rotate away as a run trains on
+            weights["averaged_sha256"] = [_recorded_sha256(Path(p)) for p in read]
+        texts = {name: _named_file(getattr(args, name)) for name in ("src", "ref", "tok_ref")
+                 if getattr(args, name) is not None and (d.task != "parse" or name != "tok_ref")}
+        import sacrebleu
+        import sacremoses
+        import torch
+
+        from . import __version__
+
         scores |= {"run": str(Path(args.run_dir).resolve()), **weights, "int8": args.int8, "bf16": args.bf16,
-                   "src": str(Path(args.src).resolve()), "ref": str(Path(args.ref).resolve()), "sentences": len(src),
+                   "device": str(translator.device), "threads": torch.get_num_threads(),
+                   "config_sha256": translator.cfg.sha256(), "vocabulary_sha256": translator.tokenizer.sha256,
+                   **{k: v for name, (path, sha) in texts.items() for k, v in ((name, path), (f"{name}_sha256", sha))
+                      if v is not None},
+                   "sentences": len(src), "pretokenized": args.tok_ref is not None and d.task != "parse" and (
+                       args.pretokenized or writes_tokenized(d.train_tgt)),
+                   # the batch too: int8 and bf16 products follow the batch's shape (decoding.md)
                    "decode": {k: v for k, v in dataclasses.asdict(searched).items()
-                              if v is not None and k not in ("prefixes", "constraints", "batch_size")}}
+                              if v is not None and k not in ("prefixes", "constraints")},
+                   "versions": {"transformer": __version__, "torch": torch.__version__,
+                                "sacrebleu": sacrebleu.__version__, "sacremoses": sacremoses.__version__}}
         if args.json == STDOUT:
             print(json.dumps(scores, indent=2))
         else:
             files.write_text(args.json, json.dumps(scores, indent=2) + "\n")
+
+
+def _named_file(path: Path) -> tuple[str, str | None]:
+    """A scored file as evaluate --json records it: its absolute path and sha256; stdin as "-", with no hash
+    (its lines are read once)."""
+    if Path(path) == STDIN:
+        return "-", None
+    return str(Path(path).resolve()), files.file_sha256(Path(path)) if Path(path).is_file() else None
+
+
+def _recorded_sha256(weights: Path) -> str | None:
+    """The sha256 a checkpoint's record gives its weights file (verified as it was averaged); None once the
+    record is gone (a run still training prunes its checkpoints)."""
+    from .checkpoint import CheckpointError, checkpoint_record
+
+    try:
+        return checkpoint_record(weights)["files"]["weights"]["sha256"]
+    except (CheckpointError, KeyError, TypeError):
+        return None
 
 
 def _target_language(args: argparse.Namespace, data) -> str:
