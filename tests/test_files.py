@@ -168,6 +168,40 @@ def test_a_pipe_is_written_in_place_and_a_link_keeps_pointing_at_its_file(tmp_pa
     assert not dangling.is_symlink() and dangling.read_text() == "mine\n"
 
 
+def test_a_staged_folders_failed_write_names_the_output(tmp_path):
+    """export and preprocess on a full disk: "internal error: SafetensorError ... os error 28" (a bug report asked
+    for), "run/spm.model: No space left on device" (the input shutil copied from), or no file at all."""
+    import errno
+
+    from transformer.files import WriteError, staged_write_error
+
+    staged, out = tmp_path / ".hf.x" / "hf", tmp_path / "hf"
+    SafetensorError = type("SafetensorError", (Exception,), {})
+    for error in (SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+                  OSError(errno.ENOSPC, "No space left on device", "run/spm.model"),
+                  OSError(errno.ENOSPC, "No space left on device"),
+                  OSError(errno.EACCES, "Permission denied", str(staged / "model.safetensors"))):
+        told = staged_write_error(error, staged, out)
+        assert isinstance(told, WriteError) and str(told).startswith(f"cannot write {out}: "), error
+    for error in (OSError(errno.EACCES, "Permission denied", "run/spm.model"),  # an input it could not read
+                  OSError(errno.ENOENT, "No such file or directory"), ValueError("x"),
+                  SafetensorError("not an OS error")):
+        assert staged_write_error(error, staged, out) is None, error
+
+
+def test_a_log_whose_folder_is_gone_is_said_so(tmp_path):
+    """A run folder renamed or removed while it trains: its next log line was an internal error (FileNotFoundError,
+    "please report it"), where the user moved the folder."""
+    from transformer.files import WriteError, append_text
+
+    run = tmp_path / "run"
+    run.mkdir()
+    append_text(run / "metrics.jsonl", "{}\n")
+    run.rename(tmp_path / "moved")
+    with pytest.raises(WriteError, match=rf"^cannot write {run}/metrics.jsonl: its folder {run} is gone \(moved or "):
+        append_text(run / "metrics.jsonl", "{}\n")
+
+
 def test_dev_stdout_redirected_to_a_file_is_written_where_the_shell_writes(tmp_path):
     """`translate --output /dev/stdout >> job.log` replaced job.log with a file of the translations alone
     (/dev/stdout leads to a regular file, which was renamed over): the log's earlier lines were lost, and

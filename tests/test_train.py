@@ -773,6 +773,38 @@ def test_a_precision_this_cpu_would_emulate_is_said_in_the_log(tmp_path, tiny_ov
     assert (said in (tmp_path / "run" / "train.log").read_text()) == (not units)
 
 
+def test_a_tensorboard_log_that_cannot_be_written_stops_alone(tmp_path, tiny_overrides, monkeypatch):
+    """tb/ removed to make room, or a full disk met first by TensorBoard's writer: its thread printed a traceback,
+    and the next write ended the training as an internal error, without a checkpoint, though metrics.jsonl and
+    train.log hold the same values. The TensorBoard log stops, said once; the training goes on."""
+    import errno
+    import threading
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)  # restored after the test
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", b"/x/tb/events.out")
+    monkeypatch.setattr(SummaryWriter, "add_scalar", full)
+    out = tmp_path / "run"
+    assert train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.log_every=1"]), out,
+                 quiet=True)["step"] == 4
+    log = (out / "train.log").read_text()
+    assert log.count("note: the TensorBoard log stopped: /x/tb/events.out: No space left on device; training goes "
+                     "on") == 1 and "step=4 " in log
+    # its writer thread's own traceback is not printed; any other thread's is
+    printed: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: printed.append(args.thread.name))
+    training._quiet_board_threads()
+    board = type("_AsyncWriterThread", (threading.Thread,), {"__module__": "tensorboard.summary.writer"})
+    for kind, name in ((board, "board"), (threading.Thread, "other")):
+        thread = kind(target=lambda: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")),
+                      name=name)
+        thread.start()
+        thread.join()
+    assert printed == ["other"]
+
+
 def test_more_threads_than_cores_is_said_in_the_log(tmp_path, tiny_overrides, monkeypatch):
     """train.threads 1000 on 2 cores trained 90 times slower, and the log said nothing of it."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})

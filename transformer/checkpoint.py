@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from .errors import UserError
-from .files import atomic_path, file_sha256, read_record, write_text
+from .files import atomic_path, atomic_paths, file_sha256, read_record, write_text
 
 FORMAT = "transformer-checkpoint/1"
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
@@ -74,6 +74,12 @@ def _save_file(tensors: dict[str, Tensor], path: Path) -> None:
 
 def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
     """Writes a .safetensors file atomically; returns its {"name", "sha256", "bytes"} entry."""
+    with atomic_path(path) as tmp:
+        return _stage_tensors(tmp, path.name, tensors)
+
+
+def _stage_tensors(tmp: Path, file_name: str, tensors: dict[str, Tensor]) -> dict[str, Any]:
+    """Writes the tensors to ``tmp``, the temporary file of ``file_name``; returns its entry."""
     seen: set[int] = set()
     ready = {}
     for name, t in tensors.items():
@@ -84,18 +90,19 @@ def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:
             t = t.clone()
         seen.add(ptr)
         ready[name] = t
-    with atomic_path(path) as tmp:
-        _save_file(ready, tmp)
-        # checksummed after the write, from the file itself (what load will verify is what is on disk), before it
-        # takes its name: a record written over goes on naming the old bytes for no longer than a rename
-        entry = {"name": path.name, "sha256": file_sha256(tmp), "bytes": tmp.stat().st_size}
-    return entry
+    _save_file(ready, tmp)
+    # checksummed after the write, from the file itself (what load will verify is what is on disk), before it
+    # takes its name: a record written over goes on naming the old bytes for no longer than a rename
+    return {"name": file_name, "sha256": file_sha256(tmp), "bytes": tmp.stat().st_size}
+
+
+def _record_text(record: dict[str, Any]) -> str:
+    # NaN/inf are kept (Python reads them back): losing a checkpoint to a NaN metric would be worse.
+    return json.dumps(record, indent=2) + "\n"
 
 
 def _write_record(json_path: Path, record: dict[str, Any]) -> None:
-    # NaN/inf are kept (Python reads them back): losing a checkpoint to a NaN metric would be worse.
-    text = json.dumps(record, indent=2) + "\n"
-    write_text(json_path, text)
+    write_text(json_path, _record_text(record))
 
 
 def _own_meta(meta: dict[str, Any]) -> dict[str, Any]:
@@ -118,11 +125,17 @@ def write_model(path: Path, weights: dict[str, Tensor], meta: dict[str, Any]) ->
     meta = _own_meta(meta)
     path.parent.mkdir(parents=True, exist_ok=True)
     json_path = path.with_suffix(".json")
-    # written over (train.keep_best's best.safetensors), the old record stays until the new one replaces it: it
-    # vouches for no new bytes (they are read against its sha256), and a write that fails (a full disk) or is
-    # killed leaves the old pair whole; deleted first, it left the last best unusable for the whole write
-    entry = _write_tensors(path, weights)
-    _write_record(json_path, {"format": FORMAT, **meta, "files": {"weights": entry}})
+    # written over (train.keep_best's best.safetensors, an average): both files are written before either takes
+    # its name, so a write that fails (a full disk) or is killed leaves the old pair whole. The weights with a
+    # record written after them had been replaced when the record's write failed: neither pair was left
+    with atomic_paths(path, json_path) as (weights_tmp, record_tmp):
+        entry = _stage_tensors(weights_tmp, path.name, weights)
+        text = _record_text({"format": FORMAT, **meta, "files": {"weights": entry}})
+        try:
+            record_tmp.write_text(text, encoding="utf-8")
+        except OSError as e:  # said naming the record, not the weights written before it
+            e.filename = str(record_tmp)
+            raise
     return json_path
 
 

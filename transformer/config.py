@@ -447,15 +447,18 @@ def _same_file(a: object, b: object) -> bool:
         return False
 
 
-def _check_type(where: str, key: str, value: Any, annotation: Any) -> Any:
-    """Checks a TOML value against a dataclass field's annotation; ints are accepted for floats."""
+def _check_type(where: str, key: str, value: Any, annotation: Any, toml: bool = True) -> Any:
+    """Checks a TOML value against a dataclass field's annotation; ints are accepted for floats. ``toml``: the
+    value was read as TOML (a file, --set), whose integers are 64-bit; else a program's own (whole numbers of
+    any size for an int field: a batch of 10^20 sentences is every sentence in one batch)."""
     hint = annotation
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
             raise ConfigError(f"{where}: {key} must be one of {list(choices)}, got {value!r}")
         return value
-    if hint in (int, float) and isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+    if (hint is float or toml and hint is int) and isinstance(value, int) and not isinstance(value, bool) and \
+            abs(value) >= 2**63:
         # TOML's own integers are 64-bit; Python's are not, and 10**400 overflowed a float deep in training
         raise ConfigError(f"{where}: {key} must be below 2^63 in size, got an integer of {len(str(abs(value)))} digits")
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
@@ -493,14 +496,14 @@ OTHER_NAMES: dict[str, str] = {
 }
 
 
-def _apply(cfg: Config, section: str, key: str, value: Any, where: str) -> None:
+def _apply(cfg: Config, section: str, key: str, value: Any, where: str, toml: bool = True) -> None:
     cls = _check_section(section, where)
     hints = typing.get_type_hints(cls)
     if key not in hints:
         hint = [OTHER_NAMES[key]] if key in OTHER_NAMES else [
             f"{section}.{k}" for k in difflib.get_close_matches(key, hints, n=1)]
         raise ConfigError(f"{where}: unknown key {section}.{key}" + (f"; did you mean {hint[0]}?" if hint else ""))
-    setattr(getattr(cfg, section), key, _check_type(where, f"{section}.{key}", value, hints[key]))
+    setattr(getattr(cfg, section), key, _check_type(where, f"{section}.{key}", value, hints[key], toml))
 
 
 def _parse_override(text: str) -> tuple[str, str, Any]:
@@ -560,7 +563,7 @@ def set_section(cfg: Config, section: str, values: object, where: str) -> None:
     if not isinstance(values, Mapping):
         raise ConfigError(f"{where}: a dict of {section}.* fields, not {type(values).__name__} {values!r}")
     for key, value in values.items():
-        _apply(cfg, section, str(key), value, where)
+        _apply(cfg, section, str(key), value, where, toml=False)
 
 
 def config_from_dict(data: dict[str, Any], where: str = "config") -> Config:

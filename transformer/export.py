@@ -401,7 +401,12 @@ def _staged(out: Path, overwrite: bool) -> Iterator[Path]:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
             staged = Path(tmp) / out.name
             staged.mkdir()
-            yield staged
+            try:
+                yield staged
+            except Exception as e:  # the libraries' writers name the file they copied from, or none at all
+                if (told := files.staged_write_error(e, staged, out)) is not None:
+                    raise told from None
+                raise
             for path in staged.rglob("*"):
                 if path.is_file():  # the libraries' own writers do not all honour the umask (safetensors: 0600)
                     files.share(path)

@@ -80,6 +80,21 @@ def _unwritable(path: Path, error: OSError) -> WriteError | None:
     return WriteError(error.errno, error.strerror, str(path)) if error.errno in UNWRITABLE else None
 
 
+def staged_write_error(error: BaseException, staged: Path, out: Path) -> WriteError | None:
+    """A failed write into a folder being staged beside ``out`` (an export, a token store), as a WriteError
+    naming ``out``: a full disk or quota whatever the file the error names (shutil names the source it copied
+    from), the system's refusal of a file in the staged folder, and safetensors' own error type, which holds
+    the OS error in its text; None for any other error."""
+    if type(error).__name__ == "SafetensorError" and (code := re.search(r"os error (\d+)", str(error))):
+        error = OSError(int(code[1]), os.strerror(int(code[1])))
+    if not isinstance(error, OSError) or isinstance(error, WriteError) or error.errno not in UNWRITABLE:
+        return None
+    named = [Path(os.fsdecode(n)) for n in (error.filename, error.filename2) if n is not None]
+    if error.errno in (errno.ENOSPC, errno.EDQUOT) or not named or any(staged in (n, *n.parents) for n in named):
+        return WriteError(error.errno, error.strerror, str(out))
+    return None
+
+
 def is_stream(path: Path) -> bool:
     """Whether ``path`` names something there that is no regular file, links followed: a pipe, a terminal,
     /dev/null; or one of this process's descriptors (/dev/stdout, whatever a shell redirected it to).
@@ -160,6 +175,16 @@ def atomic_path(path: Path) -> Iterator[Path]:
     fsync_dir(path.parent)
 
 
+@contextlib.contextmanager
+def atomic_paths(*paths: Path) -> Iterator[list[Path]]:
+    """``atomic_path`` for files that belong together (a model's weights and the record that vouches for them):
+    each is written to its temporary path, and none takes its name before all are written, then in the order
+    given; a write that fails (a full disk) leaves the old set whole. An error of the block's own that names a
+    temporary path is said naming its file."""
+    with contextlib.ExitStack() as stack:  # left last in, first out: paths[0] takes its name first
+        yield [stack.enter_context(atomic_path(path)) for path in reversed(paths)][::-1]
+
+
 def write_bytes(path: Path, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
@@ -178,6 +203,9 @@ def append_text(path: Path, text: str) -> None:
     except OSError as e:
         if told := _unwritable(path, e):
             raise told from None
+        if e.errno == errno.ENOENT and not Path(path).parent.is_dir():  # a run folder renamed while it trains
+            raise WriteError(e.errno, f"its folder {Path(path).parent} is gone (moved or removed while in use)",
+                             str(path)) from None
         raise
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .data import DataError, Example, encode_pairs, iter_parallel
-from .files import not_replaceable, read_record
+from .files import not_replaceable, read_record, staged_write_error
 from .tokenizer import EOS_ID, PAD_ID, Tokenizer
 
 FORMAT = "transformer-token-store"
@@ -124,6 +124,10 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
         else:
             os.replace(tmp, out)  # rename(2) onto an empty folder replaces it
         return meta
+    except Exception as e:  # a full disk named the vocabulary it copied, or no file
+        if (told := staged_write_error(e, tmp, out)) is not None:
+            raise told from None
+        raise
     finally:
         for f in files.values():
             f.close()

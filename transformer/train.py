@@ -828,6 +828,61 @@ def budget_used(step: int, max_steps: int, elapsed_s: float, max_minutes: float)
     return min(1000, int(1000 * used))
 
 
+class Board:
+    """TensorBoard's event file (tb/): a copy of what metrics.jsonl and train.log hold. A write it cannot make (a
+    full disk, tb/ removed to make room, a read-only folder) is said once in the log and ends its writing, not
+    the training, whose own files go on; its writer thread's traceback, printed beside the trainer's one line,
+    is not (the thread's error comes again at the next write, where it is said)."""
+
+    def __init__(self, folder: Path, purge_step: int | None, log) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
+
+        self.folder, self.log, self.writer = folder, log, None
+        _quiet_board_threads()
+        try:
+            self.writer = SummaryWriter(str(folder), purge_step=purge_step)
+        except OSError as e:
+            self._stop(e)
+
+    def add(self, values: dict[str, float], step: int) -> None:
+        try:
+            for key, value in values.items():
+                if self.writer is not None:
+                    self.writer.add_scalar(key, value, step)
+        except OSError as e:
+            self._stop(e)
+
+    def close(self) -> None:
+        try:
+            if self.writer is not None:
+                self.writer.close()
+        except OSError as e:
+            self._stop(e)
+
+    def _stop(self, error: OSError) -> None:
+        writer, self.writer = self.writer, None
+        where = os.fsdecode(error.filename) if error.filename else self.folder  # its writer names files in bytes
+        self.log(f"note: the TensorBoard log stopped: {where}: {error.strerror or error}; "
+                 "training goes on, and metrics.jsonl and train.log hold the same values")
+        with contextlib.suppress(Exception):  # its file is what failed: closing it fails too
+            if writer is not None:
+                writer.close()
+
+
+def _quiet_board_threads() -> None:
+    """The process's thread-exception hook, less the tracebacks of TensorBoard's writer thread (``Board``)."""
+    hook = threading.excepthook
+    if getattr(hook, "quiet_board", False):
+        return
+
+    def quiet(args: threading.ExceptHookArgs) -> None:
+        if not (type(args.thread).__module__.startswith("tensorboard.") and issubclass(args.exc_type, OSError)):
+            hook(args)
+
+    quiet.quiet_board = True  # type: ignore[attr-defined]
+    threading.excepthook = quiet
+
+
 class Trainer:
     """One rank's training run, in the pieces that make it: set-up (``__init__``), resume, the next
     batch, a step, the log line with validation, a checkpoint, and the loop that calls them (``run``)."""
@@ -1318,9 +1373,7 @@ class Trainer:
                 raise TrainError(f"step {state.step}: dev BLEU, validation sentence {e}") from None
         evaluated = time.monotonic() - evaluating
         bar.set_description("train")
-        for key, value in rec.items():
-            if key not in ("step", "epoch"):
-                self.writer.add_scalar(key, value, state.step)
+        self.board.add({k: v for k, v in rec.items() if k not in ("step", "epoch")}, state.step)
         files.append_text(self.out / "metrics.jsonl", json.dumps(rec) + "\n")
         self.log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
         metric = {"valid_loss": "valid_nll", "valid_smoothed_loss": "valid_smoothed_loss",
@@ -1362,13 +1415,11 @@ class Trainer:
         last checkpoint and the summary."""
         t, dist, state = self.cfg.train, self.dist, self.state
         if dist.main:
-            from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
             # the checkpoint's log window holds steps that a line of the step budget's end logged (``report``):
             # training on, the next line averages them again and takes that line's place
             again = state.step < t.max_steps and resumed_window(self.window_then)["tokens"] > 0
             # resumed from an older checkpoint than the last line logged: TensorBoard hides what came after it
-            self.writer = SummaryWriter(str(self.out / "tb"),
-                                        purge_step=state.step + int(not again) if state.step else None)
+            self.board = Board(self.out / "tb", state.step + int(not again) if state.step else None, self.log)
             self.trim_metrics(again)
             if state.step >= t.max_steps:
                 self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
@@ -1484,7 +1535,7 @@ class Trainer:
             summary["best"] = {"metric": t.keep_best, "step": state.best_step, "value": state.best_value,
                                "stopped_by_patience": self.out_of_patience}
         if dist.main:
-            self.writer.close()
+            self.board.close()
             # the last step's validation where it had one (the same weights: on a large validation set, minutes)
             step, scores = self.validated
             summary.update({k: scores[k] for k in ("valid_nll", "valid_ppl")} if step == state.step else
