@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from .errors import UserError
-from .files import atomic_path, atomic_paths, file_sha256, read_record, write_text
+from .files import atomic_path, atomic_paths, file_sha256, os_error_in, read_record, write_text
 
 FORMAT = "transformer-checkpoint/1"
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
@@ -66,10 +65,9 @@ def _save_file(tensors: dict[str, Tensor], path: Path) -> None:
     try:
         save_file(tensors, str(path), metadata={"format": "pt"})
     except SafetensorError as e:
-        code = re.search(r"os error (\d+)", str(e))
-        if code is None:
+        if (error := os_error_in(e, path)) is None:
             raise
-        raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from None
+        raise error from None
 
 
 def _write_tensors(path: Path, tensors: dict[str, Tensor]) -> dict[str, Any]:

@@ -80,13 +80,19 @@ def _unwritable(path: Path, error: OSError) -> WriteError | None:
     return WriteError(error.errno, error.strerror, str(path)) if error.errno in UNWRITABLE else None
 
 
+def os_error_in(error: BaseException, path: Path | None = None) -> OSError | None:
+    """The OSError that safetensors' own error type reports in its text ("... (os error 28)"), naming ``path``;
+    None for any other error."""
+    code = re.search(r"os error (\d+)", str(error)) if type(error).__name__ == "SafetensorError" else None
+    return None if code is None else OSError(int(code[1]), os.strerror(int(code[1])), *([str(path)] if path else []))
+
+
 def staged_write_error(error: BaseException, staged: Path, out: Path) -> WriteError | None:
     """A failed write into a folder being staged beside ``out`` (an export, a token store), as a WriteError
     naming ``out``: a full disk or quota whatever the file the error names (shutil names the source it copied
     from), the system's refusal of a file in the staged folder, and safetensors' own error type, which holds
     the OS error in its text; None for any other error."""
-    if type(error).__name__ == "SafetensorError" and (code := re.search(r"os error (\d+)", str(error))):
-        error = OSError(int(code[1]), os.strerror(int(code[1])))
+    error = os_error_in(error) or error
     if not isinstance(error, OSError) or isinstance(error, WriteError) or error.errno not in UNWRITABLE:
         return None
     named = [Path(os.fsdecode(n)) for n in (error.filename, error.filename2) if n is not None]
