@@ -805,6 +805,16 @@ def test_a_tensorboard_log_that_cannot_be_written_stops_alone(tmp_path, tiny_ove
     assert printed == ["other"]
 
 
+def test_a_log_line_cut_short_does_not_swallow_the_next_runs_first(tmp_path, tiny_overrides):
+    """A full disk cut train.log's last line; the next attempt's first line was glued onto the fragment."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "train.log").write_text("2026-12-06 12:00:00 step=3 epoch=0 lr=0.0")
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), out, quiet=True)
+    lines = (out / "train.log").read_text().splitlines()
+    assert lines[0] == "2026-12-06 12:00:00 step=3 epoch=0 lr=0.0" and lines[1][:2] == "20", lines[:2]
+
+
 def test_more_threads_than_cores_is_said_in_the_log(tmp_path, tiny_overrides, monkeypatch):
     """train.threads 1000 on 2 cores trained 90 times slower, and the log said nothing of it."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})

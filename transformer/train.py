@@ -188,6 +188,10 @@ def run_logger(out: Path, quiet: bool = False):
     """Returns log(msg): appends to train.log and prints above the progress bar (not with ``terminal=False``:
     what the command line says there itself)."""
     path = out / "train.log"
+    with contextlib.suppress(OSError):  # a line a full disk cut short: the next attempt's first line starts anew
+        with open(path, "rb") as f:
+            if f.seek(0, os.SEEK_END) and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
+                files.append_text(path, "\n")
 
     def log(msg: str, terminal: bool = True) -> None:
         files.append_text(path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
