@@ -1627,6 +1627,10 @@ def test_a_resumed_run_says_what_it_will_not_do_and_drops_a_stale_summary(tmp_pa
     assert "train.max_steps 1: already reached at step 2; nothing to train" in log
     assert f"--init-from {run}: not used; the run goes on from its own checkpoint (step 2)" in log
     assert (run / "summary.json").exists()
+    # and the summary the training wrote stands: rewritten, its minutes were those of each call with nothing to do
+    kept = (run / "summary.json").read_text()
+    assert train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, resume=True,
+                 quiet=True) == json.loads(kept) and (run / "summary.json").read_text() == kept
 
     def failing_step(*args, **kwargs):
         raise RuntimeError("the machine went away")

@@ -952,6 +952,7 @@ class Trainer:
         self.validated: tuple[int, dict[str, float]] = (-1, {})  # the step last validated, and its scores
         self.batches_then = 0  # a resumed run batched otherwise, or on other ranks: its epoch's batches then
         self.window_then: Any = None  # the steps of the next log line the checkpoint resumed from kept
+        self.kept_summary: Path | None = None  # summary.json of a run resumed with nothing to train: it stands
         if resume:
             self.resume(allow_config_change)
             if dist.main:  # not before: a refused resume leaves the config its checkpoints were trained with
@@ -1427,6 +1428,7 @@ class Trainer:
             self.trim_metrics(again)
             if state.step >= t.max_steps:
                 self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
+                self.kept_summary = self.out / "summary.json"  # the attempt that trained wrote it: it stands
             elif (self.out / "summary.json").exists():  # written again when this budget ends
                 (self.out / "summary.json").unlink()
         self.start = time.monotonic()
@@ -1540,6 +1542,11 @@ class Trainer:
                                "stopped_by_patience": self.out_of_patience}
         if dist.main:
             self.board.close()
+            with contextlib.suppress(OSError, ValueError):  # none, or unreadable: written again below
+                if self.kept_summary is not None and isinstance(kept := json.loads(self.kept_summary.read_text()),
+                                                                dict) and kept.get("step") == state.step:
+                    self.log(f"done: {json.dumps(kept)}")  # rewritten, its minutes were this call's, not training's
+                    return kept
             # the last step's validation where it had one (the same weights: on a large validation set, minutes)
             step, scores = self.validated
             summary.update({k: scores[k] for k in ("valid_nll", "valid_ppl")} if step == state.step else
