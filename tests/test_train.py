@@ -1112,6 +1112,9 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     assert "averaged 3 checkpoints (--last 10: 3 of the run's 3 checkpoints are averaged as" in capsys.readouterr().out
     tuned = train(cfg, tmp_path / "from_average", quiet=True, init_from=elsewhere / "avg.safetensors")
     assert tuned["init_from"]["weights"] == ["avg"] and tuned["step"] == 2
+    state_file = list_checkpoints(old)[-1].with_suffix(".state.safetensors")  # its step's weights, named as such
+    assert train(cfg, tmp_path / "from_state", quiet=True, init_from=state_file)["init_from"]["weights"] == [
+        list_checkpoints(old)[-1].stem]
     assert (tmp_path / "from_average" / "spm.model").read_bytes() == (old / "spm.model").read_bytes()
     old.rename(tmp_path / "moved")  # the run it names moved away: "the file names no run" said the opposite
     with pytest.raises(TrainError, match=rf"avg.safetensors: the run it names, {re.escape(str(old))}, is no run "

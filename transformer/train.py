@@ -1005,7 +1005,8 @@ class Trainer:
             weights = average_checkpoints(chosen)
         else:
             ckpt = load_checkpoint(init_from, with_state=False)
-            meta, weights, chosen = ckpt.meta, ckpt.weights, [init_from]
+            # the weights file its record names: given the optimizer state's (step_N.state), its step's weights
+            meta, weights, chosen = ckpt.meta, ckpt.weights, [ckpt.path.parent / ckpt.meta["files"]["weights"]["name"]]
         if meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
             raise TrainError(f"--init-from {init_from}: its weights were trained with another vocabulary than "
                              f"{parent / 'spm.model'}")
