@@ -782,7 +782,6 @@ def test_a_tensorboard_log_that_cannot_be_written_stops_alone(tmp_path, tiny_ove
 
     from torch.utils.tensorboard import SummaryWriter
 
-    monkeypatch.setattr(threading, "excepthook", threading.excepthook)  # restored after the test
     def full(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", b"/x/tb/events.out")
     monkeypatch.setattr(SummaryWriter, "add_scalar", full)
@@ -792,17 +791,21 @@ def test_a_tensorboard_log_that_cannot_be_written_stops_alone(tmp_path, tiny_ove
     log = (out / "train.log").read_text()
     assert log.count("note: the TensorBoard log stopped: /x/tb/events.out: No space left on device; training goes "
                      "on") == 1 and "step=4 " in log
-    # its writer thread's own traceback is not printed; any other thread's is
+    # its writer thread's own traceback is not printed; any other thread's is, a host's own TensorBoard writer's
+    # too, and the process's hook is as it was once the board is closed (however training ended)
     printed: list[str] = []
-    monkeypatch.setattr(threading, "excepthook", lambda args: printed.append(args.thread.name))
-    training._quiet_board_threads()
-    board = type("_AsyncWriterThread", (threading.Thread,), {"__module__": "tensorboard.summary.writer"})
-    for kind, name in ((board, "board"), (threading.Thread, "other")):
-        thread = kind(target=lambda: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")),
-                      name=name)
-        thread.start()
-        thread.join()
-    assert printed == ["other"]
+    host = lambda args: printed.append(args.thread.name)  # noqa: E731
+    monkeypatch.setattr(threading, "excepthook", host)
+    monkeypatch.undo()  # SummaryWriter's own add_scalar again
+    monkeypatch.setattr(threading, "excepthook", host)
+    board = training.Board(tmp_path / "tb", None, lambda message: None)
+    own = next(t for t in threading.enumerate() if type(t).__module__.startswith("tensorboard."))
+    assert threading.excepthook is not host
+    for thread in (own, threading.Thread(name="host's")):
+        threading.excepthook(threading.ExceptHookArgs((OSError, OSError(errno.ENOSPC, "full"), None, thread)))
+    assert printed == ["host's"]
+    board.close()
+    assert threading.excepthook is host
 
 
 def test_a_log_line_cut_short_does_not_swallow_the_next_runs_first(tmp_path, tiny_overrides):
@@ -813,6 +816,28 @@ def test_a_log_line_cut_short_does_not_swallow_the_next_runs_first(tmp_path, tin
     train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), out, quiet=True)
     lines = (out / "train.log").read_text().splitlines()
     assert lines[0] == "2026-12-06 12:00:00 step=3 epoch=0 lr=0.0" and lines[1][:2] == "20", lines[:2]
+
+
+def test_a_hosts_default_dtype_neither_trains_the_model_nor_is_lost(tmp_path, tiny_overrides):
+    """torch.set_default_dtype(torch.float64), as notebooks do, built and trained the model in float64 whatever
+    train.precision said, and a resume under float32 went on in another dtype without a word."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), tmp_path / "run", quiet=True)
+        assert torch.get_default_dtype() == torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)
+    weights = load_checkpoint(list_checkpoints(tmp_path / "run")[-1]).weights
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+
+
+def test_an_out_that_is_no_folder_is_a_user_error(tmp_path, tiny_overrides):
+    """train(cfg, a file) raised FileExistsError, a path under a file NotADirectoryError: not the UserError
+    docs/python.md promises for a user's mistake."""
+    (tmp_path / "file").write_text("x")
+    for out in (tmp_path / "file", tmp_path / "file" / "run"):
+        with pytest.raises(UserError, match=rf"^out {re.escape(str(out))}: "):
+            train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), out, quiet=True)
 
 
 def test_more_threads_than_cores_is_said_in_the_log(tmp_path, tiny_overrides, monkeypatch):

@@ -799,6 +799,7 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     # a Config edited after load_config (cfg.train.max_steps = -5, a str for an int) is checked as a file's values
     cfg = config_from_dict(cfg.to_dict(), "cfg").validate()
     out, init_from = as_path(out, "out"), None if init_from is None else as_path(init_from, "init_from")
+    files.check_output(out, "out", folder=True)  # a file, or a folder under one: an OSError deep in training
     t = cfg.train
     if t.threads:
         torch.set_num_threads(t.threads)
@@ -809,6 +810,8 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     dist = distributed.setup(t.dist_timeout_s)
     log = out / "train.log"
     logged = log.stat().st_size if log.is_file() else None
+    default_dtype = torch.get_default_dtype()  # a host's float64 (a notebook's) trained the model in float64
+    torch.set_default_dtype(torch.float32)  # train.precision says the arithmetic; restored when training ends
     try:
         with contextlib.ExitStack() as held:  # the run folder's lock (rank 0's), released however training ends
             return Trainer(cfg, out, resume, quiet, dist, allow_config_change, init_from, held).run()
@@ -820,6 +823,7 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
                                        f"{distributed.lost_contact_line(e) or error_line(e)}\n")
         raise
     finally:
+        torch.set_default_dtype(default_dtype)
         distributed.teardown(dist)
 
 
@@ -842,11 +846,18 @@ class Board:
         from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
 
         self.folder, self.log, self.writer = folder, log, None
-        _quiet_board_threads()
+        before, self.hook = set(threading.enumerate()), threading.excepthook
         try:
             self.writer = SummaryWriter(str(folder), purge_step=purge_step)
         except OSError as e:
             self._stop(e)
+        own = set(threading.enumerate()) - before  # its writer's thread: a host's own writers' errors are printed
+
+        def quiet(args: threading.ExceptHookArgs) -> None:
+            if not (args.thread in own and issubclass(args.exc_type, OSError)):
+                self.hook(args)
+
+        threading.excepthook = quiet  # until close(): the process's hook as it was
 
     def add(self, values: dict[str, float], step: int) -> None:
         try:
@@ -857,11 +868,15 @@ class Board:
             self._stop(e)
 
     def close(self) -> None:
+        """Closes the event file, once; however training ended (a stop, an error), else its thread lives on."""
         try:
             if self.writer is not None:
                 self.writer.close()
+                self.writer = None
         except OSError as e:
             self._stop(e)
+        finally:
+            threading.excepthook = self.hook
 
     def _stop(self, error: OSError) -> None:
         writer, self.writer = self.writer, None
@@ -871,20 +886,6 @@ class Board:
         with contextlib.suppress(Exception):  # its file is what failed: closing it fails too
             if writer is not None:
                 writer.close()
-
-
-def _quiet_board_threads() -> None:
-    """The process's thread-exception hook, less the tracebacks of TensorBoard's writer thread (``Board``)."""
-    hook = threading.excepthook
-    if getattr(hook, "quiet_board", False):
-        return
-
-    def quiet(args: threading.ExceptHookArgs) -> None:
-        if not (type(args.thread).__module__.startswith("tensorboard.") and issubclass(args.exc_type, OSError)):
-            hook(args)
-
-    quiet.quiet_board = True  # type: ignore[attr-defined]
-    threading.excepthook = quiet
 
 
 class Trainer:
@@ -1527,6 +1528,8 @@ class Trainer:
                     self.run_data.sampled.close()
             finally:
                 stop.restore()
+                if dist.main:
+                    self.board.close()
         if (stopped_by := stopped_by or stop.received) is not None:
             name = signal.Signals(stopped_by).name + ("" if stop.received else " (to another rank)")
             self.log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
