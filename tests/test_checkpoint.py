@@ -187,10 +187,10 @@ def test_write_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_o
             raise OSError("simulated crash")
         real_replace(src, dst)
 
-    monkeypatch.setattr(ck.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="simulated crash"):
         save(tmp_path, 200)
-    monkeypatch.setattr(ck.os, "replace", real_replace)
+    monkeypatch.setattr(os, "replace", real_replace)
     ckdir = tmp_path / "checkpoints"
     assert not (ckdir / "step_00000200.json").exists()
     assert list_checkpoints(tmp_path) == [ckdir / "step_00000100.json"]

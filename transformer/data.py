@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import math
 import multiprocessing
+import multiprocessing.connection
 import os
 import random
 import signal
@@ -448,8 +449,12 @@ class SampledEpochs:
         self._pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
-        for process in processes:
-            process.join()
+        # each one's end, as its sentinel shows it: the executor's own thread reaps the worker too, and a join that
+        # lost that race to waitpid (ECHILD) returned at once, the worker still "alive"
+        waiting = [p.sentinel for p in processes]
+        while waiting:
+            done = multiprocessing.connection.wait(waiting)
+            waiting = [s for s in waiting if s not in done]
 
 
 _sampler: dict = {}  # the worker process's state: its training text, dropout and settings
