@@ -757,6 +757,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang, pretokenized)
             how = "outputs as written, tokenized by training" if pretokenized else "Moses lc+norm+tok"
             scores["tok_lc_bleu_method"] = f"{how}, {lang}; multi-bleu: no smoothing, against --tok-ref"
+            scores["pretokenized"] = pretokenized
             print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  ({how}, {lang})", file=report)
         if args.paper_bleu:
             scores["paper_bleu_method"] = f"Moses tokenizer, ##AT## compound splitting, cased, multi-bleu; {lang}"
@@ -794,8 +795,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                    "config_sha256": translator.cfg.sha256(), "vocabulary_sha256": translator.tokenizer.sha256,
                    **{k: v for name, (path, sha) in texts.items() for k, v in ((name, path), (f"{name}_sha256", sha))
                       if v is not None},
-                   "sentences": len(src), "pretokenized": args.tok_ref is not None and d.task != "parse" and (
-                       args.pretokenized or writes_tokenized(d.train_tgt)),
+                   "sentences": len(src),
                    # the batch too: int8 and bf16 products follow the batch's shape (decoding.md)
                    "decode": {k: v for k, v in dataclasses.asdict(searched).items()
                               if v is not None and k not in ("prefixes", "constraints")},

@@ -140,7 +140,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
     the user can fix (UNWRITABLE) is a WriteError naming ``path``. A stream (``is_stream``) is written in
     place, and a link's target is replaced, not the link (a dangling link is replaced itself)."""
     path = Path(path)
-    if is_stream(path) and (fd := descriptor(path)) is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+    if is_stream(path):
+        if (fd := descriptor(path)) is None or not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe, a terminal
+            yield path
+            return
         # the file a shell redirected a descriptor to (`>> job.log`): written whole, once done, at that
         # descriptor's own offset, between what the shell wrote there before and writes after
         with tempfile.TemporaryDirectory(prefix="transformer-") as folder:
@@ -151,9 +154,6 @@ def atomic_path(path: Path) -> Iterator[Path]:
                     stream.flush()
             with open(tmp, "rb") as src, open(os.dup(fd), "wb") as out:
                 shutil.copyfileobj(src, out)
-        return
-    if is_stream(path):
-        yield path
         return
     if path.is_symlink() and path.exists():  # a dangling link is replaced as a file would be
         path = path.resolve()

@@ -190,8 +190,12 @@ def run_logger(out: Path, quiet: bool = False):
     path = out / "train.log"
     with contextlib.suppress(OSError):  # a line a full disk cut short: the next attempt's first line starts anew
         with open(path, "rb") as f:
-            if f.seek(0, os.SEEK_END) and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
-                files.append_text(path, "\n")
+            size = f.seek(0, os.SEEK_END)
+            if size:
+                f.seek(size - 1)
+            cut = size > 0 and f.read(1) != b"\n"
+        if cut:
+            files.append_text(path, "\n")
 
     def log(msg: str, terminal: bool = True) -> None:
         files.append_text(path, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
@@ -860,10 +864,11 @@ class Board:
         threading.excepthook = quiet  # until close(): the process's hook as it was
 
     def add(self, values: dict[str, float], step: int) -> None:
+        if self.writer is None:  # stopped
+            return
         try:
             for key, value in values.items():
-                if self.writer is not None:
-                    self.writer.add_scalar(key, value, step)
+                self.writer.add_scalar(key, value, step)
         except OSError as e:
             self._stop(e)
 
@@ -953,7 +958,7 @@ class Trainer:
         self.validated: tuple[int, dict[str, float]] = (-1, {})  # the step last validated, and its scores
         self.batches_then = 0  # a resumed run batched otherwise, or on other ranks: its epoch's batches then
         self.window_then: Any = None  # the steps of the next log line the checkpoint resumed from kept
-        self.kept_summary: Path | None = None  # summary.json of a run resumed with nothing to train: it stands
+        self.spent = False  # resumed with its budget spent: nothing to train, and its summary.json stands
         if resume:
             self.resume(allow_config_change)
             if dist.main:  # not before: a refused resume leaves the config its checkpoints were trained with
@@ -1430,7 +1435,7 @@ class Trainer:
             self.trim_metrics(again)
             if state.step >= t.max_steps:
                 self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
-                self.kept_summary = self.out / "summary.json"  # the attempt that trained wrote it: it stands
+                self.spent = True  # summary.json, of the attempt that trained, stands
             elif (self.out / "summary.json").exists():  # written again when this budget ends
                 (self.out / "summary.json").unlink()
         self.start = time.monotonic()
@@ -1547,8 +1552,8 @@ class Trainer:
         if dist.main:
             self.board.close()
             with contextlib.suppress(OSError, ValueError):  # none, or unreadable: written again below
-                if self.kept_summary is not None and isinstance(kept := json.loads(self.kept_summary.read_text()),
-                                                                dict) and kept.get("step") == state.step:
+                if self.spent and isinstance(kept := json.loads((self.out / "summary.json").read_text()), dict) \
+                        and kept.get("step") == state.step:
                     self.log(f"done: {json.dumps(kept)}")  # rewritten, its minutes were this call's, not training's
                     return kept
             # the last step's validation where it had one (the same weights: on a large validation set, minutes)

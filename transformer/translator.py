@@ -86,9 +86,9 @@ class Translator:
         run's own (the server's --beam, --alpha, ...: the defaults of its requests; --unconstrained).
         ``ensemble``: more run folders whose models decode together with this one (``ensemble.Ensemble``),
         each from its own averaged weights; they must have been trained with the same vocabulary, for the same
-        task and languages. The decoding defaults are this run's. ``log``: what loading does (default: to stderr). Loading sets the
-        whole process's allocator to keep freed memory (``runtime.keep_freed_memory``), as decoding's repeated
-        allocations want: a host program's freed memory stays mapped too."""
+        task and languages. The decoding defaults are this run's. ``log``: what loading does (default: to
+        stderr). Loading sets the whole process's allocator to keep freed memory (``runtime.keep_freed_memory``),
+        as decoding's repeated allocations want: a host program's freed memory stays mapped too."""
         run_dir = as_path(run_dir, "run_dir")
         checkpoint = None if checkpoint is None else as_path(checkpoint, "checkpoint")
         if log is not None and not callable(log):  # else an error at the first thing loading says
