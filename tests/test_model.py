@@ -471,12 +471,12 @@ def params(preset: str, vocab: int) -> int:
 
 
 def test_parameter_counts_match_the_paper():
-    """Table 3 params (×10^6) at the authors' 40,960-row vocabulary; big at 37,000 (A15)."""
-    assert params("base", 40960) == pytest.approx(65e6, rel=0.01)
+    """Table 3 params (×10^6) at the authors' 40,960-row vocabulary, to the printed precision (half a million:
+    learned positions alone would add 1.05M); big at 37,000 within 1% (A15: 214.2M where the table prints 213)."""
     assert params("big", 37000) == pytest.approx(213e6, rel=0.01)
-    printed = {"B1": 58, "B2": 60, "C1": 36, "C2": 50, "C3": 80, "C4": 28, "C5": 168, "C6": 53, "C7": 90}
+    printed = {"base": 65, "B1": 58, "B2": 60, "C1": 36, "C2": 50, "C3": 80, "C4": 28, "C5": 168, "C6": 53, "C7": 90}
     for row, millions in printed.items():
-        assert abs(params(row, 40960) - millions * 1e6) <= 1e6, row
+        assert abs(params(row, 40960) - millions * 1e6) <= 0.5e6, row
 
 
 @pytest.mark.parametrize("norm, stream", [("post", torch.bfloat16), ("pre", torch.float32)])

@@ -88,7 +88,7 @@ def test_linearize_then_delinearize_is_the_identity_on_every_tree_of_the_sample(
     for path in sorted(PTB.glob("wsj_*.mrg")):
         for raw in read_trees(path):
             t = normalize(raw)
-            for words in (False, True):  # XX leaves (the paper's) and the words themselves
+            for words in (False, True):  # XX leaves (Vinyals et al.'s) and the words themselves
                 back, well_formed = delinearize(linearize(t, words), t.words())
                 assert well_formed, (path.name, str(t))
                 assert str(with_tags(back, t.tags())) == str(t), (path.name, str(t))

@@ -172,6 +172,11 @@ def read_normalized(path: Path) -> list[Tree | None]:
 def linearize(tree: Tree, words: bool = False) -> list[str]:
     """Vinyals et al.'s target sequence: "(L" ... ")L" per constituent, XX per word.
 
+    DEVIATION(§6.3, A14): §6.3 cites Vinyals et al. and names no format; the authors' code wrote each
+    part-of-speech tag as an opening symbol of its own and the closings as "/L".
+    Vinyals et al.'s sequences are what ``TreeConstraint`` and ``delinearize`` read, and scoring puts
+    the gold tags back (``evaluate.score_trees``).
+
     DEVIATION(§6.3): ``words=True`` writes each word itself instead of XX ("(S (NP The dog )NP ...").
     The decoder then copies the sentence as it brackets it, so it always knows which word it is at:
     with XX it must count the words it has placed, which a few thousand training trees do not teach.
