@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import re
@@ -389,6 +390,40 @@ def test_average_takes_checkpoints_of_other_dropout(tmp_path: Path) -> None:
                                (weights(0)["embed.weight"] + weights(1)["embed.weight"]) / 2)
 
 
+def test_an_old_checkpoint_that_cannot_be_deleted_is_said_and_left(tmp_path: Path, monkeypatch) -> None:
+    """An old checkpoint file not to be deleted (another user's in a sticky folder, an immutable one): the prune's
+    EPERM ended training as "cannot write the checkpoint of step 30", written whole, and every resume again."""
+    save(tmp_path, 10, keep_last=1)
+    stuck, unlink = tmp_path / "checkpoints" / "step_00000010.safetensors", Path.unlink
+
+    def refused(self, missing_ok=False):
+        if self == stuck:
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(self))
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    said: list[str] = []
+    assert save_checkpoint(tmp_path, 20, weights(20), state(20), META, keep_last=1, warn=said.append).is_file()
+    assert said == [f"cannot delete the old checkpoint file {stuck}: Operation not permitted; it stays"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000020.json"] and stuck.exists()
+    assert_same(load_checkpoint(list_checkpoints(tmp_path)[-1]).weights, weights(20))
+
+
+def test_a_checkpoint_whose_record_is_in_place_is_kept_whatever_interrupts_after(tmp_path: Path, monkeypatch) -> None:
+    """A second Ctrl-C as the record's folder was synced, after its rename: the tensor files were deleted under the
+    record in place, which then named files that were not there."""
+    write = ck._write_record
+
+    def interrupted(*args):
+        write(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ck, "_write_record", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save(tmp_path, 10)
+    assert_same(load_checkpoint(list_checkpoints(tmp_path)[-1]).weights, weights(10))
+
+
 def test_bad_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="keep_last"):
         save(tmp_path, 1, keep_last=0)
@@ -669,7 +704,27 @@ def test_a_checkpoint_of_another_run_is_not_averaged_in(tmp_path, tiny_overrides
         shutil.copy(path, run / "checkpoints" / path.name)
     with pytest.raises(CheckpointError, match=r"step_00000008.json: a checkpoint of another run than "
                                               r"step_00000\d+.json's"):
-        average_checkpoints(checkpoints_to_average(run, 3))
+        average_checkpoints(list_checkpoints(run)[-3:])
+    with pytest.raises(CheckpointMismatch, match=r"checkpoints: checkpoints of 2 runs: step_00000002, step_00000004, "
+                                                 r"step_00000006 \(run \w{8}\); step_00000008 \(run \w{8}\)\. Another "):
+        checkpoints_to_average(run, 3)
+
+
+def test_a_checkpoint_of_another_runs_model_is_no_model_change(tmp_path, tiny_overrides):
+    """A checkpoint of another run and model copied into checkpoints/ was taken for a resume's model change:
+    translate, evaluate and average decoded it alone without a word (average_last 3 became 1), and --resume said
+    the user had changed the model. Both name the runs' checkpoints."""
+    common = tiny_overrides + ["train.save_every=2"]
+    run, other = tmp_path / "run", tmp_path / "other"
+    train(load_config("tiny", common + ["train.max_steps=4"]), run, quiet=True)
+    train(load_config("tiny", common + ["train.max_steps=6", "model.d_ff=96"]), other, quiet=True)
+    for path in (other / "checkpoints").glob("step_00000006*"):
+        shutil.copy(path, run / "checkpoints" / path.name)
+    with pytest.raises(CheckpointMismatch, match=r"checkpoints of 2 runs: step_00000002, step_00000004 \(run \w{8}\); "
+                                                 r"step_00000006 \(run"):
+        checkpoints_to_average(run, 3)
+    with pytest.raises(CheckpointMismatch, match="checkpoints of 2 runs"):
+        train(load_config("tiny", common + ["train.max_steps=8"]), run, resume=True, quiet=True)
 
 
 def test_a_resume_that_changed_the_model_averages_the_checkpoints_since(tmp_path, tiny_overrides, capsys):

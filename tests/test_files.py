@@ -52,7 +52,7 @@ def failing_writes(monkeypatch, code: int, prefix: str = ".") -> None:
     monkeypatch.setattr(Path, "write_bytes", write)
 
 
-@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG])
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG, errno.EPERM])
 def test_a_write_the_disk_refuses_is_a_one_line_error_naming_the_file(tmp_path, monkeypatch, code):
     """A full disk writing spm.model ended in "internal error: OSError: [Errno 28] No space left on device"."""
     write_text(tmp_path / "a.txt", "old")

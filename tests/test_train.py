@@ -1215,23 +1215,26 @@ def test_a_best_newer_than_the_checkpoint_costs_no_patience(tmp_path, tiny_overr
     assert "best valid_loss 3 at step 8 taken from best.safetensors" in (run / "train.log").read_text()
 
 
-def test_a_best_of_another_run_is_not_taken(tmp_path, tiny_overrides, scripted):
+@pytest.mark.parametrize("other_run", [["data.vocab_size=400"], ["train.seed=2"]])
+def test_a_best_of_another_run_is_not_taken(tmp_path, tiny_overrides, scripted, other_run):
     """best.safetensors copied from a run of another vocabulary (its step newer than the checkpoint) was taken as
     this run's best: no evaluation of the run beat its value, so the run's own best was never written, and
-    `translate --checkpoint best` refused the file at the end. It is said and left to be replaced."""
+    `translate --checkpoint best` refused the file at the end. It is said and left to be replaced. So is another
+    run's of the same vocabulary and model (another seed: its record's run_id), which was taken."""
     common = tiny_overrides + ["train.log_every=2", "train.eval_every=2", "train.save_every=4",
                                'train.keep_best="valid_loss"']
     run, other = tmp_path / "run", tmp_path / "other"
     train(load_config("tiny", common + ["train.max_steps=4"]), run, quiet=True)
-    train(load_config("tiny", common + ["train.max_steps=8", "data.vocab_size=400"]), other, quiet=True)
+    train(load_config("tiny", common + ["train.max_steps=8"] + other_run), other, quiet=True)
     for suffix in (".safetensors", ".json"):
         shutil.copy(other / f"best{suffix}", run / f"best{suffix}")
     resumed = train(load_config("tiny", common + ["train.max_steps=8"]), run, resume=True, quiet=True)
     assert resumed["best"]["step"] == 8
     best = load_checkpoint(run / "best.safetensors", with_state=False).meta
     assert best["vocab_sha256"] == Tokenizer(run / "spm.model").sha256 and best["best"]["step"] == 8
-    assert "best.safetensors (best valid_loss 3 at step 8) is of another vocabulary or model than this run's: " \
+    assert "best.safetensors (best valid_loss 3 at step 8) is of another run, vocabulary or model than this run's: " \
            "not taken" in (run / "train.log").read_text()
+    assert best["run_id"] == checkpoint_record(list_checkpoints(run)[-1])["run_id"]
 
 
 def test_the_best_moves_with_the_checkpoints(tmp_path, tiny_overrides, scripted, monkeypatch):
@@ -1512,6 +1515,30 @@ def test_a_second_signal_stops_at_once_and_says_no_checkpoint_was_written(tmp_pa
             pytest.fail("a bare KeyboardInterrupt, which the command line reports as 'interrupted' alone")
     assert stopped.value.exit_code == 130
     assert "SIGINT again: stopped at once" in (run / "train.log").read_text()
+
+
+def test_a_second_signal_once_a_checkpoints_record_is_in_place_keeps_that_checkpoint(tmp_path, tiny_overrides,
+                                                                                     monkeypatch):
+    """Ctrl-C twice as the clock's checkpoint of step 2 was written, after its record's rename: its tensor files were
+    deleted under the record, and the message said "in step 3, without writing a checkpoint"."""
+    import signal
+
+    from transformer import checkpoint
+    from transformer.train import TrainInterrupted
+
+    run, write = tmp_path / "run", checkpoint._write_record
+
+    def interrupted(*args):
+        write(*args)
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(checkpoint, "_write_record", interrupted)
+    with pytest.raises(TrainInterrupted, match=r"SIGINT again: training stopped at once, as the checkpoint of step 2 "
+                                               r"was written, that checkpoint whole; --resume continues"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=8", "train.save_every=2"]), run, quiet=True)
+    assert [c.name for c in list_checkpoints(run)] == ["step_00000002.json"]
+    assert load_checkpoint(list_checkpoints(run)[-1]).meta["step"] == 2  # its files verified
 
 
 def test_a_stop_signal_then_the_other_ranks_gone_is_told_as_the_stop_not_a_crash(tmp_path, tiny_overrides,

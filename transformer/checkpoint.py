@@ -138,12 +138,13 @@ def write_model(path: Path, weights: dict[str, Tensor], meta: dict[str, Any]) ->
 
 
 def save_checkpoint(run_dir: Path, step: int, weights: dict[str, Tensor], state: dict[str, Tensor],
-                    meta: dict[str, Any], keep_last: int) -> Path:
+                    meta: dict[str, Any], keep_last: int, warn: Callable[[str], None] = print) -> Path:
     """Writes run_dir/checkpoints/step_NNNNNNNN.{safetensors,state.safetensors,json}; returns the .json.
 
     Then deletes the checkpoints older than the newest `keep_last` on the save clock (those
     checkpoints_to_average would take, so an average of up to `keep_last` is always there to make),
-    and the debris of crashed writes (temp files, tensor files without their JSON).
+    and the debris of crashed writes (temp files, tensor files without their JSON). A file that cannot be
+    deleted stays, said through ``warn``: the checkpoint is written (it ended training as one that was not).
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
@@ -160,15 +161,17 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, Tensor], state:
                  "state": _write_tensors(ckpt_dir / f"{stem}.state.safetensors", state)}
         _write_record(json_path, {"format": FORMAT, "step": step, **meta, "files": files})
     except BaseException:  # a full disk, say: the tensor files already written, without their record, go now
+        if json_path.exists():  # the record renamed in (a second Ctrl-C as its folder was synced): written whole
+            raise
         for suffix in (".safetensors", ".state.safetensors"):  # (they stayed until the next checkpoint, taking room)
             with contextlib.suppress(OSError):
                 (ckpt_dir / f"{stem}{suffix}").unlink(missing_ok=True)
         raise
-    _prune(ckpt_dir, keep_last)
+    _prune(ckpt_dir, keep_last, warn)
     return json_path
 
 
-def _prune(ckpt_dir: Path, keep_last: int) -> None:
+def _prune(ckpt_dir: Path, keep_last: int, warn: Callable[[str], None]) -> None:
     """JSON first, then data: a half-deleted checkpoint is one without JSON, which never loads.
 
     Kept: the newest checkpoint, the newest `keep_last` on the save clock, and those an average of
@@ -178,8 +181,15 @@ def _prune(ckpt_dir: Path, keep_last: int) -> None:
     goes, and the clock's before it stay: the run resumed from it keeps the checkpoints, and so the
     average, of a run never interrupted. A record that cannot be read is neither counted nor deleted (resume
     and average name it): counted as the newest, a truncated one had the good checkpoint before it deleted.
-    With a record of another shape among them (edited by hand), none is deleted.
+    With a record of another shape among them (edited by hand), none is deleted. A file that cannot be deleted
+    (EPERM: another user's, in a sticky folder) is said and left.
     """
+    def delete(path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            warn(f"cannot delete the old checkpoint file {path}: {e.strerror or e}; it stays")
+
     readable: list[tuple[Path, dict[str, Any]]] = []
     for path in list_checkpoints(ckpt_dir.parent):
         with contextlib.suppress(CheckpointError):
@@ -192,13 +202,13 @@ def _prune(ckpt_dir: Path, keep_last: int) -> None:
         keep = set(found)
     for old in found:
         if old not in keep:
-            old.unlink(missing_ok=True)
+            delete(old)
     for p in ckpt_dir.iterdir():
         data = _STEP_DATA.fullmatch(p.name)
         orphan = data is not None and not (ckpt_dir / f"step_{data.group(1)}.json").exists()
         # ours (files.atomic_path), and safetensors' own (.tmpXXXXXX, renamed onto ours) of a write killed midway
         if orphan or (p.name.startswith(".step_") and p.name.endswith(".tmp")) or p.name.startswith(".tmp"):
-            p.unlink(missing_ok=True)
+            delete(p)
 
 
 def _json_for(path: Path) -> Path:
@@ -235,7 +245,8 @@ def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dic
         raise CheckpointError(f"{path}: size {len(data)} bytes, expected {entry['bytes']} "
                               "(truncated or replaced)")
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointError(f"{path}: sha256 mismatch (file corrupt or modified)")
+        raise CheckpointError(f"{path}: sha256 mismatch (file corrupt or modified, or its write and its record's "
+                              "interrupted between the two)")
     try:
         return st_load(data)
     except Exception as e:  # safetensors raises its own error types for a bad header
@@ -317,6 +328,24 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def one_run(records: list[Path]) -> None:
+    """Refuses checkpoint records of more than one run (their run_id): one run folder's checkpoints are one run's
+    (a resume keeps its run_id), so another is a file copied in, which averaging took for a model change and a
+    resume for a config change. A record that cannot be read, or of before run ids, is not compared here."""
+    runs: dict[str, list[str]] = {}
+    for path in records:
+        try:
+            run = checkpoint_record(path).get("run_id")
+        except CheckpointError:
+            continue
+        if isinstance(run, str):
+            runs.setdefault(run, []).append(path.stem)
+    if len(runs) > 1:
+        listed = "; ".join(f"{', '.join(names)} (run {run[:8]})" for run, names in runs.items())
+        raise CheckpointMismatch(f"{records[0].parent}: checkpoints of {len(runs)} runs: {listed}. Another run's "
+                                 "checkpoint copied in? Remove the files that are not this run's")
+
+
 def record_step(record: Path) -> int:
     """The step a checkpoint record's name gives (``list_checkpoints``'s step_00001000.json: 1000)."""
     return int(_STEP_JSON.fullmatch(record.name).group(1))
@@ -351,7 +380,9 @@ def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = Non
     kept: list[Path] = []
     newer: dict[str, Any] | None = None
     model: dict[str, Any] | None = None
-    for path in reversed(list_checkpoints(run_dir) if found is None else found):
+    found = list_checkpoints(run_dir) if found is None else found
+    one_run(found)
+    for path in reversed(found):
         try:
             record = checkpoint_record(path)  # an object of this format, else a CheckpointError naming it
             if kept and record.get("on_clock") is False:  # a signal's checkpoint, superseded: a resume point only

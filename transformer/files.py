@@ -62,8 +62,8 @@ class OutputError(UserError):
     """An output path the command could not write: refused before the work that would fill it."""
 
 
-UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
-                         errno.EFBIG})  # the user's to fix (EFBIG: a size limit, ulimit -f, FAT32), not a bug
+# the user's to fix, not a bug (EFBIG: a size limit, ulimit -f, FAT32; EPERM: an immutable file, another user's)
+UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG, errno.EPERM})
 
 
 class WriteError(OutputError, OSError):

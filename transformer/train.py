@@ -36,7 +36,7 @@ from . import __version__, distributed, files
 from .distributed import Dist
 
 from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
-                         epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, record_step,
+                         epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, one_run, record_step,
                          save_checkpoint, write_model)
 from .config import Config, ConfigError, ModelConfig, TrainConfig, as_path, config_from_dict, dump_toml, read_toml
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
@@ -290,6 +290,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     has_checkpoints = bool(list_checkpoints(out)) or any((out / "checkpoints").glob("*.json"))
     if has_checkpoints and not resume:
         raise TrainError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
+    if has_checkpoints:  # before the newest record's config is compared: another run's differs in its model
+        one_run(list_checkpoints(out))
     if vocabulary_of is None and not has_checkpoints and (parent := recorded_init_from(out)) is not None:
         # a fine-tune stopped before its first checkpoint: its vocabulary is not a new run's (nor its config.toml)
         raise TrainError(f"{out / 'spm.model'} is the vocabulary of {parent}, taken by --init-from, and this run holds "
@@ -955,6 +957,7 @@ class Trainer:
         if dist.enabled:
             torch.manual_seed(t.seed + 1000 * dist.rank)  # each rank its own dropout masks
         self.saved_on_clock = -1  # the step of the newest checkpoint the save clock wrote (``save``)
+        self.writing = False  # a checkpoint being written (``save``): what a second signal interrupted
         self.validated: tuple[int, dict[str, float]] = (-1, {})  # the step last validated, and its scores
         self.batches_then = 0  # a resumed run batched otherwise, or on other ranks: its epoch's batches then
         self.window_then: Any = None  # the steps of the next log line the checkpoint resumed from kept
@@ -1108,7 +1111,7 @@ class Trainer:
         far, so no worse model can replace it, and the evaluations replayed until that step do not count against
         train.patience (the run that reached it did not run out of patience before; counted, one resume could
         stop a run at once). One that is not this run's (another vocabulary or model), or not newer than the
-        checkpoint, is left to be replaced, and said."""
+        checkpoint, is left to be replaced, and said (another run's: copied in, its record's run_id another)."""
         best, state = self.out / "best.safetensors", self.state
         for debris in self.out.glob(".best.*.tmp"):  # of a write killed midway (files.atomic_path's names)
             debris.unlink(missing_ok=True)
@@ -1118,8 +1121,9 @@ class Trainer:
             meta = load_checkpoint(best, with_state=False).meta
             model = self.cfg.differences(config_from_dict(meta.get("config"), f"{best} (config)"), "model")
             # dropout shapes training alone: --allow-config-change may change it
-            foreign = (meta.get("vocab_sha256") != self.run_data.tokenizer.sha256
-                       or any(not change.startswith("model.p_drop") for change in model))
+            runs = (meta.get("run_id"), self.meta_base["run_id"])  # a record of before run ids (2026-12-05): none
+            foreign = (meta.get("vocab_sha256") != self.run_data.tokenizer.sha256 or None not in runs and runs[0] !=
+                       runs[1] or any(not change.startswith("model.p_drop") for change in model))
         except (CheckpointError, ConfigError) as e:
             self.log(f"{best.name}: {e}; the run's next best replaces it")
             return
@@ -1129,8 +1133,8 @@ class Trainer:
                 or not isinstance(step, int) or step <= state.step):  # the checkpoint's own best is the newer
             return
         if foreign:
-            self.log(f"{best.name} (best {record['metric']} {value:.4g} at step {step}) is of another vocabulary "
-                     "or model than this run's: not taken; the run's next best replaces it")
+            self.log(f"{best.name} (best {record['metric']} {value:.4g} at step {step}) is of another run, "
+                     "vocabulary or model than this run's: not taken; the run's next best replaces it")
             return
         if self.improves(value):
             state.best_value, state.best_step, state.evals_since_best = value, step, 0
@@ -1187,6 +1191,12 @@ class Trainer:
             self.state.clock_s = self.elapsed()
         if not self.dist.main:
             return
+        self.writing = True  # still set where the write is interrupted: run() says what was written
+        self.write(on_clock, rng_states)
+        self.writing = False
+
+    def write(self, on_clock: bool, rng_states: list[dict[str, torch.Tensor]]) -> None:
+        """``save``'s files, on rank 0."""
         weights = self.raw.state_dict()
         if not torch.stack([w.isfinite().all() for w in weights.values() if w.is_floating_point()]).all():
             # a step applied with finite gradients can still take the weights past float's range (a rate far too
@@ -1208,13 +1218,14 @@ class Trainer:
             if self.pending_best is not None:  # before the checkpoint that records it (resume() reconciles a crash between)
                 write_model(self.out / "best.safetensors", *self.pending_best)
                 self.pending_best = None
-            save_checkpoint(self.out, self.state.step, weights, tensors, meta, self.cfg.train.keep_last)
+            save_checkpoint(self.out, self.state.step, weights, tensors, meta, self.cfg.train.keep_last, self.log)
         except OSError as e:  # disk full, folder gone or read-only: the earlier checkpoints are intact
             fix = {errno.ENOSPC: "make room", errno.EDQUOT: "make room", errno.EFBIG: "make room",
                    errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
                    errno.EROFS: "make the folder writable"}.get(e.errno, "mend that")
             kept = "earlier checkpoints are intact" if list_checkpoints(self.out) else "there is no earlier checkpoint"
-            raise TrainError(f"cannot write the checkpoint of step {self.state.step} in {self.out / 'checkpoints'}: "
+            where = e.filename or self.out / "checkpoints"  # best.safetensors, or a file made immutable
+            raise TrainError(f"cannot write the checkpoint of step {self.state.step} ({where}): "
                              f"{e.strerror or e}; {kept}: {fix} and --resume") from None
 
     def learning_rate(self, time_used: float, ahead: int = 0) -> float:
@@ -1507,13 +1518,14 @@ class Trainer:
         except KeyboardInterrupt:
             if stop.again is None:  # not StopSignals' (no main thread, say): as it came
                 raise
-            name, where = signal.Signals(stop.again).name, f"in step {state.step + 1}"
-            if saving:
+            name, where, what = signal.Signals(stop.again).name, f"in step {state.step + 1}", "without writing a checkpoint"
+            if saving or self.writing:  # the budget's last checkpoint, or the clock's (in book())
                 where = f"while writing the checkpoint of step {state.step}"
+                if (self.out / "checkpoints" / f"step_{state.step:08d}.json").is_file():  # its record renamed in
+                    where, what = f"as the checkpoint of step {state.step} was written", "that checkpoint whole"
             then = self.resume_note()
-            self.log(f"{name} again: stopped at once, {where}, without a checkpoint; {then}", terminal=False)
-            again = TrainInterrupted(stop.again, f"{name} again: training stopped at once, {where}, without writing "
-                                     f"a checkpoint; {then}")
+            self.log(f"{name} again: stopped at once, {where}, {what}; {then}", terminal=False)
+            again = TrainInterrupted(stop.again, f"{name} again: training stopped at once, {where}, {what}; {then}")
             again.said = self.dist.main  # every rank takes it: rank 0 says so for the job (it was said once a rank)
             raise again from None
         except Exception as e:
