@@ -1344,7 +1344,8 @@ def test_evaluate_json_names_an_ensembles_weights(tiny_run, tmp_path, capsys):
                               str(tmp_path / "s.json"))
     assert status == 0, err
     scores = json.loads((tmp_path / "s.json").read_text())
-    assert scores["ensemble"] == [{"run": str(tiny_run.resolve()), "averaged": scores["averaged"]}]
+    assert scores["ensemble"] == [{"run": str(tiny_run.resolve()), "averaged": scores["averaged"],
+                                   "averaged_sha256": scores["averaged_sha256"]}]  # the members' files pinned too
     assert "checkpoint_step" not in scores  # an average's files name their steps
     # given the optimizer state's file of a checkpoint, the weights read are its record's weights file
     state = sorted((tiny_run / "checkpoints").glob("*.state.safetensors"))[-1]

@@ -778,7 +778,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             if "averaged" in record:  # a file `average` wrote: no one step, the checkpoints it is the mean of
                 weights["checkpoint_averaged"] = record["averaged"]
         if translator.ensemble_from:  # the other runs' weights, each run's average
-            weights["ensemble"] = [{"run": str(run), "averaged": [str(p) for p in read]}
+            weights["ensemble"] = [{"run": str(run), "averaged": [str(p) for p in read],
+                                    "averaged_sha256": [_recorded_sha256(p) for p in read]}
                                    for run, read in translator.ensemble_from]
         if "averaged" in weights:  # each file's hash, from its record: the files rotate away as a run trains on
             weights["averaged_sha256"] = [_recorded_sha256(Path(p)) for p in read]
