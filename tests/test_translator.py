@@ -518,7 +518,7 @@ def test_a_damaged_checkpoint_is_named_by_its_path_with_the_way_out(tiny_run, tm
     data = bytearray(newest.read_bytes())
     data[-1] ^= 1
     newest.write_bytes(bytes(data))
-    said = (rf"^{re.escape(str(newest))}: sha256 mismatch \(file corrupt or modified\); to decode with the others, "
+    said = (rf"^{re.escape(str(newest))}: sha256 mismatch \(file corrupt or modified, or a write stopped between it and its record\); to decode with the others, "
             rf"give --checkpoint one that is intact, or move the damaged one out of {re.escape(str(damaged))}/checkpoints$")
     for run, ensemble in ((tiny_run, [damaged]), (damaged, [tiny_run])):
         with pytest.raises(CheckpointError, match=said):

@@ -245,8 +245,8 @@ def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dic
         raise CheckpointError(f"{path}: size {len(data)} bytes, expected {entry['bytes']} "
                               "(truncated or replaced)")
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointError(f"{path}: sha256 mismatch (file corrupt or modified, or its write and its record's "
-                              "interrupted between the two)")
+        raise CheckpointError(f"{path}: sha256 mismatch (file corrupt or modified, or a write stopped between it "
+                              "and its record)")
     try:
         return st_load(data)
     except Exception as e:  # safetensors raises its own error types for a bad header
