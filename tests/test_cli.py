@@ -1174,13 +1174,13 @@ def test_a_parse_keeps_the_tree_the_beam_wrote_around_words_of_unknown_character
 def test_a_blank_line_parses_to_an_empty_line_and_evaluate_names_it(tiny_parse_run, tmp_path, capsys):
     """parse wrote the word None for a blank line (no scorer reads it), and evaluate, given a blank --src line
     beside a gold tree, blamed --ref: "tree 2: the test tree is empty once normalised"."""
-    lines = ["The dog barked .", "", "   ", "A cat ."]
+    lines = ["The dog barked .", "", "   ", "A cat .", "\u200b"]  # zero-width: "(S (XX \u200b))", an invisible leaf
     (tmp_path / "in.txt").write_text("".join(line + "\n" for line in lines))
     for unconstrained in ([], ["--unconstrained"]):
         assert main(["parse", str(tiny_parse_run), "--input", str(tmp_path / "in.txt"), "--beam", "2",
                      "--threads", "1", *unconstrained]) == 0
         out = capsys.readouterr().out.split("\n")
-        assert len(out) == 5 and out[1] == out[2] == out[4] == "" and out[0].startswith("("), out
+        assert len(out) == 6 and out[1] == out[2] == out[4] == out[5] == "" and out[0].startswith("("), out
     (tmp_path / "gold").write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))\n"
                                    "(S (NP (DT A) (NN cat)) (. .))\n")
     (tmp_path / "words").write_text("The dog barked .\n\n")

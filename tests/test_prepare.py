@@ -458,3 +458,9 @@ def test_linearize_writes_the_task_files_of_any_trees(tmp_path: Path, capsys) ->
     err = capsys.readouterr().err
     assert err == f"left out 1 tree without a word once traces are removed ({tmp_path / 'mix.mrg'}: tree 2)\n", err
     assert len(read_lines(tmp_path / "mix.words")) == 2
+    # the trees in a file named as one of the outputs: `linearize x.words --out x` replaced them
+    (tmp_path / "x.words").write_text("( (S (NP (NN a)) (. .)) )\n")
+    assert main(["linearize", str(tmp_path / "x.words"), "--out", str(tmp_path / "x")]) == 1
+    assert capsys.readouterr().err == (f"error: --out {tmp_path / 'x'}: would write {tmp_path / 'x.words'}, which is "
+                                       f"{tmp_path / 'x.words'}, read as trees: give another prefix\n")
+    assert (tmp_path / "x.words").read_text() == "( (S (NP (NN a)) (. .)) )\n" and not (tmp_path / "x.lin").exists()

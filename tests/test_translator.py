@@ -239,6 +239,8 @@ def test_a_prefix_of_characters_without_a_piece_names_those_alone(tiny_parse_run
     the refusal of "(S \u00e9" named "(" too, which the prefix "(S" alone shows is written fine."""
     parser = Translator(tiny_parse_run, log=lambda m: None)
     assert parser.tokenizer.unknown("(S (NP \u00e9t\u00e9 x") == ["\u00e9"]
+    assert parser.tokenizer.unknown("(S \x85 x") == ["\x85"]  # a space to Python, no piece to sentencepiece: it was
+    # left out, and the refusal named nothing ("has no piece for , so")
     with pytest.raises(ConfigError, match="^prefix of line 1: the model's vocabulary has no piece for '\u00e9', so no"):
         parser.decode(["The dog barked ."], DecodeRequest(prefixes=["(S \u00e9"]))
     free = Translator(tiny_parse_run, log=lambda m: None, decode={"constrained": False})  # constraints allowed
@@ -413,6 +415,12 @@ def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line
         (lambda: translator.decode(["A dog."], DecodeRequest(constraints=["Hund"])),
          r"^--constraints of line 1 \(a list of phrases\): a list of strings, not one string \('Hund'\)"),
         (lambda: translator.translate(["A dog.", 3]), r"^lines: a list of strings, holding int 3"),
+        # os.fsdecode's and errors="surrogateescape"'s lone surrogates: sentencepiece's TypeError, pybind's RuntimeError
+        (lambda: translator.translate(["A dog.", "A \udcff cat."]),
+         r"^lines: item 2 is not Unicode text: a lone surrogate \(U\+DCFF\) at character 3"),
+        (lambda: translator.decode(["A dog."], DecodeRequest(prefixes=["Ein \udcff"])), r"^--prefix .*item 1 is not Unicode"),
+        (lambda: translator.decode(["A dog."], DecodeRequest(constraints=[["\ud800"]])), r"^--constraints .* not Unicode"),
+        (lambda: translator.score(["A dog."], ["\udcff"]), r"^targets: item 1 is not Unicode text"),
         (lambda: translator.translate(["A dog."], DecodeRequest(beam_size=2.5)), r"^--beam 2.5: must be a whole number"),
         (lambda: translator.translate(["A dog."], DecodeRequest(alpha="0.6")), r"^--alpha '0.6': must be a number"),
         (lambda: translator.score("A dog", "Ein Hund"), r"^sources: a list of strings, not one string"),

@@ -900,7 +900,10 @@ def cmd_linearize(args: argparse.Namespace) -> None:
 
     _one_stdin(("trees", args.trees.count(STDIN)))
     for suffix in TREE_FILES:  # before the trees are read: a folder that cannot take them is said first
-        check_output(args.out.with_name(f"{args.out.name}.{suffix}"), "--out")
+        check_output(written := args.out.with_name(f"{args.out.name}.{suffix}"), "--out")
+        if read := next((t for t in args.trees if written.is_file() and t.is_file() and t.samefile(written)), None):
+            raise OutputError(f"--out {args.out}: would write {written}, which is {read}, read as trees: give another "
+                              "prefix")  # `linearize x.words --out x` replaced the treebank file
     read = [(path, i, t) for path in args.trees for i, t in enumerate(read_normalized(path), 1)]
     trees = [t for _, _, t in read if t is not None]
     if not trees:

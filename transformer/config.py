@@ -587,9 +587,14 @@ def check_strings(values: object, what: str) -> None:
     # a list, a tuple, a NumPy array or a column of a table: in order and counted; not a mapping, a set or an iterator
     if isinstance(values, (Mapping, AbstractSet)) or not (hasattr(values, "__len__") and hasattr(values, "__iter__")):
         raise ConfigError(f"{what}: a list of strings, not {type(values).__name__}")
-    for v in values:
+    for i, v in enumerate(values, 1):
         if not isinstance(v, str):
             raise ConfigError(f"{what}: a list of strings, holding {type(v).__name__} {v!r}")
+        try:  # a lone surrogate (os.fsdecode's, errors="surrogateescape"'s) is no character: sentencepiece raised
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConfigError(f"{what}: item {i} is not Unicode text: a lone surrogate (U+{ord(v[e.start]):04X}) at "
+                              f"character {e.start + 1}") from None
 
 
 def as_path(value: object, what: str) -> Path:

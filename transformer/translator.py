@@ -211,6 +211,8 @@ class Translator:
         for line, out in zip(lines, outputs):
             words = line.split()
             pieces = self.tokenizer.encode_batch([self.as_read(w) for w in words]) if words else []
+            if not any(pieces):  # a blank line to the model (zero-width spaces alone): no tree, as ``blank`` says
+                words, pieces = [], []
             trees.append(delinearize(out.split(), words, written=[self.tokenizer.words(ids) for ids in pieces]))
         return trees
 
