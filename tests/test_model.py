@@ -64,6 +64,27 @@ def test_fused_kernel_used_on_accelerators_equals_the_explicit_path(is_causal):
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_large_scores_on_a_cpu_take_the_blockwise_kernel(monkeypatch, is_causal):
+    """A line of 34,001 pieces asked the explicit path for 18.5 GB of scores at once, and the kernel killed the
+    process without a word; past LARGE_SCORES the CPU takes SDPA, whose kernel works in blocks: the same output."""
+    from transformer import model
+
+    torch.manual_seed(4)
+    q, k, v = torch.randn(2, 4, 20, 8), torch.randn(2, 4, 20, 8), torch.randn(2, 4, 20, 8)
+    mask = None if is_causal else padding_mask(torch.tensor([[5] * 17 + [PAD_ID] * 3, [5] * 20]))
+    explicit, _ = attention(q, k, v, mask, is_causal, need_weights=True)
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or
+                        sdpa(*a, **kw))
+    attention(q, k, v, mask, is_causal)
+    assert not calls  # 2 x 4 x 20 x 20 scores: the explicit path
+    monkeypatch.setattr(model, "LARGE_SCORES", 2 * 4 * 20 * 20 - 1)
+    blockwise, _ = attention(q, k, v, mask, is_causal)
+    assert calls == [1]
+    torch.testing.assert_close(blockwise, explicit, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("p", [0.1, 0.3])
 def test_dropout_keeps_1_minus_p_and_rescales(p):
     torch.manual_seed(3)

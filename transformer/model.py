@@ -189,6 +189,9 @@ def padding_mask(tokens: Tensor) -> Tensor:
     return (tokens != PAD_ID)[:, None, None, :]
 
 
+LARGE_SCORES = 2**26  # elements of QKᵀ (256 MiB in fp32) past which the CPU takes SDPA's blockwise kernel
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
               dropout_p: float = 0.0, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
     """Scaled dot-product attention (§3.2.1, eq. 1): softmax(QKᵀ/√d_k)V.
@@ -202,9 +205,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_ca
     lengths (a Multi30k training step is faster through it than through SDPA's CPU kernel; they tie
     near 60 tokens), so CPU takes it, except for few queries in all (batch × heads × queries <= 64: a
     decoding step's self-attention, and the cross-attention of a sentence's beams, in small batches),
-    where SDPA's one call beats the explicit path's five (benchmarks/linear_kernels.py measures both).
+    where SDPA's one call beats the explicit path's five (benchmarks/linear_kernels.py measures both), and
+    where the scores would be large (``LARGE_SCORES``: a line of tens of thousands of pieces asked for tens of
+    gigabytes at once, and the kernel killed the process without a word): SDPA's CPU kernel works in blocks.
     """
-    if not need_weights and (q.device.type != "cpu" or q.shape[:3].numel() <= 64):
+    large = q.shape[:3].numel() * k.size(-2) > LARGE_SCORES
+    if not need_weights and (q.device.type != "cpu" or q.shape[:3].numel() <= 64 or large):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # eq. (1): QKᵀ/√d_k
