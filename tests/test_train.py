@@ -40,6 +40,28 @@ def deterministic(monkeypatch):
     torch.use_deterministic_algorithms(False)
 
 
+def test_a_folder_of_other_files_is_no_run_folder(tmp_path, tiny_overrides):
+    """`train --out data`, or into a folder of the user's own config.toml: the run wrote its files over theirs without
+    a word. Refused, naming some of them; an empty folder, a run's (even one stopped before its first checkpoint) and
+    a run's checkpoints folder are told apart."""
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "config.toml").write_text("[model]\n")
+    (own / "notes.txt").write_text("x\n")
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.save_every=2"])
+    with pytest.raises(TrainError, match=rf"^{re.escape(str(own))}: a folder of other files \(config.toml, notes.txt\), "
+                                         "not a run folder"):
+        train(cfg, own, quiet=True)
+    assert (own / "config.toml").read_text() == "[model]\n" and sorted(p.name for p in own.iterdir()) == [
+        "config.toml", "notes.txt"]
+    (tmp_path / "empty").mkdir()
+    train(cfg, tmp_path / "empty", quiet=True)
+    with pytest.raises(TrainError, match="a folder of other files .*not a run folder"):
+        train(cfg, tmp_path / "empty" / "checkpoints", quiet=True)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.save_every=2"]), tmp_path / "empty",
+          resume=True, quiet=True)
+
+
 @pytest.mark.parametrize("precision, extra", [("fp32", []), ("fp16", []), ("fp32", ["train.shape_buckets=8"])],
                          ids=["fp32", "fp16", "fp32-shape-buckets"])
 def test_resume_reproduces_an_uninterrupted_run(tmp_path, tiny_overrides, deterministic, precision, extra):

@@ -266,6 +266,9 @@ def _saved_config(out: Path, config_path: Path) -> tuple[Config, Path] | None:
     return None
 
 
+RUN_MARKS = (".lock", "train.log", "spm.model", "checkpoints")  # one at least in a folder training has written
+
+
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 allow_changes: bool = False, vocabulary_of: Path | None = None,
                 held: contextlib.ExitStack | None = None, init_from: Path | None = None) -> Run:
@@ -282,6 +285,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     d, data = cfg.data, data_paths(cfg)  # before the run folder is made or its config written
     # read now, not after the vocabulary's training: a validation file of another length was found minutes later
     valid_pairs = read_parallel(data["valid_src"], data["valid_tgt"])
+    if out.is_dir() and not any((out / name).exists() for name in RUN_MARKS) and (others := sorted(out.iterdir())):
+        # `--out data` or a folder of the user's own config.toml: it was written over without a word
+        listed = ", ".join(p.name for p in others[:3]) + (", ..." if len(others) > 3 else "")
+        raise TrainError(f"{out}: a folder of other files ({listed}), not a run folder: a run writes config.toml, "
+                         "train.log, spm.model and more there, over files of those names; give a new or empty folder")
     if held is not None:
         held.enter_context(files.hold_folder(out, "--out"))
     out.mkdir(parents=True, exist_ok=True)
