@@ -1583,6 +1583,19 @@ def test_version_names_this_package_torch_and_python_without_importing_torch():
                            f"{platform.python_version()})\n0 False\n"), said
 
 
+def test_the_command_lines_own_process_ignores_a_ctrl_c_once_its_work_is_done():
+    """A Ctrl-C as the interpreter shut down after `translate --output` had written its file: "Exception ignored in
+    atexit callback" and torch's traceback, exit 0; or exit 130 without a word. A call with arguments (a program's,
+    a test's) leaves the process's handler as it was."""
+    code = ("import signal, sys; from transformer import cli\n"
+            "sys.argv = ['transformer', 'params', 'tiny', '--vocab', '100']\n"
+            "status = cli.main(); print(status, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "print(cli.main(['params', 'tiny', '--vocab', '100']), signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert said.stdout.splitlines()[1::2] == ["0 True", "0 False"], said  # each after params' line
+
+
 def test_building_the_parser_leaves_the_version_unread(monkeypatch):
     """The version line (a metadata lookup for torch) is read when --version is given, not at every command."""
     def unread() -> str:

@@ -150,6 +150,11 @@ def test_unknown_key_suggests_closest():
         config_from_dict({"model": {"d_modle": 3}})
     with pytest.raises(ConfigError, match=r"did you mean \[train\]"):
         config_from_dict({"trian": {}})
+    # a key of another section: train.max_len was offered train.max_tokens (the batch size), and train.d_model nothing
+    for given, meant in (("train.max_len", "data.max_len"), ("data.max_tokens", "train.max_tokens"),
+                         ("train.d_model", "model.d_model"), ("model.eps_ls", "train.eps_ls")):
+        with pytest.raises(ConfigError, match=rf"unknown key {given}; did you mean {meant}\?"):
+            load_config("tiny", [f"{given}=5"])
 
 
 def test_types_are_checked():
@@ -360,6 +365,10 @@ def test_a_config_toml_that_is_not_toml_is_a_one_line_error(tmp_path):
     path = tmp_path / "config.toml"
     path.write_bytes(b"[train]\nmax_steps = [\n")
     with pytest.raises(ConfigError, match=f"{path}: invalid TOML"):
+        read_toml(path)
+    # an error on the last line named its line, not "(at end of document)"
+    path.write_bytes(b"[train]\nmax_steps = 5\nwarmup_steps = \n")
+    with pytest.raises(ConfigError, match=r"invalid TOML: Invalid value \(at line 3, column 16\)$"):
         read_toml(path)
 
 

@@ -95,6 +95,11 @@ def test_resume_refuses_another_model(tmp_path, tiny_overrides):
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, quiet=True)
     with pytest.raises(TrainError, match="--resume cannot take model changes .*model.d_ff: 128 -> 96"):
         train(load_config("tiny", tiny_overrides + ["model.d_ff=96"]), run, resume=True, quiet=True)
+    # a dropout rate changes no weight: said among the other differences, not as a change the weights cannot fit
+    with pytest.raises(TrainError, match=r"--resume cannot take model changes that change the weights' shapes, "
+                                         r"model\.d_ff: 128 -> 96: .*\(the config differs also in: model\.p_drop: 0\.1 -> 0\.3\)"):
+        train(load_config("tiny", tiny_overrides + ["model.d_ff=96", "model.p_drop=0.3"]), run, resume=True,
+              quiet=True, allow_config_change=True)
 
 
 def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides, multi30k):
@@ -1126,8 +1131,9 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     assert "starting from the weights of" in log and "model.p_drop: 0.1 -> 0.2" in log
     one = train(cfg, tmp_path / "one", quiet=True, init_from=list_checkpoints(old)[0].with_suffix(".safetensors"))
     assert one["init_from"]["weights"] == ["step_00000002"]
-    with pytest.raises(TrainError, match=r"does not fit this config \(.*model.d_ff: 128 -> 96"):
-        train(load_config("tiny", tiny_overrides + ["model.d_ff=96"]), tmp_path / "wide", quiet=True, init_from=old)
+    with pytest.raises(TrainError, match=r"does not fit this config \(model.d_ff: 128 -> 96\)$"):  # not its p_drop
+        train(load_config("tiny", tiny_overrides + ["model.d_ff=96", "model.p_drop=0.3"]), tmp_path / "wide", quiet=True,
+              init_from=old)
     assert not (tmp_path / "wide").exists()  # refused from the records: no config.toml, spm.model, train.log there
     (tmp_path / "bare").mkdir()
     shutil.copy(old / "spm.model", tmp_path / "bare" / "spm.model")

@@ -1631,7 +1631,16 @@ def _utf8(stream: io.TextIOBase) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The command line (``argv``; None: this process's own arguments). Its exit status."""
+    status = _main(sys.argv[1:] if argv is None else argv)
+    if argv is None and threading.current_thread() is threading.main_thread():
+        # the process ends with the work done: a Ctrl-C as the interpreter shut down (torch's exit handlers) printed
+        # "Exception ignored in atexit callback" with a traceback, or took the status for 130 without a word
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
+
+
+def _main(argv: list[str]) -> int:
     _standard_streams()
     try:
         # SIGTERM and Ctrl-C said in one line from the first moment: a rank of `train --nproc N` spends its first

@@ -500,8 +500,10 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str, toml: bo
     cls = _check_section(section, where)
     hints = typing.get_type_hints(cls)
     if key not in hints:
-        hint = [OTHER_NAMES[key]] if key in OTHER_NAMES else [
-            f"{section}.{k}" for k in difflib.get_close_matches(key, hints, n=1)]
+        # the key of another section first: train.max_len was offered train.max_tokens (data.max_len exists)
+        elsewhere = [f"{name}.{key}" for name, other in _SECTIONS.items() if key in typing.get_type_hints(other)]
+        hint = elsewhere or ([OTHER_NAMES[key]] if key in OTHER_NAMES else [
+            f"{section}.{k}" for k in difflib.get_close_matches(key, hints, n=1)])
         raise ConfigError(f"{where}: unknown key {section}.{key}" + (f"; did you mean {hint[0]}?" if hint else ""))
     setattr(getattr(cfg, section), key, _check_type(where, f"{section}.{key}", value, hints[key], toml))
 
@@ -638,7 +640,8 @@ def read_toml(path: Path) -> dict[str, Any]:
     from .data import DataError, read_lines  # the one reader of text files; torch's import kept off --help's path
 
     try:
-        return tomllib.loads("\n".join(read_lines(Path(path))))
+        # each line ended: without the last one's newline an error there was "at end of document", no line named
+        return tomllib.loads("".join(line + "\n" for line in read_lines(Path(path))))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
     except DataError as e:  # a config's error, to those that take a ConfigError

@@ -234,6 +234,22 @@ def weight_shapes(model: ModelConfig, vocab_size: int) -> dict[str, tuple[int, .
         return {name: tuple(w.shape) for name, w in Transformer(model, vocab_size).state_dict().items()}
 
 
+def misfits(theirs: ModelConfig, ours: ModelConfig, vocab_size: int, changes: list[str]) -> list[str]:
+    """Of ``changes`` ("model.x: a -> b", ``Config.differences``'), those that alone change a weight's shape: the
+    refusal listed a dropout rate beside d_model as a change the weights would not fit. All of them where none
+    does alone."""
+    shapes, alone = weight_shapes(theirs, vocab_size), []
+    for change in changes:
+        field = change.split(":", 1)[0].removeprefix("model.")
+        try:
+            fits = weight_shapes(dataclasses.replace(theirs, **{field: getattr(ours, field)}), vocab_size) == shapes
+        except (ConfigError, ValueError, TypeError):  # a value that is no model without the others' changes
+            fits = False
+        if not fits:
+            alone.append(change)
+    return alone or changes
+
+
 def data_paths(cfg: Config) -> dict[str, Path]:
     """The files training reads (data.train_src / train_tgt or train_store, valid_src / valid_tgt) by field,
     each found (``resolve_data_path``); one not set or not found is refused, naming it."""
@@ -331,7 +347,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                                  "--allow-config-change); train a new vocabulary as a new run, with another --out")
             model = [c for c in changed if c.startswith("model.")]
             if model and weight_shapes(saved.model, saved.data.vocab_size) != weight_shapes(cfg.model, saved.data.vocab_size):
-                others = [c for c in changed if not c.startswith("model.")]  # said too: not one refusal at a time
+                model = misfits(saved.model, cfg.model, saved.data.vocab_size, model)
+                others = [c for c in changed if c not in model]  # said too: not one refusal at a time
                 raise TrainError(f"--resume cannot take model changes that change the weights' shapes, "
                                  f"{'; '.join(model)}: the checkpoint's weights would not fit them (even with "
                                  "--allow-config-change, or --init-from); train this model as a new run, with "
@@ -516,7 +533,7 @@ def refuse_misfit(init_from: Path, parent: Path, cfg: Config) -> None:
     theirs = config_from_dict(record.get("config"), f"{init_from} (config)")
     if isinstance(vocab, int) and weight_shapes(theirs.model, vocab) != weight_shapes(cfg.model, vocab):
         raise TrainError(f"--init-from {init_from}: its model does not fit this config "
-                         f"({'; '.join(cfg.differences(theirs, 'model'))})")
+                         f"({'; '.join(misfits(theirs.model, cfg.model, vocab, cfg.differences(theirs, 'model')))})")
 
 
 def inherit_vocabulary(parent: Path, path: Path, write: bool, init_from: Path) -> None:
