@@ -40,6 +40,19 @@ def deterministic(monkeypatch):
     torch.use_deterministic_algorithms(False)
 
 
+def test_the_log_names_the_data_files_read_and_a_mistyped_data_folder(tmp_path, tiny_overrides, monkeypatch):
+    """TRANSFORMER_DATA mistyped: training read ../shared/data beside the checkout without a word, and the log named
+    the files by their names alone (train.en + train.de), not which copy."""
+    monkeypatch.setenv("TRANSFORMER_DATA", str(tmp_path / "typo"))
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=1"])
+    train(cfg, tmp_path / "run", quiet=True)
+    log = (tmp_path / "run" / "train.log").read_text()
+    train_src = Path(cfg.data.train_src).resolve()
+    assert f"longer than 256 pieces ({train_src} + {Path(cfg.data.train_tgt).name})" in log
+    assert f"longer than 256 pieces ({Path(cfg.data.valid_src).resolve()} + " in log
+    assert f"note: TRANSFORMER_DATA {tmp_path / 'typo'} is no folder (the files above were found without it)" in log
+
+
 def test_a_folder_of_other_files_is_no_run_folder(tmp_path, tiny_overrides):
     """`train --out data`, or into a folder of the user's own config.toml: the run wrote its files over theirs without
     a word. Refused, naming some of them; an empty folder, a run's (even one stopped before its first checkpoint) and
@@ -172,6 +185,11 @@ def test_other_numerics_on_resume_are_said(tmp_path, tiny_overrides):
           run, resume=True, quiet=True)
     assert ("resuming with another save clock: train.save_minutes: 0.0 -> 5.0; until decode.average_last checkpoints "
             "of it are written" in (run / "train.log").read_text())
+    # the rest a resume may change was taken without a word (train.interval_unit turned every interval to epochs)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=5", "train.threads=2", "train.save_minutes=5",
+                                                "train.log_every=1", "decode.beam_size=2"]), run, resume=True, quiet=True)
+    assert ("resuming with other settings: train.log_every: 10 -> 1; decode.beam_size: 4 -> 2\n"
+            in (run / "train.log").read_text())
 
 
 def test_a_resume_that_draws_other_batches_says_so(tmp_path, tiny_overrides):

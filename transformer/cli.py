@@ -83,7 +83,8 @@ def _set_option(p: argparse.ArgumentParser) -> None:
 
 
 def _train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...; "
+    p.add_argument("config", type=_preset,
+                   help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...; "
                    "the preset even where a folder of that name is here)")
     _output(p, "--out", folder=True, required=True, help="run folder")
     _set_option(p)
@@ -1012,7 +1013,8 @@ def _counts(text: str) -> list[int]:
 
 
 def _params_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", help="config file or preset name (base, big, C4, ...; the preset even where a folder of "
+    p.add_argument("preset", type=_preset,
+                   help="config file or preset name (base, big, C4, ...; the preset even where a folder of "
                    "that name is here; `transformer params base`)")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
     _set_option(p)
@@ -1069,7 +1071,8 @@ def cmd_params(args: argparse.Namespace) -> None:
 
 
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="config file or preset name (the preset even where a folder of that name is "
+    p.add_argument("config", type=_preset,
+                   help="config file or preset name (the preset even where a folder of that name is "
                    "here); its data section names the corpus")
     _output(p, "--out", folder=True, replaced=True, required=True,
             help="store folder to create (must be new or empty, or --overwrite)")
@@ -1324,6 +1327,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
                             if "help" in f.metadata}, batching=not args.no_batching)
     serve(args.run_dir, args.host, args.port, limits, args.checkpoint, args.int8, args.device, _decode_overrides(args),
           args.ensemble, args.bf16)
+
+
+def _preset(text: str) -> str:
+    """A config file or preset name, refused when empty (load_config's own refusal spoke of Python types)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: give a config file or a preset name")
+    return text
 
 
 def _out_path(text: str) -> Path:

@@ -379,6 +379,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             if numerics := cfg.differences(saved, "train", ("precision", "threads", "compile")):  # a run moved, say
                 log(f"resuming with other numerics: {'; '.join(numerics)}; the same batches, other rounding: the "
                     "weights will not be bit for bit those of a run never stopped")
+            said = {c.partition(":")[0] for c in [*changed, *valid, *budget, *clock, *numerics]}
+            # the rest a resume may change (logging, evaluation, interval_unit, decode.*): said, not taken silently
+            if rest := [c for section in ("train", "decode") for c in cfg.differences(saved, section)
+                        if c.partition(":")[0] not in said]:
+                log(f"resuming with other settings: {'; '.join(rest)}")
     if write and not (resume and has_checkpoints):  # a resume's, once nothing refuses it (Trainer.__init__)
         files.write_text(config_path, dump_toml(cfg))
 
@@ -436,7 +441,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, stats = encode_pairs(pairs, tokenizer, d.max_len)
         del pairs
         log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "
-            f"side, {stats.skipped_long} longer than {d.max_len} pieces")
+            f"side, {stats.skipped_long} longer than {d.max_len} pieces ({train_src.resolve()} + {train_tgt.name})")
         if not train:  # as the token store says it (store.write_store)
             raise DataError(f"{train_src}: no usable training pairs of {stats.n_pairs:,} ({stats.skipped_empty:,} with "
                             f"an empty side, {stats.skipped_long:,} longer than data.max_len {d.max_len} pieces)")
@@ -455,7 +460,10 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     kept: list[int] = []
     valid, stats = encode_pairs(valid_pairs, tokenizer, d.max_len, kept)
     log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
-        f"{stats.skipped_long} longer than {d.max_len} pieces")
+        f"{stats.skipped_long} longer than {d.max_len} pieces ({data['valid_src'].resolve()} + "
+        f"{data['valid_tgt'].name})")  # which copy of the data: a mistyped TRANSFORMER_DATA falls through to others'
+    if (env := os.environ.get("TRANSFORMER_DATA")) and not Path(env).expanduser().is_dir():
+        log(f"note: TRANSFORMER_DATA {env} is no folder (the files above were found without it)")
     if warning := stats.unknown_warning("valid", str(tokenizer.path)):
         log(warning)
     if not valid:
