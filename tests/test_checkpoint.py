@@ -749,7 +749,7 @@ def test_a_resume_that_changed_the_model_averages_the_checkpoints_since(tmp_path
             "out)") in capsys.readouterr().out  # it said nothing of why
     (tmp_path / "in.en").write_text("A dog runs.\n")
     assert main(["translate", str(run), "--beam", "1", "--input", str(tmp_path / "in.en")]) == 0
-    assert "averaging the last 1 checkpoint(s): step_00000010" in capsys.readouterr().err
+    assert "averaging the last 1 checkpoint(s) (of decode.average_last 3): step_00000010" in capsys.readouterr().err
     # hand-picked across the change, each intact: not to be moved away as damaged
     with pytest.raises(CheckpointMismatch, match=r"a model that computes otherwise"):
         average_checkpoints(list_checkpoints(run)[-2:])

@@ -24,7 +24,7 @@ def run(tmp_path, tiny_overrides):
 def test_default_is_the_average_of_the_last_checkpoints(run):
     messages = []
     translator = Translator(run, log=messages.append)
-    assert "averaging the last 3 checkpoint(s)" in messages[0]  # 3 exist, average_last is 5
+    assert "averaging the last 3 checkpoint(s) (of decode.average_last 5): " in messages[0]  # 3 exist
     weights = [load_checkpoint(p).weights["embed.weight"] for p in list_checkpoints(run)]
     torch.testing.assert_close(translator.model.embed.weight.detach().cpu(), torch.stack(weights).mean(0))
     outputs = translator.translate(["A dog runs.", "", "   "], DecodeRequest(beam_size=2))

@@ -546,7 +546,8 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
                 if attempt == 2 or all(p.exists() and p.with_suffix(".safetensors").exists() for p in paths):
                     raise CheckpointError(f"{e}; to decode with the others, give --checkpoint one that is intact, or "
                                           f"move the damaged one out of {run_dir / 'checkpoints'}") from None
-        log(f"averaging the last {len(paths)} checkpoint(s): {', '.join(p.stem for p in paths)}")
+        fewer = f" (of decode.average_last {cfg.decode.average_last})" if len(paths) < cfg.decode.average_last else ""
+        log(f"averaging the last {len(paths)} checkpoint(s){fewer}: {', '.join(p.stem for p in paths)}")
         read = [p.with_suffix(".safetensors").resolve() for p in paths]
     else:
         # the weights file its record names: given the optimizer state's, that was recorded as the weights read
