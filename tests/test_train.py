@@ -1728,10 +1728,15 @@ def test_a_resumed_run_says_what_it_will_not_do_and_drops_a_stale_summary(tmp_pa
     assert "train.max_steps 1: already reached at step 2; nothing to train" in log
     assert f"--init-from {run}: not used; the run goes on from its own checkpoint (step 2)" in log
     assert (run / "summary.json").exists()
-    # and the summary the training wrote stands: rewritten, its minutes were those of each call with nothing to do
+    # and the summary the training wrote stands: rewritten, its minutes were those of each call with nothing to do;
+    # tensor files an earlier attempt's last prune left without their record (killed between the two) go
+    debris = [run / "checkpoints" / f"step_00000001{suffix}" for suffix in (".safetensors", ".state.safetensors")]
+    for path in debris:
+        path.write_bytes(b"x")
     kept = (run / "summary.json").read_text()
     assert train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), run, resume=True,
                  quiet=True) == json.loads(kept) and (run / "summary.json").read_text() == kept
+    assert not any(path.exists() for path in debris)
 
     def failing_step(*args, **kwargs):
         raise RuntimeError("the machine went away")

@@ -184,12 +184,6 @@ def _prune(ckpt_dir: Path, keep_last: int, warn: Callable[[str], None]) -> None:
     With a record of another shape among them (edited by hand), none is deleted. A file that cannot be deleted
     (EPERM: another user's, in a sticky folder) is said and left.
     """
-    def delete(path: Path) -> None:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as e:
-            warn(f"cannot delete the old checkpoint file {path}: {e.strerror or e}; it stays")
-
     readable: list[tuple[Path, dict[str, Any]]] = []
     for path in list_checkpoints(ckpt_dir.parent):
         with contextlib.suppress(CheckpointError):
@@ -202,13 +196,28 @@ def _prune(ckpt_dir: Path, keep_last: int, warn: Callable[[str], None]) -> None:
         keep = set(found)
     for old in found:
         if old not in keep:
-            delete(old)
+            _delete(old, warn)
+    clear_debris(ckpt_dir, warn)
+
+
+def clear_debris(ckpt_dir: Path, warn: Callable[[str], None]) -> None:
+    """Deletes what no checkpoint owns: tensor files without their record (a prune killed between the two) and
+    the temporary files of writes killed midway; a resume does it too, so a run killed in its last prune
+    (nothing left to train, no checkpoint to write) does not keep three model sizes of them."""
     for p in ckpt_dir.iterdir():
         data = _STEP_DATA.fullmatch(p.name)
         orphan = data is not None and not (ckpt_dir / f"step_{data.group(1)}.json").exists()
         # ours (files.atomic_path), and safetensors' own (.tmpXXXXXX, renamed onto ours) of a write killed midway
         if orphan or (p.name.startswith(".step_") and p.name.endswith(".tmp")) or p.name.startswith(".tmp"):
-            delete(p)
+            _delete(p, warn)
+
+
+def _delete(path: Path, warn: Callable[[str], None]) -> None:
+    """``path`` deleted, or said where it cannot be (EPERM: another user's, in a sticky folder)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        warn(f"cannot delete the old checkpoint file {path}: {e.strerror or e}; it stays")
 
 
 def _json_for(path: Path) -> Path:

@@ -36,8 +36,8 @@ from . import __version__, distributed, files
 from .distributed import Dist
 
 from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
-                         epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, one_run, record_step,
-                         save_checkpoint, write_model)
+                         clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, one_run,
+                         record_step, save_checkpoint, write_model)
 from .config import Config, ConfigError, ModelConfig, TrainConfig, as_path, config_from_dict, dump_toml, read_toml
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
                    collate, encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
@@ -1067,6 +1067,8 @@ class Trainer:
         """Weights, optimizer moments, position in the data and random state from the newest intact checkpoint.
         Training text changed in its files since (the config names the same ones) is refused unless
         ``allow_changes``, as text of other files is."""
+        if self.dist.main and (self.out / "checkpoints").is_dir():  # a prune or write killed: what no record owns
+            clear_debris(self.out / "checkpoints", self.log)
         ckpt = latest_checkpoint(self.out, warn=self.log, refuses=unresumable)
         if ckpt is None and (found := list_checkpoints(self.out)):  # training anew would write over them
             raise TrainError(f"--resume: none of the {len(found)} checkpoints in {self.out / 'checkpoints'} holds an "
