@@ -1259,8 +1259,9 @@ class Trainer:
                    errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
                    errno.EROFS: "make the folder writable"}.get(e.errno, "mend that")
             kept = "earlier checkpoints are intact" if list_checkpoints(self.out) else "there is no earlier checkpoint"
-            where = e.filename or self.out / "checkpoints"  # best.safetensors, or a file made immutable
-            raise TrainError(f"cannot write the checkpoint of step {self.state.step} ({where}): "
+            # the file where one is named: best.safetensors, or a file made immutable
+            where = f"({e.filename})" if e.filename else f"in {self.out / 'checkpoints'}"
+            raise TrainError(f"cannot write the checkpoint of step {self.state.step} {where}: "
                              f"{e.strerror or e}; {kept}: {fix} and --resume") from None
 
     def learning_rate(self, time_used: float, ahead: int = 0) -> float:
