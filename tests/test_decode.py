@@ -686,6 +686,41 @@ def test_a_phrase_is_met_where_a_partial_match_restarts_inside_it(phrase, writte
     assert bool(lexical.complete()[0]) is held
 
 
+def test_a_phrase_is_met_wherever_the_output_holds_it_whole():
+    """One phrase tracked at a time: "b d" written inside "a b c"'s progress ("a b d") was never counted, EOS stayed
+    refused, and the search returned a longer, worse output that wrote it again. Now every phrase counts where the
+    output holds it in one piece, on random phrases and outputs, as a plain substring test says."""
+    lexical = LexicalConstraints([[[A, B, C], [B, 6]]], 7)
+    lexical.begin(SRC, 1, torch.tensor([20]))
+    for token in (A, B, 6):
+        lexical.advance(torch.tensor([0]), torch.tensor([token]))
+    assert lexical.done[0].tolist() == [False, True] and not lexical.allowed()[0, EOS_ID]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        phrases = [torch.randint(3, 6, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(int(torch.randint(1, 4, (1,), generator=g)))]
+        written = torch.randint(3, 6, (int(torch.randint(0, 10, (1,), generator=g)),), generator=g).tolist()
+        lexical = LexicalConstraints([phrases], 7)
+        lexical.begin(SRC, 1, torch.tensor([40]))
+        for token in written:
+            lexical.advance(torch.tensor([0]), torch.tensor([token]))
+        held = [any(written[i:i + len(p)] == p for i in range(len(written) - len(p) + 1)) for p in phrases]
+        assert lexical.done[0, :len(phrases)].tolist() == held, (phrases, written)
+
+
+def test_outputs_that_miss_a_constraint_rank_by_their_own_scores():
+    """Their keys were score - 1e6 in float32, which rounds to 1/16 there: -3.01 and -3.02 tied, and the better one,
+    come later, did not enter a full list."""
+    from transformer.search import rank_keys
+
+    class Missing:  # no row has met its constraints
+        def complete(self):
+            return torch.zeros(2, dtype=torch.bool)
+
+    keys, scores, _ = rank_keys(torch.tensor([[-3.02, -3.01]]), torch.tensor([[0, 1]]), Missing(), 2)
+    assert keys[0, 0] > keys[0, 1] and scores[0].tolist() == pytest.approx([-3.01, -3.02])
+
+
 def test_eos_waits_until_every_phrase_is_written():
     """Lexical constraints allow EOS only once every phrase is written, and no other token is refused: an EOS
     allowed before would let outputs that miss a phrase end early, and when no output holds them all those

@@ -89,7 +89,8 @@ class LexicalConstraints:
     dynamic beam allocation, vectorised after Hu et al. (2019). Each row tracks the phrases it has
     written and its progress inside the one it is writing (a phrase counts only when written whole and
     in one piece; a token that leaves it midway keeps the longest part of the phrase that the written
-    tokens still end with, as Knuth-Morris-Pratt matching does, so "a a a b" holds "a a b"). At each
+    tokens still end with, as Knuth-Morris-Pratt matching does, so "a a a b" holds "a a b"; a phrase
+    written inside another's progress counts too, found at the output's end: "a b d" holds "b d"). At each
     step every row also proposes the tokens that advance its constraints, and the beam is divided
     among hypotheses by how many constraint tokens they have met (``banks``): the best of each bank
     first, the fullest bank first, so hypotheses that have met more are kept although they score
@@ -106,14 +107,19 @@ class LexicalConstraints:
         p_max = max(1, max(len(ps) for ps in self.phrases))
         l_max = max(1, max((len(p) for ps in self.phrases for p in ps), default=1))
         table = torch.full((n, p_max, l_max), -1, dtype=torch.long)
+        right = table.clone()
         for i, ps in enumerate(self.phrases):
             if sum(len(p) for p in ps) >= int(max_len[i]):
                 raise ValueError(f"constraints of {sum(len(p) for p in ps)} tokens do not fit the maximum output "
                                  f"length ({int(max_len[i])} with EOS: input length + max_len_offset)")
             for j, p in enumerate(ps):
-                table[i, j, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+                table[i, j, : len(p)] = right[i, j, l_max - len(p):] = torch.as_tensor(p, dtype=torch.long)
         rows = lambda x: x.to(dev).repeat_interleave(beam, 0)  # noqa: E731  sentence-major rows
         self.table = rows(table)  # [N, P, L] each row's phrases, -1 padded
+        # [N, P, L] the phrases right-aligned, matched against each row's last L tokens: a phrase written inside
+        # another one's progress ("a b d" holds "b d" while tracking "a b c") is found there
+        self.ending = rows(right)
+        self.last = torch.full((self.table.size(0), l_max - 1), -1, dtype=torch.long, device=dev)  # -1: before it
         self.borders = rows(borders(table))  # [N, P, L, L]
         self.length = rows((table >= 0).sum(-1))  # [N, P] phrase lengths (0: no phrase)
         self.done = self.length == 0  # [N, P] phrases written (padding counts as written)
@@ -162,6 +168,9 @@ class LexicalConstraints:
         index = cur.clamp(min=0)[:, :, None]
         done = self.done[:, None, :].expand(n, k, -1).clone()
         done.scatter_(2, index, done.gather(2, index) | complete[:, :, None])
+        window = torch.cat([self.last[:, None, :].expand(n, k, -1), tokens[:, :, None]], 2)  # [N, K, L]
+        ending = self.ending[:, None]  # [N, 1, P, L]
+        done |= ((ending < 0) | (ending == window[:, :, None])).all(-1)  # a phrase the output now ends with
         return done, torch.where(complete, -1, cur), torch.where(complete, 0, pos)
 
     def met(self, tokens: Tensor) -> Tensor:
@@ -172,9 +181,11 @@ class LexicalConstraints:
 
     def advance(self, rows: Tensor, tokens: Tensor) -> None:
         self.table, self.length, self.borders = self.table[rows], self.length[rows], self.borders[rows]
-        self.done, self.cur, self.pos = self.done[rows], self.cur[rows], self.pos[rows]
+        self.done, self.cur, self.pos, self.last = self.done[rows], self.cur[rows], self.pos[rows], self.last[rows]
+        self.ending = self.ending[rows]
         done, cur, pos = self._after(tokens[:, None])
         self.done, self.cur, self.pos = done[:, 0], cur[:, 0], pos[:, 0]
+        self.last = torch.cat([self.last, tokens[:, None]], 1)[:, 1:]
 
 
 def borders(table: Tensor) -> Tensor:

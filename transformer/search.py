@@ -264,7 +264,7 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     (the first of the list is the 1-best output, whatever ``nbest``; not so with ``early_stop="top"``, below).
     Unlike it, only EOS candidates
     within the step's top ``beam`` are finished (``beam_step``, a documented deviation), so beam 1 is
-    exactly greedy search.
+    exactly greedy search at α = 0 (with α > 0 the early stop's bound may wait for a longer output).
 
     ``constraint`` (not in the paper) keeps the tokens it does not allow at -inf at every step; EOS is
     forced at the length limit all the same.
@@ -293,7 +293,8 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     prefix = src.new_full((batch * beam_size, 1), BOS_ID)  # [n*beam, t]
     scores = torch.full((batch, beam_size), float("-inf"), device=dev)  # [n, beam]
     scores[:, 0] = 0.0  # one live beam at step 0, so the beams do not start as copies
-    kth_score = torch.full((batch,), float("-inf"), device=dev)  # [n] nbest-th best finished (-inf: fewer)
+    # [n] nbest-th best finished (-inf: fewer); float64, as rank_keys' keys
+    kth_score = torch.full((batch,), float("-inf"), dtype=torch.float64, device=dev)
     ranked: list[list[tuple[float, Hypothesis]]] = [[] for _ in range(batch)]  # (rank key, hypothesis), best first
     row_max_len, shortest = max_len.repeat_interleave(beam_size), int(max_len.min())  # [n*beam]; host int
     bound = length_penalty(max_len, alpha, length_norm)  # [n] lp at each sentence's length limit, the largest it can reach
@@ -351,7 +352,9 @@ def rank_keys(fin_scores: Tensor, fin_origin: Tensor, lexical: Constraint | None
     if lexical is not None:
         beam = fin_scores.size(1)
         rows = torch.arange(fin_scores.size(0), device=fin_scores.device)[:, None] * beam + fin_origin
-        keys, order = (fin_scores - INCOMPLETE * (~lexical.complete()[rows]).float()).sort(1, descending=True)
+        # in float64: at 1e6 float32 rounds to 1/16, and incomplete ones 0.01 apart tied (the better one left out)
+        missing = (~lexical.complete()[rows]).double()
+        keys, order = (fin_scores.double() - INCOMPLETE * missing).sort(1, descending=True)
         fin_scores, fin_origin = fin_scores.gather(1, order), fin_origin.gather(1, order)
     return keys[:, :nbest], fin_scores[:, :nbest], fin_origin[:, :nbest]
 
