@@ -264,7 +264,7 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     (the first of the list is the 1-best output, whatever ``nbest``; not so with ``early_stop="top"``, below).
     Unlike it, only EOS candidates
     within the step's top ``beam`` are finished (``beam_step``, a documented deviation), so beam 1 is
-    exactly greedy search at α = 0 (with α > 0 the early stop's bound may wait for a longer output).
+    exactly greedy search at α = 0 (with α > 0 the length penalty may prefer a longer output to greedy's).
 
     ``constraint`` (not in the paper) keeps the tokens it does not allow at -inf at every step; EOS is
     forced at the length limit all the same.
