@@ -14,9 +14,9 @@ from .tokenizer import EOS_ID
 class Sampling:
     """Drawing each next token from the model's distribution instead of searching (not in the paper;
     back-translation's usual decoding): the log-probs divided by ``temperature``, then cut to the
-    ``topk`` most probable tokens (0: all) and to the smallest set whose probability reaches ``topp``
-    (1.0: all). ``generator`` makes the draws repeatable: the same seed, inputs and batch size give the
-    same outputs on the same machine."""
+    ``topk`` most probable tokens (0: all; those tied with the k-th kept too) and to the smallest set whose
+    probability reaches ``topp`` (1.0: all). ``generator`` makes the draws repeatable: the same seed, inputs
+    and batch size give the same outputs on the same machine."""
 
     generator: torch.Generator
     topk: int = 0
