@@ -53,6 +53,21 @@ def test_the_log_names_the_data_files_read_and_a_mistyped_data_folder(tmp_path, 
     assert f"note: TRANSFORMER_DATA {tmp_path / 'typo'} is no folder (the files above were found without it)" in log
 
 
+def test_data_files_given_from_the_current_folder_are_recorded_whole(tmp_path, tiny_overrides, monkeypatch):
+    """`--set data.test_src=mydata/test.en` was kept as written: `evaluate RUN` from another folder scored whatever
+    mydata/test.en was there (another test set, without a word), or found none. Recorded absolute, the run's
+    files are its own from anywhere; a resume spelling them as before, from the same folder, is no change."""
+    monkeypatch.chdir(tmp_path)
+    relative = [re.sub(r'"(.*)"', lambda m: '"' + os.path.relpath(m.group(1), tmp_path) + '"', o) for o in tiny_overrides]
+    assert 'data.train_src="train0_600.en"' in relative
+    train(load_config("tiny", relative + ["train.max_steps=2"]), tmp_path / "run", quiet=True)
+    data = checkpoint_record(list_checkpoints(tmp_path / "run")[-1])["config"]["data"]
+    assert data["train_src"] == str(tmp_path / "train0_600.en") and data["valid_tgt"] == str(tmp_path / "val0_50.de")
+    assert read_toml(tmp_path / "run" / "config.toml")["data"]["train_src"] == str(tmp_path / "train0_600.en")
+    assert train(load_config("tiny", relative + ["train.max_steps=3"]), tmp_path / "run", resume=True,
+                 quiet=True)["step"] == 3
+
+
 def test_a_folder_of_other_files_is_no_run_folder(tmp_path, tiny_overrides):
     """`train --out data`, or into a folder of the user's own config.toml: the run wrote its files over theirs without
     a word. Refused, naming some of them; an empty folder, a run's (even one stopped before its first checkpoint) and

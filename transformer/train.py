@@ -234,6 +234,18 @@ def weight_shapes(model: ModelConfig, vocab_size: int) -> dict[str, tuple[int, .
         return {name: tuple(w.shape) for name, w in Transformer(model, vocab_size).state_dict().items()}
 
 
+DATA_FILES = ("train_src", "train_tgt", "train_store", "valid_src", "valid_tgt", "test_src", "test_tgt", "test_tok_ref")
+
+
+def anchored(cfg: Config) -> Config:
+    """``cfg`` with each data file given from the current folder (a relative path that is there) made absolute: the
+    run's records keep where it trained from, and `evaluate RUN` from another folder scored whatever file of that
+    name was there, or none. A path found under a data root (multi30k/train.en.gz) stays as it is."""
+    found = {name: os.path.abspath(os.path.expanduser(path)) for name in DATA_FILES
+             if (path := getattr(cfg.data, name)) and not os.path.isabs(path) and os.path.exists(os.path.expanduser(path))}
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **found)) if found else cfg
+
+
 def misfits(theirs: ModelConfig, ours: ModelConfig, vocab_size: int, changes: list[str]) -> list[str]:
     """Of ``changes`` ("model.x: a -> b", ``Config.differences``'), those that alone change a weight's shape: the
     refusal listed a dropout rate beside d_model as a change the weights would not fit. All of them where none
@@ -836,7 +848,7 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     if not isinstance(cfg, Config):  # a preset's name, say: load_config reads one
         raise ConfigError(f"cfg: a Config (load_config(PRESET or FILE)), not {type(cfg).__name__} {cfg!r}")
     # a Config edited after load_config (cfg.train.max_steps = -5, a str for an int) is checked as a file's values
-    cfg = config_from_dict(cfg.to_dict(), "cfg").validate()
+    cfg = anchored(config_from_dict(cfg.to_dict(), "cfg").validate())
     out, init_from = as_path(out, "out"), None if init_from is None else as_path(init_from, "init_from")
     files.check_output(out, "out", folder=True)  # a file, or a folder under one: an OSError deep in training
     t = cfg.train
