@@ -29,6 +29,20 @@ from transformer.vocabulary import train_vocabulary
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (0 was taken for "not given" by `if args.x:`, and a run
+    re-stamped committed results with the command that asked for nothing)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
 def prediction_interval(values: list[float], level: float = 0.95) -> dict:
     """Where one more run of the same setting falls, from ``values`` (n >= 2 runs of it, seeds apart):
     mean ± t((1 + level) / 2, n−1) · s · √(1 + 1/n), the interval a single run (a variant, a published

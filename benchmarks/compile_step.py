@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from transformer.translator import Translator
 
-from common import ROOT, recipe_run
+from common import ROOT, positive, recipe_run
 from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -172,7 +172,7 @@ def engine_ms(model, steps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, help="run folder (default: the quick recipe's)")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=positive, default=300)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (adds the CUDA graph)")
     args = parser.parse_args()
     run = args.run or recipe_run("en_de_quick")

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import ROOT
+from common import ROOT, positive
 from provenance import code_state
 from transformer.model import ONEDNN_MIN_MACS
 from transformer.search import row_topk
@@ -64,7 +64,7 @@ def explicit(q, k, v, mask):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=positive, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     linears, attention = [], []

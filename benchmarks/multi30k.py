@@ -44,7 +44,7 @@ from transformer.checkpoint import list_checkpoints, load_checkpoint
 from transformer.config import Config, load_config
 from transformer.translator import Translator
 
-from common import ROOT, Split, config_key, overrides_of, train_or_resume, weight_candidates
+from common import ROOT, Split, config_key, overrides_of, positive, train_or_resume, weight_candidates
 from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--only", help="train and score only these candidates (comma-separated names), then stop")
     parser.add_argument("--out", type=Path, default=ROOT / "runs", help="where the candidates' run folders go "
                         "(OUT/select_{pair}/NAME; default runs/)")
-    parser.add_argument("--threads", type=int, help="torch threads for training (default: the recipe's); two "
+    parser.add_argument("--threads", type=positive, help="torch threads for training (default: the recipe's); two "
                         "candidates at 1 thread each can share the 2 cores")
     parser.add_argument("--markdown", action="store_true", help="train and score nothing: rewrite "
                         "multi30k_PAIR.md, and the JSON's history, from the JSON already there (after a change "

@@ -36,6 +36,8 @@ from transformer.prepare import resolve_data_path
 from transformer.store import TokenStore
 from transformer.tokenizer import Tokenizer
 
+from common import positive
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -69,7 +71,7 @@ def write_corpus(folder: Path, pairs: int) -> tuple[Path, Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=1_000_000)
+    parser.add_argument("--pairs", type=positive, default=1_000_000)
     parser.add_argument("--vocab-size", type=int, default=8000, help="joint BPE pieces (default 8000)")
     parser.add_argument("--max-len", type=int, default=256, help="data.max_len (default 256)")
     parser.add_argument("--chunk-pairs", type=int, default=50_000)

@@ -35,6 +35,7 @@ from transformer.prepare import resolve_data_path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from common import positive  # noqa: E402
 from provenance import git  # noqa: E402
 from tests.conftest import start_server  # noqa: E402  (the tests' launcher of `transformer serve`)
 RESULTS = ROOT / "benchmarks" / "results"
@@ -84,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", type=Path, help="trained run folder (default: runs/serve_bench, trained if absent)")
     parser.add_argument("--train-minutes", type=float, default=5.0, help="training budget when --run is not given")
-    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--clients", type=positive, default=50)
     parser.add_argument("--requests", type=int, default=20, help="requests per client")
     parser.add_argument("--max-wait-ms", type=float, default=10.0)
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for serve_load.json / .md (default "

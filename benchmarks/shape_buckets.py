@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import recipe_lengths
+from common import positive, recipe_lengths
 from provenance import code_state
 from transformer.config import load_config
 from transformer.data import ShapeBuckets, make_batches_from_lengths, padding_fraction
@@ -33,12 +33,10 @@ PER_DOUBLING = (0, 4, 8, 16)  # 0: the batches as §5.1 makes them
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", default="en_de", choices=("en_de", "en_fr"), help="the Multi30k recipe")
-    parser.add_argument("--max-tokens", type=int, help="tokens per side per batch (default: the recipe's)")
+    parser.add_argument("--max-tokens", type=positive, help="tokens per side per batch (default: the recipe's)")
     args = parser.parse_args()
     cfg = load_config(str(ROOT / "configs" / f"multi30k_{args.pairs}.toml"))
     max_tokens = args.max_tokens or cfg.train.max_tokens
-    if max_tokens < 1:
-        parser.error(f"--max-tokens {max_tokens}: must be at least 1")
     src_lengths, tgt_lengths = map(np.asarray, recipe_lengths(cfg))
     real = int(src_lengths.sum() + tgt_lengths.sum())
     rows = []

@@ -46,7 +46,7 @@ from transformer.config import Config, load_config
 from transformer.model import count_parameters
 from transformer.translator import Translator
 
-from common import ROOT, Split, config_key, prediction_interval, train_or_resume
+from common import ROOT, Split, config_key, positive, prediction_interval, train_or_resume
 from provenance import git
 
 # Table 3 as printed: PPL (dev), BLEU (dev), params ×10^6 (None where the paper prints no count; the
@@ -457,7 +457,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="train and decode here (default cpu)")
     parser.add_argument("--threads", type=int, help="torch threads per row (default: the recipe's 2); two lanes of "
                         "--threads 1 share 2 cores")
-    parser.add_argument("--factor", type=int, default=FACTOR, help=f"the paper's widths are divided by this (default "
+    parser.add_argument("--factor", type=positive, default=FACTOR, help=f"the paper's widths are divided by this (default "
                         f"{FACTOR}; on a GPU, 2 or 1)")
     parser.add_argument("--updates", type=int, default=UPDATES, help=f"updates per row, big {BIG_TIMES}x (default "
                         f"{UPDATES})")

@@ -52,7 +52,8 @@ from transformer.config import Config, LengthNorm, load_config
 from transformer.train import train
 from transformer.translator import Translator
 
-from common import ROOT, Split, config_key, overrides_of, prediction_interval, train_or_resume, weight_candidates
+from common import (ROOT, Split, config_key, overrides_of, positive, prediction_interval, train_or_resume,
+                    weight_candidates)
 from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -655,7 +656,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs", help="where run folders go (OUT/wu2021/NAME)")
     parser.add_argument("--threads", type=int, help="torch threads for training (default: the config's)")
     parser.add_argument("--markdown", action="store_true", help="rewrite the .md from the JSON already there")
-    parser.add_argument("--time-cpu", type=int, metavar="N", help="time N updates of the committed pick on this "
+    parser.add_argument("--time-cpu", type=positive, metavar="N", help="time N updates of the committed pick on this "
                         "machine (alone) and write its minutes for the whole budget into the result files")
     parser.add_argument("--check", action="store_true", help="exit 1 unless the committed pick "
                         f"({RECIPE.relative_to(ROOT)}) is what val picked")

@@ -274,7 +274,17 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path / "cwd")
     monkeypatch.setattr(prepare_module, "_CHECKOUT", tmp_path / "checkout" / "main")
+    (tmp_path / "checkout" / "main").mkdir(parents=True)
+    (tmp_path / "checkout" / "main" / "pyproject.toml").touch()  # a checkout's
     return tmp_path
+
+
+def test_an_installed_package_has_no_shared_data_beside_it(isolated: Path) -> None:
+    """Installed from a wheel, the package's parent is site-packages: "../shared/data beside the checkout" named a
+    folder inside the venv in every "searched ..." message."""
+    (isolated / "checkout" / "main" / "pyproject.toml").unlink()
+    (isolated / "checkout" / "shared" / "data").mkdir(parents=True)
+    assert find_data_root() is None
 
 
 def test_find_data_root_order(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,8 +68,10 @@ def _candidate_roots() -> list[Path]:
     """The data roots in order, each folder once (TRANSFORMER_DATA is often ../shared/data beside the checkout)."""
     env = os.environ.get("TRANSFORMER_DATA")
     roots: dict[Path, Path] = {}
-    for root in ([Path(env).expanduser()] if env else []) + [
-            Path.cwd() / "data", _CHECKOUT.parent / "shared" / "data", Path.home() / ".cache" / "transformer"]:
+    # ../shared/data beside a checkout; an installed package's parent is site-packages' (a folder in the venv)
+    beside = [_CHECKOUT.parent / "shared" / "data"] if (_CHECKOUT / "pyproject.toml").is_file() else []
+    for root in [*([Path(env).expanduser()] if env else []), Path.cwd() / "data", *beside,
+                 Path.home() / ".cache" / "transformer"]:
         roots.setdefault(root.resolve(), root)
     return list(roots.values())
 
