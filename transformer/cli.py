@@ -47,7 +47,8 @@ from . import __version__, files
 from .files import OutputError, check_output
 
 T = TypeVar("T")
-EPILOG = "Paper sections are cited in --help texts; see README.md and PAPER_MAP.md."
+EPILOG = ("Paper sections are cited in --help texts; see README.md, docs/ and PAPER_MAP.md in the source "
+          "repository.")
 
 
 @dataclass(frozen=True)
