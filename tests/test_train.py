@@ -157,6 +157,7 @@ def test_another_budget_on_resume_is_logged_not_refused(tmp_path, tiny_overrides
     early = tmp_path / "early"
     early.mkdir()
     shutil.copy(run / "config.toml", early / "config.toml")
+    (early / ".lock").touch()  # an attempt's first file: the folder is a run's
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2", f'data.valid_src="{src}"',
                                                 f'data.valid_tgt="{tgt}"']), early, resume=True, quiet=True)
     log = (early / "train.log").read_text()
