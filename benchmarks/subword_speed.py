@@ -49,7 +49,8 @@ def one_run(out: Path, alpha: float, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--alpha", type=float, default=0.1, help="data.subword_alpha of the sampled runs")
-    parser.add_argument("--steps", type=positive, default=200, help="updates per run (the recipe has 116 batches an epoch)")
+    parser.add_argument("--steps", type=positive, default=200,
+                        help="updates per run (the recipe has 116 batches an epoch)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each kind, alternating")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "subword_speed")
     args = parser.parse_args()

@@ -457,7 +457,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="train and decode here (default cpu)")
     parser.add_argument("--threads", type=int, help="torch threads per row (default: the recipe's 2); two lanes of "
                         "--threads 1 share 2 cores")
-    parser.add_argument("--factor", type=positive, default=FACTOR, help=f"the paper's widths are divided by this (default "
+    parser.add_argument("--factor", type=positive, default=FACTOR,
+                        help=f"the paper's widths are divided by this (default "
                         f"{FACTOR}; on a GPU, 2 or 1)")
     parser.add_argument("--updates", type=int, default=UPDATES, help=f"updates per row, big {BIG_TIMES}x (default "
                         f"{UPDATES})")

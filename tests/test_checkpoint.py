@@ -706,7 +706,8 @@ def test_a_checkpoint_of_another_run_is_not_averaged_in(tmp_path, tiny_overrides
                                               r"step_00000\d+.json's"):
         average_checkpoints(list_checkpoints(run)[-3:])
     with pytest.raises(CheckpointMismatch, match=r"checkpoints: checkpoints of 2 runs: step_00000002, step_00000004, "
-                                                 r"step_00000006 \(run \w{8}\); step_00000008 \(run \w{8}\)\. Another "):
+                                                 r"step_00000006 \(run \w{8}\); step_00000008 \(run \w{8}\)\. "
+                                                 r"Another "):
         checkpoints_to_average(run, 3)
 
 

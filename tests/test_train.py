@@ -58,7 +58,8 @@ def test_data_files_given_from_the_current_folder_are_recorded_whole(tmp_path, t
     mydata/test.en was there (another test set, without a word), or found none. Recorded absolute, the run's
     files are its own from anywhere; a resume spelling them as before, from the same folder, is no change."""
     monkeypatch.chdir(tmp_path)
-    relative = [re.sub(r'"(.*)"', lambda m: '"' + os.path.relpath(m.group(1), tmp_path) + '"', o) for o in tiny_overrides]
+    relative = [re.sub(r'"(.*)"', lambda m: '"' + os.path.relpath(m.group(1), tmp_path) + '"', o)
+                for o in tiny_overrides]
     assert 'data.train_src="train0_600.en"' in relative
     train(load_config("tiny", relative + ["train.max_steps=2"]), tmp_path / "run", quiet=True)
     data = checkpoint_record(list_checkpoints(tmp_path / "run")[-1])["config"]["data"]
@@ -77,8 +78,8 @@ def test_a_folder_of_other_files_is_no_run_folder(tmp_path, tiny_overrides):
     (own / "config.toml").write_text("[model]\n")
     (own / "notes.txt").write_text("x\n")
     cfg = load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.save_every=2"])
-    with pytest.raises(TrainError, match=rf"^{re.escape(str(own))}: a folder of other files \(config.toml, notes.txt\), "
-                                         "not a run folder"):
+    with pytest.raises(TrainError, match=rf"^{re.escape(str(own))}: a folder of other files "
+                                         r"\(config.toml, notes.txt\), not a run folder"):
         train(cfg, own, quiet=True)
     assert (own / "config.toml").read_text() == "[model]\n" and sorted(p.name for p in own.iterdir()) == [
         "config.toml", "notes.txt"]
@@ -125,7 +126,8 @@ def test_resume_refuses_another_model(tmp_path, tiny_overrides):
         train(load_config("tiny", tiny_overrides + ["model.d_ff=96"]), run, resume=True, quiet=True)
     # a dropout rate changes no weight: said among the other differences, not as a change the weights cannot fit
     with pytest.raises(TrainError, match=r"--resume cannot take model changes that change the weights' shapes, "
-                                         r"model\.d_ff: 128 -> 96: .*\(the config differs also in: model\.p_drop: 0\.1 -> 0\.3\)"):
+                                         r"model\.d_ff: 128 -> 96: .*\(the config differs also in: "
+                                         r"model\.p_drop: 0\.1 -> 0\.3\)"):
         train(load_config("tiny", tiny_overrides + ["model.d_ff=96", "model.p_drop=0.3"]), run, resume=True,
               quiet=True, allow_config_change=True)
 
@@ -203,7 +205,8 @@ def test_other_numerics_on_resume_are_said(tmp_path, tiny_overrides):
             "of it are written" in (run / "train.log").read_text())
     # the rest a resume may change was taken without a word (train.interval_unit turned every interval to epochs)
     train(load_config("tiny", tiny_overrides + ["train.max_steps=5", "train.threads=2", "train.save_minutes=5",
-                                                "train.log_every=1", "decode.beam_size=2"]), run, resume=True, quiet=True)
+                                                "train.log_every=1", "decode.beam_size=2"]), run, resume=True,
+          quiet=True)
     assert ("resuming with other settings: train.log_every: 10 -> 1; decode.beam_size: 4 -> 2\n"
             in (run / "train.log").read_text())
 
@@ -1166,8 +1169,8 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     one = train(cfg, tmp_path / "one", quiet=True, init_from=list_checkpoints(old)[0].with_suffix(".safetensors"))
     assert one["init_from"]["weights"] == ["step_00000002"]
     with pytest.raises(TrainError, match=r"does not fit this config \(model.d_ff: 128 -> 96\)$"):  # not its p_drop
-        train(load_config("tiny", tiny_overrides + ["model.d_ff=96", "model.p_drop=0.3"]), tmp_path / "wide", quiet=True,
-              init_from=old)
+        train(load_config("tiny", tiny_overrides + ["model.d_ff=96", "model.p_drop=0.3"]), tmp_path / "wide",
+              quiet=True, init_from=old)
     assert not (tmp_path / "wide").exists()  # refused from the records: no config.toml, spm.model, train.log there
     (tmp_path / "bare").mkdir()
     shutil.copy(old / "spm.model", tmp_path / "bare" / "spm.model")

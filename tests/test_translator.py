@@ -418,8 +418,10 @@ def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line
         # os.fsdecode's and errors="surrogateescape"'s lone surrogates: sentencepiece's TypeError, pybind's RuntimeError
         (lambda: translator.translate(["A dog.", "A \udcff cat."]),
          r"^lines: item 2 is not Unicode text: a lone surrogate \(U\+DCFF\) at character 3"),
-        (lambda: translator.decode(["A dog."], DecodeRequest(prefixes=["Ein \udcff"])), r"^--prefix .*item 1 is not Unicode"),
-        (lambda: translator.decode(["A dog."], DecodeRequest(constraints=[["\ud800"]])), r"^--constraints .* not Unicode"),
+        (lambda: translator.decode(["A dog."], DecodeRequest(prefixes=["Ein \udcff"])),
+         r"^--prefix .*item 1 is not Unicode"),
+        (lambda: translator.decode(["A dog."], DecodeRequest(constraints=[["\ud800"]])),
+         r"^--constraints .* not Unicode"),
         (lambda: translator.score(["A dog."], ["\udcff"]), r"^targets: item 1 is not Unicode text"),
         (lambda: translator.translate(["A dog."], DecodeRequest(beam_size=2.5)), r"^--beam 2.5: must be a whole number"),
         (lambda: translator.translate(["A dog."], DecodeRequest(alpha="0.6")), r"^--alpha '0.6': must be a number"),
@@ -526,7 +528,8 @@ def test_a_damaged_checkpoint_is_named_by_its_path_with_the_way_out(tiny_run, tm
     data = bytearray(newest.read_bytes())
     data[-1] ^= 1
     newest.write_bytes(bytes(data))
-    said = (rf"^{re.escape(str(newest))}: sha256 mismatch \(file corrupt or modified, or a write stopped between it and its record\); to decode with the others, "
+    said = (rf"^{re.escape(str(newest))}: sha256 mismatch \(file corrupt or modified, or a write stopped between it "
+            r"and its record\); to decode with the others, "
             rf"give --checkpoint one that is intact, or move the damaged one out of {re.escape(str(damaged))}/checkpoints$")
     for run, ensemble in ((tiny_run, [damaged]), (damaged, [tiny_run])):
         with pytest.raises(CheckpointError, match=said):

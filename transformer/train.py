@@ -241,8 +241,8 @@ def anchored(cfg: Config) -> Config:
     """``cfg`` with each data file given from the current folder (a relative path that is there) made absolute: the
     run's records keep where it trained from, and `evaluate RUN` from another folder scored whatever file of that
     name was there, or none. A path found under a data root (multi30k/train.en.gz) stays as it is."""
-    found = {name: os.path.abspath(os.path.expanduser(path)) for name in DATA_FILES
-             if (path := getattr(cfg.data, name)) and not os.path.isabs(path) and os.path.exists(os.path.expanduser(path))}
+    found = {name: os.path.abspath(given) for name in DATA_FILES if (path := getattr(cfg.data, name))
+             and not os.path.isabs(given := os.path.expanduser(path)) and os.path.exists(given)}
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **found)) if found else cfg
 
 
@@ -1566,7 +1566,8 @@ class Trainer:
         except KeyboardInterrupt:
             if stop.again is None:  # not StopSignals' (no main thread, say): as it came
                 raise
-            name, where, what = signal.Signals(stop.again).name, f"in step {state.step + 1}", "without writing a checkpoint"
+            name, where = signal.Signals(stop.again).name, f"in step {state.step + 1}"
+            what = "without writing a checkpoint"
             if saving or self.writing:  # the budget's last checkpoint, or the clock's (in book())
                 where = f"while writing the checkpoint of step {state.step}"
                 if (self.out / "checkpoints" / f"step_{state.step:08d}.json").is_file():  # its record renamed in
