@@ -1233,13 +1233,12 @@ class Trainer:
         """A checkpoint of this moment: every rank's random state, rank 0's weights and optimizer. ``on_clock``:
         written by the save clock, not at the end of the budget or on a signal, whose checkpoint goes once a
         newer one is written (``checkpoint._prune``): a point to resume from, or the run's last weights."""
+        self.writing = True  # still set where a second signal interrupts it: run() says what was written
         rng_states = distributed.gather(self.dist, rng_state(self.dist))  # every rank takes part
         if on_clock:  # every rank's clock of train.save_minutes starts again (after())
             self.state.clock_s = self.elapsed()
-        if not self.dist.main:
-            return
-        self.writing = True  # still set where the write is interrupted: run() says what was written
-        self.write(on_clock, rng_states)
+        if self.dist.main:
+            self.write(on_clock, rng_states)
         self.writing = False
 
     def write(self, on_clock: bool, rng_states: list[dict[str, torch.Tensor]]) -> None:
@@ -1525,7 +1524,6 @@ class Trainer:
         # first, with nothing queued after it, where booking it reads the weights (validation, a
         # checkpoint), where it may be the last, and where training stops.
         pending: InFlight | None = None
-        saving = False
         try:
             while True:
                 plan = self.after() if pending else None
@@ -1557,8 +1555,7 @@ class Trainer:
             bar.close()
             # the last checkpoint, taken with the signals still held: the ranks of a job see a stop signal at
             # different moments (a killed launcher's, each within a second), and one stopped by another's took its
-            # own here as "terminated", losing the checkpoint and every step since the one before
-            saving = True
+            # own here as "terminated", losing the checkpoint and every step since the one before;
             # the budget's end or a signal: off the clock, unless the clock wrote this step's already (it was written
             # twice, weights and Adam's moments: 2.6 GB for big at every run's end on a save_every multiple)
             if self.saved_on_clock != state.step:
@@ -1568,7 +1565,7 @@ class Trainer:
                 raise
             name, where = signal.Signals(stop.again).name, f"in step {state.step + 1}"
             what = "without writing a checkpoint"
-            if saving or self.writing:  # the budget's last checkpoint, or the clock's (in book())
+            if self.writing:  # the budget's last checkpoint, or the clock's (in book())
                 where = f"while writing the checkpoint of step {state.step}"
                 if (self.out / "checkpoints" / f"step_{state.step:08d}.json").is_file():  # its record renamed in
                     where, what = f"as the checkpoint of step {state.step} was written", "that checkpoint whole"
@@ -1594,7 +1591,7 @@ class Trainer:
                     self.run_data.sampled.close()
             finally:
                 stop.restore()
-                if dist.main:
+                if dist.main:  # however training ended: the summary below writes nothing to it
                     self.board.close()
         if (stopped_by := stopped_by or stop.received) is not None:
             name = signal.Signals(stopped_by).name + ("" if stop.received else " (to another rank)")
@@ -1611,7 +1608,6 @@ class Trainer:
             summary["best"] = {"metric": t.keep_best, "step": state.best_step, "value": state.best_value,
                                "stopped_by_patience": self.out_of_patience}
         if dist.main:
-            self.board.close()
             with contextlib.suppress(OSError, ValueError):  # none, or unreadable: written again below
                 if self.spent and isinstance(kept := json.loads((self.out / "summary.json").read_text()), dict) \
                         and kept.get("step") == state.step:
