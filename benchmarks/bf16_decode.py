@@ -31,7 +31,6 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from transformer.checkpoint import list_checkpoints
 from transformer.config import load_config
 from transformer.data import read_lines
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
@@ -40,7 +39,7 @@ from transformer.request import DecodeRequest
 from transformer.runtime import native_bf16
 from transformer.translator import Translator
 
-from common import ROOT, train_or_resume
+from common import ROOT, train_or_resume, trained_run
 from provenance import code_state, commit_text
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -79,8 +78,8 @@ def main() -> None:
         return
     if args.repeat < 1 or args.b1_sentences < 1 or args.steps < 1:
         parser.error("--repeat, --b1-sentences and --steps must be at least 1")
-    if args.run and not list_checkpoints(args.run):
-        parser.error(f"--run {args.run}: no checkpoints there (a run folder `transformer train` wrote)")
+    if args.run:
+        trained_run(args.run)
     state = code_state()  # the code at the start: later commits during the run must not be recorded
     run = args.run or quick_run(args.out, args.steps)
     ways = [w for w in WAYS if not (w == "int8" and args.device != "cpu")]  # int8 kernels run on the CPU only

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sacrebleu.metrics.bleu import BLEUScore
 
-from transformer.checkpoint import (average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
+from transformer.checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
                                     write_model)
 from transformer.config import Config, LengthNorm, load_config
 from transformer.data import encode_pairs, lengths, read_lines, read_parallel
@@ -41,6 +41,18 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
     return value
+
+
+def trained_run(run: Path, hint: str = "") -> Path:
+    """``run`` if `transformer train` left checkpoints there; otherwise the script stops with a message that says
+    so (and ``hint``: how to get one), not with a traceback from deep inside the loading."""
+    try:
+        found = list_checkpoints(run)
+    except CheckpointError as err:
+        sys.exit(str(err))
+    if not found:
+        sys.exit(f"{run}: no checkpoints there (a run folder `transformer train` wrote){hint}")
+    return run
 
 
 def prediction_interval(values: list[float], level: float = 0.95) -> dict:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from transformer.translator import Translator
 
-from common import ROOT, positive, recipe_run
+from common import ROOT, positive, recipe_run, trained_run
 from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument("--steps", type=positive, default=300)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (adds the CUDA graph)")
     args = parser.parse_args()
-    run = args.run or recipe_run("en_de_quick")
+    run = trained_run(args.run or recipe_run("en_de_quick"), "; train the quick recipe, or pass --run")
     model = Translator(run, log=lambda m: None, device=args.device).model
     step, arguments = static_step(model)
     import torch._inductor.config as inductor

@@ -35,7 +35,7 @@ from transformer.export import export_ctranslate2
 from transformer.prepare import resolve_data_path
 from transformer.tokenizer import Tokenizer
 
-from common import ROOT
+from common import ROOT, trained_run
 from provenance import code_state
 from speed import DECODE, cpu_model, log, worker
 
@@ -112,8 +112,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="timings per setting (best kept)")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "ct2_backend", help="exports and logs")
     args = parser.parse_args()
-    if not list_checkpoints(args.run):
-        sys.exit(f"--run {args.run}: no checkpoint there")
+    trained_run(args.run)
     args.work.mkdir(parents=True, exist_ok=True)
     code = code_state()
     runs = measure(args.run, args.b1_sentences, args.repeat, args.work)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from common import ROOT
+from common import ROOT, trained_run
 from provenance import code_state
 from transformer.checkpoint import list_checkpoints
 from transformer.data import encode_for_decoding, read_lines
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--run", type=Path, default=RUN)
     parser.add_argument("--out", type=Path, default=RUN / "test2016.json")
     args = parser.parse_args()
+    trained_run(args.run)
     torch.set_num_threads(2)
     result = {"date": datetime.date.today().isoformat(), **code_state(),
               "command": "python benchmarks/decode_reference.py" + ("" if args.run == RUN else f" --run {args.run}"),

@@ -38,7 +38,6 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from transformer.checkpoint import list_checkpoints
 from transformer.config import load_config
 from transformer.data import encode_for_decoding, read_lines
 from transformer.decode import decode_ids, score_ids
@@ -47,7 +46,7 @@ from transformer.prepare import resolve_data_path
 from transformer.request import DecodeRequest
 from transformer.translator import Translator
 
-from common import ROOT, recipe_run, train_or_resume
+from common import ROOT, recipe_run, train_or_resume, trained_run
 from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -99,9 +98,7 @@ def main() -> None:
     # the code that runs is the code at the start: later commits during the run must not be recorded
     commit = git("rev-parse", "--short", "HEAD")
     uncommitted = git("status", "--porcelain", "--untracked-files=no").splitlines()
-    args.run = args.run or recipe_run()
-    if not list_checkpoints(args.run):
-        sys.exit(f"{args.run}: no checkpoints; run benchmarks/multi30k.py first (or give --run)")
+    args.run = trained_run(args.run or recipe_run(), "; run benchmarks/multi30k.py first (or give --run)")
 
     translator = Translator(args.run, log=print)
     cfg = translator.cfg

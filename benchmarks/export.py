@@ -36,7 +36,7 @@ from transformer.export import HF_LN_EPS, export_ctranslate2, export_huggingface
 from transformer.request import DecodeRequest
 from transformer.translator import Translator
 
-from common import ROOT, Split, recipe_run
+from common import ROOT, Split, recipe_run, trained_run
 from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -113,9 +113,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=1000, help="first N sentences of test2016")
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch, every engine")
     args = parser.parse_args()
-    run = args.run or recipe_run("en_de_quick")
-    if not (run / "config.toml").is_file():
-        sys.exit(f"{run}: no run folder (train the quick recipe, or pass --run)")
+    run = trained_run(args.run or recipe_run("en_de_quick"), "; train the quick recipe, or pass --run")
     cfg = load_config(str(run / "config.toml"))
     test = Split(cfg, "test", args.sentences)
     ours = Translator(run, log=lambda m: None, device="cpu")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from speed_worker import time_best  # the script's own folder: its module-level imports are the stdlib's
+from speed_worker import time_best, usage_unless  # the script's own folder: its module-level imports are the stdlib's
 
 
 def translate(job: dict) -> dict:
@@ -55,6 +55,8 @@ def translate(job: dict) -> dict:
 
 
 def main() -> None:
+    usage_unless(__doc__, len(sys.argv) > 1 and sys.argv[1] == "train"
+                 or len(sys.argv) == 3 and sys.argv[1] == "translate")
     torch.set_num_threads(2)
     torch.set_flush_denormal(True)
     if sys.argv[1] == "train":

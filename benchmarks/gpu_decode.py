@@ -212,6 +212,8 @@ def main() -> None:
         parser.error("--before DIR is required")
     import torch
 
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"benchmarks/{parser.prog} needs a CUDA GPU (or --device cpu)")
     name = "gpu_decode" if args.device.startswith("cuda") else "cpu_decode"
     state = code_state()
     result = {"date": datetime.date.today().isoformat(),

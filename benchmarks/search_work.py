@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from common import trained_run
 from transformer.checkpoint import list_checkpoints
 from transformer.data import encode_for_decoding, read_lines
 from transformer.prepare import resolve_data_path
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="run folder (its last checkpoint is used)")
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
+    trained_run(args.run)
     translator = Translator(args.run, list_checkpoints(args.run)[-1], log=lambda m: None)
     model = translator.model
     lines = read_lines(resolve_data_path("multi30k/test_2016_flickr.en.gz"))

@@ -35,7 +35,7 @@ from transformer.prepare import resolve_data_path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from common import positive  # noqa: E402
+from common import positive, trained_run  # noqa: E402
 from provenance import git  # noqa: E402
 from tests.conftest import start_server  # noqa: E402  (the tests' launcher of `transformer serve`)
 RESULTS = ROOT / "benchmarks" / "results"
@@ -96,7 +96,7 @@ def main() -> None:
     except OSError as e:
         parser.error(f"--results {args.results}: {e.strerror}")
 
-    run = args.run
+    run = args.run and trained_run(args.run)
     if run is None:
         run = ROOT / "runs" / "serve_bench"
         if not (run / "checkpoints").is_dir():

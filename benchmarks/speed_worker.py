@@ -39,6 +39,16 @@ def time_best(translate, repeat: int, warmup: int = 0) -> tuple[float, list[list
     return best, outputs
 
 
+def usage_unless(doc: str, fits: bool) -> None:
+    """Print ``doc`` and exit unless the arguments ``fits``: these workers are started by speed.py, and a
+    person who runs one by hand gets its usage, not an IndexError (``--help``: to stdout, exit 0)."""
+    if fits and not {"-h", "--help"} & set(sys.argv[1:]):
+        return
+    asked = bool({"-h", "--help"} & set(sys.argv[1:]))
+    print(doc.strip(), file=sys.stdout if asked else sys.stderr)
+    sys.exit(0 if asked else 2)
+
+
 def ours(job: dict, int8: bool) -> tuple[float, list[list[str]]]:
     import torch
 
@@ -99,6 +109,9 @@ def ct2_file(model_dir: str, source: str, target: str) -> None:
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    usage_unless(__doc__, len(args) == 2 and args[0] in ("ours", "ours_int8", "ctranslate2")
+                 or len(args) == 6 and args[0] == "ct2_file" and {"--input", "--output"} <= set(args[2::2]))
     if sys.argv[1] == "ct2_file":
         ct2_file(sys.argv[2], sys.argv[sys.argv.index("--input") + 1], sys.argv[sys.argv.index("--output") + 1])
         return
