@@ -170,6 +170,7 @@ def test_set_overrides_and_validation():
     assert cfg.train.max_steps == 7 and cfg.model.positional == "learned" and cfg.data.train_src == "a/b.gz"
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config("tiny", ["max_steps=7"])
+    assert load_config("tiny", [" train . max_steps = 8"]).train.max_steps == 8  # spaces around the names, as TOML
     with pytest.raises(ConfigError, match="not divisible"):
         load_config("tiny", ["model.n_heads=5"])
     with pytest.raises(ConfigError, match="p_drop must be in"):

@@ -474,3 +474,20 @@ def test_linearize_writes_the_task_files_of_any_trees(tmp_path: Path, capsys) ->
     assert capsys.readouterr().err == (f"error: --out {tmp_path / 'x'}: would write {tmp_path / 'x.words'}, which is "
                                        f"{tmp_path / 'x.words'}, read as trees: give another prefix\n")
     assert (tmp_path / "x.words").read_text() == "( (S (NP (NN a)) (. .)) )\n" and not (tmp_path / "x.lin").exists()
+
+
+def test_a_home_where_the_parsing_files_cannot_be_written_is_a_data_error(tmp_path: Path, monkeypatch) -> None:
+    """The parsing task's files are built under $HOME/.cache on first use; a HOME that cannot hold them (a file,
+    /proc) was an internal error, not the one line that names the folder."""
+    from transformer.prepare import resolve_data_path
+
+    (tmp_path / "data" / "ptb-sample").mkdir(parents=True)
+    for number in range(1, 190):
+        (tmp_path / "data" / "ptb-sample" / f"wsj_{number:04d}.mrg").write_text("( (S (NP-SBJ (CD w)) (. .)) )\n")
+    (tmp_path / "home").write_text("a file, no folder\n")
+    monkeypatch.setenv("TRANSFORMER_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"ptb-sample-parse/train.words: cannot write the parsing task's files into "
+                                        + re.escape(str(tmp_path / "home" / ".cache"))):
+        resolve_data_path("ptb-sample-parse/train.words")

@@ -518,7 +518,7 @@ def _parse_override(text: str) -> tuple[str, str, Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw.strip()  # a bare string such as a path
-    return section, key.strip(), value
+    return section.strip(), key.strip(), value
 
 
 # a wheel carries the presets inside the package; a checkout (an editable install) keeps them at its root

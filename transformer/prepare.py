@@ -124,7 +124,11 @@ def _build_ptb_parse(name: str, roots: list[Path]) -> Path:
         raise DataError(f"{PTB_PARSE}/{name}: built from ptb-sample/ (the Penn Treebank WSJ sample's .mrg files), "
                         f"which is in none of {', '.join(map(str, roots))}; set TRANSFORMER_DATA")
     folder = Path.home() / ".cache" / "transformer" / PTB_PARSE
-    write_ptb_splits(ptb, folder)
+    try:
+        write_ptb_splits(ptb, folder)
+    except OSError as e:  # an unusable HOME (ENOENT under /proc) was an internal error
+        raise DataError(f"{PTB_PARSE}/{name}: cannot write the parsing task's files into {folder} "
+                        f"({e.strerror or e}); they are built under $HOME/.cache/transformer") from None
     if not (folder / name).exists():
         raise DataError(f"{PTB_PARSE}/{name}: not a file of the parsing task (train|valid|test . words|lin|wlin|gold)")
     return folder / name
