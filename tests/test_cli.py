@@ -542,6 +542,25 @@ def test_every_command_has_help(capsys):
         assert [a.dest for a in parser._actions if not a.help] == [], command
 
 
+def test_every_command_shows_examples_that_its_parser_takes(capsys):
+    """Each command's --help ends with examples, one to a line as written; each `transformer` command line in them
+    (a pipe's sides, torchrun's `-m transformer`) parses: an option renamed or removed fails here."""
+    import shlex
+
+    for c in cli.COMMANDS:
+        assert c.examples, c.name
+        _, out, _ = run_here(capsys, c.name, "--help")
+        assert "examples:\n" + "".join(f"  {line}\n" for line in c.examples) in out, c.name
+        run = set()
+        for line in c.examples:
+            sides = [words for side in line.split(" | ") if "transformer" in (words := shlex.split(side))]
+            assert sides, line
+            for words in sides:
+                args = words[words.index("transformer") + 1:]
+                run.add(cli.build_parser().parse_args(args).command)
+        assert c.name in run, c.name
+
+
 def test_serve_help_names_the_schema_path(capsys):
     """serve --help names where the OpenAPI description is: /openapi.json (FastAPI's), which /docs only
     shows as Swagger UI's page (the help had called /docs the description)."""

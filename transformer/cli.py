@@ -60,20 +60,23 @@ class Command:
     name: str
     arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], None]
+    examples: tuple[str, ...] = ()  # whole command lines, shown at the end of its --help as written
 
 
 COMMANDS: list[Command] = []  # each registered beside its handler; --help lists them in this order
 
 
-def command(name: str, arguments: Callable[[argparse.ArgumentParser], None]) -> Callable[[Callable], Callable]:
+def command(name: str, arguments: Callable[[argparse.ArgumentParser], None],
+            examples: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
     """Registers the decorated handler as `transformer NAME`, with the options ``arguments`` adds. Its
-    docstring is its --help: the first line the one-line summary, the rest the description."""
+    docstring is its --help: the first line the one-line summary, the rest the description; ``examples`` (a test
+    parses each) end it."""
     def register(run: Callable[[argparse.Namespace], None]) -> Callable[[argparse.Namespace], None]:
         summary, _, description = inspect.cleandoc(run.__doc__ or "").partition("\n\n")
         summary = summary.rstrip(".")
         if summary[1:2].islower():  # "Train a model" is listed as "train a model"; "HTTP API" stays
             summary = summary[0].lower() + summary[1:]
-        COMMANDS.append(Command(summary, " ".join(description.split()), name, arguments, run))
+        COMMANDS.append(Command(summary, " ".join(description.split()), name, arguments, run, examples))
         return run
     return register
 
@@ -106,7 +109,12 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                         "update_freq x processes (default: 1; at most one per GPU, else one per CPU core)")
 
 
-@command("train", _train_arguments)
+@command("train", _train_arguments, (
+    "transformer train multi30k_en_de --out runs/mine",
+    "transformer train configs/multi30k_en_de.toml --out runs/mine --set train.max_steps=4000",
+    "transformer train multi30k_en_de --out runs/mine --resume",
+    "torchrun --nproc-per-node 2 -m transformer train multi30k_en_de --out runs/two",
+))
 def cmd_train(args: argparse.Namespace) -> None:
     """Train a model (§5) into a run folder.
 
@@ -413,7 +421,11 @@ def _translate_arguments(p: argparse.ArgumentParser) -> None:
                    "penultimate decoder layer averaged over heads")
 
 
-@command("translate", _translate_arguments)
+@command("translate", _translate_arguments, (
+    "echo 'A dog runs.' | transformer translate runs/mine",
+    "transformer translate runs/mine --input in.en --output out.de --nbest 4",
+    "transformer translate runs/mine --input in.en --prefix prefixes.de --int8",
+))
 def cmd_translate(args: argparse.Namespace) -> None:
     """Translate lines with beam search (§6.1).
 
@@ -470,7 +482,10 @@ def _score_arguments(p: argparse.ArgumentParser) -> None:
                    "(pieces, EOS included) and token_log_probs")
 
 
-@command("score", _score_arguments)
+@command("score", _score_arguments, (
+    "transformer score runs/mine --src in.en --tgt out.de",
+    "transformer translate runs/mine --input in.en | transformer score runs/mine --src in.en --tgt -",
+))
 def cmd_score(args: argparse.Namespace) -> None:
     """Score given translations with the model (forced decoding).
 
@@ -636,7 +651,10 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
             "report then on stderr)")
 
 
-@command("evaluate", _evaluate_arguments)
+@command("evaluate", _evaluate_arguments, (
+    "transformer evaluate runs/mine",
+    "transformer evaluate runs/mine --src test.en --ref test.de --json -",
+))
 def cmd_evaluate(args: argparse.Namespace) -> None:
     """Translate a test set and score it with sacreBLEU and chrF (a parsing run: parse it, F1 as EVALB).
 
@@ -861,7 +879,9 @@ def _parse_arguments(p: argparse.ArgumentParser) -> None:
             "stdout)")
 
 
-@command("parse", _parse_arguments)
+@command("parse", _parse_arguments, (
+    "echo 'The dog runs .' | transformer parse runs/parse",
+))
 def cmd_parse(args: argparse.Namespace) -> None:
     """Parse sentences into constituency trees with a parsing run (§6.3).
 
@@ -888,7 +908,9 @@ def _linearize_arguments(p: argparse.ArgumentParser) -> None:
             "PREFIX.gold")
 
 
-@command("linearize", _linearize_arguments)
+@command("linearize", _linearize_arguments, (
+    "transformer linearize wsj_02*.mrg --out mydata/train",
+))
 def cmd_linearize(args: argparse.Namespace) -> None:
     """Write the parsing task's files (§6.3) from treebank trees: a training, validation or test split.
 
@@ -925,7 +947,9 @@ def _evaluate_parse_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
 
 
-@command("evaluate-parse", _evaluate_parse_arguments)
+@command("evaluate-parse", _evaluate_parse_arguments, (
+    "transformer evaluate-parse --gold test.gold --test test.parsed",
+))
 def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     """Labelled bracket precision / recall / F1 of parse trees (EVALB).
 
@@ -960,7 +984,10 @@ def _average_arguments(p: argparse.ArgumentParser) -> None:
             help="output .safetensors file (a .json is written beside)")
 
 
-@command("average", _average_arguments)
+@command("average", _average_arguments, (
+    "transformer average runs/mine --last 5 --out avg5.safetensors",
+    "transformer translate runs/mine --checkpoint avg5.safetensors --input in.en",
+))
 def cmd_average(args: argparse.Namespace) -> None:
     """Average the last N checkpoints (§6.1).
 
@@ -1029,7 +1056,10 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mfu", type=float, help="model FLOPs utilisation assumed by --cost, in (0, 1] (default 0.4)")
 
 
-@command("params", _params_arguments)
+@command("params", _params_arguments, (
+    "transformer params base",
+    "transformer params big --cost --devices 8",
+))
 def cmd_params(args: argparse.Namespace) -> None:
     """Parameter count and training FLOPs per token of a preset.
 
@@ -1083,7 +1113,10 @@ def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
 
 
-@command("preprocess", _preprocess_arguments)
+@command("preprocess", _preprocess_arguments, (
+    "transformer preprocess wmt14_en_de_base --out data/wmt14_en_de.tokens",
+    "transformer train wmt14_en_de_base --out runs/base --set data.train_store=data/wmt14_en_de.tokens",
+))
 def cmd_preprocess(args: argparse.Namespace) -> None:
     """Encode a training corpus once into a memory-mapped token store.
 
@@ -1137,7 +1170,9 @@ def _prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mirror", help="base URL or folder holding the same archives (a local copy)")
 
 
-@command("prepare", _prepare_arguments)
+@command("prepare", _prepare_arguments, (
+    "transformer prepare wmt14-en-de --dest data",
+))
 def cmd_prepare(args: argparse.Namespace) -> None:
     """Download and extract a paper's data set (WMT 2014).
 
@@ -1167,7 +1202,10 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help=argparse.SUPPRESS)  # --overwrite's old name, as it was
 
 
-@command("export", _export_arguments)
+@command("export", _export_arguments, (
+    "transformer export runs/mine --format ctranslate2 --out model_ct2",
+    "transformer export runs/mine --format huggingface --out model_hf",
+))
 def cmd_export(args: argparse.Namespace) -> None:
     """Export a run's model to CTranslate2, Hugging Face transformers or ONNX.
 
@@ -1212,7 +1250,9 @@ def _attention_arguments(p: argparse.ArgumentParser) -> None:
     _output(p, "--out", suffixes=(".png", ".html"), required=True, help="FILE.png or FILE.html")
 
 
-@command("attention", _attention_arguments)
+@command("attention", _attention_arguments, (
+    "transformer attention runs/mine --src 'A dog runs.' --out attention.html",
+))
 def cmd_attention(args: argparse.Namespace) -> None:
     """Draw a run's attention weights for one sentence (appendix Figs. 3-5).
 
@@ -1277,7 +1317,9 @@ def _plot_arguments(p: argparse.ArgumentParser) -> None:
     _output(p, "--out", suffixes=(".png",), help="PNG file (default RUN_DIR/training.png)")
 
 
-@command("plot", _plot_arguments)
+@command("plot", _plot_arguments, (
+    "transformer plot runs/mine",
+))
 def cmd_plot(args: argparse.Namespace) -> None:
     """Plot a run's training curves from its log.
 
@@ -1307,7 +1349,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                            help=f"{f.metadata['help']} (default {f.default})")
 
 
-@command("serve", _serve_arguments)
+@command("serve", _serve_arguments, (
+    "transformer serve runs/mine --port 8000",
+))
 def cmd_serve(args: argparse.Namespace) -> None:
     """HTTP API and web page: translation and attention (FastAPI + uvicorn).
 
@@ -1403,6 +1447,15 @@ class _Parser(argparse.ArgumentParser):
         file.flush()
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, except that a command's examples are kept one to a line, as written (argparse runs an epilog's
+    lines together into one paragraph)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n\n".join(part if part.startswith("examples:") else super(_HelpFormatter, self)._fill_text(
+            part, width, indent) for part in text.split("\n\n"))
+
+
 class _CommandParser(_Parser):
     """A command's parser: an option it does not know is its own usage error (exit 2), told with its usage.
     argparse hands such arguments up to the top-level parser, whose usage names no option of the command."""
@@ -1452,7 +1505,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show this package's version and torch's and Python's (for a bug report), and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser)
     for c in COMMANDS:
-        c.arguments(sub.add_parser(c.name, help=c.help, description=c.description, epilog=EPILOG))
+        examples = "".join(f"\n  {line}" for line in c.examples)
+        c.arguments(sub.add_parser(c.name, help=c.help, description=c.description, formatter_class=_HelpFormatter,
+                                   epilog=f"examples:{examples}\n\n{EPILOG}" if examples else EPILOG))
         sub.choices[c.name].set_defaults(func=c.run)
     return parser
 
