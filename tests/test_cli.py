@@ -121,6 +121,20 @@ def test_train_average_translate_evaluate(tmp_path, tiny_overrides, multi30k):
         {k: v for k, v in scores.items() if not k.startswith("paper_bleu")}
 
 
+def test_config_prints_every_setting_and_reads_back_as_the_same_config(capsys, tmp_path):
+    """`transformer config` prints what a run would use (defaults, file, --set), as a run's config.toml: written to
+    a file and given back, it is the same config, and `train` would take it."""
+    from transformer.config import dump_toml, load_config
+
+    status, out, _ = run_here(capsys, "config", "multi30k_en_de", "--set", "train.max_steps=4000")
+    assert status == 0 and out.startswith("# the defaults, then ") and 'then --set "train.max_steps=4000"\n' in out
+    assert out.split("\n", 1)[1] == dump_toml(load_config("multi30k_en_de", ["train.max_steps=4000"]))
+    (tmp_path / "mine.toml").write_text(out)
+    assert load_config(str(tmp_path / "mine.toml")) == load_config("multi30k_en_de", ["train.max_steps=4000"])
+    status, _, err = run_here(capsys, "config", "tiny", "--set", "model.n_heads=5")  # validated as train does
+    assert status == 1 and "model.n_heads" in err and "Traceback" not in err
+
+
 def test_params_cost_recomputes_table_2(capsys):
     assert main(["params", "wmt14_en_de_base", "--cost", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -553,7 +567,8 @@ def test_every_command_shows_examples_that_its_parser_takes(capsys):
         assert "examples:\n" + "".join(f"  {line}\n" for line in c.examples) in out, c.name
         run = set()
         for line in c.examples:
-            sides = [words for side in line.split(" | ") if "transformer" in (words := shlex.split(side))]
+            sides = [words for side in line.split(" | ")  # a redirection's words are the shell's
+                     if "transformer" in (words := shlex.split(side.split(" > ")[0]))]
             assert sides, line
             for words in sides:
                 args = words[words.index("transformer") + 1:]

@@ -1101,6 +1101,31 @@ def cmd_params(args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2) if args.json else format_cost_report(report))
 
 
+def _config_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=_preset,
+                   help="config file or preset name (base, big, multi30k_en_de, C4, ...; the preset even where a "
+                   "folder of that name is here)")
+    _set_option(p)
+
+
+@command("config", _config_arguments, (
+    "transformer config multi30k_en_de",
+    "transformer config multi30k_en_de --set train.max_steps=4000 > mine.toml",
+))
+def cmd_config(args: argparse.Namespace) -> None:
+    """Print every setting of a preset or config file, as `train` writes it into a run folder.
+
+    The defaults, then the file, then --set, validated: what a run of it would use, as TOML. Redirected into a
+    file, it is a config of one's own to edit and give to `train` (every key is documented beside its default
+    in transformer/config.py).
+    """
+    from .config import dump_toml, load_config, resolve_config_path
+
+    text = dump_toml(load_config(args.config, args.set))
+    sets = "".join(f", then --set {json.dumps(s, ensure_ascii=False)}" for s in args.set or [])  # one line each
+    sys.stdout.write(f"# the defaults, then {resolve_config_path(args.config)}{sets}\n{text}")
+
+
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=_preset,
                    help="config file or preset name (the preset even where a folder of that name is "

@@ -47,6 +47,7 @@ GOOD: dict[str, list[str]] = {
     "linearize": ["linearize", "{tree}", "--out", "{tmp}/split"],
     "average": ["average", "{run}", "--last", "1", "--out", "{tmp}/avg.safetensors"],
     "params": ["params", "tiny"],
+    "config": ["config", "tiny"],
     "preprocess": ["preprocess", "tiny", "--out", "{tmp}/store", "--spm", "{run}/spm.model",
                    *[x for s in TRAIN_DATA for x in ("--set", s)]],
     "prepare": ["prepare", "wmt14-en-de", "--dest", "{tmp}/wmt14"],
