@@ -369,7 +369,9 @@ def report(runs_dir: Path) -> None:
         "budget": "8000 updates of ~8,192 tokens, or fewer where patience stops a run",
         "config": str(CONFIG.relative_to(ROOT)), "commit": git("rev-parse", "--short", "HEAD"),
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-        "date": datetime.date.today().isoformat(), "device": device_name(),
+        "date": datetime.date.today().isoformat(), "device": device_name(),  # where this script scored and picked
+        "trained_on": {device: sum(d["device"] == device for d in runs.values())  # runs by the device they trained on
+                       for device in sorted({d["device"] for d in runs.values()})},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "sacrebleu": sacrebleu.__version__},
     }
@@ -537,9 +539,10 @@ precisions but shorter output loses through the penalty alone.
     close = "; ".join(f"{', '.join(c['runs'])} with {c['decoding']} ({c['val_tok_lc_bleu']})" for c in r["close_to_pick"])
     missing = (f"\nNot trained yet, so in neither table nor the pick: {', '.join(r['not_trained'])}.\n"
                if r.get("not_trained") else "")
+    trained = ", ".join(f"{device} ({n})" for device, n in r.get("trained_on", {}).items()) or "see the table"
     (RESULTS / "multi30k_en_de_wu2021.md").write_text(f"""# Multi30k EN→DE at Wu et al. (2021)'s settings and budget
 
-`{r['command']}` — {r['date']}, commit {r['commit']}, {r['device']}; torch {r['versions']['torch']},
+`{r['command']}` — {r['date']}, commit {r['commit']}, scored on {r['device']} (runs trained on: {trained}); torch {r['versions']['torch']},
 sacrebleu {r['versions']['sacrebleu']}. Config: `{r['config']}` plus each run's overrides. Budget:
 {r['budget']}.
 {missing}
