@@ -113,6 +113,48 @@ def test_ranks_with_different_configs_are_stopped(tmp_path, tiny_overrides):
     assert "the ranks disagree on the config or the vocabulary" in proc.stderr
 
 
+def test_ranks_that_find_different_checkpoints_are_stopped(tmp_path, tiny_overrides):
+    """Ranks that each see a run folder of their own (nodes without a shared disk): rank 0 resumed at its
+    checkpoint, rank 1 found none and trained from step 0, and the job ran on, out of step, to "done"."""
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), tmp_path / "a", quiet=True)
+    shutil.copytree(tmp_path / "a", tmp_path / "b", ignore=shutil.ignore_patterns("checkpoints"))
+    proc, _ = torchrun_script(tmp_path, f"""
+        import os
+        from transformer.config import load_config
+        from transformer.train import train
+        out = {[str(tmp_path / "a"), str(tmp_path / "b")]!r}[int(os.environ["RANK"])]
+        train(load_config("tiny", {tiny_overrides!r} + ["train.max_steps=4"]), out, resume=True, quiet=True)
+    """)
+    assert proc.returncode != 0
+    assert "the ranks found different checkpoints in" in proc.stderr and "rank 1: none" in proc.stderr, proc.stderr
+    assert [p.stem for p in list_checkpoints(tmp_path / "a")] == ["step_00000002"]
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 without RANK, MASTER_ADDR, MASTER_PORT: start the processes with torchrun"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0: the number of processes of the job, at least 1"),
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc': not a whole number"),
+    ({"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"},
+     r"RANK=5, LOCAL_RANK=0: a rank is in 0 .. 1 (WORLD_SIZE=2)"),
+    ({"WORLD_SIZE": "1"}, "--nproc 2: this process is already one of a job (WORLD_SIZE=1 is set"),
+])
+def test_a_job_environment_set_wrong_is_one_line_before_anything_is_written(tmp_path, tiny_overrides, monkeypatch,
+                                                                              capsys, env, line):
+    """torchrun's variables set by hand or left set: an internal error (exit 70), two tracebacks, pages of C++
+    frames, or (WORLD_SIZE=1 with --nproc 2) one process at half the batch asked for, without a word."""
+    from transformer.cli import main
+
+    for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    nproc = ["--nproc", "2"] if env == {"WORLD_SIZE": "1"} else []
+    assert main(["train", "tiny", "--out", str(tmp_path / "run"), "--quiet", *nproc, *sets(tiny_overrides)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {line}") and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_cuda_graphs_with_several_ranks_are_refused_before_anything_is_written(tmp_path, tiny_overrides):
     """Under torchrun (started by the user: `transformer train --nproc` refuses it before launching, in
     test_cli.py) every rank stops with the one line, and the run folder is not made."""

@@ -1870,9 +1870,14 @@ def test_an_epoch_the_ranks_finished_stays_finished_on_fewer_ranks(tmp_path, tin
     ranks = (per_epoch - 1) // 2  # each of 2 ranks' share of the epoch, all of it done (floor x 2 < per_epoch)
     record["train_state"].update(world_size=2, batch_in_epoch=ranks, epoch_batches=ranks)
     last.write_text(json.dumps(record))
-    train(load_config("tiny", common + [f"train.max_steps={per_epoch + 1}"]), run, resume=True, quiet=True)
+    cfg = load_config("tiny", common + [f"train.max_steps={per_epoch + 1}"])
+    train(cfg, run, resume=True, quiet=True)
     state = checkpoint_record(list_checkpoints(run)[-1])["train_state"]
     assert (state["step"], state["epoch"], state["batch_in_epoch"]) == (per_epoch + 1, 1, 1)
+    tokens = cfg.train.max_tokens * cfg.train.update_freq  # the batch halved with the ranks: said, and how to keep it
+    assert (f"resuming a run trained on 2 rank(s) with 1: tokens per step {2 * tokens:,} -> {tokens:,} (eq. 3's "
+            f"schedule was set for the batch; to keep {2 * tokens:,}: --set train.update_freq="
+            f"{2 * cfg.train.update_freq} --allow-config-change)") in (run / "train.log").read_text()
     assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [per_epoch,
                                                                                                         per_epoch + 1]
 

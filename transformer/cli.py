@@ -150,7 +150,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.nproc > 1 and cfg.train.cuda_graphs:  # the trainer refuses it too, where torchrun starts it
         raise ConfigError(f"--nproc {args.nproc} with train.cuda_graphs: CUDA graphs are for one process (with data "
                           "parallelism the gradients' all-reduce would be captured in the graphs)")
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+    if args.nproc > 1 and "WORLD_SIZE" in os.environ:  # it was ignored: a WORLD_SIZE left set halved the batch
+        raise ConfigError(f"--nproc {args.nproc}: this process is already one of a job (WORLD_SIZE="
+                          f"{os.environ['WORLD_SIZE']} is set, as torchrun sets it): under torchrun leave out --nproc; "
+                          "else unset WORLD_SIZE")
+    if args.nproc > 1:
         # one node, N processes: the same command under torchrun (many nodes: call torchrun directly)
         data_paths(cfg)  # a data file not set or not found, before any process starts
         argv = ["train", args.config, "--out", str(args.out), *[x for kv in args.set for x in ("--set", kv)],
@@ -1773,7 +1777,7 @@ def _main(argv: list[str]) -> int:
     except (KeyboardInterrupt, Terminated) as e:
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
         # Ctrl-C reaches every rank of a job: rank 0 says it
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or os.environ.get("RANK") == "0":
+        if job_world() <= 1 or os.environ.get("RANK") == "0":
             say({signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}.get(signum, "hangup"))
         return 128 + signum
     except BrokenPipeError as e:

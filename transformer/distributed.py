@@ -25,7 +25,7 @@ import torch
 import torch.distributed as torch_dist
 
 from .config import ConfigError
-from .errors import UserError, first_line, summary
+from .errors import UserError, first_line, job_world, summary
 
 
 class PeerStopped(UserError):
@@ -58,10 +58,37 @@ class Dist:
         return self.rank == 0
 
 
+def job_environment() -> tuple[int, int, int]:
+    """(world size, rank, local rank) as torchrun sets them, checked: a user's own (a WORLD_SIZE left set, a rank
+    past the world, a word) is a one-line error, where init_process_group's was an internal error or pages of C++
+    frames. Unset: one process."""
+    def number(name: str, default: int) -> int:
+        text = os.environ.get(name)
+        if text is None:
+            return default
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"{name}={text!r}: not a whole number (torchrun sets it; unset it to train in one "
+                              "process)") from None
+
+    world, rank, local_rank = number("WORLD_SIZE", 1), number("RANK", 0), number("LOCAL_RANK", 0)
+    if world < 1:
+        raise ConfigError(f"WORLD_SIZE={world}: the number of processes of the job, at least 1 (unset it to train "
+                          "in one process)")
+    if world > 1 and (missing := [n for n in ("RANK", "MASTER_ADDR", "MASTER_PORT") if n not in os.environ]):
+        raise ConfigError(f"WORLD_SIZE={world} without {', '.join(missing)}: start the processes with torchrun (on "
+                          "one machine: `transformer train --nproc N`), which sets them all; unset WORLD_SIZE to "
+                          "train in one process")
+    if not 0 <= rank < world or local_rank < 0:
+        raise ConfigError(f"RANK={rank}, LOCAL_RANK={local_rank}: a rank is in 0 .. {world - 1} (WORLD_SIZE={world}), "
+                          "a local rank at least 0")
+    return world, rank, local_rank
+
+
 def setup(timeout_s: float) -> Dist:
     """Join the job torchrun started (or run alone); pick this rank's device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world, _, local_rank = job_environment()
     device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
@@ -72,8 +99,12 @@ def setup(timeout_s: float) -> Dist:
     if world == 1:
         return Dist(device=device)
     if not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                      timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                          timeout=datetime.timedelta(seconds=timeout_s))
+        except (ValueError, torch_dist.DistNetworkError) as e:  # the rendezvous torchrun's variables name: the user's
+            raise ConfigError(f"could not join the job at MASTER_ADDR={os.environ['MASTER_ADDR']} MASTER_PORT="
+                              f"{os.environ['MASTER_PORT']}: {first_line(e)}") from None
     waits = torch_dist.new_group(backend="gloo", timeout=RANK0_WAIT)
     control = None if device.type == "cpu" else torch_dist.new_group(
         backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
@@ -139,7 +170,7 @@ def lost_contact(error: BaseException) -> bool:
     """Whether ``error``, raised in a rank of a torchrun job, is a collective that failed because another
     rank is gone (it stopped on its own error, or was killed) or hangs: gloo's closed connections and
     timeouts, NCCL's errors. That rank's own output says why; here the error is the job's, not a bug."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if job_world() <= 1:
         return False
     text = str(error)
     return isinstance(error, torch_dist.DistError) or isinstance(error, RuntimeError) and any(

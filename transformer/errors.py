@@ -1,5 +1,6 @@
 """The one base of the errors a user can cause: the command line catches it and prints one line."""
 
+import os
 import re
 import signal
 
@@ -32,6 +33,16 @@ def install_extra(extra: str) -> str:
     if wanted:
         return f"pip install {' '.join(repr(r) for r in wanted)} (the [{extra}] extra)"
     return f"pip install -e '.[{extra}]' in the project's checkout"
+
+
+def job_world() -> int:
+    """The processes of the job this one is a rank of (torchrun's WORLD_SIZE), 1 when unset or no whole number:
+    for the command line's error handlers, which must not fail on it (distributed.job_environment refuses it).
+    Here, not in distributed.py: that module imports torch, which a handler of Ctrl-C must not wait for."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 def first_line(error: BaseException, limit: int = 200) -> str:

@@ -1007,8 +1007,16 @@ class Trainer:
         self.batches_then = 0  # a resumed run batched otherwise, or on other ranks: its epoch's batches then
         self.window_then: Any = None  # the steps of the next log line the checkpoint resumed from kept
         self.spent = False  # resumed with its budget spent: nothing to train, and its summary.json stands
+        self.resumed_from: tuple[str, Any] | None = None  # the checkpoint --resume took: its name and run_id
         if resume:
             self.resume(allow_config_change)
+            # every rank from the same checkpoint: ranks that each see a run folder of their own (nodes without a
+            # shared disk) resumed one at step 20 and one from scratch, and trained on, out of step, to "done"
+            if len(set(taken := distributed.gather(dist, self.resumed_from))) > 1:
+                said = ", ".join(f"rank {rank}: {name or 'none'}" for rank, (name, _) in enumerate(
+                    taken_ or (None, None) for taken_ in taken))
+                raise TrainError(f"--resume: the ranks found different checkpoints in {out} ({said}): every rank must "
+                                 "see the same run folder (on several machines, one on a file system they share)")
             if dist.main:  # not before: a refused resume leaves the config its checkpoints were trained with
                 files.write_text(out / "config.toml", dump_toml(cfg))
         if init_from is not None and self.state.step == 0:  # a resumed run goes on from its own checkpoints
@@ -1136,8 +1144,15 @@ class Trainer:
                      or saved.data.subword_alpha != self.cfg.data.subword_alpha)
         if self.state.world_size != self.dist.world:
             # the step, the schedule and Adam's moments continue; the data order cannot
-            self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: the position "
-                     "in the epoch is rescaled and the batch order and dropout masks differ from an uninterrupted run")
+            then_tokens = saved.train.max_tokens * saved.train.update_freq * self.state.world_size
+            now_tokens = self.cfg.train.max_tokens * self.cfg.train.update_freq * self.dist.world
+            keep, rest = divmod(then_tokens, self.cfg.train.max_tokens * self.dist.world)
+            batch = f"tokens per step {then_tokens:,} -> {now_tokens:,} (eq. 3's schedule was set for the batch" + (
+                f"; to keep {then_tokens:,}: --set train.update_freq={keep} --allow-config-change)" if keep and not rest
+                else ")") if then_tokens != now_tokens else f"tokens per step {now_tokens:,} as before"
+            self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: {batch}; the "
+                     "position in the epoch is rescaled, and the batch order and dropout masks may differ from an "
+                     "uninterrupted run's")
             # rescaled as the same share of the epoch's batches then and now (__init__, once the epoch's are drawn):
             # an epoch the ranks had finished stays finished (by world sizes, 2 ranks' 22 of 22 were 44 of 45, and its
             # last batch was trained as the end of that epoch again, reported, validated and saved twice)
@@ -1150,6 +1165,7 @@ class Trainer:
                      "and Adam's moments continue; the position in the epoch is rescaled, and the data order from "
                      "here on differs from an uninterrupted run")
             self.batches_then = self.state.epoch_batches
+        self.resumed_from = (ckpt.path.name, ckpt.meta.get("run_id"))
         self.log(f"resumed from {ckpt.path.name} at step {self.state.step}")
 
     def reconcile_best(self) -> None:
