@@ -1,6 +1,7 @@
 """CTranslate2 export: the exported model translates as ours does."""
 
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ def ctranslate2_outputs(model_dir, translator, lines, beam, length_penalty=0.0):
     for src in sources:  # one at a time: the length limit is per sentence, as in our search
         # ours: at most |src + EOS| + offset outputs, EOS included; CTranslate2 does not count EOS
         result = engine.translate_batch([src], beam_size=beam, max_decoding_length=len(src) + offset,
+                                        min_decoding_length=0,  # its default, 1, never writes an empty output
                                         length_penalty=length_penalty)
         outputs.append(tok.decode([pieces.index(p) for p in result[0].hypotheses[0]]))
     return outputs
@@ -172,5 +174,7 @@ def test_an_empty_out_folder_is_written_into(tiny_run, tmp_path):
     folder without its force, an internal error (RuntimeError) where the export should have been written."""
     out = tmp_path / "ct2"
     out.mkdir()
+    out.chmod(0o2770)  # a group's folder: it stays one (the staged folder that replaced it was 0755)
     export_ctranslate2(tiny_run, out, log=lambda m: None)
     assert (out / "model.bin").is_file() and (out / "spm.model").is_file()
+    assert stat.S_IMODE(out.stat().st_mode) == 0o2770

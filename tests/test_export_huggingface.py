@@ -167,8 +167,12 @@ def test_onnx_export_passes_on_the_layernorm_note(tiny_run, tmp_path, monkeypatc
     monkeypatch.setattr(optimum.exporters.onnx, "main_export", lambda *a, **k: None)
     said = []
     export_onnx(tiny_run, tmp_path / "onnx", log=said.append)
-    assert len(said) == 2 and said[0].startswith("note: the run was trained with LayerNorm ε 1e-06"), said
-    assert said[1].startswith(f"exported {tiny_run} to {tmp_path / 'onnx'} (ONNX")
+    assert len(said) == 2 and said[1].startswith("note: the run was trained with LayerNorm ε 1e-06"), said
+    assert said[0].startswith(f"exported {tiny_run} to {tmp_path / 'onnx'} (ONNX")
+    # the folder's card says how to load what it holds: transformers' Auto class finds no weights in it
+    card = (tmp_path / "onnx" / "README.md").read_text(encoding="utf-8")
+    assert "model = ORTModelForSeq2SeqLM.from_pretrained(\"PATH\")" in card and "AutoModelForSeq2SeqLM" not in card
+    assert ", onnx]" in card and "to ONNX." in card
 
 
 def test_ctranslate2_reads_the_export_as_our_own_ctranslate2_export(run, exported, tmp_path, multi30k):
@@ -363,6 +367,21 @@ def test_the_model_card_says_when_the_runs_layernorm_eps_drifts(tmp_path):
     exact = _model_card(tmp_path, load_config("tiny", ["model.ln_eps=1e-5"]), "Marian", 500)
     assert "Trained with LayerNorm ε 1e-06; transformers fixes ε at 1e-05" in drifts
     assert "LayerNorm ε" not in exact
+
+
+def test_a_run_that_stops_by_the_top_rule_is_exported_with_a_note(tmp_path, monkeypatch):
+    """generate has no rule like decode.early_stop "top": the export stops as "bound" does (early_stopping
+    "never"), and said nothing where a few of its outputs differ from the run's own. A run given as "." was
+    "exported from ``"."""
+    from transformer.export import _early_stop_note, _model_card
+
+    top = load_config("tiny", ['decode.early_stop="top"'])
+    assert _early_stop_note(load_config("tiny")) is None and _early_stop_note(top).startswith("note: the run decodes")
+    assert _early_stop_note(load_config("tiny", ['decode.early_stop="top"', "decode.beam_size=1"])) is None
+    assert 'The run decodes with decode.early_stop "top", which generate has not' in _model_card(tmp_path, top,
+                                                                                                 "Marian", 500)
+    monkeypatch.chdir(tmp_path)
+    assert f"exported from\n`{tmp_path.name}`." in _model_card(Path("."), top, "Marian", 500)
 
 
 def test_the_model_card_quotes_the_runs_summary(tmp_path):

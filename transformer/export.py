@@ -36,6 +36,7 @@ import importlib
 import json
 import logging
 import shutil
+import stat
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -173,6 +174,15 @@ def _refuse_unreplaceable(out: Path, written: frozenset[str] = frozenset()) -> N
     if why := files.not_replaceable(out, "config.json", ours):
         raise ExportError(f"{out}: exists, and {why} (--overwrite replaces an earlier export only): give a new "
                           "folder, or remove this one yourself")
+
+
+def _early_stop_note(cfg: Config) -> str | None:
+    """A beam run that stops by decode.early_stop "top": `generate` has no such rule, so its export stops as the
+    paper's "bound" rule does (early_stopping "never"), and a few outputs differ from the run's own. None: else."""
+    if cfg.decode.early_stop != "top" or cfg.decode.beam_size == 1:
+        return None
+    return ('note: the run decodes with decode.early_stop "top", which generate has not: the exported model stops '
+            'as the "bound" rule does (early_stopping "never"), so a few of its beam outputs differ from the run\'s')
 
 
 def _parse_note(cfg: Config) -> str | None:
@@ -320,11 +330,13 @@ def _shown(path: str) -> str:
 
 
 def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoint: Path | None = None,
-                averaged: list[Path] | None = None, record: dict | None = None) -> str:
+                averaged: list[Path] | None = None, record: dict | None = None, onnx: bool = False) -> str:
     """README.md of an exported folder: what the model is, how it was trained and scored, and which of the
     run's weights it holds (``checkpoint``, as --checkpoint gave it, with its ``record``; None: the average
     decoding takes, of the files ``averaged`` names where given: a run of fewer checkpoints than
-    decode.average_last averages fewer). A parsing run's card says what its exported model does not (§6.3)."""
+    decode.average_last averages fewer). A parsing run's card says what its exported model does not (§6.3).
+    ``onnx``: the ONNX folder's card, whose model optimum's ORTModelForSeq2SeqLM loads (transformers' Auto
+    class finds no weights there: the card copied from the transformers export said to use it)."""
     m, d = cfg.model, cfg.data
     if checkpoint is None and averaged:
         weights = (f"the average of the run's last {len(averaged)} checkpoint(s), "
@@ -347,12 +359,19 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
              "model's outputs differ slightly from the run's own.\n")
     norm = ("score / length^α, as `generate` divides" if cfg.decode.length_norm == "length" else
             "GNMT's; `generate` divides by length^α instead")
+    if (stop_note := _early_stop_note(cfg)) is not None:
+        said = stop_note.removeprefix("note: ")
+        drift += f"\n{said[0].upper()}{said[1:]}.\n"
+    tags = f"transformer, {architecture.lower()}" + (", onnx" if onnx else "")
+    model_class = "ORTModelForSeq2SeqLM" if onnx else "AutoModelForSeq2SeqLM"
+    imports = ("from optimum.onnxruntime import ORTModelForSeq2SeqLM\nfrom transformers import AutoTokenizer" if onnx
+               else "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer")
     if (parse_note := _parse_note(cfg)) is None:
         head = (f"pipeline_tag: translation\nlanguage: [{d.src_lang}, {d.tgt_lang}]\n"
-                f"tags: [translation, transformer, {architecture.lower()}]")
+                f"tags: [translation, {tags}]")
         title, example = f"{d.src_lang}→{d.tgt_lang} Transformer", "A man is riding a bike."
     else:  # its "languages" are words and trees: no language codes, and a parsing example
-        head = f"pipeline_tag: text2text-generation\ntags: [constituency-parsing, transformer, {architecture.lower()}]"
+        head = f"pipeline_tag: text2text-generation\ntags: [constituency-parsing, {tags}]"
         title, example = "English constituency parser (§6.3 of Vaswani et al., 2017)", "The dog barked ."
         drift += "\nA parsing run: " + parse_note.removeprefix("note: a parsing run: ") + ".\n"
     return f"""---
@@ -361,7 +380,8 @@ library_name: transformers
 ---
 # {title} ({architecture} layout)
 
-A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and exported from `{run_dir.name}`.
+A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and exported from
+`{run_dir.resolve().name}`{" to ONNX" if onnx else ""}.
 
 - Model: {m.n_enc_layers}+{m.n_dec_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads,
   {m.norm}-norm, a joint vocabulary of {vocab_size:,} sentencepiece BPE pieces.
@@ -371,9 +391,9 @@ A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and 
   {weights}.
 {drift}
 ```python
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+{imports}
 tokenizer = AutoTokenizer.from_pretrained("PATH")
-model = AutoModelForSeq2SeqLM.from_pretrained("PATH")
+model = {model_class}.from_pretrained("PATH")
 batch = tokenizer(["{example}"], return_tensors="pt", padding=True)
 # the run's own length limit, the source's length + {cfg.decode.max_len_offset}: without it, up to 1,024 pieces
 limit = batch["input_ids"].shape[1] + {cfg.decode.max_len_offset}
@@ -413,6 +433,7 @@ def _staged(out: Path, overwrite: bool) -> Iterator[Path]:
             if out.exists():  # an earlier export, of any format: a file beside it (a user's) is not lost with it
                 if any(out.iterdir()):
                     _refuse_unreplaceable(out, frozenset(p.name for p in staged.iterdir()))
+                staged.chmod(stat.S_IMODE(out.stat().st_mode))  # a group's folder (0770, setgid) stays the group's
                 shutil.rmtree(out)
             staged.rename(out)
     except BaseException:
@@ -432,19 +453,26 @@ def export_huggingface(run_dir: Path, out: Path, checkpoint: Path | None = None,
     with _staged(out, overwrite) as folder:
         architecture, ln_eps = _write_huggingface(Path(run_dir), checkpoint, folder, log)
     log(f"exported {run_dir} to {out} (transformers {architecture}; AutoModelForSeq2SeqLM.from_pretrained)")
-    if ln_eps != HF_LN_EPS:
-        log(f"note: the run was trained with LayerNorm ε {ln_eps:g}; {architecture} fixes it at {HF_LN_EPS:g}, so "
-            "the exported model's outputs differ slightly from the run's own")
+    _ln_eps_note(architecture, ln_eps, log)
     return out
 
 
-def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -> tuple[str, float]:
-    """``export_huggingface``'s files, written into the folder ``out``; returns the architecture's name
-    and the run's LayerNorm ε."""
+def _ln_eps_note(architecture: str, ln_eps: float, log) -> None:
+    """Says that ``architecture``'s fixed LayerNorm ε is not the run's, where it is not."""
+    if ln_eps != HF_LN_EPS:
+        log(f"note: the run was trained with LayerNorm ε {ln_eps:g}; {architecture} fixes it at {HF_LN_EPS:g}, so "
+            "the exported model's outputs differ slightly from the run's own")
+
+
+def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log, onnx: bool = False
+                       ) -> tuple[str, float]:
+    """``export_huggingface``'s files, written into the folder ``out`` (``onnx``: as the ONNX export's source,
+    its model card the ONNX folder's); returns the architecture's name and the run's LayerNorm ε."""
     translator = Translator(run_dir, checkpoint, log=log, device="cpu")
     hf = huggingface_model(translator.model)
-    if note := _parse_note(translator.cfg):
-        log(note)
+    for note in (_parse_note(translator.cfg), _early_stop_note(translator.cfg)):
+        if note:
+            log(note)
     from transformers import MarianTokenizer
 
     d = translator.cfg.decode
@@ -471,7 +499,7 @@ def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log) -
                                     split_special_tokens=True)  # "</s>" in a text is text, as ours reads it
         tokenizer.save_pretrained(out)
     card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size, checkpoint,
-                       translator.weights_from, translator.weights_record)
+                       translator.weights_from, translator.weights_record, onnx)
     (out / "README.md").write_text(card, encoding="utf-8")
     return architecture, translator.cfg.model.ln_eps
 
@@ -511,9 +539,10 @@ def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, overwr
         _require(module, f"{module}, which optimum's ONNX export needs,", "hf")  # dynamic shapes)
     _require("transformers", "transformers", "hf")
     with _staged(out, overwrite) as folder, tempfile.TemporaryDirectory() as tmp:
-        # its note on LayerNorm's ε holds for the ONNX graphs too; where it wrote the staging folder does not
-        hf_dir = export_huggingface(run_dir, Path(tmp) / "hf", checkpoint,
-                                    log=lambda m: log(m) if m.startswith("note:") else None)
+        hf_dir = Path(tmp) / "hf"
+        hf_dir.mkdir()
+        architecture, ln_eps = _write_huggingface(Path(run_dir), checkpoint, hf_dir, onnx=True,
+                                                  log=lambda m: log(m) if m.startswith("note:") else None)
         with warnings.catch_warnings(), _libraries_quiet():
             warnings.simplefilter("ignore")  # the tracer's notes on Python branches of transformers' code
             main_export(str(hf_dir), output=folder, task="text2text-generation-with-past", device="cpu",
@@ -521,4 +550,5 @@ def export_onnx(run_dir: Path, out: Path, checkpoint: Path | None = None, overwr
         for name in ("README.md", "generation_config.json"):
             shutil.copy(hf_dir / name, folder / name)
     log(f"exported {run_dir} to {out} (ONNX; optimum.onnxruntime.ORTModelForSeq2SeqLM.from_pretrained)")
+    _ln_eps_note(architecture, ln_eps, log)  # it holds for the ONNX graphs too
     return out
