@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -644,6 +645,31 @@ def test_bank_order_takes_the_best_of_every_bank_in_turn():
     banks = torch.tensor([[0, 0, 1, 0, 2, 2]])
     # round 1: bank 2's best (-5), bank 1's (-3), bank 0's (-1); round 2: bank 0's second (-2); then -4; -inf last
     assert bank_order(total, banks).tolist() == [[4, 2, 0, 1, 3, 5]]
+
+
+def test_bank_order_keeps_first_what_meets_every_constraint_and_plain_search_keeps():
+    """Candidates that met every constraint (bank 2, complete) and that plain beam search would keep (the 3
+    best) go first, best first; the rest in turn by bank. With one place per bank, the complete -1.1 lost to
+    its sibling -1.0 and the places went to -5 and -6 of emptier banks."""
+    total = torch.tensor([[-1.0, -1.1, -5.0, -6.0, -1.2, -7.0]])
+    banks = torch.tensor([[2, 2, 1, 0, 2, 0]])
+    complete = banks == 2
+    assert bank_order(total, banks).tolist() == [[0, 2, 3, 1, 5, 4]]  # Post & Vilar's order: -1.1 comes 4th
+    assert bank_order(total, banks, complete, keep=3).tolist() == [[0, 1, 4, 2, 3, 5]]
+    assert bank_order(total, banks, complete, keep=2).tolist() == [[0, 1, 2, 3, 5, 4]]  # -1.2: outside plain's 2
+
+
+def test_a_constraint_the_best_output_already_meets_leaves_it(tmp_path):
+    """The reference model's "Ein Hund rennt." holds "rennt": with it as a constraint the search returned
+    "Ein Hund rennt mit einem Hund." (-4.10 against -2.23), having dropped the better output for want of
+    places in its bank."""
+    from transformer.request import DecodeRequest
+    from transformer.translator import Translator
+
+    translator = Translator(Path(__file__).parent / "data" / "decode_reference", log=lambda m: None)
+    plain = translator.decode(["A dog runs."], DecodeRequest())
+    assert plain[0][0][0] == "Ein Hund rennt."
+    assert translator.decode(["A dog runs."], DecodeRequest(constraints=[["rennt"]])) == plain
 
 
 def test_a_constraint_is_written_although_it_scores_lower():

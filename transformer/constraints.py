@@ -50,7 +50,7 @@ class PrefixConstraint:
     def candidates(self) -> Tensor:
         return self.inner.candidates()
 
-    def met(self, tokens: Tensor) -> Tensor:
+    def met(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
         return self.inner.met(tokens)
 
     def complete(self) -> Tensor:
@@ -173,11 +173,12 @@ class LexicalConstraints:
         done |= ((ending < 0) | (ending == window[:, :, None])).all(-1)  # a phrase the output now ends with
         return done, torch.where(complete, -1, cur), torch.where(complete, 0, pos)
 
-    def met(self, tokens: Tensor) -> Tensor:
+    def met(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """[N, K] constraint tokens each row has met after writing each of ``tokens`` [N, K]: whole
-        phrases written, plus its progress in the one in progress (its bank)."""
+        phrases written, plus its progress in the one in progress (its bank); and [N, K] whether that
+        writes every phrase."""
         done, _, pos = self._after(tokens)
-        return (done.long() * self.length[:, None, :]).sum(-1) + pos
+        return (done.long() * self.length[:, None, :]).sum(-1) + pos, done.all(-1)
 
     def advance(self, rows: Tensor, tokens: Tensor) -> None:
         self.table, self.length, self.borders = self.table[rows], self.length[rows], self.borders[rows]
@@ -217,17 +218,27 @@ def with_proposals(log_probs: Tensor, best: tuple[Tensor, Tensor], proposals: Te
     return torch.cat([values, extra], 1), torch.cat([tokens, proposals.clamp(min=0)], 1)
 
 
-def bank_order(total: Tensor, banks: Tensor) -> Tensor:
+def bank_order(total: Tensor, banks: Tensor, complete: Tensor | None = None, keep: int = 0) -> Tensor:
     """Dynamic beam allocation (Post & Vilar 2018), vectorised after Hu et al. (2019): candidates
     total [n, M] (scores) with banks [n, M] (constraint tokens met) -> candidate indices [n, M] in the
     order the beam takes them: the best of every bank first (fuller banks first), then the second best
     of every bank, and so on; impossible candidates (-inf) last. A bank with too few candidates leaves
-    its places to the others, so the beam stays full."""
+    its places to the others, so the beam stays full.
+
+    Before all of these, the candidates that write every phrase (``complete`` [n, M]) and that plain beam
+    search would keep (among the ``keep`` best by score): with one place per bank, a finished-to-be output
+    that met its constraints lost its place to a sibling of its own bank scoring a hair better, the other
+    places going to hopeless candidates of emptier banks, and a constraint the best output already met made
+    the output worse (19 of 40 test2016 lines, beam 4, with a word of each line's own output as its
+    constraint). Not in Post & Vilar: a hypothesis that meets every constraint competes as in plain search."""
     by_score = total.sort(dim=1, descending=True, stable=True).indices  # [n, M]
     bank = banks.gather(1, by_score)
     width = int(banks.max()) + 1
     one_hot = torch.nn.functional.one_hot(bank, width)  # [n, M, banks]
     rank = (one_hot.cumsum(1) * one_hot).sum(-1) - 1  # place within its bank, by score
-    key = (rank * width + (width - 1 - bank)).masked_fill(total.gather(1, by_score) == float("-inf"),
-                                                          total.size(1) * width)
+    impossible = total.gather(1, by_score) == float("-inf")
+    key = (rank * width + (width - 1 - bank)).masked_fill(impossible, total.size(1) * width)
+    if complete is not None and keep:
+        plain = torch.arange(total.size(1), device=total.device) < keep  # the places plain beam search gives
+        key = key.masked_fill(complete.gather(1, by_score) & plain & ~impossible, -1)
     return by_score.gather(1, key.sort(dim=1, stable=True).indices)

@@ -200,7 +200,8 @@ def greedy_search(model, src: Tensor, max_len_offset: int = PAPER.max_len_offset
 
 
 def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, alpha: float,
-              banks: Tensor | None = None, length_norm: LengthNorm = PAPER.length_norm) -> tuple[Tensor, ...]:
+              banks: tuple[Tensor, Tensor] | None = None, length_norm: LengthNorm = PAPER.length_norm
+              ) -> tuple[Tensor, ...]:
     """One step of the GNMT/tensor2tensor beam search (A11), for n sentences with ``beam`` beams each.
 
     log_probs [n*beam, k], tokens [n*beam, k]: each alive beam's k >= 2 best next tokens and their
@@ -216,10 +217,10 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
       finished_origin [n, beam] the beam each one ends
     Taking 2·beam candidates guarantees ``beam`` non-EOS ones, since each beam has one EOS candidate.
 
-    ``banks`` [n*beam, k] (lexical constraints, not in the paper): the constraint tokens each candidate
-    has met. The candidates are then taken in dynamic beam allocation's order instead of by score
-    (``bank_order``), and the alive ones are the first ``beam`` non-EOS ones in that order (so
-    alive_scores are not sorted).
+    ``banks`` (lexical constraints, not in the paper): [n*beam, k] the constraint tokens each candidate
+    has met, and [n*beam, k] whether it has met every one. The candidates are then taken in dynamic beam
+    allocation's order instead of by score (``bank_order``), and the alive ones are the first ``beam``
+    non-EOS ones in that order (so alive_scores are not sorted).
     """
     n, beam = scores.shape
     k = log_probs.size(-1)
@@ -227,7 +228,7 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
     if banks is None:
         cand_scores, cand = total.topk(2 * beam, dim=1)  # [n, 2*beam], sorted
     else:
-        cand = bank_order(total, banks.view(n, beam * k))[:, : 2 * beam]
+        cand = bank_order(total, banks[0].view(n, beam * k), banks[1].view(n, beam * k), beam)[:, : 2 * beam]
         cand_scores = total.gather(1, cand)
     cand_origin, cand_token = cand // k, tokens.view(n, beam * k).gather(1, cand)
     is_eos = cand_token == EOS_ID
