@@ -1,7 +1,7 @@
 """A constraint the plain output already meets: how often lexically constrained beam search still returns
 another output, of a lower score (docs/decoding.md, `--constraints`).
 
-    python benchmarks/constraint_kept.py [--run RUN_DIR] [--sentences 40] [--before DIR]
+    python benchmarks/constraint_kept.py [--run RUN_DIR] [--sentences 40] [--before DIR [--before-label TEXT]]
 
 For each of the first N test2016 sentences: the plain beam search's best output and its score, then the same
 search with the longest word of that output as the sentence's one constraint. The plain output meets it, and
@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,8 @@ def main() -> None:
     parser.add_argument("--run", type=Path, default=ROOT / "tests" / "data" / "decode_reference")
     parser.add_argument("--sentences", type=positive, default=40)
     parser.add_argument("--before", type=Path, help="a folder holding an earlier transformer/ package")
+    parser.add_argument("--before-label", help="what --before holds, for the result (default: its path), e.g. "
+                        "'the package of commit abc1234' after `git archive abc1234 transformer | tar -x -C DIR`")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -102,11 +105,11 @@ def main() -> None:
 
     state = code_state()
     result = {"date": datetime.date.today().isoformat(), **state,
-              "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+              "command": shlex.join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
               "run": os.path.relpath(run, ROOT), "sentences": args.sentences, "torch": torch.__version__}
     if args.before:
         result["before"] = in_process(args.before.resolve(), run, args.sentences)
-        result["before_package"] = str(args.before)
+        result["before_package"] = args.before_label or str(args.before)
     result["after"] = in_process(ROOT, run, args.sentences)
     (RESULTS / "constraint_kept.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     (RESULTS / "constraint_kept.md").write_text(markdown(result), encoding="utf-8")
