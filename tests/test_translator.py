@@ -563,3 +563,12 @@ def test_api_misuse_is_a_config_error(tiny_parse_run, run):
                             ({"run_dir": run, "log": 5}, r"^log: a function of one message \(str\), not int 5")):
         with pytest.raises(ConfigError, match=message):
             Translator(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_phrase_given_twice_is_met_once_and_counted_once(run):
+    """One "Hund" meets "Hund" given sixty times (the search's phrases are met where the output ends with them),
+    but the room check counted every copy: the line was refused as needing 60 pieces of a 55-piece output."""
+    translator = Translator(run, log=lambda m: None)
+    once = translator.decode(["A dog runs."], DecodeRequest(constraints=[["Hund"]]))
+    assert "Hund" in once[0][0][0]
+    assert translator.decode(["A dog runs."], DecodeRequest(constraints=[["Hund"] * 60])) == once

@@ -341,8 +341,9 @@ class Translator:
         tree (after its prefix) to fit it: ConfigError naming the line."""
         sources = encode_for_decoding([self.as_read(line) for line in lines], self.tokenizer)
         forced = None if request.prefixes is None else [self.tokenizer.encode(p.strip()) for p in request.prefixes]
-        phrases = None if request.constraints is None else [
-            [self.tokenizer.encode(c.strip()) for c in cs if c.strip()] for cs in request.constraints]
+        phrases = None if request.constraints is None else [  # a phrase given twice is met once, and counted once
+            [list(p) for p in dict.fromkeys(tuple(self.tokenizer.encode(c.strip())) for c in cs if c.strip())]
+            for cs in request.constraints]
         limit = self.model.max_output_length  # a learned position table's rows (Table 3 row E), else None
         for i, src in enumerate(sources):  # room for the EOS is needed too
             if limit is not None and len(src) > limit:
