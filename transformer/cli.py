@@ -42,7 +42,7 @@ from typing import IO, NoReturn, TypeVar
 
 from .config import (EARLY_STOPS, LENGTH_NORMS, MAX_THREADS, ConfigError, DecodeConfig, ServeLimits, language_code,
                      primary_language, resolve_config_path)
-from .errors import Terminated, UserError, install_extra, out_of_memory, summary
+from .errors import Terminated, UserError, install_extra, job_world, out_of_memory, summary
 from . import __version__, files
 from .files import OutputError, check_output
 
