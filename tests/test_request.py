@@ -81,6 +81,9 @@ def test_the_table_refuses_its_pairs_in_one_line_and_accepts_every_other(names):
     ({"sample": True, "seed": 2**64}, f"--seed {2**64}: must be in 0 .. 2^64 - 1 (a seed of torch's generator)"),
     ({"prefixes": ["a", "b"]}, "--prefix: 2 given for 3 input lines"),
     ({"constraints": [[]]}, "--constraints: 1 given for 3 input lines"),
+    ({"sample": "no"}, "--sample 'no': must be True or False"),  # taken for its truth, it sampled
+    ({"scores": 1}, "--scores 1: must be True or False"),
+    ({"alignment": None}, "--alignment None: must be True or False"),
 ])
 def test_bad_values_are_refused_in_one_line_naming_the_option(fields, message):
     with pytest.raises(ConfigError) as e:

@@ -480,6 +480,48 @@ def test_a_full_queue_refuses_at_once_with_retry_after(translator):
     assert first == second == translator.translate(LINES[:2], BEAM2)
 
 
+def test_a_request_no_one_waits_for_keeps_no_place_in_the_queue(translator):
+    """A request whose wait timed out (or whose client left) is never decoded: its sentences counted against
+    --max-queued until the worker reached them, and live clients were refused as "busy" meanwhile."""
+    async def scenario(batcher):
+        gate = threading.Event()
+        batcher.executor.submit(gate.wait)  # the model thread is busy
+        held = asyncio.create_task(batcher.translate(LINES[:1], BEAM2))  # the worker waits with it for the thread
+        await asyncio.sleep(0.05)
+        with pytest.raises(LimitError) as late:  # queued behind it, and given up
+            await batcher.translate(LINES[:2], BEAM2)
+        queued = batcher.queued
+        held.cancel()
+        second = asyncio.create_task(batcher.translate(LINES[:2], BEAM2))  # 2 of 3: room, the first gone
+        await asyncio.sleep(0.05)
+        gate.set()
+        return late.value, queued, await second
+
+    _, (late, queued, second) = run_batcher(translator, Limits(max_queued=3, queue_timeout=0.2), scenario)
+    assert late.status == 503 and late.message.startswith("waited 0.2 s") and queued == 0
+    assert second == translator.translate(LINES[:2], BEAM2)
+
+
+def test_stopping_answers_every_waiting_request_at_once(translator):
+    """Ctrl-C or SIGTERM: requests waited for the batch decoding to end before their 503, and one longer than
+    uvicorn's grace was cancelled by uvicorn instead, its client getting a plain-text 500."""
+    async def scenario(batcher):
+        gate = threading.Event()
+        batcher.executor.submit(gate.wait)  # a long batch holds the model thread
+        waiting = asyncio.create_task(batcher.translate(LINES[:2], BEAM2))
+        await asyncio.sleep(0.05)
+        batcher.stop()
+        try:
+            with pytest.raises(LimitError) as stopped:
+                await asyncio.wait_for(waiting, 2)  # answered while the model thread is still busy
+        finally:
+            gate.set()
+        return stopped.value, batcher.queued
+
+    _, (stopped, queued) = run_batcher(translator, Limits(max_queued=3), scenario)
+    assert (stopped.status, stopped.message, queued) == (503, "the server is shutting down", 0)
+
+
 def test_a_request_larger_than_the_queue_gets_422_not_a_503_to_retry_for_ever(translator):
     with TestClient(create_app(translator, Limits(max_queued=2))) as c:
         r = c.post("/v1/translate", json={"text": LINES})

@@ -132,6 +132,9 @@ class DecodeRequest:
         translator's ``setup``), a sampling setting without sampling, a value the search cannot use, an
         n-best list longer than the beam (``run``'s beam unless given), or, given the number of input
         ``lines``, prefixes or constraints for another number of lines. Nothing else is refused."""
+        for key, value in (("scores", self.scores), ("alignment", self.alignment), ("sample", self.sample)):
+            if not isinstance(value, bool):  # taken for its truth: sample="no" sampled
+                raise ConfigError(f"{names[key]} {value!r}: must be True or False")
         refuse_pairs(self.options() | setup.options(), names)
         if self.prefixes is not None:
             check_strings(self.prefixes, f"{names['prefix']} (one string a line)")

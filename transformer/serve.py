@@ -237,6 +237,7 @@ class _Pending:
     future: asyncio.Future = field(repr=False)
     started: bool = False  # taken into a batch: decoding it has begun
     abandoned: bool = False  # its client went away or its wait timed out: not decoded (further)
+    counted: bool = True  # its lines count in Batcher.queued (until taken into a batch, or abandoned)
 
 
 class Batcher:
@@ -247,7 +248,7 @@ class Batcher:
     def __init__(self, translator: Translator, limits: Limits, executor: ThreadPoolExecutor):
         self.translator, self.limits, self.executor = translator, limits, executor
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self.queued = 0  # sentences in the queue, abandoned ones included until the worker drops them
+        self.queued = 0  # sentences waiting to be decoded, of requests still wanted
         self.batches = self.requests = self.dropped = self.shed = self.timed_out = 0
         self.failures: list[str] = []  # why the worker died, each time
         self.alive = True  # False once supervise has given up restarting the worker
@@ -257,11 +258,26 @@ class Batcher:
         self.waiting: list[_Pending] = []
         self.lock = threading.Lock()  # a request's started / abandoned flags, set from two threads
         self.stopping = False  # the server is shutting down: what is decoding stops at its next batch
+        self.loop: asyncio.AbstractEventLoop | None = None  # the worker's (``run``), where the futures are answered
 
     def stop(self) -> None:
-        """Decoding stops at the next batch, and what waits gets 503: the server is shutting down (a
-        signal handler's call, so that Ctrl-C does not wait for a long request to finish)."""
+        """Decoding stops at the next batch, and every request not answered yet gets 503 at once: the server
+        is shutting down (a signal handler's call, so that Ctrl-C does not wait for a long request to finish).
+        Answered only when the batch ended, a request waiting on a batch longer than uvicorn's grace
+        (SHUTDOWN_GRACE_S) was cancelled by uvicorn, whose client got a plain-text 500."""
         self.stopping = True
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._refuse_all, LimitError(503, "the server is shutting down"))
+
+    def _refuse_all(self, error: LimitError) -> None:
+        """``error`` to every request not answered yet: in the batch decoding, taken but waiting, queued."""
+        while not self.queue.empty():
+            self.waiting.append(self.queue.get_nowait())
+        for pending in [*self.current, *self.waiting]:
+            self._count_out(pending)
+            if not pending.future.done():
+                pending.future.set_exception(error)
+        self.current, self.waiting = [], []
 
     async def translate(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
                         disconnected: asyncio.Future | None = None) -> list[str]:
@@ -305,6 +321,7 @@ class Batcher:
             late = pending.future not in done and not pending.started
             pending.abandoned = late
         if late:
+            self._count_out(pending)  # a request no one waits for does not keep others out
             if disconnected is not None and disconnected in done:
                 raise LimitError(499, "the client went away")
             self.timed_out += 1
@@ -318,15 +335,22 @@ class Batcher:
                 raise LimitError(499, "the client went away")
         return pending.future.result()
 
+    def _count_out(self, pending: _Pending) -> None:
+        """``pending``'s lines out of ``queued``, once (taken into a batch, abandoned, or refused)."""
+        if pending.counted:
+            self.queued -= len(pending.lines)
+            pending.counted = False
+
     def _take(self, pending: _Pending) -> bool:
         """Counts ``pending`` out of the queue (into a batch, or dropped); whether it is still to be decoded."""
-        self.queued -= len(pending.lines)
+        self._count_out(pending)
         if pending.abandoned or pending.future.done():
             self.dropped += 1
             return False
         return True
 
     async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
         while True:
             if not self.waiting:
                 self.waiting.append(await self.queue.get())
@@ -436,15 +460,7 @@ class Batcher:
                 await self.run()
             except Exception as e:  # noqa: BLE001  a bug in the worker itself, not in one batch's decoding
                 self.failures.append(f"{type(e).__name__}: {e}")
-                failure = LimitError(500, f"the decoding worker failed ({self.failures[-1]}); it is restarted")
-                while not self.queue.empty():
-                    self.waiting.append(self.queue.get_nowait())
-                for p in self.waiting:
-                    self.queued -= len(p.lines)
-                for p in self.current + self.waiting:  # never answered
-                    if not p.future.done():
-                        p.future.set_exception(failure)
-                self.current, self.waiting = [], []
+                self._refuse_all(LimitError(500, f"the decoding worker failed ({self.failures[-1]}); it is restarted"))
                 if len(self.failures) > MAX_RESTARTS:
                     self.alive = False
                     return
