@@ -653,10 +653,13 @@ def test_bank_order_keeps_first_what_meets_every_constraint_and_plain_search_kee
     its sibling -1.0 and the places went to -5 and -6 of emptier banks."""
     total = torch.tensor([[-1.0, -1.1, -5.0, -6.0, -1.2, -7.0]])
     banks = torch.tensor([[2, 2, 1, 0, 2, 0]])
-    complete = banks == 2
+    complete, none = banks == 2, torch.zeros_like(banks, dtype=torch.bool)
     assert bank_order(total, banks).tolist() == [[0, 2, 3, 1, 5, 4]]  # Post & Vilar's order: -1.1 comes 4th
-    assert bank_order(total, banks, complete, keep=3).tolist() == [[0, 1, 4, 2, 3, 5]]
-    assert bank_order(total, banks, complete, keep=2).tolist() == [[0, 1, 2, 3, 5, 4]]  # -1.2: outside plain's 2
+    assert bank_order(total, banks, complete, none, beam=3).tolist() == [[0, 1, 4, 2, 3, 5]]
+    assert bank_order(total, banks, complete, none, beam=2).tolist() == [[0, 1, 2, 3, 5, 4]]  # -1.2: not in plain's 2
+    # -1.0 is EOS: plain search of beam 2 finishes it and keeps the 2 best others alive, -1.2 among them
+    assert bank_order(total, banks, complete, none.index_fill(1, torch.tensor([0]), True), beam=2).tolist() == [
+        [0, 1, 4, 2, 3, 5]]
 
 
 def test_a_constraint_the_best_output_already_meets_leaves_it(tmp_path):

@@ -142,6 +142,10 @@ def cmd_train(args: argparse.Namespace) -> None:
             and given.read_text(encoding="utf-8") != dump_toml(cfg)):
         raise ConfigError(f"{given}: training writes the run's resolved config to {own}, over your file (its "
                           f"comments and layout): give it another name, e.g. {own.with_name('experiment.toml')}")
+    if args.nproc > 1 and "WORLD_SIZE" in os.environ:  # it was ignored: a WORLD_SIZE left set halved the batch
+        raise ConfigError(f"--nproc {args.nproc}: this process is already one of a job (WORLD_SIZE="
+                          f"{os.environ['WORLD_SIZE']} is set, as torchrun sets it): under torchrun leave out --nproc; "
+                          "else unset WORLD_SIZE")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     slots = gpus or os.cpu_count() or 1
     if not 1 <= args.nproc <= slots:
@@ -150,10 +154,6 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.nproc > 1 and cfg.train.cuda_graphs:  # the trainer refuses it too, where torchrun starts it
         raise ConfigError(f"--nproc {args.nproc} with train.cuda_graphs: CUDA graphs are for one process (with data "
                           "parallelism the gradients' all-reduce would be captured in the graphs)")
-    if args.nproc > 1 and "WORLD_SIZE" in os.environ:  # it was ignored: a WORLD_SIZE left set halved the batch
-        raise ConfigError(f"--nproc {args.nproc}: this process is already one of a job (WORLD_SIZE="
-                          f"{os.environ['WORLD_SIZE']} is set, as torchrun sets it): under torchrun leave out --nproc; "
-                          "else unset WORLD_SIZE")
     if args.nproc > 1:
         # one node, N processes: the same command under torchrun (many nodes: call torchrun directly)
         data_paths(cfg)  # a data file not set or not found, before any process starts

@@ -127,6 +127,9 @@ def _build_ptb_parse(name: str, roots: list[Path]) -> Path:
     try:
         write_ptb_splits(ptb, folder)
     except OSError as e:  # an unusable HOME (ENOENT under /proc) was an internal error
+        if e.filename is not None and not (Path(e.filename).is_relative_to(folder)  # reading the trees: not this
+                                           or folder.is_relative_to(Path(e.filename))):  # a folder above it
+            raise
         raise DataError(f"{PTB_PARSE}/{name}: cannot write the parsing task's files into {folder} "
                         f"({e.strerror or e}); they are built under $HOME/.cache/transformer") from None
     if not (folder / name).exists():

@@ -131,7 +131,8 @@ class DecodeRequest:
         """ConfigError, one line naming the option(s), for a pair of options the table refuses (with the
         translator's ``setup``), a sampling setting without sampling, a value the search cannot use, an
         n-best list longer than the beam (``run``'s beam unless given), or, given the number of input
-        ``lines``, prefixes or constraints for another number of lines. Nothing else is refused."""
+        ``lines``, prefixes or constraints for another number of lines, and a flag (scores, alignment, sample)
+        that is not a bool. Nothing else is refused."""
         for key, value in (("scores", self.scores), ("alignment", self.alignment), ("sample", self.sample)):
             if not isinstance(value, bool):  # taken for its truth: sample="no" sampled
                 raise ConfigError(f"{names[key]} {value!r}: must be True or False")

@@ -228,7 +228,8 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
     if banks is None:
         cand_scores, cand = total.topk(2 * beam, dim=1)  # [n, 2*beam], sorted
     else:
-        cand = bank_order(total, banks[0].view(n, beam * k), banks[1].view(n, beam * k), beam)[:, : 2 * beam]
+        cand = bank_order(total, banks[0].view(n, beam * k), banks[1].view(n, beam * k),
+                          tokens.view(n, beam * k) == EOS_ID, beam)[:, : 2 * beam]
         cand_scores = total.gather(1, cand)
     cand_origin, cand_token = cand // k, tokens.view(n, beam * k).gather(1, cand)
     is_eos = cand_token == EOS_ID

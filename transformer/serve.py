@@ -267,16 +267,17 @@ class Batcher:
         (SHUTDOWN_GRACE_S) was cancelled by uvicorn, whose client got a plain-text 500."""
         self.stopping = True
         if self.loop is not None:
-            self.loop.call_soon_threadsafe(self._refuse_all, LimitError(503, "the server is shutting down"))
+            self.loop.call_soon_threadsafe(self._refuse_all, 503, "the server is shutting down")
 
-    def _refuse_all(self, error: LimitError) -> None:
-        """``error`` to every request not answered yet: in the batch decoding, taken but waiting, queued."""
+    def _refuse_all(self, status: int, message: str) -> None:
+        """A LimitError to every request not answered yet that a client waits for: in the batch decoding, taken
+        but waiting, queued (one given up on is not answered: no one would read it, and asyncio would say so)."""
         while not self.queue.empty():
             self.waiting.append(self.queue.get_nowait())
         for pending in [*self.current, *self.waiting]:
             self._count_out(pending)
-            if not pending.future.done():
-                pending.future.set_exception(error)
+            if not (pending.future.done() or pending.abandoned):
+                pending.future.set_exception(LimitError(status, message))
         self.current, self.waiting = [], []
 
     async def translate(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
@@ -389,7 +390,7 @@ class Batcher:
                 except TimeoutError:
                     break
                 full = join(nxt)
-            batch = [p for p in batch if not p.abandoned]  # gone while the batch was filling
+            batch = [p for p in batch if not (p.abandoned or p.future.done())]  # gone, or refused, meanwhile
             if batch:
                 await self._decode(batch)
             self.current = []
@@ -460,7 +461,7 @@ class Batcher:
                 await self.run()
             except Exception as e:  # noqa: BLE001  a bug in the worker itself, not in one batch's decoding
                 self.failures.append(f"{type(e).__name__}: {e}")
-                self._refuse_all(LimitError(500, f"the decoding worker failed ({self.failures[-1]}); it is restarted"))
+                self._refuse_all(500, f"the decoding worker failed ({self.failures[-1]}); it is restarted")
                 if len(self.failures) > MAX_RESTARTS:
                     self.alive = False
                     return
