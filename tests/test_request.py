@@ -99,6 +99,22 @@ def test_the_values_at_the_edges_are_accepted():
     DecodeRequest(nbest=4, seed=None).verify()  # the run's beam 4 holds four
 
 
+def test_numbers_of_other_kinds_are_taken_as_pythons():
+    """numpy's and fractions' numbers pass as whole and real numbers; torch then refused them in a TypeError
+    (a uint64 seed past 2^63, a Fraction temperature dividing a tensor)."""
+    import fractions
+
+    import numpy as np
+
+    other = DecodeRequest(sample=True, seed=np.uint64(2**63 + 5), topk=np.int64(3), topp=np.float32(0.5),
+                          temperature=fractions.Fraction(1, 2))
+    other.verify()
+    sampling = other.sampling(torch.device("cpu"))
+    assert sampling.generator.initial_seed() == 2**63 + 5
+    assert (sampling.topk, sampling.topp, sampling.temperature) == (3, 0.5, 0.5)
+    assert all(type(x) in (int, float) for x in (sampling.topk, sampling.topp, sampling.temperature))
+
+
 def test_resolve_fills_the_runs_defaults_where_they_apply_and_verifies_again():
     run = DecodeConfig(beam_size=5, alpha=0.3, max_len_offset=7, early_stop="top", batch_size=9, length_norm="length")
     search = DecodeRequest(nbest=2, alpha=1.0).resolve(run)

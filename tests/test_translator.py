@@ -572,3 +572,10 @@ def test_a_phrase_given_twice_is_met_once_and_counted_once(run):
     once = translator.decode(["A dog runs."], DecodeRequest(constraints=[["Hund"]]))
     assert "Hund" in once[0][0][0]
     assert translator.decode(["A dog runs."], DecodeRequest(constraints=[["Hund"] * 60])) == once
+
+
+@pytest.mark.parametrize("chunks", [None, "A dog.", 3])
+def test_stream_refuses_what_is_no_iterable_of_chunks_at_once(run, chunks):
+    """stream(None) returned a generator that failed with a TypeError when first read, not a ConfigError."""
+    with pytest.raises(ConfigError, match=r"^chunks: an iterable of lists of lines, not "):
+        Translator(run, log=lambda m: None).stream(chunks)

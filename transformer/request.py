@@ -217,6 +217,7 @@ class DecodeRequest:
         """The draws ``sample`` asks for, with a generator on ``device`` seeded by ``seed``; None without it."""
         if not self.sample:
             return None
-        generator = torch.Generator(device).manual_seed(SEED if self.seed is None else self.seed)
-        return Sampling(generator, self.topk or 0, 1.0 if self.topp is None else self.topp,
-                        1.0 if self.temperature is None else self.temperature)
+        # as Python's numbers: numpy's and fractions' (accepted as whole and real numbers) failed in torch
+        generator = torch.Generator(device).manual_seed(SEED if self.seed is None else int(self.seed))
+        return Sampling(generator, int(self.topk or 0), 1.0 if self.topp is None else float(self.topp),
+                        1.0 if self.temperature is None else float(self.temperature))

@@ -253,6 +253,8 @@ class Translator:
         ``checked`` is called once the first chunk has passed its checks, before it is decoded (or once the
         input turns out empty): the command line says then what it loaded, so that an error in the first
         lines comes alone. ``stop``: as ``decode``'s."""
+        if not isinstance(chunks, Iterable) or isinstance(chunks, (str, bytes)):  # None: a TypeError when first read
+            raise ConfigError(f"chunks: an iterable of lists of lines, not {type(chunks).__name__}")
         self._checked(request, None, CLI, total)
         return self._stream(chunks, request, progress, total, checked or (lambda: None), stop)
 
