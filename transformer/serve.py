@@ -585,7 +585,8 @@ def _check_translate(req: TranslateRequest, limits: Limits) -> None:
         _check_chars(limits, " ".join(phrases), f"constraints[{i}]")
 
 
-def _decode_request(req: TranslateRequest, translator: Translator, lines: list[str], max_beam: int) -> DecodeRequest:
+def _decode_request(req: TranslateRequest, translator: Translator, lines: list[str], max_beam: int,
+                    limit: str = "--max-beam") -> DecodeRequest:
     """The request's options as a ``DecodeRequest`` for ``lines`` (its sentences), checked by the translator
     (422 with its one line, options spelt as the API spells them) and against the beam limit; the run's
     defaults filled in. Texts go on as sent, as `translate` reads its files' lines (the endpoint says why)."""
@@ -597,9 +598,9 @@ def _decode_request(req: TranslateRequest, translator: Translator, lines: list[s
                           sample=req.sample, topk=req.topk, topp=req.topp, temperature=req.temperature, seed=req.seed)
     # the server's limit first: a beam past the vocabulary's size too was refused as "wider than the vocabulary"
     if req.sample and (req.nbest or 1) > max_beam:  # the run's own beam (req.beam None) is within max_beam
-        raise LimitError(422, f"nbest: {req.nbest} draws, more than the limit of {max_beam} (--max-beam)")
+        raise LimitError(422, f"nbest: {req.nbest} draws, more than the limit of {max_beam} ({limit})")
     if not req.sample and req.beam is not None and req.beam > max_beam:
-        raise LimitError(422, f"beam: {req.beam}, more than the limit of {max_beam} (--max-beam)")
+        raise LimitError(422, f"beam: {req.beam}, more than the limit of {max_beam} ({limit})")
     try:
         return translator.check(asked, lines, API)
     except ConfigError as e:
@@ -736,6 +737,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     attention_slots = asyncio.Semaphore(limits.max_attention_queued)
     decode = translator.cfg.decode
     max_beam = max(limits.max_beam, decode.beam_size)  # the run's own beam (21 for parsing, §6.3) is allowed
+    beam_limit = "--max-beam" if max_beam == limits.max_beam else "the run's beam, above --max-beam"
     numbers = itertools.count()  # sampling requests, each decoded on its own
 
     @contextlib.asynccontextmanager
@@ -763,7 +765,7 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         # normalisation makes a line break a space; splitting on Python's whitespace made spaces of characters
         # the vocabulary removes or keeps (U+000B, U+001C..U+001F, U+0085): other pieces than `translate` read
         lines = list(req.text)
-        asked = _decode_request(req, translator, lines, max_beam)
+        asked = _decode_request(req, translator, lines, max_beam, beam_limit)
         keep = [i for i, blank in enumerate(translator.blank(lines)) if not blank]
         extra = {key: [values[i] for i in keep] for key, values in (("prefix", asked.prefixes),
                                                                      ("constraints", asked.constraints)) if values}
