@@ -413,3 +413,28 @@ def test_a_treebank_not_in_utf8_is_named_with_its_line(tmp_path):
     path.write_bytes("(S (NP (DT the)) (VP (VBD ran)))\n(S (NP (NN café)) (VP (VBD ran)))\n".encode("latin-1"))
     with pytest.raises(UserError, match=r"gold\.mrg:2: invalid UTF-8 \(byte 0xe9 at byte column 15\)"):
         read_trees(path)
+
+
+def test_a_tree_as_deep_as_reading_allows_is_written_and_linearized(tmp_path):
+    """A tree 299 levels deep is read (MAX_DEPTH 300), but writing it ran out of Python's stack from 249 levels
+    (two frames a level): `linearize` ended in an internal error (RecursionError), as would a parse that deep."""
+    from transformer.trees import MAX_DEPTH, parse_brackets
+
+    depth = MAX_DEPTH - 1
+    text = "( (S " + "(NP " * (depth - 2) + "(NN w)" + ")" * (depth - 2) + ") )"
+    tree = parse_brackets(text, "deep")[0]
+    assert str(parse_brackets(str(tree), "again")[0]) == str(tree)  # (== on the trees recurses too)
+    (tmp_path / "deep.mrg").write_text(text + "\n")
+    assert main(["linearize", str(tmp_path / "deep.mrg"), "--out", str(tmp_path / "deep")]) == 0
+
+
+def test_a_tree_never_closed_is_not_read_as_one_with_the_next():
+    """A ')' missing at the end of one tree and one too many at the end of the next: the file balanced, the two
+    trees were read as one (one training pair of both sentences, without a word). A bracket without a label,
+    a tree's start, inside an open tree now names the tree that was not closed."""
+    from transformer.trees import TreeError, parse_brackets
+
+    text = "( (S (NP (NN a)) (VP (VB b)))\n\n( (S (NP (NN c)) (VP (VB d)))))\n"
+    with pytest.raises(TreeError, match=r"^f.mrg: tree 1 \(from line 1\): not closed where line 3 opens a bracket "
+                                        "without a label"):
+        parse_brackets(text, "f.mrg")

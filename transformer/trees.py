@@ -70,8 +70,24 @@ class Tree:
 
     def __str__(self) -> str:
         """Penn Treebank bracketing on one line: (S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .)); words
-        are escaped (``ptb_escape``), so that the line reads back."""
-        return f"({self.label} {' '.join(ptb_escape(c) if isinstance(c, str) else str(c) for c in self.children)})"
+        are escaped (``ptb_escape``), so that the line reads back. Written without recursion: two frames a
+        level ran out of Python's stack at 249 levels, below the MAX_DEPTH that reading allows."""
+        out: list[str] = []
+        todo: list[Tree | str | bool] = [self]  # False: a closing bracket; True: the space before a child
+        while todo:
+            item = todo.pop()
+            if item is False:
+                out.append(")")
+            elif item is True:
+                out.append(" ")
+            elif isinstance(item, Tree):
+                out.append(f"({item.label}" + ("" if item.children else " "))
+                todo.append(False)
+                for child in reversed(item.children):
+                    todo += [child, True]
+            else:
+                out.append(ptb_escape(item))
+        return "".join(out)
 
 
 def ptb_escape(word: str) -> str:
@@ -104,6 +120,9 @@ def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
             label = ""
             if i + 1 < len(tokens) and tokens[i + 1][0] not in "()":
                 label, i = tokens[i + 1][0], i + 1
+            if stack and not label:  # only a tree's root is unlabelled ("( (S" in .mrg): the tree before never closed,
+                raise TreeError(f"{where}: tree {number} (from line {start}): not closed where line {line} opens a "
+                                "bracket without a label, a tree's start")  # and two trees were read as one
             stack.append(Tree(label, line=0 if stack else start))
             if len(stack) > MAX_DEPTH:
                 raise TreeError(f"{where}: tree {number} (line {line}): more than {MAX_DEPTH} brackets open at once; "
