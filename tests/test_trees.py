@@ -438,3 +438,15 @@ def test_a_tree_never_closed_is_not_read_as_one_with_the_next():
     with pytest.raises(TreeError, match=r"^f.mrg: tree 1 \(from line 1\): not closed where line 3 opens a bracket "
                                         "without a label"):
         parse_brackets(text, "f.mrg")
+
+
+@pytest.mark.parametrize("tree, said", [("( (NN Yes) )", "a part-of-speech node (NN Yes): a one-word tree"),
+                                        ("( (NP (NN a)) (VP (VB b)) )", "unlabelled, with 2 constituents")])
+def test_linearize_refuses_a_root_the_sequences_cannot_hold(tmp_path, capsys, tree, said):
+    """A one-word tree was linearized as its bare word, an unlabelled root of two constituents as bare
+    brackets: both read back as other trees (F1 93.33 against themselves in a file with four ordinary ones)."""
+    (tmp_path / "odd.mrg").write_text("( (S (NP (NN c)) (VP (VB d))) )\n" + tree + "\n")
+    assert main(["linearize", str(tmp_path / "odd.mrg"), "--out", str(tmp_path / "odd")]) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'odd.mrg'}: tree 2: its root is {said}, which the task's " \
+                                      "sequences cannot hold: give it one labelled root, e.g. (S ...)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.mrg"]  # nothing written

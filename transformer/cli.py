@@ -936,6 +936,12 @@ def cmd_linearize(args: argparse.Namespace) -> None:
     trees = [t for _, _, t in read if t is not None]
     if not trees:
         raise TreeError(f"{' '.join(map(str, args.trees))}: no tree with a word (once traces are removed)")
+    for path, i, t in read:  # linearized, they read back as other trees (not scored F1 100 against themselves)
+        if t is not None and (t.is_preterminal or not t.label):
+            raise TreeError(f"{path}: tree {i}: its root is " + (
+                f"a part-of-speech node ({t.label} {t.children[0]}): a one-word tree" if t.is_preterminal else
+                f"unlabelled, with {len(t.children)} constituents") + ", which the task's sequences cannot hold: "
+                "give it one labelled root, e.g. (S ...)")
     if empty := [f"{path}: tree {i}" for path, i, t in read if t is None]:  # a test split's lines no longer
         # number the file's trees: said, with which
         print(f"left out {len(empty)} tree{'s' if len(empty) > 1 else ''} without a word once traces are removed "
