@@ -1225,6 +1225,17 @@ def test_a_blank_line_parses_to_an_empty_line_and_evaluate_names_it(tiny_parse_r
                    "holds words (the sentences and the trees go one to one)\n")
 
 
+def test_evaluate_json_counts_the_trees_it_scored_as_its_report_does(tiny_parse_run, tmp_path, capsys):
+    """A blank line beside a gold tree that is empty once normalised is skipped: the report said 1 sentence, the
+    JSON 2 (the input's lines)."""
+    (tmp_path / "gold").write_text("(S (NN x) (NN y))\n( (-NONE- *T*) )\n")
+    (tmp_path / "words").write_text("x y\n\n")
+    status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "words"),
+                                "--ref", str(tmp_path / "gold"), "--beam", "2", "--json", "-")
+    assert status == 0 and "1 sentences" in err, err
+    assert (json.loads(out)["sentences"], json.loads(out)["skipped_empty"]) == (1, 1)
+
+
 def test_evaluate_refuses_what_does_not_score_the_run(tiny_run, tiny_parse_run, tmp_path, capsys):
     """--src alone was scored against the run's own test references (BLEU 0.61, one line on stderr said so);
     a parsing run's evaluate ignored BLEU's options (--tok-ref, --paper-bleu, --lang) without a word."""

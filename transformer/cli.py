@@ -820,7 +820,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                    "config_sha256": translator.cfg.sha256(), "vocabulary_sha256": translator.tokenizer.sha256,
                    **{k: v for name, (path, sha) in texts.items() for k, v in ((name, path), (f"{name}_sha256", sha))
                       if v is not None},
-                   "sentences": len(src),
+                   # a parse's scored trees (a blank input's is skipped, in "skipped_empty"), as the report says them
+                   "sentences": scores.get("sentences", len(src)),
                    # the batch too: int8 and bf16 products follow the batch's shape (decoding.md)
                    "decode": {k: v for k, v in dataclasses.asdict(searched).items()
                               if v is not None and k not in ("prefixes", "constraints")},
@@ -972,7 +973,8 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     _one_stdin(("--gold", args.gold == STDIN), ("--test", args.test == STDIN))
     gold, test = read_normalized(args.gold), read_normalized(args.test)
     if len(gold) != len(test):
-        raise TreeError(f"--gold {args.gold} has {len(gold)} trees but --test {args.test} has {len(test)}")
+        raise TreeError(f"--gold {args.gold} has {len(gold)} tree{'s' * (len(gold) != 1)} but --test {args.test} "
+                        f"has {len(test)}")
     try:
         scores = score_trees(gold, test).as_dict()
     except TreeError as e:
