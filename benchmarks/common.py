@@ -14,8 +14,8 @@ from pathlib import Path
 
 from sacrebleu.metrics.bleu import BLEUScore
 
-from transformer.checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints, load_checkpoint,
-                                    write_model)
+from transformer.checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints,
+                                    load_checkpoint, write_model)
 from transformer.config import Config, LengthNorm, load_config
 from transformer.data import encode_pairs, lengths, read_lines, read_parallel
 from transformer.errors import UserError

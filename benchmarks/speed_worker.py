@@ -42,9 +42,9 @@ def time_best(translate, repeat: int, warmup: int = 0) -> tuple[float, list[list
 def usage_unless(doc: str, fits: bool) -> None:
     """Print ``doc`` and exit unless the arguments ``fits``: these workers are started by speed.py, and a
     person who runs one by hand gets its usage, not an IndexError (``--help``: to stdout, exit 0)."""
-    if fits and not {"-h", "--help"} & set(sys.argv[1:]):
-        return
     asked = bool({"-h", "--help"} & set(sys.argv[1:]))
+    if fits and not asked:
+        return
     print(doc.strip(), file=sys.stdout if asked else sys.stderr)
     sys.exit(0 if asked else 2)
 

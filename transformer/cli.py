@@ -86,10 +86,14 @@ def _set_option(p: argparse.ArgumentParser) -> None:
                    help="override a config value, e.g. --set train.max_steps=2000 (repeatable)")
 
 
+def _config_argument(p: argparse.ArgumentParser, dest: str = "config", then: str = "") -> None:
+    """The positional config file or preset name of train, params, config and preprocess."""
+    p.add_argument(dest, type=_preset, help="config file (configs/multi30k_en_de.toml) or preset name (base, big, "
+                   f"C4, ...; the preset even where a folder of that name is here){then}")
+
+
 def _train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", type=_preset,
-                   help="config file (configs/multi30k_en_de.toml) or preset name (base, big, C4, ...; "
-                   "the preset even where a folder of that name is here)")
+    _config_argument(p)
     _output(p, "--out", folder=True, required=True, help="run folder")
     _set_option(p)
     p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in --out")
@@ -1053,9 +1057,7 @@ def _counts(text: str) -> list[int]:
 
 
 def _params_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("preset", type=_preset,
-                   help="config file or preset name (base, big, C4, ...; the preset even where a folder of "
-                   "that name is here; `transformer params base`)")
+    _config_argument(p, "preset")
     p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
     _set_option(p)
     p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F} '
@@ -1114,9 +1116,7 @@ def cmd_params(args: argparse.Namespace) -> None:
 
 
 def _config_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", type=_preset,
-                   help="config file or preset name (base, big, multi30k_en_de, C4, ...; the preset even where a "
-                   "folder of that name is here)")
+    _config_argument(p)
     _set_option(p)
 
 
@@ -1139,9 +1139,7 @@ def cmd_config(args: argparse.Namespace) -> None:
 
 
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", type=_preset,
-                   help="config file or preset name (the preset even where a folder of that name is "
-                   "here); its data section names the corpus")
+    _config_argument(p, then="; its data section names the corpus")
     _output(p, "--out", folder=True, replaced=True, required=True,
             help="store folder to create (must be new or empty, or --overwrite)")
     _set_option(p)

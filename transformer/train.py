@@ -1013,8 +1013,7 @@ class Trainer:
             # every rank from the same checkpoint: ranks that each see a run folder of their own (nodes without a
             # shared disk) resumed one at step 20 and one from scratch, and trained on, out of step, to "done"
             if len(set(taken := distributed.gather(dist, self.resumed_from))) > 1:
-                said = ", ".join(f"rank {rank}: {name or 'none'}" for rank, (name, _) in enumerate(
-                    taken_ or (None, None) for taken_ in taken))
+                said = ", ".join(f"rank {rank}: {t[0] if t else 'none'}" for rank, t in enumerate(taken))
                 raise TrainError(f"--resume: the ranks found different checkpoints in {out} ({said}): every rank must "
                                  "see the same run folder (on several machines, one on a file system they share)")
             if dist.main:  # not before: a refused resume leaves the config its checkpoints were trained with
@@ -1146,10 +1145,12 @@ class Trainer:
             # the step, the schedule and Adam's moments continue; the data order cannot
             then_tokens = saved.train.max_tokens * saved.train.update_freq * self.state.world_size
             now_tokens = self.cfg.train.max_tokens * self.cfg.train.update_freq * self.dist.world
-            keep, rest = divmod(then_tokens, self.cfg.train.max_tokens * self.dist.world)
-            batch = f"tokens per step {then_tokens:,} -> {now_tokens:,} (eq. 3's schedule was set for the batch" + (
-                f"; to keep {then_tokens:,}: --set train.update_freq={keep} --allow-config-change)" if keep and not rest
-                else ")") if then_tokens != now_tokens else f"tokens per step {now_tokens:,} as before"
+            batch = f"tokens per step {now_tokens:,} as before"
+            if then_tokens != now_tokens:
+                batch = f"tokens per step {then_tokens:,} -> {now_tokens:,} (eq. 3's schedule was set for the batch"
+                keep, rest = divmod(then_tokens, self.cfg.train.max_tokens * self.dist.world)
+                batch += f"; to keep {then_tokens:,}: --set train.update_freq={keep} --allow-config-change)" \
+                    if keep and not rest else ")"
             self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: {batch}; the "
                      "position in the epoch is rescaled, and the batch order and dropout masks may differ from an "
                      "uninterrupted run's")
