@@ -1225,6 +1225,39 @@ def test_a_blank_line_parses_to_an_empty_line_and_evaluate_names_it(tiny_parse_r
                    "holds words (the sentences and the trees go one to one)\n")
 
 
+def test_evaluate_names_a_src_line_whose_words_are_not_the_gold_trees(tiny_parse_run, tmp_path, capsys):
+    """A --src line with other words than its gold tree was found after decoding every line, and the error named
+    --ref ("tree 2: the test tree's words differ from the gold tree's")."""
+    (tmp_path / "gold").write_text("(S (NN x) (NN y))\n(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))\n"
+                                   "(S (NN a) (-LRB- -LRB-) (NN b) (-RRB- -RRB-))\n")
+    (tmp_path / "words").write_text("x y\nThe cat barked .\na ( b )\n")  # brackets: escaped as the model reads them
+    status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "words"),
+                                "--ref", str(tmp_path / "gold"), "--beam", "2")
+    assert (status, out) == (1, ""), err
+    assert err == (f"error: --src {tmp_path / 'words'}:2: its words differ from --ref {tmp_path / 'gold'}'s tree 2 "
+                   "from word 2 (cat barked . vs dog barked .; the sentences and the trees go one to one, in the "
+                   "treebank's tokens)\n")
+    (tmp_path / "words").write_text("x y\nThe dog barked\na ( b )\n")  # one word short
+    status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "words"),
+                                "--ref", str(tmp_path / "gold"), "--beam", "2")
+    assert status == 1 and "tree 2 from word 4 (the line ends vs .;" in err, err
+
+
+def test_evaluate_parse_reads_parses_blank_lines_as_the_trees_of_blank_inputs(tmp_path, capsys):
+    """parse writes a blank input line's tree as an empty line; evaluate-parse read the trees alone and said the
+    files differ in length, where evaluate skips the pair (its gold tree being traces alone)."""
+    (tmp_path / "g.mrg").write_text("( (S (NN x) (NN y)) )\n( (-NONE- *T*) )\n( (S (NN z) (. .)) )\n")
+    (tmp_path / "t.mrg").write_text("(S (XX x) (XX y))\n\n(S (XX z) (XX .))\n")
+    status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"),
+                                "--test", str(tmp_path / "t.mrg"), "--json")
+    assert status == 0, err
+    assert (json.loads(out)["sentences"], json.loads(out)["skipped_empty"], json.loads(out)["f1"]) == (2, 1, 100.0)
+    (tmp_path / "g.mrg").write_text("( (S (NN x) (NN y)) )\n( (S (NN w)) )\n( (S (NN z) (. .)) )\n")
+    status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"),
+                                "--test", str(tmp_path / "t.mrg"))
+    assert (status, out) == (1, "") and "tree 2: the test tree is empty once normalised, the other is not" in err, err
+
+
 def test_evaluate_json_counts_the_trees_it_scored_as_its_report_does(tiny_parse_run, tmp_path, capsys):
     """A blank line beside a gold tree that is empty once normalised is skipped: the report said 1 sentence, the
     JSON 2 (the input's lines)."""

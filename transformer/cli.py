@@ -726,7 +726,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         raise ConfigError(f"--src {args.src}: no sentences to evaluate (the file is empty or blank)")
     if d.task == "parse":
         from .evaluate import score_trees
-        from .trees import TreeError, read_normalized
+        from .trees import TreeError, ptb_escape, read_normalized
 
         try:  # normalised as evaluate-parse reads gold trees: traces and function tags go
             gold = read_normalized(args.ref)
@@ -735,10 +735,19 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                             "test.gold, not the linearised training targets)") from None
         if len(src) != len(gold):
             raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(gold)} trees")
-        for i, (line, tree) in enumerate(zip(src, gold), 1):  # else its empty parse was blamed on --ref
-            if tree is not None and not line.split():
+        for i, (line, tree) in enumerate(zip(src, gold), 1):  # found before decoding, else blamed on --ref after it
+            if tree is None:
+                continue
+            if not line.split():
                 raise ConfigError(f"--src {args.src}:{i}: a blank line, where --ref {args.ref}'s tree {i} holds "
                                   "words (the sentences and the trees go one to one)")
+            if (words := [ptb_escape(w) for w in line.split()]) != tree.words():
+                at = next((j for j, (a, b) in enumerate(zip(words, tree.words())) if a != b),
+                          min(len(words), len(tree.words())))
+                raise ConfigError(f"--src {args.src}:{i}: its words differ from --ref {args.ref}'s tree {i} from word "
+                                  f"{at + 1} ({' '.join(words[at:at + 4]) or 'the line ends'} vs "
+                                  f"{' '.join(tree.words()[at:at + 4]) or 'the tree ends'}; the sentences and the "
+                                  "trees go one to one, in the treebank's tokens)")
         _tell(said)
         trees = _parse_lines(translator, src, request)
         try:
@@ -975,7 +984,8 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     from .trees import TreeError, read_normalized
 
     _one_stdin(("--gold", args.gold == STDIN), ("--test", args.test == STDIN))
-    gold, test = read_normalized(args.gold), read_normalized(args.test)
+    gold = read_normalized(args.gold)
+    test = read_normalized(args.test, expect=len(gold))  # parse's output of blank lines: empty lines, read as None
     if len(gold) != len(test):
         raise TreeError(f"--gold {args.gold} has {len(gold)} tree{'s' * (len(gold) != 1)} but --test {args.test} "
                         f"has {len(test)}")
