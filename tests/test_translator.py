@@ -404,6 +404,23 @@ def test_a_model_whose_scores_are_not_numbers_is_said_to_be_so(run):
         int8.score(["A dog runs."], ["Ein Hund rennt."])
 
 
+def test_numpy_values_are_taken_alike_by_every_option(run):
+    """NumPy arrays were lines and prefixes but not constraints ("a list of phrases a line, not array(...)"), and
+    numpy's whole numbers were a beam size but not score's max_tokens."""
+    np = pytest.importorskip("numpy")
+    translator = Translator(run, log=lambda m: None)
+    lines = np.array(["A dog runs.", "A cat."])
+    as_lists = translator.decode(list(lines), DecodeRequest(beam_size=2, prefixes=["Ein", ""],
+                                                           constraints=[["Hund"], []]))
+    as_arrays = translator.decode(lines, DecodeRequest(beam_size=np.int64(2), prefixes=np.array(["Ein", ""]),
+                                                      constraints=np.array([["Hund"], []], dtype=object)))
+    assert as_arrays == as_lists
+    assert translator.score(["A dog."], ["Ein Hund."], max_tokens=np.int64(64)) == \
+        translator.score(["A dog."], ["Ein Hund."], max_tokens=64)
+    with pytest.raises(ConfigError, match=r"^--constraints: a list of phrases a line, not set$"):
+        translator.decode(["A dog."], DecodeRequest(constraints={"Hund"}))
+
+
 def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line(run):
     """A str is a sequence: translate("A dog runs.") answered 11 lines, a prefix "Ei" forced "E" on line 1 and
     "i" on line 2, constraints ["Hund"] became the phrases H, u, n, d; wrong types failed deep in torch."""

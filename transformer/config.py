@@ -586,9 +586,7 @@ def check_strings(values: object, what: str) -> None:
     too, which was read one character an item (``Translator.translate("A dog runs.")`` answered 11 lines)."""
     if isinstance(values, (str, bytes)):
         raise ConfigError(f"{what}: a list of strings, not one string ({values[:40]!r}): put it in a list")
-    # a list, a tuple, a NumPy array or a column of a table: in order and counted; not a mapping, a set or an iterator
-    if isinstance(values, (Mapping, AbstractSet)) or not (hasattr(values, "__len__") and hasattr(values, "__iter__")):
-        raise ConfigError(f"{what}: a list of strings, not {type(values).__name__}")
+    check_sequence(values, what, "a list of strings")
     for i, v in enumerate(values, 1):
         if not isinstance(v, str):
             raise ConfigError(f"{what}: a list of strings, holding {type(v).__name__} {v!r}")
@@ -597,6 +595,14 @@ def check_strings(values: object, what: str) -> None:
         except UnicodeEncodeError as e:
             raise ConfigError(f"{what}: item {i} is not Unicode text: a lone surrogate (U+{ord(v[e.start]):04X}) at "
                               f"character {e.start + 1}") from None
+
+
+def check_sequence(values: object, what: str, wanted: str) -> None:
+    """ConfigError unless ``values`` is a list, a tuple, a NumPy array or a column of a table: in order and
+    counted; not a string, a mapping, a set or an iterator. ``wanted`` says what is meant, for the message."""
+    if isinstance(values, (str, bytes, Mapping, AbstractSet)) or not (hasattr(values, "__len__")
+                                                                     and hasattr(values, "__iter__")):
+        raise ConfigError(f"{what}: {wanted}, not {type(values).__name__}")
 
 
 def as_path(value: object, what: str) -> Path:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import (EARLY_STOPS, LENGTH_NORMS, MAX_ALPHA, ConfigError, DecodeConfig, EarlyStop, LengthNorm,
-                     check_strings)
+                     check_sequence, check_strings)
 from .sampling import Sampling
 
 # The options that can meet in one decoding, in the table's order: a request's, then the Translator's.
@@ -140,8 +140,7 @@ class DecodeRequest:
         if self.prefixes is not None:
             check_strings(self.prefixes, f"{names['prefix']} (one string a line)")
         if self.constraints is not None:
-            if isinstance(self.constraints, str) or not isinstance(self.constraints, (list, tuple)):
-                raise ConfigError(f"{names['constraints']}: a list of phrases a line, not {self.constraints!r}")
+            check_sequence(self.constraints, names["constraints"], "a list of phrases a line")  # as prefixes are
             for i, phrases in enumerate(self.constraints, 1):
                 check_strings(phrases, f"{names['constraints']} of line {i} (a list of phrases)")
         for key, value in (("beam", self.beam_size), ("max_len_offset", self.max_len_offset), ("nbest", self.nbest),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -409,8 +410,9 @@ class Translator:
         here and there is blank (``blank``): no piece once the vocabulary's normalisation has run."""
         check_strings(sources, "sources")
         check_strings(targets, "targets")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens < 1:
             raise ConfigError(f"max_tokens: a whole number >= 1, not {max_tokens!r}")
+        max_tokens = int(max_tokens)  # numpy's, as the request's whole numbers are taken
         if len(sources) != len(targets):
             raise ConfigError(f"{len(sources)} sources but {len(targets)} targets")
         # checked as the command line checks them: a length_norm of another name was gnmt without a word
