@@ -300,6 +300,11 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
     assert "these weights are `step_00000080.json` (update 80), the file --checkpoint named" in at
     best_at = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"), [], {"best": {"step": 1500}})
     assert "`best.safetensors` (update 1,500)" in best_at
+    # a file `average` wrote: its record names the checkpoints it is the mean of (the card gave no step, no average)
+    mean = _model_card(tmp_path, load_config("tiny"), "Marian", 500, tmp_path / "avg2.safetensors", [],
+                       {"averaged": ["step_00000060.safetensors", "step_00000080.safetensors"]})
+    assert ("these weights are `avg2.safetensors` (the average of 2 checkpoint(s), step_00000060, step_00000080), "
+            "the file --checkpoint named") in mean.replace("\n", " ")
 
 
 def test_the_model_card_bounds_generate_as_the_run_does(tmp_path):

@@ -342,8 +342,10 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
         weights = (f"the average of the run's last {len(averaged)} checkpoint(s), "
                    f"{', '.join(p.stem for p in averaged)} (these weights)")
     else:
-        step = weights_step(record or {})
+        step, mean_of = weights_step(record or {}), (record or {}).get("averaged")
         at = f" (update {step:,})" if isinstance(step, int) and not isinstance(step, bool) else ""
+        if isinstance(mean_of, list) and mean_of and all(isinstance(p, str) for p in mean_of):  # `average`'s file
+            at = f" (the average of {len(mean_of)} checkpoint(s), {', '.join(Path(p).stem for p in mean_of)})"
         weights = f"the average of the last {cfg.decode.average_last} checkpoints" + (
             " (these weights)" if checkpoint is None else
             f"; these weights are `{chosen_weights(run_dir, checkpoint).name}`{at}, the file --checkpoint named")
