@@ -28,6 +28,7 @@ import platform
 import queue
 import select
 import shlex
+import shutil
 import signal
 import stat
 import sys
@@ -1169,10 +1170,9 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     would) into OUT, streaming in bounded memory; training reads it with --set data.train_store=OUT instead of
     the text (§5.1: millions of pairs).
     """
-    import tempfile
-
     from .config import load_config
     from .data import iter_parallel
+    from .files import staging
     from .prepare import read_twice, resolve_data_path
     from .store import check_store_folder, write_store
     from .tokenizer import Tokenizer
@@ -1198,12 +1198,16 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     if src.is_file() and tgt.is_file():
         collections.deque(iter_parallel(src, tgt), maxlen=0)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        spm = args.spm or Path(tmp) / "spm.model"
-        if tokenizer is None:
-            tokenizer = train_vocabulary(cfg, src, tgt, spm, log=lambda m: print(m, file=sys.stderr))
-        meta = write_store(src, tgt, tokenizer, out, d.max_len, progress=sys.stderr.isatty(),
-                           overwrite=args.overwrite, vocabulary=spm, task=d.task)
+    # the vocabulary's folder, beside the store (a killed preprocess's goes at the next)
+    with staging(out.parent, f"{out.name}.vocabulary", directory=True) as tmp:
+        try:
+            spm = args.spm or tmp / "spm.model"
+            if tokenizer is None:
+                tokenizer = train_vocabulary(cfg, src, tgt, spm, log=lambda m: print(m, file=sys.stderr))
+            meta = write_store(src, tgt, tokenizer, out, d.max_len, progress=sys.stderr.isatty(),
+                               overwrite=args.overwrite, vocabulary=spm, task=d.task)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     print(f"{out}: {meta['n_kept']:,} pairs of {meta['n_pairs']:,} ({meta['skipped_empty']} with an empty side, "
           f"{meta['skipped_long']} longer than {d.max_len} pieces skipped); train with "
           f"--set data.train_store={out}")

@@ -4,8 +4,10 @@ A file is written under a temporary name beside its final one, flushed to disk, 
 the user's umask allows (0644 under the usual 022: another account may read a run it serves), and
 renamed over the final name, which is atomic; the rename is made durable by an fsync of the
 folder. A crash or an error at any point leaves the old file or none, never part of a new one,
-and no temporary file behind. A link to something is followed (its target is replaced, the link stays; a
-dangling link is replaced as a file would be), and a path that names no regular file (a pipe, a terminal,
+and no temporary file behind; one a killed process left (``.NAME.XXXXXXXX.tmp``, a file or a folder:
+``staging``) goes at the next write of that name, known by the lock its writer held on it. A link to
+something is followed (its target is replaced, the link stays; a dangling link is replaced as a file would
+be), and a path that names no regular file (a pipe, a terminal,
 /dev/null) is written in place, as a stream.
 """
 
@@ -22,6 +24,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +34,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, and what a killed writer left stays
+    fcntl = None  # type: ignore[assignment]
 
 
 def umask() -> int:
@@ -133,6 +141,69 @@ def descriptor(path: Path) -> int | None:
     return None
 
 
+STALE_S = 10.0  # a staging entry younger than this is never taken for a killed writer's: its lock follows creation
+
+
+def _locked(fd: int) -> bool:
+    """Whether an exclusive lock on the open file or folder ``fd`` was taken, without waiting. The lock ends
+    with its process, on this machine or another that shares the file system."""
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held, or a file system without locks: not known to be free
+        return False
+    return True
+
+
+def clear_stale(folder: Path, name: str) -> list[Path]:
+    """Removes the staging files and folders of ``name`` in ``folder`` (``staging``) that no live writer holds:
+    what a SIGKILLed write left (a big model's checkpoint or export, each time). Returns what went."""
+    pattern = re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp")  # mkstemp's and mkdtemp's names
+    try:
+        entries = [e for e in os.scandir(folder) if pattern.fullmatch(e.name)]
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            if time.time() - entry.stat(follow_symlinks=False).st_mtime < STALE_S:
+                continue
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # a link of that name is no staging
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        try:
+            if not _locked(fd):
+                continue
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
+
+
+@contextlib.contextmanager
+def staging(folder: Path, name: str, directory: bool = False) -> Iterator[Path]:
+    """A new temporary file (``directory``: folder) in ``folder`` to write ``name`` under, ``.NAME.XXXXXXXX.tmp``,
+    locked while the block runs so that ``clear_stale`` leaves it be; the killed writers' of ``name`` go first.
+    The block renames or removes it; an OSError of its making is the caller's to say."""
+    clear_stale(folder, name)
+    if directory:
+        path = tempfile.mkdtemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+        fd = os.open(path, os.O_RDONLY)
+    else:
+        fd, path = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    try:
+        _locked(fd)
+        yield Path(path)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path to write ``path``'s content to; when the block ends without an error the
@@ -157,27 +228,26 @@ def atomic_path(path: Path) -> Iterator[Path]:
         return
     if path.is_symlink() and path.exists():  # a dangling link is replaced as a file would be
         path = path.resolve()
-    try:
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        # a folder that exists and takes no new file (/proc says ENOENT) is the user's to fix, whatever the errno
-        if told := _unwritable(path, e) or (path.parent.is_dir() and WriteError(e.errno, e.strerror, str(path))):
-            raise told from None
-        raise
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        share(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        mine = isinstance(e, OSError) and (e.filename is None or Path(e.filename) == tmp)  # not an input's, say
-        if mine and (told := _unwritable(path, e)):
-            raise told from None
-        raise
+    with contextlib.ExitStack() as held:
+        try:
+            tmp = held.enter_context(staging(path.parent, path.name))
+        except OSError as e:
+            # a folder that exists and takes no new file (/proc says ENOENT) is the user's to fix, whatever the errno
+            if told := _unwritable(path, e) or (path.parent.is_dir() and WriteError(e.errno, e.strerror, str(path))):
+                raise told from None
+            raise
+        try:
+            yield tmp
+            share(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException as e:
+            tmp.unlink(missing_ok=True)
+            mine = isinstance(e, OSError) and (e.filename is None or Path(e.filename) == tmp)  # not an input's, say
+            if mine and (told := _unwritable(path, e)):
+                raise told from None
+            raise
     fsync_dir(path.parent)
 
 

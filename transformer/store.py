@@ -14,6 +14,7 @@ Layout of a store folder (ids end with EOS on both sides, exactly as in ``Exampl
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -26,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .data import DataError, Example, encode_pairs, iter_parallel
-from .files import not_replaceable, read_record, staged_write_error
+from .files import not_replaceable, read_record, staged_write_error, staging
 from .tokenizer import EOS_ID, PAD_ID, Tokenizer
 
 FORMAT = "transformer-token-store"
@@ -79,7 +80,8 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
     check_store_folder(out, overwrite)
     ids_dtype, len_dtype = np.dtype(_dtype(tokenizer.vocab_size - 1)), np.dtype(_dtype(max_len))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    held = contextlib.ExitStack()  # the staging folder's lock (a killed preprocess's folder goes first)
+    tmp = held.enter_context(staging(out.parent, out.name, directory=True))
     files: dict[str, Any] = {}
     try:
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide the store from the other users of a shared machine
@@ -133,6 +135,7 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
             f.close()
         if tmp.exists():
             shutil.rmtree(tmp)
+        held.close()
 
 
 # meta.json's fields as ``write_store`` writes them: each checked at opening (a value edited by hand, "500" or null,
