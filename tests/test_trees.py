@@ -16,7 +16,7 @@ from transformer.model import Transformer
 from transformer.tokenizer import EOS_ID
 from transformer.prepare import PTB_SPLITS, write_ptb_splits
 from transformer.trees import (Tree, TreeConstraint, TreeError, delinearize, linearize, normalize, parse_brackets,
-                               ptb_escape, read_trees, tree_symbols, with_tags)
+                               ptb_escape, read_normalized, read_trees, tree_symbols, with_tags)
 
 PTB = DATA / "ptb-sample"
 
@@ -450,3 +450,16 @@ def test_linearize_refuses_a_root_the_sequences_cannot_hold(tmp_path, capsys, tr
     assert capsys.readouterr().err == f"error: {tmp_path / 'odd.mrg'}: tree 2: its root is {said}, which the task's " \
                                       "sequences cannot hold: give it one labelled root, e.g. (S ...)\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["odd.mrg"]  # nothing written
+
+
+def test_blank_lines_of_a_file_of_one_tree_a_line_are_placed_only_where_that_is_its_layout(tmp_path):
+    """parse writes a blank input line's tree as an empty line: with ``expect``, such a file's trees keep their
+    lines' places; a treebank's layout (a tree over several lines, blank lines between) is read as before."""
+    (tmp_path / "lines").write_text("(S (NN x))\n\n(S (NN y))\n\n")
+    assert [t and t.words() for t in read_normalized(tmp_path / "lines", expect=4)] == [["x"], None, ["y"], None]
+    assert [t.words() for t in read_normalized(tmp_path / "lines")] == [["x"], ["y"]]
+    assert len(read_normalized(tmp_path / "lines", expect=2)) == 2  # as many trees as expected: as they are
+    (tmp_path / "mrg").write_text("( (S\n  (NN x)))\n\n( (S (NN y)))\n")
+    assert len(read_normalized(tmp_path / "mrg", expect=4)) == 2
+    (tmp_path / "two").write_text("(S (NN x)) (S (NN z))\n\n(S (NN y))\n")  # two trees on a line
+    assert len(read_normalized(tmp_path / "two", expect=4)) == 3

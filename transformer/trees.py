@@ -55,6 +55,7 @@ class Tree:
     label: str
     children: list[Tree | str] = field(default_factory=list)
     line: int = field(default=0, compare=False, repr=False)  # where a tree read from text starts (0: not read)
+    end: int = field(default=0, compare=False, repr=False)  # and the line its last bracket closes on
 
     @property
     def is_preterminal(self) -> bool:
@@ -135,7 +136,7 @@ def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
                 stack[-1].children.append(node)
             else:
                 trees.append(node)
-                last = line
+                last = node.end = line
         else:
             if not stack:
                 raise TreeError(f"{where}: tree {number} (line {line}): word {tok!r} outside any bracket")
@@ -146,13 +147,11 @@ def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
     return trees
 
 
-def read_trees(path: Path, lines: list[str] | None = None) -> list[Tree]:
-    """The bracketed trees in a file (``lines``: its lines, read already); one that cannot be read, or holds no
-    tree, is a TreeError naming it (an empty gold or test file would score F1 0 as if parsed)."""
+def read_trees(path: Path) -> list[Tree]:
+    """The bracketed trees in a file; one that cannot be read, or holds no tree, is a TreeError naming it
+    (an empty gold or test file would score F1 0 as if parsed)."""
     path = Path(path)
-    if lines is None:
-        lines = read_lines(path)  # a file not UTF-8: the line and byte named
-    trees = parse_brackets("\n".join(lines), str(path))
+    trees = parse_brackets("\n".join(read_lines(path)), str(path))  # a file not UTF-8: the line and byte named
     if not trees:
         raise TreeError(f"{path}: no trees in it (the file is empty)")
     return trees
@@ -181,20 +180,20 @@ def normalize(tree: Tree) -> Tree | None:
 def read_normalized(path: Path, expect: int | None = None) -> list[Tree | None]:
     """``read_trees``, each tree normalised (None: nothing left once traces are removed); a tree that
     cannot be is a TreeError naming the file and the tree's place in it. ``expect``: how many trees the caller
-    pairs them with; a file of one tree a line that holds fewer, with as many lines, has None for each blank
-    line (``parse`` writes a blank input line's tree as an empty line)."""
-    lines = read_lines(path)  # read once: the path may be stdin
-    trees, out = read_trees(path, lines), []
+    pairs them with; a file of fewer trees, one a line within the first ``expect`` lines, has None for each
+    other line (``parse`` writes a blank input line's tree as an empty line)."""
+    trees, out = read_trees(path), []
     for i, tree in enumerate(trees, 1):
         try:
             out.append(normalize(tree))
         except TreeError as e:
             raise TreeError(f"{path}: tree {i} (line {tree.line}): {e}") from None
-    one_a_line = len({tree.line for tree in trees}) == len(trees) == sum(1 for line in lines if line.strip())
-    if expect is not None and len(out) != expect == len(lines) and one_a_line:
-        placed: list[Tree | None] = [None] * len(lines)
-        for tree, normal in zip(trees, out):
-            placed[tree.line - 1] = normal
+    starts = [tree.line for tree in trees]
+    if (expect is not None and len(out) < expect and all(tree.end == tree.line for tree in trees)
+            and len(set(starts)) == len(trees) and max(starts) <= expect):
+        placed: list[Tree | None] = [None] * expect
+        for start, normal in zip(starts, out):
+            placed[start - 1] = normal
         return placed
     return out
 
