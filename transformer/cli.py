@@ -1069,7 +1069,8 @@ def _counts(text: str) -> list[int]:
 
 def _params_arguments(p: argparse.ArgumentParser) -> None:
     _config_argument(p, "preset")
-    p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset)")
+    p.add_argument("--vocab", type=int, help="vocabulary size (default: data.vocab_size of the preset; Table 3's "
+                   "counts of base and its rows come out at 40960, PAPER_MAP.md)")
     _set_option(p)
     p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F} '
                    '(with --cost: the whole report)')
@@ -1288,7 +1289,8 @@ def _attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tgt", help="target sentence to teacher-force (default: the model's own translation)")
     p.add_argument("--kind", choices=["enc-self", "dec-self", "cross"], default="enc-self",
                    help="which attention (default enc-self; the HTML page holds all three and opens at this one, as "
-                   "it does at the other options' choices)")
+                   "it does at the other options' choices); dec-self's rows are the tokens each position predicts, "
+                   "its columns the tokens they read, so a position's weight on itself is one left of the diagonal")
     p.add_argument("--layer", type=int, default=1, help="layer, 1-based (default 1)")
     p.add_argument("--heads", default="all", help="'all' or a list of 1-based heads such as 1,3 (default all; the "
                    "HTML page shows one head or all)")
