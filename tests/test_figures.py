@@ -43,6 +43,33 @@ def test_weights_are_the_models_own(translator):
     assert torch.all(maps.weights["dec_self"][..., causal] == 0)  # masked positions get exactly 0
 
 
+def test_the_models_own_translation_is_drawn_and_aligned_in_the_pieces_it_wrote():
+    """The model's translation was segmented again: where the beam spelt a word in other pieces than the
+    vocabulary's own ("li la u te" for "lilaute"), the figure and the alignment showed a pass the model never
+    made."""
+    from pathlib import Path
+
+    from transformer.figures import align, word_alignment
+    from transformer.translator import Output
+
+    line = "A pretty woman plays a harpsichord."
+    translator = Translator(Path(__file__).parent / "data" / "decode_reference", log=lambda m: None)
+    out = translator.translate([line])[0]
+    tok = translator.tokenizer
+    assert isinstance(out, Output) and tok.decode(out.ids) == out
+    assert tok.encode(out) != list(out.ids)  # this line's beam writes a word in pieces of its own
+    maps = attention_maps(translator, line, out)
+    assert maps.tgt_out == [*tok.id_pieces(out.ids), "</s>"] and maps.tgt_in[1:] == maps.tgt_out[:-1]
+    src_ids = tok.encode(line) + [EOS_ID]
+    with torch.inference_mode(), record_attention(translator.model) as records:
+        translator.model(torch.tensor([src_ids], device=translator.device),
+                         torch.tensor([[BOS_ID, *out.ids]], device=translator.device))
+    torch.testing.assert_close(maps.weights["cross"][-1], records["cross"][-1][0][0].cpu())
+    again = attention_maps(translator, line, str(out))  # a text of the user's: the vocabulary's segmentation
+    assert again.tgt_out == [*tok.pieces(out), "</s>"] != maps.tgt_out
+    assert align(translator, line, out) == word_alignment(maps)
+
+
 def test_words_merge_pieces_and_keep_rows_distributions():
     maps = AttentionMaps(["▁play", "house", "▁now", "</s>"], ["<s>", "▁ja"], ["▁ja", "</s>"],
                          {"enc_self": torch.softmax(torch.randn(1, 2, 4, 4), -1),

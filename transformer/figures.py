@@ -95,22 +95,24 @@ def _word_groups(tokens: list[str]) -> tuple[list[str], list[list[int]]]:
 
 
 def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
-    """Every layer's attention weights for ``src`` and ``tgt``, teacher-forced in one pass (the
-    model's own translation gives what it attended to while translating)."""
+    """Every layer's attention weights for ``src`` and ``tgt``, teacher-forced in one pass. The model's own
+    translation (an ``Output`` of the translator's) is forced in the pieces it wrote, so the maps are what it
+    attended to while translating; any other text in the vocabulary's own segmentation."""
     tok = translator.tokenizer
     src = translator.as_read(src)  # a parsing run's brackets as the words it reads (-LRB-), not as unknown pieces
     if not (src_ids := tok.encode(src.strip())):  # no piece: blank, or zero-width spaces alone (Translator.blank)
         raise FigureError("the source sentence is empty")
     src_ids = src_ids + [EOS_ID]
-    tgt_ids = tok.encode(tgt.strip())
+    written = getattr(tgt, "ids", None)
+    tgt_ids = list(written) if written is not None else tok.encode(tgt.strip())
+    tgt_pieces = tok.id_pieces(tgt_ids) if written is not None else tok.pieces(tgt.strip())
     model = translator.model
     with torch.inference_mode(), record_attention(model) as records:
         device = next(model.parameters()).device
         model(torch.tensor([src_ids], device=device), torch.tensor([[BOS_ID, *tgt_ids]], device=device))
     # one call per layer: [1, H, Tq, Tk] -> [L, H, Tq, Tk]
     weights = {kind: torch.cat([calls[0] for calls in records[kind]]).float().cpu() for kind in KINDS}
-    return AttentionMaps(tok.pieces(src.strip()) + ["</s>"], ["<s>", *tok.pieces(tgt.strip())],
-                         [*tok.pieces(tgt.strip()), "</s>"], weights)
+    return AttentionMaps(tok.pieces(src.strip()) + ["</s>"], ["<s>", *tgt_pieces], [*tgt_pieces, "</s>"], weights)
 
 
 def word_alignment(maps: AttentionMaps) -> list[tuple[int, int]]:

@@ -195,6 +195,10 @@ class Tokenizer:
         """Sub-word strings of one sentence (labels for attention figures)."""
         return self._sp.encode(text, out_type=str)
 
+    def id_pieces(self, ids: Sequence[int]) -> list[str]:
+        """The sub-word strings of ``ids`` (an output's own pieces, as labels)."""
+        return [self._sp.id_to_piece(i) for i in ids]
+
     def dropout(self) -> BPEDropout:
         """A sampler of this vocabulary's segmentations (subword regularization in training)."""
         return BPEDropout(self._sp)

@@ -70,6 +70,20 @@ class ModelOverflow(CheckpointError):
                          "weights overflow the arithmetic (a run trained at too high a rate, train.lr_scale?)")
 
 
+class Output(str):
+    """An output's text that keeps the pieces the search wrote, ``ids`` (no EOS): attention figures and word
+    alignments of the model's own translation teacher-force these, where the text segmented again gives other
+    pieces (the beam may spell a word in pieces that are not the vocabulary's own segmentation of it: "li la u
+    te" for "lilaute"), or a parsing run's words where it wrote a tree. Anywhere else it is the str it reads as."""
+
+    ids: tuple[int, ...]
+
+    def __new__(cls, text: str, ids: Sequence[int]) -> Output:
+        out = super().__new__(cls, text)
+        out.ids = tuple(ids)
+        return out
+
+
 class Translator:
     """Model + vocabulary + the run's decoding defaults, and what was fixed when loading them (int8 or bf16,
     an ensemble, the device, a parsing run's tree constraint: ``setup``); ``decode`` answers a
@@ -295,7 +309,7 @@ class Translator:
                 for i, hyps in zip(keep, decoded):
                     if not hyps or any(math.isnan(h.score) for h in hyps):  # else ranked: the scores are not numbers
                         raise ModelOverflow(f"line {done + i + 1}")
-                    outputs[i] = [(self._text(h.tokens), h.score) for h in hyps]
+                    outputs[i] = [(Output(self._text(h.tokens), h.tokens), h.score) for h in hyps]
                 done += len(lines)
                 yield lines, outputs
         if not done:
