@@ -1261,6 +1261,34 @@ def test_keep_best_keeps_the_best_and_patience_stops(tmp_path, tiny_overrides, s
                                                   "valid_loss without improvement); nothing to train") == 1
 
 
+def test_the_budgets_end_is_validated_and_kept_when_it_is_the_best(tmp_path, tiny_overrides, monkeypatch):
+    """The budget's end was validated for the summary alone: a better loss there than at the last evaluation was
+    not kept, and best.safetensors (translate --checkpoint best) held older, worse weights than summary.json's.
+    Written after the end's checkpoint (here the clock's), it is taken on a resume as the newer: the checkpoint
+    says step 6's 4.0, and 3.5 at step 9 would have replaced the end's 3.0."""
+    from transformer.train import Trainer
+
+    script = {3: 5.0, 6: 4.0, 8: 3.0, 9: 3.5, 12: 2.5}
+    monkeypatch.setattr(Trainer, "evaluate", lambda self: {"valid_nll": script[self.state.step], "valid_ppl": 1.0})
+    common = tiny_overrides + ["train.log_every=1", "train.eval_every=3", "train.save_every=4",
+                               'train.keep_best="valid_loss"', "train.max_steps=8"]
+    run = tmp_path / "run"
+    done = train(load_config("tiny", common), run, quiet=True)
+    assert done["best"]["step"] == 8 and done["best"]["value"] == done["valid_nll"] == 3.0
+    best = load_checkpoint(run / "best.safetensors", with_state=False)
+    end = load_checkpoint(run / "checkpoints" / "step_00000008.json", with_state=False)
+    assert best.meta["best"] == {"metric": "valid_loss", "step": 8, "value": 3.0} and end.meta["on_clock"]
+    for name, tensor in end.weights.items():
+        assert torch.equal(best.weights[name], tensor), name
+    assert "best valid_loss so far: 3 at step 8, the budget's end" in (run / "train.log").read_text()
+    resumed = train(load_config("tiny", common + ["train.max_steps=12"]), run, resume=True, quiet=True)
+    log = (run / "train.log").read_text()
+    assert "best valid_loss 3 at step 8 taken from best.safetensors" in log and "so far: 3.5" not in log
+    assert resumed["best"]["step"] == 12
+    plain = train(load_config("tiny", common[:-2] + ["train.max_steps=8"]), tmp_path / "plain", quiet=True)
+    assert "best" not in plain and plain["valid_nll"] == 3.0  # validated once at its end, for the summary
+
+
 def test_a_best_newer_than_the_checkpoint_costs_no_patience(tmp_path, tiny_overrides, scripted):
     """Killed (or the disk full) between best.safetensors of step 8 and its checkpoint: resumed from checkpoint 4,
     the best of step 8 is taken from the file, and the evaluations replayed until step 8 (4.5, then 3.0, which

@@ -1194,8 +1194,8 @@ class Trainer:
         record = meta.get("best") if isinstance(meta.get("best"), dict) else {}
         value, step = record.get("value"), record.get("step")
         if (record.get("metric") != self.cfg.train.keep_best or not isinstance(value, (int, float))
-                or not isinstance(step, int) or step <= state.step):  # the checkpoint's own best is the newer
-            return
+                or not isinstance(step, int) or step < state.step or step == state.best_step):
+            return  # the checkpoint's own best is the newer (of its own step: the budget's end, validated after it)
         if foreign:
             self.log(f"{best.name} (best {record['metric']} {value:.4g} at step {step}) is of another run, "
                      "vocabulary or model than this run's: not taken; the run's next best replaces it")
@@ -1424,6 +1424,26 @@ class Trainer:
             self.log(f"stopping: {state.evals_since_best} evaluations of {t.keep_best} without improvement "
                      f"(train.patience); {kept}")
 
+    def validate_end(self) -> None:
+        """The budget's end (not a signal's), its checkpoint written: the last step validated where no evaluation
+        of train.eval_every did (for the summary), and a train.keep_best loss that beats the best kept in
+        best.safetensors, as fairseq keeps its end's: the summary showed a better loss than the run's "best",
+        which --checkpoint best then decoded with. Written after the step's checkpoint, whose record holds the
+        best before it: resume() takes the file as the newer. Not counted against train.patience, which training
+        has no more use for; dev BLEU is not translated again here."""
+        t, state = self.cfg.train, self.state
+        if self.spent or state.step == 0 or self.validated[0] == state.step:
+            return
+        self.validated = (state.step, self.evaluate())
+        metric = {"valid_loss": "valid_nll", "valid_smoothed_loss": "valid_smoothed_loss"}.get(t.keep_best)
+        if metric is None or not self.improves(value := self.validated[1][metric]):
+            return
+        state.best_value, state.best_step, state.evals_since_best = value, state.step, 0
+        write_model(self.out / "best.safetensors", self.raw.state_dict(),
+                    dict(self.meta_base, best={"metric": t.keep_best, "step": state.step, "value": value}))
+        self.log(f"best {t.keep_best} so far: {value:.4g} at step {state.step}, the budget's end (kept in "
+                 "best.safetensors)")
+
     def bleu_due(self, intervals: tuple[int, int] | None = None) -> bool:
         return self.ends(self.cfg.train.bleu_every, intervals) and self.cfg.data.task == "translate"
 
@@ -1577,6 +1597,8 @@ class Trainer:
             # twice, weights and Adam's moments: 2.6 GB for big at every run's end on a save_every multiple)
             if self.saved_on_clock != state.step:
                 self.save(on_clock=False)
+            if stopped_by is None and dist.main:  # after the checkpoint: a validation that fails loses no step
+                self.validate_end()
         except KeyboardInterrupt:
             if stop.again is None:  # not StopSignals' (no main thread, say): as it came
                 raise
