@@ -770,3 +770,36 @@ def test_a_checkpoint_whose_write_fails_leaves_no_tensor_file_behind(tmp_path, m
     with pytest.raises(OSError, match="No space left"):
         save(tmp_path, 2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.parametrize("where", ["record", "tensors"])
+def test_averaging_a_run_that_prunes_a_checkpoint_meanwhile_chooses_again(tmp_path, tiny_overrides, capsys,
+                                                                          monkeypatch, where):
+    """`average` of a run still training failed now and then: the trainer pruned its oldest checkpoint between the
+    listing and its reading ("no such file", "without its JSON record is an unfinished write"). What is chosen
+    is chosen again; decoding and --init-from average the same way (``average_last``)."""
+    from transformer.cli import main
+
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=8", "train.save_every=2", "train.keep_last=5"]),
+          run, quiet=True)
+    found, pruned = ck.list_checkpoints(run), []
+    assert [ck.record_step(p) for p in found] == [2, 4, 6, 8]
+    choose = ck.checkpoints_to_average
+
+    def pruning(run_dir, n, listed=None):  # the trainer's prune of the oldest, just after the listing
+        chosen = choose(run_dir, n, listed)
+        if not pruned:
+            pruned.append(chosen[0])
+            if where == "record":
+                chosen[0].unlink()
+            else:
+                chosen[0].with_suffix(".safetensors").unlink()
+                chosen[0].unlink()
+        return chosen
+
+    monkeypatch.setattr(ck, "checkpoints_to_average", pruning)
+    assert main(["average", str(run), "--last", "3", "--out", str(tmp_path / "avg.safetensors")]) == 0, \
+        capsys.readouterr().err
+    assert pruned == [found[1]] and ck.checkpoint_record(tmp_path / "avg.safetensors")["averaged"] == [
+        "step_00000002.json", "step_00000006.json", "step_00000008.json"]  # the last 3 left

@@ -489,9 +489,9 @@ def test_the_weights_read_are_named_and_a_checkpoint_pruned_while_read_is_read_a
     """A run still training prunes its checkpoints: one removed between listing and reading failed the load (a
     plain retry would have worked), and evaluate --json listed the checkpoints again after decoding, naming newer
     ones than it had decoded with."""
-    import transformer.translator as T
+    import transformer.checkpoint as C
 
-    real, calls = T.average_checkpoints, []
+    real, calls = C.average_checkpoints, []
 
     def pruned_once(paths):
         calls.append(list(paths))
@@ -500,7 +500,7 @@ def test_the_weights_read_are_named_and_a_checkpoint_pruned_while_read_is_read_a
             paths[0].unlink()
             raise CheckpointError(f"{paths[0].with_suffix('.safetensors').name}: cannot read weights file")
         return real(paths)
-    monkeypatch.setattr(T, "average_checkpoints", pruned_once)
+    monkeypatch.setattr(C, "average_checkpoints", pruned_once)
     translator = Translator(run, log=lambda m: None)
     assert len(calls) == 2 and calls[0][0] not in calls[1]
     assert translator.weights_from == [p.with_suffix(".safetensors").resolve() for p in calls[1]]

@@ -423,6 +423,25 @@ def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = Non
     return kept[::-1]
 
 
+def average_last(run_dir: Path, n: int, tries: int = 3) -> tuple[list[Path], dict[str, Tensor]]:
+    """The records ``checkpoints_to_average`` chooses and their average (``average_checkpoints``; none: {}),
+    chosen again where a run still training pruned one of them between the listing and its reading: `average`
+    of a live run failed now and then ("no such file", or "without its JSON record"). An error of files that
+    are all still there is theirs, raised at once."""
+    for _ in range(tries - 1):
+        paths: list[Path] = []
+        try:
+            paths = checkpoints_to_average(run_dir, n)
+            return paths, average_checkpoints(paths) if paths else {}
+        except CheckpointMismatch:  # each intact: not a race
+            raise
+        except CheckpointError:
+            if paths and all(p.exists() and p.with_suffix(".safetensors").exists() for p in paths):
+                raise
+    paths = checkpoints_to_average(run_dir, n)
+    return paths, average_checkpoints(paths) if paths else {}
+
+
 def _not_a_count(state: dict[str, Any]) -> str | None:
     """The first of a record's train_state fields that ``checkpoints_to_average`` computes with that is not a
     number (step and elapsed_s always; the epoch's, where given); None when all are."""

@@ -1020,8 +1020,8 @@ def cmd_average(args: argparse.Namespace) -> None:
 
     Uniform mean in float64 of the last N checkpoints' weights; writes a model file usable with --checkpoint.
     """
-    from .checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints,
-                             load_checkpoint, run_folder, same_model, write_model)
+    from .checkpoint import (CheckpointError, average_last, checkpoint_record, list_checkpoints, run_folder,
+                             same_model, write_model)
 
     if args.last < 1:
         raise ConfigError(f"--last must be >= 1, got {args.last}")
@@ -1036,16 +1036,17 @@ def cmd_average(args: argparse.Namespace) -> None:
     if record.exists() and not out.exists():  # a file of that name that no model owns: summary.json, notes
         raise OutputError(f"--out {args.out}: its record would replace {record}, which is no record of a model "
                           "there: choose another name")
-    held = list_checkpoints(run_folder(args.run_dir))
-    paths = checkpoints_to_average(Path(args.run_dir), args.last, held)
+    run_folder(args.run_dir)  # a run folder, else said so
+    paths, weights = average_last(Path(args.run_dir), args.last)  # of a run still training too
     if not paths:
         raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
-    meta = load_checkpoint(paths[-1], with_state=False).meta
+    held = list_checkpoints(Path(args.run_dir))
+    meta = checkpoint_record(paths[-1])
     keep = ("config", "vocab_sha256", "model_hash", "vocab_size")
     # the run it comes from: `train --init-from FILE` takes that run's vocabulary when FILE is kept elsewhere
     meta = {k: meta[k] for k in keep if k in meta} | {"averaged": [p.name for p in paths],
                                                        "run": str(Path(args.run_dir).resolve())}
-    write_model(args.out, average_checkpoints(paths), meta)
+    write_model(args.out, weights, meta)
     # it said "the run holds 3" of a run of 4, one of them replaced by the budget's end's (docs/training.md)
     before = held[:held.index(paths[0])] if paths[0] in held else []
     other = (f"; {before[-1].stem} and those before it are of another model (a resume with a model change), which "

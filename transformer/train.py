@@ -35,7 +35,7 @@ from tqdm import tqdm
 from . import __version__, distributed, files
 from .distributed import Dist
 
-from .checkpoint import (Checkpoint, CheckpointError, average_checkpoints, checkpoint_record, checkpoints_to_average,
+from .checkpoint import (Checkpoint, CheckpointError, average_last, checkpoint_record,
                          clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, one_run,
                          record_step, save_checkpoint, write_model)
 from .config import Config, ConfigError, ModelConfig, TrainConfig, as_path, config_from_dict, dump_toml, read_toml
@@ -1061,9 +1061,8 @@ class Trainer:
         if init_from.is_dir():
             paths = list_checkpoints(parent)  # some: refuse_misfit
             meta = load_checkpoint(paths[-1], with_state=False).meta
-            average_last = config_from_dict(meta["config"], f"{paths[-1]} (config)").decode.average_last
-            chosen = checkpoints_to_average(parent, average_last)
-            weights = average_checkpoints(chosen)
+            last = config_from_dict(meta["config"], f"{paths[-1]} (config)").decode.average_last
+            chosen, weights = average_last(parent, last)  # of a run still training too
         else:
             ckpt = load_checkpoint(init_from, with_state=False)
             # the weights file its record names: given the optimizer state's (step_N.state), its step's weights

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_checkpoints, checkpoint_record,
-                         checkpoints_to_average, chosen_weights, list_checkpoints, load_checkpoint, run_folder)
+from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_last, checkpoint_record,
+                         chosen_weights, list_checkpoints, load_checkpoint, run_folder)
 from .config import (Config, ConfigError, LengthNorm, as_path, check_strings, config_from_dict, edited_model,
                      set_section)
 from .data import encode_for_decoding
@@ -554,17 +554,13 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
             said = said.replace(f"decode.{key}", CLI.get("beam" if key == "beam_size" else key, f"decode.{key}"))
         raise ConfigError(said) from None
     if checkpoint is None:
-        for attempt in range(3):
-            paths = checkpoints_to_average(run_dir, cfg.decode.average_last)
-            try:
-                weights = average_checkpoints(paths)  # one path: its weights exactly, without the optimizer state
-                break
-            except CheckpointMismatch as e:  # each intact: not to be moved away as damaged
-                raise CheckpointError(f"{e}; give --checkpoint one of them") from None
-            except CheckpointError as e:  # one pruned while it was read (a run still saving checkpoints): list again
-                if attempt == 2 or all(p.exists() and p.with_suffix(".safetensors").exists() for p in paths):
-                    raise CheckpointError(f"{e}; to decode with the others, give --checkpoint one that is intact, or "
-                                          f"move the damaged one out of {run_dir / 'checkpoints'}") from None
+        try:  # one path: its weights exactly, without the optimizer state
+            paths, weights = average_last(run_dir, cfg.decode.average_last)
+        except CheckpointMismatch as e:  # each intact: not to be moved away as damaged
+            raise CheckpointError(f"{e}; give --checkpoint one of them") from None
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}; to decode with the others, give --checkpoint one that is intact, or "
+                                  f"move the damaged one out of {run_dir / 'checkpoints'}") from None
         fewer = f" (of decode.average_last {cfg.decode.average_last})" if len(paths) < cfg.decode.average_last else ""
         log(f"averaging the last {len(paths)} checkpoint(s){fewer}: {', '.join(p.stem for p in paths)}")
         read = [p.with_suffix(".safetensors").resolve() for p in paths]
