@@ -357,6 +357,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 raise TrainError(f"--resume cannot change how the vocabulary is made, {'; '.join(vocabulary)}: the "
                                  f"run keeps {out / 'spm.model'}, which its checkpoints were trained with (even with "
                                  "--allow-config-change); train a new vocabulary as a new run, with another --out")
+            if (drawn := next((c for c in changed if c.startswith("train.init_qkv_gain:")), None)) and has_checkpoints:
+                raise TrainError(f"--resume cannot change {drawn}: it sets how a new model's first weights are drawn, "
+                                 "and the run's were drawn when it started (even with --allow-config-change, the run's "
+                                 "record would claim what it never had): leave it as it was, or train a new run with "
+                                 "another --out")
             model = [c for c in changed if c.startswith("model.")]
             if model and weight_shapes(saved.model, saved.data.vocab_size) != weight_shapes(cfg.model, saved.data.vocab_size):
                 model = misfits(saved.model, cfg.model, saved.data.vocab_size, model)
