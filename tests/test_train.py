@@ -2175,10 +2175,28 @@ def test_training_files_are_checked_before_a_vocabulary_is_trained(tmp_path, tin
     run = tmp_path / "run"
     with pytest.raises(UserError, match="differ in length"):
         train(load_config("tiny", _set(tiny_overrides, "train_src", short) + ["train.max_steps=1"]), run, quiet=True)
-    assert not (run / "spm.model").exists()
+    assert not run.exists()  # nor the run folder made: it held config.toml alone, no log saying why
     shutil.copyfile(src, short)  # corrected in place: the same command now trains
     done = train(load_config("tiny", _set(tiny_overrides, "train_src", short) + ["train.max_steps=1"]), run, quiet=True)
     assert done["step"] == 1
+
+
+def test_a_stop_signal_before_training_began_is_in_the_log(tmp_path, tiny_overrides, monkeypatch):
+    """Ctrl-C during the vocabulary's training (minutes on WMT) printed "interrupted" and left train.log without
+    a word: a later attempt's lines followed the earlier's with nothing between them."""
+    from transformer.errors import Terminated
+
+    for stop, said in ((KeyboardInterrupt(), "interrupted (SIGINT): stopped at once"),
+                       (Terminated(), "SIGTERM: stopped at once")):
+        def stopped(cfg, src, tgt, path, log, resuming):
+            log("training the vocabulary")
+            raise stop
+
+        monkeypatch.setattr(training, "open_vocabulary", stopped)
+        run = tmp_path / type(stop).__name__
+        with pytest.raises(type(stop)):
+            train(load_config("tiny", tiny_overrides), run, quiet=True)
+        assert (run / "train.log").read_text().splitlines()[-1].endswith(f" {said}")
 
 
 def test_one_training_writes_a_run_folder_at_a_time(tmp_path, tiny_overrides):

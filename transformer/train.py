@@ -311,8 +311,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     writes it.
     """
     d, data = cfg.data, data_paths(cfg)  # before the run folder is made or its config written
-    # read now, not after the vocabulary's training: a validation file of another length was found minutes later
+    # read now, not after the vocabulary's training: a validation file of another length was found minutes later;
+    # and the training text before the folder is made: refused (its lines, a byte, a gzip cut short), it left a
+    # folder of config.toml alone, no log saying why
     valid_pairs = read_parallel(data["valid_src"], data["valid_tgt"])
+    pairs = None if d.train_store else read_parallel(data["train_src"], data["train_tgt"])
     if out.is_dir() and not any((out / name).exists() for name in RUN_MARKS) and (others := sorted(out.iterdir())):
         # `--out data` or a folder of the user's own config.toml: it was written over without a word
         listed = ", ".join(p.name for p in others[:3]) + (", ..." if len(others) > 3 else "")
@@ -447,7 +450,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = data["train_src"], data["train_tgt"]
-        pairs = read_parallel(train_src, train_tgt)  # checked (line counts, UTF-8) before a BPE is trained on them
+        assert pairs is not None  # read above: checked (line counts, UTF-8) before a BPE is trained on them
         tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log,
                                     resuming=has_checkpoints or vocabulary_of is not None)
         if d.task == "parse":
@@ -871,12 +874,15 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     try:
         with contextlib.ExitStack() as held:  # the run folder's lock (rank 0's), released however training ends
             return Trainer(cfg, out, resume, quiet, dist, allow_config_change, init_from, held).run()
-    except Exception as e:  # why the run ended, in the log it wrote (nohup: stderr may be gone); the command line
-        # says it on the terminal. A refusal before the log's first line leaves it as it was; a stop logged its own
+    except (Exception, KeyboardInterrupt, Terminated) as e:  # why the run ended, in the log it wrote (nohup: stderr
+        # may be gone); the command line says it on the terminal. A refusal before the log's first line leaves it as
+        # it was; a stop in the loop logged its own, one before it (the vocabulary's training: minutes) is said here
         if dist.main and not isinstance(e, TrainInterrupted) and log.is_file() and log.stat().st_size != logged:
+            said = ("interrupted (SIGINT): stopped at once" if isinstance(e, KeyboardInterrupt) else
+                    f"{signal.Signals(e.signum).name}: stopped at once" if isinstance(e, Terminated)
+                    else distributed.lost_contact_line(e) or error_line(e))
             with contextlib.suppress(OSError):  # a full disk: said on stderr alone
-                files.append_text(log, f"{time.strftime('%Y-%m-%d %H:%M:%S')} "
-                                       f"{distributed.lost_contact_line(e) or error_line(e)}\n")
+                files.append_text(log, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {said}\n")
         raise
     finally:
         torch.set_default_dtype(default_dtype)
