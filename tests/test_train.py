@@ -1289,6 +1289,29 @@ def test_the_budgets_end_is_validated_and_kept_when_it_is_the_best(tmp_path, tin
     assert "best" not in plain and plain["valid_nll"] == 3.0  # validated once at its end, for the summary
 
 
+def test_ctrl_c_twice_in_the_budgets_end_validation_says_its_checkpoint_was_written(tmp_path, tiny_overrides,
+                                                                                     monkeypatch):
+    """The budget's end is validated after its checkpoint: a second Ctrl-C there is not "in step 9, without
+    writing a checkpoint"."""
+    import signal
+
+    from transformer.train import Trainer, TrainInterrupted
+
+    def evaluate(self):
+        if self.state.step == 8:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return {"valid_nll": 3.0, "valid_ppl": 1.0}
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    run = tmp_path / "run"
+    with pytest.raises(TrainInterrupted, match=r"^SIGINT again: training stopped at once, after step 8, its "
+                                               r"checkpoint written; --resume continues from the newest in "):
+        train(load_config("tiny", tiny_overrides + ["train.log_every=1", "train.eval_every=3", "train.max_steps=8",
+                                                    'train.keep_best="valid_loss"']), run, quiet=True)
+    assert [checkpoint_record(p)["step"] for p in list_checkpoints(run)][-1] == 8
+
+
 def test_a_best_newer_than_the_checkpoint_costs_no_patience(tmp_path, tiny_overrides, scripted):
     """Killed (or the disk full) between best.safetensors of step 8 and its checkpoint: resumed from checkpoint 4,
     the best of step 8 is taken from the file, and the evaluations replayed until step 8 (4.5, then 3.0, which

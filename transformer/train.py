@@ -1571,6 +1571,7 @@ class Trainer:
         # first, with nothing queued after it, where booking it reads the weights (validation, a
         # checkpoint), where it may be the last, and where training stops.
         pending: InFlight | None = None
+        ended = False  # the budget's end's checkpoint written
         try:
             while True:
                 plan = self.after() if pending else None
@@ -1607,6 +1608,7 @@ class Trainer:
             # twice, weights and Adam's moments: 2.6 GB for big at every run's end on a save_every multiple)
             if self.saved_on_clock != state.step:
                 self.save(on_clock=False)
+            ended = True
             if stopped_by is None and dist.main:  # after the checkpoint: a validation that fails loses no step
                 self.validate_end()
         except KeyboardInterrupt:
@@ -1614,7 +1616,9 @@ class Trainer:
                 raise
             name, where = signal.Signals(stop.again).name, f"in step {state.step + 1}"
             what = "without writing a checkpoint"
-            if self.writing:  # the budget's last checkpoint, or the clock's (in book())
+            if ended:  # in the budget's end's validation
+                where, what = f"after step {state.step}", "its checkpoint written"
+            elif self.writing:  # the budget's last checkpoint, or the clock's (in book())
                 where = f"while writing the checkpoint of step {state.step}"
                 if (self.out / "checkpoints" / f"step_{state.step:08d}.json").is_file():  # its record renamed in
                     where, what = f"as the checkpoint of step {state.step} was written", "that checkpoint whole"
