@@ -68,6 +68,12 @@ def test_the_models_own_translation_is_drawn_and_aligned_in_the_pieces_it_wrote(
     again = attention_maps(translator, line, str(out))  # a text of the user's: the vocabulary's segmentation
     assert again.tgt_out == [*tok.pieces(out), "</s>"] != maps.tgt_out
     assert align(translator, line, out) == word_alignment(maps)
+    import copy
+    import pickle
+
+    for kept in (pickle.loads(pickle.dumps(out)), copy.deepcopy(out), copy.copy(out)):  # a user's saved results
+        assert kept == out and isinstance(kept, Output) and kept.ids == out.ids
+    assert json.loads(json.dumps([out])) == [str(out)]
 
 
 def test_words_merge_pieces_and_keep_rows_distributions():

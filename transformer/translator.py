@@ -83,6 +83,9 @@ class Output(str):
         out.ids = tuple(ids)
         return out
 
+    def __reduce__(self) -> tuple:  # pickled and copied with its ids (str's own rebuilt it from the text alone)
+        return Output, (str(self), self.ids)
+
 
 class Translator:
     """Model + vocabulary + the run's decoding defaults, and what was fixed when loading them (int8 or bf16,
