@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from transformer.cli import main
+from transformer.errors import UserError
 from transformer.figures import AttentionMaps, FigureError, attention_html, attention_maps, plot_training
 from transformer.model import record_attention
 from transformer.tokenizer import BOS_ID, EOS_ID
@@ -213,6 +214,37 @@ def test_a_parsing_runs_figure_reads_brackets_as_the_parse_does(tiny_parse_run):
     maps = attention_maps(parser, src, parser.translate([src])[0])
     assert maps.src == parser.tokenizer.pieces("He said -LRB- hi -RRB- .") + ["</s>"]
     assert not any(p in ("\u2581(", "(", "\u2581)", ")") for p in maps.src)
+
+
+def test_figures_leave_the_process_matplotlib_backend_and_refuse_what_they_cannot_draw(translator, tiny_run,
+                                                                                       tmp_path):
+    """draw_attention and plot_training called matplotlib.use("Agg"): a notebook's inline figures stopped showing
+    for the rest of its session. A layer past the model's was an IndexError, a kind of the command line's spelling
+    a KeyError, an unknown style drew both; plot_training took no str path."""
+    import matplotlib
+
+    from transformer.figures import draw_attention
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        maps = attention_maps(translator, SRC, TGT)
+        assert draw_attention(maps, "enc-self", 1, None, tmp_path / "a.png") == []
+        assert plot_training(str(tiny_run / "metrics.jsonl"), str(tmp_path / "curves.png"))
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)
+    layers = translator.cfg.model.n_dec_layers
+    for call, said in (
+            (lambda: draw_attention(maps, "cross", layers + 1, None, tmp_path / "b.png"),
+             f"--layer {layers + 1}: the model has {layers} layers"),
+            (lambda: draw_attention(maps, "self", 1, None, tmp_path / "b.png"), "kind 'self': one of enc-self, "),
+            (lambda: draw_attention(maps, "cross", 1, None, tmp_path / "b.png", style="bogus"), "style 'bogus': one of"),
+            (lambda: draw_attention(maps, "cross", 1, None, tmp_path / "missing" / "b.png"), "does not exist"),
+            (lambda: plot_training(None, tmp_path / "c.png"), "metrics_path: a path")):
+        with pytest.raises(UserError, match=re.escape(said)):
+            call()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "curves.png"]
 
 
 def test_plot_draws_the_runs_own_log(tiny_run, tmp_path):

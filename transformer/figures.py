@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from . import files
+from .config import as_path
 from .errors import UserError
 from .model import record_attention
 from .tokenizer import BOS_ID, EOS_ID
@@ -153,29 +154,46 @@ def chosen_heads(n_layers: int, n_heads: int, layer: int, heads: list[int] | Non
     return heads
 
 
+STYLES = ("links", "heatmap", "both")
+
+
 def _select(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None) -> tuple[torch.Tensor, list[int]]:
-    return maps.weights[kind][layer - 1], chosen_heads(*maps.weights[kind].shape[:2], layer, heads)
+    kind = KIND_NAMES.get(kind, kind)  # the command line's spelling too
+    if kind not in KINDS:
+        raise FigureError(f"kind {kind!r}: one of {', '.join(KIND_NAMES)}")
+    heads = chosen_heads(*maps.weights[kind].shape[:2], layer, heads)  # the layer checked before it is read
+    return maps.weights[kind][layer - 1], heads
+
+
+def _figure(width: float, height: float):
+    """A matplotlib figure of its own, drawn without pyplot: pyplot's backend is the process's (a notebook's
+    inline one), which ``matplotlib.use("Agg")`` switched for the rest of the session."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
 
 
 def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None, out: Path,
                    style: str = "both") -> list[str]:
     """A PNG of one layer's attention: per-head coloured links from each query token to the keys it
-    attends to, line opacity = weight (Figure 3), and/or one heatmap per head (Figures 4-5). Returns the
-    characters the font has no glyph for (drawn as boxes), which matplotlib would warn of one by one."""
-    import matplotlib
+    attends to, line opacity = weight (Figure 3), and/or one heatmap per head (Figures 4-5); ``kind`` one of
+    KINDS (or the command line's spelling), ``style`` one of STYLES. Returns the characters the font has no
+    glyph for (drawn as boxes), which matplotlib would warn of one by one."""
+    from matplotlib import colormaps
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    if style not in STYLES:
+        raise FigureError(f"style {style!r}: one of {', '.join(STYLES)}")
     w, heads = _select(maps, kind, layer, heads)
+    out = files.check_output(as_path(out, "out"), "out", suffixes=(".png",))
+    kind = KIND_NAMES.get(kind, kind)
     rows, cols = maps.axes(kind)
-    colours = plt.get_cmap("tab10" if len(heads) <= 10 else "tab20")
+    colours = colormaps["tab10" if len(heads) <= 10 else "tab20"]
     n_maps = len(heads) if style != "links" else 0
     n_cols = min(4, max(n_maps, 1))
     n_grid = math.ceil(n_maps / n_cols) if n_maps else 0
     link_h = 0.28 * max(len(rows), len(cols)) + 1 if style != "heatmap" else 0
     cell = 0.22 * max(len(rows), len(cols)) + 1.2
-    fig = plt.figure(figsize=(max(6.0, cell * n_cols), link_h + cell * n_grid + 0.6))
+    fig = _figure(max(6.0, cell * n_cols), link_h + cell * n_grid + 0.6)
     grid = fig.add_gridspec(int(bool(link_h)) + n_grid, n_cols,
                             height_ratios=([link_h] if link_h else []) + [cell] * n_grid)
     fig.suptitle(f"{kind.replace('_', '-')} attention, layer {layer}")
@@ -211,7 +229,6 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
         fig.tight_layout()
         with files.atomic_path(out) as tmp:  # whole or not at all, as every file the package writes
             fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
     missing = {int(m[1]) for w in said if (m := re.match(r"Glyph (\d+) .*missing from font", str(w.message)))}
     for w in said:  # any other warning is not ours to hold back
         if not re.match(r"Glyph \d+ .*missing from font", str(w.message)):
@@ -308,13 +325,10 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
     """Training and validation loss, perplexity, learning rate and dev BLEU against steps and minutes,
     from a run's ``metrics.jsonl``. Returns the names of the series that were drawn. A record that cannot
     be drawn is a FigureError naming its line and field (``_metrics_record``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from .data import read_lines  # the one reader of text files: invalid UTF-8 is named with its line
 
+    metrics_path = as_path(metrics_path, "metrics_path")
+    out = files.check_output(as_path(out, "out"), "out", suffixes=(".png",))
     lines = read_lines(metrics_path)
     if lines and not metrics_path.read_bytes().endswith(b"\n"):  # its last line may be being written
         try:
@@ -328,7 +342,8 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
         raise FigureError(f"{metrics_path}: no record holds a metric to draw ("
                           f"{', '.join(key for _, keys in _PANELS for key in keys)})")
     drawn = []
-    fig, axes = plt.subplots(len(_PANELS), 2, figsize=(11, 3 * len(_PANELS)), squeeze=False)
+    fig = _figure(11, 3 * len(_PANELS))
+    axes = fig.subplots(len(_PANELS), 2, squeeze=False)
     for row, (label, keys) in enumerate(_PANELS):
         for col, x_key in enumerate(("step", "minutes")):
             ax = axes[row][col]
@@ -354,5 +369,4 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
     fig.tight_layout()
     with files.atomic_path(out) as tmp:  # whole or not at all, as every file the package writes
         fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
     return drawn
