@@ -421,6 +421,76 @@ def test_numpy_values_are_taken_alike_by_every_option(run):
         translator.decode(["A dog."], DecodeRequest(constraints={"Hund"}))
 
 
+def test_what_the_api_is_given_wrong_is_one_line_of_the_packages_own(run, tmp_path):
+    """Raw TypeErrors, AttributeErrors, IndexErrors and ValueErrors from deep inside, or a wrong answer without a
+    word (blank("abc") one line a character, average_last(run, 0) every checkpoint, resume="no" resumed)."""
+    from transformer import checkpoint, figures
+    from transformer.errors import UserError
+
+    translator = Translator(run, log=lambda m: None)
+    refused = [
+        (lambda: Translator(run, ensemble=5), r"^ensemble: a list of run folders, not int"),
+        (lambda: translator.blank(None), r"^lines: a list of strings, not NoneType"),
+        (lambda: translator.blank("abc"), r"^lines: a list of strings, not one string"),
+        (lambda: translator.blank([1]), r"^lines: a list of strings, holding int 1"),
+        (lambda: translator.decode(["A dog."], stop=True), r"^stop: a function of no argument"),
+        (lambda: translator.check(DecodeRequest(prefixes=["a", "b", "c"]), lines="abc"),
+         r"^lines: a list of strings, not one string"),
+        (lambda: translator.stream([["A dog."]], total=-1), r"^total: the number of input lines"),
+        (lambda: Translator.of_model(None, translator.tokenizer, translator.cfg), r"^of_model: model a Module"),
+        (lambda: figures.attention_maps(translator, "A dog.", None), r"^tgt: one sentence \(str\), not NoneType"),
+        (lambda: figures.align(translator, None, "x"), r"^src: one sentence"),
+        (lambda: checkpoint.load_checkpoint(None), r"^checkpoint: a path"),
+        (lambda: checkpoint.list_checkpoints(None), r"^run_dir: a path"),
+        (lambda: checkpoint.average_checkpoints([]), r"^paths: no checkpoint to average"),
+        (lambda: checkpoint.average_checkpoints(str(list_checkpoints(run)[-1])), r"^paths: a list of checkpoint"),
+        (lambda: checkpoint.average_last(run, 0), r"^how many checkpoints to average: a whole number >= 1, not 0"),
+        (lambda: checkpoint.average_last(run, "2"), r"not '2'"),
+        (lambda: train(load_config("tiny"), tmp_path / "r", resume="no"), r"^resume: True or False, not str 'no'"),
+    ]
+    for call, message in refused:
+        with pytest.raises(UserError, match=message):
+            call()
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_model_under_training_decoded_from_several_threads_is_left_training(run, monkeypatch):
+    """Each call set the model to evaluation mode and back as it found it: a second thread found it in evaluation
+    mode, the first gave it back to training while the second still decoded (dropout on), and the last left it in
+    evaluation mode (a notebook training on trained without dropout)."""
+    import threading
+
+    import transformer.translator as T
+
+    loaded = Translator(run, log=lambda m: None)
+    model = T._load_model(run, None, loaded.tokenizer, None, lambda m: None)[1].train()
+    translator = Translator.of_model(model, loaded.tokenizer, loaded.cfg)
+    inside, first_out, seen = threading.Barrier(2), threading.Event(), {}
+    real = T.decode_ids
+
+    def decode(*args, **kwargs):
+        inside.wait(30)  # both calls in their evaluation mode
+        name = threading.current_thread().name
+        if name == "second":
+            first_out.wait(30)  # the first call has given the model back
+            seen["second"] = model.training
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(T, "decode_ids", decode)
+
+    def call(name: str) -> None:
+        translator.translate(["A dog runs."], DecodeRequest(beam_size=1))
+        if name == "first":
+            first_out.set()
+
+    threads = [threading.Thread(target=call, args=(name,), name=name) for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert seen == {"second": False} and model.training  # evaluated throughout; given back as it was
+
+
 def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line(run):
     """A str is a sequence: translate("A dog runs.") answered 11 lines, a prefix "Ei" forced "E" on line 1 and
     "i" on line 2, constraints ["Hund"] became the phrases H, u, n, d; wrong types failed deep in torch."""

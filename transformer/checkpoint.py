@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 from torch import Tensor
 
+from .config import as_path, check_sequence
 from .errors import UserError
 from .files import atomic_path, atomic_paths, file_sha256, os_error_in, read_record, write_text
 
@@ -283,7 +285,7 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
 
     Every failure is a CheckpointError naming the file at fault; nothing is returned half-loaded.
     """
-    path = Path(path)
+    path = as_path(path, "checkpoint")
     if _suffix(path) in PICKLE_SUFFIXES:
         raise CheckpointError(f"{path}: pickle files are refused (they can run code when loaded); "
                               "convert the weights to safetensors")
@@ -326,7 +328,7 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     """The JSON records of a run's training checkpoints, oldest step first. A ``checkpoints`` that is there but
     no folder (a link to a disk not mounted, a file) is a CheckpointError: taken for none, `--resume` trained
     the run anew over its metrics and best.safetensors."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir = as_path(run_dir, "run_dir") / "checkpoints"
     if not ckpt_dir.is_dir():
         if ckpt_dir.is_symlink() or ckpt_dir.exists():
             what = "a link to nothing" if not ckpt_dir.exists() else "a file"
@@ -386,6 +388,8 @@ def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = Non
     before compute another function; averaged in, decoding was refused until then).
     ``found``: the records to choose from (default: all of the run's).
     """
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:  # else every checkpoint, silently
+        raise CheckpointError(f"how many checkpoints to average: a whole number >= 1, not {n!r}")
     kept: list[Path] = []
     newer: dict[str, Any] | None = None
     model: dict[str, Any] | None = None
@@ -500,8 +504,11 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
     aside: ``_computed``), and be of one run (its record's run_id, where both have one): another run's checkpoint
     of the same vocabulary and model, copied into checkpoints/, was averaged in without a word.
     """
+    if isinstance(paths, (str, Path)):  # one file, read a character a file
+        raise CheckpointError(f"paths: a list of checkpoint files, not one ({str(paths)!r}): put it in a list")
+    check_sequence(paths, "paths", "a list of checkpoint files")
     if not paths:
-        raise ValueError("average_checkpoints needs at least one checkpoint")
+        raise CheckpointError("paths: no checkpoint to average")
     first = load_checkpoint(paths[0], with_state=False)
     acc = {k: t.double() if t.is_floating_point() else t for k, t in first.weights.items()}
     dtypes = {k: t.dtype for k, t in first.weights.items()}

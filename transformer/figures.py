@@ -99,6 +99,7 @@ def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
     """Every layer's attention weights for ``src`` and ``tgt``, teacher-forced in one pass. The model's own
     translation (an ``Output`` of the translator's) is forced in the pieces it wrote, so the maps are what it
     attended to while translating; any other text in the vocabulary's own segmentation."""
+    _sentences(src, tgt)
     tok = translator.tokenizer
     src = translator.as_read(src)  # a parsing run's brackets as the words it reads (-LRB-), not as unknown pieces
     if not (src_ids := tok.encode(src.strip())):  # no piece: blank, or zero-width spaces alone (Translator.blank)
@@ -136,7 +137,15 @@ def align(translator, src: str, tgt: str) -> list[tuple[int, int]]:
     """``word_alignment`` of ``src`` and its translation ``tgt`` (one teacher-forced pass); a blank source
     (``Translator.blank``: zero-width characters alone too) aligns nothing. What `translate --alignment` and
     the server's "alignment" answer."""
+    _sentences(src, tgt)
     return [] if translator.blank([src])[0] else word_alignment(attention_maps(translator, src, tgt))
+
+
+def _sentences(src: object, tgt: object) -> None:
+    """A FigureError unless ``src`` and ``tgt`` are one sentence each (an AttributeError deep inside, else)."""
+    for name, value in (("src", src), ("tgt", tgt)):
+        if not isinstance(value, str):
+            raise FigureError(f"{name}: one sentence (str), not {type(value).__name__} {value!r:.60}")
 
 
 def chosen_heads(n_layers: int, n_heads: int, layer: int, heads: list[int] | None) -> list[int]:

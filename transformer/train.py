@@ -855,6 +855,9 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     """
     if not isinstance(cfg, Config):  # a preset's name, say: load_config reads one
         raise ConfigError(f"cfg: a Config (load_config(PRESET or FILE)), not {type(cfg).__name__} {cfg!r}")
+    for name, value in (("resume", resume), ("quiet", quiet), ("allow_config_change", allow_config_change)):
+        if not isinstance(value, bool):  # resume="no" (an environment variable's) resumed
+            raise ConfigError(f"{name}: True or False, not {type(value).__name__} {value!r}")
     # a Config edited after load_config (cfg.train.max_steps = -5, a str for an int) is checked as a file's values
     cfg = anchored(config_from_dict(cfg.to_dict(), "cfg").validate())
     out, init_from = as_path(out, "out"), None if init_from is None else as_path(init_from, "init_from")

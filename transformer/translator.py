@@ -11,6 +11,7 @@ import contextlib
 import math
 import numbers
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -20,8 +21,8 @@ from tqdm import tqdm
 
 from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_last, checkpoint_record,
                          chosen_weights, list_checkpoints, load_checkpoint, run_folder)
-from .config import (Config, ConfigError, LengthNorm, as_path, check_strings, config_from_dict, edited_model,
-                     set_section)
+from .config import (Config, ConfigError, LengthNorm, as_path, check_sequence, check_strings, config_from_dict,
+                     edited_model, set_section)
 from .data import encode_for_decoding
 from .errors import OutOfMemory, out_of_memory
 from .decode import Scored, decode_ids, score_ids
@@ -119,6 +120,7 @@ class Translator:
                 raise ConfigError(f"{name}: True or False, not {type(value).__name__} {value!r}")
         if isinstance(ensemble, (str, Path)):  # one folder, read one character a folder
             raise ConfigError(f"ensemble: a list of run folders, not one ({str(ensemble)!r}): put it in a list")
+        check_sequence(ensemble, "ensemble", "a list of run folders")
         keep_freed_memory()
         if device is None:
             device = "cuda" if torch.cuda.is_available() and not int8 else "cpu"
@@ -174,6 +176,10 @@ class Translator:
     def of_model(cls, model: Transformer, tokenizer: Tokenizer, cfg: Config) -> Translator:
         """A model in memory with its run's vocabulary and config (training's dev BLEU): it decodes
         requests as the run's folder, loaded, would."""
+        for name, value, kind in (("model", model, torch.nn.Module), ("tokenizer", tokenizer, Tokenizer),
+                                  ("cfg", cfg, Config)):
+            if not isinstance(value, kind):
+                raise ConfigError(f"of_model: {name} a {kind.__name__}, not {type(value).__name__} {value!r:.60}")
         translator = cls.__new__(cls)
         translator.weights_from, translator.ensemble_from, translator.weights_record = [], [], None  # from no file
         translator._hold(model, tokenizer, cfg, next(model.parameters()).device, int8=False)
@@ -182,6 +188,7 @@ class Translator:
     def _hold(self, model: torch.nn.Module, tokenizer: Tokenizer, cfg: Config, device: torch.device,
               int8: bool) -> None:
         self.model, self.tokenizer, self.cfg, self.device = model.to(device), tokenizer, cfg, device
+        self._modes, self._decoding, self._was_training = threading.Lock(), 0, False  # ``_evaluating``'s
         self.constraint = None
         if cfg.data.task == "parse" and cfg.decode.constrained:
             self.constraint = TreeConstraint(tokenizer.vocabulary())
@@ -192,12 +199,18 @@ class Translator:
     def _evaluating(self) -> Iterator[None]:
         """The model in evaluation mode while it decodes or scores, then as it was: a model in training
         (``of_model``'s, under training) drew dropout masks at every step, and answered at random."""
-        was = self.model.training
-        self.model.eval()
+        with self._modes:  # calls from several threads: the first sets it, the last gives it back (each its own
+            if not self._decoding:  # restore left a model in training as it was before, or in evaluation mode)
+                self._was_training = self.model.training
+                self.model.eval()
+            self._decoding += 1
         try:
             yield
         finally:
-            self.model.train(was)
+            with self._modes:
+                self._decoding -= 1
+                if not self._decoding:
+                    self.model.train(self._was_training)
 
     def as_read(self, line: str) -> str:
         """A source line as the model reads it: on a parsing run, its brackets as the treebank writes them, the
@@ -245,6 +258,7 @@ class Translator:
         spaces, or characters it makes spaces, such as zero-width spaces). ``decode`` answers them with empty
         outputs, the ``score`` command leaves them out of its perplexity, and a prefix or constraint for one is
         refused."""
+        check_strings(lines, "lines")
         return [not ids for ids in self.tokenizer.encode_batch([line.strip() for line in lines])]
 
     def decode(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
@@ -273,6 +287,8 @@ class Translator:
         lines comes alone. ``stop``: as ``decode``'s."""
         if not isinstance(chunks, Iterable) or isinstance(chunks, (str, bytes)):  # None: a TypeError when first read
             raise ConfigError(f"chunks: an iterable of lists of lines, not {type(chunks).__name__}")
+        if stop is not None and not callable(stop):  # a TypeError between two batches
+            raise ConfigError(f"stop: a function of no argument that says whether to stop, not {stop!r}")
         self._checked(request, None, CLI, total)
         return self._stream(chunks, request, progress, total, checked or (lambda: None), stop)
 
@@ -341,6 +357,10 @@ class Translator:
         if not isinstance(request, DecodeRequest):  # None or a dict: `request.verify` was an AttributeError
             raise ConfigError(f"request: a DecodeRequest, not {type(request).__name__} (leave it out for the run's "
                               "own settings, or give DecodeRequest(...) with the fields to change)")
+        if lines is not None:  # a str was its characters' lines
+            check_strings(lines, "lines")
+        if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 0):
+            raise ConfigError(f"total: the number of input lines, a whole number >= 0, not {total!r}")
         request.verify(self.setup, self.cfg.decode, total if lines is None else len(lines), names)
         members = self.model.models if isinstance(self.model, Ensemble) else [self.model]
         # an ensemble's fewest: its first run's alone accepted an offset in one order and refused it in another
@@ -570,7 +590,7 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
     else:
         # the weights file its record names: given the optimizer state's, that was recorded as the weights read
         weights, read = ckpt.weights, [(ckpt.path.parent / ckpt.meta["files"]["weights"]["name"]).resolve()]
-    model = Transformer(cfg.model, tokenizer.vocab_size)
+    model = Transformer(cfg.model, tokenizer.vocab_size).float()  # a host's float64 default: the weights' fp32
     own = model.state_dict()  # load_state_dict casts: integer weights would load, and NaNs translate to noise
     if bad := next((k for k, t in weights.items() if k in own and own[k].is_floating_point()
                     and not (t.is_floating_point() and bool(torch.isfinite(t).all()))), None):
