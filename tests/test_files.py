@@ -287,8 +287,9 @@ with block as tmp:
 """
 
 
-def _killed_writer(kind: str, out: Path) -> list[Path]:
-    """What a writer of ``out`` SIGKILLed midway left beside it, aged past ``STALE_S``."""
+def _killed_writer(kind: str, out: Path) -> Path:
+    """What a writer of ``out`` SIGKILLed midway left beside it, aged past ``STALE_S``; a folder (an export's) is
+    checked to be left alone, however old, while its writer lives."""
     import subprocess
     import sys
     import time
@@ -298,45 +299,47 @@ def _killed_writer(kind: str, out: Path) -> list[Path]:
     child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, kind, str(out)], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert child.stdout.readline() == "writing\n"
-    left = [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
-    assert len(left) == 1, left
-    assert files.clear_stale(out.parent, out.name) == []  # its writer alive: held, whatever its age
-    os.utime(left[0], (time.time() - 2 * files.STALE_S,) * 2)
-    assert files.clear_stale(out.parent, out.name) == []
+    (left,) = [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+    assert files.clear_stale(out.parent, out.name) == []  # young: its writer may be at work
+    os.utime(left, (time.time() - 2 * files.STALE_S,) * 2)
+    if kind == "folder":
+        assert files.clear_stale(out.parent, out.name) == []  # its writer alive: held, whatever its age
     child.kill()
     child.wait()
     child.stdout.close()
-    assert left[0].exists()
+    assert left.exists()
     return left
 
 
-def test_a_killed_writers_temporary_file_goes_at_the_next_write_of_its_name(tmp_path):
-    """A write SIGKILLed midway (a checkpoint, an output) left its hidden .NAME.XXXXXXXX.tmp for good: a big
-    model's size each time. The next write of the name removes what no live writer holds."""
+def test_a_killed_writers_temporary_file_goes_at_a_later_write_of_its_name(tmp_path):
+    """A write SIGKILLed midway (an output, a model file) left its hidden .NAME.XXXXXXXX.tmp for good. A later
+    write of the name removes one over an hour old (no write takes so long), nothing else."""
     import time
 
     from transformer import files
 
     out = tmp_path / "out.txt"
-    (left,) = _killed_writer("file", out)
-    young = tmp_path / ".out.txt.abcd1234.tmp"  # one just made: its writer may not hold it yet
+    left = _killed_writer("file", out)
+    young = tmp_path / ".out.txt.abcd1234.tmp"  # one of a writer at work
     young.write_bytes(b"x")
     others = [tmp_path / ".out.txt.backup.tmp", tmp_path / ".other.txt.abcd1234.tmp"]  # not a staging name of out.txt
     for path in others:
         path.write_bytes(b"mine")
     (tmp_path / ".out.txt.link1234.tmp").symlink_to(tmp_path / "elsewhere")
-    for path in (*others, tmp_path / ".out.txt.link1234.tmp"):
-        os.utime(path, (time.time() - 60,) * 2, follow_symlinks=False)
+    os.mkfifo(tmp_path / ".out.txt.fifo1234.tmp")  # opened, it would block
+    for path in (*others, tmp_path / ".out.txt.link1234.tmp", tmp_path / ".out.txt.fifo1234.tmp"):
+        os.utime(path, (time.time() - 2 * files.STALE_S,) * 2, follow_symlinks=False)
     write_text(out, "whole")
     assert out.read_text() == "whole" and not left.exists() and young.exists()
     assert all(p.exists() for p in others) and (tmp_path / ".out.txt.link1234.tmp").is_symlink()
+    assert (tmp_path / ".out.txt.fifo1234.tmp").exists()
 
 
 def test_a_killed_exports_staging_folder_goes_at_the_next_export_to_its_folder(tmp_path):
     from transformer.export import _staged
 
     out = tmp_path / "hf"
-    (left,) = _killed_writer("folder", out)
+    left = _killed_writer("folder", out)
     assert (left / "hf" / "model.bin").is_file()
     with _staged(out, overwrite=False) as staged:
         (staged / "config.json").write_text("{}")

@@ -5,7 +5,7 @@ the user's umask allows (0644 under the usual 022: another account may read a ru
 renamed over the final name, which is atomic; the rename is made durable by an fsync of the
 folder. A crash or an error at any point leaves the old file or none, never part of a new one,
 and no temporary file behind; one a killed process left (``.NAME.XXXXXXXX.tmp``, a file or a folder:
-``staging``) goes at the next write of that name, known by the lock its writer held on it. A link to
+``staging``) goes at a later write of that name, once an hour old (a folder: once no live writer holds it). A link to
 something is followed (its target is replaced, the link stays; a dangling link is replaced as a file would
 be), and a path that names no regular file (a pipe, a terminal,
 /dev/null) is written in place, as a stream.
@@ -141,24 +141,26 @@ def descriptor(path: Path) -> int | None:
     return None
 
 
-STALE_S = 10.0  # a staging entry younger than this is never taken for a killed writer's: its lock follows creation
+STALE_S = 3600.0  # a staging entry younger than this is never taken for a killed writer's: no write takes an hour
 
 
 def _locked(fd: int) -> bool:
-    """Whether an exclusive lock on the open file or folder ``fd`` was taken, without waiting. The lock ends
-    with its process, on this machine or another that shares the file system."""
+    """Whether an exclusive lock on the open folder ``fd`` was taken, without waiting. The lock ends with its
+    process; a file system without such locks (NFS, for a folder opened to read) takes none."""
     if fcntl is None:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # held, or a file system without locks: not known to be free
+    except OSError:  # held, or not to be had: not known to be free
         return False
     return True
 
 
 def clear_stale(folder: Path, name: str) -> list[Path]:
-    """Removes the staging files and folders of ``name`` in ``folder`` (``staging``) that no live writer holds:
-    what a SIGKILLed write left (a big model's checkpoint or export, each time). Returns what went."""
+    """Removes what killed writers of ``name`` left in ``folder`` (``staging``'s names), a model's size each time
+    of a big export: a file over ``STALE_S`` old (its writer's library may have renamed its own over it, so it
+    holds no lock), a folder over ``STALE_S`` old that no live writer holds (``staging``'s lock; where the file
+    system takes none, it stays). Returns what went."""
     pattern = re.compile(rf"\.{re.escape(name)}\.[a-z0-9_]{{8}}\.tmp")  # mkstemp's and mkdtemp's names
     try:
         entries = [e for e in os.scandir(folder) if pattern.fullmatch(e.name)]
@@ -168,40 +170,51 @@ def clear_stale(folder: Path, name: str) -> list[Path]:
     for entry in entries:
         path = Path(entry.path)
         try:
-            if time.time() - entry.stat(follow_symlinks=False).st_mtime < STALE_S:
+            found = entry.stat(follow_symlinks=False)
+            if time.time() - found.st_mtime < STALE_S:
                 continue
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # a link of that name is no staging
-        except OSError:  # gone meanwhile, or another user's
-            continue
-        try:
-            if not _locked(fd):
-                continue
-            if stat.S_ISDIR(os.fstat(fd).st_mode):
-                shutil.rmtree(path, ignore_errors=True)
+            if stat.S_ISREG(found.st_mode):
+                path.unlink()
+            elif stat.S_ISDIR(found.st_mode) and fcntl is not None:  # a link, a pipe: no staging of ours
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                try:
+                    if not _locked(fd):
+                        continue
+                    shutil.rmtree(path, ignore_errors=True)
+                finally:
+                    os.close(fd)
             else:
-                path.unlink(missing_ok=True)
+                continue
+        except OSError:  # gone meanwhile, or another user's to remove
+            continue
+        if not path.exists():
             removed.append(path)
-        finally:
-            os.close(fd)
     return removed
 
 
 @contextlib.contextmanager
 def staging(folder: Path, name: str, directory: bool = False) -> Iterator[Path]:
-    """A new temporary file (``directory``: folder) in ``folder`` to write ``name`` under, ``.NAME.XXXXXXXX.tmp``,
-    locked while the block runs so that ``clear_stale`` leaves it be; the killed writers' of ``name`` go first.
-    The block renames or removes it; an OSError of its making is the caller's to say."""
+    """A new temporary file (``directory``: folder) in ``folder`` to write ``name`` under, ``.NAME.XXXXXXXX.tmp``;
+    what killed writers of ``name`` left goes first (``clear_stale``). A folder is locked while the block runs,
+    where the file system takes the lock. The block renames or removes it; an OSError of its making is the
+    caller's to say."""
     clear_stale(folder, name)
-    if directory:
-        path = tempfile.mkdtemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-        fd = os.open(path, os.O_RDONLY)
-    else:
+    if not directory:
         fd, path = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+        os.close(fd)  # open, it could not be renamed on Windows
+        yield Path(path)
+        return
+    path = tempfile.mkdtemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+    fd = None
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            _locked(fd)
     try:
-        _locked(fd)
         yield Path(path)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 @contextlib.contextmanager
