@@ -1256,6 +1256,10 @@ def test_evaluate_parse_reads_parses_blank_lines_as_the_trees_of_blank_inputs(tm
     status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"),
                                 "--test", str(tmp_path / "t.mrg"))
     assert (status, out) == (1, "") and "tree 2: the test tree is empty once normalised, the other is not" in err, err
+    (tmp_path / "t.mrg").write_text("(S (XX x) (XX y))\n\n")  # a parse killed after two lines: a file cut short
+    status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"),
+                                "--test", str(tmp_path / "t.mrg"))
+    assert (status, out) == (1, "") and err.endswith(f"has 3 trees but --test {tmp_path / 't.mrg'} has 1\n"), err
 
 
 def test_evaluate_json_counts_the_trees_it_scored_as_its_report_does(tiny_parse_run, tmp_path, capsys):

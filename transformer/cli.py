@@ -982,11 +982,13 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     COLLINS.prm, the treebank's unlabelled outermost bracket "( (S ...) )" not counted (as a TOP one is not).
     """
     from .evaluate import score_trees
+    from .data import read_lines
     from .trees import TreeError, read_normalized
 
     _one_stdin(("--gold", args.gold == STDIN), ("--test", args.test == STDIN))
     gold = read_normalized(args.gold)
-    test = read_normalized(args.test, expect=len(gold))  # parse's output of blank lines: empty lines, read as None
+    # parse's output of blank lines: empty lines, read as None where the file has a line for every gold tree
+    test = read_normalized(args.test, expect=len(gold), lines=read_lines(args.test))  # read once: stdin too
     if len(gold) != len(test):
         raise TreeError(f"--gold {args.gold} has {len(gold)} tree{'s' * (len(gold) != 1)} but --test {args.test} "
                         f"has {len(test)}")

@@ -147,11 +147,13 @@ def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
     return trees
 
 
-def read_trees(path: Path) -> list[Tree]:
-    """The bracketed trees in a file; one that cannot be read, or holds no tree, is a TreeError naming it
-    (an empty gold or test file would score F1 0 as if parsed)."""
+def read_trees(path: Path, lines: list[str] | None = None) -> list[Tree]:
+    """The bracketed trees in a file (``lines``: its lines, read already); one that cannot be read, or holds no
+    tree, is a TreeError naming it (an empty gold or test file would score F1 0 as if parsed)."""
     path = Path(path)
-    trees = parse_brackets("\n".join(read_lines(path)), str(path))  # a file not UTF-8: the line and byte named
+    if lines is None:
+        lines = read_lines(path)  # a file not UTF-8: the line and byte named
+    trees = parse_brackets("\n".join(lines), str(path))
     if not trees:
         raise TreeError(f"{path}: no trees in it (the file is empty)")
     return trees
@@ -177,20 +179,20 @@ def normalize(tree: Tree) -> Tree | None:
     return Tree(_strip_label(tree.label), children) if children else None
 
 
-def read_normalized(path: Path, expect: int | None = None) -> list[Tree | None]:
-    """``read_trees``, each tree normalised (None: nothing left once traces are removed); a tree that
-    cannot be is a TreeError naming the file and the tree's place in it. ``expect``: how many trees the caller
-    pairs them with; a file of fewer trees, one a line within the first ``expect`` lines, has None for each
-    other line (``parse`` writes a blank input line's tree as an empty line)."""
-    trees, out = read_trees(path), []
+def read_normalized(path: Path, expect: int | None = None, lines: list[str] | None = None) -> list[Tree | None]:
+    """``read_trees`` (of ``lines`` where given), each tree normalised (None: nothing left once traces are
+    removed); a tree that cannot be is a TreeError naming the file and the tree's place in it. ``expect``: how many
+    trees the caller pairs them with; ``lines`` of that many, holding fewer trees one a line, have None for each
+    blank line (``parse`` writes a blank input line's tree as an empty line; a file cut short stays short)."""
+    trees, out = (read_trees(path) if lines is None else read_trees(path, lines)), []
     for i, tree in enumerate(trees, 1):
         try:
             out.append(normalize(tree))
         except TreeError as e:
             raise TreeError(f"{path}: tree {i} (line {tree.line}): {e}") from None
     starts = [tree.line for tree in trees]
-    if (expect is not None and len(out) < expect and all(tree.end == tree.line for tree in trees)
-            and len(set(starts)) == len(trees) and max(starts) <= expect):
+    if (expect is not None and lines is not None and len(out) < expect == len(lines)
+            and all(tree.end == tree.line for tree in trees) and len(set(starts)) == len(trees)):
         placed: list[Tree | None] = [None] * expect
         for start, normal in zip(starts, out):
             placed[start - 1] = normal
