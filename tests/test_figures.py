@@ -75,6 +75,13 @@ def test_the_models_own_translation_is_drawn_and_aligned_in_the_pieces_it_wrote(
     for kept in (pickle.loads(pickle.dumps(out)), copy.deepcopy(out), copy.copy(out)):  # a user's saved results
         assert kept == out and isinstance(kept, Output) and kept.ids == out.ids
     assert json.loads(json.dumps([out])) == [str(out)]
+    # an unknown piece the beam wrote is the word " ⁇ " of the text: alignments count the printed words
+    from transformer.tokenizer import UNK_ID
+
+    ids = tok.encode("Ein Hund rennt")
+    unknown = Output(tok.decode(ids[:2] + [UNK_ID] + ids[2:]), ids[:2] + [UNK_ID] + ids[2:])
+    links = align(translator, "A dog runs", unknown)
+    assert max(t for _, t in links) < len(unknown.split()) == 4 and any(t == 3 for _, t in links)
 
 
 def test_words_merge_pieces_and_keep_rows_distributions():

@@ -1495,7 +1495,8 @@ def test_allow_config_change_resumes_what_the_weights_fit_and_refuses_the_rest(t
                                              r"--out \(the config differs also in: train\.lr_scale: 2\.0 -> 1\.0\)"):
             train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "model.d_ff=96", "train.lr_scale=1.0"]),
                   run, resume=True, quiet=True, allow_config_change=allow)
-    # how the first weights were drawn: accepted, logged and recorded, and it changed nothing (as --init-from's)
+    # how the first weights were drawn: it was accepted, logged and recorded, and changed nothing; refused, as
+    # --init-from refuses it
     with pytest.raises(TrainError, match=r"--resume cannot change train\.init_qkv_gain: 1\.0 -> 0\.7071: it sets how "
                                          r"a new model's first weights are drawn"):
         train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.init_qkv_gain=0.7071"]), run,

@@ -1314,7 +1314,8 @@ def cmd_attention(args: argparse.Namespace) -> None:
     head (Figure 3) and per-head heatmaps (Figures 4-5) as a PNG, or an interactive self-contained HTML page
     with every layer, head and kind (hover a token to isolate its attention).
     """
-    from .figures import KIND_NAMES, FigureError, attention_html, attention_maps, chosen_heads, draw_attention
+    from .figures import (KIND_NAMES, FigureError, attention_html, attention_maps, chosen_heads, draw_attention,
+                          target_pieces)
 
     try:
         heads = None if args.heads == "all" else [int(h) for h in args.heads.split(",")]
@@ -1343,7 +1344,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
     def drawable(text: str, what: str) -> None:  # as the server's figures: a longer side is illegible, and a
         limit = ServeLimits().max_attention_pieces  # PNG of 800 words took more memory than the machine had
-        if (n := len(translator.tokenizer.pieces(text.strip())) + 1) > limit:
+        if (n := target_pieces(translator, text) + 1) > limit:  # the source's are counted as a target's
             raise FigureError(f"{what}: {n} pieces with EOS, more than the {limit} a figure draws: give a shorter "
                               "sentence")
 

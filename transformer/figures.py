@@ -141,6 +141,13 @@ def align(translator, src: str, tgt: str) -> list[tuple[int, int]]:
     return [] if translator.blank([src])[0] else word_alignment(attention_maps(translator, src, tgt))
 
 
+def target_pieces(translator, tgt: str) -> int:
+    """How many pieces ``attention_maps`` forces for ``tgt`` (the model's own translation: those it wrote; a
+    parsing run's, its tree's, which its text of words alone does not show), EOS not counted."""
+    written = getattr(tgt, "ids", None)
+    return len(written) if written is not None else len(translator.tokenizer.pieces(tgt.strip()))
+
+
 def _sentences(src: object, tgt: object) -> None:
     """A FigureError unless ``src`` and ``tgt`` are one sentence each (an AttributeError deep inside, else)."""
     for name, value in (("src", src), ("tgt", tgt)):

@@ -57,7 +57,7 @@ from . import __version__
 from .config import MAX_ALPHA, ConfigError, ServeLimits as Limits
 from .decode import Stopped
 from .errors import UserError
-from .figures import align, attention_maps, web_page
+from .figures import align, attention_maps, target_pieces, web_page
 from .request import API, DecodeRequest
 from .translator import ModelOverflow, Translator
 
@@ -671,7 +671,7 @@ def _check_pieces(translator: Translator, limits: Limits, text: str | None, wher
     """422 for an empty source sentence, or a side of more pieces (with EOS) than --max-attention-pieces."""
     if where == "text" and translator.blank([text])[0]:
         raise LimitError(422, f"{where}: empty sentence")
-    if text is not None and (n := len(translator.tokenizer.pieces(text.strip()))) + 1 > limits.max_attention_pieces:
+    if text is not None and (n := target_pieces(translator, text)) + 1 > limits.max_attention_pieces:
         raise LimitError(422, f"{where}: {n} pieces and EOS, more than the limit of {limits.max_attention_pieces} "
                               "(--max-attention-pieces): send a shorter text, or a shorter translation")
 

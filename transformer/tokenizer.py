@@ -196,8 +196,9 @@ class Tokenizer:
         return self._sp.encode(text, out_type=str)
 
     def id_pieces(self, ids: Sequence[int]) -> list[str]:
-        """The sub-word strings of ``ids`` (an output's own pieces, as labels)."""
-        return [self._sp.id_to_piece(i) for i in ids]
+        """The sub-word strings of ``ids`` (an output's own pieces, as labels); the unknown piece as the word
+        ``decode`` writes for it, " ⁇ " (a word of its own: word alignments count the output's words)."""
+        return ["\u2581\u2047" if i == UNK_ID else self._sp.id_to_piece(i) for i in ids]
 
     def dropout(self) -> BPEDropout:
         """A sampler of this vocabulary's segmentations (subword regularization in training)."""

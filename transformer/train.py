@@ -312,10 +312,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     """
     d, data = cfg.data, data_paths(cfg)  # before the run folder is made or its config written
     # read now, not after the vocabulary's training: a validation file of another length was found minutes later;
-    # and the training text before the folder is made: refused (its lines, a byte, a gzip cut short), it left a
-    # folder of config.toml alone, no log saying why
+    # and a new run's training text before its folder is made: refused (its lines, a byte, a gzip cut short), it
+    # left a folder of config.toml alone, no log saying why (a resume's, after the checks that may refuse it)
     valid_pairs = read_parallel(data["valid_src"], data["valid_tgt"])
-    pairs = None if d.train_store else read_parallel(data["train_src"], data["train_tgt"])
+    new = not any((out / name).exists() for name in RUN_MARKS)
+    pairs = read_parallel(data["train_src"], data["train_tgt"]) if new and not d.train_store else None
     if out.is_dir() and not any((out / name).exists() for name in RUN_MARKS) and (others := sorted(out.iterdir())):
         # `--out data` or a folder of the user's own config.toml: it was written over without a word
         listed = ", ".join(p.name for p in others[:3]) + (", ..." if len(others) > 3 else "")
@@ -450,7 +451,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, src_lengths, tgt_lengths = store, store.src_lengths, store.tgt_lengths
     else:
         train_src, train_tgt = data["train_src"], data["train_tgt"]
-        assert pairs is not None  # read above: checked (line counts, UTF-8) before a BPE is trained on them
+        if pairs is None:  # checked (line counts, UTF-8) before a BPE is trained on them
+            pairs = read_parallel(train_src, train_tgt)
         tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log,
                                     resuming=has_checkpoints or vocabulary_of is not None)
         if d.task == "parse":

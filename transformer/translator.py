@@ -324,7 +324,7 @@ class Translator:
                                          constraints=None if phrases is None else [phrases[i] for i in keep],
                                          **search)
                 bar.update(len(lines) - len(keep))
-                outputs: list[list[tuple[str, float]]] = [[("", 0.0)] * (part.nbest or 1) for _ in lines]
+                outputs: list[list[tuple[str, float]]] = [[(Output("", ()), 0.0)] * (part.nbest or 1) for _ in lines]
                 for i, hyps in zip(keep, decoded):
                     if not hyps or any(math.isnan(h.score) for h in hyps):  # else ranked: the scores are not numbers
                         raise ModelOverflow(f"line {done + i + 1}")
