@@ -1479,6 +1479,9 @@ def test_a_long_decode_into_a_log_says_it_is_under_way(tiny_run, tmp_path, capsy
     status, out, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(src), "--ref", str(ref), "--beam", "1")
     assert status == 0 and "BLEU = " in out
     assert "decoding 3 sentences (no progress bar: stderr is not a terminal)" in err.splitlines(), err
+    status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(src), "--beam", "1")  # so too
+    assert status == 0 and len(out.splitlines()) == 3
+    assert "decoding 3 sentences (no progress bar: stderr is not a terminal)" in err.splitlines(), err
 
 
 def test_training_draws_its_progress_bar_at_a_terminal_only(tmp_path, tiny_overrides, capsys):

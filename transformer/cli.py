@@ -297,9 +297,14 @@ def _translate_lines(translator, lines: list[str], request) -> list[str]:
     belong, one line first, so that a long decode (a parsing run's, minutes) does not look hung."""
     long = len(lines) > BAR_LINES
     if long and not sys.stderr.isatty():
-        print(f"decoding {len(lines):,} sentences (no progress bar: stderr is not a terminal)", file=sys.stderr,
-              flush=True)
+        print(_unbarred(len(lines)), file=sys.stderr, flush=True)
     return translator.translate(lines, request, progress=long and sys.stderr.isatty())
+
+
+def _unbarred(n: int) -> str:
+    """The line said in a bar's place, into a log, of a decode of ``n`` lines: one that takes minutes does not look
+    hung."""
+    return f"decoding {n:,} sentences (no progress bar: stderr is not a terminal)"
 
 
 BAR_LINES = 100  # more input lines than this get a progress bar (at a terminal)
@@ -375,6 +380,8 @@ def _decoded(args: argparse.Namespace, translator, request, total: int | None, s
     lines = iter_lines(Path("/dev/stdin") if args.input is None else args.input)
     bar = (sys.stderr.isatty() and not _at_terminal(args.input) and (total is None or total > BAR_LINES)
            and (args.output is not None or not sys.stdout.isatty()))
+    if total is not None and total > BAR_LINES and not sys.stderr.isatty():
+        said.append(_unbarred(total))  # said with what loading said, once the first lines have passed their checks
     return translator.stream(_chunks(lines, args.input, ready=not request.sample), request, progress=bar, total=total,
                              checked=None if args.input is None else lambda: _tell(said))
 
@@ -527,7 +534,7 @@ def cmd_score(args: argparse.Namespace) -> None:
             for n, line in enumerate(iter_lines(STDIN), 1):
                 if line.count("\t") != 1:
                     raise DataError(f"stdin:{n}: expected SOURCE<TAB>TARGET (one tab), found "
-                                    f"{line.count(chr(9))} tabs")
+                                    f"{line.count(chr(9))} tabs (text that holds tabs: give --src and --tgt)")
                 yield tuple(line.split("\t"))
         pairs = stdin_pairs()
     total, pieces, n, empty = 0.0, 0, 0, 0
