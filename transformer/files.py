@@ -302,14 +302,14 @@ def hold_folder(folder: Path, option: str) -> IO[str]:
     """An exclusive lock on ``folder`` (its file ".lock", created with the folder), held until the returned
     file is closed: a second process that would write the same folder (two trainings started into one
     run folder) is refused at once, with the holder's pid, instead of interleaving their checkpoints and
-    logs. The lock is the kernel's (flock): it ends with its process, however that ends."""
-    import fcntl
+    logs. The lock is the kernel's (flock): it ends with its process, however that ends (none on Windows)."""
     import socket
 
     folder.mkdir(parents=True, exist_ok=True)
     f = open(folder / ".lock", "a+", encoding="utf-8")
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fcntl is not None:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         f.seek(0)
         holder = f.read().strip() or "another process"
