@@ -942,6 +942,26 @@ def test_score_errors_are_one_line(tiny_run, tmp_path):
         assert len(said) == 1 and "Traceback" not in result.stderr, result.stderr
 
 
+def test_score_says_its_weights_before_a_later_pair_is_refused(tiny_run):
+    """The weights that scored the pairs were said at the end alone: a pair refused midway (a tab too many) left
+    scores on stdout with no word of the checkpoints that made them."""
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "score", str(tiny_run)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write("A dog runs .\tEin Hund rennt .\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        assert ready and proc.stdout.readline().count("\t") == 1
+        proc.stdin.write("a\tb\tc\n")
+        proc.stdin.close()
+        status, err = proc.wait(120), proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = err.strip().splitlines()
+    assert status == 1 and lines[0].startswith("averaging the last") and lines[-1].startswith("error: stdin:2:"), err
+
+
 def test_alignment_lines_are_pharaoh_pairs_within_the_sentences(tiny_run):
     """A line of zero-width characters alone (blank once normalised) is answered as an empty line is: it
     ended the whole run with "the source sentence is empty"."""

@@ -555,7 +555,9 @@ def cmd_score(args: argparse.Namespace) -> None:
             total += sum(r.log_prob for r in counted)
             pieces += sum(len(r.token_log_probs) for r in counted)
             n, empty = n + len(chunk), empty + len(chunk) - len(counted)
-    _tell(said)  # at the end: a pair may be refused (a tab too many, a file shorter) whenever it is read
+            _tell(said)  # once the first pairs are scored, as translate says it: a refusal of them comes alone,
+            said = []  # one of a later pair (a tab too many, a file shorter) after the weights that scored those
+    _tell(said)  # no pair
     if n:
         left_out = f" ({empty} with an empty source, left out)" if empty else ""
         print(f"{n} pair{'s' * (n != 1)}{left_out}, {pieces} piece{'s' * (pieces != 1)} (EOS included): "
