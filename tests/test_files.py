@@ -344,3 +344,19 @@ def test_a_killed_exports_staging_folder_goes_at_the_next_export_to_its_folder(t
     with _staged(out, overwrite=False) as staged:
         (staged / "config.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"] and os.listdir(out) == ["config.json"]
+
+
+@pytest.mark.parametrize("directory", [False, True])
+def test_a_failed_blocks_staging_file_or_folder_is_removed_by_staging_itself(tmp_path, directory):
+    """The one staging removes what a failed block left, so its callers (atomic_path, the token store, an
+    export, preprocess's vocabulary) need no removal of their own; what the block renamed into place stays."""
+    from transformer import files
+
+    with pytest.raises(RuntimeError), files.staging(tmp_path, "out", directory=directory) as tmp:
+        (tmp / "part").write_text("half") if directory else tmp.write_text("half")
+        raise RuntimeError("killed midway")
+    assert os.listdir(tmp_path) == []
+    with files.staging(tmp_path, "out", directory=directory) as tmp:
+        (tmp / "part").write_text("whole") if directory else tmp.write_text("whole")
+        tmp.rename(tmp_path / "out")
+    assert os.listdir(tmp_path) == ["out"]

@@ -28,7 +28,6 @@ import platform
 import queue
 import select
 import shlex
-import shutil
 import signal
 import stat
 import sys
@@ -1213,14 +1212,11 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     # the vocabulary's folder, beside the store (a killed preprocess's goes at the next)
     with staging(out.parent, f"{out.name}.vocabulary", directory=True) as tmp:
-        try:
-            spm = args.spm or tmp / "spm.model"
-            if tokenizer is None:
-                tokenizer = train_vocabulary(cfg, src, tgt, spm, log=lambda m: print(m, file=sys.stderr))
-            meta = write_store(src, tgt, tokenizer, out, d.max_len, progress=sys.stderr.isatty(),
-                               overwrite=args.overwrite, vocabulary=spm, task=d.task)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        spm = args.spm or tmp / "spm.model"
+        if tokenizer is None:
+            tokenizer = train_vocabulary(cfg, src, tgt, spm, log=lambda m: print(m, file=sys.stderr))
+        meta = write_store(src, tgt, tokenizer, out, d.max_len, progress=sys.stderr.isatty(),
+                           overwrite=args.overwrite, vocabulary=spm, task=d.task)
     print(f"{out}: {meta['n_kept']:,} pairs of {meta['n_pairs']:,} ({meta['skipped_empty']} with an empty side, "
           f"{meta['skipped_long']} longer than {d.max_len} pieces skipped); train with "
           f"--set data.train_store={out}")

@@ -421,26 +421,23 @@ def _staged(out: Path, overwrite: bool) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with files.staging(out.parent, out.name, directory=True) as tmp:  # a killed export's goes first
+            staged = tmp / out.name
+            staged.mkdir()
             try:
-                staged = tmp / out.name
-                staged.mkdir()
-                try:
-                    yield staged
-                except Exception as e:  # the libraries' writers name the file they copied from, or none at all
-                    if (told := files.staged_write_error(e, staged, out)) is not None:
-                        raise told from None
-                    raise
-                for path in staged.rglob("*"):
-                    if path.is_file():  # the libraries' own writers do not all honour the umask (safetensors: 0600)
-                        files.share(path)
-                if out.exists():  # an earlier export, of any format: a file beside it (a user's) is not lost with it
-                    if any(out.iterdir()):
-                        _refuse_unreplaceable(out, frozenset(p.name for p in staged.iterdir()))
-                    staged.chmod(stat.S_IMODE(out.stat().st_mode))  # a group's folder (0770, setgid) stays the group's
-                    shutil.rmtree(out)
-                staged.rename(out)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+                yield staged
+            except Exception as e:  # the libraries' writers name the file they copied from, or none at all
+                if (told := files.staged_write_error(e, staged, out)) is not None:
+                    raise told from None
+                raise
+            for path in staged.rglob("*"):
+                if path.is_file():  # the libraries' own writers do not all honour the umask (safetensors: 0600)
+                    files.share(path)
+            if out.exists():  # an earlier export, of any format: a file beside it (a user's) is not lost with it
+                if any(out.iterdir()):
+                    _refuse_unreplaceable(out, frozenset(p.name for p in staged.iterdir()))
+                staged.chmod(stat.S_IMODE(out.stat().st_mode))  # a group's folder (0770, setgid) stays the group's
+                shutil.rmtree(out)
+            staged.rename(out)
     except BaseException:
         for folder in made:
             with contextlib.suppress(OSError):  # one that something else wrote into meanwhile stays

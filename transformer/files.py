@@ -196,13 +196,17 @@ def clear_stale(folder: Path, name: str) -> list[Path]:
 def staging(folder: Path, name: str, directory: bool = False) -> Iterator[Path]:
     """A new temporary file (``directory``: folder) in ``folder`` to write ``name`` under, ``.NAME.XXXXXXXX.tmp``;
     what killed writers of ``name`` left goes first (``clear_stale``). A folder is locked while the block runs,
-    where the file system takes the lock. The block renames or removes it; an OSError of its making is the
-    caller's to say."""
+    where the file system takes the lock. The block renames it into place; what is still there when the block
+    ends (it failed) is removed. An OSError of the block's making is the caller's to say."""
     clear_stale(folder, name)
     if not directory:
         fd, path = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
         os.close(fd)  # open, it could not be renamed on Windows
-        yield Path(path)
+        try:
+            yield Path(path)
+        finally:
+            with contextlib.suppress(OSError):  # an error of its own would hide the block's
+                os.unlink(path)
         return
     path = tempfile.mkdtemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
     fd = None
@@ -213,6 +217,7 @@ def staging(folder: Path, name: str, directory: bool = False) -> Iterator[Path]:
     try:
         yield Path(path)
     finally:
+        shutil.rmtree(path, ignore_errors=True)  # before the lock goes: no clear_stale takes it meanwhile
         if fd is not None:
             os.close(fd)
 
@@ -256,7 +261,6 @@ def atomic_path(path: Path) -> Iterator[Path]:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException as e:
-            tmp.unlink(missing_ok=True)
             mine = isinstance(e, OSError) and (e.filename is None or Path(e.filename) == tmp)  # not an input's, say
             if mine and (told := _unwritable(path, e)):
                 raise told from None

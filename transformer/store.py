@@ -14,7 +14,6 @@ Layout of a store folder (ids end with EOS on both sides, exactly as in ``Exampl
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
@@ -80,62 +79,60 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
     check_store_folder(out, overwrite)
     ids_dtype, len_dtype = np.dtype(_dtype(tokenizer.vocab_size - 1)), np.dtype(_dtype(max_len))
     out.parent.mkdir(parents=True, exist_ok=True)
-    held = contextlib.ExitStack()  # the staging folder's lock (a killed preprocess's folder goes first)
-    tmp = held.enter_context(staging(out.parent, out.name, directory=True))
-    files: dict[str, Any] = {}
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the store from the other users of a shared machine
-        files = {name: open(tmp / name, "wb") for name in FILES}
-        counts = dict.fromkeys(("n_pairs", "skipped_empty", "skipped_long", "n_kept", "n_src_tokens",
-                                "n_tgt_tokens"), 0)
-        pairs = iter_parallel(src, tgt)
-        with tqdm(unit=" pairs", unit_scale=True, desc=f"encoding {src.name}", disable=not progress) as bar:
-            while chunk := list(itertools.islice(pairs, chunk_pairs)):
-                examples, stats = encode_pairs(chunk, tokenizer, max_len)
-                counts["n_pairs"] += stats.n_pairs
-                counts["skipped_empty"] += stats.skipped_empty
-                counts["skipped_long"] += stats.skipped_long
-                counts["n_kept"] += len(examples)
-                for side in ("src", "tgt"):
-                    seqs = [getattr(e, side) for e in examples]
-                    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-                    ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64,
-                                      count=int(lengths.sum()))
-                    files[f"{side}.ids"].write(ids.astype(ids_dtype).tobytes())
-                    files[f"{side}.len"].write(lengths.astype(len_dtype).tobytes())
-                    counts[f"n_{side}_tokens"] += len(ids)
-                bar.update(len(chunk))
-        for f in files.values():
-            f.close()
-        if not counts["n_kept"]:  # training would refuse it: say so here, and write nothing
-            raise DataError(f"{src}: no usable training pairs of {counts['n_pairs']:,} ({counts['skipped_empty']:,} "
-                            f"with an empty side, {counts['skipped_long']:,} longer than {max_len} pieces)")
-        meta = {"format": FORMAT, "version": VERSION, "vocab_size": tokenizer.vocab_size,
-                "vocab_sha256": tokenizer.sha256, "dtype": ids_dtype.name, "length_dtype": len_dtype.name,
-                **counts, "max_len": max_len, **({} if task is None else {"task": task}),
-                "sources": {side: {"path": str(path.resolve()), "bytes": path.stat().st_size}
-                            for side, path in (("src", src), ("tgt", tgt))}}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        if vocabulary is not None:
-            shutil.copyfile(vocabulary, tmp / "spm.model")
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):  # overwrite: move the old one aside
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-            os.replace(out, old / "store")
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)  # rename(2) onto an empty folder replaces it
-        return meta
-    except Exception as e:  # a full disk named the vocabulary it copied, or no file
-        if (told := staged_write_error(e, tmp, out)) is not None:
-            raise told from None
-        raise
-    finally:
-        for f in files.values():
-            f.close()
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        held.close()
+    # the staging folder is locked while it is written (a killed preprocess's folder goes first)
+    with staging(out.parent, out.name, directory=True) as tmp:
+        files: dict[str, Any] = {}
+        try:
+            tmp.chmod(0o755)  # mkdtemp's 0700 would hide the store from the other users of a shared machine
+            files = {name: open(tmp / name, "wb") for name in FILES}
+            counts = dict.fromkeys(("n_pairs", "skipped_empty", "skipped_long", "n_kept", "n_src_tokens",
+                                    "n_tgt_tokens"), 0)
+            pairs = iter_parallel(src, tgt)
+            with tqdm(unit=" pairs", unit_scale=True, desc=f"encoding {src.name}", disable=not progress) as bar:
+                while chunk := list(itertools.islice(pairs, chunk_pairs)):
+                    examples, stats = encode_pairs(chunk, tokenizer, max_len)
+                    counts["n_pairs"] += stats.n_pairs
+                    counts["skipped_empty"] += stats.skipped_empty
+                    counts["skipped_long"] += stats.skipped_long
+                    counts["n_kept"] += len(examples)
+                    for side in ("src", "tgt"):
+                        seqs = [getattr(e, side) for e in examples]
+                        lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+                        ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64,
+                                          count=int(lengths.sum()))
+                        files[f"{side}.ids"].write(ids.astype(ids_dtype).tobytes())
+                        files[f"{side}.len"].write(lengths.astype(len_dtype).tobytes())
+                        counts[f"n_{side}_tokens"] += len(ids)
+                    bar.update(len(chunk))
+            for f in files.values():
+                f.close()
+            if not counts["n_kept"]:  # training would refuse it: say so here, and write nothing
+                raise DataError(f"{src}: no usable training pairs of {counts['n_pairs']:,} "
+                                f"({counts['skipped_empty']:,} with an empty side, {counts['skipped_long']:,} "
+                                f"longer than {max_len} pieces)")
+            meta = {"format": FORMAT, "version": VERSION, "vocab_size": tokenizer.vocab_size,
+                    "vocab_sha256": tokenizer.sha256, "dtype": ids_dtype.name, "length_dtype": len_dtype.name,
+                    **counts, "max_len": max_len, **({} if task is None else {"task": task}),
+                    "sources": {side: {"path": str(path.resolve()), "bytes": path.stat().st_size}
+                                for side, path in (("src", src), ("tgt", tgt))}}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            if vocabulary is not None:
+                shutil.copyfile(vocabulary, tmp / "spm.model")
+            if out.exists() and (not out.is_dir() or any(out.iterdir())):  # overwrite: move the old one aside
+                old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+                os.replace(out, old / "store")
+                os.replace(tmp, out)
+                shutil.rmtree(old)
+            else:
+                os.replace(tmp, out)  # rename(2) onto an empty folder replaces it
+            return meta
+        except Exception as e:  # a full disk named the vocabulary it copied, or no file
+            if (told := staged_write_error(e, tmp, out)) is not None:
+                raise told from None
+            raise
+        finally:
+            for f in files.values():
+                f.close()
 
 
 # meta.json's fields as ``write_store`` writes them: each checked at opening (a value edited by hand, "500" or null,
