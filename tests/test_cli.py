@@ -252,7 +252,7 @@ def test_an_unknown_option_is_told_with_its_commands_usage(capsys):
 def test_an_unexpected_error_is_an_internal_error_with_its_traceback_in_a_log(tmp_path, capsys, monkeypatch):
     """A bug is told apart from the user's errors: exit 70, one line that says so (with the first line of
     the error's message) and where the traceback went, and the traceback (with the command) in that file."""
-    def bug(path):
+    def bug(path, lines=None):
         raise RuntimeError("an unforeseen failure\n" + "frame #0: ...\n" * 100)
 
     monkeypatch.setattr("transformer.trees.read_trees", bug)
@@ -282,7 +282,7 @@ def test_an_argument_of_bytes_that_are_no_utf8_is_refused_and_an_internal_error_
 @pytest.mark.parametrize("rank, said", [(None, "interrupted\n"), ("0", "interrupted\n"), ("1", "")])
 def test_ctrl_c_is_said_once_in_a_data_parallel_job(rank, said, capsys, monkeypatch):
     """Ctrl-C reaches every rank of a job: each said "interrupted"; rank 0 says it for them (exit 130 all)."""
-    def interrupted(path):
+    def interrupted(path, lines=None):
         raise KeyboardInterrupt
 
     monkeypatch.setattr("transformer.trees.read_trees", interrupted)
@@ -306,7 +306,7 @@ def test_sigterm_stops_a_command_in_one_line_and_removes_the_output_it_was_writi
         from transformer import files, trees
         from transformer.cli import main
 
-        def read_trees(path):
+        def read_trees(path, lines=None):
             with files.atomic_path(Path(sys.argv[1]) / "out.txt") as tmp:
                 tmp.write_text("half of it")
                 os.kill(os.getpid(), signal.{signum})
@@ -333,14 +333,14 @@ def test_sigterm_stops_a_command_in_one_line_and_removes_the_output_it_was_writi
 def test_a_full_disk_met_outside_the_packages_own_writers_is_one_line(error, said, tmp_path, capsys, monkeypatch):
     """A library's or a stream's write on a full disk (CTranslate2's converter, a token store's arrays) said
     "internal error: OSError: [Errno 28] ... please report it": the user's to fix, in one line, exit 1."""
-    def full(path):
+    def full(path, lines=None):
         raise error
 
     monkeypatch.setattr("transformer.trees.read_trees", full)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 1
     assert capsys.readouterr().err == said
-    monkeypatch.setattr("transformer.trees.read_trees", lambda path: open(tmp_path / "gone" / "x"))  # a bug's
+    monkeypatch.setattr("transformer.trees.read_trees", lambda path, lines=None: open(tmp_path / "gone" / "x"))  # a bug's
     assert main(["evaluate-parse", "--gold", "g.mrg", "--test", "t.mrg"]) == 70
     assert capsys.readouterr().err.startswith("internal error: FileNotFoundError")
 
@@ -360,7 +360,7 @@ def test_a_run_file_that_is_a_folder_is_one_line(tmp_path, capsys, tiny_override
 
 def test_a_rename_onto_a_folder_names_the_folder(tmp_path, capsys, monkeypatch):
     """An atomic write's rename(tmp, dst) onto a folder names dst, the path in the way, not the temporary file."""
-    def onto_a_folder(path):
+    def onto_a_folder(path, lines=None):
         raise IsADirectoryError(errno.EISDIR, "Is a directory", "run/.config.toml.x1.tmp", None, "run/config.toml")
 
     monkeypatch.setattr("transformer.trees.read_trees", onto_a_folder)
@@ -522,7 +522,7 @@ def test_a_dash_names_stdin_and_stdout(tiny_run, tmp_path, monkeypatch):
 def test_a_broken_pipe_that_is_not_stdout_is_an_internal_error(tmp_path, capsys, monkeypatch):
     """Only the reader of stdout going away is the user's doing; a broken pipe elsewhere (a subprocess, a
     socket) is a failure to report."""
-    def bug(path):
+    def bug(path, lines=None):
         raise BrokenPipeError(32, "Broken pipe")
 
     monkeypatch.setattr("transformer.trees.read_trees", bug)

@@ -184,7 +184,7 @@ def read_normalized(path: Path, expect: int | None = None, lines: list[str] | No
     removed); a tree that cannot be is a TreeError naming the file and the tree's place in it. ``expect``: how many
     trees the caller pairs them with; ``lines`` of that many, holding fewer trees one a line, have None for each
     blank line (``parse`` writes a blank input line's tree as an empty line; a file cut short stays short)."""
-    trees, out = (read_trees(path) if lines is None else read_trees(path, lines)), []
+    trees, out = read_trees(path, lines), []
     for i, tree in enumerate(trees, 1):
         try:
             out.append(normalize(tree))
