@@ -750,12 +750,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             if not line.split():
                 raise ConfigError(f"--src {args.src}:{i}: a blank line, where --ref {args.ref}'s tree {i} holds "
                                   "words (the sentences and the trees go one to one)")
-            if (words := [ptb_escape(w) for w in line.split()]) != tree.words():
-                at = next((j for j, (a, b) in enumerate(zip(words, tree.words())) if a != b),
-                          min(len(words), len(tree.words())))
+            if (words := [ptb_escape(w) for w in line.split()]) != (gold_words := tree.words()):
+                at = next((j for j, (a, b) in enumerate(zip(words, gold_words)) if a != b),
+                          min(len(words), len(gold_words)))
                 raise ConfigError(f"--src {args.src}:{i}: its words differ from --ref {args.ref}'s tree {i} from word "
                                   f"{at + 1} ({' '.join(words[at:at + 4]) or 'the line ends'} vs "
-                                  f"{' '.join(tree.words()[at:at + 4]) or 'the tree ends'}; the sentences and the "
+                                  f"{' '.join(gold_words[at:at + 4]) or 'the tree ends'}; the sentences and the "
                                   "trees go one to one, in the treebank's tokens)")
         _tell(said)
         trees = _parse_lines(translator, src, request)
@@ -1046,7 +1046,6 @@ def cmd_average(args: argparse.Namespace) -> None:
     if record.exists() and not out.exists():  # a file of that name that no model owns: summary.json, notes
         raise OutputError(f"--out {args.out}: its record would replace {record}, which is no record of a model "
                           "there: choose another name")
-    run_folder(args.run_dir)  # a run folder, else said so
     paths, weights = average_last(Path(args.run_dir), args.last)  # of a run still training too
     if not paths:
         raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
