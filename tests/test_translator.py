@@ -454,17 +454,20 @@ def test_what_the_api_is_given_wrong_is_one_line_of_the_packages_own(run, tmp_pa
     assert not (tmp_path / "r").exists()
 
 
-def test_a_model_under_training_decoded_from_several_threads_is_left_training(run, monkeypatch):
+@pytest.mark.parametrize("translators", [1, 2])
+def test_a_model_under_training_decoded_from_several_threads_is_left_training(run, monkeypatch, translators):
     """Each call set the model to evaluation mode and back as it found it: a second thread found it in evaluation
     mode, the first gave it back to training while the second still decoded (dropout on), and the last left it in
-    evaluation mode (a notebook training on trained without dropout)."""
+    evaluation mode (a notebook training on trained without dropout). Two translators over one model (``of_model``
+    twice) counted their calls each on their own, and raced so still."""
     import threading
 
     import transformer.translator as T
 
     loaded = Translator(run, log=lambda m: None)
     model = T._load_model(run, None, loaded.tokenizer, None, lambda m: None)[1].train()
-    translator = Translator.of_model(model, loaded.tokenizer, loaded.cfg)
+    of_model = [Translator.of_model(model, loaded.tokenizer, loaded.cfg) for _ in range(translators)]
+    translator = dict(zip(("first", "second"), of_model * (3 - translators)))
     inside, first_out, seen = threading.Barrier(2), threading.Event(), {}
     real = T.decode_ids
 
@@ -479,7 +482,7 @@ def test_a_model_under_training_decoded_from_several_threads_is_left_training(ru
     monkeypatch.setattr(T, "decode_ids", decode)
 
     def call(name: str) -> None:
-        translator.translate(["A dog runs."], DecodeRequest(beam_size=1))
+        translator[name].translate(["A dog runs."], DecodeRequest(beam_size=1))
         if name == "first":
             first_out.set()
 

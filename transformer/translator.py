@@ -13,6 +13,7 @@ import numbers
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -32,6 +33,11 @@ from .request import API, CLI, DecodeRequest, Setup, refuse_pairs
 from .runtime import keep_freed_memory, native_bf16
 from .tokenizer import UNK_ID, Tokenizer
 from .trees import Tree, TreeConstraint, delinearize, ptb_escape
+
+
+# ``Translator._evaluating``'s count of the calls decoding with each model, and the mode it had before them
+_MODES = threading.Lock()
+_DECODING: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, bool]] = weakref.WeakKeyDictionary()
 
 
 def quantize_int8(model: Transformer) -> Transformer:
@@ -188,7 +194,6 @@ class Translator:
     def _hold(self, model: torch.nn.Module, tokenizer: Tokenizer, cfg: Config, device: torch.device,
               int8: bool) -> None:
         self.model, self.tokenizer, self.cfg, self.device = model.to(device), tokenizer, cfg, device
-        self._modes, self._decoding, self._was_training = threading.Lock(), 0, False  # ``_evaluating``'s
         self.constraint = None
         if cfg.data.task == "parse" and cfg.decode.constrained:
             self.constraint = TreeConstraint(tokenizer.vocabulary())
@@ -198,19 +203,23 @@ class Translator:
     @contextlib.contextmanager
     def _evaluating(self) -> Iterator[None]:
         """The model in evaluation mode while it decodes or scores, then as it was: a model in training
-        (``of_model``'s, under training) drew dropout masks at every step, and answered at random."""
-        with self._modes:  # calls from several threads: the first sets it, the last gives it back (each its own
-            if not self._decoding:  # restore left a model in training as it was before, or in evaluation mode)
-                self._was_training = self.model.training
-                self.model.eval()
-            self._decoding += 1
+        (``of_model``'s, under training) drew dropout masks at every step, and answered at random. Calls from
+        several threads, of one translator or of two over one model: the first sets it, the last gives it back
+        (each its own restore left a model in training as it was before, or in evaluation mode)."""
+        model = self.model
+        with _MODES:
+            count, was_training = _DECODING.get(model, (0, model.training))
+            _DECODING[model] = count + 1, was_training
+            model.eval()
         try:
             yield
         finally:
-            with self._modes:
-                self._decoding -= 1
-                if not self._decoding:
-                    self.model.train(self._was_training)
+            with _MODES:
+                count, was_training = _DECODING.pop(model)
+                if count > 1:
+                    _DECODING[model] = count - 1, was_training
+                else:
+                    model.train(was_training)
 
     def as_read(self, line: str) -> str:
         """A source line as the model reads it: on a parsing run, its brackets as the treebank writes them, the
