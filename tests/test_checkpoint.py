@@ -18,7 +18,7 @@ from transformer import checkpoint as ck
 from transformer.checkpoint import (FORMAT, CheckpointError, CheckpointMismatch, average_checkpoints, checkpoint_record,
                                     checkpoints_to_average, latest_checkpoint, list_checkpoints, load_checkpoint,
                                     save_checkpoint, write_model)
-from transformer.config import load_config
+from transformer.config import ConfigError, load_config
 from transformer.train import train
 from transformer.translator import Translator
 
@@ -803,3 +803,12 @@ def test_averaging_a_run_that_prunes_a_checkpoint_meanwhile_chooses_again(tmp_pa
         capsys.readouterr().err
     assert pruned == [found[1]] and ck.checkpoint_record(tmp_path / "avg.safetensors")["averaged"] == [
         "step_00000002.json", "step_00000006.json", "step_00000008.json"]  # the last 3 left
+
+
+@pytest.mark.parametrize("call", [lambda: average_checkpoints("step_00000010.json"), lambda: average_checkpoints([]),
+                                  lambda: average_checkpoints({Path("a.json")}), lambda: ck.average_last(".", 0)])
+def test_an_averaging_argument_of_the_wrong_kind_is_a_config_error_as_check_sequence_says(call):
+    """A set was refused as a ConfigError (check_sequence), one path, an empty list or a count of 0 as a
+    CheckpointError, which callers read as a damaged file: one kind of error for the arguments."""
+    with pytest.raises(ConfigError):
+        call()

@@ -27,7 +27,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 from torch import Tensor
 
-from .config import as_path, check_sequence
+from .config import ConfigError, as_path, check_sequence
 from .errors import UserError
 from .files import atomic_path, atomic_paths, file_sha256, os_error_in, read_record, write_text
 
@@ -389,7 +389,7 @@ def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = Non
     ``found``: the records to choose from (default: all of the run's).
     """
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:  # else every checkpoint, silently
-        raise CheckpointError(f"how many checkpoints to average: a whole number >= 1, not {n!r}")
+        raise ConfigError(f"how many checkpoints to average: a whole number >= 1, not {n!r}")
     kept: list[Path] = []
     newer: dict[str, Any] | None = None
     model: dict[str, Any] | None = None
@@ -505,10 +505,10 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
     of the same vocabulary and model, copied into checkpoints/, was averaged in without a word.
     """
     if isinstance(paths, (str, Path)):  # one file, read a character a file
-        raise CheckpointError(f"paths: a list of checkpoint files, not one ({str(paths)!r}): put it in a list")
+        raise ConfigError(f"paths: a list of checkpoint files, not one ({str(paths)!r}): put it in a list")
     check_sequence(paths, "paths", "a list of checkpoint files")
     if not paths:
-        raise CheckpointError("paths: no checkpoint to average")
+        raise ConfigError("paths: no checkpoint to average")
     first = load_checkpoint(paths[0], with_state=False)
     acc = {k: t.double() if t.is_floating_point() else t for k, t in first.weights.items()}
     dtypes = {k: t.dtype for k, t in first.weights.items()}
