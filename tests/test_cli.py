@@ -666,6 +666,21 @@ def test_decoding_commands_take_a_thread_count(tiny_run, tmp_path, capsys, monke
 SENTENCES = "a dog runs .\ntwo men are talking on a street .\n\na girl in a red coat .\n"
 
 
+def test_scores_divided_to_nearly_nothing_still_print_their_digits(tiny_run):
+    """At `--length-norm length --alpha 10` (a bound the docs allow) a score is log P / |Y|^10: every one printed
+    -0.000000, in n-best lists and in `score`, and the lists' order could not be read from them."""
+    nbest = run_cli("translate", str(tiny_run), "--beam", "3", "--nbest", "3", "--length-norm", "length",
+                    "--alpha", "10", stdin=SENTENCES)
+    assert nbest.returncode == 0, nbest.stderr
+    rows = [line.split(" ||| ") for line in nbest.stdout.splitlines() if not line.startswith("2 ")]
+    scores = [float(r[2]) for r in rows]
+    assert all(x < 0 for x in scores) and len(set(scores)) > 1, rows
+    for i in {r[0] for r in rows}:
+        mine = [float(r[2]) for r in rows if r[0] == i]
+        assert mine == sorted(mine, reverse=True)
+    assert [line.split(" ||| ")[2] for line in nbest.stdout.splitlines() if line.startswith("2 ")] == ["0.000000"] * 3
+
+
 def test_nbest_scores_and_score_agree(tiny_run, tmp_path):
     """translate --nbest: Moses n-best lines, K per input, best first, the first being the plain
     output; --scores gives the same first score; `score` of those outputs gives their scores back."""

@@ -420,3 +420,14 @@ def test_the_parse_note_warns_of_non_trees_only_where_translate_constrains_them(
     assert "-LRB-" in free and "trees" not in free
     assert "(decode.constrained)" in constrained and "expect outputs that are not trees" in constrained
     assert _parse_note(load_config("tiny")) is None
+
+
+def test_a_greedy_runs_model_card_names_no_length_penalty(tmp_path):
+    """At beam 1 the card said "beam 1, length penalty α 0.6 (GNMT's; `generate` divides by length^α instead)":
+    a greedy search ranks one hypothesis, so the penalty and its difference from generate's mean nothing."""
+    from transformer.export import _model_card
+
+    greedy = _model_card(tmp_path, load_config("tiny", ["decode.beam_size=1"]), "Marian", 500)
+    beam = _model_card(tmp_path, load_config("tiny", ["decode.beam_size=4"]), "Marian", 500)
+    assert "Decoding as trained: greedy (beam 1)," in greedy and "length penalty" not in greedy
+    assert "Decoding as trained: beam 4, length penalty α 0.6 (GNMT's;" in beam

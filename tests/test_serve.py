@@ -434,9 +434,10 @@ def test_the_openapi_description_is_of_the_answers_sent(client):
     spec = client.get("/openapi.json").json()
     for path in ("/v1/translate", "/v1/score", "/v1/attention"):
         answers = spec["paths"][path]["post"]["responses"]
-        for status in ("400", "413", "415", "422", "503"):
+        for status in ("400", "413", "415", "422", "500", "503"):
             assert answers[status]["content"]["application/json"]["schema"] == \
                 {"$ref": "#/components/schemas/ErrorResponse"}, (path, status)
+    assert {"200", "503"} <= set(spec["paths"]["/health"]["get"]["responses"])  # serving.md's fourth failure
     assert "HTTPValidationError" not in spec["components"]["schemas"]
     assert spec["paths"]["/v1/attention"]["post"]["responses"]["200"]["content"]["application/json"]["schema"] == \
         {"$ref": "#/components/schemas/AttentionResponse"}
@@ -708,6 +709,15 @@ def test_limits_must_be_positive_and_finite(field, value):
         Limits(**{field: value})
 
 
+def test_no_batching_wait_is_taken_and_batches_what_is_queued(translator):
+    """--max-wait-ms 0 (batch what has come, wait for nothing) was refused as not positive."""
+    with pytest.raises(ConfigError, match=r"--max-wait-ms must be a positive number or 0, got -1"):
+        Limits(max_wait_ms=-1)
+    with TestClient(create_app(translator, Limits(max_wait_ms=0))) as c:
+        r = c.post("/v1/translate", json={"text": LINES, "beam": 2, "alpha": 0.6})
+    assert r.status_code == 200 and r.json()["translations"] == translator.translate(LINES, BEAM2)
+
+
 def test_an_error_in_the_decoding_thread_answers_json_and_the_server_goes_on(translator, monkeypatch):
     """What decoding raises reaches the client as {"error": one line}: 500 for a failure, 422 for a user
     error the checks before queueing let through; the worker is not restarted, the next request is served."""
@@ -742,6 +752,24 @@ def test_any_other_failure_answers_json_too(translator, monkeypatch):
     with TestClient(create_app(translator, Limits()), raise_server_exceptions=False) as c:
         r = c.post("/v1/attention", json={"text": "A dog."})
         assert r.status_code == 500 and r.json() == {"error": "answering failed: RuntimeError: no maps"}
+
+
+def test_an_attention_request_past_the_models_positions_is_a_422_as_a_translation_is(translator, monkeypatch):
+    """A sentence or translation past a learned position table (Table 3 row E) was answered 500 by
+    /v1/attention, with a traceback in the server's log, where /v1/translate answers it 422; the model's own
+    failing (ModelOverflow) stays a 500."""
+    from transformer.config import ConfigError
+    from transformer.translator import ModelOverflow
+
+    for error, status in ((ConfigError("line 1: 71 pieces with EOS, more than the model's learned positions"), 422),
+                          (ModelOverflow("the model's outputs overflowed"), 500)):
+        def refused(*args, error=error):
+            raise error
+
+        monkeypatch.setattr("transformer.serve.attention_maps", refused)
+        with TestClient(create_app(translator, Limits()), raise_server_exceptions=False) as c:
+            r = c.post("/v1/attention", json={"text": "A dog.", "translation": "Ein Hund."})
+        assert r.status_code == status and str(error) in r.json()["error"]
 
 
 @pytest.mark.parametrize("max_batch_tokens", [8192, 8])

@@ -333,6 +333,17 @@ def test_a_prefix_and_constraints_that_fit_alone_but_not_together_are_refused(ru
     assert translator.translate([source], held)[0].startswith("ein Hund")  # the prefix holds the phrase
 
 
+def test_a_prefix_past_a_learned_position_table_names_the_table_not_the_offset(run, monkeypatch):
+    """Where a learned position table (Table 3 row E) is the tighter bound, the refusal said "(input length +
+    max_len_offset)", a sum larger than the room it named."""
+    translator = Translator(run, log=lambda m: None)
+    monkeypatch.setattr(type(translator.model), "max_output_length", property(lambda model: 6))
+    request = DecodeRequest(prefixes=["ein Hund läuft durch den tiefen Schnee"], max_len_offset=50)
+    with pytest.raises(ConfigError, match=r"^prefix of line 1: \d+ pieces, but outputs of this input hold at most 5 "
+                                          r"\(the model's learned positions, model.max_positions = 6\)$"):
+        translator.check(request, lines=["A dog."])
+
+
 def test_a_beam_no_wider_than_the_vocabulary_is_the_bound(run):
     """The first step offers the vocabulary's pieces and no more: a beam as wide is taken, one piece wider is
     refused before decoding (the bound itself, not only far beyond it)."""

@@ -463,6 +463,12 @@ def cmd_translate(args: argparse.Namespace) -> None:
             start += len(lines)
 
 
+def _number(x: float) -> str:
+    """A score as `translate` and `score` print it: six decimals, or seven significant digits where those would
+    show little of it (length normalisation at a large α divides scores to 1e-10: all printed -0.000000)."""
+    return f"{x:.6f}" if x == 0 or abs(x) >= 0.01 else f"{x:.6e}"
+
+
 def _translation_rows(translator, request, lines: list[str], hyps: list[list[tuple[str, float]]],
                       start: int) -> list[str]:
     """`translate`'s output lines for input ``lines`` (from input line ``start``, counted from 0) and their
@@ -475,9 +481,9 @@ def _translation_rows(translator, request, lines: list[str], hyps: list[list[tup
         return " ||| " + " ".join(f"{s}-{t}" for s, t in align(translator, lines[i], text))
 
     if request.nbest is not None:
-        return [f"{start + i} ||| {text} ||| {score:.6f}{aligned(i, text)}" for i, h in enumerate(hyps)
+        return [f"{start + i} ||| {text} ||| {_number(score)}{aligned(i, text)}" for i, h in enumerate(hyps)
                 for text, score in h]
-    return [(f"{h[0][1]:.6f}\t{h[0][0]}" if request.scores else h[0][0]) + aligned(i, h[0][0])
+    return [(f"{_number(h[0][1])}\t{h[0][0]}" if request.scores else h[0][0]) + aligned(i, h[0][0])
             for i, h in enumerate(hyps)]
 
 
@@ -549,7 +555,7 @@ def cmd_score(args: argparse.Namespace) -> None:
                                   "token_log_probs": r.token_log_probs}, ensure_ascii=False)
                       for t, r in zip(tgt, scored))
             else:
-                write(f"{r.score:.6f}\t{r.log_prob:.6f}" for r in scored)
+                write(f"{_number(r.score)}\t{_number(r.log_prob)}" for r in scored)
             counted = [r for blank, r in zip(translator.blank(src), scored) if not blank]  # no model's judgement
             total += sum(r.log_prob for r in counted)
             pieces += sum(len(r.token_log_probs) for r in counted)

@@ -242,8 +242,12 @@ class ServeLimits:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            # no wait at all batches only the requests already queued: taken (it was refused as not positive)
+            if f.name == "max_wait_ms" and value == 0:
+                continue
             if not isinstance(value, bool) and not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"--{f.name.replace('_', '-')} must be a positive number, got {value}")
+                zero = " or 0" if f.name == "max_wait_ms" else ""
+                raise ConfigError(f"--{f.name.replace('_', '-')} must be a positive number{zero}, got {value}")
         if self.batching and self.max_wait_ms >= 1000 * self.queue_timeout:
             raise ConfigError(f"--max-wait-ms {self.max_wait_ms:g} must be less than --queue-timeout "
                               f"({self.queue_timeout:g} s): a request waiting that long for others to batch with "

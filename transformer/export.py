@@ -361,6 +361,9 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
              "model's outputs differ slightly from the run's own.\n")
     norm = ("score / length^α, as `generate` divides" if cfg.decode.length_norm == "length" else
             "GNMT's; `generate` divides by length^α instead")
+    # at beam 1 the penalty ranks nothing (a greedy search has one hypothesis): not named
+    searched = ("greedy (beam 1)" if cfg.decode.beam_size == 1 else
+                f"beam {cfg.decode.beam_size}, length penalty α {cfg.decode.alpha} ({norm})")
     if (stop_note := _early_stop_note(cfg)) is not None:
         said = stop_note.removeprefix("note: ")
         drift += f"\n{said[0].upper()}{said[1:]}.\n"
@@ -389,7 +392,7 @@ A Transformer (Vaswani et al., 2017) trained with the `transformer` toolkit and 
   {m.norm}-norm, a joint vocabulary of {vocab_size:,} sentencepiece BPE pieces.
 - Data: `{_shown(d.train_src)}` / `{_shown(d.train_tgt)}`; validated on `{_shown(d.valid_src)}`.
 - Training: {trained}.
-- Decoding as trained: beam {cfg.decode.beam_size}, length penalty α {cfg.decode.alpha} ({norm}),
+- Decoding as trained: {searched},
   {weights}.
 {drift}
 ```python

@@ -203,6 +203,7 @@ _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, tex
     (415, "a body not sent as application/json"),
     (422, "an invalid request: a field of the wrong kind (with detail), options the search refuses together, a "
           "value out of range or over the server's limits"),
+    (500, "a decoding batch or the model thread failed (the server's fault, its traceback in the server's log)"),
     (503, "busy or shutting down: try again after Retry-After seconds"))}
 
 
@@ -677,11 +678,17 @@ def _check_pieces(translator: Translator, limits: Limits, text: str | None, wher
 
 
 def _attention(translator: Translator, limits: Limits, text: str, translation: str | None) -> dict:
-    """In the model thread: the maps of ``text`` and its translation (given, else the model's own)."""
-    _check_pieces(translator, limits, translation, "translation")
-    tgt = translation if translation is not None else translator.translate([text])[0]
-    _check_pieces(translator, limits, tgt, "the model's translation")
-    return {"translation": tgt, **attention_maps(translator, text, tgt).to_json()}
+    """In the model thread: the maps of ``text`` and its translation (given, else the model's own). A user's
+    error (a side past a learned position table) is a 422, as /v1/translate answers it; it was a 500."""
+    try:
+        _check_pieces(translator, limits, translation, "translation")
+        tgt = translation if translation is not None else translator.translate([text])[0]
+        _check_pieces(translator, limits, tgt, "the model's translation")
+        return {"translation": tgt, **attention_maps(translator, text, tgt).to_json()}
+    except UserError as e:
+        if (answer := _answerable(e)).status != 422:  # the model's own failing: a 500, its traceback logged
+            raise
+        raise answer from None
 
 
 def _answer_errors_in_json(app: FastAPI) -> None:
@@ -821,7 +828,9 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     weights = [p.name for p in translator.weights_from]  # names alone: the server's paths are its own
     ensemble = [{"run": run.name, "weights": [p.name for p in read]} for run, read in translator.ensemble_from]
 
-    @app.get("/health")
+    @app.get("/health", responses={200: {"description": "the decoding worker runs"},
+                                   503: {"description": "the decoding worker has stopped (or not started): the same "
+                                                        "body, its status \"error\""}})
     async def health() -> JSONResponse:
         return _health(getattr(app.state, "batcher", None), name, weights, ensemble)
 

@@ -406,6 +406,8 @@ class Translator:
                 continue
             end = len(src) + request.max_len_offset  # search.max_lengths: the output's positions, EOS included
             room = (end if limit is None else min(end, limit)) - 1
+            bound = ("input length + max_len_offset" if limit is None or end <= limit
+                     else f"the model's learned positions, model.max_positions = {limit}")
             for key, texts, given in (("prefix", request.prefixes, forced and [forced[i]]),
                                       ("constraints", request.constraints, phrases and phrases[i])):
                 if given and any(UNK_ID in ids for ids in given):  # the output would hold "⁇", not the text
@@ -420,18 +422,17 @@ class Translator:
                                   "the vocabulary normalises it (no output could show that it was met): leave it out")
             if forced is not None and len(forced[i]) > room:
                 raise ConfigError(f"prefix of line {first + i + 1}: {len(forced[i])} pieces, but outputs of this "
-                                  f"input hold at most {room} (input length + max_len_offset)")
+                                  f"input hold at most {room} ({bound})")
             if phrases is not None and sum(map(len, phrases[i])) > room:
                 raise ConfigError(f"constraints of line {first + i + 1}: {sum(map(len, phrases[i]))} pieces "
-                                  f"together, but outputs of this input hold at most {room} (input length + "
-                                  "max_len_offset)")
+                                  f"together, but outputs of this input hold at most {room} ({bound})")
             if forced and phrases and forced[i] and phrases[i]:
                 after = sum(pieces_after(forced[i], p) for p in phrases[i])
                 if len(forced[i]) + after > room:
                     raise ConfigError(f"prefix and constraints of line {first + i + 1}: the prefix's {len(forced[i])} "
                                       f"pieces and the {after} the constraints add after it need "
                                       f"{len(forced[i]) + after}, but outputs of this input hold at most {room} "
-                                      "(input length + max_len_offset)")
+                                      f"({bound})")
             if self.constraint is not None:
                 prefix = [] if forced is None else forced[i]
                 why = self.constraint.refuses(src, prefix, room + 1)
