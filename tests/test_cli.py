@@ -1258,6 +1258,13 @@ def test_a_blank_line_parses_to_an_empty_line_and_evaluate_names_it(tiny_parse_r
     assert (status, out) == (1, ""), err
     assert err == (f"error: --src {tmp_path / 'words'}:2: a blank line, where --ref {tmp_path / 'gold'}'s tree 2 "
                    "holds words (the sentences and the trees go one to one)\n")
+    # the reverse, found after decoding every line: "--ref: tree 2: the gold tree is empty once normalised"
+    (tmp_path / "gold").write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))\n( (S (-NONE- *T*-1)) )\n")
+    (tmp_path / "words").write_text("The dog barked .\nsomething\n")
+    status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "words"),
+                                "--ref", str(tmp_path / "gold"), "--beam", "2")
+    assert (status, out) == (1, "") and err.startswith(f"error: --src {tmp_path / 'words'}:2: a sentence, where --ref "
+                                                       f"{tmp_path / 'gold'}'s tree 2 holds no words"), err
 
 
 def test_evaluate_names_a_src_line_whose_words_are_not_the_gold_trees(tiny_parse_run, tmp_path, capsys):

@@ -16,8 +16,8 @@ from transformer.search import beam_search
 from transformer.model import Transformer
 from transformer.tokenizer import EOS_ID
 from transformer.prepare import PTB_SPLITS, write_ptb_splits
-from transformer.trees import (Tree, TreeConstraint, TreeError, delinearize, linearize, normalize, parse_brackets,
-                               ptb_escape, read_normalized, read_trees, tree_symbols, with_tags)
+from transformer.trees import (MAX_DEPTH, Tree, TreeConstraint, TreeError, delinearize, linearize, normalize,
+                               parse_brackets, ptb_escape, read_normalized, read_trees, tree_symbols, with_tags)
 
 PTB = DATA / "ptb-sample"
 
@@ -468,3 +468,23 @@ def test_blank_lines_of_a_file_of_one_tree_a_line_are_placed_only_where_that_is_
     assert len(read("mrg", expect=4)) == 2
     (tmp_path / "two").write_text("(S (NN x)) (S (NN z))\n\n(S (NN y))\n")  # two trees on a line
     assert len(read("two", expect=3)) == 3
+
+
+@pytest.mark.parametrize("opened", [MAX_DEPTH - 3, 340, 3000])
+def test_a_decoders_tree_nested_past_reading_depth_is_cut_to_one_that_reads_back(tmp_path, opened):
+    """A model that grows a unary chain to the length limit: from 310 open brackets the tree written was refused
+    by evaluate-parse ("more than 300 brackets open at once"), and from 340 building it ran out of Python's stack
+    (RecursionError). The constituents past MAX_DEPTH - 2 open ones are dropped, and the tree reads back and
+    scores."""
+    line = ["The", "dog", "barked", "."]
+    # "dog" written as two words (an unknown character): its second leaf goes, and that walk recurses too
+    written = [["The"], ["do", "g"], ["barked"], ["."]]
+    closed = ["(S", *["(NP"] * opened, "The", "do", "g", "barked", ".", *[")NP"] * opened, ")S"]
+    for tokens in (closed, closed[:opened + 6]):  # the chain closed, or left open to the length limit
+        tree, well_formed = delinearize(tokens, line, written=written)
+        assert well_formed is (opened < MAX_DEPTH - 2 and tokens is closed)
+        again = parse_brackets(str(tree), "written")[0]
+        assert again.words() == line and str(again) == str(tree)
+    (tmp_path / "test.txt").write_text(f"{tree}\n")
+    (tmp_path / "gold.txt").write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .))\n")
+    assert main(["evaluate-parse", "--gold", str(tmp_path / "gold.txt"), "--test", str(tmp_path / "test.txt")]) == 0

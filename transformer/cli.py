@@ -749,9 +749,14 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             raise TreeError(f"{e} (--ref takes the gold trees, bracketed as the treebank writes them, e.g. "
                             "test.gold, not the linearised training targets)") from None
         if len(src) != len(gold):
-            raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(gold)} trees")
+            raise ConfigError(f"--src {args.src} has {len(src)} line{'s' * (len(src) != 1)} but --ref {args.ref} has "
+                              f"{len(gold)} tree{'s' * (len(gold) != 1)}")
         for i, (line, tree) in enumerate(zip(src, gold), 1):  # found before decoding, else blamed on --ref after it
-            if tree is None:
+            if tree is None:  # traces alone: a blank line pairs with it; a sentence's tree would have no match
+                if line.split():
+                    raise ConfigError(f"--src {args.src}:{i}: a sentence, where --ref {args.ref}'s tree {i} holds no "
+                                      "words once its traces are removed (the sentences and the trees go one to "
+                                      "one; leave the pair out of both files)")
                 continue
             if not line.split():
                 raise ConfigError(f"--src {args.src}:{i}: a blank line, where --ref {args.ref}'s tree {i} holds "

@@ -233,7 +233,10 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S",
 
     Anything else is repaired deterministically, so every sentence gets a tree with its words:
     a closing bracket closes the innermost open constituent whatever its label (none open: ignored);
-    a bare "(" is dropped; constituents left open are closed. Leaves take the input's words in order
+    a bare "(" is dropped; constituents left open are closed; a constituent opened inside ``MAX_DEPTH`` - 2
+    open ones is dropped with its closing bracket, so that the tree, with a root and its leaves' tags, reads
+    back (a model that grows a unary chain to the length limit wrote trees `evaluate-parse` refused, and a
+    deeper one ran out of Python's stack here). Leaves take the input's words in order
     when there are as many as words, or when they are all XX (a leaf beyond the last word is dropped).
     Otherwise the leaves' words are aligned with the input's (``difflib``: the longest matching runs):
     a leaf no input word aligns with is dropped, and an input word no leaf aligns with joins the
@@ -259,13 +262,21 @@ def delinearize(tokens: list[str], words: list[str], root_label: str = "S",
     top: list[Tree] = []
     stack: list[Tree] = []
     leaves: list[tuple[Tree, list]] = []  # each leaf with the child list that holds it
+    too_deep = 0  # constituents dropped inside MAX_DEPTH - 2 open ones, still open
     for tok in tokens:
         siblings = stack[-1].children if stack else top
         if tok.startswith("(") and len(tok) > 1:
+            if len(stack) >= MAX_DEPTH - 2:
+                too_deep += 1
+                well_formed = False
+                continue
             node = Tree(tok[1:])
             siblings.append(node)
             stack.append(node)
         elif tok.startswith(")"):
+            if too_deep:
+                too_deep -= 1
+                continue
             if not stack:
                 well_formed = False
                 continue
@@ -315,7 +326,7 @@ def _owned(tree: Tree, owner: list[int], words: list[str]) -> Tree | None:
                 return None
             last = k
             return Tree(node.label, [words[k]])
-        kept = [c for c in (walk(c) for c in node.children if isinstance(c, Tree)) if c is not None]
+        kept = [k for c in node.children if isinstance(c, Tree) and (k := walk(c)) is not None]  # 2 frames a level
         return Tree(node.label, kept) if kept else None
     return walk(tree)
 
