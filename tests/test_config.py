@@ -197,6 +197,9 @@ def test_set_overrides_and_validation():
     ("train.max_minutes=1" + "0" * 400, r"train.max_minutes must be below 2\^63 in size, got an integer of 401 digits"),
     ("train.warmup_steps=" + str(2**63), r"train.warmup_steps must be below 2\^63 in size"),
     ("train.cooldown_fraction=1.01", r"train.cooldown_fraction must be in \[0, 1\], got 1.01"),
+    # "never time out" overflowed gloo's or Python's clocks: an internal error, or a rank said to be lost
+    ("train.dist_timeout_s=1e14", r"train.dist_timeout_s 1e\+14: give 1 to 604,800 seconds"),
+    ("train.dist_timeout_s=0.05", r"train.dist_timeout_s 0.05: give 1 to 604,800 seconds"),
 ])
 def test_values_training_cannot_use_are_refused_naming_the_value(override, message):
     """Each bad value is refused in one line with the value, before training: a negative clip_norm passed,
@@ -210,6 +213,7 @@ def test_values_training_cannot_use_are_refused_naming_the_value(override, messa
     ["train.cooldown_fraction=1.0"],  # the whole budget cools down
     ["model.p_drop=0.0", "model.p_drop_attn=0.0", "model.p_drop_relu=0.0", "train.eps_ls=0.0"],
     ["model.d_model=60", "model.n_heads=8", "model.d_k=8", "model.d_v=8"],  # Table 3 rows A and B set d_k, d_v
+    ["train.dist_timeout_s=1"], ["train.dist_timeout_s=604800"],
 ])
 def test_the_values_at_the_edges_of_each_range_are_accepted(overrides):
     """Each range's own end, where it is inside: a check one step too strict refuses a setting the paper or a

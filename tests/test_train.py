@@ -2212,7 +2212,7 @@ def test_a_stop_signal_before_training_began_is_in_the_log(tmp_path, tiny_overri
 
     for stop, said in ((KeyboardInterrupt(), "interrupted (SIGINT): stopped at once"),
                        (Terminated(), "SIGTERM: stopped at once")):
-        def stopped(cfg, src, tgt, path, log, resuming):
+        def stopped(cfg, src, tgt, path, log, resuming, write):
             log("training the vocabulary")
             raise stop
 
@@ -2639,3 +2639,16 @@ def test_train_from_python_checks_its_arguments(tmp_path, tiny_overrides):
     with pytest.raises(ConfigError, match="^load_config: the preset or file: a path .*, not int 123"):
         load_config(123)  # type: ignore[arg-type]
     assert not out.exists()
+
+
+def test_a_save_clock_in_minutes_beside_one_in_steps_is_said_to_be_unused(tmp_path, tiny_overrides):
+    """`--set train.save_minutes=5` on a preset that saves every N steps was dropped without a word (the steps'
+    clock wins, training.md: never both)."""
+    run = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.save_every=2", "train.save_minutes=5"]),
+          run, quiet=True)
+    assert ("note: train.save_minutes 5 is not used: train.save_every 2 sets the save clock (set train.save_every = 0 "
+            "to save by time)") in (run / "train.log").read_text()
+    quiet = tmp_path / "quiet"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.save_every=2"]), quiet, quiet=True)
+    assert "save_minutes" not in (quiet / "train.log").read_text()

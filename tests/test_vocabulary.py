@@ -106,3 +106,29 @@ def test_a_parsing_vocabulary_that_lacks_some_symbols_is_warned_of(tiny_parse_ru
     check_tree_symbols(tokenizer, ["(S (FOOBAR dog )FOOBAR )S"], said.append)
     assert said == [f"warning: the vocabulary {tokenizer.path} lacks 2 of the training trees' 4 symbols as a piece "
                     "((FOOBAR, )FOOBAR): the parser cannot write those constituents"]
+
+
+def test_a_rank_but_the_first_reads_rank_0s_vocabulary_and_never_writes_one(tmp_path):
+    """A data-parallel rank other than 0 trained and wrote its own vocabulary where it found none (its --out
+    another folder) or one of other inputs (its node's own copy of the data), over rank 0's: it now reads rank 0's,
+    refuses in one line where it cannot, and writes nothing."""
+    from transformer.data import DataError
+    from transformer.vocabulary import vocabulary_inputs
+
+    cfg = load_config("tiny")
+    src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+    src.write_text("a dog runs .\n")
+    tgt.write_text("ein Hund rennt .\n")
+    spm = tmp_path / "run" / "spm.model"
+    spm.parent.mkdir()
+    with pytest.raises(DataError, match=r"spm.model: not there, where rank 0 wrote the run's vocabulary"):
+        open_vocabulary(cfg, src, tgt, spm, print, resuming=False, write=False)
+    assert list(spm.parent.iterdir()) == []
+    reference = Path(__file__).parent / "data" / "decode_reference" / "spm.model"
+    spm.write_bytes(reference.read_bytes())
+    spm.with_suffix(".json").write_text(json.dumps(vocabulary_inputs(cfg, src, tgt)))
+    assert open_vocabulary(cfg, src, tgt, spm, print, resuming=False, write=False).sha256 == Tokenizer(reference).sha256
+    src.write_text("another copy of the data .\n")
+    with pytest.raises(DataError, match=r"rank 0 trained it from other inputs than this rank's \(train_src_sha256\)"):
+        open_vocabulary(cfg, src, tgt, spm, print, resuming=False, write=False)
+    assert spm.read_bytes() == reference.read_bytes()

@@ -207,6 +207,7 @@ MAX_ALPHA = 10.0
 # train.update_freq: a step's batches are drawn together, so a mistyped huge count filled the memory until the
 # process died; train.shape_buckets: buckets per octave of length (8 is the documented choice)
 MAX_UPDATE_FREQ, MAX_SHAPE_BUCKETS = 1024, 256
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600  # train.dist_timeout_s
 FP32_TINY = 1.1754944e-38  # fp32's smallest normal number: a smaller train.adam_eps flushes to 0 in Adam's update
 
 
@@ -286,6 +287,11 @@ class Config:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
+        # past a week the timeout overflowed gloo's or Python's clocks (an internal error, or a rank "lost"); below
+        # a second, joining the job timed out before any rank could train
+        if not 1 <= t.dist_timeout_s <= MAX_DIST_TIMEOUT_S:
+            raise ConfigError(f"train.dist_timeout_s {t.dist_timeout_s:g}: give 1 to {MAX_DIST_TIMEOUT_S:,} seconds (a "
+                              "week); it bounds how long a collective waits for a rank that died or hung")
         sizes = {"model.n_enc_layers": m.n_enc_layers, "model.n_dec_layers": m.n_dec_layers, "model.d_model": m.d_model,
                  "model.d_ff": m.d_ff, "model.n_heads": m.n_heads, "model.d_k": m.d_k, "model.d_v": m.d_v,
                  "model.max_positions": m.max_positions}

@@ -297,6 +297,18 @@ def _saved_config(out: Path, config_path: Path) -> tuple[Config, Path] | None:
 RUN_MARKS = (".lock", "train.log", "spm.model", "checkpoints")  # one at least in a folder training has written
 
 
+def disagreement(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """What two ranks' {"config": ..., "vocabulary": sha256} differ in, the first few: "model.d_ff 64 (rank 0) vs 96"
+    (the error named neither the field nor the rank)."""
+    said = [f"{section}.{key} {value!r} (rank 0) vs {theirs['config'][section].get(key)!r}"
+            for section, values in ours["config"].items() for key, value in values.items()
+            if theirs["config"].get(section, {}).get(key) != value]
+    if ours["vocabulary"] != theirs["vocabulary"]:
+        said.append(f"the vocabulary (spm.model sha256 {ours['vocabulary'][:12]} (rank 0) vs "
+                    f"{theirs['vocabulary'][:12]})")
+    return "; ".join(said[:3]) + (f"; and {len(said) - 3} more" if len(said) > 3 else "")
+
+
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 allow_changes: bool = False, vocabulary_of: Path | None = None,
                 held: contextlib.ExitStack | None = None, init_from: Path | None = None) -> Run:
@@ -454,7 +466,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         if pairs is None:  # checked (line counts, UTF-8) before a BPE is trained on them
             pairs = read_parallel(train_src, train_tgt)
         tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log,
-                                    resuming=has_checkpoints or vocabulary_of is not None)
+                                    resuming=has_checkpoints or vocabulary_of is not None, write=write)
         if d.task == "parse":
             check_tree_symbols(tokenizer, [t for _, t in pairs], log)
         if len(pairs) >= LARGE_TEXT:
@@ -997,10 +1009,11 @@ class Trainer:
                                         vocabulary_of=parent)
         tokenizer = self.run_data.tokenizer
         # every rank must train the same model on the same data
-        identity = f"{json.dumps(cfg.to_dict(), sort_keys=True)} vocab={tokenizer.sha256}"
-        if len(set(distributed.gather(dist, identity))) > 1:
-            raise TrainError("the ranks disagree on the config or the vocabulary (each rank must be started with the "
-                             "same command, config and run folder)")
+        identities = distributed.gather(dist, {"config": cfg.to_dict(), "vocabulary": tokenizer.sha256})
+        if other := next((r for r, x in enumerate(identities) if x != identities[0]), None):
+            raise TrainError(f"the ranks disagree on the config or the vocabulary: rank {other} differs from rank 0 in "
+                             f"{disagreement(identities[0], identities[other])} (each rank must be started with the "
+                             "same command, config, data and run folder)")
         torch.manual_seed(t.seed)
         self.raw = Transformer(cfg.model, tokenizer.vocab_size, t.init_qkv_gain).to(dist.device)
         self.optimizer = make_optimizer(self.raw, t)
@@ -1051,6 +1064,9 @@ class Trainer:
         self.log(f"model: {count_parameters(self.raw):,} parameters; vocabulary {tokenizer.vocab_size}; "
                  f"{self.precision}{auto} on {dist.device.type}; per step at most {t.max_tokens} tokens per side x "
                  f"update_freq {t.update_freq} x {dist.world} rank(s) = {t.max_tokens * t.update_freq * dist.world}")
+        if t.save_every and t.save_minutes not in (0, TrainConfig.save_minutes):  # set, and without effect: unsaid
+            self.log(f"note: train.save_minutes {t.save_minutes:g} is not used: train.save_every {t.save_every} sets the "
+                     "save clock (set train.save_every = 0 to save by time)")
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         if dist.device.type == "cpu" and t.threads * dist.world > cores:  # threads waiting for a core, each step
             self.log(f"note: train.threads {t.threads} x {dist.world} rank(s), on {cores} core(s) this process may "

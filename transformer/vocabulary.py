@@ -72,16 +72,32 @@ def vocabulary_inputs(cfg: Config, src: Path, tgt: Path) -> dict[str, Any]:
             "task": d.task}
 
 
-def open_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log, resuming: bool) -> Tokenizer:
+def open_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log, resuming: bool,
+                    write: bool = True) -> Tokenizer:
     """The run folder's vocabulary: ``path`` when it was trained from what ``cfg`` asks for (the record
     beside it says), a new one when there is none. A vocabulary left by an earlier attempt with other
     data or settings (one that failed before its first checkpoint) is trained anew, saying what changed: no
     checkpoint was trained with it, and it is never reused for a model it does not fit.
     ``resuming`` a run with checkpoints: its vocabulary is the checkpoints' (their records hold its
-    sha256), whatever changes --allow-config-change let through."""
+    sha256), whatever changes --allow-config-change let through. ``write=False`` (a data-parallel rank but
+    the first): rank 0's, which must be there and of this rank's inputs; such a rank trained and wrote its own
+    where it found none (another --out) or found other inputs (its own copy of the data), over rank 0's."""
+    record = path.with_suffix(".json")
+    if not write and not resuming:
+        if not path.exists():
+            raise DataError(f"{path}: not there, where rank 0 wrote the run's vocabulary: every rank's --out must be "
+                            "the one folder, on a file system they all see")
+        try:  # rank 0 wrote it, or trained anew where it was unreadable
+            recorded = json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
+        except (OSError, ValueError):
+            recorded = {}
+        recorded = recorded if isinstance(recorded, dict) else {}
+        if changed := [k for k, v in vocabulary_inputs(cfg, src, tgt).items() if recorded.get(k, v) != v]:
+            raise DataError(f"{path}: rank 0 trained it from other inputs than this rank's ({', '.join(changed)}): "
+                            "every rank must read the same training files, with the same config")
+        return Tokenizer(path)
     if not path.exists():
         return train_vocabulary(cfg, src, tgt, path, log)
-    record = path.with_suffix(".json")
     if resuming:
         return Tokenizer(path)
     if not record.exists():
