@@ -1417,7 +1417,9 @@ def test_translate_from_the_best_checkpoint(tmp_path, tiny_overrides, scripted):
         Translator(plain, "best", log=lambda m: None)
 
 
-@pytest.mark.parametrize("sets, message", [(["train.patience=2"], "train.patience = 2"),
+@pytest.mark.parametrize("sets, message", [(["train.patience=2"], r"train.patience = 2 counts evaluations of "
+                                                                  r"train.keep_best .* is not set: set it too"),
+                                           (["train.patience=-1"], r": train.patience must be >= 0, got -1$"),
                                            (['train.keep_best="dev_bleu"'], "needs train.bleu_every"),
                                            (['train.keep_best="bleu"'], "keep_best")])
 def test_keep_best_settings_are_checked(sets, message):

@@ -358,9 +358,12 @@ class Config:
                 raise ConfigError(f"{name} must be in [0, 1), got {beta}")
         if not 0.0 <= t.cooldown_fraction <= 1.0:
             raise ConfigError(f"train.cooldown_fraction must be in [0, 1], got {t.cooldown_fraction}")
-        if t.patience < 0 or (t.patience and not t.keep_best):
-            raise ConfigError(f"train.patience = {t.patience}: must be >= 0, and counts evaluations of train.keep_best "
-                              "(set it too)")
+        if t.patience < 0:
+            raise ConfigError(f"train.patience must be >= 0, got {t.patience}")
+        if t.patience and not t.keep_best:
+            raise ConfigError(f"train.patience = {t.patience} counts evaluations of train.keep_best without a better "
+                              "one, and train.keep_best is not set: set it too (valid_loss, valid_smoothed_loss or "
+                              "dev_bleu)")
         if not 0.0 <= self.data.subword_alpha < 1.0:
             raise ConfigError(f"data.subword_alpha must be in [0, 1), got {self.data.subword_alpha}")
         if self.data.subword_alpha and (self.data.train_store or self.data.task != "translate"):
@@ -478,6 +481,8 @@ def _check_type(where: str, key: str, value: Any, annotation: Any, toml: bool = 
         if hint is str and where.startswith("--set "):  # read as TOML: 123, true, nan and 2024-01-01 are no text
             name, _, raw = where.removeprefix("--set ").partition("=")
             quote = f"; as text, quote it: --set '{name.strip()}=\"{raw.strip()}\"'"
+        elif hint in (int, float) and isinstance(value, str) and where.startswith("--set "):  # not read as TOML
+            quote = " (not a number as TOML writes one: 0.5, not .5; 5, not 05)"
         raise ConfigError(f"{where}: {key} must be {hint.__name__}, got {type(value).__name__} {value!r}{quote}")
     return value
 
@@ -513,7 +518,7 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str, toml: bo
         # the key of another section first: train.max_len was offered train.max_tokens (data.max_len exists)
         elsewhere = [f"{name}.{key}" for name, other in _SECTIONS.items() if key in typing.get_type_hints(other)]
         hint = elsewhere or ([OTHER_NAMES[key]] if key in OTHER_NAMES else [
-            f"{section}.{k}" for k in difflib.get_close_matches(key, hints, n=1)])
+            f"{section}.{k}" for k in difflib.get_close_matches(key.lower(), hints, n=1)])
         raise ConfigError(f"{where}: unknown key {section}.{key}" + (f"; did you mean {hint[0]}?" if hint else ""))
     setattr(getattr(cfg, section), key, _check_type(where, f"{section}.{key}", value, hints[key], toml))
 
