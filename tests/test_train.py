@@ -2654,3 +2654,14 @@ def test_a_save_clock_in_minutes_beside_one_in_steps_is_said_to_be_unused(tmp_pa
     quiet = tmp_path / "quiet"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.save_every=2"]), quiet, quiet=True)
     assert "save_minutes" not in (quiet / "train.log").read_text()
+
+
+def test_what_two_ranks_disagree_in_is_named_whichever_holds_the_key():
+    """A key only another rank's config holds (another package version there) was left out: "differs in ."."""
+    from transformer.train import disagreement
+
+    ours = {"config": {"model": {"d_ff": 64}}, "vocabulary": "a" * 64}
+    assert disagreement(ours, {"config": {"model": {"d_ff": 64, "extra": 2}}, "vocabulary": "a" * 64}) == \
+        "model.extra None (rank 0) vs 2"
+    assert disagreement(ours, {"config": {"model": {"d_ff": 96}}, "vocabulary": "b" * 64}) == \
+        f"model.d_ff 64 (rank 0) vs 96; the vocabulary (spm.model sha256 {'a' * 12} (rank 0) vs {'b' * 12})"

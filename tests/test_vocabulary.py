@@ -121,8 +121,9 @@ def test_a_rank_but_the_first_reads_rank_0s_vocabulary_and_never_writes_one(tmp_
     tgt.write_text("ein Hund rennt .\n")
     spm = tmp_path / "run" / "spm.model"
     spm.parent.mkdir()
-    with pytest.raises(DataError, match=r"spm.model: not there, where rank 0 wrote the run's vocabulary"):
-        open_vocabulary(cfg, src, tgt, spm, print, resuming=False, write=False)
+    for resuming in (False, True):  # resuming: a fine-tune's rank too (its vocabulary is its parent's)
+        with pytest.raises(DataError, match=r"spm.model: not there, where rank 0 wrote the run's vocabulary"):
+            open_vocabulary(cfg, src, tgt, spm, print, resuming=resuming, write=False)
     assert list(spm.parent.iterdir()) == []
     reference = Path(__file__).parent / "data" / "decode_reference" / "spm.model"
     spm.write_bytes(reference.read_bytes())

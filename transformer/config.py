@@ -482,7 +482,8 @@ def _check_type(where: str, key: str, value: Any, annotation: Any, toml: bool = 
             name, _, raw = where.removeprefix("--set ").partition("=")
             quote = f"; as text, quote it: --set '{name.strip()}=\"{raw.strip()}\"'"
         elif hint in (int, float) and isinstance(value, str) and where.startswith("--set "):  # not read as TOML
-            quote = " (not a number as TOML writes one: 0.5, not .5; 5, not 05)"
+            _, _, raw = where.removeprefix("--set ").partition("=")
+            quote = " (not a number as TOML writes one: 0.5, not .5; 5, not 05)" if raw.strip() == value else ""
         raise ConfigError(f"{where}: {key} must be {hint.__name__}, got {type(value).__name__} {value!r}{quote}")
     return value
 
@@ -515,10 +516,15 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str, toml: bo
     cls = _check_section(section, where)
     hints = typing.get_type_hints(cls)
     if key not in hints:
-        # the key of another section first: train.max_len was offered train.max_tokens (data.max_len exists)
-        elsewhere = [f"{name}.{key}" for name, other in _SECTIONS.items() if key in typing.get_type_hints(other)]
-        hint = elsewhere or ([OTHER_NAMES[key]] if key in OTHER_NAMES else [
-            f"{section}.{k}" for k in difflib.get_close_matches(key.lower(), hints, n=1)])
+        # the key of another section first: train.max_len was offered train.max_tokens (data.max_len exists);
+        # each as keys are spelt, in lower case (train.MAX_STEPS was offered nothing)
+        low = key.lower()
+        if low in hints:
+            hint = [f"{section}.{low}"]
+        else:
+            hint = [f"{name}.{low}" for name, other in _SECTIONS.items() if low in typing.get_type_hints(other)]
+            hint = hint or ([OTHER_NAMES[low]] if low in OTHER_NAMES else [
+                f"{section}.{k}" for k in difflib.get_close_matches(low, hints, n=1)])
         raise ConfigError(f"{where}: unknown key {section}.{key}" + (f"; did you mean {hint[0]}?" if hint else ""))
     setattr(getattr(cfg, section), key, _check_type(where, f"{section}.{key}", value, hints[key], toml))
 

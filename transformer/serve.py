@@ -386,9 +386,10 @@ class Batcher:
                         break
             deadline = time.monotonic() + self.limits.max_wait_ms / 1000
             while self.limits.batching and not full:
-                try:
-                    nxt = await asyncio.wait_for(self.queue.get(), max(0.0, deadline - time.monotonic()))
-                except TimeoutError:
+                left = deadline - time.monotonic()
+                try:  # no time left (--max-wait-ms 0): what is queued, taken at once; wait_for(0) took nothing
+                    nxt = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
+                except (TimeoutError, asyncio.QueueEmpty):
                     break
                 full = join(nxt)
             batch = [p for p in batch if not (p.abandoned or p.future.done())]  # gone, or refused, meanwhile

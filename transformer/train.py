@@ -300,9 +300,11 @@ RUN_MARKS = (".lock", "train.log", "spm.model", "checkpoints")  # one at least i
 def disagreement(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
     """What two ranks' {"config": ..., "vocabulary": sha256} differ in, the first few: "model.d_ff 64 (rank 0) vs 96"
     (the error named neither the field nor the rank)."""
-    said = [f"{section}.{key} {value!r} (rank 0) vs {theirs['config'][section].get(key)!r}"
-            for section, values in ours["config"].items() for key, value in values.items()
-            if theirs["config"].get(section, {}).get(key) != value]
+    mine, other = ours["config"], theirs["config"]
+    said = [f"{section}.{key} {mine.get(section, {}).get(key)!r} (rank 0) vs {other.get(section, {}).get(key)!r}"
+            for section in dict.fromkeys([*mine, *other])
+            for key in dict.fromkeys([*mine.get(section, {}), *other.get(section, {})])
+            if mine.get(section, {}).get(key) != other.get(section, {}).get(key)]
     if ours["vocabulary"] != theirs["vocabulary"]:
         said.append(f"the vocabulary (spm.model sha256 {ours['vocabulary'][:12]} (rank 0) vs "
                     f"{theirs['vocabulary'][:12]})")

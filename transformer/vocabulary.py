@@ -83,12 +83,12 @@ def open_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log, resuming
     the first): rank 0's, which must be there and of this rank's inputs; such a rank trained and wrote its own
     where it found none (another --out) or found other inputs (its own copy of the data), over rank 0's."""
     record = path.with_suffix(".json")
-    if not write and not resuming:
-        if not path.exists():
+    if not write:
+        if not path.exists():  # a fine-tune's too: rank 0 copied its parent's there
             raise DataError(f"{path}: not there, where rank 0 wrote the run's vocabulary: every rank's --out must be "
                             "the one folder, on a file system they all see")
         try:  # rank 0 wrote it, or trained anew where it was unreadable
-            recorded = json.loads(record.read_text(encoding="utf-8")) if record.exists() else {}
+            recorded = json.loads(record.read_text(encoding="utf-8")) if record.exists() and not resuming else {}
         except (OSError, ValueError):
             recorded = {}
         recorded = recorded if isinstance(recorded, dict) else {}
