@@ -88,6 +88,7 @@ ACCEPTED: dict[tuple[str, str, str], str] = {
     ("translate", "--input", "empty"): "no lines in, none out",
     ("parse", "--input", "empty"): "no lines in, none out",
     ("average", "--last", str(10**20)): "every checkpoint there is, and says how many",
+    ("serve", "--max-wait-ms", "0"): "batches what is queued, waiting for nothing",
     # the server's limits, but --max-wait-ms: a request waiting past --queue-timeout for others would time out
     **{("serve", "--" + f.name.replace("_", "-"), str(10**20) if f.type == "int" else "1e30"): "no bound in effect"
        for f in dataclasses.fields(ServeLimits) if "help" in f.metadata and f.name != "max_wait_ms"},
