@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 from torch import Tensor
 
-from .config import ConfigError, as_path, check_sequence
+from .config import ConfigError, as_path, check_count, check_sequence
 from .errors import UserError
 from .files import atomic_path, atomic_paths, file_sha256, os_error_in, read_record, write_text
 
@@ -388,8 +387,7 @@ def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = Non
     before compute another function; averaged in, decoding was refused until then).
     ``found``: the records to choose from (default: all of the run's).
     """
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:  # else every checkpoint, silently
-        raise ConfigError(f"how many checkpoints to average: a whole number >= 1, not {n!r}")
+    check_count(n, "how many checkpoints to average", 1)  # 0 averaged every checkpoint, silently
     kept: list[Path] = []
     newer: dict[str, Any] | None = None
     model: dict[str, Any] | None = None

@@ -12,6 +12,7 @@ import difflib
 import hashlib
 import json
 import math
+import numbers
 import os
 import re
 import tomllib
@@ -624,6 +625,21 @@ def check_sequence(values: object, what: str, wanted: str) -> None:
     if isinstance(values, (str, bytes, Mapping, AbstractSet)) or not (hasattr(values, "__len__")
                                                                      and hasattr(values, "__iter__")):
         raise ConfigError(f"{what}: {wanted}, not {type(values).__name__}")
+
+
+def check_count(value: object, what: str, minimum: int) -> int:
+    """``value`` as an int, where a whole number of at least ``minimum`` is meant (NumPy's integers too); else a
+    ConfigError naming ``what`` (a bool is no count: True counted 1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ConfigError(f"{what}: a whole number >= {minimum}, not {value!r}")
+    return int(value)
+
+
+def check_bools(**values: object) -> None:
+    """A ConfigError naming the first of ``values`` that is not True or False ("no" is true: resume="no" resumed)."""
+    for name, value in values.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: True or False, not {type(value).__name__} {value!r}")
 
 
 def as_path(value: object, what: str) -> Path:

@@ -173,12 +173,14 @@ def chosen_heads(n_layers: int, n_heads: int, layer: int, heads: list[int] | Non
 STYLES = ("links", "heatmap", "both")
 
 
-def _select(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None) -> tuple[torch.Tensor, list[int]]:
-    kind = KIND_NAMES.get(kind, kind)  # the command line's spelling too
+def _select(maps: AttentionMaps, kind: str, layer: int,
+            heads: list[int] | None) -> tuple[str, torch.Tensor, list[int]]:
+    """``kind`` as KINDS spell it (the command line's spelling too), its ``layer``'s weights and the heads."""
+    kind = KIND_NAMES.get(kind, kind)
     if kind not in KINDS:
         raise FigureError(f"kind {kind!r}: one of {', '.join(KIND_NAMES)}")
     heads = chosen_heads(*maps.weights[kind].shape[:2], layer, heads)  # the layer checked before it is read
-    return maps.weights[kind][layer - 1], heads
+    return kind, maps.weights[kind][layer - 1], heads
 
 
 def _figure(width: float, height: float):
@@ -199,9 +201,8 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
 
     if style not in STYLES:
         raise FigureError(f"style {style!r}: one of {', '.join(STYLES)}")
-    w, heads = _select(maps, kind, layer, heads)
+    kind, w, heads = _select(maps, kind, layer, heads)
     out = files.check_output(as_path(out, "out"), "out", suffixes=(".png",))
-    kind = KIND_NAMES.get(kind, kind)
     rows, cols = maps.axes(kind)
     colours = colormaps["tab10" if len(heads) <= 10 else "tab20"]
     n_maps = len(heads) if style != "links" else 0

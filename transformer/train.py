@@ -38,7 +38,8 @@ from .distributed import Dist
 from .checkpoint import (Checkpoint, CheckpointError, average_last, checkpoint_record,
                          clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, one_run,
                          record_step, save_checkpoint, write_model)
-from .config import Config, ConfigError, ModelConfig, TrainConfig, as_path, config_from_dict, dump_toml, read_toml
+from .config import (Config, ConfigError, ModelConfig, TrainConfig, as_path, check_bools, config_from_dict, dump_toml,
+                     read_toml)
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
                    collate, encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import Terminated, UserError, summary as error_line
@@ -871,9 +872,7 @@ def train(cfg: Config, out: Path, resume: bool = False, quiet: bool = False,
     """
     if not isinstance(cfg, Config):  # a preset's name, say: load_config reads one
         raise ConfigError(f"cfg: a Config (load_config(PRESET or FILE)), not {type(cfg).__name__} {cfg!r}")
-    for name, value in (("resume", resume), ("quiet", quiet), ("allow_config_change", allow_config_change)):
-        if not isinstance(value, bool):  # resume="no" (an environment variable's) resumed
-            raise ConfigError(f"{name}: True or False, not {type(value).__name__} {value!r}")
+    check_bools(resume=resume, quiet=quiet, allow_config_change=allow_config_change)
     # a Config edited after load_config (cfg.train.max_steps = -5, a str for an int) is checked as a file's values
     cfg = anchored(config_from_dict(cfg.to_dict(), "cfg").validate())
     out, init_from = as_path(out, "out"), None if init_from is None else as_path(init_from, "init_from")

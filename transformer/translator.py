@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import sys
 import threading
 import time
@@ -22,8 +21,8 @@ from tqdm import tqdm
 
 from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_last, checkpoint_record,
                          chosen_weights, list_checkpoints, load_checkpoint, run_folder)
-from .config import (Config, ConfigError, LengthNorm, as_path, check_sequence, check_strings, config_from_dict,
-                     edited_model, set_section)
+from .config import (Config, ConfigError, LengthNorm, as_path, check_bools, check_count, check_sequence,
+                     check_strings, config_from_dict, edited_model, set_section)
 from .data import encode_for_decoding
 from .errors import OutOfMemory, out_of_memory
 from .decode import Scored, decode_ids, score_ids
@@ -121,9 +120,7 @@ class Translator:
         if log is None:  # what loading did, on stderr as the command line says it: stdout is for translations
             def log(message: str) -> None:
                 print(message, file=sys.stderr)
-        for name, value in (("int8", int8), ("bf16", bf16)):
-            if not isinstance(value, bool):  # "no" is true
-                raise ConfigError(f"{name}: True or False, not {type(value).__name__} {value!r}")
+        check_bools(int8=int8, bf16=bf16)
         if isinstance(ensemble, (str, Path)):  # one folder, read one character a folder
             raise ConfigError(f"ensemble: a list of run folders, not one ({str(ensemble)!r}): put it in a list")
         check_sequence(ensemble, "ensemble", "a list of run folders")
@@ -368,8 +365,8 @@ class Translator:
                               "own settings, or give DecodeRequest(...) with the fields to change)")
         if lines is not None:  # a str was its characters' lines
             check_strings(lines, "lines")
-        if total is not None and (isinstance(total, bool) or not isinstance(total, numbers.Integral) or total < 0):
-            raise ConfigError(f"total: the number of input lines, a whole number >= 0, not {total!r}")
+        if total is not None:
+            check_count(total, "total: the number of input lines", 0)
         request.verify(self.setup, self.cfg.decode, total if lines is None else len(lines), names)
         members = self.model.models if isinstance(self.model, Ensemble) else [self.model]
         # an ensemble's fewest: its first run's alone accepted an offset in one order and refused it in another
@@ -457,9 +454,7 @@ class Translator:
         here and there is blank (``blank``): no piece once the vocabulary's normalisation has run."""
         check_strings(sources, "sources")
         check_strings(targets, "targets")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) or max_tokens < 1:
-            raise ConfigError(f"max_tokens: a whole number >= 1, not {max_tokens!r}")
-        max_tokens = int(max_tokens)  # numpy's, as the request's whole numbers are taken
+        max_tokens = check_count(max_tokens, "max_tokens", 1)  # numpy's too, as the request's whole numbers are taken
         if len(sources) != len(targets):
             raise ConfigError(f"{len(sources)} sources but {len(targets)} targets")
         # checked as the command line checks them: a length_norm of another name was gnmt without a word
