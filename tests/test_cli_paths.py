@@ -347,6 +347,7 @@ def test_a_folder_or_file_given_for_the_other_is_named_so(tmp_path, capsys, mult
                      "--set", f'data.valid_src="{multi30k / "val.en.gz"}"', "--set",
                      f'data.valid_tgt="{multi30k / "val.de.gz"}"'],
             f"error: data.train_store {text}: a file, not a token store's folder")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("command", ["export", "preprocess"])

@@ -312,6 +312,22 @@ def disagreement(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
     return "; ".join(said[:3]) + (f"; and {len(said) - 3} more" if len(said) > 3 else "")
 
 
+def store_vocabulary(store_path: Path, vocabulary: Path | None, vocab_size: int) -> Tokenizer:
+    """The vocabulary a token-store run trains with: ``vocabulary`` (the run's own, where its checkpoints or its
+    parent settled it), else the store's; refused where it is not data.vocab_size's, since the run's config
+    would record a vocabulary its model does not have."""
+    if not store_path.is_dir():  # a text file named in its place was "a token store without spm.model"
+        raise DataError(f"data.train_store {store_path}: a file, not a token store's folder (`transformer "
+                        "preprocess` writes one)")
+    if vocabulary is None and not (store_path / "spm.model").exists():
+        raise DataError(f"{store_path}: the token store has no spm.model (write it with `transformer preprocess`)")
+    tokenizer = Tokenizer(vocabulary or store_path / "spm.model")
+    if tokenizer.vocab_size != vocab_size:
+        raise ConfigError(f"data.vocab_size {vocab_size}: the token store {store_path} was written with a "
+                          f"vocabulary of {tokenizer.vocab_size} pieces; set data.vocab_size = {tokenizer.vocab_size}")
+    return tokenizer
+
+
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                 allow_changes: bool = False, vocabulary_of: Path | None = None,
                 held: contextlib.ExitStack | None = None, init_from: Path | None = None) -> Run:
@@ -337,6 +353,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         listed = ", ".join(p.name for p in others[:3]) + (", ..." if len(others) > 3 else "")
         raise TrainError(f"{out}: a folder of other files ({listed}), not a run folder: a run writes config.toml, "
                          "train.log, spm.model and more there, over files of those names; give a new or empty folder")
+    if new and d.train_store and vocabulary_of is None:  # refused, it left a folder of config.toml and .lock
+        store_vocabulary(data["train_store"], None, d.vocab_size)
     if held is not None:
         held.enter_context(files.hold_folder(out, "--out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -428,19 +446,10 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         inherit_vocabulary(vocabulary_of / "spm.model", spm_path, write, init_from or vocabulary_of)
     if d.train_store:  # encoded once by `transformer preprocess`, with its own vocabulary
         store_path = data["train_store"]
-        if not store_path.is_dir():  # a text file named in its place was "a token store without spm.model"
-            raise DataError(f"data.train_store {store_path}: a file, not a token store's folder (`transformer "
-                            "preprocess` writes one)")
         # the run's vocabulary is its checkpoints' or its parent's; else the store's, which replaces one left by
         # an attempt that wrote no checkpoint, and is copied in once the store has passed its checks
         settled = spm_path.exists() and (has_checkpoints or vocabulary_of is not None)
-        if not settled and not (store_path / "spm.model").exists():
-            raise DataError(f"{store_path}: the token store has no spm.model (write it with `transformer "
-                            "preprocess`)")
-        tokenizer = Tokenizer(spm_path if settled else store_path / "spm.model")
-        if tokenizer.vocab_size != d.vocab_size:  # the run's config would say a vocabulary its model does not have
-            raise ConfigError(f"data.vocab_size {d.vocab_size}: the token store {store_path} was written with a "
-                              f"vocabulary of {tokenizer.vocab_size} pieces; set data.vocab_size = {tokenizer.vocab_size}")
+        tokenizer = store_vocabulary(store_path, spm_path if settled else None, d.vocab_size)
         store = TokenStore(store_path, vocab_sha256=tokenizer.sha256)
         if store.stats.get("task", d.task) != d.task:  # a store written before the task was recorded is not checked
             raise DataError(f"data.train_store {store_path}: pairs of data.task {store.stats['task']!r} (trees or "
