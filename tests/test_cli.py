@@ -1631,6 +1631,23 @@ def test_stdin_is_named_stdin_in_errors(tiny_run):
         "error: stdin:2: invalid UTF-8"), done.stderr
 
 
+def test_stdin_is_named_stdin_in_evaluations(tiny_run, tmp_path):
+    """`evaluate-parse --gold -` and `evaluate --ref -` named their stdin "/dev/stdin" in errors, and a file of
+    blank lines was "empty"."""
+    two = tmp_path / "two.txt"
+    two.write_text("(S (NN a))\n(S (NN b))\n")
+    for command, stdin, said in (
+            (["evaluate-parse", "--gold", "-", "--test", str(two)], "\n\n",
+             "error: stdin: no trees in it (the file holds blank lines alone)"),
+            (["evaluate-parse", "--gold", "-", "--test", str(two)], "(S (NN a))\n",
+             f"error: --gold stdin has 1 tree but --test {two} has 2"),
+            (["evaluate", str(tiny_run), "--src", str(two), "--ref", "-"], "x\n",
+             f"error: --src {two} has 2 lines but --ref stdin has 1")):
+        done = subprocess.run([sys.executable, "-m", "transformer", *command], input=stdin, capture_output=True,
+                              text=True, timeout=120)
+        assert (done.returncode, done.stderr.splitlines()[-1]) == (1, said), done.stderr
+
+
 @pytest.mark.parametrize("taken, left", [(10, b"first line\tA\n"), (13, b"first line\tA\n"), (0, b"")],
                          ids=["mid-line", "at-a-line-end", "nothing-yet"])
 def test_a_stop_while_a_slow_reader_holds_stdout_finishes_the_line_under_way(monkeypatch, taken, left):

@@ -687,7 +687,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     field's convention; the paper does not name its scorer). Without --src and --ref, the run's own test set
     (its config's data.test_*), named on stderr.
     """
-    from .data import read_lines
+    from .data import read_lines, shown
     from .prepare import resolve_data_path
     from .evaluate import (bleu_metric, moses_language_warning, paper_bleu, sacrebleu_scores, tok_lc_bleu,
                            writes_tokenized)
@@ -736,9 +736,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         return fields[name][0] if name in defaulted else "--" + name.replace("_", "-")
 
     args.src, args.ref = (resolve_data_path(str(getattr(args, n)), given_by(n)) for n in ("src", "ref"))
+    src_name, ref_name = shown(args.src), shown(args.ref)  # "-": stdin, not /dev/stdin
     src = read_lines(args.src)
     if not any(line.strip() for line in src):
-        raise ConfigError(f"--src {args.src}: no sentences to evaluate (the file is empty or blank)")
+        raise ConfigError(f"--src {src_name}: no sentences to evaluate (the file is empty or blank)")
     if d.task == "parse":
         from .evaluate import score_trees
         from .trees import TreeError, ptb_escape, read_normalized
@@ -749,22 +750,22 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             raise TreeError(f"{e} (--ref takes the gold trees, bracketed as the treebank writes them, e.g. "
                             "test.gold, not the linearised training targets)") from None
         if len(src) != len(gold):
-            raise ConfigError(f"--src {args.src} has {len(src)} line{'s' * (len(src) != 1)} but --ref {args.ref} has "
+            raise ConfigError(f"--src {src_name} has {len(src)} line{'s' * (len(src) != 1)} but --ref {ref_name} has "
                               f"{len(gold)} tree{'s' * (len(gold) != 1)}")
         for i, (line, tree) in enumerate(zip(src, gold), 1):  # found before decoding, else blamed on --ref after it
             if tree is None:  # traces alone: a blank line pairs with it; a sentence's tree would have no match
                 if line.split():
-                    raise ConfigError(f"--src {args.src}:{i}: a sentence, where --ref {args.ref}'s tree {i} holds no "
+                    raise ConfigError(f"--src {src_name}:{i}: a sentence, where --ref {ref_name}'s tree {i} holds no "
                                       "words once its traces are removed (the sentences and the trees go one to "
                                       "one; leave the pair out of both files)")
                 continue
             if not line.split():
-                raise ConfigError(f"--src {args.src}:{i}: a blank line, where --ref {args.ref}'s tree {i} holds "
+                raise ConfigError(f"--src {src_name}:{i}: a blank line, where --ref {ref_name}'s tree {i} holds "
                                   "words (the sentences and the trees go one to one)")
             if (words := [ptb_escape(w) for w in line.split()]) != (gold_words := tree.words()):
                 at = next((j for j, (a, b) in enumerate(zip(words, gold_words)) if a != b),
                           min(len(words), len(gold_words)))
-                raise ConfigError(f"--src {args.src}:{i}: its words differ from --ref {args.ref}'s tree {i} from word "
+                raise ConfigError(f"--src {src_name}:{i}: its words differ from --ref {ref_name}'s tree {i} from word "
                                   f"{at + 1} ({' '.join(words[at:at + 4]) or 'the line ends'} vs "
                                   f"{' '.join(gold_words[at:at + 4]) or 'the tree ends'}; the sentences and the "
                                   "trees go one to one, in the treebank's tokens)")
@@ -773,7 +774,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         try:
             scores = score_trees(gold, trees).as_dict()
         except TreeError as e:
-            raise TreeError(f"--ref {args.ref}: {e}") from None
+            raise TreeError(f"--ref {ref_name}: {e}") from None
         print(f"F1 = {scores['f1']:.2f}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
               f"({scores['matched']} of {scores['gold_brackets']} gold / {scores['test_brackets']} test brackets, "
               f"{scores['sentences']} sentences; EVALB COLLINS.prm rules)", file=report)
@@ -781,12 +782,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     else:
         ref = read_lines(args.ref)
         if len(src) != len(ref):
-            raise ConfigError(f"--src {args.src} has {len(src)} lines but --ref {args.ref} has {len(ref)}")
+            raise ConfigError(f"--src {src_name} has {len(src)} lines but --ref {ref_name} has {len(ref)}")
         if args.tok_ref is not None:
             args.tok_ref = resolve_data_path(str(args.tok_ref), given_by("tok_ref"))
         tok_ref = None if args.tok_ref is None else read_lines(args.tok_ref)
         if tok_ref is not None and len(tok_ref) != len(ref):
-            raise ConfigError(f"--tok-ref {args.tok_ref} has {len(tok_ref)} lines but --ref {args.ref} has {len(ref)}")
+            raise ConfigError(f"--tok-ref {shown(args.tok_ref)} has {len(tok_ref)} lines but --ref {ref_name} has "
+                              f"{len(ref)}")
         lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
         trained = d.language("tgt")  # a reference of another language was scored, and tokenized by its rules
         for option, code in (("--lang", args.lang and primary_language(args.lang)), ("--ref", language_code(args.ref)),
@@ -1001,20 +1003,21 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     COLLINS.prm, the treebank's unlabelled outermost bracket "( (S ...) )" not counted (as a TOP one is not).
     """
     from .evaluate import score_trees
-    from .data import read_lines
+    from .data import read_lines, shown
     from .trees import TreeError, read_normalized
 
     _one_stdin(("--gold", args.gold == STDIN), ("--test", args.test == STDIN))
     gold = read_normalized(args.gold)
+    gold_name, test_name = shown(args.gold), shown(args.test)  # "-": stdin, not /dev/stdin
     # parse's output of blank lines: empty lines, read as None where the file has a line for every gold tree
     test = read_normalized(args.test, expect=len(gold), lines=read_lines(args.test))  # read once: stdin too
     if len(gold) != len(test):
-        raise TreeError(f"--gold {args.gold} has {len(gold)} tree{'s' * (len(gold) != 1)} but --test {args.test} "
+        raise TreeError(f"--gold {gold_name} has {len(gold)} tree{'s' * (len(gold) != 1)} but --test {test_name} "
                         f"has {len(test)}")
     try:
         scores = score_trees(gold, test).as_dict()
     except TreeError as e:
-        raise TreeError(f"--test {args.test} against --gold {args.gold}: {e}") from None
+        raise TreeError(f"--test {test_name} against --gold {gold_name}: {e}") from None
     if args.json:
         print(json.dumps(scores))
         return

@@ -41,6 +41,11 @@ class DataError(UserError, ValueError):
     """A user error in the data; a one-line message naming the file and line, or both files."""
 
 
+def shown(path: Path) -> str:
+    """A file as errors name it: "stdin" for ``-`` (read as /dev/stdin, a path the user gave no such name)."""
+    return "stdin" if Path(path) == Path("/dev/stdin") else str(path)
+
+
 def iter_lines(path: Path) -> Iterator[str]:
     """Lines of a UTF-8 file, plain or gzip (detected by its magic bytes), split on "\\n" only, streamed.
 
@@ -53,7 +58,7 @@ def iter_lines(path: Path) -> Iterator[str]:
     inside their line.
     """
     path = Path(path)
-    name = "stdin" if path == Path("/dev/stdin") else path  # as errors name it: the user gave no such path
+    name = shown(path)
     try:
         f = open(path, "rb")
     except OSError as e:

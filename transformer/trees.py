@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .data import read_lines
+from .data import read_lines, shown
 from .errors import UserError
 from .tokenizer import EOS_ID, PAD_ID
 
@@ -153,9 +153,10 @@ def read_trees(path: Path, lines: list[str] | None = None) -> list[Tree]:
     path = Path(path)
     if lines is None:
         lines = read_lines(path)  # a file not UTF-8: the line and byte named
-    trees = parse_brackets("\n".join(lines), str(path))
+    trees = parse_brackets("\n".join(lines), shown(path))
     if not trees:
-        raise TreeError(f"{path}: no trees in it (the file is empty)")
+        raise TreeError(f"{shown(path)}: no trees in it (the file "
+                        f"{'is empty' if not lines else 'holds blank lines alone'})")
     return trees
 
 
