@@ -1333,13 +1333,18 @@ def test_evaluate_refuses_what_does_not_score_the_run(tiny_run, tiny_parse_run, 
 
 
 def test_evaluating_a_parsing_run_against_linearised_targets_says_what_ref_takes(tiny_parse_run, tmp_path, capsys):
-    """--ref test.wlin (the model's linearised targets) said only "word 'S' outside any bracket"."""
+    """--ref test.wlin (the model's linearised targets) said only "word 'S' outside any bracket"; the hint is for
+    such a file alone (every bad --ref was told it)."""
     (tmp_path / "test.words").write_text("The dog barked .\n")
     (tmp_path / "test.wlin").write_text("S (NP XX XX )NP (VP XX )VP XX )S\n")
     status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "test.words"),
                                 "--ref", str(tmp_path / "test.wlin"))
     assert (status, out) == (1, "") and err.count("\n") == 1, err
     assert "outside any bracket" in err and "(--ref takes the gold trees, bracketed as the treebank writes them" in err
+    (tmp_path / "test.gold").write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .)\n")  # one ")" short
+    status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "test.words"),
+                                "--ref", str(tmp_path / "test.gold"))
+    assert (status, out) == (1, "") and err.count("\n") == 1 and "--ref takes" not in err, err  # not a .wlin's
 
 
 def test_the_smallest_temperature_samples_the_greedy_output(tmp_path, capsys):

@@ -744,11 +744,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         from .evaluate import score_trees
         from .trees import TreeError, ptb_escape, read_normalized
 
+        ref_lines = read_lines(args.ref)
         try:  # normalised as evaluate-parse reads gold trees: traces and function tags go
-            gold = read_normalized(args.ref)
-        except TreeError as e:  # a linearised target file (the model's .wlin) is the likely mix-up
+            gold = read_normalized(args.ref, lines=ref_lines)
+        except TreeError as e:  # a linearised target file (the model's .wlin: closings ")NP") told what --ref takes
+            linearised = any(t[:1] == ")" and t[1:2].isalpha() for line in ref_lines[:100] for t in line.split())
             raise TreeError(f"{e} (--ref takes the gold trees, bracketed as the treebank writes them, e.g. "
-                            "test.gold, not the linearised training targets)") from None
+                            "test.gold, not the linearised training targets)" if linearised else str(e)) from None
         if len(src) != len(gold):
             raise ConfigError(f"--src {src_name} has {len(src)} line{'s' * (len(src) != 1)} but --ref {ref_name} has "
                               f"{len(gold)} tree{'s' * (len(gold) != 1)}")

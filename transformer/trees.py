@@ -190,7 +190,7 @@ def read_normalized(path: Path, expect: int | None = None, lines: list[str] | No
         try:
             out.append(normalize(tree))
         except TreeError as e:
-            raise TreeError(f"{path}: tree {i} (line {tree.line}): {e}") from None
+            raise TreeError(f"{shown(path)}: tree {i} (line {tree.line}): {e}") from None
     starts = [tree.line for tree in trees]
     if (expect is not None and lines is not None and len(out) < expect == len(lines)
             and all(tree.end == tree.line for tree in trees) and len(set(starts)) == len(trees)):
