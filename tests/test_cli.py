@@ -1217,6 +1217,22 @@ def test_a_parse_prefix_that_cannot_start_a_tree_exits_1_with_one_line(tiny_pars
                     "opens, and fits the length limit)"]
 
 
+def test_parse_takes_an_ensemble_as_evaluate_does(tiny_parse_run, tiny_run, tmp_path, capsys, engine):
+    """`evaluate --ensemble` scored a parsing run's ensemble, and `parse` had no --ensemble to write its trees."""
+    from transformer.ensemble import Ensemble
+    from transformer.trees import read_trees
+
+    (tmp_path / "words").write_text("The dog barked .\nIt rains .\n")
+    status, out, err = run_here(capsys, "parse", str(tiny_parse_run), "--ensemble", str(tiny_parse_run),
+                                "--input", str(tmp_path / "words"))
+    assert status == 0 and isinstance(engine[-1]["model"], Ensemble), err
+    (tmp_path / "trees").write_text(out)
+    assert [t.words() for t in read_trees(tmp_path / "trees")] == [["The", "dog", "barked", "."], ["It", "rains", "."]]
+    status, out, err = run_here(capsys, "parse", str(tiny_parse_run), "--ensemble", str(tiny_run),
+                                "--input", str(tmp_path / "words"))
+    assert (status, out) == (1, "") and f"--ensemble {tiny_run}: trained with another vocabulary" in err, err
+
+
 def test_a_parse_keeps_the_tree_the_beam_wrote_around_words_of_unknown_characters(tiny_parse_run, tmp_path, capsys):
     """Read back from text, an unknown character stood apart ("Zo\u00eb" came back as "Zo \u2047"): the words no
     longer lined up with the input's, and the tree the constrained beam wrote was "repaired", its words moved

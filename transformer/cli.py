@@ -915,6 +915,7 @@ def _parse_lines(translator, lines: list[str], request) -> list:
 
 def _parse_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p, parsing=True)
+    _ensemble_option(p)  # as evaluate's: a parsing run's F1 with several runs' models is its trees' too
     _unconstrained_option(p)
     p.add_argument("--input", type=_standard, help="input file (default, or -: stdin)")
     _output(p, "--output", standard=True, help="output file, gzip-compressed when it ends in .gz (default, or -: "
