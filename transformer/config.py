@@ -229,7 +229,7 @@ class ServeLimits:
                                  "own beam, --beam or the run's, is always allowed)")
     max_batch_tokens: int = _limit(8192, "source tokens x beam per decoding batch, with prefixes, constraints "
                                          "and scored translations: the memory bound")
-    max_wait_ms: float = _limit(10.0, "how long a request waits for others to batch with, in milliseconds")
+    max_wait_ms: float = _limit(10.0, "how long a request waits for others to batch with, in milliseconds (0: none)")
     max_queued: int = _limit(256, "sentences waiting to be decoded, all requests together; beyond, 503 (one request "
                                    "of more sentences than this: 422)")
     queue_timeout: float = _limit(30.0, "seconds a request may wait for its decoding to start; then 503")
