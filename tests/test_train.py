@@ -552,7 +552,7 @@ def test_a_token_store_with_pairs_past_data_max_len_is_refused(tmp_path, tiny_ov
                                         rf"pieces \(written with data.max_len 256\), longer than this run's "
                                         rf"data.max_len {longest - 1}: write it again"):
         train(load_config("tiny", from_store + [f"data.max_len={longest - 1}"]), tmp_path / "short", quiet=True)
-    assert not list((tmp_path / "short").glob("checkpoints/*"))
+    assert not (tmp_path / "short").exists()  # refused before the run's folder is made
     train(load_config("tiny", from_store + [f"data.max_len={longest}"]), tmp_path / "fits", quiet=True)
     # another corpus encoded into the same folder: a resume on it went on without a word (text_sha256 was null)
     for side in ("src", "tgt"):
@@ -607,18 +607,21 @@ def test_a_token_store_of_the_other_task_is_refused(tmp_path, tiny_overrides, ti
     meta = json.loads((store / "meta.json").read_text())
     assert meta["task"] == "translate"
     splits = tiny_parse_run.parent
-    parse = load_config("configs/ptb_sample_parse.toml", [
-        f'data.train_store="{store}"', 'data.train_src=""', 'data.train_tgt=""', f"data.vocab_size={meta['vocab_size']}",
-        f'data.valid_src="{splits}/valid.words"', f'data.valid_tgt="{splits}/valid.wlin"', "train.max_steps=1"])
+    sets = [f'data.train_store="{store}"', 'data.train_src=""', 'data.train_tgt=""',
+            f'data.valid_src="{splits}/valid.words"', f'data.valid_tgt="{splits}/valid.wlin"', "train.max_steps=1"]
+    # the task is said first: with the preset's data.vocab_size, the run was told to change it, then the task
+    assert load_config("configs/ptb_sample_parse.toml", sets).data.vocab_size != meta["vocab_size"]
     with pytest.raises(DataError, match=rf"^data.train_store {re.escape(str(store))}: pairs of data.task 'translate' "
-                                        r"\(trees or sentences\), and this run's data.task is 'parse'"):
-        train(parse, tmp_path / "parse", quiet=True)
+                                        r"\(sentences\), and this run's data.task is 'parse' \(trees\)"):
+        train(load_config("configs/ptb_sample_parse.toml", sets), tmp_path / "parse", quiet=True)
+    assert not (tmp_path / "parse").exists()
+    parse = load_config("configs/ptb_sample_parse.toml", sets + [f"data.vocab_size={meta['vocab_size']}"])
     (store / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "task"}))  # an older store's
     with pytest.raises(DataError, match=r"^data.task is \"parse\", and the vocabulary .* has none of the training "):
         train(parse, tmp_path / "parse_older", quiet=True)
     (store / "meta.json").write_text(json.dumps(meta | {"task": "parse"}))
-    with pytest.raises(DataError, match=r"pairs of data.task 'parse' \(trees or sentences\), and this run's data.task "
-                                        r"is 'translate'"):
+    with pytest.raises(DataError, match=r"pairs of data.task 'parse' \(trees\), and this run's data.task "
+                                        r"is 'translate' \(sentences\)"):
         train(load_config("tiny", tiny_overrides + [f'data.train_store="{store}"', "train.max_steps=1"]),
               tmp_path / "translate", quiet=True)
 

@@ -38,8 +38,8 @@ from .distributed import Dist
 from .checkpoint import (Checkpoint, CheckpointError, average_last, checkpoint_record,
                          clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, one_run,
                          record_step, save_checkpoint, write_model)
-from .config import (Config, ConfigError, ModelConfig, TrainConfig, as_path, check_bools, config_from_dict, dump_toml,
-                     read_toml)
+from .config import (Config, ConfigError, DataConfig, ModelConfig, TrainConfig, as_path, check_bools, config_from_dict,
+                     dump_toml, read_toml)
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
                    collate, encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
 from .errors import Terminated, UserError, summary as error_line
@@ -312,20 +312,38 @@ def disagreement(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
     return "; ".join(said[:3]) + (f"; and {len(said) - 3} more" if len(said) > 3 else "")
 
 
-def store_vocabulary(store_path: Path, vocabulary: Path | None, vocab_size: int) -> Tokenizer:
-    """The vocabulary a token-store run trains with: ``vocabulary`` (the run's own, where its checkpoints or its
-    parent settled it), else the store's; refused where it is not data.vocab_size's, since the run's config
-    would record a vocabulary its model does not have."""
+def open_store(d: DataConfig, store_path: Path, vocabulary: Path | None, valid_pairs: list[tuple[str, str]],
+               log) -> tuple[Tokenizer, TokenStore]:
+    """A token-store run's store and vocabulary, checked: ``vocabulary`` (the run's own, where its checkpoints or
+    its parent settled it), else the store's. Refused, the task first (a parsing run given a translation store was
+    first told to change data.vocab_size): a store of the other task, another data.vocab_size than the vocabulary's
+    (the run's config would record a vocabulary its model does not have), pairs longer than data.max_len."""
     if not store_path.is_dir():  # a text file named in its place was "a token store without spm.model"
         raise DataError(f"data.train_store {store_path}: a file, not a token store's folder (`transformer "
                         "preprocess` writes one)")
     if vocabulary is None and not (store_path / "spm.model").exists():
         raise DataError(f"{store_path}: the token store has no spm.model (write it with `transformer preprocess`)")
     tokenizer = Tokenizer(vocabulary or store_path / "spm.model")
-    if tokenizer.vocab_size != vocab_size:
-        raise ConfigError(f"data.vocab_size {vocab_size}: the token store {store_path} was written with a "
+    store = TokenStore(store_path, vocab_sha256=tokenizer.sha256)
+    if store.stats.get("task", d.task) != d.task:  # a store written before the task was recorded is not checked
+        kinds = {"parse": "trees", "translate": "sentences"}
+        raise DataError(f"data.train_store {store_path}: pairs of data.task {store.stats['task']!r} "
+                        f"({kinds.get(store.stats['task'], '?')}), and this run's data.task is {d.task!r} "
+                        f"({kinds[d.task]}): write a store with this run's config")
+    if tokenizer.vocab_size != d.vocab_size:
+        raise ConfigError(f"data.vocab_size {d.vocab_size}: the token store {store_path} was written with a "
                           f"vocabulary of {tokenizer.vocab_size} pieces; set data.vocab_size = {tokenizer.vocab_size}")
-    return tokenizer
+    if d.task == "parse":  # the store holds ids alone: the validation trees show the brackets it should have
+        check_tree_symbols(tokenizer, [t for _, t in valid_pairs], log)
+    log(f"train: token store {store_path}, {len(store)} pairs (skipped {store.stats['skipped_empty']} with an "
+        f"empty side, {store.stats['skipped_long']} longer than {store.stats['max_len']} pieces)")
+    longest = int(max(store.src_lengths.max(), store.tgt_lengths.max())) if len(store) else 0
+    if longest > d.max_len:  # text is cut at data.max_len as it is read; a store was cut when it was written
+        raise DataError(f"{store_path}: the token store holds pairs of up to {longest} pieces (written with "
+                        f"data.max_len {store.stats['max_len']}), longer than this run's data.max_len {d.max_len}: "
+                        f"write it again with --set data.max_len={d.max_len}, or train with data.max_len "
+                        f"{store.stats['max_len']}")
+    return tokenizer, store
 
 
 def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
@@ -353,8 +371,10 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         listed = ", ".join(p.name for p in others[:3]) + (", ..." if len(others) > 3 else "")
         raise TrainError(f"{out}: a folder of other files ({listed}), not a run folder: a run writes config.toml, "
                          "train.log, spm.model and more there, over files of those names; give a new or empty folder")
-    if new and d.train_store and vocabulary_of is None:  # refused, it left a folder of config.toml and .lock
-        store_vocabulary(data["train_store"], None, d.vocab_size)
+    # a new run's store, opened before its folder is made: refused, it left a folder of config.toml and .lock
+    store_said: list[str] = []
+    opened = (open_store(d, data["train_store"], None, valid_pairs, store_said.append)
+              if new and d.train_store and vocabulary_of is None else None)
     if held is not None:
         held.enter_context(files.hold_folder(out, "--out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -449,21 +469,12 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         # the run's vocabulary is its checkpoints' or its parent's; else the store's, which replaces one left by
         # an attempt that wrote no checkpoint, and is copied in once the store has passed its checks
         settled = spm_path.exists() and (has_checkpoints or vocabulary_of is not None)
-        tokenizer = store_vocabulary(store_path, spm_path if settled else None, d.vocab_size)
-        store = TokenStore(store_path, vocab_sha256=tokenizer.sha256)
-        if store.stats.get("task", d.task) != d.task:  # a store written before the task was recorded is not checked
-            raise DataError(f"data.train_store {store_path}: pairs of data.task {store.stats['task']!r} (trees or "
-                            f"sentences), and this run's data.task is {d.task!r}: write a store with this config")
-        if d.task == "parse":  # the store holds ids alone: the validation trees show the brackets it should have
-            check_tree_symbols(tokenizer, [t for _, t in valid_pairs], log)
-        log(f"train: token store {store_path}, {len(store)} pairs (skipped {store.stats['skipped_empty']} with an "
-            f"empty side, {store.stats['skipped_long']} longer than {store.stats['max_len']} pieces)")
-        longest = int(max(store.src_lengths.max(), store.tgt_lengths.max())) if len(store) else 0
-        if longest > d.max_len:  # text is cut at data.max_len as it is read; a store was cut when it was written
-            raise DataError(f"{store_path}: the token store holds pairs of up to {longest} pieces (written with "
-                            f"data.max_len {store.stats['max_len']}), longer than this run's data.max_len {d.max_len}: "
-                            f"write it again with --set data.max_len={d.max_len}, or train with data.max_len "
-                            f"{store.stats['max_len']}")
+        if opened is None:
+            tokenizer, store = open_store(d, store_path, spm_path if settled else None, valid_pairs, log)
+        else:  # opened before the run's folder was made: what it said goes to the run's log now
+            tokenizer, store = opened
+            for line in store_said:
+                log(line)
         if write and not settled and not (spm_path.exists() and files.file_sha256(spm_path) == tokenizer.sha256):
             if spm_path.exists():
                 log(f"{spm_path}: left by an earlier attempt, and no checkpoint was trained with it: the token store's "
