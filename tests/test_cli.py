@@ -1449,6 +1449,15 @@ def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_ove
     assert status == 1 and out == "", err
     assert err.startswith(f"error: --ref not given, and the run's data.test_tgt {multi30k}/test_2016_flickr.de.gz is in "
                           f"'de' where its data.train_tgt {tmp_path / 'train.fr'} is in 'fr'"), err
+    if tgt_lang is None:  # the test set moved, the tokenized reference kept: the option was named "--tok_ref"
+        test = [f'data.test_{side}="{multi30k}/test_2016_flickr.{lang}.gz"'
+                for side, lang in (("src", "en"), ("tgt", "fr"))]
+        test.append(f'data.test_tok_ref="{multi30k}/tok/test_2016_flickr.lc.norm.tok.de.gz"')
+        train(load_config("tiny", tiny_overrides + french + test + ["train.max_steps=1"]), tmp_path / "tok",
+              quiet=True)
+        status, out, err = run_here(capsys, "evaluate", str(tmp_path / "tok"))
+        said = f"error: --tok-ref not given, and the run's data.test_tok_ref {multi30k}/tok/test_2016_flickr"
+        assert (status, out) == (1, "") and err.startswith(said), err
 
 
 def test_evaluate_names_the_option_of_a_file_not_found(tiny_run, tmp_path, capsys):

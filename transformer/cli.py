@@ -724,7 +724,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         if code and len(lang) == 2 and code != lang:
             trained = (f"data.train_{side} {getattr(d, f'train_{side}')}" if language_code(getattr(d, f"train_{side}"))
                        else f"data.{side}_lang")
-            raise ConfigError(f"--{name} not given, and the run's {fields[name][0]} {getattr(args, name)} is in "
+            raise ConfigError(f"--{name.replace('_', '-')} not given, and the run's {fields[name][0]} "
+                              f"{getattr(args, name)} is in "
                               f"'{code}' where its {trained} is in '{lang}' (the recipe's test set, kept when the "
                               "run was pointed at other data): give --src and --ref")
     if args.pretokenized and args.tok_ref is None:  # it says how --tok-ref reads outputs
