@@ -71,10 +71,21 @@ def test_preprocess_refuses_files_of_unequal_length_before_training_a_vocabulary
 
 
 def test_preprocess_takes_a_run_folder_for_its_vocabulary(tmp_path, capsys, multi30k, tiny_run):
-    """`--spm RUN` said "no such file": the run's spm.model is what is meant."""
+    """`--spm RUN` said "no such file": the run's spm.model is what is meant. With a vocabulary of another size than
+    the config's data.vocab_size, the command it advised was refused by training."""
     sets = ["--set", f'data.train_src="{multi30k / "val.en.gz"}"', "--set", f'data.train_tgt="{multi30k / "val.de.gz"}"']
-    assert main(["preprocess", "tiny", "--out", str(tmp_path / "store"), "--spm", str(tiny_run), *sets]) == 0
+    from transformer.tokenizer import Tokenizer
+
+    size = Tokenizer(tiny_run / "spm.model").vocab_size
+    assert main(["preprocess", "tiny", "--out", str(tmp_path / "store"), "--spm", str(tiny_run), *sets,
+                 "--set", f"data.vocab_size={size}"]) == 0
     assert (tmp_path / "store" / "spm.model").read_bytes() == (tiny_run / "spm.model").read_bytes()
+    assert capsys.readouterr().out.endswith(f"train with --set data.train_store={tmp_path / 'store'}\n")
+    # a config of another size: the advice alone was refused by training ("set data.vocab_size = ...")
+    assert main(["preprocess", "tiny", "--out", str(tmp_path / "other"), "--spm", str(tiny_run), *sets,
+                 "--set", f"data.vocab_size={size + 1}"]) == 0
+    assert capsys.readouterr().out.endswith(f"train with --set data.train_store={tmp_path / 'other'} --set "
+                                            f"data.vocab_size={size} (--spm's size; the config says {size + 1})\n")
 
 
 def test_preprocess_overwrites_a_store_with_its_own_vocabulary(tmp_path, capsys, multi30k, tiny_run):

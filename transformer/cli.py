@@ -1181,11 +1181,12 @@ def cmd_config(args: argparse.Namespace) -> None:
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     _config_argument(p, then="; its data section names the corpus")
     _output(p, "--out", folder=True, replaced=True, required=True,
-            help="store folder to create (must be new or empty, or --overwrite)")
+            help="store folder to create (new or empty; an earlier token store with --overwrite)")
     _set_option(p)
     p.add_argument("--spm", type=Path, help="sentencepiece model to use (RUN/spm.model, or the run folder RUN); "
                    "default: train one")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier token store at --out (never a "
+                   "folder of other files)")
 
 
 @command("preprocess", _preprocess_arguments, (
@@ -1236,7 +1237,9 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
                            overwrite=args.overwrite, vocabulary=spm, task=d.task)
     print(f"{out}: {meta['n_kept']:,} pairs of {meta['n_pairs']:,} ({meta['skipped_empty']} with an empty side, "
           f"{meta['skipped_long']} longer than {d.max_len} pieces skipped); train with "
-          f"--set data.train_store={out}")
+          f"--set data.train_store={out}" + (
+              f" --set data.vocab_size={tokenizer.vocab_size} (--spm's size; the config says {d.vocab_size})"
+              if tokenizer.vocab_size != d.vocab_size else ""))  # which training checks against the store's
 
 
 def _prepare_arguments(p: argparse.ArgumentParser) -> None:
