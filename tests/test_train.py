@@ -840,6 +840,28 @@ def test_a_precision_this_cpu_would_emulate_is_said_in_the_log(tmp_path, tiny_ov
     assert (said in (tmp_path / "run" / "train.log").read_text()) == (not units)
 
 
+def test_a_run_started_again_hides_the_tensorboard_steps_of_an_attempt_without_checkpoints(tmp_path, tiny_overrides):
+    """An attempt that wrote no checkpoint leaves its events in tb/, and a new run there started from step 0 kept
+    them: TensorBoard drew the dead attempt's curves (its validation, here) beside the new run's. They are hidden
+    from step 1, as a resume hides those past its checkpoint; metrics.jsonl's records go (trim_metrics)."""
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=3", "train.log_every=1", "train.eval_every=1"]),
+          out, quiet=True)
+    shutil.rmtree(out / "checkpoints")  # an attempt killed before its first checkpoint
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.log_every=1", "train.eval_every=100"]),
+          out, quiet=True)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    logged = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert logged == {key: [r["step"] for r in records if key in r] for key in logged} and logged["lr"] == [1, 2]
+    assert any(tag.startswith("val") and not steps for tag, steps in logged.items()), logged  # the attempt's alone
+
+
 def test_a_tensorboard_log_that_cannot_be_written_stops_alone(tmp_path, tiny_overrides, monkeypatch):
     """tb/ removed to make room, or a full disk met first by TensorBoard's writer: its thread printed a traceback,
     and the next write ended the training as an internal error, without a checkpoint, though metrics.jsonl and

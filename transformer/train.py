@@ -943,6 +943,7 @@ class Board:
     is not (the thread's error comes again at the next write, where it is said)."""
 
     def __init__(self, folder: Path, purge_step: int | None, log) -> None:
+        """``purge_step``: TensorBoard hides the folder's earlier events of this step and later ones."""
         from torch.utils.tensorboard import SummaryWriter  # imported late: it is slow to import
 
         self.folder, self.log, self.writer = folder, log, None
@@ -1577,8 +1578,9 @@ class Trainer:
             # the checkpoint's log window holds steps that a line of the step budget's end logged (``report``):
             # training on, the next line averages them again and takes that line's place
             again = state.step < t.max_steps and resumed_window(self.window_then)["tokens"] > 0
-            # resumed from an older checkpoint than the last line logged: TensorBoard hides what came after it
-            self.board = Board(self.out / "tb", state.step + int(not again) if state.step else None, self.log)
+            # resumed from an older checkpoint than the last line logged, TensorBoard hides what came after it; from
+            # none, every step an attempt that wrote no checkpoint logged (metrics.jsonl's go: trim_metrics)
+            self.board = Board(self.out / "tb", state.step + int(not again), self.log)
             self.trim_metrics(again)
             if state.step >= t.max_steps:
                 self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
