@@ -840,6 +840,34 @@ def test_a_precision_this_cpu_would_emulate_is_said_in_the_log(tmp_path, tiny_ov
     assert (said in (tmp_path / "run" / "train.log").read_text()) == (not units)
 
 
+def test_a_resume_or_fine_tune_refuses_tensors_that_do_not_fit(tmp_path, tiny_overrides):
+    """A checkpoint whose tensors were rewritten, their sha256 sums redone (a foreign file, a record rebuilt by a
+    tool): weights cast to integers were resumed (the loss jumped: truncated weights) and fine-tuned, Adam's
+    moments a row short ended the process in a segmentation fault, a moment missing in an internal KeyError.
+    Each is refused in one line naming the file, as `translate --checkpoint` refuses such weights."""
+    from transformer.checkpoint import save_checkpoint
+
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.eval_every=100"])
+    run = tmp_path / "run"
+    train(cfg, run, quiet=True)
+    ckpt = load_checkpoint(list_checkpoints(run)[-1])
+    moment = next(k for k in ckpt.state if k.endswith(".exp_avg"))
+    cases = {"int": (dict({k: v.long() for k, v in ckpt.weights.items()}), ckpt.state,
+                     r"weights do not fit the config \(\S+ is torch.int64, not a float tensor"),
+             "short": (ckpt.weights, dict(ckpt.state, **{moment: ckpt.state[moment][:-1]}),
+                       rf"Adam's exp_avg of parameter {moment.split('.')[1]} is not a finite float tensor of its shape"),
+             "missing": (ckpt.weights, {k: v for k, v in ckpt.state.items() if k != moment},
+                         rf"Adam's state of parameter {moment.split('.')[1]} holds \['exp_avg_sq', 'step'\]")}
+    longer = load_config("tiny", tiny_overrides + ["train.max_steps=3", "train.eval_every=100"])
+    for name, (weights, state, said) in cases.items():
+        shutil.copytree(run, tmp_path / name)
+        record = save_checkpoint(tmp_path / name, ckpt.meta["step"], weights, state, ckpt.meta, keep_last=5)
+        with pytest.raises(TrainError, match=rf"^--resume: {re.escape(str(record))}: {said}.*; move it out of "):
+            train(longer, tmp_path / name, resume=True, quiet=True)
+    with pytest.raises(TrainError, match=rf"^--init-from {re.escape(str(tmp_path / 'int'))}: {cases['int'][2]}"):
+        train(cfg, tmp_path / "tuned", quiet=True, init_from=tmp_path / "int")
+
+
 def test_a_run_started_again_hides_the_tensorboard_steps_of_an_attempt_without_checkpoints(tmp_path, tiny_overrides):
     """An attempt that wrote no checkpoint leaves its events in tb/, and a new run there started from step 0 kept
     them: TensorBoard drew the dead attempt's curves (its validation, here) beside the new run's. They are hidden

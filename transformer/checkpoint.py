@@ -302,6 +302,27 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
     return Checkpoint(path=json_path, weights=weights, state=state, meta=record)
 
 
+def load_weights(model: torch.nn.Module, weights: dict[str, Tensor], where: str) -> None:
+    """``weights`` into ``model``, or a CheckpointError "WHERE: weights do not fit the config (...)" where a
+    tensor is missing, unexpected or of another shape, or is no float tensor, or not finite, where the model's
+    is a float one: load_state_dict casts, so integer weights loaded (a resume went on from them, its loss
+    jumping) and NaNs translated to noise. Training writes none of these: such a file is foreign or rebuilt."""
+    own = model.state_dict()
+    if bad := next((k for k, t in weights.items() if k in own and own[k].is_floating_point()
+                    and not (t.is_floating_point() and bool(torch.isfinite(t).all()))), None):
+        raise CheckpointError(f"{where}: weights do not fit the config ({bad} is " + (
+            "not finite" if weights[bad].is_floating_point() else f"{weights[bad].dtype}, not a float tensor")
+            + "; training writes neither)")
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # a tensor of the wrong shape
+        first = str(e).split("\n\t")[1] if "\n\t" in str(e) else str(e)
+        raise CheckpointError(f"{where}: weights do not fit the config ({first})") from None
+    if missing or unexpected:
+        raise CheckpointError(f"{where}: weights do not fit the config (missing {missing[:3]}, unexpected "
+                              f"{unexpected[:3]})")
+
+
 def run_folder(run_dir: Path) -> Path:
     """``run_dir``, a folder that is there: else a CheckpointError that says so (a mistyped run folder was told
     as a run without checkpoints, or without spm.model)."""

@@ -36,8 +36,8 @@ from . import __version__, distributed, files
 from .distributed import Dist
 
 from .checkpoint import (Checkpoint, CheckpointError, average_last, checkpoint_record,
-                         clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, one_run,
-                         record_step, save_checkpoint, write_model)
+                         clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, load_weights,
+                         one_run, record_step, save_checkpoint, write_model)
 from .config import (Config, ConfigError, DataConfig, ModelConfig, TrainConfig, as_path, check_bools, config_from_dict,
                      dump_toml, read_toml)
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
@@ -851,13 +851,33 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
 
 
 def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
-                           groups: list[dict[str, Any]]) -> None:
+                           groups: list[dict[str, Any]], where: Path) -> None:
+    """Adam's state as ``optimizer_tensors`` wrote it (none, before the first update), refused (CheckpointError)
+    unless every parameter has its step and its two moments, of the parameter's shape, finite: load_state_dict
+    takes any, and moments a row short ended the process in a segmentation fault at the next step, keys missing
+    in a KeyError."""
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, value in tensors.items():
         if name.startswith("optim."):
             _, i, k = name.split(".", 2)
-            state.setdefault(int(i), {})[k] = value
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+            state.setdefault(int(i) if i.isdigit() else -1, {})[k] = value
+    # none at all: no update made yet (stopped before one, or its first steps skipped as not finite)
+    params = [p for group in optimizer.param_groups for p in group["params"]] if state else []
+    for i, param in enumerate(params):
+        own = state.get(i, {})
+        if sorted(own) != ["exp_avg", "exp_avg_sq", "step"]:
+            raise CheckpointError(f"{where}: Adam's state of parameter {i} holds {sorted(own)}, not step, exp_avg and "
+                                  "exp_avg_sq")
+        if bad := next((k for k in ("exp_avg", "exp_avg_sq") if own[k].shape != param.shape
+                        or not own[k].is_floating_point() or not bool(torch.isfinite(own[k]).all())), None):
+            raise CheckpointError(f"{where}: Adam's {bad} of parameter {i} is not a finite float tensor of its "
+                                  f"shape {tuple(param.shape)} ({own[bad].dtype}, {tuple(own[bad].shape)})")
+    if state and len(state) != len(params):
+        raise CheckpointError(f"{where}: Adam's state of {len(state)} parameters, the model has {len(params)}")
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError, TypeError) as e:  # param_groups of another layout
+        raise CheckpointError(f"{where}: Adam's parameter groups do not fit the model ({e})") from None
 
 
 def rng_state(dist: Dist) -> dict[str, torch.Tensor]:
@@ -1125,11 +1145,10 @@ class Trainer:
             raise TrainError(f"--init-from {init_from}: its weights were trained with another vocabulary than "
                              f"{parent / 'spm.model'}")
         differ = self.cfg.differences(config_from_dict(meta.get("config"), f"{init_from} (config)"), "model")
-        try:
-            self.raw.load_state_dict(weights)
-        except RuntimeError:  # missing, unexpected or differently shaped tensors
-            raise TrainError(f"--init-from {init_from}: its model does not fit this config "
-                             f"({'; '.join(differ) or 'tensors differ'})") from None
+        try:  # the shapes its record says were checked (refuse_misfit): a record may not say its tensors' truth
+            load_weights(self.raw, weights, f"--init-from {init_from}")
+        except CheckpointError as e:
+            raise TrainError(str(e)) from None
         names = [p.stem for p in chosen]
         self.log(f"starting from the weights of {init_from} ({', '.join(names)}), with a fresh optimizer and "
                  f"schedule" + (f"; model settings changed: {'; '.join(differ)}" if differ else ""))
@@ -1162,16 +1181,20 @@ class Trainer:
                              "their names the same): resume with the text the run trained on, or pass "
                              "--allow-config-change to go on with this text (its data order then differs from an "
                              "uninterrupted run's)")
-        self.raw.load_state_dict(ckpt.weights)
+        # the rate is the checkpoint's too: set again at every step, it is what a run resumed at its end records again
+        settings = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
+        try:  # a file training wrote fits; one rebuilt or foreign, its hashes recomputed, loaded cast or crashed
+            load_weights(self.raw, ckpt.weights, str(ckpt.path))
+            load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"], ckpt.path)
+        except CheckpointError as e:
+            raise TrainError(f"--resume: {e}; move it out of {self.out / 'checkpoints'} to resume from the one "
+                             "before it") from None
         if ckpt.meta.get("on_clock", True):  # a run resumed at its end does not write that checkpoint again
             self.saved_on_clock = ckpt.meta["step"]
         if "init_from" in ckpt.meta:  # where the run started, in every later record too
             self.meta_base["init_from"] = ckpt.meta["init_from"]
         if "run_id" in ckpt.meta:  # a checkpoint of before run ids (2026-12-05) has none: the run takes a new one
             self.meta_base["run_id"] = ckpt.meta["run_id"]
-        # the rate is the checkpoint's too: set again at every step, it is what a run resumed at its end records again
-        settings = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
-        load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"])
         for group, own in zip(self.optimizer.param_groups, settings):  # Adam's moments and step are the checkpoint's;
             group.update(own)  # its settings the config's (--allow-config-change may change β2, ε, weight decay)
         if self.scaler and ckpt.meta.get("scaler"):  # checkpoints before the scaler was saved restart it

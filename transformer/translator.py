@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_last, checkpoint_record,
-                         chosen_weights, list_checkpoints, load_checkpoint, run_folder)
+                         chosen_weights, list_checkpoints, load_checkpoint, load_weights, run_folder)
 from .config import (Config, ConfigError, LengthNorm, as_path, check_bools, check_count, check_sequence,
                      check_strings, config_from_dict, edited_model, set_section)
 from .data import encode_for_decoding
@@ -596,18 +596,5 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         # the weights file its record names: given the optimizer state's, that was recorded as the weights read
         weights, read = ckpt.weights, [(ckpt.path.parent / ckpt.meta["files"]["weights"]["name"]).resolve()]
     model = Transformer(cfg.model, tokenizer.vocab_size).float()  # a host's float64 default: the weights' fp32
-    own = model.state_dict()  # load_state_dict casts: integer weights would load, and NaNs translate to noise
-    if bad := next((k for k, t in weights.items() if k in own and own[k].is_floating_point()
-                    and not (t.is_floating_point() and bool(torch.isfinite(t).all()))), None):
-        raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config ({bad} is "
-                              + ("not finite" if weights[bad].is_floating_point() else f"{weights[bad].dtype}, not "
-                                 "a float tensor") + "; training writes neither)")
-    try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    except RuntimeError as e:  # a tensor of the wrong shape
-        first = str(e).split("\n\t")[1] if "\n\t" in str(e) else str(e)
-        raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config ({first})") from None
-    if missing or unexpected:
-        raise CheckpointError(f"{checkpoint or run_dir}: weights do not fit the config "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    load_weights(model, weights, str(checkpoint or run_dir))
     return cfg, model.eval(), read, None if checkpoint is None else ckpt.meta
