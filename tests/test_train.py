@@ -852,12 +852,13 @@ def test_a_resume_or_fine_tune_refuses_tensors_that_do_not_fit(tmp_path, tiny_ov
     train(cfg, run, quiet=True)
     ckpt = load_checkpoint(list_checkpoints(run)[-1])
     moment = next(k for k in ckpt.state if k.endswith(".exp_avg"))
+    index = moment.split(".")[1]
     cases = {"int": (dict({k: v.long() for k, v in ckpt.weights.items()}), ckpt.state,
                      r"weights do not fit the config \(\S+ is torch.int64, not a float tensor"),
              "short": (ckpt.weights, dict(ckpt.state, **{moment: ckpt.state[moment][:-1]}),
-                       rf"Adam's exp_avg of parameter {moment.split('.')[1]} is not a finite float tensor of its shape"),
+                       rf"Adam's exp_avg of parameter {index} is not a finite float tensor of its shape"),
              "missing": (ckpt.weights, {k: v for k, v in ckpt.state.items() if k != moment},
-                         rf"Adam's state of parameter {moment.split('.')[1]} holds \['exp_avg_sq', 'step'\]")}
+                         rf"Adam's state of parameter {index} holds \['exp_avg_sq', 'step'\]")}
     longer = load_config("tiny", tiny_overrides + ["train.max_steps=3", "train.eval_every=100"])
     for name, (weights, state, said) in cases.items():
         shutil.copytree(run, tmp_path / name)
