@@ -1460,6 +1460,22 @@ def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_ove
         assert (status, out) == (1, "") and err.startswith(said), err
 
 
+def test_evaluate_does_not_write_over_the_test_set_its_run_names(tmp_path, tiny_overrides, capsys):
+    """`evaluate RUN --hyp-out F` (or --json F) where F is the run's own data.test_tgt or test_src wrote over it
+    without a word (the same files given as --src/--ref were refused), and every later evaluate scored that."""
+    from transformer.config import load_config
+    from transformer.train import train
+
+    for side, text in (("en", "A dog runs.\n"), ("de", "Ein Hund rennt.\n")):
+        (tmp_path / f"test.{side}").write_text(text)
+    test = [f'data.test_src="{tmp_path / "test.en"}"', f'data.test_tgt="{tmp_path / "test.de"}"', 'data.test_tok_ref=""']
+    train(load_config("tiny", tiny_overrides + test + ["train.max_steps=1"]), tmp_path / "run", quiet=True)
+    for option, name in (("--hyp-out", "test.de"), ("--json", "test.en")):
+        status, out, err = run_here(capsys, "evaluate", str(tmp_path / "run"), option, str(tmp_path / name))
+        assert (status, out) == (1, "") and f"error: {option} {tmp_path / name}: is --" in err, err
+    assert [(tmp_path / f"test.{side}").read_text() for side in ("en", "de")] == ["A dog runs.\n", "Ein Hund rennt.\n"]
+
+
 def test_evaluate_names_the_option_of_a_file_not_found(tiny_run, tmp_path, capsys):
     """evaluate said "data file not found: PATH" where translate and score name their option: which of --src,
     --ref and --tok-ref was it?"""

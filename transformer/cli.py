@@ -772,6 +772,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                                   f"{at + 1} ({' '.join(words[at:at + 4]) or 'the line ends'} vs "
                                   f"{' '.join(gold_words[at:at + 4]) or 'the tree ends'}; the sentences and the "
                                   "trees go one to one, in the treebank's tokens)")
+        _outputs_not_inputs(args)  # the files the run's config named: read now
         _tell(said)
         trees = _parse_lines(translator, src, request)
         try:
@@ -805,6 +806,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         # tokenizer is had (ja, ko: MeCab) before any decoding
         bleu_lang = args.lang or language_code(args.ref) or d.language("tgt")
         bleu_metric(bleu_lang)
+        _outputs_not_inputs(args)  # the files the run's config named: read now
         _tell(said)
         hyps = _translate_lines(translator, src, request)
         scores = sacrebleu_scores(hyps, ref, bleu_lang)
@@ -1663,6 +1665,16 @@ def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: di
         if dest not in outputs and isinstance(value, Path) and value.is_file() and os.path.samefile(value, path):
             raise OutputError(f"{option} {path}: is --{dest.replace('_', '-')} {value}, which the command reads; "
                               "writing it would replace that file: give another")
+
+
+def _outputs_not_inputs(args: argparse.Namespace) -> None:
+    """``_not_an_input`` of each output against the inputs as they are now: a command that fills an input in
+    from the run's config (evaluate's test set) checks again, else `evaluate RUN --hyp-out` wrote over the
+    run's own test references without a word."""
+    outputs = getattr(args, "outputs", None) or {}
+    for dest, (option, *_) in outputs.items():
+        if (given := getattr(args, dest)) not in (None, STDOUT):
+            _not_an_input(args, given, option, outputs)
 
 
 def _terminate(signum: int, frame) -> None:
