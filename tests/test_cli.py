@@ -1468,7 +1468,8 @@ def test_evaluate_does_not_write_over_the_test_set_its_run_names(tmp_path, tiny_
 
     for side, text in (("en", "A dog runs.\n"), ("de", "Ein Hund rennt.\n")):
         (tmp_path / f"test.{side}").write_text(text)
-    test = [f'data.test_src="{tmp_path / "test.en"}"', f'data.test_tgt="{tmp_path / "test.de"}"', 'data.test_tok_ref=""']
+    test = [f'data.test_src="{tmp_path / "test.en"}"', f'data.test_tgt="{tmp_path / "test.de"}"',
+            'data.test_tok_ref=""']
     train(load_config("tiny", tiny_overrides + test + ["train.max_steps=1"]), tmp_path / "run", quiet=True)
     for option, name in (("--hyp-out", "test.de"), ("--json", "test.en")):
         status, out, err = run_here(capsys, "evaluate", str(tmp_path / "run"), option, str(tmp_path / name))
