@@ -840,6 +840,23 @@ def test_a_precision_this_cpu_would_emulate_is_said_in_the_log(tmp_path, tiny_ov
     assert (said in (tmp_path / "run" / "train.log").read_text()) == (not units)
 
 
+def test_tensor_files_without_any_record_are_refused_not_deleted(tmp_path, tiny_overrides):
+    """A checkpoints folder of weights alone (copied without their .json records): --resume said "no checkpoint;
+    starting from scratch" and its first save deleted them as debris of a killed prune, a plain train too. With
+    no record at all they are refused, kept; beside a record they are still debris (a prune killed midway)."""
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=1"])
+    run = tmp_path / "run"
+    train(cfg, run, quiet=True)
+    for record in (run / "checkpoints").glob("*.json"):
+        record.unlink()
+    kept = sorted((run / "checkpoints").iterdir())
+    for resume in (True, False):
+        with pytest.raises(TrainError, match=rf"^{re.escape(str(run / 'checkpoints'))}: step_00000001.safetensors, "
+                                             r"step_00000001.state.safetensors: tensor files without their record"):
+            train(cfg, run, resume=resume, quiet=True)
+        assert sorted((run / "checkpoints").iterdir()) == kept
+
+
 def test_a_resume_or_fine_tune_refuses_tensors_that_do_not_fit(tmp_path, tiny_overrides):
     """A checkpoint whose tensors were rewritten, their sha256 sums redone (a foreign file, a record rebuilt by a
     tool): weights cast to integers were resumed (the loss jumped: truncated weights) and fine-tuned, Adam's

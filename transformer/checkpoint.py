@@ -201,15 +201,23 @@ def _prune(ckpt_dir: Path, keep_last: int, warn: Callable[[str], None]) -> None:
     clear_debris(ckpt_dir, warn)
 
 
+def unrecorded(ckpt_dir: Path) -> list[Path]:
+    """The tensor files of ``ckpt_dir`` without their record (step_N.json), in order."""
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(p for p in ckpt_dir.iterdir() if (data := _STEP_DATA.fullmatch(p.name)) is not None
+                  and not (ckpt_dir / f"step_{data.group(1)}.json").exists())
+
+
 def clear_debris(ckpt_dir: Path, warn: Callable[[str], None]) -> None:
     """Deletes what no checkpoint owns: tensor files without their record (a prune killed between the two) and
     the temporary files of writes killed midway; a resume does it too, so a run killed in its last prune
-    (nothing left to train, no checkpoint to write) does not keep three model sizes of them."""
+    (nothing left to train, no checkpoint to write) does not keep three model sizes of them. (Of a folder
+    with no record at all, training refuses them first: ``train.prepare_run``.)"""
+    orphans = set(unrecorded(ckpt_dir))
     for p in ckpt_dir.iterdir():
-        data = _STEP_DATA.fullmatch(p.name)
-        orphan = data is not None and not (ckpt_dir / f"step_{data.group(1)}.json").exists()
         # ours (files.atomic_path), and safetensors' own (.tmpXXXXXX, renamed onto ours) of a write killed midway
-        if orphan or (p.name.startswith(".step_") and p.name.endswith(".tmp")) or p.name.startswith(".tmp"):
+        if p in orphans or (p.name.startswith(".step_") and p.name.endswith(".tmp")) or p.name.startswith(".tmp"):
             _delete(p, warn)
 
 

@@ -37,7 +37,7 @@ from .distributed import Dist
 
 from .checkpoint import (Checkpoint, CheckpointError, average_last, checkpoint_record,
                          clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, load_weights,
-                         one_run, record_step, save_checkpoint, write_model)
+                         one_run, record_step, save_checkpoint, unrecorded, write_model)
 from .config import (Config, ConfigError, DataConfig, ModelConfig, TrainConfig, as_path, check_bools, config_from_dict,
                      dump_toml, read_toml)
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
@@ -383,6 +383,12 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     has_checkpoints = bool(list_checkpoints(out)) or any((out / "checkpoints").glob("*.json"))
     if has_checkpoints and not resume:
         raise TrainError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
+    if not has_checkpoints and (orphans := unrecorded(out / "checkpoints")):  # deleted as debris at the first save
+        names = ", ".join(p.name for p in orphans[:2]) + (f" and {len(orphans) - 2} more" if len(orphans) > 2 else "")
+        raise TrainError(f"{out / 'checkpoints'}: {names}: tensor files without their record (step_N.json: copied "
+                         "without it, or a checkpoint's write killed before it), and no checkpoint; training would "
+                         "delete them as debris: copy each record beside its files to resume from them, or move them "
+                         "away")
     if has_checkpoints:  # before the newest record's config is compared: another run's differs in its model
         one_run(list_checkpoints(out))
     if vocabulary_of is None and not has_checkpoints and (parent := recorded_init_from(out)) is not None:
