@@ -857,6 +857,22 @@ def test_tensor_files_without_any_record_are_refused_not_deleted(tmp_path, tiny_
         assert sorted((run / "checkpoints").iterdir()) == kept
 
 
+def test_a_best_model_without_checkpoints_is_not_replaced_by_a_new_run(tmp_path, tiny_overrides):
+    """checkpoints/ removed to make room, best.safetensors kept: the job's `train --resume` said "no checkpoint;
+    starting from scratch" and its keep_best replaced the earlier best with a worse model, without a word."""
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.log_every=1", "train.eval_every=1",
+                                                 'train.keep_best="valid_loss"'])
+    run = tmp_path / "run"
+    train(cfg, run, quiet=True)
+    best = (run / "best.safetensors").read_bytes()
+    shutil.rmtree(run / "checkpoints")
+    for resume in (True, False):
+        with pytest.raises(TrainError, match=rf"^{re.escape(str(run / 'best.safetensors'))} \(best valid_loss \S+ at "
+                                             r"step \d\): an earlier training's best model"):
+            train(cfg, run, resume=resume, quiet=True)
+    assert (run / "best.safetensors").read_bytes() == best
+
+
 def test_a_resume_or_fine_tune_refuses_tensors_that_do_not_fit(tmp_path, tiny_overrides):
     """A checkpoint whose tensors were rewritten, their sha256 sums redone (a foreign file, a record rebuilt by a
     tool): weights cast to integers were resumed (the loss jumped: truncated weights) and fine-tuned, Adam's

@@ -391,6 +391,15 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
                          "away")
     if has_checkpoints:  # before the newest record's config is compared: another run's differs in its model
         one_run(list_checkpoints(out))
+    if not has_checkpoints and (best := next((p for p in (out / "best.safetensors", out / "best.json")
+                                              if p.exists()), None)):  # train.keep_best wrote over it
+        try:
+            record = checkpoint_record(out / "best.json")["best"]
+            of = f" (best {record['metric']} {record['value']:.4g} at step {record['step']})"
+        except (CheckpointError, KeyError, TypeError, ValueError):
+            of = ""
+        raise TrainError(f"{best}{of}: an earlier training's best model, and the run holds no checkpoint to resume: a "
+                         "run started here from scratch would replace it; move it away, or give another --out")
     if vocabulary_of is None and not has_checkpoints and (parent := recorded_init_from(out)) is not None:
         # a fine-tune stopped before its first checkpoint: its vocabulary is not a new run's (nor its config.toml)
         raise TrainError(f"{out / 'spm.model'} is the vocabulary of {parent}, taken by --init-from, and this run holds "
