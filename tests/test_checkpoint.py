@@ -458,7 +458,8 @@ def fake_records(run: Path, save_every: int, save_minutes: float, written: list[
 @pytest.mark.parametrize("text, said", [("[1]", "not a JSON object but list"), ('"x"', "not a JSON object but str"),
                                         ("null", "not a JSON object but NoneType"),
                                         ('{"format": "other"}', "not a"),
-                                        ('{"format": "%s", "config": 5}' % FORMAT, "unreadable checkpoint record")])
+                                        ('{"format": "%s", "config": 5}' % FORMAT,
+                                         r"its config: must be a table of \[sections\], not int")])
 def test_a_record_of_another_shape_is_refused_naming_it(tmp_path, text, said):
     """average and evaluate --json read the records: JSON that is no record died with AttributeError."""
     fake_records(tmp_path, 200, 0, [(200, 0), (400, 0)])

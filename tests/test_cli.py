@@ -1541,6 +1541,27 @@ def test_evaluate_json_names_an_ensembles_weights(tiny_run, tmp_path, capsys):
                                              ][-2:] != [], scores
 
 
+def test_average_refuses_a_record_that_translate_refuses(tiny_run, tmp_path, capsys):
+    """A record edited by hand (model.n_heads, so its model_hash is another's; or decode.average_last = 0) was
+    averaged, exit 0, with a false reason for averaging fewer ("of another model (a resume with a model change)"),
+    and the file written was refused by translate, as the run itself was. Both refuse it, naming the record."""
+    import shutil
+
+    for section, key, value, said in (("model", "n_heads", 1, "its model config (hash "),
+                                      ("decode", "average_last", 0, "its config: decode.average_last")):
+        run = tmp_path / key
+        shutil.copytree(tiny_run, run)
+        record = sorted((run / "checkpoints").glob("step_*.json"))[-1]
+        meta = json.loads(record.read_text())
+        meta["config"][section][key] = value
+        record.write_text(json.dumps(meta))
+        for command in (["average", str(run), "--last", "2", "--out", str(tmp_path / f"{key}.safetensors")],
+                        ["translate", str(run)]):
+            status, out, err = run_here(capsys, *command)
+            assert (status, out) == (1, "") and f"{record}: {said}" in err, err
+        assert not (tmp_path / f"{key}.safetensors").exists()
+
+
 def test_evaluate_warns_of_a_language_moses_has_no_rules_for(tiny_run, tmp_path, capsys):
     """A mistyped --lang ("dee") was taken without a word, and Moses tokenized the outputs with its defaults
     (English abbreviations): the tokenized scores changed silently. It is scored so, after a warning."""

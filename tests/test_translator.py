@@ -635,6 +635,12 @@ def test_a_damaged_checkpoint_is_named_by_its_path_with_the_way_out(tiny_run, tm
     for run, ensemble in ((tiny_run, [damaged]), (damaged, [tiny_run])):
         with pytest.raises(CheckpointError, match=said):
             Translator(run, log=lambda m: None, ensemble=ensemble)
+    for older in list_checkpoints(damaged)[:-1]:  # the only checkpoint: "decode with the others" said of none
+        for path in older.parent.glob(older.stem + ".*"):
+            path.unlink()
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(newest))}: sha256 mismatch .* and its record\) "
+                                              r"\(the run's only checkpoint\)$"):
+        Translator(damaged, log=lambda m: None)
 
 
 def test_api_misuse_is_a_config_error(tiny_parse_run, run):

@@ -26,7 +26,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file
 from torch import Tensor
 
-from .config import ConfigError, as_path, check_count, check_sequence
+from .config import Config, ConfigError, as_path, check_count, check_sequence, config_from_dict, edited_model
 from .errors import UserError
 from .files import atomic_path, atomic_paths, file_sha256, os_error_in, read_record, write_text
 
@@ -425,6 +425,7 @@ def checkpoints_to_average(run_dir: Path, n: int, found: list[Path] | None = Non
     for path in reversed(found):
         try:
             record = checkpoint_record(path)  # an object of this format, else a CheckpointError naming it
+            record_config(record, path)
             if kept and record.get("on_clock") is False:  # a signal's checkpoint, superseded: a resume point only
                 continue
             if isinstance((record.get("config") or {}).get("model"), dict):
@@ -521,6 +522,30 @@ def _computed(meta: dict[str, Any], name: str) -> dict[str, Any]:
     ignored = ("p_drop", "p_drop_attn", "p_drop_relu") + (("max_positions",) if model.get("positional") !=
                                                            "learned" else ())
     return {k: v for k, v in model.items() if k not in ignored}
+
+
+def record_config(meta: dict[str, Any], record: Path) -> Config:
+    """The config a checkpoint's record holds, refused (a CheckpointError naming the record) where it holds none,
+    a value of the wrong type or out of range, or a model section edited by hand (its model_hash another's): the
+    weights would compute another function. Decoding and averaging read a record alike: `average` took an
+    edited one that `translate` refused, and wrote weights nothing could load."""
+    where = f"{record}: its config"  # the record's own values: an error in them is the file's
+    if "config" not in meta:  # a record edited or written by hand: the model's shape is nowhere else
+        raise CheckpointError(f"{record}: the record holds no config (every record training writes has one), so "
+                              "the model its weights are for is unknown")
+    try:
+        cfg = config_from_dict(meta["config"], where)
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+    if edited_model(meta, cfg):
+        raise CheckpointError(f"{record}: its model config (hash {cfg.model_hash()}) is not the one its weights were "
+                              f"trained as (model_hash {meta['model_hash']}): the record was edited, and the weights "
+                              "would compute another function; use the record training wrote")
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+    return cfg
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:

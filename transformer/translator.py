@@ -20,9 +20,9 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_last, checkpoint_record,
-                         chosen_weights, list_checkpoints, load_checkpoint, load_weights, run_folder)
+                         chosen_weights, list_checkpoints, load_checkpoint, load_weights, record_config, run_folder)
 from .config import (Config, ConfigError, LengthNorm, as_path, check_bools, check_count, check_sequence,
-                     check_strings, config_from_dict, edited_model, set_section)
+                     check_strings, set_section)
 from .data import encode_for_decoding
 from .errors import OutOfMemory, out_of_memory
 from .decode import Scored, decode_ids, score_ids
@@ -557,22 +557,7 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
     if meta.get("vocab_sha256") not in (None, tokenizer.sha256):
         raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {run_dir / 'spm.model'}")
     record = ckpt.path if checkpoint is not None else paths[-1]  # the .json (a .state.safetensors names its own)
-    where = f"{record}: its config"  # the record's own values first: an error in them is the file's
-    if "config" not in meta:  # a record edited or written by hand: the model's shape is nowhere else
-        raise CheckpointError(f"{record}: the record holds no config (every record training writes has one), so "
-                              "the model its weights are for is unknown")
-    try:
-        cfg = config_from_dict(meta["config"], where)
-    except ConfigError as e:
-        raise CheckpointError(str(e)) from None
-    if edited_model(meta, cfg):
-        raise CheckpointError(f"{record}: its model config (hash {cfg.model_hash()}) is not the one its weights were "
-                              f"trained as (model_hash {meta['model_hash']}): the record was edited, and the weights "
-                              "would compute another function; use the record training wrote")
-    try:
-        cfg.validate()
-    except ConfigError as e:
-        raise CheckpointError(f"{where}: {e}") from None
+    cfg = record_config(meta, record)
     set_section(cfg, "decode", decode or {}, "decode")  # typed as a config file's values are
     try:  # the overrides too, before any work: one set of checks for the run's values and ours
         cfg.validate()
@@ -587,6 +572,8 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         except CheckpointMismatch as e:  # each intact: not to be moved away as damaged
             raise CheckpointError(f"{e}; give --checkpoint one of them") from None
         except CheckpointError as e:
+            if len(list_checkpoints(run_dir)) < 2:  # no other to decode with
+                raise CheckpointError(f"{e} (the run's only checkpoint)") from None
             raise CheckpointError(f"{e}; to decode with the others, give --checkpoint one that is intact, or "
                                   f"move the damaged one out of {run_dir / 'checkpoints'}") from None
         fewer = f" (of decode.average_last {cfg.decode.average_last})" if len(paths) < cfg.decode.average_last else ""
