@@ -957,6 +957,21 @@ def test_score_errors_are_one_line(tiny_run, tmp_path):
         assert len(said) == 1 and "Traceback" not in result.stderr, result.stderr
 
 
+def test_score_checks_two_files_before_it_writes_a_score(tiny_run, tmp_path, capsys):
+    """Files that differ in length, or hold bytes that are no UTF-8, past the first 10,000 lines: score had written
+    10,000 lines of scores to stdout when it said so (a believable, half-finished file of exit 1)."""
+    (tmp_path / "src").write_text("a\n" * 10_003)
+    (tmp_path / "tgt").write_text("b\n" * 10_002)
+    status, out, err = run_here(capsys, "score", str(tiny_run), "--src", str(tmp_path / "src"), "--tgt",
+                                str(tmp_path / "tgt"))
+    assert (status, out) == (1, "") and err.endswith(f"{tmp_path / 'src'} has 10003 lines, {tmp_path / 'tgt'} has "
+                                                     "10002\n"), err
+    (tmp_path / "tgt").write_bytes(b"b\n" * 10_002 + b"\xff\n")
+    status, out, err = run_here(capsys, "score", str(tiny_run), "--src", str(tmp_path / "src"), "--tgt",
+                                str(tmp_path / "tgt"))
+    assert (status, out) == (1, "") and f"{tmp_path / 'tgt'}:10003: invalid UTF-8" in err, err
+
+
 def test_score_says_its_weights_before_a_later_pair_is_refused(tiny_run):
     """The weights that scored the pairs were said at the end alone: a pair refused midway (a tab too many) left
     scores on stdout with no word of the checkpoints that made them."""

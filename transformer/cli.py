@@ -531,6 +531,10 @@ def cmd_score(args: argparse.Namespace) -> None:
     for option, path in (("--src", args.src), ("--tgt", args.tgt)):  # before the model loads, naming the option
         if path not in (None, STDIN) and not path.exists():
             raise DataError(f"{option} {path}: cannot read (No such file or directory)")
+    if args.src not in (None, STDIN) and args.tgt != STDIN and args.src.is_file() and args.tgt.is_file():
+        # read through once (line counts, UTF-8), as translate counts its input: stdout had 10,000 lines of
+        # scores when the files were found to differ in length (a pipe cannot be read twice: as it comes)
+        collections.deque(iter_parallel(args.src, args.tgt), maxlen=0)
     translator, said = _translator(args, DecodeRequest(alpha=args.alpha, length_norm=args.length_norm))
     if args.src is not None:
         pairs = iter_parallel(args.src, args.tgt)

@@ -126,7 +126,8 @@ def iter_parallel(src: Path, tgt: Path,
             n_src, n_tgt = n + (s is not missing), n + (t is not missing)
             for s, t in pairs:  # count both files to their ends for the message
                 n_src, n_tgt = n_src + (s is not missing), n_tgt + (t is not missing)
-            raise DataError(f"parallel files differ in length: {src} has {n_src} lines, {tgt} has {n_tgt}")
+            raise DataError(f"parallel files differ in length: {shown(src)} has {n_src} lines, {shown(tgt)} has "
+                            f"{n_tgt}")
         n += 1
         yield s, t
 
