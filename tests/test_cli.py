@@ -972,6 +972,16 @@ def test_score_checks_two_files_before_it_writes_a_score(tiny_run, tmp_path, cap
     assert (status, out) == (1, "") and f"{tmp_path / 'tgt'}:10003: invalid UTF-8" in err, err
 
 
+def test_a_prefix_or_constraints_file_that_cannot_be_read_is_named_by_its_option(tiny_run, tmp_path, capsys):
+    """"error: /tmp: cannot read (Is a directory)": which option gave it? --input's errors said so already."""
+    (tmp_path / "bad.txt").write_bytes(b"Ein\n\xff\n")
+    for option, path, said in (("--prefix", tmp_path / "missing.txt", "cannot read (No such file or directory)"),
+                               ("--constraints", tmp_path, "cannot read (Is a directory)"),
+                               ("--prefix", tmp_path / "bad.txt", "2: invalid UTF-8")):
+        status, out, err = run_here(capsys, "translate", str(tiny_run), option, str(path))
+        assert (status, out) == (1, "") and err.startswith(f"error: {option} {path}:") and said in err, err
+
+
 def test_score_says_its_weights_before_a_later_pair_is_refused(tiny_run):
     """The weights that scored the pairs were said at the end alone: a pair refused midway (a tab too many) left
     scores on stdout with no word of the checkpoints that made them."""

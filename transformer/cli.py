@@ -250,14 +250,21 @@ def _request(args: argparse.Namespace):
     """The command's decoding options as the one request every decoding command makes
     (``request.DecodeRequest``: what is not given is the run's own). The files of prefixes and
     constraints are read here, before any input."""
-    from .data import read_lines
+    from .data import DataError, read_lines
     from .request import DecodeRequest
 
     def given(name: str):
         return getattr(args, name, None)
 
-    prefixes = None if given("prefix") is None else read_lines(args.prefix)
-    constraints = None if given("constraints") is None else [line.split("\t") for line in read_lines(args.constraints)]
+    def lines(option: str, path: Path) -> list[str]:  # an error names the option, as --input's does
+        try:
+            return read_lines(path)
+        except DataError as e:
+            raise DataError(f"{option} {e}") from None
+
+    prefixes = None if given("prefix") is None else lines("--prefix", args.prefix)
+    constraints = (None if given("constraints") is None
+                   else [line.split("\t") for line in lines("--constraints", args.constraints)])
     return DecodeRequest(beam_size=given("beam"), alpha=given("alpha"), length_norm=given("length_norm"),
                          max_len_offset=given("max_len_offset"),
                          early_stop=given("early_stop"), batch_size=given("batch_size"), nbest=given("nbest"),
