@@ -204,7 +204,8 @@ def _decode_options(p: argparse.ArgumentParser, parsing: bool = False) -> None:
         section = "§6.3"
     p.add_argument("--beam", type=int, help=f"beam size (default: the run's decode.beam_size; {section}: "
                    f"{paper.beam_size}); 1 = greedy")
-    p.add_argument("--alpha", type=float, help=f"GNMT length penalty α (default: the run's; {section}: {paper.alpha})")
+    p.add_argument("--alpha", type=float, help=f"length penalty α, GNMT's exponent (with --length-norm length: "
+                   f"of |Y|) (default: the run's; {section}: {paper.alpha})")
     _length_norm_option(p)
     p.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default: the "
                    f"run's; {section}: {paper.max_len_offset})")
@@ -497,8 +498,8 @@ def _translation_rows(translator, request, lines: list[str], hyps: list[list[tup
 def _score_arguments(p: argparse.ArgumentParser) -> None:
     _model_options(p)
     _ensemble_option(p)
-    p.add_argument("--alpha", type=float, help="GNMT length penalty α of SCORE (default: the run's decode.alpha; "
-                   "§6.1: 0.6)")
+    p.add_argument("--alpha", type=float, help="length penalty α of SCORE, GNMT's exponent (with --length-norm "
+                   "length: of |Y|) (default: the run's decode.alpha; §6.1: 0.6)")
     _length_norm_option(p)
     p.add_argument("--src", type=_input, help="source sentences, plain or .gz (with --tgt; default: stdin, one "
                    "pair per line as SOURCE<TAB>TARGET; -: stdin, one sentence per line)")

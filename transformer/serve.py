@@ -110,7 +110,8 @@ class TranslateRequest(BaseModel):
     # the fields of a request.DecodeRequest, checked there (its table of options, spelt as the API spells them)
     text: Texts = Field(description="sentences to translate, one output per input")
     beam: int | None = Field(None, description="beam size (default: the run's, 4 in the paper §6.1); 1 = greedy")
-    alpha: float | None = Field(None, description="GNMT length penalty α >= 0 (default: the run's, 0.6 in §6.1)")
+    alpha: float | None = Field(None, description="length penalty α >= 0, GNMT's exponent (length_norm "
+                                 "'length': of |Y|) (default: the run's, 0.6 in §6.1)")
     nbest: int | None = Field(None, description="also answer the nbest (<= beam) best hypotheses of each "
                                                 "sentence with their scores, best first (with constraints, only "
                                                 "those that meet them, when any does: maybe fewer)")
@@ -158,7 +159,8 @@ class ScoreRequest(BaseModel):
 
     text: Texts = Field(description="source sentences")
     translation: Texts = Field(description="their translations to score, one per source sentence")
-    alpha: float | None = Field(None, description="GNMT length penalty α >= 0 of the score")
+    alpha: float | None = Field(None, description="length penalty α >= 0 of the score, GNMT's exponent "
+                                 "(length_norm 'length': of |Y|)")
     length_norm: str | None = Field(None, description="what log P is divided by, as translate's \"length_norm\": "
                                                       "\"gnmt\" or \"length\"; default: the run's")
 
