@@ -339,6 +339,12 @@ def markdown(r: dict) -> str:
         r["tag"], "; ".join(f"{norm}-norm val BLEU {p['dev_bleu']}, ppl {p['dev_ppl']} after {p['step']} updates"
                             for norm, p in r["pilot"].items()))
     sentences = ", ".join(sorted({f"{row['val_sentences']:,}" for row in r["rows"]}))
+    # --val-sentences cuts BLEU's sentences alone: the perplexity is training's validation, of every pair
+    dev = (f"Dev = Multi30k val ({sentences} sentences): per-piece\nperplexity without label smoothing"
+           if not any(row.get("val_limit") for row in r["rows"]) else
+           "Dev = Multi30k val: per-piece perplexity without\nlabel smoothing of every pair (training's "
+           f"validation); of the first {sentences} sentences (--val-sentences)")
+    seeds = ", ".join(map(str, r["base_band"]["seeds"])) or "none finished yet"
     made = (f"`{r['command']}` — {r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions']['torch']}"
             if "trained_by" not in r else
             f"Rows trained by `benchmarks/table3.py` over several sittings (the last: `{r['trained_by']}`) on "
@@ -352,8 +358,7 @@ def markdown(r: dict) -> str:
 Every row is the paper's row with the widths (d_model, d_ff, d_k, d_v) divided by {s['factor']}, N, h,
 P_drop, ε_ls as the row says, {s['norm']}-norm, eq. (3) × {s['lr_scale']} with warmup {s['warmup']},
 {s['max_tokens']} tokens per side per update, {s['updates']} updates ({s['big_updates']} for big), seed 1
-(base: seeds {', '.join(map(str, r['base_band']['seeds']))}). Dev = Multi30k val ({sentences} sentences): per-piece
-perplexity without label smoothing, tokenized lowercased BLEU, beam 4, α 0.6, the last checkpoint (no
+(base: seeds {seeds}). {dev}, tokenized lowercased BLEU, beam 4, α 0.6, the last checkpoint (no
 averaging, as Table 3). The paper's dev set is newstest2013 with a 37k vocabulary: compare the
 differences between rows, not the absolute numbers.
 
