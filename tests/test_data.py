@@ -74,6 +74,18 @@ def test_old_mac_line_endings_are_refused(tmp_path: Path) -> None:
     assert read_lines(f) == ["one\rtwo", "three"]
 
 
+def test_utf16_without_its_mark_is_refused(tmp_path: Path) -> None:
+    """UTF-16 without a byte-order mark is valid UTF-8 (NUL is a character): it was translated line by line into
+    noise, a line more than the file has, and its vocabulary split into letters. A NUL inside a line stays."""
+    f = tmp_path / "u16.txt"
+    for codec in ("utf-16-le", "utf-16-be"):
+        f.write_bytes("A dog runs.\nTwo men.\n".encode(codec))
+        with pytest.raises(DataError, match=r"u16.txt: NUL bytes between its characters: UTF-16 text, not UTF-8"):
+            read_lines(f)
+    f.write_bytes(b"a dog\x00 runs .\n\t\x00\x1b\n")
+    assert read_lines(f) == ["a dog\x00 runs .", "\t\x00\x1b"]
+
+
 def test_unicode_line_separators_stay_inside_the_line(tmp_path: Path) -> None:
     text = "a\u2028b\nc\u0085d\ne\x0cf\ng\x1eh\x1di\x0bj\n"
     f = tmp_path / "seps.txt"

@@ -79,6 +79,12 @@ def iter_lines(path: Path) -> Iterator[str]:
         stream = gzip.GzipFile(fileobj=f, mode="rb") if zipped else f
         try:
             for n, data in enumerate(stream, 1):
+                if n == 1 and len(data) >= 8 and any(half.count(0) >= 0.9 * len(half) for half in (data[::2],
+                                                                                                  data[1::2])):
+                    # NUL between the characters: UTF-16 without its byte-order mark is valid UTF-8 (NUL is a
+                    # character), and read as such it translated to noise and split a vocabulary into letters
+                    raise DataError(f"{name}: NUL bytes between its characters: UTF-16 text, not UTF-8; convert it "
+                                    "with iconv -f UTF-16 -t UTF-8")
                 try:
                     line = data.decode("utf-8")
                 except UnicodeDecodeError as e:
