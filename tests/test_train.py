@@ -1342,8 +1342,11 @@ def test_keep_best_keeps_the_best_and_patience_stops(tmp_path, tiny_overrides, s
     resumed = train(load_config("tiny", common), part, resume=True, quiet=True)
     assert resumed["step"] == 14 and resumed["best"] == whole["best"]
     assert load_checkpoint(part / "best.safetensors", with_state=False).meta["best"]["step"] == 8
+    kept = (part / "summary.json").read_text()
     again = train(load_config("tiny", common), part, resume=True, quiet=True)  # patience is spent: no more steps
     assert again["step"] == 14  # and the log says so (it went straight to "done", the reason in summary.json)
+    # and the summary of the attempt that trained stands: rewritten, its minutes took this call's
+    assert (part / "summary.json").read_text() == kept and again == json.loads(kept)
     assert (part / "train.log").read_text().count("train.patience 3: already run out at step 14 (3 evaluations of "
                                                   "valid_loss without improvement); nothing to train") == 1
 

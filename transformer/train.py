@@ -1623,6 +1623,8 @@ class Trainer:
             if state.step >= t.max_steps:
                 self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
                 self.spent = True  # summary.json, of the attempt that trained, stands
+            elif t.patience and state.evals_since_best >= t.patience:  # as spent: it stops at once (said below)
+                self.spent = True
             elif (self.out / "summary.json").exists():  # written again when this budget ends
                 (self.out / "summary.json").unlink()
         self.start = time.monotonic()
