@@ -564,27 +564,27 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
     first = load_checkpoint(paths[0], with_state=False)
     acc = {k: t.double() if t.is_floating_point() else t for k, t in first.weights.items()}
     dtypes = {k: t.dtype for k, t in first.weights.items()}
-    model = _computed(first.meta, first.path.name)
+    model = _computed(first.meta, str(first.path))
     for path in paths[1:]:
         ckpt = load_checkpoint(path, with_state=False)
-        name = ckpt.path.name
+        name = ckpt.path  # whole: files of one name in two runs' folders were told apart by none
         if ckpt.meta.get("vocab_sha256") != first.meta.get("vocab_sha256"):
-            raise CheckpointMismatch(f"{name}: trained with another vocabulary than {first.path.name}")
+            raise CheckpointMismatch(f"{name}: trained with another vocabulary than {first.path}")
         runs = (first.meta.get("run_id"), ckpt.meta.get("run_id"))
         if None not in runs and runs[0] != runs[1]:  # the records of before run ids (2026-12-05) have none
-            raise CheckpointMismatch(f"{name}: a checkpoint of another run than {first.path.name}'s (another run_id in "
+            raise CheckpointMismatch(f"{name}: a checkpoint of another run than {first.path}'s (another run_id in "
                                   "its record: copied into this run's checkpoints?): average the checkpoints of one "
                                   "run")
-        theirs = _computed(ckpt.meta, name)
+        theirs = _computed(ckpt.meta, str(name))
         if differ := [f"model.{k}: {model.get(k)!r} in {first.path.name}, {theirs.get(k)!r} here"
                       for k in sorted(model.keys() | theirs.keys()) if model.get(k) != theirs.get(k)]:
-            raise CheckpointMismatch(f"{name}: a model that computes otherwise than {first.path.name}'s "
+            raise CheckpointMismatch(f"{name}: a model that computes otherwise than {first.path}'s "
                                   f"({'; '.join(differ)}), changed on a resume with --allow-config-change: average "
                                   "the checkpoints of one setting (fewer of the last), or give one --checkpoint")
         extra, missing = ckpt.weights.keys() - acc.keys(), acc.keys() - ckpt.weights.keys()
         if extra or missing:
             key, what = (min(extra), "unexpected") if extra else (min(missing), "missing")
-            raise CheckpointError(f"{name}: {what} key {key!r} (compared with {first.path.name})")
+            raise CheckpointError(f"{name}: {what} key {key!r} (compared with {first.path})")
         for k, t in ckpt.weights.items():
             if t.shape != acc[k].shape or t.dtype != dtypes[k]:
                 raise CheckpointError(f"{name}: key {k!r} is {t.dtype} {list(t.shape)}, "
