@@ -282,7 +282,7 @@ def test_score_endpoint_takes_the_length_norm_as_translate_does(client, translat
     ("/v1/translate", {"text": ["a"], "nbest": 2, "scores": True}, "scores with nbest: n-best lists carry the score"),
     ("/v1/translate", {"text": ["a"], "sample": True, "constraints": [["x"]]},
      "sample with constraints: lexical constraints need beam search"),
-    ("/v1/translate", {"text": ["a"], "constraints": [["x"], ["y"]]}, "constraints: 2 given for 1 input lines"),
+    ("/v1/translate", {"text": ["a"], "constraints": [["x"], ["y"]]}, "constraints: 2 given for 1 input line"),
     ("/v1/translate", {"text": ["a"], "constraints": [["x y z " * 30]]}, "constraints of line 1"),
     ("/v1/translate", {"text": ["a"], "prefix": ["x y z " * 30]}, "prefix of line 1"),
     ("/v1/translate", {"text": ["a", " "], "prefix": ["", "x"]}, "prefix of line 2: the line is empty"),

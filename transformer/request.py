@@ -188,7 +188,7 @@ class DecodeRequest:
             raise bad("seed", self.seed, "must be in 0 .. 2^64 - 1 (a seed of torch's generator)")
         for key, values in self.per_line().items():
             if lines is not None and len(values) != lines:
-                raise ConfigError(f"{names[key]}: {len(values)} given for {lines} input lines")
+                raise ConfigError(f"{names[key]}: {len(values)} given for {lines} input line{'s' * (lines != 1)}")
 
     def per_line(self) -> dict[str, Sequence]:
         """The options given line by line that the request holds: option ("prefix", "constraints") -> its

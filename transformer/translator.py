@@ -341,7 +341,7 @@ class Translator:
             checked()
         for key, given in request.per_line().items():
             if len(given) != done:
-                raise ConfigError(f"{CLI[key]}: {len(given)} given for {done} input lines")
+                raise ConfigError(f"{CLI[key]}: {len(given)} given for {done} input line{'s' * (done != 1)}")
 
     def check(self, request: DecodeRequest, lines: list[str] | None = None,
               names: Mapping[str, str] = CLI, total: int | None = None) -> DecodeRequest:
