@@ -63,7 +63,7 @@ SETTINGS: list[tuple[str, str]] = [
     ("*", r"Table\s+\d"), ("*", r"eq\.\s+\(\d\)"), ("*", r"et\s+al\.,?\s+\(?\d{4}"), ("*", r"test20\d\d"),
     ("*", r"wsj_\d+(–\d+)?"), ("*", r"[A-E]\d\b"), ("*", r"(average\s+of\s+)?the\s+last\s+\d+(\s+checkpoints)?"),
     ("*", r"[\d,]+\s+lines\s+at\s+a\s+time"), ("*", r"\d+\s+minutes"), ("*", r"\d+-minute"), ("*", r"[\d,]+-token\s+batches"),
-    ("*", r"[Dd]ropout(\s+of)?\s+\d\.\d"), ("*", r"smoothing\s+\d\.\d"), ("*", r"seed\s+\d\b"), ("*", r"UTF-8"),
+    ("*", r"[Dd]ropout(\s+of)?\s+\d\.\d"), ("*", r"smoothing\s+\d\.\d"), ("*", r"seed\s+\d\b"), ("*", r"UTF-(8|16)"),
     ("*", r"AVX2"), ("*", r"AVX512-BF16"), ("*", r"\b20\d\d-\d\d-\d\d\b"), ("*", r"rank\s+\d+\b"),
     ("docs/decoding.md", r"\+\s+50\s+pieces"), ("docs/decoding.md", r"0-based"), ("docs/decoding.md", r"\d-best"),
     ("docs/decoding.md", r"Vilar\s+2018"), ("docs/decoding.md", r"and\s+16\s+pieces\s+more"),
