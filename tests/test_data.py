@@ -78,10 +78,11 @@ def test_utf16_without_its_mark_is_refused(tmp_path: Path) -> None:
     """UTF-16 without a byte-order mark is valid UTF-8 (NUL is a character): it was translated line by line into
     noise, a line more than the file has, and its vocabulary split into letters. A NUL inside a line stays."""
     f = tmp_path / "u16.txt"
-    for codec in ("utf-16-le", "utf-16-be"):
-        f.write_bytes("A dog runs.\nTwo men.\n".encode(codec))
-        with pytest.raises(DataError, match=r"u16.txt: NUL bytes between its characters: UTF-16 text, not UTF-8"):
-            read_lines(f)
+    for codec in ("utf-16-le", "utf-16-be", "utf-32-le"):
+        for text in ("A dog runs.\nTwo men.\n", "Hi\nA dog runs.\n", "\nA dog runs.\n"):  # short first lines too
+            f.write_bytes(text.encode(codec))
+            with pytest.raises(DataError, match=r"u16.txt: NUL bytes between its characters: UTF-16 or UTF-32 text"):
+                read_lines(f)
     f.write_bytes(b"a dog\x00 runs .\n\t\x00\x1b\n")
     assert read_lines(f) == ["a dog\x00 runs .", "\t\x00\x1b"]
 

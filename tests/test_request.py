@@ -91,6 +91,12 @@ def test_bad_values_are_refused_in_one_line_naming_the_option(fields, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
+def test_a_count_of_one_input_line_is_said_in_the_singular():
+    with pytest.raises(ConfigError) as e:
+        DecodeRequest(prefixes=["a", "b"]).verify(Setup(), DecodeConfig(), lines=1)
+    assert str(e.value) == "--prefix: 2 given for 1 input line"
+
+
 def test_the_values_at_the_edges_are_accepted():
     edges = DecodeRequest(sample=True, nbest=50, topk=0, topp=1.0, temperature=MIN_TEMPERATURE, seed=2**64 - 1,
                           alpha=0.0, max_len_offset=0)

@@ -597,6 +597,25 @@ def test_a_token_store_run_leaves_no_vocabulary_a_text_run_would_take(tmp_path, 
     assert f"{left / 'spm.model'}: left by an earlier attempt" in (left / "train.log").read_text()
 
 
+def test_a_fine_tune_on_a_token_store_of_another_vocabulary_is_refused_before_its_folder(tmp_path, tiny_overrides):
+    """A fine-tune's store is read with its parent's vocabulary: one encoded with another was refused after the run
+    folder was made (config.toml, spm.model, .lock left); one of the parent's trains."""
+    from transformer.cli import main
+    parent = tmp_path / "parent"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), parent, quiet=True)
+    sets = [x for o in tiny_overrides for x in ("--set", o)]
+    assert main(["preprocess", "tiny", "--out", str(tmp_path / "own"), "--spm", str(parent), *sets]) == 0
+    assert main(["preprocess", "tiny", "--out", str(tmp_path / "other"), *sets, "--set", "data.vocab_size=300"]) == 0
+    for store, out in (("other", "refused"), ("own", "tuned")):
+        cfg = load_config("tiny", tiny_overrides + [f'data.train_store="{tmp_path / store}"', "train.max_steps=1"])
+        if store == "other":
+            with pytest.raises(DataError, match=rf"^{re.escape(str(tmp_path / 'other'))}/meta.json: encoded with "):
+                train(cfg, tmp_path / out, quiet=True, init_from=parent)
+            assert not (tmp_path / out).exists()
+        else:
+            assert train(cfg, tmp_path / out, quiet=True, init_from=parent)["step"] == 1
+
+
 def test_a_token_store_of_the_other_task_is_refused(tmp_path, tiny_overrides, tiny_parse_run):
     """A parsing run trained on a translation store (and the reverse) without a word; its parser was refused only
     once trained ("not a parsing model"). The store now records its task; one written before that is checked, for
@@ -840,37 +859,25 @@ def test_a_precision_this_cpu_would_emulate_is_said_in_the_log(tmp_path, tiny_ov
     assert (said in (tmp_path / "run" / "train.log").read_text()) == (not units)
 
 
-def test_tensor_files_without_any_record_are_refused_not_deleted(tmp_path, tiny_overrides):
-    """A checkpoints folder of weights alone (copied without their .json records): --resume said "no checkpoint;
-    starting from scratch" and its first save deleted them as debris of a killed prune, a plain train too. With
-    no record at all they are refused, kept; beside a record they are still debris (a prune killed midway)."""
-    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=1"])
-    run = tmp_path / "run"
-    train(cfg, run, quiet=True)
-    for record in (run / "checkpoints").glob("*.json"):
-        record.unlink()
-    kept = sorted((run / "checkpoints").iterdir())
-    for resume in (True, False):
-        with pytest.raises(TrainError, match=rf"^{re.escape(str(run / 'checkpoints'))}: step_00000001.safetensors, "
-                                             r"step_00000001.state.safetensors: tensor files without their record"):
-            train(cfg, run, resume=resume, quiet=True)
-        assert sorted((run / "checkpoints").iterdir()) == kept
-
-
-def test_a_best_model_without_checkpoints_is_not_replaced_by_a_new_run(tmp_path, tiny_overrides):
-    """checkpoints/ removed to make room, best.safetensors kept: the job's `train --resume` said "no checkpoint;
-    starting from scratch" and its keep_best replaced the earlier best with a worse model, without a word."""
+def test_what_a_run_without_checkpoints_would_delete_or_replace_is_set_aside(tmp_path, tiny_overrides):
+    """With no checkpoint to resume: a checkpoints folder of tensor files alone (copied without their .json
+    records) was deleted as debris at the first save; a best.safetensors kept when checkpoints/ was removed to
+    make room was replaced by a worse model, without a word (--resume said "starting from scratch"). Both are
+    moved aside, kept and said, and the run trains: a first save killed midway leaves the same, and its job's
+    --resume must go on."""
     cfg = load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.log_every=1", "train.eval_every=1",
                                                  'train.keep_best="valid_loss"'])
-    run = tmp_path / "run"
-    train(cfg, run, quiet=True)
-    best = (run / "best.safetensors").read_bytes()
-    shutil.rmtree(run / "checkpoints")
     for resume in (True, False):
-        with pytest.raises(TrainError, match=rf"^{re.escape(str(run / 'best.safetensors'))} \(best valid_loss \S+ at "
-                                             r"step \d\): an earlier training's best model"):
-            train(cfg, run, resume=resume, quiet=True)
-    assert (run / "best.safetensors").read_bytes() == best
+        run = tmp_path / f"run{resume}"
+        train(cfg, run, quiet=True)
+        for record in (run / "checkpoints").glob("*.json"):
+            record.unlink()
+        kept = {p.name: p.read_bytes() for p in [*(run / "checkpoints").iterdir(), run / "best.safetensors",
+                                                  run / "best.json"]}
+        assert train(cfg, run, resume=resume, quiet=True)["step"] == 2
+        (aside,) = run.glob("set_aside_*")
+        assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept
+        assert f"{aside}: " in (run / "train.log").read_text()
 
 
 def test_a_resume_or_fine_tune_refuses_tensors_that_do_not_fit(tmp_path, tiny_overrides):
@@ -891,7 +898,10 @@ def test_a_resume_or_fine_tune_refuses_tensors_that_do_not_fit(tmp_path, tiny_ov
              "short": (ckpt.weights, dict(ckpt.state, **{moment: ckpt.state[moment][:-1]}),
                        rf"Adam's exp_avg of parameter {index} is not a finite float tensor of its shape"),
              "missing": (ckpt.weights, {k: v for k, v in ckpt.state.items() if k != moment},
-                         rf"Adam's state of parameter {index} holds \['exp_avg_sq', 'step'\]")}
+                         rf"Adam's state of parameter {index} holds \['exp_avg_sq', 'step'\]"),
+             # none at all past step 0: Adam went on from fresh moments, and the resume was not exact
+             "none": (ckpt.weights, {k: v for k, v in ckpt.state.items() if not k.startswith("optim.")},
+                      r"Adam's state of parameter 0 holds \[\]")}
     longer = load_config("tiny", tiny_overrides + ["train.max_steps=3", "train.eval_every=100"])
     for name, (weights, state, said) in cases.items():
         shutil.copytree(run, tmp_path / name)

@@ -78,13 +78,15 @@ def iter_lines(path: Path) -> Iterator[str]:
         zipped = head[:1] == b"\x1f" and head[1:2] in (b"\x8b", b"")
         stream = gzip.GzipFile(fileobj=f, mode="rb") if zipped else f
         try:
+            looked = False  # at the first line of 8 bytes or more (UTF-16's "Hi\n" is 5, its "\n" 1)
             for n, data in enumerate(stream, 1):
-                if n == 1 and len(data) >= 8 and any(half.count(0) >= 0.9 * len(half) for half in (data[::2],
-                                                                                                  data[1::2])):
-                    # NUL between the characters: UTF-16 without its byte-order mark is valid UTF-8 (NUL is a
-                    # character), and read as such it translated to noise and split a vocabulary into letters
-                    raise DataError(f"{name}: NUL bytes between its characters: UTF-16 text, not UTF-8; convert it "
-                                    "with iconv -f UTF-16 -t UTF-8")
+                if not looked and len(data) >= 8:
+                    looked = True
+                    if any(half.count(0) >= 0.9 * len(half) for half in (data[::2], data[1::2])):
+                        # NUL between the characters: UTF-16 without its byte-order mark is valid UTF-8 (NUL is a
+                        # character), and read as such it translated to noise and split a vocabulary into letters
+                        raise DataError(f"{name}: NUL bytes between its characters: UTF-16 or UTF-32 text, not "
+                                        "UTF-8; convert it with iconv -t UTF-8 -f (its encoding)")
                 try:
                     line = data.decode("utf-8")
                 except UnicodeDecodeError as e:

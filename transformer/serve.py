@@ -564,7 +564,8 @@ def _check_sentences(limits: Limits, lines: list[str], where: str) -> None:
 
 def _check_score(req: ScoreRequest, limits: Limits) -> None:
     if len(req.translation) != len(req.text):
-        raise LimitError(422, f"translation: {len(req.translation)} sentences for {len(req.text)} in text")
+        raise LimitError(422, f"translation: {len(req.translation)} sentence{'s' * (len(req.translation) != 1)} for "
+                                   f"{len(req.text)} in text")
     _check_sentences(limits, req.text, "text")
     _check_sentences(limits, req.translation, "translation")
 

@@ -371,10 +371,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         listed = ", ".join(p.name for p in others[:3]) + (", ..." if len(others) > 3 else "")
         raise TrainError(f"{out}: a folder of other files ({listed}), not a run folder: a run writes config.toml, "
                          "train.log, spm.model and more there, over files of those names; give a new or empty folder")
-    # a new run's store, opened before its folder is made: refused, it left a folder of config.toml and .lock
+    # a new run's store, opened before its folder is made (a fine-tune's with its parent's vocabulary): refused,
+    # it left a folder of config.toml and .lock
     store_said: list[str] = []
-    opened = (open_store(d, data["train_store"], None, valid_pairs, store_said.append)
-              if new and d.train_store and vocabulary_of is None else None)
+    opened = (open_store(d, data["train_store"], None if vocabulary_of is None else vocabulary_of / "spm.model",
+                         valid_pairs, store_said.append) if new and d.train_store else None)
     if held is not None:
         held.enter_context(files.hold_folder(out, "--out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -383,23 +384,19 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     has_checkpoints = bool(list_checkpoints(out)) or any((out / "checkpoints").glob("*.json"))
     if has_checkpoints and not resume:
         raise TrainError(f"{out} already holds checkpoints: pass --resume to continue, or choose another --out")
-    if not has_checkpoints and (orphans := unrecorded(out / "checkpoints")):  # deleted as debris at the first save
-        names = ", ".join(p.name for p in orphans[:2]) + (f" and {len(orphans) - 2} more" if len(orphans) > 2 else "")
-        raise TrainError(f"{out / 'checkpoints'}: {names}: tensor files without their record (step_N.json: copied "
-                         "without it, or a checkpoint's write killed before it), and no checkpoint; training would "
-                         "delete them as debris: copy each record beside its files to resume from them, or move them "
-                         "away")
     if has_checkpoints:  # before the newest record's config is compared: another run's differs in its model
         one_run(list_checkpoints(out))
-    if not has_checkpoints and (best := next((p for p in (out / "best.safetensors", out / "best.json")
-                                              if p.exists()), None)):  # train.keep_best wrote over it
-        try:
-            record = checkpoint_record(out / "best.json")["best"]
-            of = f" (best {record['metric']} {record['value']:.4g} at step {record['step']})"
-        except (CheckpointError, KeyError, TypeError, ValueError):
-            of = ""
-        raise TrainError(f"{best}{of}: an earlier training's best model, and the run holds no checkpoint to resume: a "
-                         "run started here from scratch would replace it; move it away, or give another --out")
+    # what a run started here would delete (tensor files without their record: debris at its first save) or replace
+    # (train.keep_best's best model), and no checkpoint to resume: an earlier run's, copied in or kept when its
+    # checkpoints were removed, or this run's own from a first save killed midway. Moved aside, kept, and said
+    if write and not has_checkpoints and (kept := [*unrecorded(out / "checkpoints"), *(
+            p for p in (out / "best.safetensors", out / "best.json") if p.exists())]):
+        aside = out / f"set_aside_{time.strftime('%Y%m%d_%H%M%S')}"
+        aside.mkdir(exist_ok=True)
+        for path in kept:
+            os.replace(path, aside / path.name)
+        log(f"{aside}: {', '.join(p.name for p in kept)} moved here, kept: the run holds no checkpoint to resume, "
+            "and a run started here would have deleted or replaced them")
     if vocabulary_of is None and not has_checkpoints and (parent := recorded_init_from(out)) is not None:
         # a fine-tune stopped before its first checkpoint: its vocabulary is not a new run's (nor its config.toml)
         raise TrainError(f"{out / 'spm.model'} is the vocabulary of {parent}, taken by --init-from, and this run holds "
@@ -488,6 +485,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             tokenizer, store = open_store(d, store_path, spm_path if settled else None, valid_pairs, log)
         else:  # opened before the run's folder was made: what it said goes to the run's log now
             tokenizer, store = opened
+            tokenizer = Tokenizer(spm_path) if settled else tokenizer  # a fine-tune's copy, as a resume reads it
             for line in store_said:
                 log(line)
         if write and not settled and not (spm_path.exists() and files.file_sha256(spm_path) == tokenizer.sha256):
@@ -866,8 +864,8 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
 
 
 def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
-                           groups: list[dict[str, Any]], where: Path) -> None:
-    """Adam's state as ``optimizer_tensors`` wrote it (none, before the first update), refused (CheckpointError)
+                           groups: list[dict[str, Any]], where: Path, step: int) -> None:
+    """Adam's state as ``optimizer_tensors`` wrote it (none at ``step`` 0), refused (CheckpointError)
     unless every parameter has its step and its two moments, of the parameter's shape, finite: load_state_dict
     takes any, and moments a row short ended the process in a segmentation fault at the next step, keys missing
     in a KeyError."""
@@ -876,8 +874,8 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, 
         if name.startswith("optim."):
             _, i, k = name.split(".", 2)
             state.setdefault(int(i) if i.isdigit() else -1, {})[k] = value
-    # none at all: no update made yet (stopped before one, or its first steps skipped as not finite)
-    params = [p for group in optimizer.param_groups for p in group["params"]] if state else []
+    # none at all: a checkpoint of step 0 (stopped before its first update)
+    params = [p for group in optimizer.param_groups for p in group["params"]] if state or step else []
     for i, param in enumerate(params):
         own = state.get(i, {})
         if sorted(own) != ["exp_avg", "exp_avg_sq", "step"]:
@@ -1200,7 +1198,8 @@ class Trainer:
         settings = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in self.optimizer.param_groups]
         try:  # a file training wrote fits; one rebuilt or foreign, its hashes recomputed, loaded cast or crashed
             load_weights(self.raw, ckpt.weights, str(ckpt.path))
-            load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"], ckpt.path)
+            load_optimizer_tensors(self.optimizer, ckpt.state, ckpt.meta["optim_param_groups"], ckpt.path,
+                                   ckpt.meta["step"])
         except CheckpointError as e:
             raise TrainError(f"--resume: {e}; move it out of {self.out / 'checkpoints'} to resume from the one "
                              "before it") from None
