@@ -1496,9 +1496,11 @@ def test_evaluate_does_not_write_over_the_test_set_its_run_names(tmp_path, tiny_
     test = [f'data.test_src="{tmp_path / "test.en"}"', f'data.test_tgt="{tmp_path / "test.de"}"',
             'data.test_tok_ref=""']
     train(load_config("tiny", tiny_overrides + test + ["train.max_steps=1"]), tmp_path / "run", quiet=True)
-    for option, name in (("--hyp-out", "test.de"), ("--json", "test.en")):
+    for option, name, field in (("--hyp-out", "test.de", "test_tgt"), ("--json", "test.en", "test_src")):
         status, out, err = run_here(capsys, "evaluate", str(tmp_path / "run"), option, str(tmp_path / name))
-        assert (status, out) == (1, "") and f"error: {option} {tmp_path / name}: is --" in err, err
+        path = tmp_path / name
+        said = f"error: {option} {path}: is the run's data.{field} {path}, which the command reads"
+        assert (status, out) == (1, "") and said in err, err  # not "--ref", an option the user never gave
     assert [(tmp_path / f"test.{side}").read_text() for side in ("en", "de")] == ["A dog runs.\n", "Ein Hund rennt.\n"]
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import collections
 import contextlib
 import dataclasses
 import errno
@@ -526,7 +525,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     """
     import math
 
-    from .data import DataError, iter_lines, iter_parallel
+    from .data import DataError, check_parallel, iter_lines, iter_parallel
 
     from .request import DecodeRequest
     from .translator import naming_the_longest
@@ -542,7 +541,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     if args.src not in (None, STDIN) and args.tgt != STDIN and args.src.is_file() and args.tgt.is_file():
         # read through once (line counts, UTF-8), as translate counts its input: stdout had 10,000 lines of
         # scores when the files were found to differ in length (a pipe cannot be read twice: as it comes)
-        collections.deque(iter_parallel(args.src, args.tgt), maxlen=0)
+        check_parallel(args.src, args.tgt)
     translator, said = _translator(args, DecodeRequest(alpha=args.alpha, length_norm=args.length_norm))
     if args.src is not None:
         pairs = iter_parallel(args.src, args.tgt)
@@ -784,7 +783,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                                   f"{at + 1} ({' '.join(words[at:at + 4]) or 'the line ends'} vs "
                                   f"{' '.join(gold_words[at:at + 4]) or 'the tree ends'}; the sentences and the "
                                   "trees go one to one, in the treebank's tokens)")
-        _outputs_not_inputs(args)  # the files the run's config named: read now
+        _outputs_not_inputs(args, {n: f"the run's {fields[n][0]}" for n in defaulted})  # named: read now
         _tell(said)
         trees = _parse_lines(translator, src, request)
         try:
@@ -818,7 +817,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         # tokenizer is had (ja, ko: MeCab) before any decoding
         bleu_lang = args.lang or language_code(args.ref) or d.language("tgt")
         bleu_metric(bleu_lang)
-        _outputs_not_inputs(args)  # the files the run's config named: read now
+        _outputs_not_inputs(args, {n: f"the run's {fields[n][0]}" for n in defaulted})  # named: read now
         _tell(said)
         hyps = _translate_lines(translator, src, request)
         scores = sacrebleu_scores(hyps, ref, bleu_lang)
@@ -1215,7 +1214,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     the text (§5.1: millions of pairs).
     """
     from .config import load_config
-    from .data import iter_parallel
+    from .data import check_parallel
     from .files import staging
     from .prepare import read_twice, resolve_data_path
     from .store import check_store_folder, write_store
@@ -1240,7 +1239,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
     # the two files read through once (line counts, UTF-8), as `train` does before its vocabulary: a mismatch was
     # found after the vocabulary was trained and the pairs encoded, hours on WMT (a pipe, with --spm, is read once)
     if src.is_file() and tgt.is_file():
-        collections.deque(iter_parallel(src, tgt), maxlen=0)
+        check_parallel(src, tgt)
     out.parent.mkdir(parents=True, exist_ok=True)
     # the vocabulary's folder, beside the store (a killed preprocess's goes at the next)
     with staging(out.parent, f"{out.name}.vocabulary", directory=True) as tmp:
@@ -1655,12 +1654,14 @@ def _is_run(folder: Path) -> bool:
     return (folder / "config.toml").is_file() and ((folder / "checkpoints").is_dir() or (folder / "train.log").is_file())
 
 
-def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: dict) -> None:
+def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: dict,
+                  named: dict[str, str] | None = None) -> None:
     """OutputError if ``path`` is a file the command also reads (``--output in.txt --input in.txt``), or a
     record of a run (``evaluate RUN --json RUN/summary.json``), or in a run's checkpoints folder: the output
     would replace it, and the input be lost. Any run's, not only the one the command reads: `average RUN1 --out
     RUN2/checkpoints/step_N.safetensors` replaced RUN2's newest checkpoint, and `translate RUN1 --output
-    RUN2/spm.model` its vocabulary."""
+    RUN2/spm.model` its vocabulary. ``named``: what gave an input that no option did (evaluate's
+    "the run's data.test_tgt"), by its argument's name."""
     target = Path(path).resolve()
     for run in (target.parent, target.parent.parent):
         if _is_run(run) and (target.parent == run and target.name in RUN_RECORDS or target.parent.name == "checkpoints"):
@@ -1675,18 +1676,19 @@ def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: di
         return
     for dest, value in vars(args).items():
         if dest not in outputs and isinstance(value, Path) and value.is_file() and os.path.samefile(value, path):
-            raise OutputError(f"{option} {path}: is --{dest.replace('_', '-')} {value}, which the command reads; "
-                              "writing it would replace that file: give another")
+            given = (named or {}).get(dest, "--" + dest.replace("_", "-"))
+            raise OutputError(f"{option} {path}: is {given} {value}, which the command reads; writing it would "
+                              "replace that file: give another")
 
 
-def _outputs_not_inputs(args: argparse.Namespace) -> None:
+def _outputs_not_inputs(args: argparse.Namespace, named: dict[str, str]) -> None:
     """``_not_an_input`` of each output against the inputs as they are now: a command that fills an input in
-    from the run's config (evaluate's test set) checks again, else `evaluate RUN --hyp-out` wrote over the
-    run's own test references without a word."""
+    from the run's config (evaluate's test set, ``named`` by its field) checks again, else `evaluate RUN
+    --hyp-out` wrote over the run's own test references without a word."""
     outputs = getattr(args, "outputs", None) or {}
     for dest, (option, *_) in outputs.items():
         if (given := getattr(args, dest)) not in (None, STDOUT):
-            _not_an_input(args, given, option, outputs)
+            _not_an_input(args, given, option, outputs, named)
 
 
 def _terminate(signum: int, frame) -> None:

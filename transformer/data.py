@@ -12,6 +12,7 @@ misalign a parallel corpus silently.
 
 from __future__ import annotations
 
+import collections
 import gzip
 import hashlib
 import itertools
@@ -138,6 +139,12 @@ def iter_parallel(src: Path, tgt: Path,
                             f"{n_tgt}")
         n += 1
         yield s, t
+
+
+def check_parallel(src: Path, tgt: Path) -> None:
+    """Reads two line-aligned files through once, keeping nothing: their line counts and UTF-8 refused before a
+    command's long work or first output (a pipe cannot be read twice: its caller skips it)."""
+    collections.deque(iter_parallel(src, tgt), maxlen=0)
 
 
 def read_parallel(src: Path, tgt: Path) -> list[tuple[str, str]]:
