@@ -859,25 +859,31 @@ def test_a_precision_this_cpu_would_emulate_is_said_in_the_log(tmp_path, tiny_ov
     assert (said in (tmp_path / "run" / "train.log").read_text()) == (not units)
 
 
-def test_what_a_run_without_checkpoints_would_delete_or_replace_is_set_aside(tmp_path, tiny_overrides):
+def test_what_a_run_without_checkpoints_would_delete_or_replace_is_refused_or_set_aside(tmp_path, tiny_overrides):
     """With no checkpoint to resume: a checkpoints folder of tensor files alone (copied without their .json
     records) was deleted as debris at the first save; a best.safetensors kept when checkpoints/ was removed to
-    make room was replaced by a worse model, without a word (--resume said "starting from scratch"). Both are
-    moved aside, kept and said, and the run trains: a first save killed midway leaves the same, and its job's
-    --resume must go on."""
+    make room was replaced by a worse model, without a word (--resume said "starting from scratch"). A new run
+    there is refused; a resume (a job's relaunch: a first save killed midway leaves the same) moves them aside,
+    kept and said, once nothing refuses it, and trains."""
     cfg = load_config("tiny", tiny_overrides + ["train.max_steps=2", "train.log_every=1", "train.eval_every=1",
                                                  'train.keep_best="valid_loss"'])
-    for resume in (True, False):
-        run = tmp_path / f"run{resume}"
+    run = tmp_path / "run"
+    train(cfg, run, quiet=True)
+    for record in (run / "checkpoints").glob("*.json"):
+        record.unlink()
+    kept = {p.name: p.read_bytes() for p in [*(run / "checkpoints").iterdir(), run / "best.safetensors",
+                                              run / "best.json"]}
+    with pytest.raises(TrainError, match=rf"^{re.escape(str(run))}: checkpoints/step_00000002.safetensors, .*: an "
+                                         r"earlier training's .* or pass --resume to set them aside and train$"):
         train(cfg, run, quiet=True)
-        for record in (run / "checkpoints").glob("*.json"):
-            record.unlink()
-        kept = {p.name: p.read_bytes() for p in [*(run / "checkpoints").iterdir(), run / "best.safetensors",
-                                                  run / "best.json"]}
-        assert train(cfg, run, resume=resume, quiet=True)["step"] == 2
-        (aside,) = run.glob("set_aside_*")
-        assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept
-        assert f"{aside}: " in (run / "train.log").read_text()
+    wider = load_config("tiny", tiny_overrides + ["train.max_steps=2", "model.d_ff=96"])
+    with pytest.raises(TrainError, match=r"^--resume cannot take model changes"):  # refused: nothing moved
+        train(wider, run, resume=True, quiet=True)
+    assert not list(run.glob("set_aside_*")) and (run / "best.safetensors").exists()
+    assert train(cfg, run, resume=True, quiet=True)["step"] == 2
+    (aside,) = run.glob("set_aside_*")
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept
+    assert f"{aside}: " in (run / "train.log").read_text()
 
 
 def test_a_resume_or_fine_tune_refuses_tensors_that_do_not_fit(tmp_path, tiny_overrides):

@@ -213,7 +213,7 @@ def clear_debris(ckpt_dir: Path, warn: Callable[[str], None]) -> None:
     """Deletes what no checkpoint owns: tensor files without their record (a prune killed between the two) and
     the temporary files of writes killed midway; a resume does it too, so a run killed in its last prune
     (nothing left to train, no checkpoint to write) does not keep three model sizes of them. (Of a folder
-    with no record at all, training refuses them first: ``train.prepare_run``.)"""
+    with no record at all, a new run refuses them and a resume sets them aside: ``train.prepare_run``.)"""
     orphans = set(unrecorded(ckpt_dir))
     for p in ckpt_dir.iterdir():
         # ours (files.atomic_path), and safetensors' own (.tmpXXXXXX, renamed onto ours) of a write killed midway

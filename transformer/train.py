@@ -16,10 +16,12 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import stat
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -388,15 +390,16 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         one_run(list_checkpoints(out))
     # what a run started here would delete (tensor files without their record: debris at its first save) or replace
     # (train.keep_best's best model), and no checkpoint to resume: an earlier run's, copied in or kept when its
-    # checkpoints were removed, or this run's own from a first save killed midway. Moved aside, kept, and said
-    if write and not has_checkpoints and (kept := [*unrecorded(out / "checkpoints"), *(
-            p for p in (out / "best.safetensors", out / "best.json") if p.exists())]):
-        aside = out / f"set_aside_{time.strftime('%Y%m%d_%H%M%S')}"
-        aside.mkdir(exist_ok=True)
-        for path in kept:
-            os.replace(path, aside / path.name)
-        log(f"{aside}: {', '.join(p.name for p in kept)} moved here, kept: the run holds no checkpoint to resume, "
-            "and a run started here would have deleted or replaced them")
+    # checkpoints were removed, or this run's own from a first save killed midway. A new run is refused; a resume
+    # (a job's relaunch) moves them aside once nothing refuses it, kept, and says so
+    leftovers = [] if has_checkpoints else [*unrecorded(out / "checkpoints"), *(
+        p for p in (out / "best.safetensors", out / "best.json") if p.exists())]
+    if leftovers and not resume:
+        names = ", ".join(str(p.relative_to(out)) for p in leftovers[:3]) + (
+            f" and {len(leftovers) - 3} more" if len(leftovers) > 3 else "")
+        raise TrainError(f"{out}: {names}: an earlier training's (tensor files without their record, a best model), "
+                         "and no checkpoint to resume: a run started here would delete or replace them; move them "
+                         "away, give another --out, or pass --resume to set them aside and train")
     if vocabulary_of is None and not has_checkpoints and (parent := recorded_init_from(out)) is not None:
         # a fine-tune stopped before its first checkpoint: its vocabulary is not a new run's (nor its config.toml)
         raise TrainError(f"{out / 'spm.model'} is the vocabulary of {parent}, taken by --init-from, and this run holds "
@@ -470,6 +473,12 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
             if rest := [c for section in ("train", "decode") for c in cfg.differences(saved, section)
                         if c.partition(":")[0] not in said]:
                 log(f"resuming with other settings: {'; '.join(rest)}")
+    if write and leftovers:  # a resume's (a new run's were refused), once its config is taken
+        aside = Path(tempfile.mkdtemp(dir=out, prefix=f"set_aside_{time.strftime('%Y%m%d_%H%M%S')}_"))
+        for path in leftovers:  # a move: checkpoints/ may be a link to another disk
+            shutil.move(path, aside / path.name)
+        log(f"{aside}: {', '.join(p.name for p in leftovers)} moved here, kept: the run holds no checkpoint to "
+            "resume, and training would have deleted or replaced them")
     if write and not (resume and has_checkpoints):  # a resume's, once nothing refuses it (Trainer.__init__)
         files.write_text(config_path, dump_toml(cfg))
 
