@@ -884,6 +884,11 @@ def test_what_a_run_without_checkpoints_would_delete_or_replace_is_refused_or_se
     (aside,) = run.glob("set_aside_*")
     assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept
     assert f"{aside}: " in (run / "train.log").read_text()
+    # kept as checkpoints/ is: no output is written over them, and its best model is the run's to fine-tune from
+    from transformer.cli import main
+    assert main(["average", str(run), "--last", "1", "--out", str(aside / "step_00000002.safetensors")]) == 1
+    assert {p.name: p.read_bytes() for p in aside.iterdir()} == kept
+    assert train(cfg, tmp_path / "tuned", quiet=True, init_from=aside / "best.safetensors")["step"] == 2
 
 
 def test_a_resume_or_fine_tune_refuses_tensors_that_do_not_fit(tmp_path, tiny_overrides):

@@ -452,3 +452,9 @@ def read_record(path: Path, error: type[UserError], missing: str, fmt: str,
     if record.get("format") != fmt:
         raise error(f"{label}: not a {fmt} record (format: {record.get('format')!r})")
     return record
+
+
+def kept_by_training(folder: Path) -> bool:
+    """Whether ``folder`` is one of a run's folders of weights that training keeps: checkpoints/, or a
+    set_aside_* folder a resume moved an earlier training's files into (``train.prepare_run``)."""
+    return folder.name == "checkpoints" or folder.name.startswith("set_aside_")

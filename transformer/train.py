@@ -583,14 +583,14 @@ def parent_run(init_from: Path) -> Path:
         if init_from.suffix.lower() not in (".safetensors", ".json"):  # a pickle (.pt, .bin) is not opened at all
             raise TrainError(f"--init-from {init_from}: not a run folder or a weights file of this package "
                              "(.safetensors, or its .json record): pickle files are refused unopened (.pt, .bin)")
-        run = init_from.parent.parent if init_from.parent.name == "checkpoints" else init_from.parent
+        run = init_from.parent.parent if files.kept_by_training(init_from.parent) else init_from.parent
         if (not (run / "spm.model").is_file() and init_from.suffix.lower() in (".safetensors", ".json")
                 and (named := checkpoint_record(init_from).get("run"))):
             run = Path(named)
     else:
         raise TrainError(f"--init-from {init_from}: no such run folder or weights file")
     if not (run / "spm.model").is_file():
-        beside = init_from.parent.parent if init_from.parent.name == "checkpoints" else init_from.parent
+        beside = init_from.parent.parent if files.kept_by_training(init_from.parent) else init_from.parent
         named = (f"the run it names, {run}, is no run folder now (no spm.model: moved or removed?)" if run != beside
                  else f"{run} is not a run folder (no spm.model), and the file names no run whose vocabulary it was "
                       "trained with")
