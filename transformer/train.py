@@ -1620,6 +1620,9 @@ class Trainer:
         """Steps until train.max_steps or train.max_minutes (or a signal), saving on the clock; then the
         last checkpoint and the summary."""
         t, dist, state = self.cfg.train, self.dist, self.state
+        # set by keep_best on rank 0 (every rank stops after the same step); a run resumed after its patience
+        # ran out stops at once, unless the new config allows more
+        self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
         if dist.main:
             # the checkpoint's log window holds steps that a line of the step budget's end logged (``report``):
             # training on, the next line averages them again and takes that line's place
@@ -1631,7 +1634,7 @@ class Trainer:
             if state.step >= t.max_steps:
                 self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
                 self.spent = True  # summary.json, of the attempt that trained, stands
-            elif t.patience and state.evals_since_best >= t.patience:  # as spent: it stops at once (said below)
+            elif self.out_of_patience:  # as spent: it stops at once (said below)
                 self.spent = True
             elif (self.out / "summary.json").exists():  # written again when this budget ends
                 (self.out / "summary.json").unlink()
@@ -1649,9 +1652,6 @@ class Trainer:
         if t.interval_unit == "epochs" and state.bad_in_a_row and state.epochs_done is not None:
             done = state.epochs_done
         self.intervals = (done,) * 2
-        # set by keep_best on rank 0 (every rank stops after the same step); a run resumed after its patience
-        # ran out stops at once, unless the new config allows more
-        self.out_of_patience = bool(t.patience and state.evals_since_best >= t.patience)
         if self.out_of_patience and state.step < t.max_steps:  # it ended at once, said only in summary.json
             self.log(f"train.patience {t.patience}: already run out at step {state.step} ({state.evals_since_best} "
                      f"evaluations of {t.keep_best} without improvement); nothing to train: raise train.patience to "
