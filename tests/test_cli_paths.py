@@ -42,6 +42,21 @@ def test_outputs_are_checked_before_the_work(tmp_path, capsys, multi30k):
                 "links, which leads to no file")
 
 
+@pytest.mark.parametrize("argv", [["train", "tiny"], ["average", str(RUN), "--last", "1"], ["export", str(RUN)],
+                                  ["attention", str(RUN), "--src", "A dog."], ["plot", str(RUN)],
+                                  ["linearize", "trees.mrg"], ["preprocess", "tiny"], ["prepare", "wmt14-en-de"]])
+def test_a_dash_for_an_output_of_files_is_refused(argv, tmp_path, capsys, monkeypatch):
+    """"-" is stdout to the options that take it; to one naming a file or folder it went unchecked (the output
+    checks pass stdout) into one called "-", or drew a message naming the option without its dashes."""
+    monkeypatch.chdir(tmp_path)
+    option = "--dest" if argv[0] == "prepare" else "--out"
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, option, "-"])
+    assert stop.value.code == 2
+    assert f"argument {option}: - (stdout): this output is a file or folder; give its path" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_missing_sentencepiece_model_is_named(tmp_path, capsys, multi30k):
     refused(capsys, ["preprocess", "tiny", "--out", str(tmp_path / "store"), "--spm", str(tmp_path / "no.model"),
                      "--set", f'data.train_src="{multi30k / "val.en.gz"}"', "--set",

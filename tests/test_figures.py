@@ -459,3 +459,41 @@ def test_plot_refuses_a_metric_that_is_true_or_false(tmp_path):
     log.write_text(GOOD_RECORD.decode() + '{"step": 10, "lr": true}\n')
     with pytest.raises(FigureError, match=r'metrics.jsonl:2: "lr" must be a number, not true$'):  # "true true"
         plot_training(log, tmp_path / "curves.png")
+
+
+def test_figures_are_written_into_a_pipe(tiny_run):
+    """`attention --out /dev/stdout | ...` and `plot --out /dev/stdout`, taken as streams by the output check, were
+    internal errors: the PNG writer seeks back in its file, which a pipe cannot."""
+    import os
+    import threading
+
+    for argv in (["attention", str(tiny_run), "--src", SRC], ["plot", str(tiny_run)]):
+        read, write = os.pipe()
+        got = []
+        reader = threading.Thread(target=lambda: got.append(os.fdopen(read, "rb").read()))
+        reader.start()
+        try:
+            assert main([*argv, "--out", f"/dev/fd/{write}"]) == 0, argv
+        finally:
+            os.close(write)
+            reader.join()
+        assert got[0][:8] == b"\x89PNG\r\n\x1a\n" and len(got[0]) > 10_000, argv
+
+
+def test_the_title_keeps_clear_of_the_heads_legend_for_a_long_sentence(translator, tmp_path, monkeypatch):
+    """From about 30 pieces, the layout drew the figure's title over the heads' legend above the links."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from transformer import figures
+
+    drawn, save = [], figures._save_png
+    monkeypatch.setattr(figures, "_save_png", lambda fig, out, dpi: (drawn.append(fig), save(fig, out, dpi)))
+    sentence = " ".join(["A little girl climbs into a wooden playhouse ."] * 4)
+    maps = attention_maps(translator, sentence, sentence)
+    for style in ("both", "links"):
+        figures.draw_attention(maps, "enc-self", 1, None, tmp_path / f"{style}.png", style=style)
+        fig = drawn[-1]
+        renderer = FigureCanvasAgg(fig).get_renderer()  # of the layout the PNG was drawn in
+        title, legend = fig.get_suptitle(), fig.axes[0].get_legend()
+        assert len(maps.axes("enc_self")[0]) >= 30 and title and legend
+        assert not fig._suptitle.get_window_extent(renderer).overlaps(legend.get_window_extent(renderer)), style

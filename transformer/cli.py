@@ -1349,8 +1349,9 @@ def cmd_attention(args: argparse.Namespace) -> None:
     """Draw a run's attention weights for one sentence (appendix Figs. 3-5).
 
     Teacher-forces --tgt (or the model's own translation) and draws every head of one layer: coloured links per
-    head (Figure 3) and per-head heatmaps (Figures 4-5) as a PNG, or an interactive self-contained HTML page
-    with every layer, head and kind (hover a token to isolate its attention).
+    head (as Figures 3-5 draw them) and per-head heatmaps (the same weights as matrices) as a PNG, or an
+    interactive self-contained HTML page with every layer, head and kind (hover a token to isolate its links, as
+    Figures 3 and 4 show one word's).
     """
     from .figures import (KIND_NAMES, FigureError, attention_html, attention_maps, chosen_heads, draw_attention,
                           target_pieces)
@@ -1476,9 +1477,12 @@ def _preset(text: str) -> str:
 
 def _out_path(text: str) -> Path:
     """An output's path, refused when empty: Path("") is the current folder, and `--out "$RUN"` with RUN unset
-    trained into it (checkpoints, config.toml and train.log beside the user's files)."""
+    trained into it (checkpoints, config.toml and train.log beside the user's files). "-" too: it is stdout to
+    the options that take it, and here it went unchecked into a file or folder called "-"."""
     if not text:
         raise argparse.ArgumentTypeError("empty: give a path")
+    if text == "-":
+        raise argparse.ArgumentTypeError("- (stdout): this output is a file or folder; give its path")
     return Path(text)
 
 

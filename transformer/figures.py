@@ -1,10 +1,11 @@
 """Figures: attention weights drawn as the paper's appendix (Figures 3-5) and training curves.
 
 The paper argues that self-attention "could yield more interpretable models" (§4) and shows heads
-that follow long-distance dependencies (Figure 3, coloured links per head) and that mirror sentence
-structure (Figures 4-5). ``attention_maps`` runs one teacher-forced pass with ``record_attention``
-and keeps every layer's weights; ``draw_attention`` draws them with matplotlib; ``attention_html``
-writes a self-contained interactive page (the same renderer the server's page uses).
+that follow long-distance dependencies (Figure 3), resolve anaphora (Figure 4) and mirror sentence
+structure (Figure 5), each drawn as coloured links per head between two copies of the sentence.
+``attention_maps`` runs one teacher-forced pass with ``record_attention`` and keeps every layer's
+weights; ``draw_attention`` draws them with matplotlib; ``attention_html`` writes a self-contained
+interactive page (the same renderer the server's page uses).
 
 Which token labels which axis. Queries are rows, keys are columns. Encoder self-attention: source
 pieces on both axes (EOS included). Decoder positions read ``tgt_in`` = <s> y1 .. yn and predict
@@ -15,6 +16,7 @@ attention aligns with), a decoder self-attention column by the token that positi
 from __future__ import annotations
 
 import html
+import io
 import json
 import math
 import re
@@ -183,20 +185,30 @@ def _select(maps: AttentionMaps, kind: str, layer: int,
     return kind, maps.weights[kind][layer - 1], heads
 
 
-def _figure(width: float, height: float):
+def _figure(width: float, height: float, layout: str = "tight"):
     """A matplotlib figure of its own, drawn without pyplot: pyplot's backend is the process's (a notebook's
-    inline one), which ``matplotlib.use("Agg")`` switched for the rest of the session."""
+    inline one), which ``matplotlib.use("Agg")`` switched for the rest of the session. ``layout``: matplotlib's
+    layout engine, applied as the figure is saved."""
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height))
+    return Figure(figsize=(width, height), layout=layout)
+
+
+def _save_png(fig, out: Path, dpi: int) -> None:
+    """``fig`` as a PNG at ``out``, whole or not at all, as every file the package writes. Drawn in memory
+    first: the PNG writer seeks back in its file, which a pipe (`--out /dev/stdout | ...`) cannot."""
+    image = io.BytesIO()
+    fig.savefig(image, dpi=dpi, format="png")
+    with files.atomic_path(out) as tmp:
+        tmp.write_bytes(image.getvalue())
 
 
 def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] | None, out: Path,
                    style: str = "both") -> list[str]:
     """A PNG of one layer's attention: per-head coloured links from each query token to the keys it
-    attends to, line opacity = weight (Figure 3), and/or one heatmap per head (Figures 4-5); ``kind`` one of
-    KINDS (or the command line's spelling), ``style`` one of STYLES. Returns the characters the font has no
-    glyph for (drawn as boxes), which matplotlib would warn of one by one."""
+    attends to, line opacity = weight (as Figures 3-5), and/or one heatmap per head (ours: the same weights as
+    matrices); ``kind`` one of KINDS (or the command line's spelling), ``style`` one of STYLES. Returns the
+    characters the font has no glyph for (drawn as boxes), which matplotlib would warn of one by one."""
     from matplotlib import colormaps
 
     if style not in STYLES:
@@ -210,7 +222,9 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
     n_grid = math.ceil(n_maps / n_cols) if n_maps else 0
     link_h = 0.28 * max(len(rows), len(cols)) + 1 if style != "heatmap" else 0
     cell = 0.22 * max(len(rows), len(cols)) + 1.2
-    fig = _figure(max(6.0, cell * n_cols), link_h + cell * n_grid + 0.6)
+    # constrained: room is kept for the title and, above the links, the heads' legend (tight_layout drew the
+    # title over the legend from about 30 pieces)
+    fig = _figure(max(6.0, cell * n_cols), link_h + cell * n_grid + 0.6, layout="constrained")
     grid = fig.add_gridspec(int(bool(link_h)) + n_grid, n_cols,
                             height_ratios=([link_h] if link_h else []) + [cell] * n_grid)
     fig.suptitle(f"{kind.replace('_', '-')} attention, layer {layer}")
@@ -243,9 +257,7 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
         ax.set_yticks(range(len(rows)), rows, fontsize=7, parse_math=False)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        fig.tight_layout()
-        with files.atomic_path(out) as tmp:  # whole or not at all, as every file the package writes
-            fig.savefig(tmp, dpi=110, format="png")
+        _save_png(fig, out, dpi=110)
     missing = {int(m[1]) for w in said if (m := re.match(r"Glyph (\d+) .*missing from font", str(w.message)))}
     for w in said:  # any other warning is not ours to hold back
         if not re.match(r"Glyph \d+ .*missing from font", str(w.message)):
@@ -383,7 +395,5 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
                         ha="center", va="center", transform=ax.transAxes, color="grey")
             ax.grid(alpha=0.3)
     fig.suptitle(str(metrics_path.parent.name), parse_math=False)  # a folder's name, "$\frac$" too
-    fig.tight_layout()
-    with files.atomic_path(out) as tmp:  # whole or not at all, as every file the package writes
-        fig.savefig(tmp, dpi=100, format="png")
+    _save_png(fig, out, dpi=100)
     return drawn

@@ -2,7 +2,8 @@
 // maps = {src, tgt_in, tgt_out, scale, shape: {kind: [L, H, Tq, Tk]}, weights: {kind: flat integers}} (the
 // compact form of figures.AttentionMaps.to_json: weight = integer / scale, row-major over [layer][head][query][key]).
 // Links view: one colour per head, a line from each query token (left) to each key token (right), opacity =
-// weight (the paper's Figure 3). Heatmap view: one matrix per head (Figures 4-5). Hover a token to isolate it.
+// weight (as the paper's Figures 3-5). Heatmap view: one matrix per head (ours). Hover a token to isolate its
+// links (Figures 3 and 4, bottom, show one word's).
 // Words: a piece starting with ▁ (or a special token) starts a word; a word's weight as a key is the sum over
 // its pieces, as a query the mean (figures.AttentionMaps.merged, which draws the PNG figures, does the same).
 "use strict";
@@ -89,7 +90,7 @@ function renderAttention(root, maps, opening) {
   const layerMenu = select("layer", [], "layer", Number);
   select("head", [["all", "all"], ...[...Array(nHeads).keys()].map(i => [i, String(i + 1)])], "head",
          v => v === "all" ? "all" : Number(v));
-  select("view", [["links", "links (Fig. 3)"], ["heatmap", "heatmaps (Figs. 4-5)"]], "style");
+  select("view", [["links", "links (Figs. 3-5)"], ["heatmap", "heatmaps"]], "style");
   select("tokens", [["pieces", "sub-words"], ["words", "words"]], "unit");
 
   function layers() {  // the kind's stack: the encoder's and the decoder's depths may differ
