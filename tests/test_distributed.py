@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,9 +111,36 @@ def test_ranks_with_different_configs_are_stopped(tmp_path, tiny_overrides):
         train(load_config("tiny", overrides), {str(tmp_path / "run")!r}, quiet=True)
     """)
     assert proc.returncode != 0
-    said = "the ranks disagree on the config or the vocabulary: rank 1 differs from rank 0 in model.d_ff 64 (rank 0) " \
-           "vs 96"
+    said = ("the ranks disagree on the config, the data or the vocabulary: rank 1 differs from rank 0 in model.d_ff "
+            "64 (rank 0) vs 96")
     assert said in proc.stderr, proc.stderr[-2000:]
+
+
+def test_ranks_on_files_of_other_content_or_one_alone_resuming_are_stopped(tmp_path, tiny_overrides):
+    """A fine-tune (or a resume) trains no vocabulary, whose record had been the one check of each rank's data: a
+    rank reading a stale copy of the files under the same names trained on without a word. A rank alone given
+    --resume ended in DDP's internal error (the ranks' collectives out of step)."""
+    parent = tmp_path / "parent"
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), parent, quiet=True)
+    given = Path(next(o for o in tiny_overrides if o.startswith("data.valid_src=")).split("=", 1)[1].strip('"'))
+    lines = given.read_text(encoding="utf-8").splitlines()
+    stale = tmp_path / "stale_copy"  # what rank 1's node holds under the config's name
+    stale.write_text("A different first line.\n" + "".join(line + "\n" for line in lines[1:]), encoding="utf-8")
+    proc, _ = torchrun_script(tmp_path, f"""
+        import os
+        from pathlib import Path
+        import transformer.train as T
+        from transformer.config import load_config
+        rank = int(os.environ["RANK"])
+        named = T.data_paths  # the config's names as rank 1's node resolves them
+        T.data_paths = lambda cfg: {{**named(cfg), "valid_src": Path({str(stale)!r})}} if rank == 1 else named(cfg)
+        T.train(load_config("tiny", {tiny_overrides!r} + ["train.max_steps=4"]), {str(tmp_path / "run")!r},
+                quiet=True, resume=rank == 1, init_from={str(parent)!r})
+    """)
+    assert proc.returncode != 0
+    assert "rank 1 differs from rank 0 in data.valid_src's content (sha256 " in proc.stderr, proc.stderr[-3000:]
+    assert "; --resume False (rank 0) vs True (each rank must be started" in proc.stderr, proc.stderr[-3000:]
+    assert "internal error" not in proc.stderr and not list_checkpoints(tmp_path / "run")
 
 
 def test_ranks_that_find_different_checkpoints_are_stopped(tmp_path, tiny_overrides):
@@ -120,16 +148,25 @@ def test_ranks_that_find_different_checkpoints_are_stopped(tmp_path, tiny_overri
     checkpoint, rank 1 found none and trained from step 0, and the job ran on, out of step, to "done"."""
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), tmp_path / "a", quiet=True)
     shutil.copytree(tmp_path / "a", tmp_path / "b", ignore=shutil.ignore_patterns("checkpoints"))
-    proc, _ = torchrun_script(tmp_path, f"""
+    script = f"""
         import os
         from transformer.config import load_config
         from transformer.train import train
         out = {[str(tmp_path / "a"), str(tmp_path / "b")]!r}[int(os.environ["RANK"])]
         train(load_config("tiny", {tiny_overrides!r} + ["train.max_steps=4"]), out, resume=True, quiet=True)
-    """)
+    """
+    proc, _ = torchrun_script(tmp_path, script)
     assert proc.returncode != 0
     assert "the ranks found different checkpoints in" in proc.stderr and "rank 1: none" in proc.stderr, proc.stderr
     assert [p.stem for p in list_checkpoints(tmp_path / "a")] == ["step_00000002"]
+    # two runs' checkpoints of one name: "rank 0: step_00000002.json, rank 1: step_00000002.json" said no difference
+    shutil.rmtree(tmp_path / "b")
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), tmp_path / "b", quiet=True)
+    proc, _ = torchrun_script(tmp_path, script)
+    runs = [json.loads(p.read_text())["run_id"] for p in (tmp_path / "a" / "checkpoints" / "step_00000002.json",
+                                                          tmp_path / "b" / "checkpoints" / "step_00000002.json")]
+    assert f"(rank 0: step_00000002.json of run {runs[0]}, rank 1: step_00000002.json of run {runs[1]})" in \
+        proc.stderr, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("env, line", [

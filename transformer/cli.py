@@ -1115,11 +1115,13 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
     _set_option(p)
     p.add_argument("--json", action="store_true", help='print {"parameters": N, "flops_per_token": F} '
                    '(with --cost: the whole report)')
-    p.add_argument("--cost", action="store_true", help="training cost of the config's run (train.max_steps x "
-                   "max_tokens x update_freq): total FLOPs against Table 2's estimate, step time, hours and memory "
-                   "on H100s")
+    p.add_argument("--cost", action="store_true", help="training cost of the config's run as one process trains "
+                   "it (train.max_steps x max_tokens x update_freq): total FLOPs against Table 2's estimate, step "
+                   "time, hours and memory on H100s")
     p.add_argument("--devices", type=_counts, metavar="N,N,...",
-                   help=f"device counts for --cost, comma-separated (default {','.join(map(str, COST_DEVICES))})")
+                   help=f"device counts for --cost, comma-separated (default {','.join(map(str, COST_DEVICES))}): "
+                   "each splits one process's batch, as update_freq / N on each would (the trainer's step is "
+                   "max_tokens x update_freq x processes)")
     p.add_argument("--mfu", type=float, help="model FLOPs utilisation assumed by --cost, in (0, 1] (default 0.4)")
 
 

@@ -421,7 +421,7 @@ class BatchOrder:
         if version not in BATCH_ORDERS:
             raise ValueError(f"batch order version {version} is none of {BATCH_ORDERS}")
         if n_batches < world_size:
-            raise DataError(f"only {n_batches} batches for {world_size} ranks; use more data or "
+            raise DataError(f"only {n_batches} batch{'es' * (n_batches != 1)} for {world_size} ranks; use more data or "
                             "a smaller train.max_tokens")
         self.n_batches, self.seed, self.rank, self.world_size = n_batches, seed, rank, world_size
         self.version = version

@@ -301,8 +301,9 @@ RUN_MARKS = (".lock", "train.log", "spm.model", "checkpoints")  # one at least i
 
 
 def disagreement(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
-    """What two ranks' {"config": ..., "vocabulary": sha256} differ in, the first few: "model.d_ff 64 (rank 0) vs 96"
-    (the error named neither the field nor the rank)."""
+    """What two ranks' identities ({"config": ..., "vocabulary": sha256, and optionally "data": {field: sha256},
+    "resume": bool, "init_from": path}) differ in, the first few: "model.d_ff 64 (rank 0) vs 96" (the error named
+    neither the field nor the rank)."""
     mine, other = ours["config"], theirs["config"]
     said = [f"{section}.{key} {mine.get(section, {}).get(key)!r} (rank 0) vs {other.get(section, {}).get(key)!r}"
             for section in dict.fromkeys([*mine, *other])
@@ -311,6 +312,12 @@ def disagreement(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
     if ours["vocabulary"] != theirs["vocabulary"]:
         said.append(f"the vocabulary (spm.model sha256 {ours['vocabulary'][:12]} (rank 0) vs "
                     f"{theirs['vocabulary'][:12]})")
+    mine, other = ours.get("data", {}), theirs.get("data", {})
+    said += [f"data.{name}'s content (sha256 {mine.get(name, '-')[:12]} (rank 0) vs {other.get(name, '-')[:12]})"
+             for name in dict.fromkeys([*mine, *other]) if mine.get(name) != other.get(name)]
+    said += [f"{option} {ours.get(key)} (rank 0) vs {theirs.get(key)}"
+             for key, option in (("resume", "--resume"), ("init_from", "--init-from"))
+             if ours.get(key) != theirs.get(key)]
     return "; ".join(said[:3]) + (f"; and {len(said) - 3} more" if len(said) > 3 else "")
 
 
@@ -1072,10 +1079,16 @@ class Trainer:
             self.run_data = prepare_run(cfg, out, resume, self.log, write=False, allow_changes=True,
                                         vocabulary_of=parent)
         tokenizer = self.run_data.tokenizer
-        # every rank must train the same model on the same data
-        identities = distributed.gather(dist, {"config": cfg.to_dict(), "vocabulary": tokenizer.sha256})
+        # every rank must train the same model on the same data, started alike: a rank's files of other content
+        # (a node's stale copy) went unseen where the vocabulary is not trained (--init-from, a resume), and a rank
+        # alone given --resume ended in DDP's internal error (the ranks' collectives out of step)
+        identities = distributed.gather(dist, {
+            "config": cfg.to_dict(), "vocabulary": tokenizer.sha256, "resume": resume,
+            "init_from": None if init_from is None else str(init_from),
+            "data": {**(self.run_data.text_sha256 or {}), **(self.run_data.valid_sha256 or {})}})
         if other := next((r for r, x in enumerate(identities) if x != identities[0]), None):
-            raise TrainError(f"the ranks disagree on the config or the vocabulary: rank {other} differs from rank 0 in "
+            raise TrainError(f"the ranks disagree on the config, the data or the vocabulary: rank {other} differs from "
+                             "rank 0 in "
                              f"{disagreement(identities[0], identities[other])} (each rank must be started with the "
                              "same command, config, data and run folder)")
         torch.manual_seed(t.seed)
@@ -1106,7 +1119,10 @@ class Trainer:
             # every rank from the same checkpoint: ranks that each see a run folder of their own (nodes without a
             # shared disk) resumed one at step 20 and one from scratch, and trained on, out of step, to "done"
             if len(set(taken := distributed.gather(dist, self.resumed_from))) > 1:
-                said = ", ".join(f"rank {rank}: {t[0] if t else 'none'}" for rank, t in enumerate(taken))
+                # the same names of two runs (folders copied, or trained apart) differ in their run ids alone
+                same = len({t[0] if t else None for t in taken}) == 1
+                said = ", ".join(f"rank {rank}: {t[0] if t else 'none'}{f' of run {t[1]}' if same and t else ''}"
+                                 for rank, t in enumerate(taken))
                 raise TrainError(f"--resume: the ranks found different checkpoints in {out} ({said}): every rank must "
                                  "see the same run folder (on several machines, one on a file system they share)")
             if dist.main:  # not before: a refused resume leaves the config its checkpoints were trained with
@@ -1520,7 +1536,8 @@ class Trainer:
             self.out_of_patience = True
             kept = ("no evaluation had a finite value" if state.best_value is None else
                     f"the best, {state.best_value:.4g} at step {state.best_step}, is in best.safetensors")
-            self.log(f"stopping: {state.evals_since_best} evaluations of {t.keep_best} without improvement "
+            evals = f"evaluation{'s' * (state.evals_since_best != 1)}"
+            self.log(f"stopping: {state.evals_since_best} {evals} of {t.keep_best} without improvement "
                      f"(train.patience); {kept}")
 
     def validate_end(self) -> None:
@@ -1653,8 +1670,9 @@ class Trainer:
             done = state.epochs_done
         self.intervals = (done,) * 2
         if self.out_of_patience and state.step < t.max_steps:  # it ended at once, said only in summary.json
+            evals = f"evaluation{'s' * (state.evals_since_best != 1)}"
             self.log(f"train.patience {t.patience}: already run out at step {state.step} ({state.evals_since_best} "
-                     f"evaluations of {t.keep_best} without improvement); nothing to train: raise train.patience to "
+                     f"{evals} of {t.keep_best} without improvement); nothing to train: raise train.patience to "
                      "train on")
         stop = StopSignals()
         stopped_by: int | None = None  # the signal that stops every rank, whichever rank it came to
