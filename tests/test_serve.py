@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -154,8 +155,8 @@ def test_the_runs_own_beam_is_allowed_past_max_beam(translator):
         assert c.post("/v1/translate", json={"text": LINES[:1]}).status_code == 200
         assert c.post("/v1/translate", json={"text": LINES[:1], "beam": 4}).status_code == 200
         r = c.post("/v1/translate", json={"text": LINES[:1], "beam": 5})
-        assert r.status_code == 422 and r.json()["error"] == ("beam: 5, more than the limit of 4 (the run's beam, "
-                                                              "above --max-beam)")  # not --max-beam's 2
+        assert r.status_code == 422 and r.json()["error"] == ("beam: 5, more than the limit of 4 (the server's own "
+                                                              "beam (--beam or the run's), above --max-beam)")
 
 
 def test_nbest_scores_prefixes_and_sampling_through_the_api(client, translator):
@@ -663,7 +664,36 @@ def test_an_attention_request_is_dropped_when_its_client_leaves_or_its_wait_ends
     assert late.message.startswith("waited 0.2 s for the model")
 
 
-def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(translator, monkeypatch):
+@pytest.mark.parametrize("taken", [False, True], ids=["waiting", "computing"])
+def test_an_attention_request_is_answered_at_once_when_the_server_stops(taken):
+    """Ctrl-C or SIGTERM answered queued translations 503 at once, and not an attention request, which waits
+    for the model thread outside the queue: behind a batch longer than uvicorn's grace it was cancelled, its
+    client getting a plain-text 500."""
+    class Client:  # a client that stays
+        async def receive(self):
+            await asyncio.sleep(3600)
+
+    async def scenario():
+        executor, stopped = ThreadPoolExecutor(1), asyncio.Event()
+        gate = threading.Event()
+        if not taken:
+            executor.submit(gate.wait, 30)  # a long batch holds the model thread
+        waiting = asyncio.create_task(_in_model_thread(executor, Client(), 30, lambda: gate.wait(30), stopped))
+        await asyncio.sleep(0.05)
+        stopped.set()
+        try:
+            with pytest.raises(LimitError) as said:
+                await asyncio.wait_for(waiting, 2)  # while the model thread is still busy
+        finally:
+            gate.set()
+            executor.shutdown()
+        return said.value
+
+    said = asyncio.run(scenario())
+    assert (said.status, said.message) == (503, "the server is shutting down")
+
+
+def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(translator, monkeypatch, caplog):
     async def broken(self, batch):
         raise RuntimeError("a bug in the worker")
 
@@ -678,10 +708,15 @@ def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(tra
             await asyncio.sleep(0.01)
         return errors
 
-    batcher, errors = run_batcher(translator, Limits(), scenario)
+    with caplog.at_level(logging.ERROR, logger="uvicorn.error"):
+        batcher, errors = run_batcher(translator, Limits(), scenario)
     assert [e.status for e in errors] == [500] * (MAX_RESTARTS + 1) + [503]
     assert "a bug in the worker" in errors[0].message and not batcher.alive
     assert len(batcher.failures) == MAX_RESTARTS + 1
+    # the last failure's client was told "it is restarted", and its traceback, as every failure's, was not logged
+    assert [e.message.rsplit("; ", 1)[1] for e in errors[:-1]] == ["it is restarted"] * MAX_RESTARTS + [
+        "decoding has stopped"]
+    assert [r.exc_info[1].args for r in caplog.records] == [("a bug in the worker",)] * (MAX_RESTARTS + 1)
 
 
 def test_health_is_503_once_decoding_has_stopped(translator, monkeypatch):
@@ -715,7 +750,14 @@ def test_limits_must_be_positive_and_finite(field, value):
         Limits(**{field: value})
 
 
-def test_an_error_in_the_decoding_thread_answers_json_and_the_server_goes_on(translator, monkeypatch):
+def test_an_attention_limit_that_refuses_every_request_is_refused():
+    """A sentence's EOS alone is one piece: --max-attention-pieces 1 was taken, then refused every request."""
+    with pytest.raises(ConfigError, match=r"--max-attention-pieces 1: give at least 2 \(a word and its EOS\)"):
+        Limits(max_attention_pieces=1)
+    assert Limits(max_attention_pieces=2).max_attention_pieces == 2
+
+
+def test_an_error_in_the_decoding_thread_answers_json_and_the_server_goes_on(translator, monkeypatch, caplog):
     """What decoding raises reaches the client as {"error": one line}: 500 for a failure, 422 for a user
     error the checks before queueing let through; the worker is not restarted, the next request is served."""
     real = translator.stream
@@ -731,11 +773,14 @@ def test_an_error_in_the_decoding_thread_answers_json_and_the_server_goes_on(tra
         return real(checked(), *args, **kwargs)
 
     monkeypatch.setattr(translator, "stream", stream)
-    with TestClient(create_app(translator, Limits())) as c:
+    with TestClient(create_app(translator, Limits())) as c, caplog.at_level(logging.ERROR, logger="uvicorn.error"):
         r = c.post("/v1/translate", json={"text": ["A broken dog."]})
         assert r.status_code == 500 and r.json() == {"error": "decoding failed: RuntimeError: a bug in decoding"}
+        # the API says a 500's traceback is in the server's log: a failed batch's was nowhere
+        assert [r.exc_info[1].args[0] for r in caplog.records] == ["a bug in decoding\nand its second line"]
         r = c.post("/v1/translate", json={"text": ["A refused dog."]})
         assert r.status_code == 422 and r.json() == {"error": "a rule no check saw"}
+        assert len(caplog.records) == 1  # a user's error is the user's to read, not a failure of the server
         assert c.post("/v1/translate", json={"text": ["A dog."]}).status_code == 200
         health = c.get("/health")
         assert health.status_code == 200 and health.json()["worker_failures"] == []

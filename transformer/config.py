@@ -250,6 +250,9 @@ class ServeLimits:
             if not isinstance(value, bool) and not (math.isfinite(value) and value > 0):
                 zero = " or 0" if f.name == "max_wait_ms" else ""
                 raise ConfigError(f"--{f.name.replace('_', '-')} must be a positive number{zero}, got {value}")
+        if self.max_attention_pieces < 2:  # a sentence's EOS alone is one: every request was refused
+            raise ConfigError(f"--max-attention-pieces {self.max_attention_pieces}: give at least 2 (a word and "
+                              "its EOS)")
         if self.batching and self.max_wait_ms >= 1000 * self.queue_timeout:
             raise ConfigError(f"--max-wait-ms {self.max_wait_ms:g} must be less than --queue-timeout "
                               f"({self.queue_timeout:g} s): a request waiting that long for others to batch with "

@@ -65,6 +65,7 @@ from .translator import ModelOverflow, Translator
 # held a SIGTERM for the whole --request-timeout); decoding stops at once, and what waits is answered 503
 SHUTDOWN_GRACE_S = 5
 MAX_ERRORS_SHOWN = 10  # of an invalid request's problems, in its answer (the count of the others after them)
+_LOG = logging.getLogger("uvicorn.error")  # where uvicorn logs an endpoint's failure, with its traceback
 MAX_RESTARTS = 3  # restarts of a failed decoding worker; the failure after them stops decoding, and the server says so
 
 
@@ -184,8 +185,8 @@ class AttentionResponse(BaseModel):  # the schema /openapi.json shows: the answe
     tgt_in: list[str] = Field(description="the decoder's input pieces (the target shifted right)")
     tgt_out: list[str] = Field(description="the pieces it predicts, EOS included")
     scale: int = Field(description="a weight is its integer / scale")
-    shape: dict[str, list[int]] = Field(description="per kind (encoder, decoder, cross): [layers, heads, queries, "
-                                                    "keys]")
+    shape: dict[str, list[int]] = Field(description="per kind (enc_self, dec_self, cross): [layers, heads, "
+                                                    "queries, keys]")
     weights: dict[str, list[int]] = Field(description="per kind: the weights × scale, row-major over shape")
 
 
@@ -201,7 +202,8 @@ class ErrorResponse(BaseModel):
 
 
 _ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in (
-    (400, "malformed JSON"), (413, "a body, a list or a text over the server's limits"),
+    (400, "malformed JSON"), (413, "a body over the server's --max-body-bytes (a list or a text over "
+                                                     "its limits: 422)"),
     (415, "a body not sent as application/json"),
     (422, "an invalid request: a field of the wrong kind (with detail), options the search refuses together, a "
           "value out of range or over the server's limits"),
@@ -261,6 +263,8 @@ class Batcher:
         self.waiting: list[_Pending] = []
         self.lock = threading.Lock()  # a request's started / abandoned flags, set from two threads
         self.stopping = False  # the server is shutting down: what is decoding stops at its next batch
+        # set as it is: attention requests waiting for the model thread, outside the queue, are answered then too
+        self.stopped = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None  # the worker's (``run``), where the futures are answered
 
     def stop(self) -> None:
@@ -271,6 +275,9 @@ class Batcher:
         self.stopping = True
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self._refuse_all, 503, "the server is shutting down")
+            self.loop.call_soon_threadsafe(self.stopped.set)
+        else:
+            self.stopped.set()
 
     def _refuse_all(self, status: int, message: str) -> None:
         """A LimitError to every request not answered yet that a client waits for: in the batch decoding, taken
@@ -445,9 +452,11 @@ class Batcher:
             self.dropped += len(batch)
             return
         except Exception as e:  # noqa: BLE001  every waiting client gets the error, the server goes on
+            if (answer := _answerable(e)).status == 500:  # the server's fault: its traceback in the log, as promised
+                _LOG.error("a decoding batch failed", exc_info=e)
             for p in batch:
                 if not p.future.done():
-                    p.future.set_exception(_answerable(e))
+                    p.future.set_exception(answer)
             return
         self.requests += len(live)
         self.dropped += len(batch) - len(live)
@@ -465,8 +474,12 @@ class Batcher:
                 await self.run()
             except Exception as e:  # noqa: BLE001  a bug in the worker itself, not in one batch's decoding
                 self.failures.append(f"{type(e).__name__}: {e}")
-                self._refuse_all(500, f"the decoding worker failed ({self.failures[-1]}); it is restarted")
-                if len(self.failures) > MAX_RESTARTS:
+                last = len(self.failures) > MAX_RESTARTS  # the last one was told "it is restarted"
+                _LOG.error(f"the decoding worker failed ({len(self.failures)} of at most {MAX_RESTARTS + 1})",
+                           exc_info=e)
+                self._refuse_all(500, f"the decoding worker failed ({self.failures[-1]}); "
+                                      + ("decoding has stopped" if last else "it is restarted"))
+                if last:
                     self.alive = False
                     return
 
@@ -638,10 +651,13 @@ async def _queued(batcher: Batcher, request: Request, lines: list[str], job: Job
         gone.cancel()
 
 
-async def _in_model_thread(executor: ThreadPoolExecutor, request: Request, timeout: float, work):
+async def _in_model_thread(executor: ThreadPoolExecutor, request: Request, timeout: float, work,
+                           stopped: asyncio.Event | None = None):
     """``work()`` in the model thread, for a request outside the batcher (attention): as a queued one, it
     is dropped if its client goes away (499) or it has waited ``timeout`` seconds (503) before the thread
-    takes it up, and its client's leaving frees its attention slot at once."""
+    takes it up, and its client's leaving frees its attention slot at once. Once ``stopped`` is set (the
+    server shutting down) it is answered 503 at once, as queued translations are: waiting on a long batch, it
+    was cancelled by uvicorn's grace, whose client got a plain-text 500."""
     lock, flags = threading.Lock(), {"started": False, "dropped": False}
 
     def guarded():
@@ -654,22 +670,28 @@ async def _in_model_thread(executor: ThreadPoolExecutor, request: Request, timeo
     result = asyncio.get_running_loop().run_in_executor(executor, guarded)
     result.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error after the client left: no one's
     gone = asyncio.ensure_future(request.receive())  # the body is read: the next message is the client leaving
+    stopping = asyncio.ensure_future((stopped or asyncio.Event()).wait())
     try:
-        done, _ = await asyncio.wait({result, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({result, gone, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         with lock:
             flags["dropped"] = result not in done and not flags["started"]
+        if result not in done and stopping in done:
+            raise LimitError(503, "the server is shutting down")
         if flags["dropped"]:
             if gone in done:
                 raise LimitError(499, "the client went away")
             raise LimitError(503, f"waited {timeout:g} s for the model (the server is busy); try again shortly",
                              retry_after=max(1, round(timeout)))
         if result not in done:
-            done, _ = await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({result, gone, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if result not in done:
+                if stopping in done:
+                    raise LimitError(503, "the server is shutting down")
                 raise LimitError(499, "the client went away")
         return result.result()
     finally:
         gone.cancel()
+        stopping.cancel()
 
 
 def _check_pieces(translator: Translator, limits: Limits, text: str | None, where: str) -> None:
@@ -748,7 +770,8 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
     attention_slots = asyncio.Semaphore(limits.max_attention_queued)
     decode = translator.cfg.decode
     max_beam = max(limits.max_beam, decode.beam_size)  # the run's own beam (21 for parsing, §6.3) is allowed
-    beam_limit = "--max-beam" if max_beam == limits.max_beam else "the run's beam, above --max-beam"
+    beam_limit = ("--max-beam" if max_beam == limits.max_beam else
+                  "the server's own beam (--beam or the run's), above --max-beam")
     numbers = itertools.count()  # sampling requests, each decoded on its own
 
     @contextlib.asynccontextmanager
@@ -825,7 +848,8 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
                                   "try again shortly", retry_after=1)
         async with attention_slots:
             maps = await _in_model_thread(executor, request, limits.queue_timeout,
-                                          lambda: _attention(translator, limits, req.text, req.translation))
+                                          lambda: _attention(translator, limits, req.text, req.translation),
+                                          app.state.batcher.stopped)
             body = await asyncio.to_thread(lambda: json.dumps(maps).encode())  # MBs: not on the event loop
         return Response(body, media_type="application/json")
 
