@@ -6,6 +6,7 @@ import os
 import platform
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +134,12 @@ def test_config_prints_every_setting_and_reads_back_as_the_same_config(capsys, t
     assert load_config(str(tmp_path / "mine.toml")) == load_config("multi30k_en_de", ["train.max_steps=4000"])
     status, _, err = run_here(capsys, "config", "tiny", "--set", "model.n_heads=5")  # validated as train does
     assert status == 1 and "model.n_heads" in err and "Traceback" not in err
+    # a value holding DEL, a file name holding a newline: the header comment was no TOML, the output unreadable
+    shutil.copy(tmp_path / "mine.toml", named := tmp_path / "a\nb.toml")
+    for argv in (["tiny", "--set", "data.src_lang=x\x7fy"], [str(named)]):
+        status, out, _ = run_here(capsys, "config", *argv)
+        (tmp_path / "again.toml").write_text(out)
+        assert status == 0 and load_config(str(tmp_path / "again.toml")) == load_config(argv[0], argv[2:]), out[:200]
 
 
 def test_params_cost_recomputes_table_2(capsys):

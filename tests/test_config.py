@@ -294,6 +294,21 @@ def test_other_toolkits_names_get_ours():
         config_from_dict({"model": {"dropout": 0.3}})
 
 
+@pytest.mark.parametrize("given, meant", [
+    ("train.lr", "train.lr_scale (a factor on eq. (3)'s schedule, 1 = the paper's: no rate is set directly)"),
+    ("train.accum_steps", "train.update_freq"), ("model.dropout_rate", "model.p_drop"), ("model.d_head", "model.d_k"),
+    ("train.max_epochs", "train.max_steps or train.max_minutes (budgets are in updates or minutes, not epochs)"),
+    ("model.hidden_size", "model.d_model"), ("model.ffn_dim", "model.d_ff"), ("train.grad_clip", "train.clip_norm"),
+])
+def test_other_toolkits_names_are_not_offered_a_look_alike(given, meant):
+    """The closest spelling was offered where no name was known: max_steps for accum_steps (a 2-step run),
+    p_drop_relu for dropout_rate, lr_scale for lr with no word that it multiplies eq. (3) (0.0005 trained at
+    a rate near 3.5e-7)."""
+    with pytest.raises(ConfigError) as refused:
+        load_config("tiny", [f"{given}=2"])
+    assert str(refused.value).endswith(f"unknown key {given}; did you mean {meant}?")
+
+
 def test_a_preset_given_as_a_path_outside_the_checkout_is_named(tmp_path, monkeypatch):
     """`train configs/tiny.toml` from another folder said only "config file not found"."""
     monkeypatch.chdir(tmp_path)

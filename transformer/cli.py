@@ -1189,8 +1189,17 @@ def cmd_config(args: argparse.Namespace) -> None:
     from .config import dump_toml, load_config, resolve_config_path
 
     text = dump_toml(load_config(args.config, args.set))
-    sets = "".join(f", then --set {json.dumps(s, ensure_ascii=False)}" for s in args.set or [])  # one line each
-    sys.stdout.write(f"# the defaults, then {resolve_config_path(args.config)}{sets}\n{text}")
+    sets = "".join(f", then --set {_in_comment(s, quoted=True)}" for s in args.set or [])
+    sys.stdout.write(f"# the defaults, then {_in_comment(str(resolve_config_path(args.config)))}{sets}\n{text}")
+
+
+def _in_comment(text: str, quoted: bool = False) -> str:
+    """``text`` as a TOML comment can hold it, on one line: quoted as JSON (``quoted``, or where it holds control
+    characters, which TOML refuses in a comment), DEL escaped too (JSON leaves it; a value or a file name holding
+    it, or a newline, made the printed config unreadable by `train`)."""
+    if not quoted and not any(c < " " and c != "\t" or c == "\x7f" for c in text):
+        return text
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _preprocess_arguments(p: argparse.ArgumentParser) -> None:

@@ -504,11 +504,22 @@ def _check_section(section: str, where: str) -> type:
     return _SECTIONS[section]
 
 
-# What fairseq, Marian, OpenNMT-py and the paper call a setting that has another name here: the hint given for it.
+# What fairseq, Marian, OpenNMT-py, Hugging Face and the paper call a setting that has another name here: the hint
+# given for it (without one, the closest spelling was offered: lr_scale for lr with no word that it is a factor,
+# max_steps for accum_steps, p_drop_relu for dropout_rate)
+_LR = "train.lr_scale (a factor on eq. (3)'s schedule, 1 = the paper's: no rate is set directly)"
+_EPOCHS = "train.max_steps or train.max_minutes (budgets are in updates or minutes, not epochs)"
 OTHER_NAMES: dict[str, str] = {
     "label_smoothing": "train.eps_ls", "dropout": "model.p_drop", "attention_dropout": "model.p_drop_attn",
-    "relu_dropout": "model.p_drop_relu", "activation_dropout": "model.p_drop_relu", "lr": "train.lr_scale",
-    "learning_rate": "train.lr_scale", "warmup_updates": "train.warmup_steps", "warmup": "train.warmup_steps",
+    "relu_dropout": "model.p_drop_relu", "activation_dropout": "model.p_drop_relu", "lr": _LR,
+    "learning_rate": _LR, "dropout_rate": "model.p_drop", "residual_dropout": "model.p_drop",
+    "hidden_size": "model.d_model", "embed_dim": "model.d_model", "encoder_embed_dim": "model.d_model",
+    "ffn_dim": "model.d_ff", "filter_size": "model.d_ff", "intermediate_size": "model.d_ff",
+    "encoder_ffn_embed_dim": "model.d_ff", "d_head": "model.d_k", "head_dim": "model.d_k",
+    "accum_steps": "train.update_freq", "accum_count": "train.update_freq", "grad_clip": "train.clip_norm",
+    "gradient_accumulation_steps": "train.update_freq", "max_epochs": _EPOCHS, "max_epoch": _EPOCHS,
+    "epochs": _EPOCHS, "num_train_epochs": _EPOCHS, "warmup_updates": "train.warmup_steps",
+    "warmup": "train.warmup_steps",
     "max_update": "train.max_steps", "train_steps": "train.max_steps", "batch_size": "train.max_tokens",
     "clip_grad_norm": "train.clip_norm", "max_grad_norm": "train.clip_norm", "layers": "model.n_enc_layers",
     "encoder_layers": "model.n_enc_layers", "decoder_layers": "model.n_dec_layers", "heads": "model.n_heads",
