@@ -245,6 +245,21 @@ def test_a_set_text_read_as_another_toml_type_says_how_to_quote_it(raw, tmp_path
         load_config(str(tmp_path / "mine.toml"))
 
 
+@pytest.mark.parametrize("given, said", [
+    ('"C:\\data\\x.en"', "the quoted value is no TOML string (Unescaped '\\' in a string); in \"...\" a backslash "
+                         "escapes: give a Windows path as '...'"),
+    ('"unterminated', "the quoted value is no TOML string (Unterminated string)"),
+    ('["a.en", "b.en"]', "data.train_src must be str, got list ['a.en', 'b.en'] (one value, not a list or a table)"),
+])
+def test_a_quoted_value_that_is_no_toml_string_and_a_list_for_text_are_refused(given, said):
+    """A quoted value TOML could not read was taken with its quotes (a file '"unterminated' looked for), and a
+    list for a text field was told to be quoted, which gave such a value."""
+    with pytest.raises(ConfigError) as refused:
+        load_config("tiny", [f"data.train_src={given}"])
+    assert str(refused.value) == f"--set data.train_src={given}: {said}"
+    assert load_config("tiny", ["data.train_src='C:\\data\\x.en'"]).data.train_src == "C:\\data\\x.en"
+
+
 def test_a_refused_value_names_the_file_or_set_that_gave_it(tmp_path):
     """A long config and several --set: the error says which one gave the value it refuses (the last that
     set it), and for a rule between two fields, the one given last of the fields it names (the user's latest
@@ -340,6 +355,8 @@ def test_a_preset_is_not_hidden_by_a_folder_of_its_name(tmp_path, monkeypatch):
 def test_unknown_preset_suggests():
     with pytest.raises(ConfigError, match="did you mean 'base'"):
         load_config("bsae")
+    with pytest.raises(ConfigError, match="did you mean 'A1'"):  # below difflib's cutoff: all presets were listed
+        load_config("a1")
 
 
 def test_dump_roundtrip():

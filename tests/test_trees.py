@@ -43,6 +43,8 @@ def test_a_word_without_its_part_of_speech_node_is_refused_naming_the_tree(tmp_p
     scored two trees short of it as equal (and evaluate died on it, exit 70)."""
     with pytest.raises(TreeError, match=r"^the word 'barked' stands in \(S \.\.\.\) without a part-of-speech node"):
         normalize(tree("(S (NP (DT The) (NN dog)) barked)"))
+    with pytest.raises(TreeError, match=r"^\(NN\) holds no word: a treebank tree tags every word"):  # it was dropped
+        normalize(tree("(S (NP (NN)) (VP (VBD ran)))"))  # with its NP, the tree scored a bracket short
     gold = tmp_path / "g.mrg"
     gold.write_text("(S (NP (DT A) (NN cat))\n   (VP (VBD sat)))\n\n(S (NP (DT The) (NN dog)) barked)\n")
     assert main(["evaluate-parse", "--gold", str(gold), "--test", str(gold)]) == 1

@@ -482,7 +482,9 @@ def _check_type(where: str, key: str, value: Any, annotation: Any, toml: bool = 
         return float(value)
     if hint is int and isinstance(value, bool) or not isinstance(value, hint):
         quote = ""
-        if hint is str and where.startswith("--set "):  # read as TOML: 123, true, nan and 2024-01-01 are no text
+        if hint is str and isinstance(value, (list, dict)):  # "quote it" gave a value of stray quotes
+            quote = " (one value, not a list or a table)"
+        elif hint is str and where.startswith("--set "):  # read as TOML: 123, true, nan and 2024-01-01 are no text
             name, _, raw = where.removeprefix("--set ").partition("=")
             quote = f"; as text, quote it: --set '{name.strip()}=\"{raw.strip()}\"'"
         elif hint in (int, float) and isinstance(value, str) and where.startswith("--set "):  # not read as TOML
@@ -552,7 +554,11 @@ def _parse_override(text: str) -> tuple[str, str, Any]:
         raise ConfigError(f"--set {text!r}: expected section.key=value, e.g. train.max_steps=1000")
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as e:
+        if raw.strip().startswith(('"', "'")):  # kept with its quotes, it named a file '"train.en' nowhere found
+            escapes = "; in \"...\" a backslash escapes: give a Windows path as '...'" if "\\" in raw else ""
+            raise ConfigError(f"--set {text}: the quoted value is no TOML string "
+                              f"({str(e).split(' (at ')[0]}){escapes}") from None
         value = raw.strip()  # a bare string such as a path
     return section.strip(), key.strip(), value
 
@@ -590,7 +596,9 @@ def resolve_config_path(name_or_path: str) -> Path:
     if not known:
         raise ConfigError(f"unknown preset or config {name_or_path!r}, and no presets are installed ({PRESET_DIR} "
                           "is missing: an incomplete install); give a config file's path")
-    hint = difflib.get_close_matches(name_or_path, known, n=1)
+    # a1 for A1: difflib's ratio of the two is 0.5, below its cutoff
+    hint = ([k for k in known if k.lower() == name_or_path.lower()]
+            or difflib.get_close_matches(name_or_path, known, n=1))
     raise ConfigError(f"unknown preset or config {name_or_path!r}"
                       + (f"; did you mean {hint[0]!r}?" if hint else f"; known presets: {', '.join(known)}"))
 

@@ -391,7 +391,8 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
             if ax.lines:
                 ax.legend(fontsize=8)
             else:
-                ax.text(0.5, 0.5, "not in this run's log" + (" (set train.bleu_every)" if "BLEU" in label else ""),
+                ax.text(0.5, 0.5, "not in this run's log" + (" (a translation run's: set train.bleu_every)"
+                                                              if "BLEU" in label else ""),
                         ha="center", va="center", transform=ax.transAxes, color="grey")
             ax.grid(alpha=0.3)
     fig.suptitle(str(metrics_path.parent.name), parse_math=False)  # a folder's name, "$\frac$" too

@@ -173,6 +173,9 @@ def normalize(tree: Tree) -> Tree | None:
         return normalize(tree.children[0])
     if tree.is_preterminal:
         return None if tree.label == "-NONE-" else Tree(tree.label, list(tree.children))
+    if not tree.children and tree.label:  # dropped with the constituents it left empty, without a word
+        raise TreeError(f"({tree.label}) holds no word: a treebank tree tags every word, as (NN dog), and marks an "
+                        "empty element (-NONE- *)")
     if bare := [c for c in tree.children if isinstance(c, str)]:
         raise TreeError(f"the word {bare[0]!r} stands in ({tree.label} ...) without a part-of-speech node of its "
                         "own; a treebank tree tags every word, as (NN dog)")
