@@ -138,7 +138,7 @@ def test_ranks_on_files_of_other_content_or_one_alone_resuming_are_stopped(tmp_p
                 quiet=True, resume=rank == 1, init_from={str(parent)!r})
     """)
     assert proc.returncode != 0
-    assert "rank 1 differs from rank 0 in data.valid_src's content (sha256 " in proc.stderr, proc.stderr[-3000:]
+    assert "rank 1 differs from rank 0 in the validation pairs' text (sha256 " in proc.stderr, proc.stderr[-3000:]
     assert "; --resume False (rank 0) vs True (each rank must be started" in proc.stderr, proc.stderr[-3000:]
     assert "internal error" not in proc.stderr and not list_checkpoints(tmp_path / "run")
 

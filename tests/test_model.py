@@ -456,7 +456,8 @@ def test_every_linear_layer_is_xavier_uniform_and_every_layer_norm_the_authors()
 
 def test_qkv_gain_scales_only_the_query_key_and_value_draws():
     """train.init_qkv_gain (A8): 1/√2 gives q, k and v the Xavier bound of a third of a fused [d, 3d]
-    kernel, sqrt(6 / 4d), from the same draws; every other weight is drawn as at gain 1."""
+    kernel, sqrt(6 / 4d), from the same draws, in every attention as fairseq draws them; every other weight is
+    drawn as at gain 1."""
     cfg = ModelConfig(d_model=256, d_ff=512, n_heads=4, n_enc_layers=1, n_dec_layers=1)
     torch.manual_seed(0)
     plain = Transformer(cfg, 100).state_dict()

@@ -456,6 +456,22 @@ def test_the_openapi_description_is_of_the_answers_sent(client):
     assert maps.status_code == 200 and AttentionResponse.model_validate(maps.json()).scale > 0
 
 
+@contextlib.contextmanager
+def server_log():
+    """The records the server logs (uvicorn's error logger) meanwhile: caught on that logger itself, which a server
+    run in this process earlier left not propagating to the root's (pytest's caplog) and set to CRITICAL."""
+    records, logger, level = [], logging.getLogger("uvicorn.error"), logging.getLogger("uvicorn.error").level
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    logger.setLevel(logging.ERROR)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def run_batcher(translator, limits: Limits, scenario):
     """Runs ``scenario(batcher)`` on a fresh event loop with the batcher's supervised worker."""
     async def main():
@@ -693,7 +709,7 @@ def test_an_attention_request_is_answered_at_once_when_the_server_stops(taken):
     assert (said.status, said.message) == (503, "the server is shutting down")
 
 
-def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(translator, monkeypatch, caplog):
+def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(translator, monkeypatch):
     async def broken(self, batch):
         raise RuntimeError("a bug in the worker")
 
@@ -708,7 +724,7 @@ def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(tra
             await asyncio.sleep(0.01)
         return errors
 
-    with caplog.at_level(logging.ERROR, logger="uvicorn.error"):
+    with server_log() as logged:
         batcher, errors = run_batcher(translator, Limits(), scenario)
     assert [e.status for e in errors] == [500] * (MAX_RESTARTS + 1) + [503]
     assert "a bug in the worker" in errors[0].message and not batcher.alive
@@ -716,7 +732,7 @@ def test_a_failing_worker_answers_500_is_restarted_then_gives_up_and_says_so(tra
     # the last failure's client was told "it is restarted", and its traceback, as every failure's, was not logged
     assert [e.message.rsplit("; ", 1)[1] for e in errors[:-1]] == ["it is restarted"] * MAX_RESTARTS + [
         "decoding has stopped"]
-    assert [r.exc_info[1].args for r in caplog.records] == [("a bug in the worker",)] * (MAX_RESTARTS + 1)
+    assert [r.exc_info[1].args for r in logged] == [("a bug in the worker",)] * (MAX_RESTARTS + 1)
 
 
 def test_health_is_503_once_decoding_has_stopped(translator, monkeypatch):
@@ -757,7 +773,7 @@ def test_an_attention_limit_that_refuses_every_request_is_refused():
     assert Limits(max_attention_pieces=2).max_attention_pieces == 2
 
 
-def test_an_error_in_the_decoding_thread_answers_json_and_the_server_goes_on(translator, monkeypatch, caplog):
+def test_an_error_in_the_decoding_thread_answers_json_and_the_server_goes_on(translator, monkeypatch):
     """What decoding raises reaches the client as {"error": one line}: 500 for a failure, 422 for a user
     error the checks before queueing let through; the worker is not restarted, the next request is served."""
     real = translator.stream
@@ -773,14 +789,14 @@ def test_an_error_in_the_decoding_thread_answers_json_and_the_server_goes_on(tra
         return real(checked(), *args, **kwargs)
 
     monkeypatch.setattr(translator, "stream", stream)
-    with TestClient(create_app(translator, Limits())) as c, caplog.at_level(logging.ERROR, logger="uvicorn.error"):
+    with TestClient(create_app(translator, Limits())) as c, server_log() as logged:
         r = c.post("/v1/translate", json={"text": ["A broken dog."]})
         assert r.status_code == 500 and r.json() == {"error": "decoding failed: RuntimeError: a bug in decoding"}
         # the API says a 500's traceback is in the server's log: a failed batch's was nowhere
-        assert [r.exc_info[1].args[0] for r in caplog.records] == ["a bug in decoding\nand its second line"]
+        assert [r.exc_info[1].args[0] for r in logged] == ["a bug in decoding\nand its second line"]
         r = c.post("/v1/translate", json={"text": ["A refused dog."]})
         assert r.status_code == 422 and r.json() == {"error": "a rule no check saw"}
-        assert len(caplog.records) == 1  # a user's error is the user's to read, not a failure of the server
+        assert len(logged) == 1  # a user's error is the user's to read, not a failure of the server
         assert c.post("/v1/translate", json={"text": ["A dog."]}).status_code == 200
         health = c.get("/health")
         assert health.status_code == 200 and health.json()["worker_failures"] == []

@@ -1120,8 +1120,8 @@ def _params_arguments(p: argparse.ArgumentParser) -> None:
                    "time, hours and memory on H100s")
     p.add_argument("--devices", type=_counts, metavar="N,N,...",
                    help=f"device counts for --cost, comma-separated (default {','.join(map(str, COST_DEVICES))}): "
-                   "each splits one process's batch, as update_freq / N on each would (the trainer's step is "
-                   "max_tokens x update_freq x processes)")
+                   "each splits one process's batch over N (the trainer's step is max_tokens x update_freq x "
+                   "processes: set them so)")
     p.add_argument("--mfu", type=float, help="model FLOPs utilisation assumed by --cost, in (0, 1] (default 0.4)")
 
 

@@ -132,8 +132,9 @@ class TrainConfig:
     eps_ls: float = 0.1  # label smoothing ε_ls (§5.4)
     seed: int = 1
     # scale on the Xavier bound of the attention's query, key and value projections at initialisation: 1 as
-    # the authors' later code (separate matrices, A8); 1/√2 (0.7071) as their first code's fused q/k/v
-    # kernel and fairseq's MultiheadAttention draw them. DEVIATION(A8; the paper is silent) when not 1
+    # the authors' later code (separate matrices, A8); 1/√2 (0.7071) as fairseq's MultiheadAttention draws all
+    # of them, and the authors' first code its self-attention's fused q/k/v kernel (its encoder-decoder
+    # attention drew q alone, gain 1, and a fused k/v, √(2/3)). DEVIATION(A8; the paper is silent) when not 1
     init_qkv_gain: float = 1.0
     # the unit of log_every, eval_every, bleu_every and save_every, and so of patience and of the
     # checkpoints decoding averages: "epochs" counts passes over the training data (at the step that ends
@@ -556,7 +557,8 @@ def _parse_override(text: str) -> tuple[str, str, Any]:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError as e:
         if raw.strip().startswith(('"', "'")):  # kept with its quotes, it named a file '"train.en' nowhere found
-            escapes = "; in \"...\" a backslash escapes: give a Windows path as '...'" if "\\" in raw else ""
+            escapes = "" if "\\" not in raw else "; in \"...\" a backslash escapes: " + (
+                "give a Windows path as '...'" if "'" not in raw else "write each as \\\\")
             raise ConfigError(f"--set {text}: the quoted value is no TOML string "
                               f"({str(e).split(' (at ')[0]}){escapes}") from None
         value = raw.strip()  # a bare string such as a path

@@ -44,8 +44,9 @@ class Cost:
 def training_cost(cfg: Config, vocab_size: int, devices: int = 1, src_len: float = FLOPS_SENTENCE_LEN,
                   tgt_len: float = FLOPS_SENTENCE_LEN) -> Cost:
     """Cost of ``cfg``'s run: tokens per step = max_tokens × update_freq, one process's step (the trainer's is
-    that × the processes), taken as the global batch and split over ``devices`` (as train.update_freq / devices
-    on each would keep it), train.max_steps steps, at sentences of FLOPS_SENTENCE_LEN pieces unless given."""
+    that × the processes), taken as the global batch and split over ``devices`` (each process's max_tokens ×
+    update_freq set to that / devices), train.max_steps steps, at sentences of FLOPS_SENTENCE_LEN pieces unless
+    given."""
     with torch.device("meta"):
         n = count_parameters(Transformer(cfg.model, vocab_size))
     f = flops_per_token(cfg.model, vocab_size, src_len, tgt_len)
@@ -105,8 +106,8 @@ def format_cost_report(r: dict) -> str:
                          f"configs/wmt14_en_de_{kind}.toml, hold the paper's batch)")
     # the config's batch is one process's; the trainer's step is that x the processes: each row keeps the batch
     lines += [f"on H100 (bf16 dense peak {H100_BF16_FLOPS / 1e12:.0f} TFLOPS) at MFU {r['mfu']:.0%}, "
-              f"{r['tokens_per_step']:,} tokens a step on any number of devices (on N: --set "
-              "train.update_freq=update_freq/N, a process's):",
+              f"{r['tokens_per_step']:,} tokens a step on any number of devices (on N, set max_tokens and "
+              "update_freq, a process's, so that max_tokens x update_freq x N is that):",
              "devices | tokens per device | step (ms) | hours | memory per device (GiB, estimate)"]
     lines += [f"{d['devices']:>7} | {r['tokens_per_step'] // d['devices']:>17,} | {_figure(1000 * d['step_seconds'], 1):>9} | "
               f"{_figure(d['hours'], 2):>5} | {_figure(d['memory_gib_per_device'], 1)}" for d in r["per_devices"]]

@@ -3,7 +3,8 @@ Hugging Face ``transformers`` (Marian for post-norm runs, Pegasus for pre-norm o
 that, to ONNX.
 
 The exported model computes what ``Translator`` computes: post-norm layers (§3.1) or pre-norm ones, embeddings
-scaled by √d_model (§3.4), our positional table (§3.5), LayerNorm ε of the run's config. Two details
+scaled by √d_model (§3.4), our positional table (§3.5), LayerNorm ε of the run's config (Hugging Face's at
+1e-5: below). Two details
 of this project need care:
 
 - PAD (id 0) is also the decoder's start symbol and its embedding is zero at lookup (A5). The

@@ -567,6 +567,7 @@ class Transformer(nn.Module):
                for p in (m.q_proj.weight, m.k_proj.weight, m.v_proj.weight)}
         for module in self.modules():
             if isinstance(module, nn.Linear):
+                # DEVIATION(A8) at a qkv_gain other than 1 (train.init_qkv_gain)
                 nn.init.xavier_uniform_(module.weight, gain=qkv_gain if id(module.weight) in qkv else 1.0)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
