@@ -1,6 +1,7 @@
 """Data parallelism (§5.2) on CPU with gloo, launched by torchrun as a user would."""
 
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -126,21 +127,29 @@ def test_ranks_on_files_of_other_content_or_one_alone_resuming_are_stopped(tmp_p
     lines = given.read_text(encoding="utf-8").splitlines()
     stale = tmp_path / "stale_copy"  # what rank 1's node holds under the config's name
     stale.write_text("A different first line.\n" + "".join(line + "\n" for line in lines[1:]), encoding="utf-8")
-    proc, _ = torchrun_script(tmp_path, f"""
+    script = """
         import os
         from pathlib import Path
         import transformer.train as T
         from transformer.config import load_config
         rank = int(os.environ["RANK"])
         named = T.data_paths  # the config's names as rank 1's node resolves them
-        T.data_paths = lambda cfg: {{**named(cfg), "valid_src": Path({str(stale)!r})}} if rank == 1 else named(cfg)
-        T.train(load_config("tiny", {tiny_overrides!r} + ["train.max_steps=4"]), {str(tmp_path / "run")!r},
-                quiet=True, resume=rank == 1, init_from={str(parent)!r})
-    """)
+        T.data_paths = lambda cfg: {{**named(cfg), "valid_src": Path({copy!r})}} if rank == 1 else named(cfg)
+        T.train(load_config("tiny", {overrides!r} + ["train.max_steps=2"]), {out!r}, quiet=True,
+                resume={resume}, init_from={parent!r})
+    """
+    proc, _ = torchrun_script(tmp_path, script.format(copy=str(stale), overrides=tiny_overrides, resume="rank == 1",
+                                                      out=str(tmp_path / "run"), parent=str(parent)))
     assert proc.returncode != 0
     assert "rank 1 differs from rank 0 in the validation pairs' text (sha256 " in proc.stderr, proc.stderr[-3000:]
     assert "; --resume False (rank 0) vs True (each rank must be started" in proc.stderr, proc.stderr[-3000:]
     assert "internal error" not in proc.stderr and not list_checkpoints(tmp_path / "run")
+    # the same text in other bytes (compressed on its node at another time: a gzip header holds the time) trains
+    with gzip.GzipFile(same := tmp_path / "same_text.gz", "wb", mtime=12345) as f:
+        f.write(given.read_bytes())
+    proc, _ = torchrun_script(tmp_path, script.format(copy=str(same), overrides=tiny_overrides, resume=False,
+                                                      out=str(tmp_path / "run2"), parent=str(parent)))
+    assert proc.returncode == 0 and list_checkpoints(tmp_path / "run2"), proc.stderr[-3000:]
 
 
 def test_ranks_that_find_different_checkpoints_are_stopped(tmp_path, tiny_overrides):
