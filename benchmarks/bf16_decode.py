@@ -32,14 +32,12 @@ import sacrebleu
 import torch
 
 from transformer.config import load_config
-from transformer.data import read_lines
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
-from transformer.prepare import resolve_data_path
 from transformer.request import DecodeRequest
 from transformer.runtime import native_bf16
 from transformer.translator import Translator
 
-from common import ROOT, train_or_resume, trained_run
+from common import ROOT, test_set, train_or_resume, trained_run
 from provenance import code_state, commit_text
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -85,9 +83,7 @@ def main() -> None:
     ways = [w for w in WAYS if not (w == "int8" and args.device != "cpu")]  # int8 kernels run on the CPU only
     translators = {name: Translator(run, log=print, device=args.device, **WAYS[name]) for name in ways}
     cfg = translators["fp32"].cfg
-    src = read_lines(resolve_data_path(cfg.data.test_src))
-    refs = read_lines(resolve_data_path(cfg.data.test_tgt))
-    tok_refs = read_lines(resolve_data_path(cfg.data.test_tok_ref))
+    src, refs, tok_refs = test_set(cfg)
     settings = {"batch 1": (1, src[:args.b1_sentences]), "batch 64": (64, src)}
     for t in translators.values():  # first calls (allocations, oneDNN's kernels) in no reading
         t.translate(src[:8], DecodeRequest(batch_size=8))

@@ -159,19 +159,31 @@ def bleu_parts(score: BLEUScore) -> dict:
             "sys_len": score.sys_len, "ref_len": score.ref_len}
 
 
+def test_set(cfg: Config) -> tuple[list[str], list[str], list[str]]:
+    """A run's test sources, references and tokenized lowercased references, read; a run that names none of
+    them (one's own data, trained with data.test_tok_ref="" as the README shows) is refused in one line: an
+    empty name was read as the current folder, a traceback."""
+    d = cfg.data
+    if missing := [f"data.{k}" for k in ("test_src", "test_tgt", "test_tok_ref") if not getattr(d, k)]:
+        raise SystemExit(f"the run's config names no {', '.join(missing)}: this benchmark scores the test set, "
+                         "tokenized lowercased BLEU included (a Multi30k recipe's run names them)")
+    return tuple(read_lines(resolve_data_path(p)) for p in (d.test_src, d.test_tgt, d.test_tok_ref))
+
+
 class Split:
     """One side of Multi30k to score on: sources, references and the tokenized lowercased references
     (Moses lc+norm+tok, as the Multi30k literature reports); ``limit``: its first N sentences only."""
 
     def __init__(self, cfg: Config, name: str, limit: int | None = None) -> None:
         d = cfg.data
-        if name == "val":
-            src, ref, tok = d.valid_src, d.valid_tgt, f"multi30k/tok/val.lc.norm.tok.{d.tgt_lang}.gz"
-        else:
-            src, ref, tok = d.test_src, d.test_tgt, d.test_tok_ref
         self.name, self.lang = name, d.tgt_lang
         self.pretokenized = writes_tokenized(d.train_tgt)  # trained on the tokenized files: outputs are in that form
-        self.src, self.ref, self.tok_ref = (read_lines(resolve_data_path(p))[:limit] for p in (src, ref, tok))
+        if name == "val":
+            tok = f"multi30k/tok/val.lc.norm.tok.{d.tgt_lang}.gz"
+            read = [read_lines(resolve_data_path(p)) for p in (d.valid_src, d.valid_tgt, tok)]
+        else:
+            read = test_set(cfg)
+        self.src, self.ref, self.tok_ref = (lines[:limit] for lines in read)
 
     def score(self, translator: Translator, beam: int | None = None, alpha: float | None = None,
               length_norm: LengthNorm | None = None) -> dict:

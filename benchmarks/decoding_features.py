@@ -39,14 +39,13 @@ import sacrebleu
 import torch
 
 from transformer.config import load_config
-from transformer.data import encode_for_decoding, read_lines
+from transformer.data import encode_for_decoding
 from transformer.decode import decode_ids, score_ids
 from transformer.evaluate import sacrebleu_scores, tok_lc_bleu
-from transformer.prepare import resolve_data_path
 from transformer.request import DecodeRequest
 from transformer.translator import Translator
 
-from common import ROOT, recipe_run, train_or_resume, trained_run
+from common import ROOT, recipe_run, test_set, train_or_resume, trained_run
 from provenance import git
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -102,9 +101,7 @@ def main() -> None:
 
     translator = Translator(args.run, log=print)
     cfg = translator.cfg
-    src = read_lines(resolve_data_path(cfg.data.test_src))
-    refs = read_lines(resolve_data_path(cfg.data.test_tgt))
-    tok_refs = read_lines(resolve_data_path(cfg.data.test_tok_ref))
+    src, refs, tok_refs = test_set(cfg)
     d = cfg.decode
     ids = encode_for_decoding(src, translator.tokenizer)
     result: dict = {"run": os.path.relpath(args.run, ROOT), "sentences": len(src), "beam": d.beam_size,

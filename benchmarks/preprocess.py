@@ -37,6 +37,7 @@ from transformer.store import TokenStore
 from transformer.tokenizer import Tokenizer
 
 from common import positive
+from provenance import code_state, commit_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -114,7 +115,7 @@ def main() -> None:
         "batches": len(batches), "max_tokens": args.max_tokens, "vocab_size": tokenizer.vocab_size,
         "dtype": meta["dtype"], "max_len": args.max_len, "chunk_pairs": args.chunk_pairs,
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-        "date": datetime.date.today().isoformat(),
+        "date": datetime.date.today().isoformat(), **code_state(),
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
                      "sentencepiece": sentencepiece.__version__, "torch": torch.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
@@ -124,7 +125,8 @@ def main() -> None:
     r = result
     (RESULTS / "preprocess.md").write_text(f"""# Token store: `write_store` on {r['pairs']:,} pairs
 
-`{r['command']}` — {r['date']}, {r['machine']}; numpy {np.__version__}, sentencepiece {sentencepiece.__version__}
+`{r['command']}` — {r['date']}, {commit_text(r)}, {r['machine']};
+numpy {np.__version__}, sentencepiece {sentencepiece.__version__}
 
 Multi30k train repeated to {r['pairs']:,} pairs ({r['corpus_mib']} MiB of text), joint BPE of
 {r['vocab_size']} pieces, max_len {r['max_len']}, chunks of {r['chunk_pairs']:,} pairs, in a child process.

@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from common import trained_run
+from provenance import code_state
 from transformer.checkpoint import list_checkpoints
 from transformer.data import encode_for_decoding, read_lines
 from transformer.prepare import resolve_data_path
@@ -56,7 +58,9 @@ def main() -> None:
         result[rule] = {"decoder_rows": rows, "output_tokens": tokens, "rows_per_token": round(rows / tokens, 2),
                         "bleu": round(bleu, 2)}
     print(json.dumps({"run": str(args.run), "checkpoint": "last", "batch_size": args.batch_size,
-                      "date": datetime.date.today().isoformat(), "torch": torch.__version__, **result}, indent=2))
+                      "command": " ".join(["benchmarks/search_work.py", *sys.argv[1:]]),
+                      "date": datetime.date.today().isoformat(), **code_state(), "torch": torch.__version__,
+                      **result}, indent=2))
 
 
 if __name__ == "__main__":

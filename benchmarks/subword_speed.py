@@ -46,6 +46,16 @@ def one_run(out: Path, alpha: float, steps: int) -> dict:
             "tgt_tokens": summary["tgt_tokens"], "train_minutes": round(summary["train_minutes"], 3)}
 
 
+def spread(runs: dict) -> str:
+    """Each kind's range of tokens/s, and whether they overlap: three runs a side are not many."""
+    ranges = {kind: (min(r["tokens_per_s"] for r in rs), max(r["tokens_per_s"] for r in rs))
+              for kind, rs in runs.items()}
+    (lo_a, hi_a), (lo_b, hi_b) = ranges.values()
+    said = ", ".join(f"{kind} {lo}–{hi}" for kind, (lo, hi) in ranges.items())
+    return (f"The runs' ranges ({said}) overlap: the loss is within their spread." if lo_a <= hi_b and lo_b <= hi_a
+            else f"The runs' ranges ({said}) do not overlap.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--alpha", type=float, default=0.1, help="data.subword_alpha of the sampled runs")
@@ -84,7 +94,7 @@ def main() -> None:
         f"# Subword regularization: training speed\n\n`{result['command']}` at {result['commit']}, {result['date']}, "
         f"{result['machine']}, torch {torch.__version__}; recipe {result['config']}\n\n"
         f"Median target tokens/s: without {plain}, with BPE-dropout α {args.alpha}: {sampled} "
-        f"(ratio {result['tokens_per_s_ratio']}, loss {100 * result['tokens_per_s_loss']:.1f}%).\n\n"
+        f"(ratio {result['tokens_per_s_ratio']}, loss {100 * result['tokens_per_s_loss']:.1f}%). {spread(runs)}\n\n"
         "| run | alpha | updates | target tokens/s | target tokens | minutes |\n|---|---|---|---|---|---|\n" + rows,
         encoding="utf-8")
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
