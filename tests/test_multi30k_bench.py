@@ -27,6 +27,17 @@ def test_candidates_load_and_differ(pair: str) -> None:
     assert len(seen) == len(multi30k.SEARCH[pair]), f"{pair}: two candidates are the same setting"
 
 
+def test_a_run_that_names_no_test_set_is_refused_in_one_line() -> None:
+    """A run of one's own data (data.test_tok_ref = "", as the README trains one) read "" as the current folder:
+    bf16_decode.py, decoding_features.py and export.py ended in a traceback."""
+    import common
+
+    with pytest.raises(SystemExit, match=r"^the run's config names no data.test_tok_ref: this benchmark scores"):
+        common.test_set(load_config("multi30k_en_de", ['data.test_tok_ref=""']))
+    with pytest.raises(SystemExit, match="names no data.test_tok_ref"):
+        common.Split(load_config("multi30k_en_de", ['data.test_tok_ref=""']), "test")
+
+
 def test_a_run_of_another_config_is_refused_not_read_back(tmp_path: Path) -> None:
     import common
     from transformer.config import dump_toml
