@@ -279,7 +279,7 @@ def margins(r: dict) -> str:
         needed = round(t.ppf(0.975, n - 1) * band["sd"] * math.sqrt(2), 2)
         verdict = "inside" if lead < needed else "outside"
         # Table 3's seeds are EN→DE's: another pair's val borrows their spread, its own was not measured
-        where = "the same val set" if r["pair"].startswith("en_de") else "EN→DE's val (this pair's own, not measured)"
+        where = "the same val set" if r["pair"].startswith("en_de") else "EN→DE's val, not this pair's"
         noise = (f"single runs of one seed; Table 3's base, trained with {n} seeds on {where} "
                  f"(at {updates:,} updates: the spread at this budget was not measured), has a seed-to-seed s.d. of "
                  f"{band['sd']} BLEU, so two single runs must differ by about {needed} to stand out: this margin "

@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--chunk-pairs", type=int, default=50_000)
     parser.add_argument("--max-tokens", type=int, default=25_000, help="batching budget per side (§5.1)")
     args = parser.parse_args()
+    state = code_state()  # the code at the start: a commit made during the run must not be recorded
 
     with tempfile.TemporaryDirectory(prefix="preprocess-bench-") as work:
         work_dir = Path(work)
@@ -115,7 +116,7 @@ def main() -> None:
         "batches": len(batches), "max_tokens": args.max_tokens, "vocab_size": tokenizer.vocab_size,
         "dtype": meta["dtype"], "max_len": args.max_len, "chunk_pairs": args.chunk_pairs,
         "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
-        "date": datetime.date.today().isoformat(), **code_state(),
+        "date": datetime.date.today().isoformat(), **state,
         "versions": {"python": platform.python_version(), "numpy": np.__version__,
                      "sentencepiece": sentencepiece.__version__, "torch": torch.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",

@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="run folder (its last checkpoint is used)")
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
+    state = code_state()  # the code at the start: a commit made during the run must not be recorded
     trained_run(args.run)
     translator = Translator(args.run, list_checkpoints(args.run)[-1], log=lambda m: None)
     model = translator.model
@@ -59,7 +60,7 @@ def main() -> None:
                         "bleu": round(bleu, 2)}
     print(json.dumps({"run": str(args.run), "checkpoint": "last", "batch_size": args.batch_size,
                       "command": " ".join(["benchmarks/search_work.py", *sys.argv[1:]]),
-                      "date": datetime.date.today().isoformat(), **code_state(), "torch": torch.__version__,
+                      "date": datetime.date.today().isoformat(), **state, "torch": torch.__version__,
                       **result}, indent=2))
 
 

@@ -16,7 +16,7 @@ def test_the_bench_times_and_scores_each_way_on_the_same_lines(tmp_path, tiny_ov
     run = tmp_path / "run"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=4"]), run, quiet=True)
     lines = ["A dog runs.", "Two men talk.", "A girl reads a book.", "A cat sleeps."]
-    monkeypatch.setattr(bf16_decode, "read_lines", lambda path: list(lines))
+    monkeypatch.setattr(bf16_decode, "test_set", lambda cfg: (list(lines), list(lines), list(lines)))
     monkeypatch.setattr(bf16_decode, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(sys, "argv", ["benchmarks/bf16_decode.py", "--run", str(run), "--repeat", "2",
                                       "--b1-sentences", "2"])

@@ -120,7 +120,9 @@ def test_ranks_with_different_configs_are_stopped(tmp_path, tiny_overrides):
 def test_ranks_on_files_of_other_content_or_one_alone_resuming_are_stopped(tmp_path, tiny_overrides):
     """A fine-tune (or a resume) trains no vocabulary, whose record had been the one check of each rank's data: a
     rank reading a stale copy of the files under the same names trained on without a word. A rank alone given
-    --resume ended in DDP's internal error (the ranks' collectives out of step)."""
+    --resume ended in DDP's internal error (the ranks' collectives out of step). The files are compared byte for
+    byte, as a resume compares them with its checkpoint's record on every rank: the same text compressed at
+    another time trained, then stopped that rank alone at the next resume."""
     parent = tmp_path / "parent"
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2"]), parent, quiet=True)
     given = Path(next(o for o in tiny_overrides if o.startswith("data.valid_src=")).split("=", 1)[1].strip('"'))
@@ -141,15 +143,16 @@ def test_ranks_on_files_of_other_content_or_one_alone_resuming_are_stopped(tmp_p
     proc, _ = torchrun_script(tmp_path, script.format(copy=str(stale), overrides=tiny_overrides, resume="rank == 1",
                                                       out=str(tmp_path / "run"), parent=str(parent)))
     assert proc.returncode != 0
-    assert "rank 1 differs from rank 0 in the validation pairs' text (sha256 " in proc.stderr, proc.stderr[-3000:]
+    assert "rank 1 differs from rank 0 in data.valid_src's file (sha256 " in proc.stderr, proc.stderr[-3000:]
     assert "; --resume False (rank 0) vs True (each rank must be started" in proc.stderr, proc.stderr[-3000:]
     assert "internal error" not in proc.stderr and not list_checkpoints(tmp_path / "run")
-    # the same text in other bytes (compressed on its node at another time: a gzip header holds the time) trains
+    # the same text in other bytes (compressed at another time: a gzip header holds the time), refused at the start
     with gzip.GzipFile(same := tmp_path / "same_text.gz", "wb", mtime=12345) as f:
         f.write(given.read_bytes())
     proc, _ = torchrun_script(tmp_path, script.format(copy=str(same), overrides=tiny_overrides, resume=False,
                                                       out=str(tmp_path / "run2"), parent=str(parent)))
-    assert proc.returncode == 0 and list_checkpoints(tmp_path / "run2"), proc.stderr[-3000:]
+    assert proc.returncode != 0 and "data.valid_src's file" in proc.stderr, proc.stderr[-3000:]
+    assert "not a gzip made again or a store written from other paths)" in proc.stderr
 
 
 def test_ranks_that_find_different_checkpoints_are_stopped(tmp_path, tiny_overrides):

@@ -2776,6 +2776,6 @@ def test_what_two_ranks_disagree_in_is_named_whichever_holds_the_key():
         "model.extra None (rank 0) vs 2"
     assert disagreement(ours, {"config": {"model": {"d_ff": 96}}, "vocabulary": "b" * 64}) == \
         f"model.d_ff 64 (rank 0) vs 96; the vocabulary (spm.model sha256 {'a' * 12} (rank 0) vs {'b' * 12})"
-    assert disagreement({**ours, "data": {"validation pairs' text": "c" * 64}, "resume": False},
-                        {**ours, "data": {"validation pairs' text": "d" * 64}, "resume": True}) == \
-        f"the validation pairs' text (sha256 {'c' * 12} (rank 0) vs {'d' * 12}); --resume False (rank 0) vs True"
+    assert disagreement({**ours, "data": {"train_src": "c" * 64}, "resume": False},
+                        {**ours, "data": {"train_src": "d" * 64}, "resume": True}) == \
+        f"data.train_src's file (sha256 {'c' * 12} (rank 0) vs {'d' * 12}); --resume False (rank 0) vs True"

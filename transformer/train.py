@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import hashlib
 import json
 import math
 import os
@@ -314,7 +313,7 @@ def disagreement(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
         said.append(f"the vocabulary (spm.model sha256 {ours['vocabulary'][:12]} (rank 0) vs "
                     f"{theirs['vocabulary'][:12]})")
     mine, other = ours.get("data", {}), theirs.get("data", {})
-    said += [f"the {name} (sha256 {mine.get(name, '-')[:12]} (rank 0) vs {other.get(name, '-')[:12]})"
+    said += [f"data.{name}'s file (sha256 {mine.get(name, '-')[:12]} (rank 0) vs {other.get(name, '-')[:12]})"
              for name in dict.fromkeys([*mine, *other]) if mine.get(name) != other.get(name)]
     said += [f"{option} {ours.get(key)} (rank 0) vs {theirs.get(key)}"
              for key, option in (("resume", "--resume"), ("init_from", "--init-from"))
@@ -1082,19 +1081,20 @@ class Trainer:
         tokenizer = self.run_data.tokenizer
         # every rank must train the same model on the same data, started alike: a rank's files of other content
         # (a node's stale copy) went unseen where the vocabulary is not trained (--init-from, a resume), and a rank
-        # alone given --resume ended in DDP's internal error (the ranks' collectives out of step). The data as
-        # read, not the files' bytes: a store's meta.json names its node's paths, a gzip header its time
-        batches = batches_sha256(self.run_data.batches)
+        # alone given --resume ended in DDP's internal error (the ranks' collectives out of step). The files'
+        # bytes, as a checkpoint records them: a resume compares those on every rank (a gzip made at another
+        # time, a store's meta.json naming other paths passed here and stopped one rank at the next resume)
         identities = distributed.gather(dist, {
             "config": cfg.to_dict(), "vocabulary": tokenizer.sha256, "resume": resume,
             "init_from": None if init_from is None else str(init_from),
-            "data": {"training batches (the pairs' lengths)": batches, "validation pairs' text": hashlib.sha256(
-                json.dumps(self.run_data.valid_text).encode()).hexdigest()}})
+            "data": {**(self.run_data.text_sha256 or {}), **(self.run_data.valid_sha256 or {})}})
         if other := next((r for r, x in enumerate(identities) if x != identities[0]), None):
             raise TrainError(f"the ranks disagree on the config, the data or the vocabulary: rank {other} differs from "
                              "rank 0 in "
                              f"{disagreement(identities[0], identities[other])} (each rank must be started with the "
-                             "same command, config, data and run folder)")
+                             "same command, config, data and run folder; the data files byte for byte, as a resume "
+                             "compares them: copy one to every machine, not a gzip made again or a store written "
+                             "from other paths)")
         torch.manual_seed(t.seed)
         self.raw = Transformer(cfg.model, tokenizer.vocab_size, t.init_qkv_gain).to(dist.device)
         self.optimizer = make_optimizer(self.raw, t)
@@ -1105,7 +1105,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(dist.device.type) if self.precision == "fp16" else None  # dynamic loss scale
         self.meta_base = {"config": cfg.to_dict(), "config_sha256": cfg.sha256(), "vocab_sha256": tokenizer.sha256,
                           "model_hash": cfg.model_hash(), "vocab_size": tokenizer.vocab_size,
-                          "batches_sha256": batches,
+                          "batches_sha256": batches_sha256(self.run_data.batches),
                           "text_sha256": self.run_data.text_sha256, "valid_sha256": self.run_data.valid_sha256,
                           # one run's checkpoints, and only they, are averaged (a resume keeps its checkpoint's)
                           "run_id": uuid.uuid4().hex}
