@@ -52,7 +52,8 @@ def spread(runs: dict) -> str:
               for kind, rs in runs.items()}
     (lo_a, hi_a), (lo_b, hi_b) = ranges.values()
     said = ", ".join(f"{kind} {lo}–{hi}" for kind, (lo, hi) in ranges.items())
-    return (f"The runs' ranges ({said}) overlap: the difference is within their spread." if lo_a <= hi_b and lo_b <= hi_a
+    overlap = lo_a <= hi_b and lo_b <= hi_a
+    return (f"The runs' ranges ({said}) overlap: the difference is within their spread." if overlap
             else f"The runs' ranges ({said}) do not overlap.")
 
 
