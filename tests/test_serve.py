@@ -665,15 +665,16 @@ def test_an_attention_request_is_dropped_when_its_client_leaves_or_its_wait_ends
         gate = threading.Event()
         executor.submit(gate.wait, 30)  # the model thread is busy decoding
         client = Client()
-        leaving = asyncio.create_task(_in_model_thread(executor, client, 30, lambda: ran.append("gone")))
+        never = asyncio.Event()  # the server does not stop here
+        leaving = asyncio.create_task(_in_model_thread(executor, client, 30, lambda: ran.append("gone"), never))
         await asyncio.sleep(0.05)
         client.left.set_result({"type": "http.disconnect"})
         with pytest.raises(LimitError) as gone:
             await leaving
         with pytest.raises(LimitError) as late:
-            await _in_model_thread(executor, Client(), 0.2, lambda: ran.append("late"))
+            await _in_model_thread(executor, Client(), 0.2, lambda: ran.append("late"), never)
         gate.set()
-        return gone.value, late.value, await _in_model_thread(executor, Client(), 30, lambda: "maps")
+        return gone.value, late.value, await _in_model_thread(executor, Client(), 30, lambda: "maps", never)
 
     gone, late, answered = asyncio.run(scenario())
     assert (gone.status, late.status, answered, ran) == (499, 503, "maps", [])

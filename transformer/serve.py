@@ -65,6 +65,7 @@ from .translator import ModelOverflow, Translator
 # held a SIGTERM for the whole --request-timeout); decoding stops at once, and what waits is answered 503
 SHUTDOWN_GRACE_S = 5
 MAX_ERRORS_SHOWN = 10  # of an invalid request's problems, in its answer (the count of the others after them)
+SHUTTING_DOWN = "the server is shutting down"  # the 503 every request still waiting gets at Ctrl-C or SIGTERM
 _LOG = logging.getLogger("uvicorn.error")  # where uvicorn logs an endpoint's failure, with its traceback
 MAX_RESTARTS = 3  # restarts of a failed decoding worker; the failure after them stops decoding, and the server says so
 
@@ -274,7 +275,7 @@ class Batcher:
         (SHUTDOWN_GRACE_S) was cancelled by uvicorn, whose client got a plain-text 500."""
         self.stopping = True
         if self.loop is not None:
-            self.loop.call_soon_threadsafe(self._refuse_all, 503, "the server is shutting down")
+            self.loop.call_soon_threadsafe(self._refuse_all, 503, SHUTTING_DOWN)
             self.loop.call_soon_threadsafe(self.stopped.set)
         else:
             self.stopped.set()
@@ -300,7 +301,7 @@ class Batcher:
         """The 503 every request gets once the server is shutting down or decoding has stopped (``supervise``
         gave up): attention requests too, which run on the model thread without the queue. None otherwise."""
         if self.stopping:
-            return LimitError(503, "the server is shutting down")
+            return LimitError(503, SHUTTING_DOWN)
         if not self.alive:
             return LimitError(503, f"decoding has stopped after {len(self.failures)} failures "
                                    f"(last: {self.failures[-1] if self.failures else 'none'})")
@@ -446,7 +447,7 @@ class Batcher:
                 if p.future.done():
                     continue
                 if self.stopping:
-                    p.future.set_exception(LimitError(503, "the server is shutting down"))
+                    p.future.set_exception(LimitError(503, SHUTTING_DOWN))
                 else:
                     p.future.cancel()
             self.dropped += len(batch)
@@ -652,7 +653,7 @@ async def _queued(batcher: Batcher, request: Request, lines: list[str], job: Job
 
 
 async def _in_model_thread(executor: ThreadPoolExecutor, request: Request, timeout: float, work,
-                           stopped: asyncio.Event | None = None):
+                           stopped: asyncio.Event):
     """``work()`` in the model thread, for a request outside the batcher (attention): as a queued one, it
     is dropped if its client goes away (499) or it has waited ``timeout`` seconds (503) before the thread
     takes it up, and its client's leaving frees its attention slot at once. Once ``stopped`` is set (the
@@ -670,13 +671,13 @@ async def _in_model_thread(executor: ThreadPoolExecutor, request: Request, timeo
     result = asyncio.get_running_loop().run_in_executor(executor, guarded)
     result.add_done_callback(lambda f: f.cancelled() or f.exception())  # an error after the client left: no one's
     gone = asyncio.ensure_future(request.receive())  # the body is read: the next message is the client leaving
-    stopping = asyncio.ensure_future((stopped or asyncio.Event()).wait())
+    stopping = asyncio.ensure_future(stopped.wait())
     try:
         done, _ = await asyncio.wait({result, gone, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         with lock:
             flags["dropped"] = result not in done and not flags["started"]
         if result not in done and stopping in done:
-            raise LimitError(503, "the server is shutting down")
+            raise LimitError(503, SHUTTING_DOWN)
         if flags["dropped"]:
             if gone in done:
                 raise LimitError(499, "the client went away")
@@ -686,7 +687,7 @@ async def _in_model_thread(executor: ThreadPoolExecutor, request: Request, timeo
             done, _ = await asyncio.wait({result, gone, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if result not in done:
                 if stopping in done:
-                    raise LimitError(503, "the server is shutting down")
+                    raise LimitError(503, SHUTTING_DOWN)
                 raise LimitError(499, "the client went away")
         return result.result()
     finally:
