@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 from pathlib import Path
 
@@ -32,12 +31,11 @@ import numpy as np
 import torch
 
 from common import recipe_lengths
-from provenance import code_state
+from provenance import add_results_option, code_state, results_folder, write_result
 from transformer.config import load_config
 from transformer.data import fill_batches, make_batches_from_lengths, padding_fraction
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 RECIPES = ("multi30k_en_de", "multi30k_en_fr", "ptb_sample_parse")  # configs/NAME.toml
 ORDERS = {  # name -> the pairs' order from (source lengths, target lengths); None: the package's own
     "longer side, target, source (ours)": None,
@@ -64,9 +62,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-tokens", type=int, nargs="+", default=[25000],
                         help="tokens per side per batch, besides each recipe's own: the paper's ~25,000 (§5.1)")
+    add_results_option(parser, "batching.json / .md")
     args = parser.parse_args()
     if min(args.max_tokens) < 1:
         parser.error(f"--max-tokens {min(args.max_tokens)}: must be at least 1")
+    results = results_folder(parser, args.results)
     corpora = []
     for recipe in RECIPES:
         cfg = load_config(str(ROOT / "configs" / f"{recipe}.toml"))
@@ -79,8 +79,6 @@ def main() -> None:
     result = {"benchmark": "batching", "date": datetime.date.today().isoformat(), **code_state(),
               "command": "python benchmarks/batching.py --max-tokens " + " ".join(map(str, args.max_tokens)),
               "versions": {"python": platform.python_version(), "torch": torch.__version__}, "corpora": corpora}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "batching.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Batching: padding by sort order", "",
              f"`{result['command']}` — {result['date']}, commit {result['commit']}, torch {torch.__version__}.", "",
              "Each recipe's training pairs as it encodes them, cut by the package's greedy fill after each sort, at "
@@ -94,7 +92,7 @@ def main() -> None:
         lines += [f"| {r['order']} | {r['max_tokens']:,} | {r['batches']} | {100 * r['padding_fraction']:.1f}% | "
                   f"{r['positions_vs_ours']:.3f} |" for r in c["rows"]]
         lines.append("")
-    (RESULTS / "batching.md").write_text("\n".join(lines))
+    write_result(results, "batching", result, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -38,9 +38,8 @@ from transformer.runtime import native_bf16
 from transformer.translator import Translator
 
 from common import ROOT, test_set, train_or_resume, trained_run
-from provenance import code_state, commit_text
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result
 
-RESULTS = ROOT / "benchmarks" / "results"
 WAYS = {"fp32": {}, "bf16": {"bf16": True}, "int8": {"int8": True}}
 
 
@@ -68,11 +67,15 @@ def main() -> None:
     parser.add_argument("--b1-sentences", type=int, default=200, help="sentences decoded at batch 1")
     parser.add_argument("--markdown", action="store_true", help="rewrite the .md from the JSON already there "
                         "(with --device: which)")
+    add_results_option(parser, "bf16_decode.json / .md (bf16_decode_cuda.* with --device cuda)")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
+    name = "bf16_decode" + ("_cuda" if args.device == "cuda" else "")
     if args.markdown:
-        name = RESULTS / ("bf16_decode" + ("_cuda" if args.device == "cuda" else ""))
-        name.with_suffix(".md").write_text(markdown(json.loads(name.with_suffix(".json").read_text(encoding="utf-8"))),
-                                           encoding="utf-8")
+        if not (results / f"{name}.json").is_file():
+            parser.error(f"--markdown: no {name}.json in {results} to rewrite the page from")
+        result = json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
+        write_result(results, name, result, markdown(result))
         return
     if args.repeat < 1 or args.b1_sentences < 1 or args.steps < 1:
         parser.error("--repeat, --b1-sentences and --steps must be at least 1")
@@ -114,10 +117,7 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "sacrebleu": sacrebleu.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "bf16_decode" + ("_cuda" if args.device == "cuda" else "")
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / f"{name}.md").write_text(markdown(result), encoding="utf-8")
+    write_result(results, name, result, markdown(result))
     print(json.dumps(result, indent=2))
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sacrebleu.metrics.bleu import BLEUScore
 
+from provenance import RESULTS
 from transformer.checkpoint import (CheckpointError, average_checkpoints, checkpoints_to_average, list_checkpoints,
                                     load_checkpoint, write_model)
 from transformer.config import Config, LengthNorm, load_config
@@ -81,7 +82,7 @@ def recipe_lengths(cfg: Config) -> tuple[list[int], list[int]]:
 def recipe_run(pair: str = "en_de") -> Path:
     """The run folder of the Multi30k recipe as committed (step 3 of benchmarks/multi30k.py, named in its
     result file): the model the other benchmarks measure as the one users train."""
-    result = ROOT / "benchmarks" / "results" / f"multi30k_{pair}.json"
+    result = RESULTS / f"multi30k_{pair}.json"
     return ROOT / json.loads(result.read_text(encoding="utf-8"))["run"]
 
 

@@ -34,9 +34,8 @@ import torch.nn.functional as F
 from transformer.translator import Translator
 
 from common import ROOT, positive, recipe_run, trained_run
-from provenance import git
+from provenance import add_results_option, git, results_folder, write_result
 
-RESULTS = ROOT / "benchmarks" / "results"
 ROWS, CAPACITY, SOURCE = 4, 64, 16  # beam 4 at batch 1; cache positions; source length
 
 
@@ -174,7 +173,9 @@ def main() -> None:
     parser.add_argument("--run", type=Path, help="run folder (default: the quick recipe's)")
     parser.add_argument("--steps", type=positive, default=300)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (adds the CUDA graph)")
+    add_results_option(parser, "compile_step.json / .md (compile_step_cuda.* on a GPU)")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     run = trained_run(args.run or recipe_run("en_de_quick"), "; train the quick recipe, or pass --run")
     model = Translator(run, log=lambda m: None, device=args.device).model
     step, arguments = static_step(model)
@@ -210,13 +211,12 @@ def main() -> None:
     if cuda:
         result["cuda_graph_vs_engine"] = round(result["engine_ms"] / result["cuda_graph"]["ms"], 2)
     name = "compile_step_cuda" if cuda else "compile_step"
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     c = result["compiled"]
     graph_row = (f"| static shapes, one CUDA graph replayed per step | {result['cuda_graph']['ms']} | – |\n"
                  if cuda else "")
     graph_line = (f"The engine's step against the CUDA graph: {result['cuda_graph_vs_engine']}× (log-probabilities "
                   f"within {result['cuda_graph']['max_abs_diff']:.1e} of the eager function's).\n" if cuda else "")
-    (RESULTS / f"{name}.md").write_text(f"""# Compiling a decoder step: {result['machine']}
+    write_result(results, name, result, f"""# Compiling a decoder step: {result['machine']}
 
 `{result['command']}` — {result['date']}, commit {result['commit']}, {result['machine']}, {result['threads']} threads,
 torch {result['versions']['torch']}; run `{result['run']}`, batch 1 × beam 4, positions 10..50, {result['steps']} steps each.
@@ -232,7 +232,7 @@ The engine's step against the best compiled one: {result['compiled_vs_engine']}�
 would pay). Compiled log-probabilities match the eager function's within
 {max(x['max_abs_diff'] for x in c.values()):.1e}. {graph_line}Single readings on a shared machine:
 differences under ~10% are noise.
-""", encoding="utf-8")
+""")
     print(json.dumps(result, indent=2))
 
 

@@ -24,9 +24,8 @@ import sys
 from pathlib import Path
 
 from common import ROOT, positive, trained_run
-from provenance import code_state, commit_text
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result
 
-RESULTS = ROOT / "benchmarks" / "results"
 BEAMS = (4, 8)
 
 
@@ -93,11 +92,13 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="a folder holding an earlier transformer/ package")
     parser.add_argument("--before-label", help="what --before holds, for the result (default: its path), e.g. "
                         "'the package of commit abc1234' after `git archive abc1234 transformer | tar -x -C DIR`")
+    add_results_option(parser, "constraint_kept.json / .md")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(measure(Path(args.worker[0]), int(args.worker[1]))))
         return
+    results = results_folder(parser, args.results)
     run = trained_run(args.run.resolve())
     if args.before and not (args.before / "transformer" / "__init__.py").is_file():
         parser.error(f"--before {args.before}: no transformer/ package there")
@@ -111,8 +112,7 @@ def main() -> None:
         result["before"] = in_process(args.before.resolve(), run, args.sentences)
         result["before_package"] = args.before_label or str(args.before)
     result["after"] = in_process(ROOT, run, args.sentences)
-    (RESULTS / "constraint_kept.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / "constraint_kept.md").write_text(markdown(result), encoding="utf-8")
+    write_result(results, "constraint_kept", result, markdown(result))
     print(markdown(result))
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import re
@@ -36,10 +35,9 @@ from transformer.prepare import resolve_data_path
 from transformer.tokenizer import Tokenizer
 
 from common import ROOT, trained_run
-from provenance import code_state
+from provenance import add_results_option, code_state, results_folder, write_result
 from speed import DECODE, cpu_model, log, worker
 
-RESULTS = ROOT / "benchmarks" / "results"
 BACKENDS = {"picked": {}, "mkl_forced": {"CT2_USE_MKL": "1"}}
 TEST = "multi30k/test_2016_flickr.en.gz"
 
@@ -111,7 +109,9 @@ def main() -> None:
     parser.add_argument("--b1-sentences", type=int, default=200, help="sentences translated at batch 1")
     parser.add_argument("--repeat", type=int, default=3, help="timings per setting (best kept)")
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "ct2_backend", help="exports and logs")
+    add_results_option(parser, "ct2_backend.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     trained_run(args.run)
     args.work.mkdir(parents=True, exist_ok=True)
     code = code_state()
@@ -131,9 +131,7 @@ def main() -> None:
               "date": datetime.date.today().isoformat(), "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
               "cpu_model": cpu_model(), "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                                      "ctranslate2": ctranslate2.__version__}}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ct2_backend.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / "ct2_backend.md").write_text(markdown(result), encoding="utf-8")
+    write_result(results, "ct2_backend", result, markdown(result))
     print(markdown(result))
 
 

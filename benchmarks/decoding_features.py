@@ -46,9 +46,8 @@ from transformer.request import DecodeRequest
 from transformer.translator import Translator
 
 from common import ROOT, recipe_run, test_set, train_or_resume, trained_run
-from provenance import git
+from provenance import add_results_option, git, results_folder, write_result
 
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def bleu(hyps: list[str], refs: list[str], tok_refs: list[str]) -> dict:
@@ -93,7 +92,9 @@ def main() -> None:
                         "benchmarks/multi30k.py, as multi30k_en_de.json names it)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs", help="where the ensemble's two runs go")
     parser.add_argument("--ensemble-steps", type=int, default=1100, help="updates of each quick-recipe run")
+    add_results_option(parser, "decoding_features.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     # the code that runs is the code at the start: later commits during the run must not be recorded
     commit = git("rev-parse", "--short", "HEAD")
     uncommitted = git("status", "--porcelain", "--untracked-files=no").splitlines()
@@ -148,13 +149,11 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "sacrebleu": sacrebleu.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     })
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "decoding_features.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    write_markdown(result)
+    write_result(results, "decoding_features", result, markdown(result))
     print(json.dumps(result, indent=2))
 
 
-def write_markdown(r: dict) -> None:
+def markdown(r: dict) -> str:
     rows = [("n-best first = plain 1-best (fraction of sentences)", r["nbest_matches_plain"]),
             ("forced score - beam score, largest difference", f"{r['score_matches_beam']:.2e}"),
             ("constraints present in the outputs (fraction)", f"{r['constraint_coverage']} of {r['constraints']}"),
@@ -167,7 +166,7 @@ def write_markdown(r: dict) -> None:
     text = (f"# Decoding features on Multi30k EN→DE test2016\n\n`{r['command']}` at {r['commit']}, {r['date']}, "
             f"{r['machine']}; run {r['run']}, beam {r['beam']}, α {r['alpha']}\n\n| | |\n|---|---|\n"
             + "".join(f"| {a} | {b} |\n" for a, b in rows))
-    (RESULTS / "decoding_features.md").write_text(text, encoding="utf-8")
+    return text
 
 
 if __name__ == "__main__":

@@ -37,9 +37,8 @@ from transformer.request import DecodeRequest
 from transformer.translator import Translator
 
 from common import ROOT, Split, recipe_run, trained_run
-from provenance import git
+from provenance import add_results_option, git, results_folder, write_result
 
-RESULTS = ROOT / "benchmarks" / "results"
 DECODINGS = {"greedy": (1, 0.0), "beam4_alpha0": (4, 0.0), "beam4_alpha0.6": (4, 0.6)}
 ENGINES = ("transformers", "onnxruntime", "ctranslate2_from_hf", "ctranslate2_ours")
 
@@ -112,7 +111,9 @@ def main() -> None:
                         "benchmarks/results/multi30k_en_de_quick.json)")
     parser.add_argument("--sentences", type=int, default=1000, help="first N sentences of test2016")
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch, every engine")
+    add_results_option(parser, "export.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     run = trained_run(args.run or recipe_run("en_de_quick"), "; train the quick recipe, or pass --run")
     cfg = load_config(str(run / "config.toml"))
     test = Split(cfg, "test", args.sentences)
@@ -159,13 +160,11 @@ def main() -> None:
                                                                    "optimum", "optimum-onnx")},
                      "sacrebleu": sacrebleu.__version__},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "export.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    write_markdown(result)
+    write_result(results, "export", result, markdown(result))
     print(json.dumps({k: result[k] for k in ("greedy_identical", "beam_identical", "beam_alpha0.6_identical")}))
 
 
-def write_markdown(r: dict) -> None:
+def markdown(r: dict) -> str:
     engines = ["ours", *ENGINES]
     rows = "\n".join(
         f"| {e} | " + " | ".join(
@@ -176,7 +175,7 @@ def write_markdown(r: dict) -> None:
              f" The run was trained with LayerNorm ε {r['ln_eps']:g}; transformers' Marian and Pegasus fix it at "
              f"{r['hf_ln_eps']:g}, and CTranslate2's converter keeps theirs, so the three exported engines compute "
              "a slightly different function from ours; our own CTranslate2 export keeps the run's ε.")
-    (RESULTS / "export.md").write_text(f"""# The exports against our own decoding
+    return f"""# The exports against our own decoding
 
 `{r['command']}` — {r['date']}, commit {r['commit']}, {r['machine']}, {r['threads']} threads; versions
 {', '.join(f'{k} {v}' for k, v in r['versions'].items())}.
@@ -193,7 +192,7 @@ converter); ctranslate2_ours is `transformer export --format ctranslate2`.{drift
 Ours stops each sentence at its source length + 50 pieces, the others at one limit per batch: in
 batches of one source length the two are the same. At α 0.6 ours divides by GNMT's ((5 + |Y|) / 6)^α,
 the others by |Y|^α.
-""", encoding="utf-8")
+"""
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import add_results_option, results_folder, write_result  # noqa: E402
 from speed import cpu_model  # noqa: E402  (the quick start's precision "auto" follows the CPU)
 
 
@@ -56,7 +56,9 @@ def timed(command: list[str], cwd: Path, log: Path) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
+    add_results_option(parser, "fresh_clone.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
@@ -92,10 +94,8 @@ def main() -> None:
         "tests": {"command": "bash scripts/test.sh", "seconds": round(test_s), **counts},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}", "cpu_model": cpu_model(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fresh_clone.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     q, t = result["quickstart"], result["tests"]
-    (RESULTS / "fresh_clone.md").write_text(f"""# The README's two commands on a fresh clone of {commit}
+    write_result(results, "fresh_clone", result, f"""# The README's two commands on a fresh clone of {commit}
 
 `python benchmarks/fresh_clone.py` — {result['date']}, {result['machine']} ({result['cpu_model']})
 
@@ -103,7 +103,7 @@ def main() -> None:
 |---|---|---|
 | `{q['command']}` | {q['seconds'] // 60} min {q['seconds'] % 60} s | {q['updates']:,} updates in {q['train_minutes']} min in {q['precision']} ({q['tokens_per_s']:,} target tokens/s); test2016 sacreBLEU {q['sacrebleu']}, chrF {q['chrf']}, tok. lc BLEU {q['tok_lc_bleu']} |
 | `{t['command']}` | {t['seconds'] // 60} min {t['seconds'] % 60} s | {', '.join(f'{n} {k}' for k, n in counts.items())} |
-""", encoding="utf-8")
+""")
     print(json.dumps(result, indent=2))
 
 

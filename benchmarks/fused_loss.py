@@ -19,14 +19,12 @@ import datetime
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-from provenance import code_state, commit_text
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result
 from transformer.loss import label_smoothed_loss
 
-RESULTS = Path(__file__).resolve().parent / "results"
 VOCAB = 37000
 MODELS = {"base": 512, "big": 1024}
 
@@ -89,7 +87,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=25000, help="target positions per call (the paper's batch)")
     parser.add_argument("--repeat", type=int, default=10)
+    add_results_option(parser, "fused_loss.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     if not torch.cuda.is_available():
         sys.exit("fused_loss.py needs a CUDA GPU")
     rows = {}
@@ -111,8 +111,6 @@ def main() -> None:
     result = {"date": datetime.date.today().isoformat(), **code_state(), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "vocab": VOCAB,
               "tokens": args.tokens, "rows": rows, "kernel_alone": alone}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "fused_loss.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# The label-smoothed loss on {result['gpu']}: Triton kernel against operators", "",
              f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']}. "
              "Loss and both gradients of "
@@ -126,7 +124,7 @@ def main() -> None:
               f"{alone['kernel_ms']} ms, {alone['kernel_gb_s']:,} GB/s (two reads and a write); a copy of the "
               f"logits: {alone['copy_ms']} ms, {alone['copy_gb_s']:,} GB/s; the kernel at {alone['share_of_copy']:.0%} "
               "of the copy's rate."]
-    (RESULTS / "fused_loss.md").write_text("\n".join(lines) + "\n")
+    write_result(results, "fused_loss", result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

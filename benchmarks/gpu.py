@@ -62,7 +62,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from provenance import code_state, commit_text
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result, write_whole
 from transformer.config import load_config
 from transformer.cost import H100_BF16_FLOPS, training_cost
 from transformer import data
@@ -74,7 +74,6 @@ from transformer import train as training
 from transformer.train import train_step
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 VOCAB = 37_000  # WMT14 EN-DE's shared BPE vocabulary (§5.1, A15)
 # precision -> (autocast dtype, torch.compile mode: None eager, "default" as train.compile compiles, "reduce-overhead"
 # the same graphs replayed as CUDA graphs, one per batch shape: what launching costs the host, measured away;
@@ -969,7 +968,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=25_000, help="tokens per side per step (paper: ~25k)")
     parser.add_argument("--models", default="base,big")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for NAME.json / .md")
+    add_results_option(parser, "NAME.json / .md")
     parser.add_argument("--name", default="gpu_train", help="the result files' name (gpu_visit.sh: one per model)")
     parser.add_argument("--first-shape", type=int, default=8,
                         help="batches of new shapes per attention backend for first_shape_cost (0: none)")
@@ -1021,10 +1020,7 @@ def main() -> None:
     if args.first_shape < 0 or args.first_shape and len(fresh) < len(FIRST_SHAPE_BACKENDS) * args.first_shape + 1:
         parser.error(f"--first-shape {args.first_shape}: {len(fresh)} batches of new shapes come out of "
                      f"--tokens {args.tokens} (each backend takes its own, and one more warms up; 0: none)")
-    try:
-        args.results.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        parser.error(f"--results {args.results}: {e.strerror}")
+    results_folder(parser, args.results)
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU")
     args.earlier_modes = [m for m in modes if m in EARLIER_MODES]
@@ -1059,9 +1055,8 @@ def main() -> None:
         nudged = loss_curve("base", "bf16", copies, args.curve, nudge=NUDGE) if args.curve else None
         redrawn = loss_curve("base", "bf16", copies, args.curve, dropout_seed=1) if args.curve else None
         mark("loss curves drawn")
-        (args.results / f"{args.name}.json").write_text(json.dumps({"rows": rows, "failed_rows": failed,
-                                                                   "curve": curve, "curve_nudged": nudged,
-                                                                   "curve_redrawn": redrawn}) + "\n")
+        write_result(args.results, args.name, {"rows": rows, "failed_rows": failed, "curve": curve,
+                                               "curve_nudged": nudged, "curve_redrawn": redrawn})
         return
     candidates = curve_candidates(args.curve_modes, copies, curve) if args.curve_modes else []
     first_shape = first_shape_cost(fresh, args.first_shape) if args.first_shape else {}
@@ -1090,7 +1085,7 @@ def main() -> None:
                                            "floor": {"nudge": NUDGE, **curve_floor(before["curve"],
                                                                                    before["curve_nudged"])},
                                            "floor_dropout": curve_floor(before["curve"], before["curve_redrawn"])}
-    (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.results, args.name, result)  # before the page: a page's slip must not lose the reading
     lines = [f"# GPU training throughput ({result['gpu']})", "",
              f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']} "
              f"(CUDA {result['cuda']}), Python {result['python']}.", "",
@@ -1172,7 +1167,7 @@ def main() -> None:
     lines += ["", f"docs/scaling.md's estimate at MFU 40%: {estimate} ms per step.", "",
               f"Attention kernels in a bf16 step: {', '.join(kernels) or 'none found'}.", "",
               f"fp16 overflow check (loss scale 2^40): {json.dumps(overflow)}.", ""]
-    (args.results / f"{args.name}.md").write_text("\n".join(lines))
+    write_whole(args.results / f"{args.name}.md", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fused_loss import event_times  # noqa: E402  (benchmarks/ is no package)
-from gpu import RESULTS, synthetic_batches  # noqa: E402
-from provenance import code_state, commit_text  # noqa: E402
+from gpu import synthetic_batches  # noqa: E402
+from provenance import (add_results_option, code_state, commit_text, results_folder, write_result,  # noqa: E402
+                        write_whole)
 
 from transformer.config import Config, load_config  # noqa: E402
 from transformer.errors import UserError  # noqa: E402
@@ -212,7 +213,7 @@ def report(result: dict, path: Path) -> None:
                   + (f" against cudnn's {m['ms_per_step']['cudnn']}." if "cudnn" in m["ms_per_step"] else "."), ""]
         lines += [f"- {way} refused: {error}" for way, error in refusals.items()]
         lines.append("")
-    path.write_text("\n".join(lines))
+    write_whole(path, "\n".join(lines))
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -220,7 +221,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     gpu_layernorm.py); ``checked`` reads them."""
     parser.add_argument("--models", default="base,big", help="presets, comma-separated")
     parser.add_argument("--device", default="cuda", help="cuda (default); cpu runs the glue on small shapes")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for the .json and .md")
+    add_results_option(parser, f"{Path(parser.prog).stem}.json / .md")
 
 
 def checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[torch.device, list]:
@@ -235,10 +236,7 @@ def checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[
         parser.error(f"--device {args.device}: cuda, cuda:N or cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit(f"benchmarks/{parser.prog} needs a CUDA GPU (or --device cpu for its glue)")
-    try:
-        args.results.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        parser.error(f"--results {args.results}: {e.strerror}")
+    results_folder(parser, args.results)
     try:
         configs = [load_config(name) for name in args.models.split(",")]
     except UserError as e:
@@ -263,7 +261,7 @@ def main() -> None:
     for name, cfg in zip(args.models.split(","), configs):
         result["models"][name] = measure_model(cfg, batches, args.repeat, device)
         print(json.dumps({name: result["models"][name]["ms_per_step"]}), flush=True)
-    (args.results / "gpu_attention.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.results, "gpu_attention", result)
     report(result, args.results / "gpu_attention.md")
 
 

@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from provenance import code_state
+from provenance import add_results_option, code_state, results_folder, write_result, write_whole
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -202,6 +202,7 @@ def main() -> None:
     parser.add_argument("--ctranslate2", action="store_true",
                         help="CPU only: also CTranslate2 fp32 and int8 (and ours int8) on the same sentences, in "
                              "speed.py's workers and process settings, after the before/after pairs")
+    add_results_option(parser, "gpu_decode.json / .md (cpu_decode.* on the CPU)")
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -210,6 +211,7 @@ def main() -> None:
         return
     if args.before is None:
         parser.error("--before DIR is required")
+    results = results_folder(parser, args.results)
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -242,8 +244,7 @@ def main() -> None:
             result["models"][label]["startup"] = startup(Path(run))
             result["models"][label]["ctranslate2"] = against_ctranslate2(Path(run), args)
             print(label, result["models"][label]["ctranslate2"], flush=True)
-    out = ROOT / "benchmarks" / "results"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_result(results, name, result)
     lines = [f"# Decoding before and after the step rewrite: {result['device']} ({result['date']}, commit "
              f"{result['commit']}, torch {result['torch']})", "", f"`{result['command']}`", "",
              f"Before: {result['before']}. test2016, beam 4, α 0.6, input + 50, the exact stop; sentences/s over "
@@ -277,7 +278,7 @@ def main() -> None:
             lines += ["", f"Start-up (whole processes, median of 5): `import torch` {st['import_torch_s']} s, "
                       f"`transformer translate` on one sentence {st['translate_one_sentence_s']} s: "
                       f"+{st['added_s']} s."]
-    (out / f"{name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_whole(results / f"{name}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

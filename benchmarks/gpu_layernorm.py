@@ -37,7 +37,7 @@ import torch._inductor.config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import TUNED, cuda_kernels, error_line, kernel_summary  # noqa: E402  (benchmarks/ is no package)
 from gpu_attention import add_common_arguments, checked, timed  # noqa: E402
-from provenance import code_state, commit_text  # noqa: E402
+from provenance import code_state, commit_text, write_result, write_whole  # noqa: E402
 
 from transformer.model import Dropout, residual  # noqa: E402
 
@@ -167,7 +167,7 @@ def report(result: dict, path: Path) -> None:
                 lines += ["", f"{name}, {way}: the kernels against the operators without dropout (largest difference "
                           "over largest magnitude, bf16): " + ", ".join(f"{k} {v:.1e}" for k, v in agreement.items())
                           + "."]
-    path.write_text("\n".join(lines) + "\n")
+    write_whole(path, "\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -198,7 +198,7 @@ def main() -> None:
                 r = {"error": error_line(e)}
             result["models"][name][way] = r
             print(json.dumps({name: {way: r}}), flush=True)
-    (args.results / "gpu_layernorm.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.results, "gpu_layernorm", result)
     report(result, args.results / "gpu_layernorm.md")
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import platform
 import statistics
@@ -26,12 +25,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import ROOT, positive
-from provenance import code_state
+from common import positive
+from provenance import add_results_option, code_state, results_folder, write_result
 from transformer.model import ONEDNN_MIN_MACS
 from transformer.search import row_topk
 
-OUT = ROOT / "benchmarks" / "results"
 # (in, out) of the projections of the models measured: the recipe (d 128, d_ff 256/512, V 10k) and
 # bench-small (d 256, d_ff 1024, V 8k); rows: batch 1 and 64 at beam 4 (4, 256), and a source batch
 LINEARS = [(128, 128), (128, 384), (128, 512), (256, 256), (256, 768), (256, 1024), (1024, 256),
@@ -64,7 +62,9 @@ def explicit(q, k, v, mask):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=positive, default=2)
+    add_results_option(parser, "linear_kernels.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     torch.set_num_threads(args.threads)
     linears, attention = [], []
     with torch.inference_mode():
@@ -96,7 +96,6 @@ def main() -> None:
               "machine": platform.processor() or platform.machine(), "threads": args.threads,
               "torch": torch.__version__, "onednn_min_macs": ONEDNN_MIN_MACS, "linear": linears,
               "attention": attention, "topk": topk, "rule_picks_faster": f"{picked_right} of {len(linears)}"}
-    (OUT / "linear_kernels.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     lines = [f"# Kernels for a decoding step's products ({result['date']}, commit {result['commit']}, torch "
              f"{result['torch']}, {args.threads} threads)", "", f"`{result['command']}`. Median of 7 × 200 calls, µs "
              "per call, fp32. The model sends a product to oneDNN when rows × in × out ≥ "
@@ -114,7 +113,7 @@ def main() -> None:
               "on a CPU from 16 rows: chunk maxima, then the best chunks' columns).", "",
               "| rows | V | k | torch.topk | row_topk |", "|---:|---:|---:|---:|---:|"]
     lines += [f"| {t['rows']} | {t['vocab']} | {t['k']} | {t['topk_us']} | {t['row_topk_us']} |" for t in topk]
-    (OUT / "linear_kernels.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_result(results, "linear_kernels", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -45,9 +45,8 @@ from transformer.config import Config, load_config
 from transformer.translator import Translator
 
 from common import ROOT, Split, config_key, overrides_of, positive, train_or_resume, weight_candidates
-from provenance import git
+from provenance import RESULTS, add_results_option, git, results_folder, write_result, write_whole
 
-RESULTS = ROOT / "benchmarks" / "results"
 
 # The settings the EN→DE recipe is chosen among: the sweep that first picked it on a GPU (scored on
 # test2016 then), re-run on this CPU at the recipe's own update budget and scored on val. Every
@@ -114,16 +113,16 @@ CURVE_EVERY = 1000  # updates between the single checkpoints of the val curve
 
 
 def run_candidate(pair: str, name: str, values: dict[str, object], config: Path, runs: Path,
-                  decode_only: bool, threads: int | None) -> dict:
-    """The candidate's val scores: read back from its result file when that was made from the same
-    config, otherwise trained (step-bounded) and scored on val."""
+                  decode_only: bool, threads: int | None, results: Path) -> dict:
+    """The candidate's val scores: read back from its result file (under ``results``/selection) when that was
+    made from the same config, otherwise trained (step-bounded) and scored on val."""
     overrides = ["train.keep_last=1000", "train.max_minutes=0", *overrides_of(CANDIDATE_DECODE), *overrides_of(values)]
     cfg = load_config(str(config), overrides + ([f"train.threads={threads}"] if threads else []))
-    path = RESULTS / "selection" / f"multi30k_{pair}" / f"{name}.json"
+    path = results / "selection" / f"multi30k_{pair}" / f"{name}.json"
     if path.is_file():
         done = json.loads(path.read_text(encoding="utf-8"))
         if done.get("config_sha256") == config_key(cfg):
-            print(f"{name}: read back from {path.relative_to(ROOT)} (val tok. lc BLEU {done['val_tok_lc_bleu']})")
+            print(f"{name}: read back from {path} (val tok. lc BLEU {done['val_tok_lc_bleu']})")
             return done
     out = runs / f"select_{pair}" / name
     summary = train_or_resume(cfg, out, decode_only)
@@ -148,7 +147,7 @@ def run_candidate(pair: str, name: str, values: dict[str, object], config: Path,
         "val_curve": curve, "run": os.path.relpath(out, ROOT), "commit": git("rev-parse", "--short", "HEAD"), "date": datetime.date.today().isoformat(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
+    write_whole(path, json.dumps(done, indent=2) + "\n")
     print(f"{name}: val tok. lc BLEU {done['val_tok_lc_bleu']}, valid ppl {done['valid_ppl']}", flush=True)
     return done
 
@@ -170,16 +169,18 @@ def main() -> None:
                         "to this script's text)")
     parser.add_argument("--decode-only", action="store_true", help="never train: score the finished runs under "
                         "--out again (after a change to decoding); a candidate without one is an error")
+    add_results_option(parser, "multi30k_PAIR.json / .md and the candidates' selection/multi30k_PAIR/NAME.json "
+                       "(read back when their config is unchanged)")
     args = parser.parse_args()
     if args.markdown and (args.only or args.decode_only or args.threads):
         sys.exit("--markdown trains and scores nothing: it cannot go with --only, --decode-only or --threads")
+    results = results_folder(parser, args.results)
     if args.markdown:
-        path = RESULTS / f"multi30k_{args.pair}.json"
+        path = results / f"multi30k_{args.pair}.json"
         if not path.is_file():
             sys.exit(f"--markdown: {path} does not exist; run the benchmark first")
         result = json.loads(path.read_text(encoding="utf-8")) | {"history": HISTORY[args.pair]}
-        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        return write_markdown(result)
+        return write_result(results, f"multi30k_{args.pair}", result, markdown(result))
     config = ROOT / "configs" / f"multi30k_{args.pair}.toml"
     search = SEARCH[args.pair]
     names = list(search) if not args.only else args.only.split(",")
@@ -188,7 +189,7 @@ def main() -> None:
     if args.threads and any(search[n].get("train.max_minutes") for n in names):
         sys.exit(f"--threads: {args.pair}'s candidates are time-bounded, so they train at the recipe's own "
                  "threads, alone on the machine")
-    candidates = [run_candidate(args.pair, n, search[n], config, args.out, args.decode_only, args.threads)
+    candidates = [run_candidate(args.pair, n, search[n], config, args.out, args.decode_only, args.threads, results)
                   for n in names]
     if args.only:
         return
@@ -250,9 +251,7 @@ def main() -> None:
                      "sacrebleu": sacrebleu.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"multi30k_{args.pair}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    write_markdown(result)
+    write_result(results, f"multi30k_{args.pair}", result, markdown(result))
     print(json.dumps(result, indent=2))
 
 
@@ -289,7 +288,7 @@ def margins(r: dict) -> str:
             + (": a tie." if dec_lead < 0.1 else "."))
 
 
-def write_markdown(r: dict) -> None:
+def markdown(r: dict) -> str:
     cands = "\n".join(f"| {c['name']} | {', '.join(f'{k}={v}' for k, v in c['values'].items())} | {c['steps']} | "
                       f"{c['valid_ppl']} | {c['val_tok_lc_bleu']} | {c['commit']} |" for c in r["candidates"])
     dec = "\n".join(f"| {c['average_last']} | {c['beam']} | {c['val_tok_lc_bleu']} |" for c in r["decoding_candidates"])
@@ -297,7 +296,7 @@ def write_markdown(r: dict) -> None:
     src, tgt, *quick = r["pair"].split("_")
     history = f"\n**How the choices were made.** {r['history']} {margins(r)}\n" if r.get("history") else ""
     pair = f"{src.upper()}→{tgt.upper()}" + (" (the quick start's 10-minute config)" if quick else "")
-    (RESULTS / f"multi30k_{r['pair']}.md").write_text(f"""# Multi30k {pair}: recipe and decoding picked on val, test2016 scored once
+    return f"""# Multi30k {pair}: recipe and decoding picked on val, test2016 scored once
 
 `{r['command']}` — {r['date']}, commit {r['commit']}, {r['machine']}; torch {r['versions']['torch']},
 sacrebleu {r['versions']['sacrebleu']}
@@ -331,7 +330,7 @@ step-bounded run that shared the machine):
 | update | minutes | val BLEU |
 |---|---|---|
 {curve}
-""", encoding="utf-8")
+"""
 
 
 if __name__ == "__main__":

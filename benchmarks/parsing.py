@@ -32,10 +32,9 @@ from transformer.evaluate import score_trees
 from transformer.trees import read_trees
 
 from common import train_or_reread, weight_candidates
-from provenance import code_state, commit_text
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def parse(translator: Translator, words_file: str, gold_file: str) -> dict:
@@ -58,7 +57,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="extra config overrides")
     parser.add_argument("--decode-only", action="store_true", help="do not train: pick and score the checkpoints "
                         "of the finished run in --out again (after a change to decoding or tree repair)")
+    add_results_option(parser, "parsing.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     code = code_state()
     config = ROOT / "configs" / "ptb_sample_parse.toml"
     cfg, summary, overrides = train_or_reread(config, args.out, args.set, args.minutes, args.decode_only)
@@ -92,11 +93,9 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "parsing.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     dev_rows = "\n".join(f"| {name} | {v['f1']} | {v['precision']} | {v['recall']} | {v['well_formed_before_repair']} |"
                          for name, v in dev.items())
-    (RESULTS / "parsing.md").write_text(f"""# Constituency parsing, Penn Treebank WSJ sample (§6.3)
+    write_result(results, "parsing", result, f"""# Constituency parsing, Penn Treebank WSJ sample (§6.3)
 
 `{result['command']}` — {result['date']}, {commit_text(result)}, {result['machine']}; torch {torch.__version__}
 
@@ -119,7 +118,7 @@ Dev (wsj_0160-0174):
 | weights | F1 | precision | recall | well-formed |
 |---|---|---|---|---|
 {dev_rows}
-""", encoding="utf-8")
+""")
     print(json.dumps(result, indent=2))
 
 

@@ -37,10 +37,9 @@ from transformer.store import TokenStore
 from transformer.tokenizer import Tokenizer
 
 from common import positive
-from provenance import code_state, commit_text
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 
 CHILD = """
 import json, resource, sys, time
@@ -77,7 +76,9 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=256, help="data.max_len (default 256)")
     parser.add_argument("--chunk-pairs", type=int, default=50_000)
     parser.add_argument("--max-tokens", type=int, default=25_000, help="batching budget per side (§5.1)")
+    add_results_option(parser, "preprocess.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     state = code_state()  # the code at the start: a commit made during the run must not be recorded
 
     with tempfile.TemporaryDirectory(prefix="preprocess-bench-") as work:
@@ -121,10 +122,8 @@ def main() -> None:
                      "sentencepiece": sentencepiece.__version__, "torch": torch.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "preprocess.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     r = result
-    (RESULTS / "preprocess.md").write_text(f"""# Token store: `write_store` on {r['pairs']:,} pairs
+    write_result(results, "preprocess", result, f"""# Token store: `write_store` on {r['pairs']:,} pairs
 
 `{r['command']}` — {r['date']}, {commit_text(r)}, {r['machine']};
 numpy {np.__version__}, sentencepiece {sentencepiece.__version__}
@@ -141,7 +140,7 @@ Multi30k train repeated to {r['pairs']:,} pairs ({r['corpus_mib']} MiB of text),
 | pairs kept / too long / empty | {r['pairs_kept']:,} / {r['skipped_long']:,} / {r['skipped_empty']:,} |
 | opening the store | {r['open_seconds']} s |
 | §5.1 batching of its lengths ({r['max_tokens']:,} tokens per side) | {r['batch_seconds']} s, {r['batches']:,} batches |
-""", encoding="utf-8")
+""")
     print(json.dumps(result, indent=2))
 
 

@@ -1,10 +1,14 @@
-"""Which code a benchmark ran: the commit and the uncommitted changes, read through git alone.
+"""Which code a benchmark ran (the commit and the uncommitted changes, read through git alone), and where its
+reading goes (``--results``).
 
 It imports nothing from the package, so a benchmark that also runs an earlier ``transformer/`` package
 (gpu.py --before puts one first on PYTHONPATH) can record the checkout whatever that package holds."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -30,3 +34,42 @@ def commit_text(state: dict) -> str:
     """``code_state``'s commit as a result page's header prints it: "commit abc1234", and "with uncommitted
     changes" where the package, the benchmarks or the configs differed from it."""
     return f"commit {state['commit']}" + (" with uncommitted changes" if state["uncommitted"] else "")
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def add_results_option(parser: argparse.ArgumentParser, files: str) -> None:
+    """``--results FOLDER`` for the script's ``files``: by default the committed readings, which a trial run
+    would otherwise replace until `git checkout` restored them."""
+    parser.add_argument("--results", type=Path, default=RESULTS, help=f"folder for {files} (default "
+                        "benchmarks/results, the project's committed readings: give another for your own run)")
+
+
+def results_folder(parser: argparse.ArgumentParser, folder: Path) -> Path:
+    """``folder`` made and found writable before minutes of measuring, whose reading a folder that cannot take
+    it would lose at the end; otherwise a usage error naming ``--results``."""
+    if folder.exists() and not folder.is_dir():
+        parser.error(f"--results {folder}: not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--results {folder}: {e.strerror}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        parser.error(f"--results {folder}: not writable")
+    return folder
+
+
+def write_result(folder: Path, name: str, result: dict, markdown: str | None = None) -> None:
+    """NAME.json, then NAME.md where ``markdown`` is given, in ``folder``."""
+    write_whole(folder / f"{name}.json", json.dumps(result, indent=2) + "\n")
+    if markdown is not None:
+        write_whole(folder / f"{name}.md", markdown)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: an interrupted write leaves the earlier reading, not half of a
+    new one."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_text(text, encoding="utf-8")
+    os.replace(part, path)

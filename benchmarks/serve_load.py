@@ -36,9 +36,8 @@ from transformer.prepare import resolve_data_path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from common import positive, trained_run  # noqa: E402
-from provenance import git  # noqa: E402
+from provenance import add_results_option, git, results_folder, write_result  # noqa: E402
 from tests.conftest import start_server  # noqa: E402  (the tests' launcher of `transformer serve`)
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 async def load(url: str, sentences: list[str], clients: int, requests: int) -> dict:
@@ -88,13 +87,9 @@ def main() -> None:
     parser.add_argument("--clients", type=positive, default=50)
     parser.add_argument("--requests", type=int, default=20, help="requests per client")
     parser.add_argument("--max-wait-ms", type=float, default=10.0)
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for serve_load.json / .md (default "
-                        "benchmarks/results, the project's committed reading: give another for your own run)")
+    add_results_option(parser, "serve_load.json / .md")
     args = parser.parse_args()
-    try:  # before any training or measuring: a folder that cannot be made would lose the reading at the end
-        args.results.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        parser.error(f"--results {args.results}: {e.strerror}")
+    results = results_folder(parser, args.results)
 
     run = args.run and trained_run(args.run)
     if run is None:
@@ -123,11 +118,10 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "fastapi": fastapi.__version__,
                      "uvicorn": uvicorn.__version__, "httpx": httpx.__version__},
     }
-    (args.results / "serve_load.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     rows = "\n".join(f"| {name} | {r['requests']} | {r['errors']} | {r['requests_per_s']} | {r['p50_ms']} | "
                      f"{r['p99_ms']} | {r['server_batches']} |" for name, r in (("dynamic batching", batched),
                                                                               ("one request at a time", single)))
-    (args.results / "serve_load.md").write_text(f"""# `transformer serve` under load ({result['date']})
+    write_result(results, "serve_load", result, f"""# `transformer serve` under load ({result['date']})
 
 `{result['command']}`: {args.clients} concurrent clients on loopback, {args.requests} requests each, one test2016
 sentence per request, beam 4, α 0.6; model `{run.name}`; commit {result['commit']}. {result['machine']};
@@ -138,7 +132,7 @@ versions {result['versions']}.
 {rows}
 
 Batching gain: **{result['batching_gain']}×** the throughput of one request at a time.
-""", encoding="utf-8")
+""")
     print(json.dumps({k: result[k] for k in ("requests", "errors", "requests_per_s", "p50_ms", "p99_ms",
                                              "batching_gain")}))
 

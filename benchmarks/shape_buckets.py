@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 from pathlib import Path
 
@@ -21,12 +20,11 @@ import numpy as np
 import torch
 
 from common import positive, recipe_lengths
-from provenance import code_state
+from provenance import add_results_option, code_state, results_folder, write_result
 from transformer.config import load_config
 from transformer.data import ShapeBuckets, make_batches_from_lengths, padding_fraction
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 PER_DOUBLING = (0, 4, 8, 16)  # 0: the batches as §5.1 makes them
 
 
@@ -34,7 +32,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", default="en_de", choices=("en_de", "en_fr"), help="the Multi30k recipe")
     parser.add_argument("--max-tokens", type=positive, help="tokens per side per batch (default: the recipe's)")
+    add_results_option(parser, "shape_buckets.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     cfg = load_config(str(ROOT / "configs" / f"multi30k_{args.pairs}.toml"))
     max_tokens = args.max_tokens or cfg.train.max_tokens
     src_lengths, tgt_lengths = map(np.asarray, recipe_lengths(cfg))
@@ -55,8 +55,6 @@ def main() -> None:
               "versions": {"python": platform.python_version(), "torch": torch.__version__},
               "corpus": str(cfg.data.train_src), "pairs": len(src_lengths), "vocab_size": cfg.data.vocab_size,
               "max_tokens": max_tokens, "rows": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "shape_buckets.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Shape buckets: padding and shapes", "",
              f"`{result['command']}` — {result['date']}, commit {result['commit']}, torch {torch.__version__}.", "",
              f"Multi30k train ({len(src_lengths):,} pairs, joint BPE of {cfg.data.vocab_size:,} as the recipe trains "
@@ -67,7 +65,7 @@ def main() -> None:
              "|---|---|---|---|---|"]
     lines += [f"| {r['per_doubling']} | {r['batches']} | {r['shapes']} | {100 * r['padding_fraction']:.1f}% | "
               f"{r['positions_vs_none']:.3f} |" for r in rows]
-    (RESULTS / "shape_buckets.md").write_text("\n".join(lines) + "\n")
+    write_result(results, "shape_buckets", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -82,10 +82,9 @@ from transformer.train import train
 from transformer.vocabulary import open_vocabulary
 
 from common import ROOT, recipe_run
-from provenance import code_state
+from provenance import RESULTS, add_results_option, code_state, results_folder, write_result
 
 HERE = Path(__file__).resolve().parent
-RESULTS = ROOT / "benchmarks" / "results"
 PEER_VENV = Path(os.environ.get("TRANSFORMER_PEER_VENV", Path.home() / ".cache" / "transformer-bench" / "fairseq"))
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 # what every measured process gets (see the docstring); the malloc values are runtime.keep_freed_memory's
@@ -365,7 +364,7 @@ def remeasure(args: argparse.Namespace, state: dict) -> None:
     other sections stay as they were measured, and ``remeasured[SECTION]`` says when, at which commit
     and with which versions this one was. Training needs a vocabulary, not a model: --run's when it has
     one, else one trained as our runs train theirs; the users' model needs the recipe's finished run."""
-    path = RESULTS / "speed.json"
+    path = args.results / "speed.json"
     if not path.is_file():
         sys.exit(f"--only {args.only}: {path} does not exist yet (run speed.py without --only first)")
     result = json.loads(path.read_text(encoding="utf-8"))
@@ -378,8 +377,7 @@ def remeasure(args: argparse.Namespace, state: dict) -> None:
     else:
         result |= measure_section(args, state, result["ratios"])
     result["remeasured"] = result.get("remeasured", {}) | {args.only: state}
-    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / "speed.md").write_text(markdown(result), encoding="utf-8")
+    write_result(args.results, "speed", result, markdown(result))
     print(json.dumps({k: result[k] for k in ("ratios", "remeasured")}, indent=2))
 
 
@@ -602,6 +600,7 @@ def main() -> None:
                         "they were measured at)")
     parser.add_argument("--markdown", action="store_true", help="measure nothing: rewrite speed.md from speed.json "
                         "(and ct2_backend.json, when there) after a change to this script's text")
+    add_results_option(parser, "speed.json / .md (--only and --markdown start from the speed.json there)")
     args = parser.parse_args()
     if args.only:
         refused = [("--markdown", args.markdown), ("--no-peers", args.no_peers)]
@@ -613,9 +612,12 @@ def main() -> None:
     for name, value in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    results_folder(parser, args.results)
     if args.markdown:
-        return (RESULTS / "speed.md").write_text(markdown(json.loads((RESULTS / "speed.json").read_text(
-            encoding="utf-8"))), encoding="utf-8")
+        if not (args.results / "speed.json").is_file():
+            parser.error(f"--markdown: no speed.json in {args.results} to rewrite the page from")
+        result = json.loads((args.results / "speed.json").read_text(encoding="utf-8"))
+        return write_result(args.results, "speed", result, markdown(result))
     torch.set_num_threads(2)
     result: dict = {"date": datetime.date.today().isoformat(), **code_state(),
                     "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
@@ -636,9 +638,7 @@ def main() -> None:
     result["ratios"] = {**result.pop("train_ratios"), **result.pop("translate_ratios")}
     log(f"the users' model: {user_run}")
     result["user_model"] = user_model(user_run, work)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "speed.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / "speed.md").write_text(markdown(result), encoding="utf-8")
+    write_result(args.results, "speed", result, markdown(result))
     print(json.dumps(result, indent=2))
 
 

@@ -30,9 +30,8 @@ from transformer.config import load_config
 from transformer.train import train
 
 from common import ROOT, positive
-from provenance import git
+from provenance import add_results_option, git, results_folder, write_result
 
-RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "multi30k_en_de.toml"
 
 
@@ -64,7 +63,9 @@ def main() -> None:
                         help="updates per run (the recipe has 116 batches an epoch)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each kind, alternating")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "subword_speed")
+    add_results_option(parser, "subword_speed.json / .md")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
 
     runs: dict[str, list[dict]] = {"plain": [], "sampled": []}
     for i in range(args.repeats):
@@ -87,17 +88,15 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "subword_speed.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     rows = "".join(f"| {kind} | {r['alpha']} | {r['steps']} | {r['tokens_per_s']} | {r['tgt_tokens']} | "
                    f"{r['train_minutes']} |\n" for kind in runs for r in runs[kind])
-    (RESULTS / "subword_speed.md").write_text(
+    write_result(
+        results, "subword_speed", result,
         f"# Subword regularization: training speed\n\n`{result['command']}` at {result['commit']}, {result['date']}, "
         f"{result['machine']}, torch {torch.__version__}; recipe {result['config']}\n\n"
         f"Median target tokens/s: without {plain}, with BPE-dropout α {args.alpha}: {sampled} "
         f"(ratio {result['tokens_per_s_ratio']}, loss {100 * result['tokens_per_s_loss']:.1f}%). {spread(runs)}\n\n"
-        "| run | alpha | updates | target tokens/s | target tokens | minutes |\n|---|---|---|---|---|---|\n" + rows,
-        encoding="utf-8")
+        "| run | alpha | updates | target tokens/s | target tokens | minutes |\n|---|---|---|---|---|---|\n" + rows)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
 
 

@@ -47,7 +47,7 @@ from transformer.model import count_parameters
 from transformer.translator import Translator
 
 from common import ROOT, Split, config_key, positive, prediction_interval, train_or_resume
-from provenance import git
+from provenance import RESULTS, git, write_result
 
 # Table 3 as printed: PPL (dev), BLEU (dev), params ×10^6 (None where the paper prints no count; the
 # copy in ../shared/paper shows 4/16/32/16 in rows (A)'s params cells, which cannot be counts: those
@@ -302,8 +302,7 @@ def write_results(rows: list[dict], missing: list[str], scale: Scale, args: argp
         result["machine"] = (f"{os.cpu_count()} CPU cores, {platform.machine()}"
                              + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""))
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (args.results / f"{args.tag}.md").write_text(markdown(result), encoding="utf-8")
+    write_result(args.results, args.tag, result, markdown(result))
     if rows:
         draw(result, args.figure)
     return result
@@ -451,7 +450,7 @@ def pilot(args: argparse.Namespace) -> None:
               "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
               "commit": git("rev-parse", "--short", "HEAD"), "date": datetime.date.today().isoformat()}
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"{args.tag}_pilot.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_result(args.results, f"{args.tag}_pilot", result)
     print(json.dumps(result, indent=2))
 
 
@@ -476,7 +475,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a config override for every row (e.g. data paths, train.precision)")
     parser.add_argument("--tag", help="result name (default table3 on cpu, table3_gpu on cuda)")
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results", help="where TAG.json, "
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where TAG.json, "
                         "TAG.md and the rows' files (TAG/) go")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs", help="where the run folders go (RUNS/TAG/ROW_seedS)")
     parser.add_argument("--figure", type=Path, help="the figure's path (default docs/TAG.png)")

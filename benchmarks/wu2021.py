@@ -54,12 +54,12 @@ from transformer.translator import Translator
 
 from common import (ROOT, Split, config_key, overrides_of, positive, prediction_interval, train_or_resume,
                     weight_candidates)
-from provenance import git
+from provenance import RESULTS, add_results_option, git, results_folder, write_result, write_whole
 
-RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "configs" / "multi30k_en_de_wu2021.toml"
 RECIPE = ROOT / "configs" / "multi30k_en_de_8k.toml"  # the pick, committed
-SELECTION = RESULTS / "selection" / "multi30k_en_de_wu2021"
+SELECTION = Path("selection") / "multi30k_en_de_wu2021"  # under the results folder: each run's val scores
+NAME = "multi30k_en_de_wu2021"  # the result files' name
 PUBLISHED = "wu2021_transformer_tiny_multi30k_en_de_test2016"
 
 # Every run at their budget. The settings name the same keys (a full assignment of them), train.seed aside.
@@ -186,12 +186,12 @@ def by_settings(rows: Iterable[dict]) -> list[list[dict]]:
     return list(groups.values())
 
 
-def run(name: str, runs: Path, threads: int | None) -> dict:
-    """The run's val scores under every decoding: read back when made from the same config, otherwise
-    trained (step-bounded, resuming an interrupted run) and scored."""
+def run(name: str, runs: Path, threads: int | None, results: Path) -> dict:
+    """The run's val scores under every decoding: read back (from ``results``/SELECTION) when made from the
+    same config, otherwise trained (step-bounded, resuming an interrupted run) and scored."""
     values = RUNS[name]
     cfg = load_config(str(CONFIG), overrides_of(values) + ([f"train.threads={threads}"] if threads else []))
-    path = SELECTION / f"{name}.json"
+    path = results / SELECTION / f"{name}.json"
     out = runs / "wu2021" / name
     if path.is_file():
         done = json.loads(path.read_text(encoding="utf-8"))
@@ -204,7 +204,7 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
                 commit = git("rev-parse", "--short", "HEAD")
                 done["val"].update(added)
                 done["decoded_later"] = done.get("decoded_later", {}) | {d: commit for d in added}
-                path.write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
+                write_whole(path, json.dumps(done, indent=2) + "\n")
             print(f"{name}: read back from {path}" + (f", {', '.join(added)} decoded now" if added else ""))
             return done
     summary = train_or_resume(cfg, out)
@@ -220,8 +220,8 @@ def run(name: str, runs: Path, threads: int | None) -> dict:
         "run": os.path.relpath(out, ROOT), "commit": git("rev-parse", "--short", "HEAD"),
         "date": datetime.date.today().isoformat(),
     }
-    SELECTION.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_whole(path, json.dumps(done, indent=2) + "\n")
     return done
 
 
@@ -302,16 +302,16 @@ def test_member(best: dict, runs: dict[str, dict]) -> dict:
     return (at_hand or [runs[best["runs"][0]]])[0]
 
 
-def report(runs_dir: Path) -> None:
-    missing = [n for n in RUNS if not (SELECTION / f"{n}.json").is_file()]
+def report(runs_dir: Path, results: Path) -> None:
+    missing = [n for n in RUNS if not (results / SELECTION / f"{n}.json").is_file()]
     if missing == list(RUNS):
         sys.exit("no val scores yet: run --only NAME first")
     if missing:
         print(f"not trained yet, left out of the report: {', '.join(missing)} (--only {','.join(missing)})",
               file=sys.stderr)
-    runs = {n: run(n, runs_dir, None) for n in RUNS if n not in missing}
-    published = json.loads((RESULTS / "published.json").read_text(encoding="utf-8"))[PUBLISHED]
-    path = RESULTS / "multi30k_en_de_wu2021.json"
+    runs = {n: run(n, runs_dir, None, results) for n in RUNS if n not in missing}
+    published = json.loads((RESULTS / "published.json").read_text(encoding="utf-8"))[PUBLISHED]  # the papers' own
+    path = results / f"{NAME}.json"
     # a run trained elsewhere (its folder not here) keeps the test scores it was reported with
     previous = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"replication": []}
     reported = {(r["run"], r["config_sha256"]): r for r in previous["replication"]}
@@ -320,8 +320,8 @@ def report(runs_dir: Path) -> None:
         done = runs[name]
         if "theirs" not in done["val"]:  # a run trained before keep_last counted the save clock
             print(f"{name}: left out of the replication rows: {done['run']} holds fewer checkpoints on its save "
-                  f"clock than the average 'theirs' needs; move it and {SELECTION / name}.json aside and train "
-                  f"it again (--only {name})", file=sys.stderr)
+                  f"clock than the average 'theirs' needs; move it and {results / SELECTION / name}.json aside and "
+                  f"train it again (--only {name})", file=sys.stderr)
             continue
         if not (ROOT / done["run"]).is_dir() and (name, done["config_sha256"]) in reported:
             replication.append(reported[name, done["config_sha256"]] | {"values": done["values"]})
@@ -377,8 +377,7 @@ def report(runs_dir: Path) -> None:
     }
     if same_pick and "cpu_time" in previous:
         result["cpu_time"] = previous["cpu_time"]
-    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    write_markdown(result)
+    write_result(results, NAME, result, markdown(result))
     print(json.dumps({k: result[k] for k in ("tok_lc_bleu", "sacrebleu", "chrf", "picked")}, indent=2))
 
 
@@ -487,7 +486,7 @@ def gap_rows(r: dict) -> tuple[str, str]:
     return table, sentence
 
 
-def write_markdown(r: dict) -> None:
+def markdown(r: dict) -> str:
     pub = r["published"]["tok_lc_bleu"]
     rep = "\n".join(
         f"| {x['run']} | {reading(x['values'])} "
@@ -515,10 +514,14 @@ def write_markdown(r: dict) -> None:
         f"is {'inside' if b['published_inside'] else 'outside'} it.\n"
         for b in (r.get("seed_band"), r.get("seed_band_lenpen")) if b)
     if any(1 in b.get("batch_orders", [1]) for b in (r.get("seed_band"), r.get("seed_band_lenpen")) if b):
-        band_line += ("\nThe runs drew their batch orders seeded with seed + epoch (batch order 1, before "
-                      "2026-12-05), so a run of seed s + 1 trained the epoch orders of seed s one epoch later: "
-                      "the seeds differ in initialisation and dropout over largely shared orders, and a band of "
-                      "independent orders (batch order 2) may be wider.\n")
+        # a row without the key trained before batch orders were recorded: order 1
+        own = [x["run"] for x in r["replication"] if x.get("batch_order", 1) != 1]
+        named = " and ".join(filter(None, [", ".join(own[:-1]), own[-1]])) if own else ""
+        band_line += ("\nThe runs " + (f"other than {named} " if own else "") + "drew their batch orders "
+                      "seeded with seed + epoch (batch order 1, before 2026-12-05), so a run of seed s + 1 trained "
+                      "the epoch orders of seed s one epoch later: those seeds differ in initialisation and dropout "
+                      "over largely shared orders, and a band of independent orders (batch order 2"
+                      + (f", which only {named} drew" if own else "") + ") may be wider.\n")
     if band_line and r.get("seed_band_lenpen"):
         band_line += ("\nWhether the published run lies beyond our seeds' spread depends on the decoding the band "
                       "is read in; a single published number cannot tell a difference not yet tested from a good "
@@ -540,7 +543,7 @@ precisions but shorter output loses through the penalty alone.
     missing = (f"\nNot trained yet, so in neither table nor the pick: {', '.join(r['not_trained'])}.\n"
                if r.get("not_trained") else "")
     trained = ", ".join(f"{device} ({n})" for device, n in r.get("trained_on", {}).items()) or "see the table"
-    (RESULTS / "multi30k_en_de_wu2021.md").write_text(f"""# Multi30k EN→DE at Wu et al. (2021)'s settings and budget
+    return f"""# Multi30k EN→DE at Wu et al. (2021)'s settings and budget
 
 `{r['command']}` — {r['date']}, commit {r['commit']}, scored on {r['device']} (runs trained on: {trained}); torch {r['versions']['torch']},
 sacrebleu {r['versions']['sacrebleu']}. Config: `{r['config']}` plus each run's overrides. Budget:
@@ -592,7 +595,7 @@ Picked on val (settings and decoding averaged over their seeds): runs {', '.join
 | signature | `{r['sacrebleu_signature']}` |
 | chrF | {r['chrf']} |
 
-{cpu_line}""", encoding="utf-8")
+{cpu_line}"""
 
 
 def picked_config(result: dict) -> Config:
@@ -601,8 +604,15 @@ def picked_config(result: dict) -> Config:
     return with_decoding(cfg, result["picked"]["decoding"])
 
 
-def check() -> None:
-    result = json.loads((RESULTS / "multi30k_en_de_wu2021.json").read_text(encoding="utf-8"))
+def recorded(results: Path) -> dict:
+    """The result already in ``results``, which --check, --time-cpu and --markdown start from."""
+    if not (results / f"{NAME}.json").is_file():
+        sys.exit(f"{results / NAME}.json: no result there yet (train the runs and run without options first)")
+    return json.loads((results / f"{NAME}.json").read_text(encoding="utf-8"))
+
+
+def check(results: Path) -> None:
+    result = recorded(results)
     picked, committed = picked_config(result), load_config(str(RECIPE))
     if config_key(picked) != config_key(committed):
         differ = [f"{section}.{f.name} = {getattr(getattr(picked, section), f.name)!r}"
@@ -615,11 +625,10 @@ def check() -> None:
           f"{result['picked']['decoding']})")
 
 
-def time_cpu(updates: int) -> None:
+def time_cpu(updates: int, results: Path) -> None:
     """Trains the committed recipe for ``updates`` updates, timed, and writes its seconds per update and
     the whole budget's minutes into the result files."""
-    path = RESULTS / "multi30k_en_de_wu2021.json"
-    result = json.loads(path.read_text(encoding="utf-8"))
+    result = recorded(results)
     cfg = load_config(str(RECIPE), [f"train.max_steps={updates}"])
     with tempfile.TemporaryDirectory() as out:
         summary = train(cfg, Path(out), quiet=True)
@@ -634,23 +643,19 @@ def time_cpu(updates: int) -> None:
                  "pick's runs trained on a GPU"),
         "torch": torch.__version__, "commit": git("rev-parse", "--short", "HEAD"),
         "date": datetime.date.today().isoformat()}
-    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    write_markdown(result)
+    write_result(results, NAME, result, markdown(result))
     print(json.dumps(result["cpu_time"], indent=2))
 
 
-def rederive() -> None:
+def rederive(results: Path) -> None:
     """The .md from the JSON already there, with the seed bands derived again from its replication rows (a
     band added since the runs were scored: the rows are the measurements, the bands are read from them)."""
-    path = RESULTS / "multi30k_en_de_wu2021.json"
-    r = json.loads(path.read_text(encoding="utf-8"))
+    r = recorded(results)
     published = r["published"]["tok_lc_bleu"]
     bands = {"seed_band": seed_band(r["replication"], published),
              "seed_band_lenpen": seed_band(r["replication"], published, "theirs_lenpen")}
-    if any(r.get(k) != v for k, v in bands.items()):
-        r |= bands
-        path.write_text(json.dumps(r, indent=2) + "\n", encoding="utf-8")
-    write_markdown(r)
+    r |= bands
+    write_result(results, NAME, r, markdown(r))
 
 
 def main() -> None:
@@ -663,20 +668,23 @@ def main() -> None:
                         "machine (alone) and write its minutes for the whole budget into the result files")
     parser.add_argument("--check", action="store_true", help="exit 1 unless the committed pick "
                         f"({RECIPE.relative_to(ROOT)}) is what val picked")
+    add_results_option(parser, f"{NAME}.json / .md and the runs' val scores ({SELECTION}/NAME.json, read back "
+                       "while their config is unchanged; --check, --time-cpu and --markdown read the result there)")
     args = parser.parse_args()
+    results = results_folder(parser, args.results)
     if args.check:
-        return check()
+        return check(results)
     if args.time_cpu:
-        return time_cpu(args.time_cpu)
+        return time_cpu(args.time_cpu, results)
     if args.markdown:
-        return rederive()
+        return rederive(results)
     if not args.only:
-        return report(args.out)
+        return report(args.out, results)
     names = args.only.split(",")
     if unknown := [n for n in names if n not in RUNS]:
         sys.exit(f"--only: no run {unknown}; runs: {', '.join(RUNS)}")
     for name in names:
-        run(name, args.out, args.threads)
+        run(name, args.out, args.threads, results)
 
 
 if __name__ == "__main__":

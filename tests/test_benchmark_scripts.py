@@ -3,6 +3,9 @@ in a message, never in a traceback (the workers speed.py starts print their usag
 
 from __future__ import annotations
 
+import json
+import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +43,45 @@ def test_a_folder_without_checkpoints_is_refused_in_one_line(script, tmp_path):
 def test_the_speed_worker_by_hand_prints_its_usage(args):
     done = run("speed_worker.py", *args)
     assert done.returncode == 2 and "Traceback" not in done.stderr and "speed_worker.py ct2_file" in done.stderr
+
+
+WRITERS = sorted(s for s in SCRIPTS if "write_result(" in (BENCHMARKS / s).read_text("utf-8") and s != "table3.py")
+NEEDS = {  # script -> arguments it cannot start without, besides --results
+    "ct2_backend.py": ["--run", "unused"], "gpu_decode.py": ["--before", "unused"],
+    "gpu_attention.py": ["--device", "cpu"], "gpu_layernorm.py": ["--device", "cpu"],
+}
+
+
+def test_every_script_that_writes_results_takes_the_folder_from_one_option():
+    """Each writes its files through provenance.write_result into --results (table3.py's own --results also holds
+    its rows); none names the committed folder itself, so a trial run can leave the published readings alone."""
+    assert len(WRITERS) >= 20, WRITERS
+    for script in WRITERS:
+        text = (BENCHMARKS / script).read_text("utf-8")
+        assert "add_results_option(parser" in text or "add_common_arguments(parser)" in text, script
+        assert 'ROOT / "benchmarks" / "results"' not in text and not re.search(r"^RESULTS = ", text, re.M), script
+
+
+@pytest.mark.parametrize("script", WRITERS)
+def test_a_results_path_that_is_no_folder_is_refused_before_any_work(script, tmp_path, monkeypatch, capsys):
+    """Run in this process (a new one per script would cost more than its check): the script stops at the option,
+    before any measuring."""
+    taken = tmp_path / "a_file"
+    taken.write_text("", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *NEEDS.get(script, []), "--results", str(taken)])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: --results {taken}: not a folder")
+
+
+def test_write_result_replaces_the_files_whole(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from provenance import write_result
+
+    write_result(tmp_path, "x", {"a": 1}, "# page\n")
+    write_result(tmp_path, "x", {"a": 2})
+    assert json.loads((tmp_path / "x.json").read_text("utf-8")) == {"a": 2}
+    assert (tmp_path / "x.md").read_text("utf-8") == "# page\n"  # no page given: the earlier one stays
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.md"]  # no part file left

@@ -17,9 +17,8 @@ def test_the_bench_times_and_scores_each_way_on_the_same_lines(tmp_path, tiny_ov
     train(load_config("tiny", tiny_overrides + ["train.max_steps=4"]), run, quiet=True)
     lines = ["A dog runs.", "Two men talk.", "A girl reads a book.", "A cat sleeps."]
     monkeypatch.setattr(bf16_decode, "test_set", lambda cfg: (list(lines), list(lines), list(lines)))
-    monkeypatch.setattr(bf16_decode, "RESULTS", tmp_path / "results")
     monkeypatch.setattr(sys, "argv", ["benchmarks/bf16_decode.py", "--run", str(run), "--repeat", "2",
-                                      "--b1-sentences", "2"])
+                                      "--b1-sentences", "2", "--results", str(tmp_path / "results")])
     bf16_decode.main()
     result = json.loads((tmp_path / "results" / "bf16_decode.json").read_text())
     assert result["sentences"] == 4 and result["b1_sentences"] == 2

@@ -98,7 +98,7 @@ def test_wu2021_results_are_keyed_by_training_alone() -> None:
     assert wu2021.with_decoding(cfg, "theirs_lenpen").decode == cfg.decode
     assert wu2021.run_key(cfg) == wu2021.run_key(wu2021.with_decoding(cfg, "paper"))
     assert wu2021.run_key(cfg) != wu2021.run_key(load_config(str(wu2021.CONFIG), ["train.eps_ls=0.0"]))
-    stored = sorted(wu2021.SELECTION.glob("*.json"))
+    stored = sorted((wu2021.RESULTS / wu2021.SELECTION).glob("*.json"))
     assert stored
     for path in stored:
         run = load_config(str(wu2021.CONFIG), wu2021.overrides_of(wu2021.RUNS[path.stem]))
@@ -116,7 +116,7 @@ def test_wu2021_pick_averages_seeds_and_the_committed_recipe_is_the_pick() -> No
     assert (best["runs"], best["decoding"], best["val_tok_lc_bleu"]) == (["wu_ls0.1"], "paper", 41.6)
     assert [r["val_tok_lc_bleu"] for r in ranked] == [41.6, 41.5, 41.4]
     # benchmarks/results/multi30k_en_de_wu2021.json's pick is what configs/multi30k_en_de_8k.toml holds
-    wu2021.check()
+    wu2021.check(wu2021.RESULTS)
 
 
 def test_wu2021_test2016_is_decoded_by_a_seed_at_hand(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,14 +128,11 @@ def test_wu2021_test2016_is_decoded_by_a_seed_at_hand(tmp_path: Path, monkeypatc
     assert wu2021.test_member(best, runs)["name"] == "ours_qkv_seed2"
 
 
-def test_wu2021_report_names_the_runs_not_trained_yet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wu2021_report_names_the_runs_not_trained_yet() -> None:
     result = json.loads((wu2021.RESULTS / "multi30k_en_de_wu2021.json").read_text(encoding="utf-8"))
-    monkeypatch.setattr(wu2021, "RESULTS", tmp_path)
-    wu2021.write_markdown(result | {"not_trained": []})
-    assert "Not trained yet" not in (tmp_path / "multi30k_en_de_wu2021.md").read_text(encoding="utf-8")
-    wu2021.write_markdown(result | {"not_trained": ["wu_ls0.1_lctok_seed2"]})
+    assert "Not trained yet" not in wu2021.markdown(result | {"not_trained": []})
     assert "Not trained yet, so in neither table nor the pick: wu_ls0.1_lctok_seed2." in \
-        (tmp_path / "multi30k_en_de_wu2021.md").read_text(encoding="utf-8")
+        wu2021.markdown(result | {"not_trained": ["wu_ls0.1_lctok_seed2"]})
 
 
 def test_wu2021_reading_names_what_a_run_changes_from_the_committed_config() -> None:

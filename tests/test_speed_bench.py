@@ -30,7 +30,6 @@ VERSIONS = {"ctranslate2": "9", "fairseq": "0.12.3.1", "fairseq_torch": "2.13.0+
 def stood_in(tmp_path, monkeypatch):
     """speed.json as committed in a folder of its own, and every measuring step stood in for."""
     shutil.copy(ROOT / "benchmarks" / "results" / "speed.json", tmp_path / "speed.json")
-    monkeypatch.setattr(speed, "RESULTS", tmp_path)
     calls = []
     monkeypatch.setattr(speed, "open_vocabulary",
                         lambda cfg, src, tgt, path, log, resuming: calls.append(("vocabulary", path)) or FakeTok())
@@ -54,7 +53,8 @@ def test_only_train_replaces_the_training_keys_and_keeps_the_rest(stood_in):
     folder, calls = stood_in
     before = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
     run = folder / "no_run"
-    speed.remeasure(argparse.Namespace(run=run, only="train"), state("abc1234", "benchmarks/speed.py --only train"))
+    speed.remeasure(argparse.Namespace(run=run, only="train", results=folder),
+                    state("abc1234", "benchmarks/speed.py --only train"))
 
     after = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
     # no model run at --run: a vocabulary alone, trained in a folder of its own
@@ -83,7 +83,8 @@ def test_only_translate_replaces_the_translation_keys_and_keeps_the_rest(stood_i
                   "translate_ratios": {"translate_b64_vs_ctranslate2": 0.5}}
     monkeypatch.setattr(speed, "translating",
                         lambda args, work, tok, b, d: calls.append(("translating", work)) or dict(translated))
-    speed.remeasure(argparse.Namespace(run=tiny_run, only="translate"), state("def5678", "speed.py --only translate"))
+    speed.remeasure(argparse.Namespace(run=tiny_run, only="translate", results=folder),
+                    state("def5678", "speed.py --only translate"))
 
     after = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
     assert calls == [("translating", tiny_run / "speed")]  # --run has a model: it is used, not trained again
@@ -108,7 +109,8 @@ def test_a_full_run_writes_every_section_and_no_remeasured(stood_in, monkeypatch
     monkeypatch.setattr(speed, "translating", lambda *a: calls.append(("translating", a[1])) or dict(translated))
     monkeypatch.setattr(speed, "user_model", lambda run, work: committed["user_model"])
     monkeypatch.setattr(speed.torch, "set_num_threads", lambda n: None)  # this process keeps its threads
-    monkeypatch.setattr(sys, "argv", ["speed.py", "--run", str(tiny_run), "--user-run", str(tiny_run)])
+    monkeypatch.setattr(sys, "argv", ["speed.py", "--run", str(tiny_run), "--user-run", str(tiny_run),
+                                      "--results", str(folder)])
     speed.main()
 
     after = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
@@ -154,7 +156,8 @@ def test_only_user_replaces_the_users_model_and_keeps_the_rest(stood_in, monkeyp
                 "bleu": {"ours": 9.5}, "ratios": {"exact_vs_ctranslate2": 0.25}, "startup_s": {}}
     monkeypatch.setattr(speed, "user_model", lambda run, work: calls.append(("user_model", run, work)) or measured)
     run = tiny_run.parent / "speed_run"
-    speed.remeasure(argparse.Namespace(run=run, only="user", user_run=tiny_run), state("0a1b2c3", "--only user"))
+    speed.remeasure(argparse.Namespace(run=run, only="user", user_run=tiny_run, results=folder),
+                    state("0a1b2c3", "--only user"))
 
     after = json.loads((folder / "speed.json").read_text(encoding="utf-8"))
     assert calls == [("user_model", tiny_run, run / "speed")]
@@ -169,7 +172,8 @@ def test_only_user_refuses_a_run_that_did_not_finish(stood_in, tmp_path):
     (tmp_path / "unfinished").mkdir()
     (tmp_path / "unfinished" / "config.toml").write_text("", encoding="utf-8")
     with pytest.raises(SystemExit, match="unfinished: no finished run there"):
-        speed.remeasure(argparse.Namespace(run=tmp_path, only="user", user_run=tmp_path / "unfinished"), {})
+        speed.remeasure(argparse.Namespace(run=tmp_path, only="user", user_run=tmp_path / "unfinished",
+                                           results=tmp_path), {})
 
 
 def test_training_alternates_ours_in_fp32_and_bf16_with_fairseq(monkeypatch, tmp_path):
@@ -234,10 +238,9 @@ def test_the_worker_times_after_its_untimed_passes():
     assert len(timed) == 5 and outputs == [["x"]] and best >= 0
 
 
-def test_only_needs_a_full_run_first(tmp_path, monkeypatch):
-    monkeypatch.setattr(speed, "RESULTS", tmp_path)
+def test_only_needs_a_full_run_first(tmp_path):
     with pytest.raises(SystemExit, match="does not exist yet"):
-        speed.remeasure(argparse.Namespace(run=tmp_path / "run", only="train"), {})
+        speed.remeasure(argparse.Namespace(run=tmp_path / "run", only="train", results=tmp_path), {})
 
 
 def test_the_worker_hands_the_jobs_length_norm_to_the_search(tiny_run, monkeypatch):
