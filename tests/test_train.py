@@ -1310,6 +1310,16 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     assert "averaged 3 checkpoints (--last 10: 3 of the run's 3 checkpoints are averaged as" in capsys.readouterr().out
     tuned = train(cfg, tmp_path / "from_average", quiet=True, init_from=elsewhere / "avg.safetensors")
     assert tuned["init_from"]["weights"] == ["avg"] and tuned["step"] == 2
+
+    # a parent whose weights differ from their records is refused before the new folder gets a file (it was left
+    # with config.toml, spm.model and train.log)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(old, damaged)
+    steps = [p.with_suffix(".safetensors") for p in list_checkpoints(damaged)]
+    shutil.copy(steps[0], steps[-1])
+    with pytest.raises(UserError, match="sha256 mismatch"):
+        train(cfg, tmp_path / "z", quiet=True, init_from=damaged)
+    assert not (tmp_path / "z").exists()
     state_file = list_checkpoints(old)[-1].with_suffix(".state.safetensors")  # its step's weights, named as such
     assert train(cfg, tmp_path / "from_state", quiet=True, init_from=state_file)["init_from"]["weights"] == [
         list_checkpoints(old)[-1].stem]

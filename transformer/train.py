@@ -630,6 +630,23 @@ def refuse_misfit(init_from: Path, parent: Path, cfg: Config) -> None:
                          f"({'; '.join(misfits(theirs.model, cfg.model, vocab, cfg.differences(theirs, 'model')))})")
 
 
+Inherited = tuple[dict[str, Any], dict[str, torch.Tensor], list[Path]]  # a record, its weights, their files
+
+
+def parent_weights(init_from: Path, parent: Path) -> Inherited:
+    """The weights ``init_from`` names, read and their sha256 checked: a run folder's average of its last
+    decode.average_last checkpoints (of a run still training too), or one weights file."""
+    if init_from.is_dir():
+        paths = list_checkpoints(parent)  # some: refuse_misfit
+        meta = load_checkpoint(paths[-1], with_state=False).meta
+        last = config_from_dict(meta["config"], f"{paths[-1]} (config)").decode.average_last
+        chosen, weights = average_last(parent, last)
+        return meta, weights, chosen
+    ckpt = load_checkpoint(init_from, with_state=False)
+    # the weights file its record names: given the optimizer state's (step_N.state), its step's weights
+    return ckpt.meta, ckpt.weights, [ckpt.path.parent / ckpt.meta["files"]["weights"]["name"]]
+
+
 def inherit_vocabulary(parent: Path, path: Path, write: bool, init_from: Path) -> None:
     """``path`` becomes a byte copy of the parent run's vocabulary; one already there must be that. Its record
     (spm.json, written first) names ``init_from``: a fine-tune stopped before its first checkpoint resumes from
@@ -1069,6 +1086,8 @@ class Trainer:
         parent = None if init_from is None else parent_run(init_from)
         if init_from is not None:  # refused before anything is written, as above
             refuse_misfit(init_from, parent, cfg)
+        # read now, their sha256 checked: a damaged parent found after the vocabulary was written left a folder behind
+        inherited = None if init_from is None or resume else parent_weights(init_from, parent)
         with distributed.rank0_alone(dist):  # the others wait for rank 0's vocabulary and config
             if dist.main:
                 self.log = run_logger(out, quiet)
@@ -1132,7 +1151,8 @@ class Trainer:
             if dist.main:  # not before: a refused resume leaves the config its checkpoints were trained with
                 files.write_text(out / "config.toml", dump_toml(cfg))
         if init_from is not None and self.state.step == 0:  # a resumed run goes on from its own checkpoints
-            self.meta_base["init_from"] = self.start_from(init_from, parent)
+            self.meta_base["init_from"] = self.start_from(init_from, parent,
+                                                          inherited or parent_weights(init_from, parent))
         elif init_from is not None:
             self.log(f"--init-from {init_from}: not used; the run goes on from its own checkpoint (step "
                      f"{self.state.step})")
@@ -1172,17 +1192,10 @@ class Trainer:
         return (f"--resume continues from the newest in {self.out / 'checkpoints'}" if list_checkpoints(self.out)
                 else "none was written before it, so --resume starts the run again")  # it named a missing folder
 
-    def start_from(self, init_from: Path, parent: Path) -> dict[str, Any]:
-        """Loads the weights ``init_from`` names (fine-tuning); what the run's records say it started from."""
-        if init_from.is_dir():
-            paths = list_checkpoints(parent)  # some: refuse_misfit
-            meta = load_checkpoint(paths[-1], with_state=False).meta
-            last = config_from_dict(meta["config"], f"{paths[-1]} (config)").decode.average_last
-            chosen, weights = average_last(parent, last)  # of a run still training too
-        else:
-            ckpt = load_checkpoint(init_from, with_state=False)
-            # the weights file its record names: given the optimizer state's (step_N.state), its step's weights
-            meta, weights, chosen = ckpt.meta, ckpt.weights, [ckpt.path.parent / ckpt.meta["files"]["weights"]["name"]]
+    def start_from(self, init_from: Path, parent: Path, inherited: Inherited) -> dict[str, Any]:
+        """Loads the weights ``init_from`` names (fine-tuning; ``parent_weights``' reading of them); what the run's
+        records say it started from."""
+        meta, weights, chosen = inherited
         if meta.get("vocab_sha256") != self.run_data.tokenizer.sha256:
             raise TrainError(f"--init-from {init_from}: its weights were trained with another vocabulary than "
                              f"{parent / 'spm.model'}")
