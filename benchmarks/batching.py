@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from common import recipe_lengths
-from provenance import add_results_option, code_state, results_folder, write_result
+from provenance import add_results_option, code_state, results_folder, write_result, write_whole
 from transformer.config import load_config
 from transformer.data import fill_batches, make_batches_from_lengths, padding_fraction
 
@@ -79,6 +79,7 @@ def main() -> None:
     result = {"benchmark": "batching", "date": datetime.date.today().isoformat(), **code_state(),
               "command": "python benchmarks/batching.py --max-tokens " + " ".join(map(str, args.max_tokens)),
               "versions": {"python": platform.python_version(), "torch": torch.__version__}, "corpora": corpora}
+    write_result(results, "batching", result)  # the reading, then its page
     lines = ["# Batching: padding by sort order", "",
              f"`{result['command']}` — {result['date']}, commit {result['commit']}, torch {torch.__version__}.", "",
              "Each recipe's training pairs as it encodes them, cut by the package's greedy fill after each sort, at "
@@ -92,7 +93,7 @@ def main() -> None:
         lines += [f"| {r['order']} | {r['max_tokens']:,} | {r['batches']} | {100 * r['padding_fraction']:.1f}% | "
                   f"{r['positions_vs_ours']:.3f} |" for r in c["rows"]]
         lines.append("")
-    write_result(results, "batching", result, "\n".join(lines))
+    write_whole(results / "batching.md", "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -38,7 +38,7 @@ from transformer.runtime import native_bf16
 from transformer.translator import Translator
 
 from common import ROOT, test_set, train_or_resume, trained_run
-from provenance import add_results_option, code_state, commit_text, results_folder, write_result
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result, write_whole
 
 WAYS = {"fp32": {}, "bf16": {"bf16": True}, "int8": {"int8": True}}
 
@@ -69,13 +69,13 @@ def main() -> None:
                         "(with --device: which)")
     add_results_option(parser, "bf16_decode.json / .md (bf16_decode_cuda.* with --device cuda)")
     args = parser.parse_args()
-    results = results_folder(parser, args.results)
+    results = results_folder(parser, args.results, make=not args.markdown)
     name = "bf16_decode" + ("_cuda" if args.device == "cuda" else "")
     if args.markdown:
         if not (results / f"{name}.json").is_file():
             parser.error(f"--markdown: no {name}.json in {results} to rewrite the page from")
-        result = json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
-        write_result(results, name, result, markdown(result))
+        recorded = json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
+        write_whole(results / f"{name}.md", markdown(recorded))
         return
     if args.repeat < 1 or args.b1_sentences < 1 or args.steps < 1:
         parser.error("--repeat, --b1-sentences and --steps must be at least 1")
@@ -117,7 +117,7 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "sacrebleu": sacrebleu.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     }
-    write_result(results, name, result, markdown(result))
+    write_result(results, name, result, markdown)
     print(json.dumps(result, indent=2))
 
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from transformer.translator import Translator
 
 from common import ROOT, positive, recipe_run, trained_run
-from provenance import add_results_option, git, results_folder, write_result
+from provenance import add_results_option, git, results_folder, write_result, write_whole
 
 ROWS, CAPACITY, SOURCE = 4, 64, 16  # beam 4 at batch 1; cache positions; source length
 
@@ -211,12 +211,13 @@ def main() -> None:
     if cuda:
         result["cuda_graph_vs_engine"] = round(result["engine_ms"] / result["cuda_graph"]["ms"], 2)
     name = "compile_step_cuda" if cuda else "compile_step"
+    write_result(results, name, result)  # the reading, then its page
     c = result["compiled"]
     graph_row = (f"| static shapes, one CUDA graph replayed per step | {result['cuda_graph']['ms']} | – |\n"
                  if cuda else "")
     graph_line = (f"The engine's step against the CUDA graph: {result['cuda_graph_vs_engine']}× (log-probabilities "
                   f"within {result['cuda_graph']['max_abs_diff']:.1e} of the eager function's).\n" if cuda else "")
-    write_result(results, name, result, f"""# Compiling a decoder step: {result['machine']}
+    write_whole(results / f"{name}.md", f"""# Compiling a decoder step: {result['machine']}
 
 `{result['command']}` — {result['date']}, commit {result['commit']}, {result['machine']}, {result['threads']} threads,
 torch {result['versions']['torch']}; run `{result['run']}`, batch 1 × beam 4, positions 10..50, {result['steps']} steps each.

@@ -112,7 +112,7 @@ def main() -> None:
         result["before"] = in_process(args.before.resolve(), run, args.sentences)
         result["before_package"] = args.before_label or str(args.before)
     result["after"] = in_process(ROOT, run, args.sentences)
-    write_result(results, "constraint_kept", result, markdown(result))
+    write_result(results, "constraint_kept", result, markdown)
     print(markdown(result))
 
 

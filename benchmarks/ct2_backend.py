@@ -131,7 +131,7 @@ def main() -> None:
               "date": datetime.date.today().isoformat(), "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
               "cpu_model": cpu_model(), "versions": {"python": platform.python_version(), "torch": torch.__version__,
                                                      "ctranslate2": ctranslate2.__version__}}
-    write_result(results, "ct2_backend", result, markdown(result))
+    write_result(results, "ct2_backend", result, markdown)
     print(markdown(result))
 
 

@@ -149,7 +149,7 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "sacrebleu": sacrebleu.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     })
-    write_result(results, "decoding_features", result, markdown(result))
+    write_result(results, "decoding_features", result, markdown)
     print(json.dumps(result, indent=2))
 
 

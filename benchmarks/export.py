@@ -160,7 +160,7 @@ def main() -> None:
                                                                    "optimum", "optimum-onnx")},
                      "sacrebleu": sacrebleu.__version__},
     }
-    write_result(results, "export", result, markdown(result))
+    write_result(results, "export", result, markdown)
     print(json.dumps({k: result[k] for k in ("greedy_identical", "beam_identical", "beam_alpha0.6_identical")}))
 
 

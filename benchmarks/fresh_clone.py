@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from provenance import add_results_option, results_folder, write_result  # noqa: E402
+from provenance import add_results_option, results_folder, write_result, write_whole  # noqa: E402
 from speed import cpu_model  # noqa: E402  (the quick start's precision "auto" follows the CPU)
 
 
@@ -94,8 +94,9 @@ def main() -> None:
         "tests": {"command": "bash scripts/test.sh", "seconds": round(test_s), **counts},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}", "cpu_model": cpu_model(),
     }
+    write_result(results, "fresh_clone", result)  # the reading, then its page
     q, t = result["quickstart"], result["tests"]
-    write_result(results, "fresh_clone", result, f"""# The README's two commands on a fresh clone of {commit}
+    write_whole(results / "fresh_clone.md", f"""# The README's two commands on a fresh clone of {commit}
 
 `python benchmarks/fresh_clone.py` — {result['date']}, {result['machine']} ({result['cpu_model']})
 

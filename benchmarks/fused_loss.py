@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from provenance import add_results_option, code_state, commit_text, results_folder, write_result
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result, write_whole
 from transformer.loss import label_smoothed_loss
 
 VOCAB = 37000
@@ -111,6 +111,7 @@ def main() -> None:
     result = {"date": datetime.date.today().isoformat(), **code_state(), "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "command": "python " + " ".join(sys.argv), "vocab": VOCAB,
               "tokens": args.tokens, "rows": rows, "kernel_alone": alone}
+    write_result(results, "fused_loss", result)  # the reading, then its page
     lines = [f"# The label-smoothed loss on {result['gpu']}: Triton kernel against operators", "",
              f"`{result['command']}` — {result['date']}, {commit_text(result)}, torch {result['torch']}. "
              "Loss and both gradients of "
@@ -124,7 +125,7 @@ def main() -> None:
               f"{alone['kernel_ms']} ms, {alone['kernel_gb_s']:,} GB/s (two reads and a write); a copy of the "
               f"logits: {alone['copy_ms']} ms, {alone['copy_gb_s']:,} GB/s; the kernel at {alone['share_of_copy']:.0%} "
               "of the copy's rate."]
-    write_result(results, "fused_loss", result, "\n".join(lines) + "\n")
+    write_whole(results / "fused_loss.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

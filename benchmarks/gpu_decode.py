@@ -244,7 +244,7 @@ def main() -> None:
             result["models"][label]["startup"] = startup(Path(run))
             result["models"][label]["ctranslate2"] = against_ctranslate2(Path(run), args)
             print(label, result["models"][label]["ctranslate2"], flush=True)
-    write_result(results, name, result)
+    write_result(results, name, result, indent=1)
     lines = [f"# Decoding before and after the step rewrite: {result['device']} ({result['date']}, commit "
              f"{result['commit']}, torch {result['torch']})", "", f"`{result['command']}`", "",
              f"Before: {result['before']}. test2016, beam 4, α 0.6, input + 50, the exact stop; sentences/s over "

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from common import positive
-from provenance import add_results_option, code_state, results_folder, write_result
+from provenance import add_results_option, code_state, results_folder, write_result, write_whole
 from transformer.model import ONEDNN_MIN_MACS
 from transformer.search import row_topk
 
@@ -96,6 +96,7 @@ def main() -> None:
               "machine": platform.processor() or platform.machine(), "threads": args.threads,
               "torch": torch.__version__, "onednn_min_macs": ONEDNN_MIN_MACS, "linear": linears,
               "attention": attention, "topk": topk, "rule_picks_faster": f"{picked_right} of {len(linears)}"}
+    write_result(results, "linear_kernels", result, indent=1)  # the reading, then its page
     lines = [f"# Kernels for a decoding step's products ({result['date']}, commit {result['commit']}, torch "
              f"{result['torch']}, {args.threads} threads)", "", f"`{result['command']}`. Median of 7 × 200 calls, µs "
              "per call, fp32. The model sends a product to oneDNN when rows × in × out ≥ "
@@ -113,7 +114,7 @@ def main() -> None:
               "on a CPU from 16 rows: chunk maxima, then the best chunks' columns).", "",
               "| rows | V | k | torch.topk | row_topk |", "|---:|---:|---:|---:|---:|"]
     lines += [f"| {t['rows']} | {t['vocab']} | {t['k']} | {t['topk_us']} | {t['row_topk_us']} |" for t in topk]
-    write_result(results, "linear_kernels", result, "\n".join(lines) + "\n")
+    write_whole(results / "linear_kernels.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

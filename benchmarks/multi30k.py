@@ -174,13 +174,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.markdown and (args.only or args.decode_only or args.threads):
         sys.exit("--markdown trains and scores nothing: it cannot go with --only, --decode-only or --threads")
-    results = results_folder(parser, args.results)
+    results = results_folder(parser, args.results, make=not args.markdown)
     if args.markdown:
         path = results / f"multi30k_{args.pair}.json"
         if not path.is_file():
             sys.exit(f"--markdown: {path} does not exist; run the benchmark first")
         result = json.loads(path.read_text(encoding="utf-8")) | {"history": HISTORY[args.pair]}
-        return write_result(results, f"multi30k_{args.pair}", result, markdown(result))
+        return write_result(results, f"multi30k_{args.pair}", result, markdown)
     config = ROOT / "configs" / f"multi30k_{args.pair}.toml"
     search = SEARCH[args.pair]
     names = list(search) if not args.only else args.only.split(",")
@@ -251,7 +251,7 @@ def main() -> None:
                      "sacrebleu": sacrebleu.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     }
-    write_result(results, f"multi30k_{args.pair}", result, markdown(result))
+    write_result(results, f"multi30k_{args.pair}", result, markdown)
     print(json.dumps(result, indent=2))
 
 

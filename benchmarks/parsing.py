@@ -32,7 +32,7 @@ from transformer.evaluate import score_trees
 from transformer.trees import read_trees
 
 from common import train_or_reread, weight_candidates
-from provenance import add_results_option, code_state, commit_text, results_folder, write_result
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result, write_whole
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,9 +93,10 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, threads {torch.get_num_threads()}",
     }
+    write_result(results, "parsing", result)  # the reading, then its page
     dev_rows = "\n".join(f"| {name} | {v['f1']} | {v['precision']} | {v['recall']} | {v['well_formed_before_repair']} |"
                          for name, v in dev.items())
-    write_result(results, "parsing", result, f"""# Constituency parsing, Penn Treebank WSJ sample (§6.3)
+    write_whole(results / "parsing.md", f"""# Constituency parsing, Penn Treebank WSJ sample (§6.3)
 
 `{result['command']}` — {result['date']}, {commit_text(result)}, {result['machine']}; torch {torch.__version__}
 

@@ -37,7 +37,7 @@ from transformer.store import TokenStore
 from transformer.tokenizer import Tokenizer
 
 from common import positive
-from provenance import add_results_option, code_state, commit_text, results_folder, write_result
+from provenance import add_results_option, code_state, commit_text, results_folder, write_result, write_whole
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,8 +122,9 @@ def main() -> None:
                      "sentencepiece": sentencepiece.__version__, "torch": torch.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
     }
+    write_result(results, "preprocess", result)  # the reading, then its page
     r = result
-    write_result(results, "preprocess", result, f"""# Token store: `write_store` on {r['pairs']:,} pairs
+    write_whole(results / "preprocess.md", f"""# Token store: `write_store` on {r['pairs']:,} pairs
 
 `{r['command']}` — {r['date']}, {commit_text(r)}, {r['machine']};
 numpy {np.__version__}, sentencepiece {sentencepiece.__version__}

@@ -7,9 +7,12 @@ It imports nothing from the package, so a benchmark that also runs an earlier ``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,11 +49,14 @@ def add_results_option(parser: argparse.ArgumentParser, files: str) -> None:
                         "benchmarks/results, the project's committed readings: give another for your own run)")
 
 
-def results_folder(parser: argparse.ArgumentParser, folder: Path) -> Path:
+def results_folder(parser: argparse.ArgumentParser, folder: Path, make: bool = True) -> Path:
     """``folder`` made and found writable before minutes of measuring, whose reading a folder that cannot take
-    it would lose at the end; otherwise a usage error naming ``--results``."""
+    it would lose at the end; otherwise a usage error naming ``--results``. ``make`` False: a mode that reads
+    what is there (a typo made no empty folder)."""
     if folder.exists() and not folder.is_dir():
         parser.error(f"--results {folder}: not a folder")
+    if not make and not folder.is_dir():
+        parser.error(f"--results {folder}: no such folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -60,16 +66,26 @@ def results_folder(parser: argparse.ArgumentParser, folder: Path) -> Path:
     return folder
 
 
-def write_result(folder: Path, name: str, result: dict, markdown: str | None = None) -> None:
-    """NAME.json, then NAME.md where ``markdown`` is given, in ``folder``."""
-    write_whole(folder / f"{name}.json", json.dumps(result, indent=2) + "\n")
-    if markdown is not None:
-        write_whole(folder / f"{name}.md", markdown)
+def write_result(folder: Path, name: str, result: dict, page: Callable[[dict], str] | None = None,
+                 indent: int = 2) -> None:
+    """NAME.json in ``folder``, then NAME.md of ``page(result)`` where a page is given: the reading is kept
+    whatever the page's text then does (a slip in it lost hours of measuring)."""
+    write_whole(folder / f"{name}.json", json.dumps(result, indent=indent) + "\n")
+    if page is not None:
+        write_whole(folder / f"{name}.md", page(result))
 
 
 def write_whole(path: Path, text: str) -> None:
     """``text`` into ``path`` whole or not at all: an interrupted write leaves the earlier reading, not half of a
-    new one."""
-    part = path.with_name(f".{path.name}.part")
-    part.write_text(text, encoding="utf-8")
-    os.replace(part, path)
+    new one. The text goes first into a file of its own beside it (two writers of one file at once, table3.py's
+    lanes, each replace it whole) that a failed write does not leave behind."""
+    fd, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(part, 0o644)  # as a plain write makes it (mkstemp's is 0o600)
+        os.replace(part, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise

@@ -36,7 +36,7 @@ from transformer.prepare import resolve_data_path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from common import positive, trained_run  # noqa: E402
-from provenance import add_results_option, git, results_folder, write_result  # noqa: E402
+from provenance import add_results_option, git, results_folder, write_result, write_whole  # noqa: E402
 from tests.conftest import start_server  # noqa: E402  (the tests' launcher of `transformer serve`)
 
 
@@ -118,10 +118,11 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "fastapi": fastapi.__version__,
                      "uvicorn": uvicorn.__version__, "httpx": httpx.__version__},
     }
+    write_result(results, "serve_load", result)  # the reading, then its page
     rows = "\n".join(f"| {name} | {r['requests']} | {r['errors']} | {r['requests_per_s']} | {r['p50_ms']} | "
                      f"{r['p99_ms']} | {r['server_batches']} |" for name, r in (("dynamic batching", batched),
                                                                               ("one request at a time", single)))
-    write_result(results, "serve_load", result, f"""# `transformer serve` under load ({result['date']})
+    write_whole(results / "serve_load.md", f"""# `transformer serve` under load ({result['date']})
 
 `{result['command']}`: {args.clients} concurrent clients on loopback, {args.requests} requests each, one test2016
 sentence per request, beam 4, α 0.6; model `{run.name}`; commit {result['commit']}. {result['machine']};

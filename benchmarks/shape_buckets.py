@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from common import positive, recipe_lengths
-from provenance import add_results_option, code_state, results_folder, write_result
+from provenance import add_results_option, code_state, results_folder, write_result, write_whole
 from transformer.config import load_config
 from transformer.data import ShapeBuckets, make_batches_from_lengths, padding_fraction
 
@@ -55,6 +55,7 @@ def main() -> None:
               "versions": {"python": platform.python_version(), "torch": torch.__version__},
               "corpus": str(cfg.data.train_src), "pairs": len(src_lengths), "vocab_size": cfg.data.vocab_size,
               "max_tokens": max_tokens, "rows": rows}
+    write_result(results, "shape_buckets", result)  # the reading, then its page
     lines = ["# Shape buckets: padding and shapes", "",
              f"`{result['command']}` — {result['date']}, commit {result['commit']}, torch {torch.__version__}.", "",
              f"Multi30k train ({len(src_lengths):,} pairs, joint BPE of {cfg.data.vocab_size:,} as the recipe trains "
@@ -65,7 +66,7 @@ def main() -> None:
              "|---|---|---|---|---|"]
     lines += [f"| {r['per_doubling']} | {r['batches']} | {r['shapes']} | {100 * r['padding_fraction']:.1f}% | "
               f"{r['positions_vs_none']:.3f} |" for r in rows]
-    write_result(results, "shape_buckets", result, "\n".join(lines) + "\n")
+    write_whole(results / "shape_buckets.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

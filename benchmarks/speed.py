@@ -82,7 +82,7 @@ from transformer.train import train
 from transformer.vocabulary import open_vocabulary
 
 from common import ROOT, recipe_run
-from provenance import RESULTS, add_results_option, code_state, results_folder, write_result
+from provenance import RESULTS, add_results_option, code_state, results_folder, write_result, write_whole
 
 HERE = Path(__file__).resolve().parent
 PEER_VENV = Path(os.environ.get("TRANSFORMER_PEER_VENV", Path.home() / ".cache" / "transformer-bench" / "fairseq"))
@@ -377,7 +377,7 @@ def remeasure(args: argparse.Namespace, state: dict) -> None:
     else:
         result |= measure_section(args, state, result["ratios"])
     result["remeasured"] = result.get("remeasured", {}) | {args.only: state}
-    write_result(args.results, "speed", result, markdown(result))
+    write_result(args.results, "speed", result, markdown)
     print(json.dumps({k: result[k] for k in ("ratios", "remeasured")}, indent=2))
 
 
@@ -612,12 +612,12 @@ def main() -> None:
     for name, value in DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    results_folder(parser, args.results)
+    results_folder(parser, args.results, make=not args.markdown)
     if args.markdown:
         if not (args.results / "speed.json").is_file():
             parser.error(f"--markdown: no speed.json in {args.results} to rewrite the page from")
-        result = json.loads((args.results / "speed.json").read_text(encoding="utf-8"))
-        return write_result(args.results, "speed", result, markdown(result))
+        return write_whole(args.results / "speed.md",
+                           markdown(json.loads((args.results / "speed.json").read_text(encoding="utf-8"))))
     torch.set_num_threads(2)
     result: dict = {"date": datetime.date.today().isoformat(), **code_state(),
                     "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
@@ -638,7 +638,7 @@ def main() -> None:
     result["ratios"] = {**result.pop("train_ratios"), **result.pop("translate_ratios")}
     log(f"the users' model: {user_run}")
     result["user_model"] = user_model(user_run, work)
-    write_result(args.results, "speed", result, markdown(result))
+    write_result(args.results, "speed", result, markdown)
     print(json.dumps(result, indent=2))
 
 

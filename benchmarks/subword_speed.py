@@ -30,7 +30,7 @@ from transformer.config import load_config
 from transformer.train import train
 
 from common import ROOT, positive
-from provenance import add_results_option, git, results_folder, write_result
+from provenance import add_results_option, git, results_folder, write_result, write_whole
 
 CONFIG = ROOT / "configs" / "multi30k_en_de.toml"
 
@@ -88,10 +88,11 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}",
     }
+    write_result(results, "subword_speed", result)  # the reading, then its page
     rows = "".join(f"| {kind} | {r['alpha']} | {r['steps']} | {r['tokens_per_s']} | {r['tgt_tokens']} | "
                    f"{r['train_minutes']} |\n" for kind in runs for r in runs[kind])
-    write_result(
-        results, "subword_speed", result,
+    write_whole(
+        results / "subword_speed.md",
         f"# Subword regularization: training speed\n\n`{result['command']}` at {result['commit']}, {result['date']}, "
         f"{result['machine']}, torch {torch.__version__}; recipe {result['config']}\n\n"
         f"Median target tokens/s: without {plain}, with BPE-dropout α {args.alpha}: {sampled} "

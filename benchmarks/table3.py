@@ -47,7 +47,7 @@ from transformer.model import count_parameters
 from transformer.translator import Translator
 
 from common import ROOT, Split, config_key, positive, prediction_interval, train_or_resume
-from provenance import RESULTS, git, write_result
+from provenance import RESULTS, git, results_folder, write_result, write_whole
 
 # Table 3 as printed: PPL (dev), BLEU (dev), params ×10^6 (None where the paper prints no count; the
 # copy in ../shared/paper shows 4/16/32/16 in rows (A)'s params cells, which cannot be counts: those
@@ -201,7 +201,7 @@ def run_row(row: str, seed: int, scale: Scale, sets: list[str], args: argparse.N
         "commit": git("rev-parse", "--short", "HEAD"), "date": datetime.date.today().isoformat(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(done, indent=2) + "\n", encoding="utf-8")
+    write_whole(path, json.dumps(done, indent=2) + "\n")
     print(f"{row_id(row, seed)}: dev BLEU {done['dev_bleu']} (paper {bleu}), dev ppl {done['dev_ppl']} (paper {ppl})",
           flush=True)
     return done
@@ -302,7 +302,7 @@ def write_results(rows: list[dict], missing: list[str], scale: Scale, args: argp
         result["machine"] = (f"{os.cpu_count()} CPU cores, {platform.machine()}"
                              + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""))
     args.results.mkdir(parents=True, exist_ok=True)
-    write_result(args.results, args.tag, result, markdown(result))
+    write_result(args.results, args.tag, result, markdown)
     if rows:
         draw(result, args.figure)
     return result
@@ -478,7 +478,8 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS, help="where TAG.json, "
                         "TAG.md and the rows' files (TAG/) go")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs", help="where the run folders go (RUNS/TAG/ROW_seedS)")
-    parser.add_argument("--figure", type=Path, help="the figure's path (default docs/TAG.png)")
+    parser.add_argument("--figure", type=Path, help="the figure's path (default docs/TAG.png; with "
+                        "--results elsewhere, TAG.png there)")
     parser.add_argument("--tabulate", action="store_true", help="train nothing: write TAG.json, .md and the figure "
                         "from the finished rows' files (a table trained on a GPU can be re-read on a CPU)")
     parser.add_argument("--pilot", action="store_true", help="the base row under post-norm and pre-norm at this "
@@ -491,7 +492,10 @@ def main() -> None:
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # training takes a GPU when it sees one
     args.tag = args.tag or ("table3" if args.device == "cpu" else "table3_gpu")
-    args.figure = args.figure or ROOT / "docs" / f"{args.tag}.png"
+    results_folder(parser, args.results)  # before hours of training, whose table a folder it cannot make would lose
+    # the committed figure is docs/'s; a table of one's own (--results) draws its figure beside it
+    drawn_in = ROOT / "docs" if args.results.resolve() == RESULTS else args.results
+    args.figure = args.figure or drawn_in / f"{args.tag}.png"
     if args.pilot:
         return pilot(args)
     rows = ROWS if not args.rows else tuple(args.rows.split(","))

@@ -377,7 +377,7 @@ def report(runs_dir: Path, results: Path) -> None:
     }
     if same_pick and "cpu_time" in previous:
         result["cpu_time"] = previous["cpu_time"]
-    write_result(results, NAME, result, markdown(result))
+    write_result(results, NAME, result, markdown)
     print(json.dumps({k: result[k] for k in ("tok_lc_bleu", "sacrebleu", "chrf", "picked")}, indent=2))
 
 
@@ -643,7 +643,7 @@ def time_cpu(updates: int, results: Path) -> None:
                  "pick's runs trained on a GPU"),
         "torch": torch.__version__, "commit": git("rev-parse", "--short", "HEAD"),
         "date": datetime.date.today().isoformat()}
-    write_result(results, NAME, result, markdown(result))
+    write_result(results, NAME, result, markdown)
     print(json.dumps(result["cpu_time"], indent=2))
 
 
@@ -654,8 +654,10 @@ def rederive(results: Path) -> None:
     published = r["published"]["tok_lc_bleu"]
     bands = {"seed_band": seed_band(r["replication"], published),
              "seed_band_lenpen": seed_band(r["replication"], published, "theirs_lenpen")}
-    r |= bands
-    write_result(results, NAME, r, markdown(r))
+    if any(r.get(k) != v for k, v in bands.items()):
+        r |= bands
+        write_result(results, NAME, r)
+    write_whole(results / f"{NAME}.md", markdown(r))
 
 
 def main() -> None:
@@ -671,7 +673,7 @@ def main() -> None:
     add_results_option(parser, f"{NAME}.json / .md and the runs' val scores ({SELECTION}/NAME.json, read back "
                        "while their config is unchanged; --check, --time-cpu and --markdown read the result there)")
     args = parser.parse_args()
-    results = results_folder(parser, args.results)
+    results = results_folder(parser, args.results, make=not (args.check or args.time_cpu or args.markdown))
     if args.check:
         return check(results)
     if args.time_cpu:

@@ -45,7 +45,7 @@ def test_the_speed_worker_by_hand_prints_its_usage(args):
     assert done.returncode == 2 and "Traceback" not in done.stderr and "speed_worker.py ct2_file" in done.stderr
 
 
-WRITERS = sorted(s for s in SCRIPTS if "write_result(" in (BENCHMARKS / s).read_text("utf-8") and s != "table3.py")
+WRITERS = sorted(s for s in SCRIPTS if "write_result(" in (BENCHMARKS / s).read_text("utf-8"))
 NEEDS = {  # script -> arguments it cannot start without, besides --results
     "ct2_backend.py": ["--run", "unused"], "gpu_decode.py": ["--before", "unused"],
     "gpu_attention.py": ["--device", "cpu"], "gpu_layernorm.py": ["--device", "cpu"],
@@ -53,12 +53,13 @@ NEEDS = {  # script -> arguments it cannot start without, besides --results
 
 
 def test_every_script_that_writes_results_takes_the_folder_from_one_option():
-    """Each writes its files through provenance.write_result into --results (table3.py's own --results also holds
-    its rows); none names the committed folder itself, so a trial run can leave the published readings alone."""
+    """Each writes its files through provenance.write_result into --results (table3.py's also holds its rows);
+    none names the committed folder itself, so a trial run can leave the published readings alone."""
     assert len(WRITERS) >= 20, WRITERS
     for script in WRITERS:
         text = (BENCHMARKS / script).read_text("utf-8")
-        assert "add_results_option(parser" in text or "add_common_arguments(parser)" in text, script
+        assert ("add_results_option(parser" in text or "add_common_arguments(parser)" in text
+                or script == "table3.py" and '"--results", type=Path, default=RESULTS' in text), script
         assert 'ROOT / "benchmarks" / "results"' not in text and not re.search(r"^RESULTS = ", text, re.M), script
 
 
@@ -69,6 +70,7 @@ def test_a_results_path_that_is_no_folder_is_refused_before_any_work(script, tmp
     taken = tmp_path / "a_file"
     taken.write_text("", encoding="utf-8")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # table3.py on the CPU hides the GPU from the process it runs in
     monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), *NEEDS.get(script, []), "--results", str(taken)])
     with pytest.raises(SystemExit) as stopped:
         runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
@@ -76,12 +78,34 @@ def test_a_results_path_that_is_no_folder_is_refused_before_any_work(script, tmp
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: --results {taken}: not a folder")
 
 
+@pytest.mark.parametrize("script, mode", [("speed.py", "--markdown"), ("bf16_decode.py", "--markdown"),
+                                          ("multi30k.py", "--markdown"), ("wu2021.py", "--check")])
+def test_a_mode_that_reads_the_results_makes_no_folder(script, mode, tmp_path, monkeypatch, capsys):
+    """A typo in --results of a mode that only reads what is there was refused, and left an empty folder."""
+    typo = tmp_path / "typo"
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), mode, "--results", str(typo)])
+    with pytest.raises(SystemExit) as stopped:
+        runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
+    assert stopped.value.code == 2 and not typo.exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: --results {typo}: no such folder")
+
+
 def test_write_result_replaces_the_files_whole(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from provenance import write_result
 
-    write_result(tmp_path, "x", {"a": 1}, "# page\n")
+    write_result(tmp_path, "x", {"a": 1}, lambda r: f"# page {r['a']}\n")
     write_result(tmp_path, "x", {"a": 2})
     assert json.loads((tmp_path / "x.json").read_text("utf-8")) == {"a": 2}
-    assert (tmp_path / "x.md").read_text("utf-8") == "# page\n"  # no page given: the earlier one stays
+    assert (tmp_path / "x.md").read_text("utf-8") == "# page 1\n"  # no page given: the earlier one stays
+
+    def slip(result: dict) -> str:
+        raise KeyError("a key the page reads")
+
+    with pytest.raises(KeyError):  # the reading is kept, the page left as it was
+        write_result(tmp_path, "x", {"a": 3}, slip)
+    assert json.loads((tmp_path / "x.json").read_text("utf-8")) == {"a": 3}
+    assert (tmp_path / "x.md").read_text("utf-8") == "# page 1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.md"]  # no part file left
+    assert oct((tmp_path / "x.json").stat().st_mode & 0o777) == oct(0o644)
