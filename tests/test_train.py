@@ -1317,9 +1317,10 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     shutil.copytree(old, damaged)
     steps = [p.with_suffix(".safetensors") for p in list_checkpoints(damaged)]
     shutil.copy(steps[0], steps[-1])
-    with pytest.raises(UserError, match="sha256 mismatch"):
-        train(cfg, tmp_path / "z", quiet=True, init_from=damaged)
-    assert not (tmp_path / "z").exists()
+    for resume in (False, True):  # a resume into a folder not there yet starts from the parent as well
+        with pytest.raises(UserError, match="sha256 mismatch"):
+            train(cfg, tmp_path / "z", resume=resume, quiet=True, init_from=damaged)
+        assert not (tmp_path / "z").exists()
     state_file = list_checkpoints(old)[-1].with_suffix(".state.safetensors")  # its step's weights, named as such
     assert train(cfg, tmp_path / "from_state", quiet=True, init_from=state_file)["init_from"]["weights"] == [
         list_checkpoints(old)[-1].stem]

@@ -1086,8 +1086,9 @@ class Trainer:
         parent = None if init_from is None else parent_run(init_from)
         if init_from is not None:  # refused before anything is written, as above
             refuse_misfit(init_from, parent, cfg)
-        # read now, their sha256 checked: a damaged parent found after the vocabulary was written left a folder behind
-        inherited = None if init_from is None or resume else parent_weights(init_from, parent)
+        # read now, their sha256 checked, where the run starts from them (no checkpoint of its own, resumed or not): a
+        # damaged parent found after the vocabulary was written left a folder behind
+        inherited = None if init_from is None or list_checkpoints(out) else parent_weights(init_from, parent)
         with distributed.rank0_alone(dist):  # the others wait for rank 0's vocabulary and config
             if dist.main:
                 self.log = run_logger(out, quiet)
@@ -1156,6 +1157,7 @@ class Trainer:
         elif init_from is not None:
             self.log(f"--init-from {init_from}: not used; the run goes on from its own checkpoint (step "
                      f"{self.state.step})")
+        inherited = None  # the parent's weights, a model's worth, not held through the training
         self.raw.train()
         self.model: torch.nn.Module = DistributedDataParallel(self.raw) if dist.enabled else self.raw
         self.buckets = shape_buckets(t)
