@@ -614,17 +614,51 @@ def set_section(cfg: Config, section: str, values: object, where: str) -> None:
         _apply(cfg, section, str(key), value, where, toml=False)
 
 
-def config_from_dict(data: dict[str, Any], where: str = "config") -> Config:
+def config_from_dict(data: dict[str, Any], where: str = "config", lines: Mapping[str, int] | None = None) -> Config:
+    """``lines``: where a file set each section and section.key (``key_lines``), said in an error beside ``where``."""
     if not isinstance(data, dict):  # a checkpoint record edited by hand, or written by something else
         raise ConfigError(f"{where}: must be a table of [sections], not {type(data).__name__}")
     cfg = Config()
     for section, values in data.items():
         if not isinstance(values, dict):
-            raise ConfigError(f"{where}: top-level key {section!r} must be a [section] table")
-        _check_section(section, where)
+            raise ConfigError(f"{at_line(where, lines, section)}: top-level key {section!r} must be a [section] table")
+        _check_section(section, at_line(where, lines, section))
         for key, value in values.items():
-            _apply(cfg, section, key, value, where)
+            _apply(cfg, section, key, value, at_line(where, lines, f"{section}.{key}"))
     return cfg
+
+
+def at_line(where: str, lines: Mapping[str, int] | None, name: str) -> str:
+    """``where`` with the line that set ``name`` in it, where ``lines`` knows it ("configs/x.toml, line 7")."""
+    return f"{where}, line {lines[name]}" if lines and name in lines else where
+
+
+_TOML_KEY = r"""(?:[A-Za-z0-9_-]+|"[^"\\\n]*"|'[^'\n]*')"""  # a bare key, or a quoted one
+_TOML_DOTTED = re.compile(rf"\s*({_TOML_KEY}(?:\s*\.\s*{_TOML_KEY})*)\s*")
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """The line (from 1) on which a config file's text opens each [section] and sets each section.key, for its
+    errors: tomllib says where the syntax breaks, not where a well-formed value of the wrong type stands. Keys
+    set inside an inline table or an array of tables are not found (their errors name the file alone)."""
+    found: dict[str, int] = {}
+    table: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip()
+        if stripped.startswith("[["):
+            table = ["[["]  # an array of tables: nothing of ours, its keys left unfound
+        elif stripped.startswith("[") and (match := _TOML_DOTTED.match(stripped, 1)) and \
+                stripped[match.end():].startswith("]"):
+            table = _key_parts(match.group(1))
+            found.setdefault(".".join(table), number)
+        elif (match := _TOML_DOTTED.match(line)) and line[match.end():].startswith("=") and table[:1] != ["[["]:
+            found.setdefault(".".join(table + _key_parts(match.group(1))), number)
+    return found
+
+
+def _key_parts(dotted: str) -> list[str]:
+    """'train . "max_steps"' -> ['train', 'max_steps']."""
+    return [part.strip().strip("\"'") for part in re.findall(_TOML_KEY, dotted)]
 
 
 def check_strings(values: object, what: str) -> None:
@@ -682,11 +716,14 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         check_strings(overrides, "overrides")
     data: dict[str, Any] = {}
     where = "defaults"
+    lines: dict[str, int] = {}
     if name_or_path:
         path = resolve_config_path(name_or_path)
         where, data = str(path), read_toml(path)
-    cfg = config_from_dict(data, where)
-    given = {f"{section}.{key}": where for section, values in data.items() for key in values}
+        lines = key_lines(toml_text(path))
+    cfg = config_from_dict(data, where, lines)
+    given = {f"{section}.{key}": at_line(where, lines, f"{section}.{key}") for section, values in data.items()
+             for key in values}
     for text in overrides or []:
         section, key, value = _parse_override(text)
         _apply(cfg, section, key, value, f"--set {text}")
@@ -704,13 +741,19 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
 def read_toml(path: Path) -> dict[str, Any]:
     """A TOML file's tables; a file that is not TOML (or not UTF-8: the line and byte) is a one-line error
     naming it. Read as the text inputs are (a byte-order mark, an editor's on Windows, read past)."""
+    try:
+        return tomllib.loads(toml_text(path))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+
+
+def toml_text(path: Path) -> str:
+    """A config file's text, each line ended: without the last one's newline an error there was "at end of
+    document", no line named."""
     from .data import DataError, read_lines  # the one reader of text files; torch's import kept off --help's path
 
     try:
-        # each line ended: without the last one's newline an error there was "at end of document", no line named
-        return tomllib.loads("".join(line + "\n" for line in read_lines(Path(path))))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+        return "".join(line + "\n" for line in read_lines(Path(path)))
     except DataError as e:  # a config's error, to those that take a ConfigError
         raise ConfigError(str(e)) from None
 
