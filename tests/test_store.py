@@ -219,6 +219,34 @@ def test_existing_output_is_refused_unless_overwrite(corpus: tuple[Path, Path, T
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.en", "store", "t.de"]
 
 
+def test_a_store_written_meanwhile_is_not_replaced(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `preprocess` into one new folder: the folder was checked at the start alone, so the writer done second
+    moved the first one's store aside, and both said done (one user trained on the other's corpus)."""
+    import transformer.store as store
+
+    tok = corpus[2]
+    src, tgt = tmp_path / "s.en", tmp_path / "t.de"
+    src.write_text("a b\nc\n", encoding="utf-8")
+    tgt.write_text("x\ny z\n", encoding="utf-8")
+    out, other = tmp_path / "store", tmp_path / "other"
+    write_store(src, src, tok, other, 10)
+    checks = []
+    checked = store.check_store_folder
+
+    def meanwhile(folder: Path, overwrite: bool) -> None:  # the other writer finishes between the two checks
+        checked(folder, overwrite)
+        if not checks:
+            shutil.copytree(other, out)
+        checks.append(folder)
+
+    monkeypatch.setattr(store, "check_store_folder", meanwhile)
+    with pytest.raises(DataError, match="store: holds an earlier token store; choose another folder"):
+        write_store(src, tgt, tok, out, 10)
+    assert len(checks) == 1 and (out / "meta.json").read_bytes() == (other / "meta.json").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "s.en", "store", "t.de"]  # no staging left
+
+
 def test_overwrite_replaces_an_earlier_store_only(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path) -> None:
     """--overwrite deleted whatever --out named, the folder holding the corpus being encoded included."""
     tok = corpus[2]

@@ -118,6 +118,8 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             if vocabulary is not None:
                 shutil.copyfile(vocabulary, tmp / "spm.model")
+            # again: another writer may have filled it since the start (both said done, one store silently lost)
+            check_store_folder(out, overwrite)
             if out.exists() and (not out.is_dir() or any(out.iterdir())):  # overwrite: move the old one aside
                 old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
                 os.replace(out, old / "store")
