@@ -489,7 +489,6 @@ FIGURES: list[Figure] = [
              ("0.52", "base_band/dev_ppl/half_width"), ("1.9", "expected_false_findings"),
              ("32.68", "rows/row=base&seed=1/dev_bleu"), ("32.78", "base_band/dev_bleu/mean"),
              ("8.266", "rows/row=base&seed=1/dev_ppl"), ("8.085", "base_band/dev_ppl/mean"),
-             ("0.52", "base_band/dev_ppl/half_width"),  # the seed-1 sentence
              ("1.48", "readings/row=C4/dev_ppl_delta"),
              ("1.476", "readings/row=D1/dev_ppl_delta"), ("0.741", "readings/row=D4/dev_ppl_delta"),
              ("1.692", "readings/row=C5/dev_ppl_delta"),
