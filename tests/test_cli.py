@@ -1,6 +1,7 @@
 """The command line end to end: train → average → translate → evaluate on real Multi30k pairs."""
 
 import errno
+import itertools
 import json
 import os
 import platform
@@ -1345,11 +1346,16 @@ def test_evaluate_parse_reads_parses_blank_lines_as_the_trees_of_blank_inputs(tm
     (tmp_path / "g.mrg").write_text("( (S (NN x) (NN y)) )\n( (S (NN w)) )\n( (S (NN z) (. .)) )\n")
     status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"),
                                 "--test", str(tmp_path / "t.mrg"))
-    assert (status, out) == (1, "") and "tree 2: the test tree is empty once normalised, the other is not" in err, err
+    assert (status, out) == (1, "") and ("tree 2: the test tree is empty (a blank line, or traces alone), where the "
+                                         "gold tree has words") in err, err  # it said "empty once normalised"
     (tmp_path / "t.mrg").write_text("(S (XX x) (XX y))\n\n")  # a parse killed after two lines: a file cut short
     status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"),
                                 "--test", str(tmp_path / "t.mrg"))
     assert (status, out) == (1, "") and err.endswith(f"has 3 trees but --test {tmp_path / 't.mrg'} has 1\n"), err
+    for option, missing in (("--gold", "--test"), ("--test", "--gold")):  # which option gave it: it named the file
+        given = {option: str(tmp_path / "nope.mrg"), missing: str(tmp_path / "g.mrg")}
+        status, out, err = run_here(capsys, "evaluate-parse", *itertools.chain(*given.items()))
+        assert (status, out) == (1, "") and f"error: {option} {tmp_path / 'nope.mrg'}: cannot read" in err, err
 
 
 def test_evaluate_json_counts_the_trees_it_scored_as_its_report_does(tiny_parse_run, tmp_path, capsys):
@@ -1740,7 +1746,7 @@ def test_stdin_is_named_stdin_in_evaluations(tiny_run, tmp_path):
     two.write_text("(S (NN a))\n(S (NN b))\n")
     for command, stdin, said in (
             (["evaluate-parse", "--gold", "-", "--test", str(two)], "\n\n",
-             "error: stdin: no trees in it (the file holds blank lines alone)"),
+             "error: --gold stdin: no trees in it (the file holds blank lines alone)"),
             (["evaluate-parse", "--gold", "-", "--test", str(two)], "(S (NN a))\n",
              f"error: --gold stdin has 1 tree but --test {two} has 2"),
             (["evaluate", str(tiny_run), "--src", str(two), "--ref", "-"], "x\n",

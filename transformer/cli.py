@@ -246,21 +246,32 @@ def _decode_overrides(args: argparse.Namespace) -> dict[str, object]:
     return {k: v for k, v in given.items() if v is not None}
 
 
+@contextlib.contextmanager
+def _named_option(option: str):
+    """An error reading the file an option names (a DataError, a TreeError: "x.txt: cannot read"), said with
+    the option first ("--test x.txt: cannot read"), as the commands' own checks say it."""
+    from .data import DataError
+    from .trees import TreeError
+
+    try:
+        yield
+    except (DataError, TreeError) as e:
+        raise type(e)(f"{option} {e}") from None
+
+
 def _request(args: argparse.Namespace):
     """The command's decoding options as the one request every decoding command makes
     (``request.DecodeRequest``: what is not given is the run's own). The files of prefixes and
     constraints are read here, before any input."""
-    from .data import DataError, read_lines
+    from .data import read_lines
     from .request import DecodeRequest
 
     def given(name: str):
         return getattr(args, name, None)
 
     def lines(option: str, path: Path) -> list[str]:  # an error names the option, as --input's does
-        try:
+        with _named_option(option):
             return read_lines(path)
-        except DataError as e:
-            raise DataError(f"{option} {e}") from None
 
     prefixes = None if given("prefix") is None else lines("--prefix", args.prefix)
     constraints = (None if given("constraints") is None
@@ -1024,10 +1035,12 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     from .trees import TreeError, read_normalized
 
     _one_stdin(("--gold", args.gold == STDIN), ("--test", args.test == STDIN))
-    gold = read_normalized(args.gold)
+    with _named_option("--gold"):
+        gold = read_normalized(args.gold)
     gold_name, test_name = shown(args.gold), shown(args.test)  # "-": stdin, not /dev/stdin
     # parse's output of blank lines: empty lines, read as None where the file has a line for every gold tree
-    test = read_normalized(args.test, expect=len(gold), lines=read_lines(args.test))  # read once: stdin too
+    with _named_option("--test"):
+        test = read_normalized(args.test, expect=len(gold), lines=read_lines(args.test))  # read once: stdin too
     if len(gold) != len(test):
         raise TreeError(f"--gold {gold_name} has {len(gold)} tree{'s' * (len(gold) != 1)} but --test {test_name} "
                         f"has {len(test)}")

@@ -220,8 +220,8 @@ def score_trees(gold: list[Tree | None], test: list[Tree | None]) -> ParseScore:
             score.skipped += 1
             continue
         if g is None or t is None:
-            raise TreeError(f"tree {i}: the {'gold' if g is None else 'test'} tree is empty once normalised, the "
-                            "other is not")
+            raise TreeError(f"tree {i}: the {'gold' if g is None else 'test'} tree is empty (a blank line, or "
+                            f"traces alone), where the {'test' if g is None else 'gold'} tree has words")
         if g.words() != t.words():
             raise TreeError(f"tree {i}: the test tree's words differ from the gold tree's "
                             f"({' '.join(t.words()[:8])} ... vs {' '.join(g.words()[:8])} ...)")
