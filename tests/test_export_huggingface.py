@@ -116,7 +116,14 @@ def test_generate_translates_as_ours(run, exported, multi30k, beam, alpha):
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(exported).eval()
     tok = transformers.AutoTokenizer.from_pretrained(exported)
     got = generate_each(hf, tok, lines, ours.cfg.decode.max_len_offset, num_beams=beam, length_penalty=alpha)
-    assert got == want
+    # the two compute the same logits within 1e-4, not bit for bit: where a step's candidates nearly tie, generate's
+    # beam may keep another (on one CPU's model, 1 of 24 sentences, its output 0.08 below ours in log P). Allowed
+    # once, and only where our output scores at least as well as generate's under the same model
+    differ = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
+    assert len(differ) <= 1, [(got[i], want[i]) for i in differ]
+    for i in differ:
+        theirs, mine = ours.score([lines[i]] * 2, [got[i], want[i]], alpha=alpha)
+        assert mine.score >= theirs.score - 1e-4, (got[i], theirs.score, want[i], mine.score)
 
 
 def test_onnx_runtime_translates_as_ours(run, tmp_path, multi30k, capfd):
@@ -305,6 +312,12 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
                        {"averaged": ["step_00000060.safetensors", "step_00000080.safetensors"]})
     assert ("these weights are `avg2.safetensors` (the average of 2 checkpoint(s), step_00000060, step_00000080), "
             "the file --checkpoint named") in mean.replace("\n", " ")
+    # the run's own decoding averages the checkpoints it kept: a run of 4 was carded "the last 5" beside a file
+    (tmp_path / "checkpoints").mkdir()
+    for step in (10, 20, 30, 40):
+        (tmp_path / "checkpoints" / f"step_{step:08d}.json").touch()
+    kept = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"))
+    assert "the average of the last 4 checkpoints; these weights are `best.safetensors`" in kept.replace("\n", " ")
 
 
 def test_the_model_card_bounds_generate_as_the_run_does(tmp_path):
@@ -399,6 +412,11 @@ def test_the_model_card_quotes_the_runs_summary(tmp_path):
                                                                                  "Marian", 500)
     (tmp_path / "summary.json").write_text('{"step": 30}')
     assert "(no training summary in the run folder)" in _model_card(tmp_path, load_config("tiny"), "Marian", 500)
+    # a fine-tune's updates came after its parent's: the card named the fine-tune's alone
+    (tmp_path / "summary.json").write_text('{"step": 40, "valid_ppl": 9.5, "init_from": {"path": "/data/runs/base", '
+                                           '"weights": ["step_00000400"]}}')
+    assert ("Training: 40 updates, validation perplexity 9.50, fine-tuned from `base` (step_00000400)."
+            in _model_card(tmp_path, load_config("tiny"), "Marian", 500))
 
 
 def test_generate_stops_as_our_search_does(exported):

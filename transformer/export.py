@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from . import files
-from .checkpoint import chosen_weights, weights_step
+from .checkpoint import CheckpointError, chosen_weights, list_checkpoints, weights_step
 from .config import Config
 from .errors import UserError, install_extra
 from .model import Transformer
@@ -330,6 +330,16 @@ def _shown(path: str) -> str:
     return Path(path).name if Path(path).is_absolute() else path
 
 
+def _averaged_by_decoding(run_dir: Path, cfg) -> int:
+    """How many checkpoints `translate` averages from the run: decode.average_last, or fewer where the run kept
+    fewer (a card said "the last 5" of a run of 4)."""
+    try:
+        kept = len(list_checkpoints(run_dir))
+    except CheckpointError:
+        kept = 0
+    return min(cfg.decode.average_last, kept) if kept else cfg.decode.average_last
+
+
 def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoint: Path | None = None,
                 averaged: list[Path] | None = None, record: dict | None = None, onnx: bool = False) -> str:
     """README.md of an exported folder: what the model is, how it was trained and scored, and which of the
@@ -347,7 +357,8 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
         at = f" (update {step:,})" if isinstance(step, int) and not isinstance(step, bool) else ""
         if isinstance(mean_of, list) and mean_of and all(isinstance(p, str) for p in mean_of):  # `average`'s file
             at = f" (the average of {len(mean_of)} checkpoint(s), {', '.join(Path(p).stem for p in mean_of)})"
-        weights = f"the average of the last {cfg.decode.average_last} checkpoints" + (
+        n = _averaged_by_decoding(run_dir, cfg)
+        weights = ("the last checkpoint" if n == 1 else f"the average of the last {n} checkpoints") + (
             " (these weights)" if checkpoint is None else
             f"; these weights are `{chosen_weights(run_dir, checkpoint).name}`{at}, the file --checkpoint named")
     summary_path = run_dir / "summary.json"
@@ -355,6 +366,9 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
         summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
         trained = (f"{int(summary['step']):,} updates, validation perplexity {float(summary['valid_ppl']):.2f}"
                    if "valid_ppl" in summary else "(no training summary in the run folder)")
+        if isinstance(summary, dict) and isinstance(parent := summary.get("init_from"), dict) and isinstance(parent.get("path"), str):
+            trained += f", fine-tuned from `{_shown(parent['path'])}`" + (  # --init-from: its updates came first
+                f" ({', '.join(map(str, parent['weights']))})" if isinstance(parent.get("weights"), list) else "")
     except (ValueError, KeyError, TypeError):  # a summary edited by hand: the card says so, the export goes on
         trained = "(the run's summary.json could not be read)"
     drift = ("" if m.ln_eps == HF_LN_EPS else
