@@ -247,6 +247,22 @@ def test_a_store_written_meanwhile_is_not_replaced(corpus: tuple[Path, Path, Tok
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "s.en", "store", "t.de"]  # no staging left
 
 
+def test_a_store_of_pieces_the_vocabulary_cannot_spell_is_warned_of(corpus: tuple[Path, Path, Tokenizer],
+                                                                     tmp_path: Path) -> None:
+    """Training from the text warns where many pieces are unknown; a store of the same text was written and trained
+    on without a word (Chinese beside an English vocabulary: half its pieces "\u2047")."""
+    tok = corpus[2]
+    src, tgt = tmp_path / "s.zh", tmp_path / "t.en"
+    src.write_text("一只狗在跑\n两个人在说话\n", encoding="utf-8")
+    tgt.write_text("a b\nc\n", encoding="utf-8")
+    said: list[str] = []
+    write_store(src, tgt, tok, tmp_path / "store", 10, log=said.append)
+    assert len(said) == 1 and said[0].startswith("warning: preprocess: ") and "of the source's pieces" in said[0]
+    said.clear()
+    write_store(tgt, tgt, tok, tmp_path / "clean", 10, log=said.append)
+    assert not said
+
+
 def test_overwrite_replaces_an_earlier_store_only(corpus: tuple[Path, Path, Tokenizer], tmp_path: Path) -> None:
     """--overwrite deleted whatever --out named, the folder holding the corpus being encoded included."""
     tok = corpus[2]

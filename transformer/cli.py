@@ -1271,7 +1271,8 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
         if tokenizer is None:
             tokenizer = train_vocabulary(cfg, src, tgt, spm, log=lambda m: print(m, file=sys.stderr))
         meta = write_store(src, tgt, tokenizer, out, d.max_len, progress=sys.stderr.isatty(),
-                           overwrite=args.overwrite, vocabulary=spm, task=d.task)
+                           overwrite=args.overwrite, vocabulary=spm, task=d.task,
+                           log=lambda m: print(m, file=sys.stderr))
     print(f"{out}: {meta['n_kept']:,} pairs of {meta['n_pairs']:,} ({meta['skipped_empty']} with an empty side, "
           f"{meta['skipped_long']} longer than {d.max_len} pieces skipped); train with "
           f"--set data.train_store={out}" + (

@@ -20,12 +20,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from .data import DataError, Example, encode_pairs, iter_parallel
+from .data import DataError, EncodeStats, Example, encode_pairs, iter_parallel
 from .files import not_replaceable, read_record, staged_write_error, staging
 from .tokenizer import EOS_ID, PAD_ID, Tokenizer
 
@@ -61,7 +62,8 @@ def check_store_folder(out: Path, overwrite: bool) -> None:
 
 def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: int,
                 chunk_pairs: int = 50_000, progress: bool = False, overwrite: bool = False,
-                vocabulary: Path | None = None, task: str | None = None) -> dict:
+                vocabulary: Path | None = None, task: str | None = None,
+                log: Callable[[str], None] = lambda message: None) -> dict:
     """Encodes the line-aligned files ``src`` / ``tgt`` into a token store at ``out``; returns its meta.
 
     Pairs are filtered exactly as training filters them (``encode_pairs``: empty sides and pairs
@@ -71,7 +73,8 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
     run would open; an existing non-empty ``out`` is refused unless ``overwrite``. ``vocabulary``: the
     tokenizer's model file, copied in as spm.model before the rename, so the store and its vocabulary
     replace the old ones at once (the file may be the old store's own). ``task``: the config's data.task,
-    recorded so that a run of the other task refuses the store.
+    recorded so that a run of the other task refuses the store. ``log``: a warning where many pieces are unknown
+    to the vocabulary, as training from the text warns (a store is trained on without reading the text).
     """
     src, tgt, out = Path(src), Path(tgt), Path(out)
     if chunk_pairs < 1 or max_len < 1:
@@ -87,6 +90,7 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
             files = {name: open(tmp / name, "wb") for name in FILES}
             counts = dict.fromkeys(("n_pairs", "skipped_empty", "skipped_long", "n_kept", "n_src_tokens",
                                     "n_tgt_tokens"), 0)
+            pieces, unknown = [0, 0], [0, 0]  # per side, of the pairs kept: EncodeStats' counts, summed
             pairs = iter_parallel(src, tgt)
             with tqdm(unit=" pairs", unit_scale=True, desc=f"encoding {src.name}", disable=not progress) as bar:
                 while chunk := list(itertools.islice(pairs, chunk_pairs)):
@@ -95,6 +99,8 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
                     counts["skipped_empty"] += stats.skipped_empty
                     counts["skipped_long"] += stats.skipped_long
                     counts["n_kept"] += len(examples)
+                    pieces = [a + b for a, b in zip(pieces, stats.pieces)]
+                    unknown = [a + b for a, b in zip(unknown, stats.unknown)]
                     for side in ("src", "tgt"):
                         seqs = [getattr(e, side) for e in examples]
                         lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
@@ -127,6 +133,11 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
                 shutil.rmtree(old)
             else:
                 os.replace(tmp, out)  # rename(2) onto an empty folder replaces it
+            seen = EncodeStats(counts["n_pairs"], counts["skipped_empty"], counts["skipped_long"], tuple(pieces),
+                               tuple(unknown))
+            spelt_by = str(vocabulary or getattr(tokenizer, "path", "the tokenizer's"))
+            if warning := seen.unknown_warning("preprocess", spelt_by):
+                log(warning)
             return meta
         except Exception as e:  # a full disk named the vocabulary it copied, or no file
             if (told := staged_write_error(e, tmp, out)) is not None:
