@@ -1616,6 +1616,9 @@ def test_evaluate_warns_of_a_language_moses_has_no_rules_for(tiny_run, tmp_path,
     for lang in ("de", "de-DE"):  # a tag's first subtag: Moses took English rules for "pt-BR"
         status, out, err = run_here(capsys, "evaluate", str(tiny_run), *files, "--lang", lang)
         assert status == 0 and "warning" not in err, err
+    for lang in ("", "de de"):  # "" was taken for no --lang, "de de" scored as a language of that name
+        status, out, err = run_here(capsys, "evaluate", str(tiny_run), *files, "--lang", lang)
+        assert status == 2 and f"--lang: {lang!r}: not a language tag" in err, err
 
 
 def test_a_long_decode_into_a_log_says_it_is_under_way(tiny_run, tmp_path, capsys, monkeypatch):

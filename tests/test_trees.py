@@ -49,7 +49,8 @@ def test_a_word_without_its_part_of_speech_node_is_refused_naming_the_tree(tmp_p
     gold.write_text("(S (NP (DT A) (NN cat))\n   (VP (VBD sat)))\n\n(S (NP (DT The) (NN dog)) barked)\n")
     assert main(["evaluate-parse", "--gold", str(gold), "--test", str(gold)]) == 1
     # and where it is: the line a tree starts on (other errors of a file named it already)
-    assert capsys.readouterr().err.startswith(f"error: {gold}: tree 2 (line 4): the word 'barked' stands in (S ...)")
+    assert capsys.readouterr().err.startswith(f"error: --gold {gold}: tree 2 (line 4): the word 'barked' stands in "
+                                              "(S ...)")
     assert [t.line for t in parse_brackets(gold.read_text())] == [1, 4]
 
 
@@ -180,8 +181,8 @@ def test_a_tree_nested_past_any_parse_is_refused_in_one_line(tmp_path, capsys):
     assert "brackets: 299 matched" in capsys.readouterr().out
     for n in (300, 600):
         assert main(["evaluate-parse", "--gold", str(deep[n]), "--test", str(deep[299])]) == 1
-        assert capsys.readouterr().err == (f"error: {deep[n]}: tree 2 (line 2): more than 300 brackets open at once; "
-                                           "no parse tree nests so deep\n")
+        assert capsys.readouterr().err == (f"error: --gold {deep[n]}: tree 2 (line 2): more than 300 brackets open at "
+                                           "once; no parse tree nests so deep\n")
 
 
 def test_a_bracket_too_many_is_placed_in_its_own_tree_and_line(tmp_path, capsys):

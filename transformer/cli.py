@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import queue
+import re
 import select
 import shlex
 import signal
@@ -685,7 +686,8 @@ def _evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pretokenized", action="store_true", help="the run writes tokenized lowercased text (trained on "
                    "it): --tok-ref scores its outputs as they are, not tokenized again (default: so for a run trained "
                    "on files in a tok/ folder, as Multi30k's); needs --tok-ref, and leaves --paper-bleu as it is")
-    p.add_argument("--lang", help="target language, for sacreBLEU's tokenizer (zh, ja, ko have their own) and Moses' "
+    p.add_argument("--lang", type=_language, help="target language, for sacreBLEU's tokenizer (zh, ja, ko have "
+                   "their own) and Moses' "
                    "(default: the --ref suffix, test.de, else the run's data.train_tgt's, else, for sacreBLEU, its "
                    "data.tgt_lang; Moses' rules differ by language, so it needs --lang there)")
     p.add_argument("--paper-bleu", action="store_true", help="also the tokenized BLEU the paper reported in Table 2, "
@@ -1525,6 +1527,14 @@ def _beside_input(text: str) -> Path:
     if text == "-":
         raise argparse.ArgumentTypeError("- (stdin) is the input's; give the lines as a file (bash: <(command))")
     return Path(text)
+
+
+def _language(text: str) -> str:
+    """A language tag as --lang takes it (de, pt-BR, zh_Hans): "" was taken for none given, and "de de" was
+    scored as an unknown language, each without a word."""
+    if not re.fullmatch(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: not a language tag (de, en, pt-BR, zh-Hans)")
+    return text
 
 
 def _input(text: str) -> Path:
