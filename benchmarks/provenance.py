@@ -49,10 +49,11 @@ def add_results_option(parser: argparse.ArgumentParser, files: str) -> None:
                         "benchmarks/results, the project's committed readings: give another for your own run)")
 
 
-def results_folder(parser: argparse.ArgumentParser, folder: Path, make: bool = True) -> Path:
+def results_folder(parser: argparse.ArgumentParser, folder: Path, make: bool = True, writes: bool = True) -> Path:
     """``folder`` made and found writable before minutes of measuring, whose reading a folder that cannot take
-    it would lose at the end; otherwise a usage error naming ``--results``. ``make`` False: a mode that reads
-    what is there (a typo made no empty folder)."""
+    it would lose at the end; otherwise a usage error naming ``--results``. ``make`` False: a mode that starts
+    from what is there (a typo made no empty folder); ``writes`` False: one that only reads it (a read-only
+    folder will do)."""
     if folder.exists() and not folder.is_dir():
         parser.error(f"--results {folder}: not a folder")
     if not make and not folder.is_dir():
@@ -61,7 +62,7 @@ def results_folder(parser: argparse.ArgumentParser, folder: Path, make: bool = T
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         parser.error(f"--results {folder}: {e.strerror}")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if writes and not os.access(folder, os.W_OK | os.X_OK):
         parser.error(f"--results {folder}: not writable")
     return folder
 
@@ -83,7 +84,9 @@ def write_whole(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(part, 0o644)  # as a plain write makes it (mkstemp's is 0o600)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(part, 0o666 & ~umask)  # as a plain write makes it (mkstemp's is 0o600)
         os.replace(part, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -673,7 +673,8 @@ def main() -> None:
     add_results_option(parser, f"{NAME}.json / .md and the runs' val scores ({SELECTION}/NAME.json, read back "
                        "while their config is unchanged; --check, --time-cpu and --markdown read the result there)")
     args = parser.parse_args()
-    results = results_folder(parser, args.results, make=not (args.check or args.time_cpu or args.markdown))
+    results = results_folder(parser, args.results, make=not (args.check or args.time_cpu or args.markdown),
+                             writes=not args.check)
     if args.check:
         return check(results)
     if args.time_cpu:

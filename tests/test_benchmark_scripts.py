@@ -4,6 +4,7 @@ in a message, never in a traceback (the workers speed.py starts print their usag
 from __future__ import annotations
 
 import json
+import os
 import re
 import runpy
 import subprocess
@@ -108,4 +109,6 @@ def test_write_result_replaces_the_files_whole(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "x.json").read_text("utf-8")) == {"a": 3}
     assert (tmp_path / "x.md").read_text("utf-8") == "# page 1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.md"]  # no part file left
-    assert oct((tmp_path / "x.json").stat().st_mode & 0o777) == oct(0o644)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert oct((tmp_path / "x.json").stat().st_mode & 0o777) == oct(0o666 & ~umask)  # as a plain write's
