@@ -507,6 +507,11 @@ def test_settings_that_cannot_train_are_refused_naming_their_keys():
     ("[model]\nmax_positions = 10\n[data]\nmax_len = 8\n", ", line 2: decode.max_len_offset 50: more than "
                                                            "model.max_positions 10"),  # a rule over two fields
     ("[model]\nd_model = 64\n[model.train]\nx = 1\n", ", line 3: unknown key model.train"),
+    # lines inside a multi-line string are no keys or headers (it named line 4)
+    ('[data]\ntrain_src = """\n[decode]\nbeam_size = 4\n"""\n\n[decode]\nbeam_size = "four"\n',
+     ", line 8: decode.beam_size must be int"),
+    ("[data]\nsrc_lang = 'a\u2028b'\n[train]\nmax_steps = 1.5\n", ", line 4: train.max_steps must be int"),  # a line
+    # break of Unicode's alone (U+2028) starts no TOML line
 ])
 def test_a_config_files_value_error_names_its_line(tmp_path, text, said):
     """TOML's own errors named the line, the config's did not: a type, an unknown key or a rule broken by a

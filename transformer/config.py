@@ -643,16 +643,31 @@ def key_lines(text: str) -> dict[str, int]:
     set inside an inline table or an array of tables are not found (their errors name the file alone)."""
     found: dict[str, int] = {}
     table: list[str] = []
-    for number, line in enumerate(text.splitlines(), 1):
+    within = ""  # the quotes of a multi-line string the line is in, or "[" inside a multi-line array
+    depth = 0  # open brackets of that array
+    for number, line in enumerate(text.split("\n"), 1):  # TOML's lines: splitlines() broke at U+2028 too
         stripped = line.lstrip()
+        if within == "[":
+            depth += line.count("[") - line.count("]")  # an array's strings holding brackets: its lines miscounted
+            within = "[" if depth > 0 else ""
+            continue
+        if within:
+            within = "" if line.count(within) % 2 else within
+            continue
         if stripped.startswith("[["):
             table = ["[["]  # an array of tables: nothing of ours, its keys left unfound
         elif stripped.startswith("[") and (match := _TOML_DOTTED.match(stripped, 1)) and \
                 stripped[match.end():].startswith("]"):
             table = _key_parts(match.group(1))
             found.setdefault(".".join(table), number)
-        elif (match := _TOML_DOTTED.match(line)) and line[match.end():].startswith("=") and table[:1] != ["[["]:
-            found.setdefault(".".join(table + _key_parts(match.group(1))), number)
+        elif (match := _TOML_DOTTED.match(line)) and line[match.end():].startswith("="):
+            if table[:1] != ["[["]:
+                found.setdefault(".".join(table + _key_parts(match.group(1))), number)
+            value = line[match.end() + 1:].split("#")[0]
+            if quotes := next((q for q in ('"""', "'''") if value.count(q) % 2), ""):
+                within = quotes
+            elif (depth := value.count("[") - value.count("]")) > 0:
+                within = "["
     return found
 
 
