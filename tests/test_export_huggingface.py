@@ -117,13 +117,15 @@ def test_generate_translates_as_ours(run, exported, multi30k, beam, alpha):
     tok = transformers.AutoTokenizer.from_pretrained(exported)
     got = generate_each(hf, tok, lines, ours.cfg.decode.max_len_offset, num_beams=beam, length_penalty=alpha)
     # the two compute the same logits within 1e-4, not bit for bit: where a step's candidates nearly tie, generate's
-    # beam may keep another (on one CPU's model, 1 of 24 sentences, its output 0.08 below ours in log P). Allowed
-    # once, and only where our output scores at least as well as generate's under the same model
+    # search may keep another (on one CPU's model, 1 of 24 sentences, its output 0.08 below ours in log P). Allowed
+    # once, for a near tie alone: the two outputs within 0.25 in log P under our model and a piece in length (a
+    # truncated or mis-penalised output of a broken export is far from ours)
     differ = [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w]
     assert len(differ) <= 1, [(got[i], want[i]) for i in differ]
     for i in differ:
         theirs, mine = ours.score([lines[i]] * 2, [got[i], want[i]], alpha=alpha)
-        assert mine.score >= theirs.score - 1e-4, (got[i], theirs.score, want[i], mine.score)
+        assert abs(mine.score - theirs.score) <= 0.25, (got[i], theirs.score, want[i], mine.score)
+        assert abs(len(mine.token_log_probs) - len(theirs.token_log_probs)) <= 1, (got[i], want[i])
 
 
 def test_onnx_runtime_translates_as_ours(run, tmp_path, multi30k, capfd):
@@ -417,6 +419,10 @@ def test_the_model_card_quotes_the_runs_summary(tmp_path):
                                            '"weights": ["step_00000400"]}}')
     assert ("Training: 40 updates, validation perplexity 9.50, fine-tuned from `base` (step_00000400)."
             in _model_card(tmp_path, load_config("tiny"), "Marian", 500))
+    (tmp_path / "summary.json").write_text('{"step": 40, "valid_ppl": 9.5, "init_from": {"path": '
+                                           '"/data/runs/base/best.safetensors", "weights": ["best"]}}')
+    card = _model_card(tmp_path, load_config("tiny"), "Marian", 500)
+    assert "fine-tuned from `base/best.safetensors` (best)." in card
 
 
 def test_generate_stops_as_our_search_does(exported):

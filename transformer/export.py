@@ -330,6 +330,15 @@ def _shown(path: str) -> str:
     return Path(path).name if Path(path).is_absolute() else path
 
 
+def _parent_shown(path: Path) -> str:
+    """A fine-tune's parent as its card shows it: the run folder's name, with the weights file where one was given
+    (a file alone, "best.safetensors", named no run)."""
+    if not path.suffix:
+        return path.name
+    run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    return f"{run.name}/{path.name}"
+
+
 def _averaged_by_decoding(run_dir: Path, cfg) -> int:
     """How many checkpoints `translate` averages from the run: decode.average_last, or fewer where the run kept
     fewer (a card said "the last 5" of a run of 4)."""
@@ -366,8 +375,9 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
         summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
         trained = (f"{int(summary['step']):,} updates, validation perplexity {float(summary['valid_ppl']):.2f}"
                    if "valid_ppl" in summary else "(no training summary in the run folder)")
-        if isinstance(summary, dict) and isinstance(parent := summary.get("init_from"), dict) and isinstance(parent.get("path"), str):
-            trained += f", fine-tuned from `{_shown(parent['path'])}`" + (  # --init-from: its updates came first
+        parent = summary.get("init_from") if isinstance(summary, dict) and "valid_ppl" in summary else None
+        if isinstance(parent, dict) and isinstance(parent.get("path"), str):  # --init-from: its updates came first
+            trained += f", fine-tuned from `{_parent_shown(Path(parent['path']))}`" + (
                 f" ({', '.join(map(str, parent['weights']))})" if isinstance(parent.get("weights"), list) else "")
     except (ValueError, KeyError, TypeError):  # a summary edited by hand: the card says so, the export goes on
         trained = "(the run's summary.json could not be read)"

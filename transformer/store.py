@@ -135,7 +135,8 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
                 os.replace(tmp, out)  # rename(2) onto an empty folder replaces it
             seen = EncodeStats(counts["n_pairs"], counts["skipped_empty"], counts["skipped_long"], tuple(pieces),
                                tuple(unknown))
-            spelt_by = str(vocabulary or getattr(tokenizer, "path", "the tokenizer's"))
+            # the vocabulary as the store holds it (preprocess's own is trained in a folder gone when it ends)
+            spelt_by = str(out / "spm.model" if vocabulary is not None else getattr(tokenizer, "path", "its"))
             if warning := seen.unknown_warning("preprocess", spelt_by):
                 log(warning)
             return meta
