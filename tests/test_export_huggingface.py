@@ -314,10 +314,14 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
                        {"averaged": ["step_00000060.safetensors", "step_00000080.safetensors"]})
     assert ("these weights are `avg2.safetensors` (the average of 2 checkpoint(s), step_00000060, step_00000080), "
             "the file --checkpoint named") in mean.replace("\n", " ")
-    # the run's own decoding averages the checkpoints it kept: a run of 4 was carded "the last 5" beside a file
-    (tmp_path / "checkpoints").mkdir()
-    for step in (10, 20, 30, 40):
-        (tmp_path / "checkpoints" / f"step_{step:08d}.json").touch()
+    # the run's own decoding averages the checkpoints it chooses: a run that kept 5 was carded "the last 5" beside
+    # a file, its end-of-budget checkpoint 2 updates after step 40 taking 40's place in translate's average of 4
+    from transformer.checkpoint import save_checkpoint
+
+    for step in (10, 20, 30, 40, 42):
+        meta = {"config": {"model": {"d_model": 8}, "train": {"save_every": 10, "save_minutes": 0}},
+                "vocab_sha256": "ab" * 32, "train_state": {"step": step, "elapsed_s": step}}
+        save_checkpoint(tmp_path, step, {"w": torch.full((2,), float(step))}, {}, meta, keep_last=5)
     kept = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"))
     assert "the average of the last 4 checkpoints; these weights are `best.safetensors`" in kept.replace("\n", " ")
 

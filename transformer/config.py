@@ -734,8 +734,8 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
     lines: dict[str, int] = {}
     if name_or_path:
         path = resolve_config_path(name_or_path)
-        where, data = str(path), read_toml(path)
-        lines = key_lines(toml_text(path))
+        text = toml_text(path)  # read once: parsed, and counted for the lines its errors name
+        where, data, lines = str(path), read_toml(path, text), key_lines(text)
     cfg = config_from_dict(data, where, lines)
     given = {f"{section}.{key}": at_line(where, lines, f"{section}.{key}") for section, values in data.items()
              for key in values}
@@ -753,11 +753,12 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         raise ConfigError(f"{given[last]}: {e}" if last else str(e)) from None
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, text: str | None = None) -> dict[str, Any]:
     """A TOML file's tables; a file that is not TOML (or not UTF-8: the line and byte) is a one-line error
-    naming it. Read as the text inputs are (a byte-order mark, an editor's on Windows, read past)."""
+    naming it. Read as the text inputs are (a byte-order mark, an editor's on Windows, read past).
+    ``text``: the file's ``toml_text`` where the caller has read it already."""
     try:
-        return tomllib.loads(toml_text(path))
+        return tomllib.loads(toml_text(path) if text is None else text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
 

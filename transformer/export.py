@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from . import files
-from .checkpoint import CheckpointError, chosen_weights, list_checkpoints, weights_step
+from .checkpoint import CheckpointError, checkpoints_to_average, chosen_weights, weights_step
 from .config import Config
 from .errors import UserError, install_extra
 from .model import Transformer
@@ -340,13 +340,13 @@ def _parent_shown(path: Path) -> str:
 
 
 def _averaged_by_decoding(run_dir: Path, cfg) -> int:
-    """How many checkpoints `translate` averages from the run: decode.average_last, or fewer where the run kept
-    fewer (a card said "the last 5" of a run of 4)."""
+    """How many checkpoints `translate` averages from the run: those `checkpoints_to_average` chooses, fewer
+    than decode.average_last where the run kept fewer or some are off its save clock (a card said "the last 5"
+    of a run of 4); decode.average_last where none can be read (no checkpoints beside a weights file)."""
     try:
-        kept = len(list_checkpoints(run_dir))
+        return len(checkpoints_to_average(run_dir, cfg.decode.average_last)) or cfg.decode.average_last
     except CheckpointError:
-        kept = 0
-    return min(cfg.decode.average_last, kept) if kept else cfg.decode.average_last
+        return cfg.decode.average_last
 
 
 def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoint: Path | None = None,

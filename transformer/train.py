@@ -1064,8 +1064,9 @@ class Trainer:
                  allow_config_change: bool, init_from: Path | None = None,
                  held: contextlib.ExitStack | None = None) -> None:
         self.cfg, self.out, self.quiet, self.dist, t = cfg, out, quiet, dist, cfg.train
+        own = bool(list_checkpoints(out)) if resume or init_from is not None else False  # the run's checkpoints
         # a fine-tune stopped before its first checkpoint goes on as one: from the weights it was started from
-        self.init_again = inherited_from(out) if resume and init_from is None and not list_checkpoints(out) else None
+        self.init_again = inherited_from(out) if resume and init_from is None and not own else None
         init_from = self.init_from = init_from or self.init_again
         if allow_config_change and not resume:  # a new run has no earlier config to change
             raise TrainError("--allow-config-change is for a resume (with --resume): a new run takes its config as "
@@ -1088,7 +1089,7 @@ class Trainer:
             refuse_misfit(init_from, parent, cfg)
         # read now, their sha256 checked, where the run starts from them (no checkpoint of its own, resumed or not): a
         # damaged parent found after the vocabulary was written left a folder behind
-        inherited = None if init_from is None or list_checkpoints(out) else parent_weights(init_from, parent)
+        inherited = None if init_from is None or own else parent_weights(init_from, parent)
         with distributed.rank0_alone(dist):  # the others wait for rank 0's vocabulary and config
             if dist.main:
                 self.log = run_logger(out, quiet)
