@@ -978,6 +978,10 @@ def test_score_checks_two_files_before_it_writes_a_score(tiny_run, tmp_path, cap
     status, out, err = run_here(capsys, "score", str(tiny_run), "--src", str(tmp_path / "src"), "--tgt",
                                 str(tmp_path / "tgt"))
     assert (status, out) == (1, "") and f"{tmp_path / 'tgt'}:10003: invalid UTF-8" in err, err
+    for option in ("--src", "--tgt"):  # a folder: "error: /tmp: cannot read (Is a directory)", no option named
+        files = {"--src": str(tmp_path / "src"), "--tgt": str(tmp_path / "tgt"), option: str(tmp_path)}
+        status, out, err = run_here(capsys, "score", str(tiny_run), *itertools.chain(*files.items()))
+        assert (status, out, err) == (1, "", f"error: {option} {tmp_path}: cannot read (Is a directory)\n")
 
 
 def test_a_prefix_or_constraints_file_that_cannot_be_read_is_named_by_its_option(tiny_run, tmp_path, capsys):
@@ -1356,6 +1360,17 @@ def test_evaluate_parse_reads_parses_blank_lines_as_the_trees_of_blank_inputs(tm
         given = {option: str(tmp_path / "nope.mrg"), missing: str(tmp_path / "g.mrg")}
         status, out, err = run_here(capsys, "evaluate-parse", *itertools.chain(*given.items()))
         assert (status, out) == (1, "") and f"error: {option} {tmp_path / 'nope.mrg'}: cannot read" in err, err
+    # gold trees of traces alone: scored, it was "F1 = 0.00", 0 sentences, with status 0
+    (tmp_path / "g.mrg").write_text("( (S (NP-SBJ (-NONE- *-1)) ) )\n( (-NONE- *T*) )\n")
+    status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"), "--test",
+                                str(tmp_path / "g.mrg"), "--json")
+    assert (status, out) == (1, "") and err.endswith(f"error: --gold {tmp_path / 'g.mrg'}: no tree with a word once "
+                                                     "traces are removed (2 of traces alone): nothing to score\n"), err
+    (tmp_path / "g.mrg").write_text("( (S (NN x)) )\n")
+    (tmp_path / "t.mrg").write_text("(S (XX x))\n")
+    status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"),
+                                "--test", str(tmp_path / "t.mrg"))
+    assert status == 0 and "1 sentence (EVALB" in out, out
 
 
 def test_evaluate_json_counts_the_trees_it_scored_as_its_report_does(tiny_parse_run, tmp_path, capsys):
@@ -1365,7 +1380,7 @@ def test_evaluate_json_counts_the_trees_it_scored_as_its_report_does(tiny_parse_
     (tmp_path / "words").write_text("x y\n\n")
     status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "words"),
                                 "--ref", str(tmp_path / "gold"), "--beam", "2", "--json", "-")
-    assert status == 0 and "1 sentences" in err, err
+    assert status == 0 and "1 sentence;" in err, err
     assert (json.loads(out)["sentences"], json.loads(out)["skipped_empty"]) == (1, 1)
 
 
@@ -1869,8 +1884,9 @@ def test_evaluate_evaluate_parse_and_linearize_read_stdin_once(tiny_run, tmp_pat
     (tmp_path / "ref.de").write_text("Ein Hund rennt .\n")
     said = run_cli("evaluate-parse", "--gold", "-", "--test", str(tmp_path / "g.mrg"), stdin=gold)
     assert said.returncode == 0 and "F1        = 100.00" in said.stdout, said.stderr
-    said = run_cli("linearize", "-", "--out", str(tmp_path / "x"), stdin=gold)
+    said = run_cli("linearize", "-", "--out", str(tmp_path / "x"), stdin=gold + "( (-NONE- *T*) )\n")
     assert said.returncode == 0 and said.stdout.endswith(f"{tmp_path / 'x.gold'}: 1 line\n"), said.stderr
+    assert said.stderr.endswith("(stdin: tree 2)\n"), said.stderr  # "(/dev/stdin: tree 2)": a name not given
     said = run_cli("evaluate", str(tiny_run), "--src", "-", "--ref", str(tmp_path / "ref.de"), "--beam", "1",
                    "--threads", "1", stdin="A dog runs .\n")
     assert said.returncode == 0 and said.stdout.startswith("BLEU = "), said.stderr

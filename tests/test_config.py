@@ -290,6 +290,8 @@ def test_learned_positions_must_hold_the_longest_pair():
     (["decode.max_len_offset=4611686018427387904"], r"decode.max_len_offset 4611686018427387904: more than "
                                                     r"model.max_positions 1024"),
     (["data.vocab_size=300", "decode.beam_size=301"], r"decode.beam_size 301: wider than data.vocab_size 300"),
+    (["data.vocab_size=3", "decode.beam_size=1"], r"data.vocab_size 3: padding, end of sentence and unknown take 3"),
+    (["data.vocab_size=1"], r"data.vocab_size 1: padding, end of sentence and unknown take 3 pieces"),
     (["train.update_freq=4611686018427387904"], r"train.update_freq 4611686018427387904: at most 1,024 batches"),
     (["train.shape_buckets=1000000000"], r"train.shape_buckets 1000000000: at most 256 buckets"),
     (["train.adam_eps=1e-39"], r"train.adam_eps 1e-39: below fp32's smallest normal number"),

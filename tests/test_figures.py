@@ -199,6 +199,39 @@ def test_cli_refuses_bad_requests(tiny_run, tmp_path, capsys):
     assert "give a .png or .html" in capsys.readouterr().err
 
 
+def test_a_translation_too_long_to_draw_is_not_blamed_on_the_source(tiny_run, tmp_path, capsys, monkeypatch):
+    """A short source whose translation ran on (a length penalty that rewards length) was told to be shorter."""
+    import transformer.cli
+
+    monkeypatch.setattr(transformer.cli, "_translate_lines", lambda *a: ["Hund " * 200])
+    assert main(["attention", str(tiny_run), "--src", "A dog .", "--out", str(tmp_path / "a.png")]) == 1
+    assert capsys.readouterr().err.endswith("a figure draws: give the translation to draw with --tgt, or bound it "
+                                            "with a smaller --max-len-offset\n")
+    monkeypatch.setattr(transformer.cli, "_translate_lines", lambda *a: [""])  # said as a bare "translation: "
+    assert main(["attention", str(tiny_run), "--src", "A dog .", "--out", str(tmp_path / "a.png")]) == 0
+    assert "translation: (empty: the model wrote its end at once)\n" in capsys.readouterr().err
+
+
+def test_a_long_word_is_shortened_in_the_png(tmp_path, monkeypatch):
+    """A URL of 90 characters ran over the heatmaps and the other labels, and matplotlib warned (with its source
+    path) that the layout collapsed."""
+    from transformer import figures
+
+    url = "https://example.com/a/very/long/path/that/goes/on/and/on/forever/index.html"
+    maps = AttentionMaps([f"▁{url}", "▁now", "</s>"], ["<s>", "▁ja"], ["▁ja", "</s>"],
+                         {"enc_self": torch.softmax(torch.randn(1, 2, 3, 3), -1),
+                          "dec_self": torch.softmax(torch.randn(1, 2, 2, 2), -1),
+                          "cross": torch.softmax(torch.randn(1, 2, 2, 3), -1)})
+    drawn, save = [], figures._save_png
+    monkeypatch.setattr(figures, "_save_png", lambda fig, out, dpi: (drawn.append(fig), save(fig, out, dpi)))
+    for style in ("links", "heatmap"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the layout's warning fails the test
+            figures.draw_attention(maps.merged(), "enc-self", 1, None, tmp_path / f"{style}.png", style=style)
+        texts = [t.get_text() for ax in drawn[-1].axes for t in [*ax.texts, *ax.get_xticklabels()]]
+        assert url[:figures.MAX_LABEL - 1] + "\u2026" in texts and url not in texts, texts
+
+
 def test_dollar_signs_are_drawn_as_text_not_read_as_tex(tiny_run, tmp_path, capsys):
     """Labels went through matplotlib's mathtext: "$\\frac$" was an internal error (ValueError), "$5-$10" lost its
     dollar signs; a run folder so named failed `plot` too."""
@@ -254,7 +287,7 @@ def test_figures_leave_the_process_matplotlib_backend_and_refuse_what_they_canno
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "curves.png"]
 
 
-def test_plot_draws_the_runs_own_log(tiny_run, tmp_path):
+def test_plot_draws_the_runs_own_log(tiny_run, tmp_path, capsys):
     drawn = plot_training(tiny_run / "metrics.jsonl", tmp_path / "curves.png")
     assert {"train_loss", "valid_nll", "valid_ppl", "lr", "valid_bleu"} <= set(drawn)
     assert (tmp_path / "curves.png").stat().st_size > 10_000
@@ -263,6 +296,10 @@ def test_plot_draws_the_runs_own_log(tiny_run, tmp_path):
     with pytest.raises(FigureError, match=r"metrics.jsonl:2: not a JSON record"):
         plot_training(bad, tmp_path / "x.png")
     assert main(["plot", str(tmp_path / "nowhere")]) == 1
+    (tmp_path / "folder" / "metrics.jsonl").mkdir(parents=True)  # "no metrics.jsonl" of one that is there
+    assert main(["plot", str(tmp_path / "folder")]) == 1
+    assert capsys.readouterr().err.endswith(f"{tmp_path / 'folder' / 'metrics.jsonl'}: a folder, not the run's log of "
+                                            "metrics\n")
 
 
 GOOD_RECORD = b'{"step": 5, "minutes": 0.5, "lr": 0.001, "train_loss": 6.5}\n'

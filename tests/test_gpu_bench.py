@@ -303,7 +303,7 @@ def test_a_row_and_its_profile_run_through_on_the_cpu(monkeypatch):
     on_gpu = gpu.on_gpu
     monkeypatch.setattr(gpu, "on_gpu", lambda name, device="cuda": on_gpu(name, "cpu"))
     monkeypatch.setattr(gpu, "VOCAB", 2000)  # the glue, not the paper's vocabulary: bf16 is slow on CPUs without it
-    batches, src_len, tgt_len = gpu.synthetic_batches(400, 240)
+    batches, src_len, tgt_len = gpu.synthetic_batches(160, 96)
     row, profiled = gpu.measure("tiny", "bf16", batches, 2, 1, src_len, tgt_len, micro=2, profile=1)
     assert row["mode"] == "bf16 ×2" and row["micro_batches"] == 2 and row["skipped_steps"] == 0
     # read before and after the 2 timed steps: the counts' growth a step

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from transformer.config import SPECIAL_PIECES
 from transformer.data import read_lines
 
 from transformer.prepare import find_data_root
@@ -42,6 +43,7 @@ def tok(train_files: list[Path], tmp_path_factory: pytest.TempPathFactory) -> To
 
 def test_special_ids_are_fixed(tok: Tokenizer) -> None:
     assert (PAD_ID, EOS_ID, UNK_ID) == (0, 1, 2)
+    assert SPECIAL_PIECES == len({PAD_ID, EOS_ID, UNK_ID})  # the count config's vocab_size check gives
     assert tok.vocab_size == 1000
     assert tok._sp.bos_id() == -1 and not any(tok._sp.is_control(i) for i in range(3, 1000))  # BOS is PAD
     assert tok.pieces("") == [] and tok.encode("") == []

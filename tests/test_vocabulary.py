@@ -93,6 +93,21 @@ def test_a_parsing_run_on_targets_that_are_no_trees_is_refused(tmp_path, tiny_ov
     open_vocabulary(cfg, src, tgt, tmp_path / "spm.model", lambda m: None, resuming=False)  # half of them: taken
 
 
+def test_a_parsing_run_on_bracketed_trees_is_refused(tmp_path, tiny_overrides):
+    """The .gold file `linearize` writes for `evaluate --ref` named as data.train_tgt trained without a word, and
+    the parser wrote "(S (XX The) (XX dog))": its trees close after words, "dog)", not with ")NP"."""
+    from transformer.data import DataError
+
+    src, tgt = paths(tiny_overrides)
+    cfg = load_config("tiny", tiny_overrides + ['data.task="parse"'])
+    lines = tgt.read_text(encoding="utf-8").splitlines()
+    tgt.write_text("".join(f"(S (NP (NN {w[0]})) (VP (VBD {w[-1]})))\n" for w in map(str.split, lines)))
+    with pytest.raises(DataError, match=rf"{tgt.name}: 600 of its 600 lines are trees bracketed as the treebank "
+                                        r"writes them .*\(the \.wlin file"):
+        open_vocabulary(cfg, src, tgt, tmp_path / "spm.model", lambda m: None, resuming=False)
+    assert not list(tmp_path.glob("spm.*"))
+
+
 def test_a_parsing_vocabulary_that_lacks_some_symbols_is_warned_of(tiny_parse_run):
     """A symbol of the training trees that is no piece of the vocabulary (one reused from other trees): the
     beam cannot write that constituent, and the log says which."""

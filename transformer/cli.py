@@ -550,6 +550,8 @@ def cmd_score(args: argparse.Namespace) -> None:
     for option, path in (("--src", args.src), ("--tgt", args.tgt)):  # before the model loads, naming the option
         if path not in (None, STDIN) and not path.exists():
             raise DataError(f"{option} {path}: cannot read (No such file or directory)")
+        if path not in (None, STDIN) and path.is_dir():  # said without its option when read
+            raise DataError(f"{option} {path}: cannot read (Is a directory)")
     if args.src not in (None, STDIN) and args.tgt != STDIN and args.src.is_file() and args.tgt.is_file():
         # read through once (line counts, UTF-8), as translate counts its input: stdout had 10,000 lines of
         # scores when the files were found to differ in length (a pipe cannot be read twice: as it comes)
@@ -805,7 +807,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             raise TreeError(f"--ref {ref_name}: {e}") from None
         print(f"F1 = {scores['f1']:.2f}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
               f"({scores['matched']} of {scores['gold_brackets']} gold / {scores['test_brackets']} test brackets, "
-              f"{scores['sentences']} sentences; EVALB COLLINS.prm rules)", file=report)
+              f"{scores['sentences']} sentence{'s' * (scores['sentences'] != 1)}; EVALB COLLINS.prm rules)",
+              file=report)
         hyps = [_tree_line(t) for t in trees]
     else:
         ref = read_lines(args.ref)
@@ -989,6 +992,7 @@ def cmd_linearize(args: argparse.Namespace) -> None:
     words at the leaves: configs/ptb_sample_parse.toml's form), PREFIX.lin (with XX at the leaves, as Vinyals et
     al. 2015) and PREFIX.gold (the tree, for `evaluate --ref`). Name them in a parsing config's data.* fields.
     """
+    from .data import shown
     from .prepare import TREE_FILES, write_tree_files
     from .trees import TreeError, read_normalized
 
@@ -1001,14 +1005,14 @@ def cmd_linearize(args: argparse.Namespace) -> None:
     read = [(path, i, t) for path in args.trees for i, t in enumerate(read_normalized(path), 1)]
     trees = [t for _, _, t in read if t is not None]
     if not trees:
-        raise TreeError(f"{' '.join(map(str, args.trees))}: no tree with a word (once traces are removed)")
+        raise TreeError(f"{' '.join(map(shown, args.trees))}: no tree with a word (once traces are removed)")
     for path, i, t in read:  # linearized, they read back as other trees (not scored F1 100 against themselves)
         if t is not None and (t.is_preterminal or not t.label):
-            raise TreeError(f"{path}: tree {i}: its root is " + (
+            raise TreeError(f"{shown(path)}: tree {i}: its root is " + (
                 f"a part-of-speech node ({t.label} {t.children[0]}): a one-word tree" if t.is_preterminal else
                 f"unlabelled, with {len(t.children)} constituents") + ", which the task's sequences cannot hold: "
                 "give it one labelled root, e.g. (S ...)")
-    if empty := [f"{path}: tree {i}" for path, i, t in read if t is None]:  # a test split's lines no longer
+    if empty := [f"{shown(path)}: tree {i}" for path, i, t in read if t is None]:  # a test split's lines no longer
         # number the file's trees: said, with which
         print(f"left out {len(empty)} tree{'s' if len(empty) > 1 else ''} without a word once traces are removed "
               f"({', '.join(empty[:5])}{', ...' if len(empty) > 5 else ''})", file=sys.stderr)
@@ -1040,6 +1044,9 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     with _named_option("--gold"):
         gold = read_normalized(args.gold)
     gold_name, test_name = shown(args.gold), shown(args.test)  # "-": stdin, not /dev/stdin
+    if all(tree is None for tree in gold):  # scored, it was "F1 = 0.00" of 0 sentences, exit status 0
+        raise TreeError(f"--gold {gold_name}: no tree with a word once traces are removed ({len(gold)} of traces "
+                        "alone): nothing to score")
     # parse's output of blank lines: empty lines, read as None where the file has a line for every gold tree
     with _named_option("--test"):
         test = read_normalized(args.test, expect=len(gold), lines=read_lines(args.test))  # read once: stdin too
@@ -1055,9 +1062,10 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
         return
     print(f"precision = {scores['precision']:.2f}\nrecall    = {scores['recall']:.2f}\nF1        = {scores['f1']:.2f}")
     print(f"brackets: {scores['matched']} matched, {scores['gold_brackets']} gold, {scores['test_brackets']} test; "
-          f"{scores['sentences']} sentences (EVALB COLLINS.prm rules: punctuation by gold tag removed, ADVP = PRT, POS "
-          "nodes not counted)" + (f"; {scores['skipped_empty']} skipped, without a word once traces are removed"
-                                  if scores["skipped_empty"] else ""))
+          f"{scores['sentences']} sentence{'s' * (scores['sentences'] != 1)} (EVALB COLLINS.prm rules: punctuation by "
+          "gold tag removed, ADVP = PRT, POS nodes not counted)"
+          + (f"; {scores['skipped_empty']} skipped, without a word once traces are removed"
+             if scores["skipped_empty"] else ""))
 
 
 def _average_arguments(p: argparse.ArgumentParser) -> None:
@@ -1408,20 +1416,24 @@ def cmd_attention(args: argparse.Namespace) -> None:
         said.append(f"note: {', '.join(searched)} {'shape' if len(searched) > 1 else 'shapes'} the model's own "
                     "translation; with --tgt there is none to search")
 
-    def drawable(text: str, what: str) -> None:  # as the server's figures: a longer side is illegible, and a
-        limit = ServeLimits().max_attention_pieces  # PNG of 800 words took more memory than the machine had
-        if (n := target_pieces(translator, text) + 1) > limit:  # the source's are counted as a target's
-            raise FigureError(f"{what}: {n} pieces with EOS, more than the {limit} a figure draws: give a shorter "
-                              "sentence")
+    def drawable(text: str, what: str, shorter: str = "give a shorter sentence") -> None:
+        # as the server's figures: a longer side is illegible, and a PNG of 800 words took more memory than the
+        # machine had; the source's pieces are counted as a target's
+        limit = ServeLimits().max_attention_pieces
+        if (n := target_pieces(translator, text) + 1) > limit:
+            raise FigureError(f"{what}: {n} pieces with EOS, more than the {limit} a figure draws: {shorter}")
 
     drawable(args.src, "--src")
     if args.tgt is not None:
         drawable(args.tgt, "--tgt")
     tgt = args.tgt if args.tgt is not None else _translate_lines(translator, [args.src], request)[0]
-    drawable(tgt, "the model's translation")
+    # the source fits (checked above): its translation ran on, up to --max-len-offset pieces past it
+    drawable(tgt, "the model's translation", "give the translation to draw with --tgt, or bound it with a smaller "
+                                             "--max-len-offset")
     maps = attention_maps(translator, args.src, tgt)  # checks the sentence: nothing is said before its error
     if args.tgt is None:
-        said.append(f"translation: {tgt}")  # after what loading the model said
+        # after what loading the model said; an empty one was a bare "translation: "
+        said.append(f"translation: {tgt}" if tgt.strip() else "translation: (empty: the model wrote its end at once)")
     if page:  # holds sub-word and word maps both
         files.write_text(args.out, attention_html(maps, f"attention: {args.src}", view))
     else:
@@ -1451,6 +1463,8 @@ def cmd_plot(args: argparse.Namespace) -> None:
     from .figures import FigureError, plot_training
 
     metrics = run_folder(args.run_dir) / "metrics.jsonl"
+    if metrics.is_dir():  # "no metrics.jsonl" of one that is there
+        raise FigureError(f"{metrics}: a folder, not the run's log of metrics")
     if not metrics.is_file():
         raise FigureError(f"{args.run_dir}: no metrics.jsonl (not a run folder, or no step logged yet)")
     out = args.out or check_output(args.run_dir / "training.png", "--out")  # as main checks a given --out

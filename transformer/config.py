@@ -196,6 +196,7 @@ class DecodeConfig:
     constrained: bool = True
 
 
+SPECIAL_PIECES = 3  # tokenizer.py's PAD_ID, EOS_ID, UNK_ID: the pieces no text is made of
 MAX_VOCAB = 2**31 - 1  # piece ids are int32 in sentencepiece and in the token store (store.py)
 MAX_THREADS = 1024  # train.threads, --threads: past a few thousand, creating the threads crashed the process
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max, without importing torch (config.validate)
@@ -310,6 +311,10 @@ class Config:
         if self.data.vocab_size > MAX_VOCAB:
             raise ConfigError(f"data.vocab_size must be at most {MAX_VOCAB:,} (piece ids are int32), got "
                               f"{self.data.vocab_size}")
+        if self.data.vocab_size <= SPECIAL_PIECES:  # was refused by the beam's rule below (beam 4, vocabulary 1)
+            raise ConfigError(f"data.vocab_size {self.data.vocab_size}: padding, end of sentence and unknown take "
+                              f"{SPECIAL_PIECES} pieces, and the text needs pieces of its own (one per character at "
+                              "least): give more")
         at_least_zero = {
             "train.bleu_every": t.bleu_every, "train.clip_norm (0 = no clipping)": t.clip_norm,
             "train.weight_decay": t.weight_decay, "train.max_minutes (0 = no time budget)": t.max_minutes,

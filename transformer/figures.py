@@ -173,6 +173,7 @@ def chosen_heads(n_layers: int, n_heads: int, layer: int, heads: list[int] | Non
 
 
 STYLES = ("links", "heatmap", "both")
+MAX_LABEL = 24  # characters of a token a PNG draws (the HTML page shows it whole)
 
 
 def _select(maps: AttentionMaps, kind: str, layer: int,
@@ -215,7 +216,10 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
         raise FigureError(f"style {style!r}: one of {', '.join(STYLES)}")
     kind, w, heads = _select(maps, kind, layer, heads)
     out = files.check_output(as_path(out, "out"), "out", suffixes=(".png",))
-    rows, cols = maps.axes(kind)
+    # a long word (a URL) ran over the heatmaps and the other labels, and matplotlib warned that it could not lay
+    # the figure out: shortened, its end marked
+    rows, cols = ([t if len(t) <= MAX_LABEL else t[:MAX_LABEL - 1] + "\u2026" for t in side]
+                  for side in maps.axes(kind))
     colours = colormaps["tab10" if len(heads) <= 10 else "tab20"]
     n_maps = len(heads) if style != "links" else 0
     n_cols = min(4, max(n_maps, 1))

@@ -492,7 +492,9 @@ class Batcher:
 
 class BodyLimit:
     """ASGI middleware: refuses a body over ``limit`` bytes with 413, whether or not it says its length, and a
-    compressed one (Content-Encoding) with 415: it was read as JSON as sent, "the body is not UTF-8 text"."""
+    compressed one (Content-Encoding) with 415: it was read as JSON as sent, "the body is not UTF-8 text". A body
+    still coming in when the server stops is answered 503 at once, as the requests waiting to be decoded are (its
+    task cancelled after SHUTDOWN_GRACE_S, uvicorn answered a plain-text 500)."""
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
 
@@ -506,12 +508,25 @@ class BodyLimit:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await self._refuse(send)
-        received, started, refused = 0, False, False
+        received, started, refused, whole = 0, False, False, False
+        batcher = getattr(getattr(scope.get("app"), "state", None), "batcher", None)
 
         async def counting_receive():
-            nonlocal received, refused
-            message = await receive()
+            nonlocal received, refused, whole
+            if whole or batcher is None:  # the body read: a receive now waits for the client to leave
+                message = await receive()
+            else:
+                message, stopping = asyncio.ensure_future(receive()), asyncio.ensure_future(batcher.stopped.wait())
+                await asyncio.wait((message, stopping), return_when=asyncio.FIRST_COMPLETED)
+                (stopping if message.done() else message).cancel()
+                if not message.done() or message.cancelled():
+                    if not started:
+                        refused = True
+                        await send_error(send, 503, SHUTTING_DOWN)
+                    return {"type": "http.disconnect"}
+                message = message.result()
             if message["type"] == "http.request":
+                whole = not message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > self.limit and not started:  # answer now; the app sees the client leave
                     refused = True
@@ -731,14 +746,19 @@ def _answer_errors_in_json(app: FastAPI) -> None:
         if mime != "application/json" and not mime.endswith("+json"):  # FastAPI reads it as no object at all
             return JSONResponse({"error": f"the body must be JSON, sent with Content-Type: application/json (this "
                                           f"request's: {kind or 'none'})"}, status_code=415)
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse({"error": "malformed JSON: " + errors[0].get("msg", "")}, status_code=400)
+        if bad := next((e for e in errors if e.get("type") == "json_invalid"), None):
+            # the parser's reason and where ("JSON decode error" alone said neither): loc is ("body", its offset)
+            reason = str((bad.get("ctx") or {}).get("error") or bad.get("msg", ""))
+            at = [x for x in bad.get("loc", ())[1:] if isinstance(x, int)]
+            return JSONResponse({"error": f"malformed JSON: {reason}" + (f" at character {at[0] + 1}" if at else "")},
+                                status_code=400)
         if [(e.get("type"), tuple(e.get("loc", ()))) for e in errors] == [("missing", ("body",))]:
             return JSONResponse({"error": "malformed JSON: the body is empty (send a JSON object)"}, status_code=400)
         # the first few: a problem in each item of a long list was answered with every one of them (MBs)
         shown = errors[:MAX_ERRORS_SHOWN]
-        detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]), "problem": e.get("msg", "")}
-                  for e in shown]
+        # a validator's own ValueError: its message alone (pydantic puts "Value error, " before it)
+        detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]),
+                   "problem": e.get("msg", "").removeprefix("Value error, ")} for e in shown]
         # the one line names each field and its problem (a client, or the web page, shows only the line)
         line = " ".join("; ".join(f"{d['field'] or 'body'}: {d['problem']}" for d in detail).split())
         more = f"; and {len(errors) - len(shown):,} more" if len(errors) > len(shown) else ""

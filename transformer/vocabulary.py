@@ -32,6 +32,14 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
             raise DataError(f"{tgt}: data.task is \"parse\", and {plain:,} of its {len(targets):,} lines are no "
                             "linearized tree (each begins with \"(\", as `transformer linearize` writes them): give "
                             "the training trees, or set data.task = \"translate\"")
+        # a tree as the treebank brackets it ends its constituents with ")" after a word ("dog)", "))"); a
+        # linearized one with a closing symbol (")NP"): trained on the former, the parser wrote "(XX The)"
+        closed = lambda t: len(t) > 1 and t.endswith(")")  # noqa: E731 (a lone ")" is neither's)
+        if (bracketed := sum(any(map(closed, line.split())) for line in targets)) * 2 > len(targets):
+            raise DataError(f"{tgt}: {bracketed:,} of its {len(targets):,} lines are trees bracketed as the treebank "
+                            "writes them (\"(NP (DT the) (NN dog))\", as a .gold file holds them, for `evaluate "
+                            "--ref`): a parsing run trains on linearized trees, \"(NP the dog )NP\" (the .wlin file "
+                            "`transformer linearize` writes)")
         symbols = tree_symbols(targets)
     log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
         + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
