@@ -30,8 +30,13 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_prints_the_usage(script, monkeypatch, capsys):
     """In this process, as the --results checks below run (a process per script cost seconds each, its imports):
-    an error at import or in the parser is an exception here, where a subprocess printed its traceback."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    an error at import or in the parser is an exception here, where a subprocess printed its traceback. What the
+    script imports is found as by hand: beside it and in the installed package, not in the checkout pytest runs
+    from (a script that needs `tests` puts the checkout on its path itself)."""
+    root = BENCHMARKS.parent.resolve()
+    monkeypatch.setattr(sys, "path", [str(BENCHMARKS)] + [p for p in sys.path if Path(p or ".").resolve() != root])
+    for name in [m for m in sys.modules if m == "tests" or m.startswith("tests.")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.chdir(BENCHMARKS.parent)
     monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / script), "--help"])
     with pytest.raises(SystemExit) as stopped:

@@ -1365,7 +1365,8 @@ def test_evaluate_parse_reads_parses_blank_lines_as_the_trees_of_blank_inputs(tm
     status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"), "--test",
                                 str(tmp_path / "g.mrg"), "--json")
     assert (status, out) == (1, "") and err.endswith(f"error: --gold {tmp_path / 'g.mrg'}: no tree with a word once "
-                                                     "traces are removed (2 of traces alone): nothing to score\n"), err
+                                                     "traces are removed (2 trees of traces alone): nothing to "
+                                                     "score\n"), err
     (tmp_path / "g.mrg").write_text("( (S (NN x)) )\n")
     (tmp_path / "t.mrg").write_text("(S (XX x))\n")
     status, out, err = run_here(capsys, "evaluate-parse", "--gold", str(tmp_path / "g.mrg"),

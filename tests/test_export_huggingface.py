@@ -324,6 +324,12 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
         save_checkpoint(tmp_path, step, {"w": torch.full((2,), float(step))}, {}, meta, keep_last=5)
     kept = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"))
     assert "the average of the last 4 checkpoints; these weights are `best.safetensors`" in kept.replace("\n", " ")
+    for stale in (10, 20, 30):  # two left, one of them with a record that cannot be read: not "the last 5"
+        for path in (tmp_path / "checkpoints").glob(f"step_{stale:08d}*"):
+            path.unlink()
+    (tmp_path / "checkpoints" / "step_00000042.json").write_text("{")
+    cut = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"))
+    assert "the average of the last 2 checkpoints; these weights are `best.safetensors`" in cut.replace("\n", " ")
 
 
 def test_the_model_card_bounds_generate_as_the_run_does(tmp_path):

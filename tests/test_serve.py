@@ -925,8 +925,8 @@ def test_a_batch_closes_where_the_next_request_would_pass_the_token_bound(transl
                                                    (("SIGINT", "SIGINT"), 130, "interrupted")])
 def test_a_client_stalled_in_its_body_holds_no_shutdown(signals, status, said):
     """A client that sent its headers and part of its body held SIGTERM for the whole --request-timeout (a
-    minute here); a second Ctrl-C in that wait printed two tracebacks of uvicorn's. The server waits a few
-    seconds (``SHUTDOWN_GRACE_S``) and stops with its one line."""
+    minute here); a second Ctrl-C in that wait printed two tracebacks of uvicorn's. The client is answered 503 at
+    once, as the requests waiting to be decoded are, and the server stops with its one line."""
     import signal
     import socket
     import subprocess
@@ -965,3 +965,41 @@ def test_a_client_stalled_in_its_body_holds_no_shutdown(signals, status, said):
     # answered as the requests waiting to be decoded are: it was a plain-text 500 once uvicorn's grace ran out
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 ") and json.loads(body) == {"error": "the server is shutting down"}, answer
+
+
+def test_the_body_limit_loses_no_message_and_answers_once_at_shutdown():
+    """The race of a body's receive against the server's stop: a receive the app gave up on (a timeout, Starlette's
+    disconnect poll) left a task that took the next chunk, and each left a waiter on the stop behind; an app that
+    read again after the stop's disconnect was answered a second 503."""
+    from types import SimpleNamespace
+
+    from transformer.serve import SHUTTING_DOWN, BodyLimit
+
+    async def scenario() -> tuple[list, list, list]:
+        chunks: asyncio.Queue = asyncio.Queue()
+        stopped = asyncio.Event()
+        got, sent = [], []
+
+        async def app(scope, receive, send):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(receive(), 0.05)  # nothing sent yet: given up on
+            await chunks.put({"type": "http.request", "body": b"ab", "more_body": True})
+            got.append(await asyncio.wait_for(receive(), 5))  # the chunk: the receive given up on took it, lost
+            stopped.set()  # the server stops while the rest of the body is awaited
+            got.append(await receive())
+            got.append(await receive())  # read again after the stop's disconnect: answered twice
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "headers": [], "app": SimpleNamespace(state=SimpleNamespace(
+            batcher=SimpleNamespace(stopped=stopped)))}
+        await BodyLimit(app, 1000)(scope, chunks.get, send)
+        await asyncio.sleep(0)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+        return got, sent, left
+
+    got, sent, left = asyncio.run(scenario())
+    assert got == [{"type": "http.request", "body": b"ab", "more_body": True}] + [{"type": "http.disconnect"}] * 2
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [503]
+    assert json.loads(sent[-1]["body"]) == {"error": SHUTTING_DOWN} and left == []

@@ -105,6 +105,9 @@ def test_a_parsing_run_on_bracketed_trees_is_refused(tmp_path, tiny_overrides):
     with pytest.raises(DataError, match=rf"{tgt.name}: 600 of its 600 lines are trees bracketed as the treebank "
                                         r"writes them .*\(the \.wlin file"):
         open_vocabulary(cfg, src, tgt, tmp_path / "spm.model", lambda m: None, resuming=False)
+    tgt.write_text("".join(f"(S (NP (NN {w[0]} ) ) (VP (VBD {w[-1]} ) ) )\n" for w in map(str.split, lines)))
+    with pytest.raises(DataError, match=rf"{tgt.name}: 600 of its 600 lines are trees bracketed"):  # spaced closings
+        open_vocabulary(cfg, src, tgt, tmp_path / "spm.model", lambda m: None, resuming=False)
     assert not list(tmp_path.glob("spm.*"))
 
 

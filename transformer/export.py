@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from . import files
-from .checkpoint import CheckpointError, checkpoints_to_average, chosen_weights, weights_step
+from .checkpoint import CheckpointError, checkpoints_to_average, chosen_weights, list_checkpoints, weights_step
 from .config import Config
 from .errors import UserError, install_extra
 from .model import Transformer
@@ -343,10 +343,13 @@ def _averaged_by_decoding(run_dir: Path, cfg) -> int:
     """How many checkpoints `translate` averages from the run: those `checkpoints_to_average` chooses, fewer
     than decode.average_last where the run kept fewer or some are off its save clock (a card said "the last 5"
     of a run of 4); decode.average_last where none can be read (no checkpoints beside a weights file)."""
+    n = cfg.decode.average_last
     try:
-        return len(checkpoints_to_average(run_dir, cfg.decode.average_last)) or cfg.decode.average_last
-    except CheckpointError:
-        return cfg.decode.average_last
+        return len(checkpoints_to_average(run_dir, n)) or n
+    except CheckpointError:  # a record that cannot be read (translate refuses the run): at most those there
+        with contextlib.suppress(CheckpointError):
+            return min(n, len(list_checkpoints(run_dir))) or n
+        return n
 
 
 def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoint: Path | None = None,

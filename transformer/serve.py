@@ -510,21 +510,31 @@ class BodyLimit:
             return await self._refuse(send)
         received, started, refused, whole = 0, False, False, False
         batcher = getattr(getattr(scope.get("app"), "state", None), "batcher", None)
+        pending: asyncio.Future | None = None  # a receive a cancelled call left: its message is the next one
 
         async def counting_receive():
-            nonlocal received, refused, whole
-            if whole or batcher is None:  # the body read: a receive now waits for the client to leave
+            nonlocal received, refused, whole, pending
+            if refused:  # answered here (413, 503): the request is over
+                return {"type": "http.disconnect"}
+            if pending is None and (whole or batcher is None):  # the body read (the client's leaving is awaited)
                 message = await receive()
             else:
-                message, stopping = asyncio.ensure_future(receive()), asyncio.ensure_future(batcher.stopped.wait())
-                await asyncio.wait((message, stopping), return_when=asyncio.FIRST_COMPLETED)
-                (stopping if message.done() else message).cancel()
-                if not message.done() or message.cancelled():
+                pending = pending or asyncio.ensure_future(receive())
+                # raced against the server's stop while the body comes in (the app reads it, the client sends it)
+                stopping = asyncio.ensure_future(batcher.stopped.wait()) if batcher and not whole else None
+                try:
+                    await asyncio.wait([f for f in (pending, stopping) if f], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if stopping is not None:
+                        stopping.cancel()
+                if not pending.done():  # the server stops while the body comes in
+                    pending.cancel()
+                    pending = None
                     if not started:
                         refused = True
                         await send_error(send, 503, SHUTTING_DOWN)
                     return {"type": "http.disconnect"}
-                message = message.result()
+                message, pending = pending.result(), None
             if message["type"] == "http.request":
                 whole = not message.get("more_body", False)
                 received += len(message.get("body", b""))

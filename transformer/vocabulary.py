@@ -32,10 +32,14 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
             raise DataError(f"{tgt}: data.task is \"parse\", and {plain:,} of its {len(targets):,} lines are no "
                             "linearized tree (each begins with \"(\", as `transformer linearize` writes them): give "
                             "the training trees, or set data.task = \"translate\"")
-        # a tree as the treebank brackets it ends its constituents with ")" after a word ("dog)", "))"); a
-        # linearized one with a closing symbol (")NP"): trained on the former, the parser wrote "(XX The)"
-        closed = lambda t: len(t) > 1 and t.endswith(")")  # noqa: E731 (a lone ")" is neither's)
-        if (bracketed := sum(any(map(closed, line.split())) for line in targets)) * 2 > len(targets):
+        # a tree as the treebank brackets it ends its constituents with ")" after a word ("dog)", "))", or apart:
+        # "dog )"); a linearized one with closing symbols (")NP"): trained on the former, the parser wrote "(XX The)"
+        def bracketed_tree(tokens: list[str]) -> bool:
+            closings = [t for t in tokens if len(t) > 1 and t[0] == ")"]  # ")NP"
+            return bool(tokens) and tokens[0][:1] == "(" and (
+                any(len(t) > 1 and t.endswith(")") for t in tokens) or not closings)
+
+        if (bracketed := sum(bracketed_tree(line.split()) for line in targets)) * 2 > len(targets):
             raise DataError(f"{tgt}: {bracketed:,} of its {len(targets):,} lines are trees bracketed as the treebank "
                             "writes them (\"(NP (DT the) (NN dog))\", as a .gold file holds them, for `evaluate "
                             "--ref`): a parsing run trains on linearized trees, \"(NP the dog )NP\" (the .wlin file "
