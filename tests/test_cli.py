@@ -200,6 +200,10 @@ def test_params_json(capsys):
     assert main(["params", "base", "--vocab", "40960", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["parameters"] == pytest.approx(65e6, rel=0.01) and out["flops_per_token"] > 6 * 44e6
+    for vocab in ("3", "0"):  # counted (44,140,032 at 3) where data.vocab_size of 3 is refused
+        assert main(["params", "base", "--vocab", vocab]) == 1
+        assert capsys.readouterr().err == (f"error: --vocab {vocab}: must be in 4 .. 2,147,483,647 (padding, end of "
+                                           "sentence and unknown take 3; piece ids are int32)\n")
 
 
 def test_params_and_its_cost_report_quote_one_figure_at_one_length(capsys):

@@ -153,9 +153,19 @@ def test_unknown_key_suggests_closest():
     # a key of another section: train.max_len was offered train.max_tokens (the batch size), and train.d_model nothing
     for given, meant in (("train.max_len", "data.max_len"), ("data.max_tokens", "train.max_tokens"),
                          ("train.d_model", "model.d_model"), ("model.eps_ls", "train.eps_ls"),
-                         ("train.MAX_STEPS", "train.max_steps"), ("train.MAX_LEN", "data.max_len")):  # in capitals
+                         ("train.MAX_STEPS", "train.max_steps"), ("train.MAX_LEN", "data.max_len"),  # in capitals
+                         ("train.batch_size", "train.max_tokens")):  # was decode.batch_size, sentences decoded at once
         with pytest.raises(ConfigError, match=rf"unknown key {given}; did you mean {meant}\?"):
             load_config("tiny", [f"{given}=5"])
+    with pytest.raises(ConfigError, match=r"unknown section \[MODEL\]; did you mean \[model\]\?"):
+        load_config("tiny", ["MODEL.d_model=32"])
+    # a value of a fixed list spelt otherwise, and a boolean as Python writes it: offered nothing
+    for setting, meant in (("train.keep_best=valid-loss", "; did you mean 'valid_loss'?"),
+                           ("train.precision=BF16", "; did you mean 'bf16'?"),
+                           ("model.positional=learnt", "; did you mean 'learned'?"),
+                           ("model.bias=True", "; TOML writes it true")):
+        with pytest.raises(ConfigError, match=re.escape(setting) + ".*" + re.escape(meant) + "$"):
+            load_config("tiny", [setting])
 
 
 def test_types_are_checked():
@@ -509,6 +519,9 @@ def test_settings_that_cannot_train_are_refused_naming_their_keys():
     ("[model]\nmax_positions = 10\n[data]\nmax_len = 8\n", ", line 2: decode.max_len_offset 50: more than "
                                                            "model.max_positions 10"),  # a rule over two fields
     ("[model]\nd_model = 64\n[model.train]\nx = 1\n", ", line 3: unknown key model.train"),
+    ("[model]\nd_model = 64\nsub.x = 1\n", ", line 3: unknown key model.sub"),  # a dotted key's table: the file alone
+    # a rule over two fields of the file: both lines (it named d_model's where n_heads was the edit)
+    ("[model]\nd_model = 64\nd_ff = 128\nn_heads = 3\n", ", lines 2 and 4: model.d_model \\(64\\) is not divisible"),
     # lines inside a multi-line string are no keys or headers (it named line 4)
     ('[data]\ntrain_src = """\n[decode]\nbeam_size = 4\n"""\n\n[decode]\nbeam_size = "four"\n',
      ", line 8: decode.beam_size must be int"),

@@ -499,6 +499,11 @@ def test_parameter_counts_match_the_paper():
     printed = {"base": 65, "B1": 58, "B2": 60, "C1": 36, "C2": 50, "C3": 80, "C4": 28, "C5": 168, "C6": 53, "C7": 90}
     for row, millions in printed.items():
         assert abs(params(row, 40960) - millions * 1e6) <= 0.5e6, row
+    # E prints no count (the base's 65): A15's table of 256 rows a side comes out so; the preset's 1024 (PAPER_MAP)
+    cfg = load_config("E", ["model.max_positions=256"])
+    with torch.device("meta"):
+        assert abs(count_parameters(Transformer(cfg.model, 40960)) - 65e6) <= 0.5e6
+    assert params("E", 40960) - params("base", 40960) == 2 * 1024 * 512
 
 
 @pytest.mark.parametrize("norm, stream", [("post", torch.bfloat16), ("pre", torch.float32)])

@@ -491,3 +491,12 @@ def test_a_home_where_the_parsing_files_cannot_be_written_is_a_data_error(tmp_pa
     with pytest.raises(DataError, match=r"ptb-sample-parse/train.words: cannot write the parsing task's files into "
                                         + re.escape(str(tmp_path / "home" / ".cache"))):
         resolve_data_path("ptb-sample-parse/train.words")
+
+
+def test_a_path_whose_backslashes_were_read_as_escapes_is_said_so(tmp_path, monkeypatch):
+    """"multi30k\\train.en.gz" in a TOML "..." string holds a tab: the error printed the tab as it is, and said
+    nothing of why (--set's own check says it)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=re.escape("data.train_src: data file not found: 'multi30k\\train.en.gz' (")
+                       + r".*; in a TOML \"...\" string a backslash escapes: write the path with / or in '...'$"):
+        prepare_module.resolve_data_path("multi30k\train.en.gz", "data.train_src")

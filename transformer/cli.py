@@ -1159,14 +1159,15 @@ def cmd_params(args: argparse.Namespace) -> None:
     """
     import torch
 
-    from .config import MAX_VOCAB, load_config
+    from .config import MAX_VOCAB, SPECIAL_PIECES, load_config
     from .model import FLOPS_SENTENCE_LEN, Transformer, count_parameters, flops_per_token
 
     if not args.cost and (given := [o for o, v in (("--devices", args.devices), ("--mfu", args.mfu)) if v is not None]):
         raise ConfigError(f"{' and '.join(given)}: for --cost's report; add --cost")  # accepted and unused
     cfg = load_config(args.preset, args.set)
-    if args.vocab is not None and not 1 <= args.vocab <= MAX_VOCAB:
-        raise ConfigError(f"--vocab {args.vocab}: must be in 1 .. {MAX_VOCAB:,} (piece ids are int32)")
+    if args.vocab is not None and not SPECIAL_PIECES < args.vocab <= MAX_VOCAB:  # as data.vocab_size's bounds
+        raise ConfigError(f"--vocab {args.vocab}: must be in {SPECIAL_PIECES + 1} .. {MAX_VOCAB:,} (padding, end of "
+                          f"sentence and unknown take {SPECIAL_PIECES}; piece ids are int32)")
     vocab = cfg.data.vocab_size if args.vocab is None else args.vocab
     with torch.device("meta"):  # no memory is allocated: big models count instantly
         model = Transformer(cfg.model, vocab)

@@ -477,8 +477,13 @@ def _check_type(where: str, key: str, value: Any, annotation: Any, toml: bool = 
     hint = annotation
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
-        if value not in choices:
-            raise ConfigError(f"{where}: {key} must be one of {list(choices)}, got {value!r}")
+        if value not in choices:  # a spelling of one, as keys are offered theirs (valid-loss, BF16, Pre)
+            words = [c for c in choices if isinstance(c, str) and c]
+            near = [] if not isinstance(value, str) else (
+                [c for c in words if c.replace("_", "").lower() == value.replace("-", "").replace("_", "").lower()]
+                or difflib.get_close_matches(value, words, n=1))
+            raise ConfigError(f"{where}: {key} must be one of {list(choices)}, got {value!r}"
+                              + (f"; did you mean {near[0]!r}?" if near else ""))
         return value
     if (hint is float or toml and hint is int) and isinstance(value, int) and not isinstance(value, bool) and \
             abs(value) >= 2**63:
@@ -493,6 +498,8 @@ def _check_type(where: str, key: str, value: Any, annotation: Any, toml: bool = 
         elif hint is str and where.startswith("--set "):  # read as TOML: 123, true, nan and 2024-01-01 are no text
             name, _, raw = where.removeprefix("--set ").partition("=")
             quote = f"; as text, quote it: --set '{name.strip()}=\"{raw.strip()}\"'"
+        elif hint is bool and isinstance(value, str) and value.lower() in ("true", "false"):  # TOML's are lower case
+            quote = f"; TOML writes it {value.lower()}"
         elif hint in (int, float) and isinstance(value, str) and where.startswith("--set "):  # not read as TOML
             _, _, raw = where.removeprefix("--set ").partition("=")
             quote = " (not a number as TOML writes one: 0.5, not .5; 5, not 05)" if raw.strip() == value else ""
@@ -506,7 +513,7 @@ _SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train":
 
 def _check_section(section: str, where: str) -> type:
     if section not in _SECTIONS:
-        hint = difflib.get_close_matches(section, _SECTIONS, n=1)
+        hint = difflib.get_close_matches(section.lower(), _SECTIONS, n=1)  # [MODEL] too
         raise ConfigError(f"{where}: unknown section [{section}]"
                           + (f"; did you mean [{hint[0]}]?" if hint else ""))
     return _SECTIONS[section]
@@ -544,6 +551,8 @@ def _apply(cfg: Config, section: str, key: str, value: Any, where: str, toml: bo
         low = key.lower()
         if low in hints:
             hint = [f"{section}.{low}"]
+        elif OTHER_NAMES.get(low, "").startswith(f"{section}."):  # train.batch_size: not decode.batch_size
+            hint = [OTHER_NAMES[low]]
         else:
             hint = [f"{name}.{low}" for name, other in _SECTIONS.items() if low in typing.get_type_hints(other)]
             hint = hint or ([OTHER_NAMES[low]] if low in OTHER_NAMES else [
@@ -666,8 +675,10 @@ def key_lines(text: str) -> dict[str, int]:
             table = _key_parts(match.group(1))
             found.setdefault(".".join(table), number)
         elif (match := _TOML_DOTTED.match(line)) and line[match.end():].startswith("="):
-            if table[:1] != ["[["]:
-                found.setdefault(".".join(table + _key_parts(match.group(1))), number)
+            if table[:1] != ["[["]:  # a dotted key's tables too ("sub.x = 1" in [model] opens model.sub)
+                parts = _key_parts(match.group(1))
+                for n in range(1, len(parts) + 1):
+                    found.setdefault(".".join(table + parts[:n]), number)
             value = line[match.end() + 1:].split("#")[0]
             if quotes := next((q for q in ('"""', "'''") if value.count(q) % 2), ""):
                 within = quotes
@@ -755,6 +766,12 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         named = [name for name in re.findall(r"\b[a-z]+\.[a-z0-9_]+\b", str(e)) if name in given]
         order = {f"--set {text}": i for i, text in enumerate(overrides or [])}
         last = max(named, key=lambda name: order.get(given[name], -1), default=None)
+        # the rule's fields of one file, each its line (its advice after ";" not): the first named was said, where
+        # the edit may be the other's
+        ruled = [name for name in re.findall(r"\b[a-z]+\.[a-z0-9_]+\b", str(e).split(";")[0]) if name in given]
+        at = sorted({lines[name] for name in ruled if name in lines and given[name] == at_line(where, lines, name)})
+        if last and not given[last].startswith("--set ") and len(at) > 1:
+            raise ConfigError(f"{where}, lines {', '.join(map(str, at[:-1]))} and {at[-1]}: {e}") from None
         raise ConfigError(f"{given[last]}: {e}" if last else str(e)) from None
 
 

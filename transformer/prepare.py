@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import tarfile
+import unicodedata
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -185,8 +186,12 @@ def resolve_data_path(path: str, field: str = "") -> Path:
     given, named = Path(path).expanduser(), f"{field}: " if field else ""
     if given.exists():
         return given
+    # a Windows path in a TOML "..." string: its backslashes were escapes ("multi30k\train" holds a tab)
+    controls = any(unicodedata.category(c) == "Cc" for c in path)
+    shown, hint = (repr(path), "; in a TOML \"...\" string a backslash escapes: write the path with / or in "
+                               "'...'") if controls else (path, "")
     if given.is_absolute():
-        raise DataError(f"{named}data file not found: {given}")
+        raise DataError(f"{named}data file not found: {shown}{hint}")
     roots = _candidate_roots()
     for root in roots:
         if (root / given).exists():
@@ -195,8 +200,8 @@ def resolve_data_path(path: str, field: str = "") -> Path:
         return _download_multi30k(given, *published)
     if len(given.parts) == 2 and given.parts[0] == PTB_PARSE:
         return _build_ptb_parse(given.name, roots)
-    raise DataError(f"{named}data file not found: {path} (searched ./ and {', '.join(map(str, roots))}; "
-                    "set TRANSFORMER_DATA to the folder that holds it)")
+    raise DataError(f"{named}data file not found: {shown} (searched ./ and {', '.join(map(str, roots))}; "
+                    f"set TRANSFORMER_DATA to the folder that holds it){hint}")
 
 
 def read_twice(path: Path, field: str) -> Path:

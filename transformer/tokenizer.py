@@ -128,7 +128,8 @@ class Tokenizer:
             if limit := re.search(r"value <= (\d+)", message):
                 sampled = given > len(sample)  # the vocabulary is learnt from data.spm_input_sentences of them
                 raise TokenizerError(
-                    f"vocab_size {vocab_size} is too large for this training text ({len(sample)} sentences"
+                    f"vocab_size {vocab_size} is too large for this training text ({len(sample)} "
+                    f"sentence{'s' * (len(sample) != 1)}"
                     + (f", a sample of its {given} (data.spm_input_sentences)" if sampled else "")
                     + f"): sentencepiece allows at most {limit.group(1)}; lower data.vocab_size"
                     + (" or raise data.spm_input_sentences" if sampled else "")) from None
