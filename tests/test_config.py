@@ -159,11 +159,12 @@ def test_unknown_key_suggests_closest():
             load_config("tiny", [f"{given}=5"])
     with pytest.raises(ConfigError, match=r"unknown section \[MODEL\]; did you mean \[model\]\?"):
         load_config("tiny", ["MODEL.d_model=32"])
-    # a value of a fixed list spelt otherwise, and a boolean as Python writes it: offered nothing
+    # a value of a fixed list spelt otherwise, and a boolean as Python writes it: they were offered nothing
     for setting, meant in (("train.keep_best=valid-loss", "; did you mean 'valid_loss'?"),
                            ("train.precision=BF16", "; did you mean 'bf16'?"),
                            ("model.positional=learnt", "; did you mean 'learned'?"),
-                           ("model.bias=True", "; TOML writes it true")):
+                           ("model.bias=True", "; TOML writes it true, unquoted"),
+                           ("model.positional=LEARNT", "; did you mean 'learned'?")):
         with pytest.raises(ConfigError, match=re.escape(setting) + ".*" + re.escape(meant) + "$"):
             load_config("tiny", [setting])
 
@@ -519,7 +520,8 @@ def test_settings_that_cannot_train_are_refused_naming_their_keys():
     ("[model]\nmax_positions = 10\n[data]\nmax_len = 8\n", ", line 2: decode.max_len_offset 50: more than "
                                                            "model.max_positions 10"),  # a rule over two fields
     ("[model]\nd_model = 64\n[model.train]\nx = 1\n", ", line 3: unknown key model.train"),
-    ("[model]\nd_model = 64\nsub.x = 1\n", ", line 3: unknown key model.sub"),  # a dotted key's table: the file alone
+    ("[model]\nd_model = 64\nsub.x = 1\n", ", line 3: unknown key model.sub"),  # a dotted key's table (the file alone)
+    ("[model]\nd_model = 64\n\n[model.sub.deep]\nx = 1\n", ", line 4: unknown key model.sub"),  # a header's, as well
     # a rule over two fields of the file: both lines (it named d_model's where n_heads was the edit)
     ("[model]\nd_model = 64\nd_ff = 128\nn_heads = 3\n", ", lines 2 and 4: model.d_model \\(64\\) is not divisible"),
     # lines inside a multi-line string are no keys or headers (it named line 4)

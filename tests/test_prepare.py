@@ -500,3 +500,5 @@ def test_a_path_whose_backslashes_were_read_as_escapes_is_said_so(tmp_path, monk
     with pytest.raises(DataError, match=re.escape("data.train_src: data file not found: 'multi30k\\train.en.gz' (")
                        + r".*; in a TOML \"...\" string a backslash escapes: write the path with / or in '...'$"):
         prepare_module.resolve_data_path("multi30k\train.en.gz", "data.train_src")
+    with pytest.raises(DataError, match=r"^--src: data file not found: 'x\\x7fy' \(searched [^;]*; set [^;]*\)$"):
+        prepare_module.resolve_data_path("x\x7fy", "--src")  # typed, not escaped: no TOML to blame

@@ -481,7 +481,7 @@ def _check_type(where: str, key: str, value: Any, annotation: Any, toml: bool = 
             words = [c for c in choices if isinstance(c, str) and c]
             near = [] if not isinstance(value, str) else (
                 [c for c in words if c.replace("_", "").lower() == value.replace("-", "").replace("_", "").lower()]
-                or difflib.get_close_matches(value, words, n=1))
+                or difflib.get_close_matches(value.lower(), words, n=1))
             raise ConfigError(f"{where}: {key} must be one of {list(choices)}, got {value!r}"
                               + (f"; did you mean {near[0]!r}?" if near else ""))
         return value
@@ -498,8 +498,8 @@ def _check_type(where: str, key: str, value: Any, annotation: Any, toml: bool = 
         elif hint is str and where.startswith("--set "):  # read as TOML: 123, true, nan and 2024-01-01 are no text
             name, _, raw = where.removeprefix("--set ").partition("=")
             quote = f"; as text, quote it: --set '{name.strip()}=\"{raw.strip()}\"'"
-        elif hint is bool and isinstance(value, str) and value.lower() in ("true", "false"):  # TOML's are lower case
-            quote = f"; TOML writes it {value.lower()}"
+        elif toml and hint is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+            quote = f"; TOML writes it {value.lower()}, unquoted"  # "True" (Python's), or "true" quoted in a file
         elif hint in (int, float) and isinstance(value, str) and where.startswith("--set "):  # not read as TOML
             _, _, raw = where.removeprefix("--set ").partition("=")
             quote = " (not a number as TOML writes one: 0.5, not .5; 5, not 05)" if raw.strip() == value else ""
@@ -673,7 +673,8 @@ def key_lines(text: str) -> dict[str, int]:
         elif stripped.startswith("[") and (match := _TOML_DOTTED.match(stripped, 1)) and \
                 stripped[match.end():].startswith("]"):
             table = _key_parts(match.group(1))
-            found.setdefault(".".join(table), number)
+            for n in range(1, len(table) + 1):  # [model.sub.deep] opens model.sub too
+                found.setdefault(".".join(table[:n]), number)
         elif (match := _TOML_DOTTED.match(line)) and line[match.end():].startswith("="):
             if table[:1] != ["[["]:  # a dotted key's tables too ("sub.x = 1" in [model] opens model.sub)
                 parts = _key_parts(match.group(1))

@@ -186,10 +186,11 @@ def resolve_data_path(path: str, field: str = "") -> Path:
     given, named = Path(path).expanduser(), f"{field}: " if field else ""
     if given.exists():
         return given
-    # a Windows path in a TOML "..." string: its backslashes were escapes ("multi30k\train" holds a tab)
+    # a Windows path in a config's TOML "..." string: its backslashes were escapes ("multi30k\train" holds a tab)
     controls = any(unicodedata.category(c) == "Cc" for c in path)
-    shown, hint = (repr(path), "; in a TOML \"...\" string a backslash escapes: write the path with / or in "
-                               "'...'") if controls else (path, "")
+    escaped = controls and field.startswith("data.") and any(c in "\b\t\n\f\r" for c in path)
+    shown = repr(path) if controls else path
+    hint = "; in a TOML \"...\" string a backslash escapes: write the path with / or in '...'" if escaped else ""
     if given.is_absolute():
         raise DataError(f"{named}data file not found: {shown}{hint}")
     roots = _candidate_roots()
