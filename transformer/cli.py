@@ -548,10 +548,10 @@ def cmd_score(args: argparse.Namespace) -> None:
         raise ConfigError("--src - and --tgt -: stdin can be one side of the pairs; give the other as a file, or "
                           "neither option, the pairs on stdin as SOURCE<TAB>TARGET")
     for option, path in (("--src", args.src), ("--tgt", args.tgt)):  # before the model loads, naming the option
-        if path not in (None, STDIN) and not path.exists():
-            raise DataError(f"{option} {path}: cannot read (No such file or directory)")
-        if path not in (None, STDIN) and path.is_dir():  # said without its option when read
-            raise DataError(f"{option} {path}: cannot read (Is a directory)")
+        # (read, a folder was said without it); a file is not opened here: a named pipe would give its text once
+        if path not in (None, STDIN) and (why := "No such file or directory" if not path.exists() else
+                                          "Is a directory" if path.is_dir() else None):
+            raise DataError(f"{option} {path}: cannot read ({why})")
     if args.src not in (None, STDIN) and args.tgt != STDIN and args.src.is_file() and args.tgt.is_file():
         # read through once (line counts, UTF-8), as translate counts its input: stdout had 10,000 lines of
         # scores when the files were found to differ in length (a pipe cannot be read twice: as it comes)

@@ -657,6 +657,11 @@ def key_lines(text: str) -> dict[str, int]:
     set inside an inline table or an array of tables are not found (their errors name the file alone)."""
     found: dict[str, int] = {}
     table: list[str] = []
+
+    def opens(parts: list[str], number: int) -> None:  # a dotted name opens each table on its way: [model.sub.deep]
+        for n in range(1, len(parts) + 1):  # and "sub.x = 1" in [model] open model.sub
+            found.setdefault(".".join(parts[:n]), number)
+
     within = ""  # the quotes of a multi-line string the line is in, or "[" inside a multi-line array
     depth = 0  # open brackets of that array
     for number, line in enumerate(text.split("\n"), 1):  # TOML's lines: splitlines() broke at U+2028 too
@@ -673,13 +678,10 @@ def key_lines(text: str) -> dict[str, int]:
         elif stripped.startswith("[") and (match := _TOML_DOTTED.match(stripped, 1)) and \
                 stripped[match.end():].startswith("]"):
             table = _key_parts(match.group(1))
-            for n in range(1, len(table) + 1):  # [model.sub.deep] opens model.sub too
-                found.setdefault(".".join(table[:n]), number)
+            opens(table, number)
         elif (match := _TOML_DOTTED.match(line)) and line[match.end():].startswith("="):
-            if table[:1] != ["[["]:  # a dotted key's tables too ("sub.x = 1" in [model] opens model.sub)
-                parts = _key_parts(match.group(1))
-                for n in range(1, len(parts) + 1):
-                    found.setdefault(".".join(table + parts[:n]), number)
+            if table[:1] != ["[["]:
+                opens(table + _key_parts(match.group(1)), number)
             value = line[match.end() + 1:].split("#")[0]
             if quotes := next((q for q in ('"""', "'''") if value.count(q) % 2), ""):
                 within = quotes
@@ -764,13 +766,15 @@ def load_config(name_or_path: str | None = None, overrides: list[str] | None = N
         return cfg.validate()
     except ConfigError as e:  # say where the value came from, as the type checks do: of the fields a rule
         # names, the one given last (a --set over the file), which is the one the user just changed
-        named = [name for name in re.findall(r"\b[a-z]+\.[a-z0-9_]+\b", str(e)) if name in given]
+        def fields(text: str) -> list[str]:
+            return [name for name in re.findall(r"\b[a-z]+\.[a-z0-9_]+\b", text) if name in given]
+
         order = {f"--set {text}": i for i, text in enumerate(overrides or [])}
-        last = max(named, key=lambda name: order.get(given[name], -1), default=None)
+        last = max(fields(str(e)), key=lambda name: order.get(given[name], -1), default=None)
         # the rule's fields of one file, each its line (its advice after ";" not): the first named was said, where
         # the edit may be the other's
-        ruled = [name for name in re.findall(r"\b[a-z]+\.[a-z0-9_]+\b", str(e).split(";")[0]) if name in given]
-        at = sorted({lines[name] for name in ruled if name in lines and given[name] == at_line(where, lines, name)})
+        at = sorted({lines[name] for name in fields(str(e).split(";")[0])
+                     if name in lines and not given[name].startswith("--set ")})
         if last and not given[last].startswith("--set ") and len(at) > 1:
             raise ConfigError(f"{where}, lines {', '.join(map(str, at[:-1]))} and {at[-1]}: {e}") from None
         raise ConfigError(f"{given[last]}: {e}" if last else str(e)) from None

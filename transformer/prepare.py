@@ -183,16 +183,11 @@ def resolve_data_path(path: str, field: str = "") -> Path:
     downloaded, so the recipes run from a fresh checkout; anything else missing is an error that lists
     where it was looked for, and names ``field`` (the config field or option that gave the path) first.
     """
-    given, named = Path(path).expanduser(), f"{field}: " if field else ""
+    given = Path(path).expanduser()
     if given.exists():
         return given
-    # a Windows path in a config's TOML "..." string: its backslashes were escapes ("multi30k\train" holds a tab)
-    controls = any(unicodedata.category(c) == "Cc" for c in path)
-    escaped = controls and field.startswith("data.") and any(c in "\b\t\n\f\r" for c in path)
-    shown = repr(path) if controls else path
-    hint = "; in a TOML \"...\" string a backslash escapes: write the path with / or in '...'" if escaped else ""
     if given.is_absolute():
-        raise DataError(f"{named}data file not found: {shown}{hint}")
+        raise _not_found(str(given), field)
     roots = _candidate_roots()
     for root in roots:
         if (root / given).exists():
@@ -201,8 +196,19 @@ def resolve_data_path(path: str, field: str = "") -> Path:
         return _download_multi30k(given, *published)
     if len(given.parts) == 2 and given.parts[0] == PTB_PARSE:
         return _build_ptb_parse(given.name, roots)
-    raise DataError(f"{named}data file not found: {shown} (searched ./ and {', '.join(map(str, roots))}; "
-                    f"set TRANSFORMER_DATA to the folder that holds it){hint}")
+    raise _not_found(path, field, f" (searched ./ and {', '.join(map(str, roots))}; set TRANSFORMER_DATA to the "
+                                  "folder that holds it)")
+
+
+def _not_found(path: str, field: str, searched: str = "") -> DataError:
+    """``resolve_data_path``'s error: the path as given (quoted where it holds control characters), and, for a
+    config's data path, why it may hold them: a Windows path in a TOML "..." string, whose backslashes were
+    escapes ("multi30k\\train" holds a tab)."""
+    controls = any(unicodedata.category(c) == "Cc" for c in path)
+    escaped = controls and field.startswith("data.") and any(c in "\b\t\n\f\r" for c in path)
+    hint = "; in a TOML \"...\" string a backslash escapes: write the path with / or in '...'" if escaped else ""
+    named = f"{field}: " if field else ""
+    return DataError(f"{named}data file not found: {repr(path) if controls else path}{searched}{hint}")
 
 
 def read_twice(path: Path, field: str) -> Path:
