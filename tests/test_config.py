@@ -164,7 +164,10 @@ def test_unknown_key_suggests_closest():
                            ("train.precision=BF16", "; did you mean 'bf16'?"),
                            ("model.positional=learnt", "; did you mean 'learned'?"),
                            ("model.bias=True", "; TOML writes it true, unquoted"),
-                           ("model.positional=LEARNT", "; did you mean 'learned'?")):
+                           ("model.positional=LEARNT", "; did you mean 'learned'?"),
+                           # its last word first: valid_bleu's letters are nearer valid_loss
+                           ("train.keep_best=valid_bleu", "; did you mean 'dev_bleu'?"),
+                           ("train.keep_best=smoothed-loss", "; did you mean 'valid_smoothed_loss'?")):
         with pytest.raises(ConfigError, match=re.escape(setting) + ".*" + re.escape(meant) + "$"):
             load_config("tiny", [setting])
 
@@ -430,6 +433,24 @@ def test_a_config_toml_that_is_not_toml_is_a_one_line_error(tmp_path):
     # an error on the last line named its line, not "(at end of document)"
     path.write_bytes(b"[train]\nmax_steps = 5\nwarmup_steps = \n")
     with pytest.raises(ConfigError, match=r"invalid TOML: Invalid value \(at line 3, column 16\)$"):
+        read_toml(path)
+
+
+@pytest.mark.parametrize("text, said", [
+    ('[model]\nd_model = 64\nn_heads = 4\n"d_model" = 128\n',
+     r"line 4: model.d_model is set twice \(first on line 2\): keep one$"),
+    ("[model]\nd_model = 64\n[train]\nmax_steps = 3\n[model]\n",
+     r"line 5: \[model\] is opened twice \(first on line 1\)"),
+    ("[model.x]\na = 1\n\n[model.x]\n", r"line 4: \[model.x\] is opened twice \(first on line 1\)")])
+def test_a_name_given_twice_is_named_with_both_lines(tmp_path, text, said):
+    """tomllib said "Cannot overwrite a value (at line 4, column 14)" and "Cannot declare ('model',) twice",
+    naming neither the key nor where it was first given."""
+    path = tmp_path / "twice.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"^{path}, {said}"):
+        read_toml(path)
+    path.write_text("[model]\nd_model = 64\nd_model.x = 1\n")  # a value made a table: tomllib's own words
+    with pytest.raises(ConfigError, match=r"invalid TOML: Cannot overwrite a value \(at line 3"):
         read_toml(path)
 
 

@@ -119,11 +119,24 @@ def test_a_parsing_vocabulary_that_lacks_some_symbols_is_warned_of(tiny_parse_ru
 
     said: list[str] = []
     tokenizer = Tokenizer(tiny_parse_run / "spm.model")
-    check_tree_symbols(tokenizer, ["(S (NP dog )NP )S"], said.append)  # trees with words (.wlin), no XX
+    check_tree_symbols(tokenizer, Path("t.wlin"), ["(S (NP dog )NP )S"], said.append)  # with words (.wlin), no XX
     assert said == []
-    check_tree_symbols(tokenizer, ["(S (FOOBAR dog )FOOBAR )S"], said.append)
+    check_tree_symbols(tokenizer, Path("t.wlin"), ["(S (FOOBAR dog )FOOBAR )S"], said.append)
     assert said == [f"warning: the vocabulary {tokenizer.path} lacks 2 of the training trees' 4 symbols as a piece "
                     "((FOOBAR, )FOOBAR): the parser cannot write those constituents"]
+
+
+def test_gold_trees_are_refused_with_a_vocabulary_not_trained_on_them(tiny_parse_run):
+    """A fine-tune (--init-from) or a reused vocabulary trains no vocabulary, whose reading refused the .gold
+    file: its trees were only warned of as lacking symbols ("(DT", "(NN"), and the parser wrote "(XX The)"."""
+    from transformer.data import DataError
+    from transformer.vocabulary import check_tree_symbols
+
+    tokenizer = Tokenizer(tiny_parse_run / "spm.model")
+    with pytest.raises(DataError, match=r"^t\.gold: 1 of its 1 lines are trees bracketed as the treebank writes"):
+        check_tree_symbols(tokenizer, Path("t.gold"), ["(S (NP (DT the) (NN dog)) (VP (VBZ runs)))"], print)
+    with pytest.raises(DataError, match=r"^t\.en: data.task is \"parse\", and 1 of its 1 lines are no linearized"):
+        check_tree_symbols(tokenizer, Path("t.en"), ["A dog runs."], print)
 
 
 def test_a_rank_but_the_first_reads_rank_0s_vocabulary_and_never_writes_one(tmp_path):

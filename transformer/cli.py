@@ -1114,9 +1114,11 @@ def cmd_average(args: argparse.Namespace) -> None:
     before = held[:held.index(paths[0])] if paths[0] in held else []
     other = (f"; {before[-1].stem} and those before it are of another model (a resume with a model change), which "
              "it leaves out" if len(paths) < args.last and before and not same_model(before[-1], paths[-1]) else "")
-    fewer = (f" (--last {args.last}: {len(paths)} of the run's {len(held)} checkpoints are averaged as decoding "
-             f"averages them{other})" if len(paths) < args.last else "")
     plural = "s" if len(paths) != 1 else ""
+    # "1 of the run's 1 checkpoints are averaged" where the run holds no more
+    fewer = (f" (--last {args.last}: " + (f"the run holds {len(held)}" if len(paths) == len(held) else
+                                          f"{len(paths)} of the run's {len(held)} checkpoints are averaged as "
+                                          f"decoding averages them{other}") + ")" if len(paths) < args.last else "")
     print(f"averaged {len(paths)} checkpoint{plural}{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import tomllib
 import typing
-from collections.abc import Mapping, Set as AbstractSet
+from collections.abc import Iterator, Mapping, Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -479,9 +479,12 @@ def _check_type(where: str, key: str, value: Any, annotation: Any, toml: bool = 
         choices = typing.get_args(hint)
         if value not in choices:  # a spelling of one, as keys are offered theirs (valid-loss, BF16, Pre)
             words = [c for c in choices if isinstance(c, str) and c]
+            low = value.replace("-", "_").lower() if isinstance(value, str) else ""
+            ends = [c for c in words if c.rsplit("_", 1)[-1] == low.rsplit("_", 1)[-1]]
             near = [] if not isinstance(value, str) else (
-                [c for c in words if c.replace("_", "").lower() == value.replace("-", "").replace("_", "").lower()]
-                or difflib.get_close_matches(value.lower(), words, n=1))
+                [c for c in words if c.replace("_", "") == low.replace("_", "")]
+                or ends[:len(ends) == 1]  # valid_bleu is BLEU's, dev_bleu, not valid_loss by its letters
+                or difflib.get_close_matches(low, words, n=1))
             raise ConfigError(f"{where}: {key} must be one of {list(choices)}, got {value!r}"
                               + (f"; did you mean {near[0]!r}?" if near else ""))
         return value
@@ -656,12 +659,16 @@ def key_lines(text: str) -> dict[str, int]:
     errors: tomllib says where the syntax breaks, not where a well-formed value of the wrong type stands. Keys
     set inside an inline table or an array of tables are not found (their errors name the file alone)."""
     found: dict[str, int] = {}
+    for parts, number in _named_lines(text):
+        for n in range(1, len(parts) + 1):  # a dotted name opens each table on its way: [model.sub.deep]
+            found.setdefault(".".join(parts[:n]), number)  # and "sub.x = 1" in [model] opens model.sub
+    return found
+
+
+def _named_lines(text: str) -> Iterator[tuple[list[str], int]]:
+    """Each [table] header and key = value line of a TOML text: the full dotted name it opens or sets, and its
+    line (from 1)."""
     table: list[str] = []
-
-    def opens(parts: list[str], number: int) -> None:  # a dotted name opens each table on its way: [model.sub.deep]
-        for n in range(1, len(parts) + 1):  # and "sub.x = 1" in [model] open model.sub
-            found.setdefault(".".join(parts[:n]), number)
-
     within = ""  # the quotes of a multi-line string the line is in, or "[" inside a multi-line array
     depth = 0  # open brackets of that array
     for number, line in enumerate(text.split("\n"), 1):  # TOML's lines: splitlines() broke at U+2028 too
@@ -678,16 +685,15 @@ def key_lines(text: str) -> dict[str, int]:
         elif stripped.startswith("[") and (match := _TOML_DOTTED.match(stripped, 1)) and \
                 stripped[match.end():].startswith("]"):
             table = _key_parts(match.group(1))
-            opens(table, number)
+            yield table, number
         elif (match := _TOML_DOTTED.match(line)) and line[match.end():].startswith("="):
             if table[:1] != ["[["]:
-                opens(table + _key_parts(match.group(1)), number)
+                yield table + _key_parts(match.group(1)), number
             value = line[match.end() + 1:].split("#")[0]
             if quotes := next((q for q in ('"""', "'''") if value.count(q) % 2), ""):
                 within = quotes
             elif (depth := value.count("[") - value.count("]")) > 0:
                 within = "["
-    return found
 
 
 def _key_parts(dotted: str) -> list[str]:
@@ -784,9 +790,22 @@ def read_toml(path: Path, text: str | None = None) -> dict[str, Any]:
     """A TOML file's tables; a file that is not TOML (or not UTF-8: the line and byte) is a one-line error
     naming it. Read as the text inputs are (a byte-order mark, an editor's on Windows, read past).
     ``text``: the file's ``toml_text`` where the caller has read it already."""
+    text = toml_text(path) if text is None else text
     try:
-        return tomllib.loads(toml_text(path) if text is None else text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
+        # a name given twice: tomllib says "Cannot overwrite a value (at line 4, column 14)", naming neither
+        at = re.search(r"\(at line (\d+), column \d+\)$", str(e))
+        named = list(_named_lines(text))
+        repeat = at and str(e).startswith("Cannot ") and next(
+            (('.'.join(parts), m) for parts, n in named if n == int(at[1])
+             for earlier, m in named if earlier == parts and m < n), None)
+        if repeat:
+            name, line = repeat
+            header = text.split("\n")[int(at[1]) - 1].lstrip().startswith("[")
+            raise ConfigError(f"{path}, line {at[1]}: " + (
+                f"[{name}] is opened twice (first on line {line}): one [{name}] holds all its keys" if header else
+                f"{name} is set twice (first on line {line}): keep one")) from None
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
 
 

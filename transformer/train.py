@@ -322,7 +322,7 @@ def disagreement(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
 
 
 def open_store(d: DataConfig, store_path: Path, vocabulary: Path | None, valid_pairs: list[tuple[str, str]],
-               log) -> tuple[Tokenizer, TokenStore]:
+               valid_tgt: Path, log) -> tuple[Tokenizer, TokenStore]:
     """A token-store run's store and vocabulary, checked: ``vocabulary`` (the run's own, where its checkpoints or
     its parent settled it), else the store's. Refused, the task first (a parsing run given a translation store was
     first told to change data.vocab_size): a store of the other task, another data.vocab_size than the vocabulary's
@@ -343,7 +343,7 @@ def open_store(d: DataConfig, store_path: Path, vocabulary: Path | None, valid_p
         raise ConfigError(f"data.vocab_size {d.vocab_size}: the token store {store_path} was written with a "
                           f"vocabulary of {tokenizer.vocab_size} pieces; set data.vocab_size = {tokenizer.vocab_size}")
     if d.task == "parse":  # the store holds ids alone: the validation trees show the brackets it should have
-        check_tree_symbols(tokenizer, [t for _, t in valid_pairs], log)
+        check_tree_symbols(tokenizer, valid_tgt, [t for _, t in valid_pairs], log)
     log(f"train: token store {store_path}, {len(store)} pairs (skipped {store.stats['skipped_empty']} with an "
         f"empty side, {store.stats['skipped_long']} longer than {store.stats['max_len']} pieces)")
     longest = int(max(store.src_lengths.max(), store.tgt_lengths.max())) if len(store) else 0
@@ -384,7 +384,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     # it left a folder of config.toml and .lock
     store_said: list[str] = []
     opened = (open_store(d, data["train_store"], None if vocabulary_of is None else vocabulary_of / "spm.model",
-                         valid_pairs, store_said.append) if new and d.train_store else None)
+                         valid_pairs, data["valid_tgt"], store_said.append) if new and d.train_store else None)
     if held is not None:
         held.enter_context(files.hold_folder(out, "--out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -498,7 +498,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         # an attempt that wrote no checkpoint, and is copied in once the store has passed its checks
         settled = spm_path.exists() and (has_checkpoints or vocabulary_of is not None)
         if opened is None:
-            tokenizer, store = open_store(d, store_path, spm_path if settled else None, valid_pairs, log)
+            tokenizer, store = open_store(d, store_path, spm_path if settled else None, valid_pairs, data["valid_tgt"],
+                                          log)
         else:  # opened before the run's folder was made: what it said goes to the run's log now
             tokenizer, store = opened
             tokenizer = Tokenizer(spm_path) if settled else tokenizer  # a fine-tune's copy, as a resume reads it
@@ -520,7 +521,7 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         tokenizer = open_vocabulary(cfg, train_src, train_tgt, spm_path, log,
                                     resuming=has_checkpoints or vocabulary_of is not None, write=write)
         if d.task == "parse":
-            check_tree_symbols(tokenizer, [t for _, t in pairs], log)
+            check_tree_symbols(tokenizer, train_tgt, [t for _, t in pairs], log)
         if len(pairs) >= LARGE_TEXT:
             log(f"train: encoding {len(pairs):,} pairs (a token store, `transformer preprocess`, is read without "
                 "this step, and shared by data-parallel processes)")

@@ -27,23 +27,7 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
         from .trees import tree_symbols  # only parsing needs trees
 
         targets = read_lines(tgt)
-        if (plain := sum(not line.lstrip().startswith("(") for line in targets)) * 2 > len(targets):
-            # trained on as text, without a word: `parse` refused the run only once it was trained
-            raise DataError(f"{tgt}: data.task is \"parse\", and {plain:,} of its {len(targets):,} lines are no "
-                            "linearized tree (each begins with \"(\", as `transformer linearize` writes them): give "
-                            "the training trees, or set data.task = \"translate\"")
-        # a tree as the treebank brackets it ends its constituents with ")" after a word ("dog)", "))", or apart:
-        # "dog )"); a linearized one with closing symbols (")NP"): trained on the former, the parser wrote "(XX The)"
-        def bracketed_tree(tokens: list[str]) -> bool:
-            closings = [t for t in tokens if len(t) > 1 and t[0] == ")"]  # ")NP"
-            return bool(tokens) and tokens[0][:1] == "(" and (
-                any(len(t) > 1 and t.endswith(")") for t in tokens) or not closings)
-
-        if (bracketed := sum(bracketed_tree(line.split()) for line in targets)) * 2 > len(targets):
-            raise DataError(f"{tgt}: {bracketed:,} of its {len(targets):,} lines are trees bracketed as the treebank "
-                            "writes them (\"(NP (DT the) (NN dog))\", as a .gold file holds them, for `evaluate "
-                            "--ref`): a parsing run trains on linearized trees, \"(NP the dog )NP\" (the .wlin file "
-                            "`transformer linearize` writes)")
+        check_tree_targets(tgt, targets)
         symbols = tree_symbols(targets)
     log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
         + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
@@ -54,13 +38,38 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
                            d.spm_input_sentences, seed=cfg.train.seed, symbols=sorted(symbols), named=f"{src} + {tgt}")
 
 
-def check_tree_symbols(tokenizer: Tokenizer, targets: list[str], log) -> None:
-    """A parsing run's vocabulary holds its training trees' bracket symbols as pieces (``train_vocabulary``
-    keeps them whole; one inherited by --init-from, or reused, may not): with none, a DataError before
-    training (its parser is refused only once trained: ``trees.TreeConstraint``); with some missing, a
-    warning naming them (the beam cannot write those constituents)."""
+def check_tree_targets(path: Path, targets: list[str]) -> None:
+    """A DataError where a parsing run's target file (``path``, its lines ``targets``) holds no linearized trees:
+    text, or trees as the treebank brackets them. Trained on either, the parser wrote no tree or "(XX The)", and
+    was refused only once trained."""
+    if (plain := sum(not line.lstrip().startswith("(") for line in targets)) * 2 > len(targets):
+        raise DataError(f"{path}: data.task is \"parse\", and {plain:,} of its {len(targets):,} lines are no "
+                        "linearized tree (each begins with \"(\", as `transformer linearize` writes them): give "
+                        "the training trees, or set data.task = \"translate\"")
+
+    # a tree as the treebank brackets it ends its constituents with ")" after a word ("dog)", "))", or apart:
+    # "dog )"); a linearized one with closing symbols (")NP")
+    def bracketed_tree(tokens: list[str]) -> bool:
+        closings = [t for t in tokens if len(t) > 1 and t[0] == ")"]  # ")NP"
+        return bool(tokens) and tokens[0][:1] == "(" and (
+            any(len(t) > 1 and t.endswith(")") for t in tokens) or not closings)
+
+    if (bracketed := sum(bracketed_tree(line.split()) for line in targets)) * 2 > len(targets):
+        raise DataError(f"{path}: {bracketed:,} of its {len(targets):,} lines are trees bracketed as the treebank "
+                        "writes them (\"(NP (DT the) (NN dog))\", as a .gold file holds them, for `evaluate "
+                        "--ref`): a parsing run trains on linearized trees, \"(NP the dog )NP\" (the .wlin file "
+                        "`transformer linearize` writes)")
+
+
+def check_tree_symbols(tokenizer: Tokenizer, path: Path, targets: list[str], log) -> None:
+    """A parsing run's target trees (``path``, its lines ``targets``) are linearized (``check_tree_targets``), and
+    its vocabulary holds their bracket symbols as pieces (``train_vocabulary`` keeps them whole; one inherited by
+    --init-from, or reused, may not): with none, a DataError before training (its parser is refused only once
+    trained: ``trees.TreeConstraint``); with some missing, a warning naming them (the beam cannot write those
+    constituents)."""
     from .trees import tree_symbols
 
+    check_tree_targets(path, targets)  # a reused or inherited vocabulary: no vocabulary was trained on them here
     pieces = set(tokenizer.vocabulary())
     symbols = tree_symbols(targets)
     missing = sorted(s for s in symbols if "\u2581" + s not in pieces)
