@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -306,7 +307,10 @@ def test_encoding_a_large_training_text_is_said_first(tmp_path, tiny_overrides, 
 
 def test_the_progress_bar_says_when_it_stands_still_for_a_validation(tmp_path, tiny_overrides, monkeypatch):
     """A validation (minutes on a large set, or a dev BLEU) left the bar standing with nothing said: it now reads
-    "validating" meanwhile, and "train" again after."""
+    "validating" meanwhile, and "train" again after, as a terminal shows it ("train: :  10%" was drawn, tqdm's
+    set_description adding a second ": " to the bar's own)."""
+    import io
+
     from tqdm import tqdm
 
     from transformer import train as training
@@ -314,16 +318,24 @@ def test_the_progress_bar_says_when_it_stands_still_for_a_validation(tmp_path, t
     seen = []
 
     class Bar(tqdm):
-        def set_description(self, desc=None, refresh=True):
+        def set_description_str(self, desc=None, refresh=True):
             seen.append(desc)
-            super().set_description(desc, refresh)
+            super().set_description_str(desc, refresh)
 
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
     monkeypatch.setattr(training, "tqdm", Bar)
+    monkeypatch.setattr(sys, "stderr", terminal)
     monkeypatch.setattr(training.Trainer, "evaluate", lambda self: seen.append("evaluated") or {"valid_nll": 1.0,
                                                                                              "valid_ppl": math.e})
     train(load_config("tiny", tiny_overrides + ["train.max_steps=4", "train.log_every=1", "train.eval_every=2"]),
-          tmp_path / "run", quiet=True)
+          tmp_path / "run", quiet=False)
     assert seen == ["train", "train (validating)", "evaluated", "train"] * 2  # steps 1 and 2, then 3 and 4
+    drawn = [line for line in re.split(r"[\r\n]", terminal.getvalue()) if "%|" in line]
+    assert drawn and all(re.match(r"train( \(validating\))?: +\d+%\|", line) for line in drawn), drawn[-3:]
 
 
 def test_save_every_is_the_one_save_clock_where_set(tmp_path, tiny_overrides):

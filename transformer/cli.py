@@ -100,7 +100,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept a config that changes the data, the optimisation or the model "
                         "where every weight keeps its shape (dropout, say; refused otherwise, with the list of "
-                        "fields), never the vocabulary's size; the changes are logged")
+                        "fields); never the vocabulary's settings, model.norm or train.init_qkv_gain (docs/"
+                        "training.md); the changes are logged")
     p.add_argument("--init-from", type=Path, metavar="RUN_DIR|WEIGHTS", help="fine-tune: start from another run's "
                    "weights (a run folder: the average of its last decode.average_last checkpoints, as translate "
                    "uses; or a .safetensors weights file of a run) and take its spm.model unchanged; the optimizer "

@@ -1603,7 +1603,7 @@ class Trainer:
         bar.set_postfix(step=budget, loss=f"{rec['train_loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
         evaluating = time.monotonic()
         if self.evaluates():  # the bar stands still meanwhile (a large validation set, dev BLEU: minutes)
-            bar.set_description("train (validating)")
+            bar.set_description_str("train (validating)")
         if self.ends(t.eval_every):
             self.validated = (state.step, self.evaluate())
             rec.update(self.validated[1])
@@ -1616,7 +1616,7 @@ class Trainer:
             except ModelOverflow as e:  # its "line 1" named no file: the first validation sentence of this step
                 raise TrainError(f"step {state.step}: dev BLEU, validation sentence {e}") from None
         evaluated = time.monotonic() - evaluating
-        bar.set_description("train")
+        bar.set_description_str("train")
         self.board.add({k: v for k, v in rec.items() if k not in ("step", "epoch")}, state.step)
         files.append_text(self.out / "metrics.jsonl", json.dumps(rec) + "\n")
         self.log(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()))
