@@ -285,7 +285,7 @@ def test_a_summary_edited_by_hand_does_not_stop_the_model_card(tmp_path, summary
 
     (tmp_path / "summary.json").write_text(summary)
     card = _model_card(tmp_path, load_config("tiny"), "Marian", 500)
-    assert "(the run's summary.json could not be read)" in card or "(no training summary" in card
+    assert "(the run's summary.json could not be read)" in card
 
 
 def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
@@ -299,8 +299,10 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
     assert "the average of the last 5 checkpoints (these weights)" in average
     # what was averaged, where the exporter says: a run of 3 checkpoints was carded as "the last 5"
     three = [tmp_path / "checkpoints" / f"step_000000{s}.safetensors" for s in (10, 20, 33)]
-    assert ("the average of the run's last 3 checkpoint(s), step_00000010, step_00000020, step_00000033 (these "
+    assert ("the average of the run's last 3 checkpoints, step_00000010, step_00000020, step_00000033 (these "
             "weights)") in _model_card(tmp_path, load_config("tiny"), "Marian", 500, None, three).replace("\n", " ")
+    assert "the run's last checkpoint, step_00000010 (these weights)" in _model_card(  # not "1 checkpoint(s)"
+        tmp_path, load_config("tiny"), "Marian", 500, None, three[:1]).replace("\n", " ")
     assert "these weights are `step_00000080.json`, the file --checkpoint named" in one and "(these weights)" not in one
     assert "these weights are `best.safetensors`, the file --checkpoint named" in best
     # the run's summary is of its last update: the card now says which update the weights given are of
@@ -330,6 +332,29 @@ def test_the_model_card_names_the_checkpoint_it_was_exported_from(tmp_path):
     (tmp_path / "checkpoints" / "step_00000042.json").write_text("{")
     cut = _model_card(tmp_path, load_config("tiny"), "Marian", 500, Path("best"))
     assert "the average of the last 2 checkpoints; these weights are `best.safetensors`" in cut.replace("\n", " ")
+
+
+def test_the_model_card_of_another_runs_weights_tells_not_this_runs_training(tmp_path):
+    """--checkpoint may name another run's file of the same vocabulary: the card gave this run's updates and
+    perplexity, and "the average of the last 2 checkpoints", true of neither. It also named the optimizer
+    state's file that --checkpoint gave, where the weights beside it were exported."""
+    from transformer.checkpoint import save_checkpoint
+    from transformer.export import _model_card
+
+    meta = {"config": {"model": {"d_model": 8}}, "vocab_sha256": "ab" * 32, "run_id": "ours",
+            "train_state": {"step": 10, "elapsed_s": 1}}
+    save_checkpoint(tmp_path, 10, {"w": torch.zeros(2)}, {}, meta, keep_last=5)
+    (tmp_path / "summary.json").write_text('{"step": 10, "valid_ppl": 9.5}')
+    given = tmp_path / "other" / "checkpoints" / "step_00000007.state.safetensors"
+    read = [given.with_name("step_00000007.safetensors")]
+    own = _model_card(tmp_path, load_config("tiny"), "Marian", 500, given, read, {"run_id": "ours", "step": 7})
+    assert "10 updates, validation perplexity 9.50" in own
+    assert "these weights are `step_00000007.safetensors` (update 7), the file --checkpoint named" in own
+    other = _model_card(tmp_path, load_config("tiny"), "Marian", 500, given, read, {"run_id": "theirs", "step": 7})
+    assert "validation perplexity" not in other and "the last checkpoint" not in other
+    assert f"(of another run than `{tmp_path.name}`, whose training this card cannot tell)" in other
+    assert (f"these weights are `step_00000007.safetensors` (update 7), the file --checkpoint named, of another run "
+            f"than `{tmp_path.name}`") in other.replace("\n", " ")
 
 
 def test_the_model_card_bounds_generate_as_the_run_does(tmp_path):
@@ -415,15 +440,16 @@ def test_a_run_that_stops_by_the_top_rule_is_exported_with_a_note(tmp_path, monk
 
 
 def test_the_model_card_quotes_the_runs_summary(tmp_path):
-    """A well-formed summary.json gives the card its updates and validation perplexity; one of a run that has not
-    validated yet (no valid_ppl) says there is no summary to quote, not that the file is damaged."""
+    """A well-formed summary.json gives the card its updates and validation perplexity; one without valid_ppl
+    (training writes one at the end of each budget) says so, not that there is none or that it is damaged."""
     from transformer.export import _model_card
 
     (tmp_path / "summary.json").write_text('{"step": 3000, "valid_ppl": 4.567}')
     assert "Training: 3,000 updates, validation perplexity 4.57." in _model_card(tmp_path, load_config("tiny"),
                                                                                  "Marian", 500)
     (tmp_path / "summary.json").write_text('{"step": 30}')
-    assert "(no training summary in the run folder)" in _model_card(tmp_path, load_config("tiny"), "Marian", 500)
+    assert "(the run's summary.json holds no validation perplexity)" in _model_card(tmp_path, load_config("tiny"),
+                                                                                    "Marian", 500)
     # a fine-tune's updates came after its parent's: the card named the fine-tune's alone
     (tmp_path / "summary.json").write_text('{"step": 40, "valid_ppl": 9.5, "init_from": {"path": "/data/runs/base", '
                                            '"weights": ["step_00000400"]}}')

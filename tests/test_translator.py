@@ -686,3 +686,15 @@ def test_stream_refuses_what_is_no_iterable_of_chunks_at_once(run, chunks):
     """stream(None) returned a generator that failed with a TypeError when first read, not a ConfigError."""
     with pytest.raises(ConfigError, match=r"^chunks: an iterable of lists of lines, not "):
         Translator(run, log=lambda m: None).stream(chunks)
+
+
+def test_another_runs_weights_are_decoded_with_a_note(tiny_run, tmp_path):
+    """--checkpoint of another run of the same vocabulary is decoded, as asked, with its own record's model: it was
+    decoded without a word, the run folder named being another model's."""
+    ckpt = load_checkpoint(list_checkpoints(tiny_run)[-1], with_state=False)
+    record = {k: ckpt.meta[k] for k in ("config", "vocab_sha256")}
+    for name, run_id, noted in (("theirs", "another", True), ("ours", ckpt.meta["run_id"], False)):
+        write_model(tmp_path / f"{name}.safetensors", ckpt.weights, record | {"run_id": run_id})
+        said: list[str] = []
+        Translator(tiny_run, checkpoint=tmp_path / f"{name}.safetensors", log=said.append)
+        assert any(f"{name}.safetensors is of another run than {tiny_run}" in m for m in said) == noted, said

@@ -367,6 +367,20 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def of_another_run(run_dir: Path, meta: dict[str, Any]) -> bool:
+    """Whether a weights file's record (``meta``, of --checkpoint's file) is of another run than ``run_dir``'s
+    checkpoints, by its run_id (`average` keeps it): its model is decoded from its own record, and the run folder's
+    summary and averaging are not its own. A record or a run without one (before run ids, 2026-12-05; a run of no
+    checkpoints) is taken for the run's."""
+    theirs = meta.get("run_id")
+    try:
+        records = list_checkpoints(run_dir) if isinstance(theirs, str) else []
+        ours = checkpoint_record(records[-1]).get("run_id") if records else None
+    except CheckpointError:  # the run's own errors are its decoding's to say
+        return False
+    return isinstance(ours, str) and ours != theirs
+
+
 def one_run(records: list[Path]) -> None:
     """Refuses checkpoint records of more than one run (their run_id): one run folder's checkpoints are one run's
     (a resume keeps its run_id), so another is a file copied in, which averaging took for a model change and a

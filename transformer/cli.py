@@ -1106,7 +1106,7 @@ def cmd_average(args: argparse.Namespace) -> None:
         raise CheckpointError(f"{args.run_dir}/checkpoints: no checkpoints to average")
     held = list_checkpoints(Path(args.run_dir))
     meta = checkpoint_record(paths[-1])
-    keep = ("config", "vocab_sha256", "model_hash", "vocab_size")
+    keep = ("config", "vocab_sha256", "model_hash", "vocab_size", "run_id")
     # the run it comes from: `train --init-from FILE` takes that run's vocabulary when FILE is kept elsewhere
     meta = {k: meta[k] for k in keep if k in meta} | {"averaged": [p.name for p in paths],
                                                        "run": str(Path(args.run_dir).resolve())}

@@ -47,7 +47,8 @@ import numpy as np
 import torch
 
 from . import files
-from .checkpoint import CheckpointError, checkpoints_to_average, chosen_weights, list_checkpoints, weights_step
+from .checkpoint import (CheckpointError, checkpoints_to_average, chosen_weights, list_checkpoints, of_another_run,
+                         weights_step)
 from .config import Config
 from .errors import UserError, install_extra
 from .model import Transformer
@@ -361,23 +362,37 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
     ``onnx``: the ONNX folder's card, whose model optimum's ORTModelForSeq2SeqLM loads (transformers' Auto
     class finds no weights there: the card copied from the transformers export said to use it)."""
     m, d = cfg.model, cfg.data
+    # --checkpoint of another run (of the same vocabulary): the run folder's summary and averaging are not its own
+    foreign = checkpoint is not None and of_another_run(run_dir, record or {})
     if checkpoint is None and averaged:
-        weights = (f"the average of the run's last {len(averaged)} checkpoint(s), "
-                   f"{', '.join(p.stem for p in averaged)} (these weights)")
+        weights = ("the run's last checkpoint" if len(averaged) == 1 else
+                   f"the average of the run's last {len(averaged)} checkpoints") + (
+            f", {', '.join(p.stem for p in averaged)} (these weights)")
     else:
         step, mean_of = weights_step(record or {}), (record or {}).get("averaged")
         at = f" (update {step:,})" if isinstance(step, int) and not isinstance(step, bool) else ""
         if isinstance(mean_of, list) and mean_of and all(isinstance(p, str) for p in mean_of):  # `average`'s file
             at = f" (the average of {len(mean_of)} checkpoint(s), {', '.join(Path(p).stem for p in mean_of)})"
         n = _averaged_by_decoding(run_dir, cfg)
-        weights = ("the last checkpoint" if n == 1 else f"the average of the last {n} checkpoints") + (
-            " (these weights)" if checkpoint is None else
-            f"; these weights are `{chosen_weights(run_dir, checkpoint).name}`{at}, the file --checkpoint named")
+        # the file read: given the optimizer state's or the record's name, the weights beside them
+        name = (averaged[0] if averaged else chosen_weights(run_dir, checkpoint)).name if checkpoint else ""
+        weights = (f"these weights are `{name}`{at}, the file --checkpoint named, of another run than "
+                   f"`{run_dir.resolve().name}`" if foreign else
+                   ("the last checkpoint" if n == 1 else f"the average of the last {n} checkpoints") + (
+                       " (these weights)" if checkpoint is None else
+                       f"; these weights are `{name}`{at}, the file --checkpoint named"))
     summary_path = run_dir / "summary.json"
     try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
-        trained = (f"{int(summary['step']):,} updates, validation perplexity {float(summary['valid_ppl']):.2f}"
-                   if "valid_ppl" in summary else "(no training summary in the run folder)")
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() and not foreign else {}
+        if not isinstance(summary, dict):
+            raise TypeError(f"a JSON {type(summary).__name__}")
+        if "valid_ppl" in summary:
+            trained = f"{int(summary['step']):,} updates, validation perplexity {float(summary['valid_ppl']):.2f}"
+        elif foreign:
+            trained = f"(of another run than `{run_dir.resolve().name}`, whose training this card cannot tell)"
+        else:
+            trained = ("(the run's summary.json holds no validation perplexity)" if summary_path.is_file() else
+                       "(no training summary in the run folder)")
         parent = summary.get("init_from") if isinstance(summary, dict) and "valid_ppl" in summary else None
         if isinstance(parent, dict) and isinstance(parent.get("path"), str):  # --init-from: its updates came first
             trained += f", fine-tuned from `{_parent_shown(Path(parent['path']))}`" + (

@@ -20,7 +20,8 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_last, checkpoint_record,
-                         chosen_weights, list_checkpoints, load_checkpoint, load_weights, record_config, run_folder)
+                         chosen_weights, list_checkpoints, load_checkpoint, load_weights, of_another_run,
+                         record_config, run_folder)
 from .config import (Config, ConfigError, LengthNorm, as_path, check_bools, check_count, check_sequence,
                      check_strings, set_section)
 from .data import encode_for_decoding
@@ -556,6 +557,9 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         meta = ckpt.meta
     if meta.get("vocab_sha256") not in (None, tokenizer.sha256):
         raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {run_dir / 'spm.model'}")
+    if checkpoint is not None and of_another_run(run_dir, meta):  # of the same vocabulary: decoded, as asked
+        log(f"note: --checkpoint {checkpoint} is of another run than {run_dir} (its record's run_id): decoded with "
+            "the model its record describes")
     record = ckpt.path if checkpoint is not None else paths[-1]  # the .json (a .state.safetensors names its own)
     cfg = record_config(meta, record)
     set_section(cfg, "decode", decode or {}, "decode")  # typed as a config file's values are
