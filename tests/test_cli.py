@@ -1632,13 +1632,18 @@ def test_evaluate_warns_of_a_language_moses_has_no_rules_for(tiny_run, tmp_path,
              "--beam", "1"]
     status, out, err = run_here(capsys, "evaluate", str(tiny_run), *files, "--lang", "dee")
     assert status == 0 and "tokenized lowercased BLEU" in out, err
-    assert "warning: Moses has no rules for language 'dee'" in err
+    assert "warning: Moses has no rules for language 'dee'" in err and "capital letters" not in err
     for lang in ("de", "de-DE"):  # a tag's first subtag: Moses took English rules for "pt-BR"
         status, out, err = run_here(capsys, "evaluate", str(tiny_run), *files, "--lang", lang)
         assert status == 0 and "warning" not in err, err
     for lang in ("", "de de"):  # "" was taken for no --lang, "de de" scored as a language of that name
         status, out, err = run_here(capsys, "evaluate", str(tiny_run), *files, "--lang", lang)
         assert status == 2 and f"--lang: {lang!r}: not a language tag" in err, err
+    # the detokenized cased reference given as --tok-ref: it scored near 0 against lowercased outputs, unsaid
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), *files[:4], "--tok-ref", str(tmp_path / "ref"),
+                                "--beam", "1")
+    assert status == 0 and (f"note: --tok-ref {tmp_path / 'ref'}: 2 of its 2 lines hold capital letters, which a "
+                            "lowercased reference has not") in err, err
 
 
 def test_a_long_decode_into_a_log_says_it_is_under_way(tiny_run, tmp_path, capsys, monkeypatch):

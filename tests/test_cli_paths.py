@@ -57,6 +57,21 @@ def test_a_dash_for_an_output_of_files_is_refused(argv, tmp_path, capsys, monkey
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("argv, option", [(["translate", "", "--input", "x"], "run_dir"),
+                                          (["translate", str(RUN), "--checkpoint", ""], "--checkpoint"),
+                                          (["translate", str(RUN), "--ensemble", ""], "--ensemble"),
+                                          (["export", str(RUN), "--out", "e", "--checkpoint", ""], "--checkpoint"),
+                                          (["train", "tiny", "--out", "r", "--init-from", ""], "--init-from")])
+def test_an_empty_input_path_is_refused(argv, option, tmp_path, capsys, monkeypatch):
+    """Path("") is the current folder: `--checkpoint "$CKPT"` with CKPT unset said "--checkpoint .: not a checkpoint
+    file", naming a path the user never gave."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and f"argument {option}: empty: give a path" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_missing_sentencepiece_model_is_named(tmp_path, capsys, multi30k):
     refused(capsys, ["preprocess", "tiny", "--out", str(tmp_path / "store"), "--spm", str(tmp_path / "no.model"),
                      "--set", f'data.train_src="{multi30k / "val.en.gz"}"', "--set",

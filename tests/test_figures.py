@@ -176,7 +176,12 @@ def test_characters_the_font_lacks_are_named_once_not_warned_of_glyph_by_glyph(t
         warnings.simplefilter("error")  # a warning that escapes fails the test
         assert main(["attention", str(tiny_run), "--src", "A \U000f0000 runs \U000f0001 .", "--tgt", "Ein \U000f0000 .",
                      "--kind", "cross", "--out", str(tmp_path / "a.png")]) == 0  # private use: no font has them
-    assert f"note: the font has no glyph for {chr(0xF0000)!r}, {chr(0xF0001)!r}: drawn as boxes" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"note: the font has no glyph for {chr(0xF0000)!r}, {chr(0xF0001)!r}: drawn as boxes" in err
+    # nor has the vocabulary a piece: the model read its unknown piece (translate's --prefix refuses such a text)
+    assert (f"note: --src: the model's vocabulary has no piece for {chr(0xF0000)!r}, {chr(0xF0001)!r}: the model "
+            "reads each as its unknown piece") in err
+    assert f"note: --tgt: the model's vocabulary has no piece for {chr(0xF0000)!r}: the model" in err
 
 
 def test_cli_refuses_bad_requests(tiny_run, tmp_path, capsys):

@@ -32,6 +32,17 @@ def test_files_get_the_mode_the_umask_allows(tmp_path, mask, value, mode):
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == mode
 
 
+def test_a_file_written_over_keeps_its_mode(tmp_path, mask):
+    """`translate --output private.de` over a 0600 file left it 0644, readable by every account: the new file
+    took the umask's mode, where `>` keeps the file's."""
+    mask(0o022)
+    for mode in (0o600, 0o444, 0o640):
+        (tmp_path / "a.txt").write_text("old")
+        os.chmod(tmp_path / "a.txt", mode)
+        write_text(tmp_path / "a.txt", "new")
+        assert (tmp_path / "a.txt").read_text() == "new" and stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == mode
+
+
 def test_an_error_inside_the_block_leaves_the_old_file_and_no_temp(tmp_path):
     write_text(tmp_path / "a.txt", "old")
     with pytest.raises(RuntimeError), atomic_path(tmp_path / "a.txt") as tmp:

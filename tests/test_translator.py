@@ -698,3 +698,23 @@ def test_another_runs_weights_are_decoded_with_a_note(tiny_run, tmp_path):
         said: list[str] = []
         Translator(tiny_run, checkpoint=tmp_path / f"{name}.safetensors", log=said.append)
         assert any(f"{name}.safetensors is of another run than {tiny_run}" in m for m in said) == noted, said
+
+
+def test_a_newer_weights_file_without_its_record_is_named(tiny_run, tmp_path, capsys):
+    """A record deleted by hand: its weights were left out of the average without a word (as an unfinished write
+    must be), the user thinking the newest checkpoint decoded."""
+    import shutil
+
+    from transformer.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    newest = list_checkpoints(run)[-1]
+    newest.unlink()
+    said: list[str] = []
+    Translator(run, log=said.append)
+    note = (f"note: {newest.with_suffix('.safetensors').name} in {run / 'checkpoints'} has no JSON record (a write "
+            "under way, or the record lost): left out")
+    assert any(m.startswith(note) for m in said), said
+    assert main(["average", str(run), "--last", "2", "--out", str(tmp_path / "avg.safetensors")]) == 0
+    assert note in capsys.readouterr().err

@@ -209,6 +209,19 @@ def unrecorded(ckpt_dir: Path) -> list[Path]:
                   and not (ckpt_dir / f"step_{data.group(1)}.json").exists())
 
 
+def unrecorded_note(run_dir: Path, newest: Path) -> str | None:
+    """A note naming the weights files of ``run_dir`` newer than ``newest`` (the newest record an average took) that
+    have no record: left out, as an unfinished write must be, and said, as a record lost (deleted by hand, a copy
+    that missed it) was not."""
+    after = record_step(newest)
+    newer = [p.name for p in unrecorded(Path(run_dir) / "checkpoints") if not p.name.endswith(".state.safetensors")
+             and int(_STEP_DATA.fullmatch(p.name).group(1)) > after]
+    if not newer:
+        return None
+    return (f"note: {', '.join(newer)} in {Path(run_dir) / 'checkpoints'} {'has' if len(newer) == 1 else 'have'} no "
+            "JSON record (a write under way, or the record lost): left out, as a file no record vouches for is")
+
+
 def clear_debris(ckpt_dir: Path, warn: Callable[[str], None]) -> None:
     """Deletes what no checkpoint owns: tensor files without their record (a prune killed between the two) and
     the temporary files of writes killed midway; a resume does it too, so a run killed in its last prune

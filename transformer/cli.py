@@ -102,7 +102,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                         "where every weight keeps its shape (dropout, say; refused otherwise, with the list of "
                         "fields); never the vocabulary's settings, model.norm or train.init_qkv_gain (docs/"
                         "training.md); the changes are logged")
-    p.add_argument("--init-from", type=Path, metavar="RUN_DIR|WEIGHTS", help="fine-tune: start from another run's "
+    p.add_argument("--init-from", type=_in_path, metavar="RUN_DIR|WEIGHTS", help="fine-tune: start from another run's "
                    "weights (a run folder: the average of its last decode.average_last checkpoints, as translate "
                    "uses; or a .safetensors weights file of a run) and take its spm.model unchanged; the optimizer "
                    "and the schedule (warmup included) start afresh from this config")
@@ -180,11 +180,12 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def _model_options(p: argparse.ArgumentParser) -> None:
     """The run and the weights a decoding command uses, and where."""
-    p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
-    p.add_argument("--checkpoint", type=Path, help="weights file to use, or 'best' for the run's best.safetensors "
+    p.add_argument("run_dir", type=_in_path, help="run folder written by `transformer train`")
+    p.add_argument("--checkpoint", type=_in_path, help="weights file to use, or 'best' for the run's best.safetensors "
                    "(train.keep_best) (default: average the run's last decode.average_last checkpoints, §6.1)")
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantization of the linear layers: faster "
-                   "on CPU, BLEU within a few tenths (benchmarks/results/speed.md)")
+                   "on CPU, BLEU within a few tenths (benchmarks/results/speed.md); a line's output may change with "
+                   "its batch (docs/decoding.md)")
     p.add_argument("--bf16", action="store_true", help="decode with the weights, products and cached keys and "
                    "values in bf16 (scores stay fp32): for GPUs; on a CPU --int8 was faster "
                    "(benchmarks/results/bf16_decode.md)")
@@ -225,7 +226,7 @@ def _length_norm_option(p: argparse.ArgumentParser) -> None:
 
 
 def _ensemble_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ensemble", type=Path, nargs="+", default=[], metavar="RUN_DIR", help="more run folders "
+    p.add_argument("--ensemble", type=_in_path, nargs="+", default=[], metavar="RUN_DIR", help="more run folders "
                    "(same vocabulary, languages and task) whose models decode together with RUN_DIR's: the mean of "
                    "their probabilities at each step, each from its own averaged checkpoints (not in the paper); "
                    "give them after RUN_DIR, or end their list with -- and RUN_DIR after it (the other options "
@@ -821,6 +822,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         if tok_ref is not None and len(tok_ref) != len(ref):
             raise ConfigError(f"--tok-ref {shown(args.tok_ref)} has {len(tok_ref)} lines but --ref {ref_name} has "
                               f"{len(ref)}")
+        if tok_ref and (cased := sum(line != line.lower() for line in tok_ref)) * 2 > len(tok_ref):
+            # scored against lowercased outputs, a cased reference scored near 0, said of nothing
+            print(f"note: --tok-ref {shown(args.tok_ref)}: {cased:,} of its {len(tok_ref):,} lines hold capital "
+                  "letters, which a lowercased reference has not (the detokenized --ref?): scored as given",
+                  file=sys.stderr)
         lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
         trained = d.language("tgt")  # a reference of another language was scored, and tokenized by its rules
         for option, code in (("--lang", args.lang and primary_language(args.lang)), ("--ref", language_code(args.ref)),
@@ -1070,7 +1076,7 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
 
 
 def _average_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
+    p.add_argument("run_dir", type=_in_path, help="run folder written by `transformer train`")
     p.add_argument("--last", type=int, required=True, help="how many checkpoints (paper: 5 base, 20 big)")
     _output(p, "--out", suffixes=(".safetensors",), required=True,
             help="output .safetensors file (a .json is written beside)")
@@ -1086,7 +1092,7 @@ def cmd_average(args: argparse.Namespace) -> None:
     Uniform mean in float64 of the last N checkpoints' weights; writes a model file usable with --checkpoint.
     """
     from .checkpoint import (CheckpointError, average_last, checkpoint_record, list_checkpoints, run_folder,
-                             same_model, write_model)
+                             same_model, unrecorded_note, write_model)
 
     if args.last < 1:
         raise ConfigError(f"--last must be >= 1, got {args.last}")
@@ -1121,6 +1127,8 @@ def cmd_average(args: argparse.Namespace) -> None:
                                           f"{len(paths)} of the run's {len(held)} checkpoints are averaged as "
                                           f"decoding averages them{other}") + ")" if len(paths) < args.last else "")
     print(f"averaged {len(paths)} checkpoint{plural}{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
+    if note := unrecorded_note(Path(args.run_dir), paths[-1]):
+        print(note, file=sys.stderr)
 
 
 COST_DEVICES = [1, 8, 64]  # params --cost's device counts, unless --devices
@@ -1234,7 +1242,7 @@ def _preprocess_arguments(p: argparse.ArgumentParser) -> None:
     _output(p, "--out", folder=True, replaced=True, required=True,
             help="store folder to create (new or empty; an earlier token store with --overwrite)")
     _set_option(p)
-    p.add_argument("--spm", type=Path, help="sentencepiece model to use (RUN/spm.model, or the run folder RUN); "
+    p.add_argument("--spm", type=_in_path, help="sentencepiece model to use (RUN/spm.model, or the run folder RUN); "
                    "default: train one")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier token store at --out (never a "
                    "folder of other files)")
@@ -1316,14 +1324,14 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def _export_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
+    p.add_argument("run_dir", type=_in_path, help="run folder written by `transformer train`")
     p.add_argument("--format", choices=["ctranslate2", "huggingface", "onnx"], default="ctranslate2",
                    help="ctranslate2: a CTranslate2 model folder; huggingface: a transformers model folder (Marian "
                    "for post-norm runs, Pegasus for pre-norm ones) with its tokenizer; onnx: that model through "
                    "optimum's ONNX exporter, for ONNX Runtime (default: ctranslate2)")
     _output(p, "--out", folder=True, replaced=True, required=True,
             help="output folder (must be empty or new, or an earlier export with --overwrite)")
-    p.add_argument("--checkpoint", type=Path, help="weights file to export, or 'best' for the run's "
+    p.add_argument("--checkpoint", type=_in_path, help="weights file to export, or 'best' for the run's "
                    "best.safetensors (default: the average of the last decode.average_last checkpoints, §6.1)")
     p.add_argument("--quantization", choices=["int8", "int8_float32", "int16", "float16"],
                    help="store weights quantized (--format ctranslate2 only; default: float32)")
@@ -1430,6 +1438,10 @@ def cmd_attention(args: argparse.Namespace) -> None:
     drawable(args.src, "--src")
     if args.tgt is not None:
         drawable(args.tgt, "--tgt")
+    for option, text in (("--src", args.src), ("--tgt", args.tgt or "")):  # as translate's --prefix names them
+        if lacking := translator.tokenizer.unknown(text):
+            said.append(f"note: {option}: the model's vocabulary has no piece for {', '.join(map(repr, lacking))}: "
+                        "the model reads each as its unknown piece, whatever the figure's label shows")
     tgt = args.tgt if args.tgt is not None else _translate_lines(translator, [args.src], request)[0]
     # the source fits (checked above): its translation ran on, up to --max-len-offset pieces past it
     drawable(tgt, "the model's translation", "give the translation to draw with --tgt, or bound it with a smaller "
@@ -1450,7 +1462,7 @@ def cmd_attention(args: argparse.Namespace) -> None:
 
 
 def _plot_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path, help="run folder written by `transformer train`")
+    p.add_argument("run_dir", type=_in_path, help="run folder written by `transformer train`")
     _output(p, "--out", suffixes=(".png",), help="PNG file (default RUN_DIR/training.png)")
 
 
@@ -1520,12 +1532,19 @@ def _preset(text: str) -> str:
     return text
 
 
-def _out_path(text: str) -> Path:
-    """An output's path, refused when empty: Path("") is the current folder, and `--out "$RUN"` with RUN unset
-    trained into it (checkpoints, config.toml and train.log beside the user's files). "-" too: it is stdout to
-    the options that take it, and here it went unchecked into a file or folder called "-"."""
+def _in_path(text: str) -> Path:
+    """An input's path, refused when empty: Path("") is the current folder, and `--checkpoint "$CKPT"` with CKPT
+    unset was "--checkpoint .: not a checkpoint file"."""
     if not text:
         raise argparse.ArgumentTypeError("empty: give a path")
+    return Path(text)
+
+
+def _out_path(text: str) -> Path:
+    """An output's path, refused when empty (``_in_path``): `--out "$RUN"` with RUN unset trained into the current
+    folder (checkpoints, config.toml and train.log beside the user's files). "-" too: it is stdout to the options
+    that take it, and here it went unchecked into a file or folder called "-"."""
+    _in_path(text)
     if text == "-":
         raise argparse.ArgumentTypeError("- (stdout): this output is a file or folder; give its path")
     return Path(text)

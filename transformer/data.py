@@ -81,6 +81,10 @@ def iter_lines(path: Path) -> Iterator[str]:
         try:
             looked = False  # at the first line of 8 bytes or more (UTF-16's "Hi\n" is 5, its "\n" 1)
             for n, data in enumerate(stream, 1):
+                if n == 1 and data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # a line too short for the test below
+                    encoding = "UTF-32" if data[:4] == b"\xff\xfe\x00\x00" else "UTF-16"
+                    raise DataError(f"{name}: it begins with a {encoding} byte-order mark: {encoding} text, not UTF-8; "
+                                    f"convert it with iconv -t UTF-8 -f {encoding}")
                 if not looked and len(data) >= 8:
                     looked = True
                     if any(half.count(0) >= 0.9 * len(half) for half in (data[::2], data[1::2])):

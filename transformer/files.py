@@ -256,7 +256,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
             raise
         try:
             yield tmp
-            share(tmp)
+            try:  # a file written over keeps its mode, as `>` keeps it: a private one was made readable to all
+                os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+            except FileNotFoundError:
+                share(tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, path)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from .checkpoint import (Checkpoint, CheckpointError, CheckpointMismatch, average_last, checkpoint_record,
                          chosen_weights, list_checkpoints, load_checkpoint, load_weights, of_another_run,
-                         record_config, run_folder)
+                         record_config, run_folder, unrecorded_note)
 from .config import (Config, ConfigError, LengthNorm, as_path, check_bools, check_count, check_sequence,
                      check_strings, set_section)
 from .data import encode_for_decoding
@@ -582,6 +582,8 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
                                   f"move the damaged one out of {run_dir / 'checkpoints'}") from None
         fewer = f" (of decode.average_last {cfg.decode.average_last})" if len(paths) < cfg.decode.average_last else ""
         log(f"averaging the last {len(paths)} checkpoint(s){fewer}: {', '.join(p.stem for p in paths)}")
+        if note := unrecorded_note(run_dir, paths[-1]):
+            log(note)
         read = [p.with_suffix(".safetensors").resolve() for p in paths]
     else:
         # the weights file its record names: given the optimizer state's, that was recorded as the weights read
