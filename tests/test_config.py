@@ -441,7 +441,9 @@ def test_a_config_toml_that_is_not_toml_is_a_one_line_error(tmp_path):
      r"line 4: model.d_model is set twice \(first on line 2\): keep one$"),
     ("[model]\nd_model = 64\n[train]\nmax_steps = 3\n[model]\n",
      r"line 5: \[model\] is opened twice \(first on line 1\)"),
-    ("[model.x]\na = 1\n\n[model.x]\n", r"line 4: \[model.x\] is opened twice \(first on line 1\)")])
+    ("[model.x]\na = 1\n\n[model.x]\n", r"line 4: \[model.x\] is opened twice \(first on line 1\)"),
+    ("[model]\nx = 1\n[model.x]\n", r"line 3: model.x is given twice \(first on line 2, as a value\): keep one$"),
+    ("[[x]]\n[x.s]\na = 1\n[[x]]\n[x.s]\na = 1\na = 2\n", r"line 7: x.s.a is set twice \(first on line 6\)")])
 def test_a_name_given_twice_is_named_with_both_lines(tmp_path, text, said):
     """tomllib said "Cannot overwrite a value (at line 4, column 14)" and "Cannot declare ('model',) twice",
     naming neither the key nor where it was first given."""

@@ -87,15 +87,21 @@ def test_utf16_without_its_mark_is_refused(tmp_path: Path) -> None:
     assert read_lines(f) == ["a dog\x00 runs .", "\t\x00\x1b"]
 
 
-@pytest.mark.parametrize("codec, encoding", [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32")])
+@pytest.mark.parametrize("codec, encoding", [("utf-16", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32"),
+                                             ("utf-32-be", "UTF-32")])
 def test_utf16_with_its_mark_is_refused_by_name(tmp_path: Path, codec: str, encoding: str) -> None:
     """`iconv -t UTF-16` and Windows' "Unicode" write the mark: a short first line ("A dog.") passed under the NUL
     test's 90%, and the file was "invalid UTF-8 (byte 0xff at byte column 1)"."""
     f = tmp_path / "u16.txt"
-    f.write_bytes(("\ufeff" if codec == "utf-16-be" else "").encode(codec) + "A dog.\nA cat.\n".encode(codec))
+    text = ("\ufeff" if codec.endswith("-be") else "").encode(codec) + "A dog.\nA cat.\n".encode(codec)
+    f.write_bytes(text)
     with pytest.raises(DataError, match=rf"^{f}: it begins with a {encoding} byte-order mark: {encoding} text, not "
                                         rf"UTF-8; convert it with iconv -t UTF-8 -f {encoding}$"):
         read_lines(f)
+    z = tmp_path / "u16.gz"
+    z.write_bytes(gzip.compress(text))
+    with pytest.raises(DataError, match=rf"convert it with zcat {z} \| iconv -t UTF-8 -f {encoding}$"):
+        read_lines(z)
 
 
 def test_unicode_line_separators_stay_inside_the_line(tmp_path: Path) -> None:

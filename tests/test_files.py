@@ -34,7 +34,8 @@ def test_files_get_the_mode_the_umask_allows(tmp_path, mask, value, mode):
 
 def test_a_file_written_over_keeps_its_mode(tmp_path, mask):
     """`translate --output private.de` over a 0600 file left it 0644, readable by every account: the new file
-    took the umask's mode, where `>` keeps the file's."""
+    took the umask's mode, where `>` keeps the file's. A read-only one (0444) is written over still, as before:
+    its mode is given to the new file once it is written (before, root alone could)."""
     mask(0o022)
     for mode in (0o600, 0o444, 0o640):
         (tmp_path / "a.txt").write_text("old")

@@ -137,6 +137,9 @@ def test_gold_trees_are_refused_with_a_vocabulary_not_trained_on_them(tiny_parse
         check_tree_symbols(tokenizer, Path("t.gold"), ["(S (NP (DT the) (NN dog)) (VP (VBZ runs)))"], print)
     with pytest.raises(DataError, match=r"^t\.en: data.task is \"parse\", and 1 of its 1 lines are no linearized"):
         check_tree_symbols(tokenizer, Path("t.en"), ["A dog runs."], print)
+    # a token store's run: the validation trees are what it checks, and named as such
+    with pytest.raises(DataError, match=r"^v\.gold: 1 of its 1 lines .* a parsing run's validation trees are linear"):
+        check_tree_symbols(tokenizer, Path("v.gold"), ["(S (NP (DT the) (NN dog)))"], print, "validation")
 
 
 def test_a_rank_but_the_first_reads_rank_0s_vocabulary_and_never_writes_one(tmp_path):

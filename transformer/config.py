@@ -796,16 +796,19 @@ def read_toml(path: Path, text: str | None = None) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         # a name given twice: tomllib says "Cannot overwrite a value (at line 4, column 14)", naming neither
         at = re.search(r"\(at line (\d+), column \d+\)$", str(e))
-        named = list(_named_lines(text))
-        repeat = at and str(e).startswith("Cannot ") and next(
-            (('.'.join(parts), m) for parts, n in named if n == int(at[1])
-             for earlier, m in named if earlier == parts and m < n), None)
-        if repeat:
-            name, line = repeat
-            header = text.split("\n")[int(at[1]) - 1].lstrip().startswith("[")
-            raise ConfigError(f"{path}, line {at[1]}: " + (
-                f"[{name}] is opened twice (first on line {line}): one [{name}] holds all its keys" if header else
-                f"{name} is set twice (first on line {line}): keep one")) from None
+        number = int(at[1]) if at and str(e).startswith("Cannot ") else 0
+        named = list(_named_lines(text)) if number else []
+        parts = next((p for p, n in named if n == number), None)
+        # the nearest: an array of tables' elements each hold the names of the one before
+        before = max((n for p, n in named if p == parts and n < number), default=0)
+        if before:
+            name, lines = ".".join(parts), text.split("\n")
+            opened = [lines[n - 1].lstrip().startswith("[") for n in (before, number)]
+            raise ConfigError(f"{path}, line {number}: " + (
+                f"[{name}] is opened twice (first on line {before}): one [{name}] holds all its keys" if all(opened)
+                else f"{name} is set twice (first on line {before}): keep one" if not any(opened)
+                else f"{name} is given twice (first on line {before}, as a {'table' if opened[0] else 'value'}): "
+                     "keep one")) from None
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
 
 

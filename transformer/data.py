@@ -21,6 +21,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import random
+import shlex
 import signal
 import threading
 import time
@@ -81,10 +82,13 @@ def iter_lines(path: Path) -> Iterator[str]:
         try:
             looked = False  # at the first line of 8 bytes or more (UTF-16's "Hi\n" is 5, its "\n" 1)
             for n, data in enumerate(stream, 1):
-                if n == 1 and data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # a line too short for the test below
-                    encoding = "UTF-32" if data[:4] == b"\xff\xfe\x00\x00" else "UTF-16"
+                if n == 1 and (data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[:4] == b"\x00\x00\xfe\xff"):
+                    # the mark of UTF-16 or UTF-32: a first line too short for the test below
+                    encoding = "UTF-32" if data[:4] in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff") else "UTF-16"
+                    convert = ("iconv" if not zipped else "zcat | iconv" if name == "stdin" else
+                               f"zcat {shlex.quote(str(path))} | iconv")
                     raise DataError(f"{name}: it begins with a {encoding} byte-order mark: {encoding} text, not UTF-8; "
-                                    f"convert it with iconv -t UTF-8 -f {encoding}")
+                                    f"convert it with {convert} -t UTF-8 -f {encoding}")
                 if not looked and len(data) >= 8:
                     looked = True
                     if any(half.count(0) >= 0.9 * len(half) for half in (data[::2], data[1::2])):

@@ -256,12 +256,13 @@ def atomic_path(path: Path) -> Iterator[Path]:
             raise
         try:
             yield tmp
-            try:  # a file written over keeps its mode, as `>` keeps it: a private one was made readable to all
-                os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
-            except FileNotFoundError:
-                share(tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
+            try:  # a file written over keeps its mode, as `>` keeps it (a private one was made readable to all);
+                mode = stat.S_IMODE(os.stat(path).st_mode)  # set once written: a read-only one's stays writable so far
+            except OSError:  # none there (a link to nothing, a loop: replaced as a file)
+                mode = None
+            os.chmod(tmp, mode) if mode is not None else share(tmp)
             os.replace(tmp, path)
         except BaseException as e:
             mine = isinstance(e, OSError) and (e.filename is None or Path(e.filename) == tmp)  # not an input's, say

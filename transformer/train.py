@@ -343,7 +343,7 @@ def open_store(d: DataConfig, store_path: Path, vocabulary: Path | None, valid_p
         raise ConfigError(f"data.vocab_size {d.vocab_size}: the token store {store_path} was written with a "
                           f"vocabulary of {tokenizer.vocab_size} pieces; set data.vocab_size = {tokenizer.vocab_size}")
     if d.task == "parse":  # the store holds ids alone: the validation trees show the brackets it should have
-        check_tree_symbols(tokenizer, valid_tgt, [t for _, t in valid_pairs], log)
+        check_tree_symbols(tokenizer, valid_tgt, [t for _, t in valid_pairs], log, "validation")
     log(f"train: token store {store_path}, {len(store)} pairs (skipped {store.stats['skipped_empty']} with an "
         f"empty side, {store.stats['skipped_long']} longer than {store.stats['max_len']} pieces)")
     longest = int(max(store.src_lengths.max(), store.tgt_lengths.max())) if len(store) else 0

@@ -38,14 +38,14 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
                            d.spm_input_sentences, seed=cfg.train.seed, symbols=sorted(symbols), named=f"{src} + {tgt}")
 
 
-def check_tree_targets(path: Path, targets: list[str]) -> None:
-    """A DataError where a parsing run's target file (``path``, its lines ``targets``) holds no linearized trees:
-    text, or trees as the treebank brackets them. Trained on either, the parser wrote no tree or "(XX The)", and
-    was refused only once trained."""
+def check_tree_targets(path: Path, targets: list[str], role: str = "training") -> None:
+    """A DataError where a parsing run's target file (``path``, its lines ``targets``; ``role``: "training" or
+    "validation") holds no linearized trees: text, or trees as the treebank brackets them. Trained on either, the
+    parser wrote no tree or "(XX The)", and was refused only once trained."""
     if (plain := sum(not line.lstrip().startswith("(") for line in targets)) * 2 > len(targets):
         raise DataError(f"{path}: data.task is \"parse\", and {plain:,} of its {len(targets):,} lines are no "
                         "linearized tree (each begins with \"(\", as `transformer linearize` writes them): give "
-                        "the training trees, or set data.task = \"translate\"")
+                        f"the {role} trees, or set data.task = \"translate\"")
 
     # a tree as the treebank brackets it ends its constituents with ")" after a word ("dog)", "))", or apart:
     # "dog )"); a linearized one with closing symbols (")NP")
@@ -57,29 +57,29 @@ def check_tree_targets(path: Path, targets: list[str]) -> None:
     if (bracketed := sum(bracketed_tree(line.split()) for line in targets)) * 2 > len(targets):
         raise DataError(f"{path}: {bracketed:,} of its {len(targets):,} lines are trees bracketed as the treebank "
                         "writes them (\"(NP (DT the) (NN dog))\", as a .gold file holds them, for `evaluate "
-                        "--ref`): a parsing run trains on linearized trees, \"(NP the dog )NP\" (the .wlin file "
+                        f"--ref`): a parsing run's {role} trees are linearized, \"(NP the dog )NP\" (the .wlin file "
                         "`transformer linearize` writes)")
 
 
-def check_tree_symbols(tokenizer: Tokenizer, path: Path, targets: list[str], log) -> None:
-    """A parsing run's target trees (``path``, its lines ``targets``) are linearized (``check_tree_targets``), and
-    its vocabulary holds their bracket symbols as pieces (``train_vocabulary`` keeps them whole; one inherited by
-    --init-from, or reused, may not): with none, a DataError before training (its parser is refused only once
-    trained: ``trees.TreeConstraint``); with some missing, a warning naming them (the beam cannot write those
-    constituents)."""
+def check_tree_symbols(tokenizer: Tokenizer, path: Path, targets: list[str], log, role: str = "training") -> None:
+    """A parsing run's target trees (``path``, its lines ``targets``, of ``role``) are linearized
+    (``check_tree_targets``), and its vocabulary holds their bracket symbols as pieces (``train_vocabulary`` keeps
+    them whole; one inherited by --init-from, or reused, may not): with none, a DataError before training (its
+    parser is refused only once trained: ``trees.TreeConstraint``); with some missing, a warning naming them (the
+    beam cannot write those constituents)."""
     from .trees import tree_symbols
 
-    check_tree_targets(path, targets)  # a reused or inherited vocabulary: no vocabulary was trained on them here
+    check_tree_targets(path, targets, role)  # a reused or inherited vocabulary: none was trained on them here
     pieces = set(tokenizer.vocabulary())
     symbols = tree_symbols(targets)
     missing = sorted(s for s in symbols if "\u2581" + s not in pieces)
     if not missing:
         return
     if not any(s.startswith("(") and "\u2581" + s in pieces for s in symbols):
-        raise DataError(f"data.task is \"parse\", and the vocabulary {tokenizer.path} has none of the training "
+        raise DataError(f"data.task is \"parse\", and the vocabulary {tokenizer.path} has none of the {role} "
                         "trees' bracket symbols ((NP, )NP, ...) as a piece: it is no parsing vocabulary (--init-from a "
                         "translation run?); fine-tune a parsing run, or train a new vocabulary")
-    log(f"warning: the vocabulary {tokenizer.path} lacks {len(missing)} of the training trees' {len(symbols)} "
+    log(f"warning: the vocabulary {tokenizer.path} lacks {len(missing)} of the {role} trees' {len(symbols)} "
         f"symbols as a piece ({', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}): the parser cannot "
         "write those constituents")
 
