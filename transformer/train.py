@@ -1632,27 +1632,33 @@ class Trainer:
 
     def trim_metrics(self, again: bool = False) -> None:
         """metrics.jsonl as of the step resumed from: the records of later steps (logged after the checkpoint
-        resumed from, they come again) and a last line cut short (a disk that filled up) go, so that the file
-        holds each step once, in order, and every line reads (``plot``). ``again``: the record of the step resumed
-        from goes too (the line of a step budget's end, whose steps the next line averages again)."""
+        resumed from, they come again) and lines that are no record (a last line cut short by a disk that filled
+        up, one damaged by hand) go, so that the file holds each step once, in order, and every line reads
+        (``plot``: a damaged line kept had the resumed run's records written after it, and the whole file refused).
+        ``again``: the record of the step resumed from goes too (the line of a step budget's end, whose steps the
+        next line averages again)."""
         path, step = self.out / "metrics.jsonl", self.state.step
         if not path.exists():
             return
         lines = path.read_bytes().splitlines(keepends=True)
 
-        def later(line: bytes) -> bool:
+        def step_of(line: bytes) -> int | None:
             try:
-                record = json.loads(line)
+                record = json.loads(line) if line.endswith(b"\n") else None
             except ValueError:
-                return False  # damaged by hand: left for plot to name
-            return (isinstance(record, dict) and isinstance(record.get("step"), int)
-                    and (record["step"] > step or again and record["step"] == step))
+                return None
+            return record["step"] if isinstance(record, dict) and type(record.get("step")) is int else None
 
-        kept = [line for line in lines if line.endswith(b"\n") and not later(line)]
+        steps = [step_of(line) for line in lines]
+        kept = [line for line, s in zip(lines, steps) if s is not None and (s < step or s == step and not again)]
         if len(kept) < len(lines):
             files.write_bytes(path, b"".join(kept))
-            self.log(f"metrics.jsonl: {len(lines) - len(kept)} record(s) after step {step}, the step resumed "
-                     f"from{' (or of it)' if again else ''}, left out (they are logged again), or cut short")
+            damaged = steps.count(None)
+            said = [f"{len(lines) - len(kept) - damaged} record(s) after step {step}, the step resumed from"
+                    f"{' (or of it)' if again else ''}, left out (they are logged again)"] if len(lines) - len(kept) \
+                > damaged else []
+            said += [f"{damaged} line(s) that are no record (cut short, or damaged), left out"] if damaged else []
+            self.log(f"metrics.jsonl: {'; '.join(said)}")
 
     def run(self) -> dict[str, Any]:
         """Steps until train.max_steps or train.max_minutes (or a signal), saving on the clock; then the
