@@ -389,6 +389,27 @@ def test_the_plots_legend_says_the_training_loss_is_smoothed(tiny_run, tmp_path,
     assert "train_loss (label-smoothed, §5.4)" in legends and "valid_nll (no smoothing)" in legends
 
 
+def test_the_perplexity_axis_reads_plain_numbers(tmp_path, monkeypatch):
+    """Perplexities within a decade (300 to 450) were labelled "3 × 10^2", "4 × 10^2" on the log axis."""
+    import matplotlib.figure
+
+    labels = []
+    save = matplotlib.figure.Figure.savefig
+
+    def recording(fig, *args, **kwargs):
+        fig.canvas.draw()
+        ax = next(ax for ax in fig.axes if ax.get_ylabel() == "perplexity")
+        labels.extend(t.get_text() for minor in (False, True) for t in ax.get_yticklabels(minor=minor) if t.get_text())
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", recording)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "minutes": s / 10, "valid_ppl": p}) + "\n"
+                                                    for s, p in ((10, 450.0), (20, 380.0), (30, 310.0))))
+    plot_training(tmp_path / "metrics.jsonl", tmp_path / "curves.png")
+    assert labels and all(re.fullmatch(r"\d+", t) for t in labels), labels
+    assert "300" in labels and "400" in labels
+
+
 def test_words_of_pieces_drop_a_lone_word_start():
     """sentencepiece writes "A ." as "▁A", "▁", ".": the figure's word was "▁."."""
     from transformer.figures import _word_groups

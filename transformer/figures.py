@@ -195,6 +195,16 @@ def _figure(width: float, height: float, layout: str = "tight"):
     return Figure(figsize=(width, height), layout=layout)
 
 
+def _plain_log_labels(axis) -> None:
+    """A log axis labelled in plain numbers (300, 400): within a decade matplotlib labels its minor ticks
+    "3.4 × 10²". The ticks it labels stay its choice."""
+    from matplotlib.ticker import FuncFormatter
+
+    minor = axis.get_minor_formatter()  # labels some minor ticks, as the axis' span allows
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, at: f"{v:g}" if minor(v, at) else ""))
+
+
 def _save_png(fig, out: Path, dpi: int) -> None:
     """``fig`` as a PNG at ``out``, whole or not at all, as every file the package writes. Drawn in memory
     first: the PNG writer seeks back in its file, which a pipe (`--out /dev/stdout | ...`) cannot."""
@@ -390,6 +400,7 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
                         drawn.append(key)
             if label == "perplexity":
                 ax.set_yscale("log")
+                _plain_log_labels(ax.yaxis)
             ax.set_xlabel("update" if x_key == "step" else "wall-clock minutes")
             ax.set_ylabel(label)
             if ax.lines:
