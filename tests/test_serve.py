@@ -291,7 +291,7 @@ def test_score_endpoint_takes_the_length_norm_as_translate_does(client, translat
     # a line of zero-width spaces is blank once normalised: it got a translation of nothing and took a prefix
     ("/v1/translate", {"text": ["a", "\u200b\u200b"], "prefix": ["", "x"]}, "prefix of line 2: the line is empty"),
     ("/v1/attention", {"text": "\u200b"}, "text: empty sentence"),
-    ("/v1/score", {"text": ["a", "b"], "translation": ["x"]}, "translation: 1 sentence for 2 in text"),
+    ("/v1/score", {"text": ["a", "b"], "translation": ["x"]}, "translation: 1 given for 2 input lines"),
     ("/v1/score", {"text": ["a"] * 5, "translation": ["x"] * 5}, "5 sentences, more than the limit of 4"),
     ("/v1/score", {"text": ["a"], "translation": ["x"], "alpha": -0.5}, "alpha -0.5: must be a finite number >= 0"),
     # a character no piece holds came out as "⁇": the output did not start with the prefix it was promised

@@ -603,8 +603,9 @@ def _check_sentences(limits: Limits, lines: list[str], where: str) -> None:
 
 def _check_score(req: ScoreRequest, limits: Limits) -> None:
     if len(req.translation) != len(req.text):
-        raise LimitError(422, f"translation: {len(req.translation)} sentence{'s' * (len(req.translation) != 1)} for "
-                                   f"{len(req.text)} in text")
+        # worded as a translation's prefix or constraints of another count are
+        raise LimitError(422, f"translation: {len(req.translation)} given for {len(req.text)} input "
+                              f"line{'s' * (len(req.text) != 1)}")
     _check_sentences(limits, req.text, "text")
     _check_sentences(limits, req.translation, "translation")
 
