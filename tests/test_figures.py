@@ -44,6 +44,28 @@ def test_weights_are_the_models_own(translator):
     assert torch.all(maps.weights["dec_self"][..., causal] == 0)  # masked positions get exactly 0
 
 
+def test_maps_of_a_model_under_training_are_its_evaluation_modes(translator):
+    """A model in training mode (``Translator.of_model`` during training) drew dropout into every map, two calls
+    giving two pictures; translate and score switched it to evaluation mode, the maps did not."""
+    model = translator.model
+    model.train()
+    try:
+        under_training = Translator.of_model(model, translator.tokenizer, translator.cfg)
+        first, second = (attention_maps(under_training, SRC, TGT).weights["cross"] for _ in range(2))
+        assert model.training  # given back as it was
+    finally:
+        model.eval()
+    torch.testing.assert_close(first, second)
+    torch.testing.assert_close(first, attention_maps(translator, SRC, TGT).weights["cross"])
+
+
+def test_an_ensembles_attention_is_refused(tiny_run):
+    """Its models attend each their own way: the maps ended in "'Ensemble' object has no attribute 'encoder'"."""
+    ensemble = Translator(tiny_run, log=lambda m: None, ensemble=[tiny_run])
+    with pytest.raises(FigureError, match="^attention of an ensemble: .* no one attention to draw"):
+        attention_maps(ensemble, SRC, TGT)
+
+
 def test_the_models_own_translation_is_drawn_and_aligned_in_the_pieces_it_wrote():
     """The model's translation was segmented again: where the beam spelt a word in other pieces than the
     vocabulary's own ("li la u te" for "lilaute"), the figure and the alignment showed a pass the model never

@@ -102,6 +102,9 @@ def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
     translation (an ``Output`` of the translator's) is forced in the pieces it wrote, so the maps are what it
     attended to while translating; any other text in the vocabulary's own segmentation."""
     _sentences(src, tgt)
+    if translator.setup.ensemble:  # as the server refuses it: its models' attentions are not one
+        raise FigureError("attention of an ensemble: its models attend each their own way, and there is no one "
+                          "attention to draw; draw one run's")
     tok = translator.tokenizer
     src = translator.as_read(src)  # a parsing run's brackets as the words it reads (-LRB-), not as unknown pieces
     if not (src_ids := tok.encode(src.strip())):  # no piece: blank, or zero-width spaces alone (Translator.blank)
@@ -111,7 +114,8 @@ def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
     tgt_ids = list(written) if written is not None else tok.encode(tgt.strip())
     tgt_pieces = tok.id_pieces(tgt_ids) if written is not None else tok.pieces(tgt.strip())
     model = translator.model
-    with torch.inference_mode(), record_attention(model) as records:
+    # in evaluation mode, as translate and score run it: a model under training drew dropout into the weights
+    with translator.evaluating(), torch.inference_mode(), record_attention(model) as records:
         device = next(model.parameters()).device
         model(torch.tensor([src_ids], device=device), torch.tensor([[BOS_ID, *tgt_ids]], device=device))
     # one call per layer: [1, H, Tq, Tk] -> [L, H, Tq, Tk]

@@ -35,7 +35,7 @@ from .tokenizer import UNK_ID, Tokenizer
 from .trees import Tree, TreeConstraint, delinearize, ptb_escape
 
 
-# ``Translator._evaluating``'s count of the calls decoding with each model, and the mode it had before them
+# ``Translator.evaluating``'s count of the calls decoding with each model, and the mode it had before them
 _MODES = threading.Lock()
 _DECODING: weakref.WeakKeyDictionary[torch.nn.Module, tuple[int, bool]] = weakref.WeakKeyDictionary()
 
@@ -199,7 +199,7 @@ class Translator:
         self.setup = Setup(int8, isinstance(model, Ensemble), self.constraint is not None, str(device), bf16)
 
     @contextlib.contextmanager
-    def _evaluating(self) -> Iterator[None]:
+    def evaluating(self) -> Iterator[None]:
         """The model in evaluation mode while it decodes or scores, then as it was: a model in training
         (``of_model``'s, under training) drew dropout masks at every step, and answered at random. Calls from
         several threads, of one translator or of two over one model: the first sets it, the last gives it back
@@ -304,7 +304,7 @@ class Translator:
                 ) -> Iterator[tuple[list[str], list[list[tuple[str, float]]]]]:
         sampling = request.sampling(self.device)
         done = 0  # input lines decoded so far
-        with self._evaluating(), tqdm(total=total, desc="translate", unit="sent", disable=not progress,
+        with self.evaluating(), tqdm(total=total, desc="translate", unit="sent", disable=not progress,
                                       mininterval=1.0) as bar:
             for lines in chunks:
                 check_strings(lines, f"lines {done + 1} on")
@@ -462,7 +462,7 @@ class Translator:
         DecodeRequest(alpha=alpha, length_norm=length_norm).verify(names=API)
         ids = encode_for_decoding([self.as_read(s) for s in sources], self.tokenizer)  # as decode reads them
         target_ids = [self.tokenizer.encode(t.strip()) for t in targets]
-        with self._evaluating(), _int8_overflow(f"pairs 1 to {len(sources)}"):
+        with self.evaluating(), _int8_overflow(f"pairs 1 to {len(sources)}"):
             scored = score_ids(self.model, ids, target_ids, self.cfg.decode.alpha if alpha is None else alpha,
                                max_tokens, length_norm or self.cfg.decode.length_norm)
         if (bad := next((i for i, s in enumerate(scored) if math.isnan(s.log_prob)), None)) is not None:
