@@ -1705,11 +1705,12 @@ def test_a_resume_from_an_older_checkpoint_logs_each_step_once(tmp_path, tiny_ov
     train(load_config("tiny", sets), run, quiet=True)
     list_checkpoints(run)[-1].unlink()
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
-    (run / "metrics.jsonl").write_text(lines[0][:-9] + "\n" + "".join(lines[1:]) + '{"step": 5, "train_lo')
+    (run / "metrics.jsonl").write_text(lines[0][:-9] + "\n" + '{"step": 1, "minutes": -1}\n' + "[" * 10**5 + "\n"
+                                       + "".join(lines[1:]) + '{"step": 5, "train_lo')  # plot refuses each
     train(load_config("tiny", sets), run, resume=True, quiet=True)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 3, 4]
-    assert ("metrics.jsonl: 2 record(s) after step 2, the step resumed from, left out (they are logged again); 2 "
+    assert ("metrics.jsonl: 2 record(s) after step 2, the step resumed from, left out (they are logged again); 4 "
             "line(s) that are no record (cut short, or damaged), left out") in (run / "train.log").read_text()
 
 

@@ -200,13 +200,16 @@ def _figure(width: float, height: float, layout: str = "tight"):
 
 
 def _plain_log_labels(axis) -> None:
-    """A log axis labelled in plain numbers (300, 400): within a decade matplotlib labels its minor ticks
-    "3.4 × 10²". The ticks it labels stay its choice."""
-    from matplotlib.ticker import FuncFormatter
+    """A log axis labelled in plain numbers (300, 400; 10000): within a decade matplotlib labels its minor ticks
+    "3.4 × 10²". Which ticks are labelled stays its choice (LogFormatter's: minor ones within a decade or two)."""
+    from matplotlib.ticker import LogFormatter
 
-    minor = axis.get_minor_formatter()  # labels some minor ticks, as the axis' span allows
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    axis.set_minor_formatter(FuncFormatter(lambda v, at: f"{v:g}" if minor(v, at) else ""))
+    class Plain(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+            return f"{x:.0f}" if x >= 1 else f"{x:g}"
+
+    axis.set_major_formatter(Plain())
+    axis.set_minor_formatter(Plain(labelOnlyBase=False))
 
 
 def _save_png(fig, out: Path, dpi: int) -> None:
@@ -337,7 +340,7 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
-def _metrics_record(line: str, where: str) -> dict:
+def metrics_record(line: str, where: str) -> dict:
     """One record of metrics.jsonl with the fields the plot draws checked, or a FigureError naming ``where``
     (file:line) and the field. A metric may be NaN or ±Infinity (what train.py logs when a loss overflows,
     and Python's json reads back): drawn as a gap, so a diverged run can still be plotted."""
@@ -371,7 +374,7 @@ def _metrics_record(line: str, where: str) -> dict:
 def plot_training(metrics_path: Path, out: Path) -> list[str]:
     """Training and validation loss, perplexity, learning rate and dev BLEU against steps and minutes,
     from a run's ``metrics.jsonl``. Returns the names of the series that were drawn. A record that cannot
-    be drawn is a FigureError naming its line and field (``_metrics_record``)."""
+    be drawn is a FigureError naming its line and field (``metrics_record``)."""
     from .data import read_lines  # the one reader of text files: invalid UTF-8 is named with its line
 
     metrics_path = as_path(metrics_path, "metrics_path")
@@ -379,10 +382,10 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
     lines = read_lines(metrics_path)
     if lines and not metrics_path.read_bytes().endswith(b"\n"):  # its last line may be being written
         try:
-            _metrics_record(lines[-1], "")  # whole after all (a file written by hand): kept
+            metrics_record(lines[-1], "")  # whole after all (a file written by hand): kept
         except FigureError:  # cut short (a run killed mid-write, one writing it now): left out, as a resume does
             lines.pop()
-    records = [_metrics_record(line, f"{metrics_path}:{n}") for n, line in enumerate(lines, 1) if line.strip()]
+    records = [metrics_record(line, f"{metrics_path}:{n}") for n, line in enumerate(lines, 1) if line.strip()]
     if not records:
         raise FigureError(f"{metrics_path}: no records yet (the first is written after train.log_every steps)")
     if not any(key in r for r in records for _, keys in _PANELS for key in keys):

@@ -1633,8 +1633,9 @@ class Trainer:
     def trim_metrics(self, again: bool = False) -> None:
         """metrics.jsonl as of the step resumed from: the records of later steps (logged after the checkpoint
         resumed from, they come again) and lines that are no record (a last line cut short by a disk that filled
-        up, one damaged by hand) go, so that the file holds each step once, in order, and every line reads
-        (``plot``: a damaged line kept had the resumed run's records written after it, and the whole file refused).
+        up, one damaged by hand: what ``figures.metrics_record`` refuses) go, so that the file holds each step once,
+        in order, and every line reads (``plot``: a damaged line kept had the resumed run's records written after
+        it, and the whole file refused).
         ``again``: the record of the step resumed from goes too (the line of a step budget's end, whose steps the
         next line averages again)."""
         path, step = self.out / "metrics.jsonl", self.state.step
@@ -1642,12 +1643,13 @@ class Trainer:
             return
         lines = path.read_bytes().splitlines(keepends=True)
 
+        from .figures import FigureError, metrics_record  # what plot reads
+
         def step_of(line: bytes) -> int | None:
             try:
-                record = json.loads(line) if line.endswith(b"\n") else None
-            except ValueError:
+                return metrics_record(line.decode("utf-8"), "")["step"] if line.endswith(b"\n") else None
+            except (FigureError, UnicodeDecodeError):
                 return None
-            return record["step"] if isinstance(record, dict) and type(record.get("step")) is int else None
 
         steps = [step_of(line) for line in lines]
         kept = [line for line, s in zip(lines, steps) if s is not None and (s < step or s == step and not again)]
