@@ -648,7 +648,8 @@ def test_a_token_store_of_the_other_task_is_refused(tmp_path, tiny_overrides, ti
     assert not (tmp_path / "parse").exists()
     parse = load_config("configs/ptb_sample_parse.toml", sets + [f"data.vocab_size={meta['vocab_size']}"])
     (store / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "task"}))  # an older store's
-    with pytest.raises(DataError, match=r"^data.task is \"parse\", and the vocabulary .* has none of the training "):
+    # a store holds ids alone: the validation trees are what the vocabulary is checked against, and named so
+    with pytest.raises(DataError, match=r"^data.task is \"parse\", and the vocabulary .* has none of the validation "):
         train(parse, tmp_path / "parse_older", quiet=True)
     (store / "meta.json").write_text(json.dumps(meta | {"task": "parse"}))
     with pytest.raises(DataError, match=r"pairs of data.task 'parse' \(trees\), and this run's data.task "

@@ -27,7 +27,7 @@ import pytest
 
 from tests.conftest import write_slice
 from tests.reliability.ledger import Ledger
-from transformer.cli import _beside_input, _input, _standard, build_parser, main
+from transformer.cli import _beside_input, _in_path, _input, _standard, build_parser, main
 from transformer.config import ServeLimits
 
 RUN = Path(__file__).parents[1] / "data" / "decode_reference"  # read only: the cases use a copy
@@ -150,10 +150,11 @@ def values(action: argparse.Action, outputs: dict) -> list[tuple[str, str]] | No
         return [("in a missing folder", "{tmp}/missing/out" + suffix), ("a folder", "{folder}"),
                 ("under a file", "{text}/out" + suffix), ("empty", ""), *UNWRITABLE,
                 *([("wrong suffix", "{tmp}/out.wrong")] if suffixes else [])]
-    if action.type in (Path, _standard, _input, _beside_input):  # a path, or "-" for stdin or stdout, or refused
+    if action.type in (_in_path, _standard, _input, _beside_input):  # a path, or "-" for stdin or stdout, or refused
+        given = [("no path", "")] if action.type is _in_path else []  # Path(""): the current folder
         if action.dest == "run_dir" or action.metavar == "RUN_DIR":
-            return RUN_DIR
-        return MODEL_FILE if name in MODEL_FILES else INPUT
+            return RUN_DIR + given
+        return (MODEL_FILE if name in MODEL_FILES else INPUT) + given
     if action.type in (int, float) or name in NUMBER_LISTS:
         return [(v, v) for v in NUMBERS[action.type if action.type in NUMBERS else NUMBER_LISTS[name]]]
     if name == "--device":
