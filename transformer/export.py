@@ -359,8 +359,8 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
     run's weights it holds (``checkpoint``, as --checkpoint gave it, with its ``record``, ``averaged`` naming the
     weights file read; None: the average decoding takes, of the files ``averaged`` names where given: a run of
     fewer checkpoints than decode.average_last averages fewer). A parsing run's card says what its exported model
-    does not (§6.3). ``onnx``: the ONNX folder's card, whose model optimum's ORTModelForSeq2SeqLM loads (transformers' Auto
-    class finds no weights there: the card copied from the transformers export said to use it)."""
+    does not (§6.3). ``onnx``: the ONNX folder's card, whose model optimum's ORTModelForSeq2SeqLM loads
+    (transformers' Auto class finds no weights there: the card copied from the transformers export said to use it)."""
     m, d = cfg.model, cfg.data
     # --checkpoint of another run (of the same vocabulary): the run folder's summary and averaging are not its own
     foreign = checkpoint is not None and of_another_run(run_dir, record or {})
