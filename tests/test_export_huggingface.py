@@ -350,7 +350,8 @@ def test_the_model_card_of_another_runs_weights_tells_not_this_runs_training(tmp
     own = _model_card(tmp_path, load_config("tiny"), "Marian", 500, given, read, {"run_id": "ours", "step": 7})
     assert "10 updates, validation perplexity 9.50" in own
     assert "these weights are `step_00000007.safetensors` (update 7), the file --checkpoint named" in own
-    other = _model_card(tmp_path, load_config("tiny"), "Marian", 500, given, read, {"run_id": "theirs", "step": 7})
+    other = _model_card(tmp_path, load_config("tiny"), "Marian", 500, given, read, {"run_id": "theirs", "step": 7},
+                        foreign=True)
     assert "validation perplexity" not in other and "the last checkpoint" not in other
     assert f"(of another run than `{tmp_path.name}`, whose training this card cannot tell)" in other
     assert (f"these weights are `step_00000007.safetensors` (update 7), the file --checkpoint named, of another run "

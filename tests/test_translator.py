@@ -696,8 +696,9 @@ def test_another_runs_weights_are_decoded_with_a_note(tiny_run, tmp_path):
     for name, run_id, noted in (("theirs", "another", True), ("ours", ckpt.meta["run_id"], False)):
         write_model(tmp_path / f"{name}.safetensors", ckpt.weights, record | {"run_id": run_id})
         said: list[str] = []
-        Translator(tiny_run, checkpoint=tmp_path / f"{name}.safetensors", log=said.append)
+        translator = Translator(tiny_run, checkpoint=tmp_path / f"{name}.safetensors", log=said.append)
         assert any(f"{name}.safetensors is of another run than {tiny_run}" in m for m in said) == noted, said
+        assert translator.weights_of_another_run == noted  # what the export's card reads
 
 
 def test_a_newer_weights_file_without_its_record_is_named(tiny_run, tmp_path, capsys):
@@ -718,3 +719,14 @@ def test_a_newer_weights_file_without_its_record_is_named(tiny_run, tmp_path, ca
     assert any(m.startswith(note) for m in said), said
     assert main(["average", str(run), "--last", "2", "--out", str(tmp_path / "avg.safetensors")]) == 0
     assert note in capsys.readouterr().err
+
+
+def test_translate_refuses_an_nbest_request(tiny_run):
+    """translate gives one output a line: an n-best request was searched and its lists dropped without a word
+    (decode gives them)."""
+    translator = Translator(tiny_run, log=lambda m: None)
+    with pytest.raises(ConfigError, match=r"^translate: nbest 2: one output a line; decode gives each line's n-best"):
+        translator.translate(["a dog"], DecodeRequest(beam_size=2, nbest=2))
+    with pytest.raises(ConfigError, match="must be a whole number"):  # the request's own checks come first
+        translator.translate(["a dog"], DecodeRequest(nbest="2"))
+    assert translator.translate(["a dog"], DecodeRequest(nbest=1)) == translator.translate(["a dog"])

@@ -47,8 +47,7 @@ import numpy as np
 import torch
 
 from . import files
-from .checkpoint import (CheckpointError, checkpoints_to_average, chosen_weights, list_checkpoints, of_another_run,
-                         weights_step)
+from .checkpoint import CheckpointError, checkpoints_to_average, chosen_weights, list_checkpoints, weights_step
 from .config import Config
 from .errors import UserError, install_extra
 from .model import Transformer
@@ -354,16 +353,17 @@ def _averaged_by_decoding(run_dir: Path, cfg) -> int:
 
 
 def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoint: Path | None = None,
-                averaged: list[Path] | None = None, record: dict | None = None, onnx: bool = False) -> str:
+                averaged: list[Path] | None = None, record: dict | None = None, onnx: bool = False,
+                foreign: bool = False) -> str:
     """README.md of an exported folder: what the model is, how it was trained and scored, and which of the
     run's weights it holds (``checkpoint``, as --checkpoint gave it, with its ``record``, ``averaged`` naming the
     weights file read; None: the average decoding takes, of the files ``averaged`` names where given: a run of
     fewer checkpoints than decode.average_last averages fewer). A parsing run's card says what its exported model
     does not (§6.3). ``onnx``: the ONNX folder's card, whose model optimum's ORTModelForSeq2SeqLM loads
-    (transformers' Auto class finds no weights there: the card copied from the transformers export said to use it)."""
+    (transformers' Auto class finds no weights there: the card copied from the transformers export said to use it).
+    ``foreign``: ``checkpoint`` is of another run (of the same vocabulary), whose training this run's folder
+    cannot tell (``Translator.weights_of_another_run``)."""
     m, d = cfg.model, cfg.data
-    # --checkpoint of another run (of the same vocabulary): the run folder's summary and averaging are not its own
-    foreign = checkpoint is not None and of_another_run(run_dir, record or {})
     if checkpoint is None and averaged:
         weights = ("the run's last checkpoint" if len(averaged) == 1 else
                    f"the average of the run's last {len(averaged)} checkpoints") + (
@@ -547,7 +547,7 @@ def _write_huggingface(run_dir: Path, checkpoint: Path | None, out: Path, log, o
                                     split_special_tokens=True)  # "</s>" in a text is text, as ours reads it
         tokenizer.save_pretrained(out)
     card = _model_card(run_dir, translator.cfg, architecture, translator.tokenizer.vocab_size, checkpoint,
-                       translator.weights_from, translator.weights_record, onnx)
+                       translator.weights_from, translator.weights_record, onnx, translator.weights_of_another_run)
     (out / "README.md").write_text(card, encoding="utf-8")
     return architecture, translator.cfg.model.ln_eps
 

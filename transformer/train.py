@@ -1656,9 +1656,9 @@ class Trainer:
         if len(kept) < len(lines):
             files.write_bytes(path, b"".join(kept))
             damaged = steps.count(None)
-            said = [f"{len(lines) - len(kept) - damaged} record(s) after step {step}, the step resumed from"
-                    f"{' (or of it)' if again else ''}, left out (they are logged again)"] if len(lines) - len(kept) \
-                > damaged else []
+            later = len(lines) - len(kept) - damaged
+            said = [f"{later} record(s) after step {step}, the step resumed from{' (or of it)' if again else ''}, "
+                    "left out (they are logged again)"] if later else []
             said += [f"{damaged} line(s) that are no record (cut short, or damaged), left out"] if damaged else []
             self.log(f"metrics.jsonl: {'; '.join(said)}")
 

@@ -143,7 +143,8 @@ class Translator:
             visible = "1 CUDA GPU (cuda:0)" if gpus == 1 else f"{gpus} CUDA GPUs (cuda:0 .. cuda:{gpus - 1})"
             raise CheckpointError(f"--device {device}: torch sees {visible}")
         tokenizer = _tokenizer(run_dir)
-        cfg, model, self.weights_from, self.weights_record = _load_model(run_dir, checkpoint, tokenizer, decode, log)
+        cfg, model, self.weights_from, self.weights_record, self.weights_of_another_run = _load_model(
+            run_dir, checkpoint, tokenizer, decode, log)
         models = [model]
         self.ensemble_from: list[tuple[Path, list[Path]]] = []  # each --ensemble run and its weight files
         for other in (as_path(member, "ensemble: a run folder") for member in ensemble):
@@ -154,7 +155,7 @@ class Translator:
             if theirs.sha256 != tokenizer.sha256:
                 raise CheckpointError(f"--ensemble {other}: trained with another vocabulary than {run_dir} "
                                       "(spm.model differs); an ensemble's models must share theirs")
-            own, member, read, _ = _load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))
+            own, member, read, *_ = _load_model(other, None, tokenizer, None, lambda m, o=other: log(f"{o}: {m}"))
             # a joint vocabulary is the same file both ways: the task and direction say what a model computes
             task, mine = (_task(c.data.task, c.data.src_lang, c.data.tgt_lang) for c in (own, cfg))
             if task != mine:
@@ -186,6 +187,7 @@ class Translator:
                 raise ConfigError(f"of_model: {name} a {kind.__name__}, not {type(value).__name__} {value!r:.60}")
         translator = cls.__new__(cls)
         translator.weights_from, translator.ensemble_from, translator.weights_record = [], [], None  # from no file
+        translator.weights_of_another_run = False
         translator._hold(model, tokenizer, cfg, next(model.parameters()).device, int8=False)
         return translator
 
@@ -257,7 +259,11 @@ class Translator:
     def translate(self, lines: list[str], request: DecodeRequest = DecodeRequest(),
                   progress: bool = False) -> list[str]:
         """One output line per input line, in order (``decode``'s first output of each); an empty line
-        gives an empty line."""
+        gives an empty line. An n-best request is refused (its lists would be searched, then dropped): ``decode``
+        gives them."""
+        if self.check(request, total=len(lines)).nbest not in (None, 1):  # the request's own checks first
+            raise ConfigError(f"translate: nbest {request.nbest}: one output a line; decode gives each line's "
+                              "n-best list")
         return [hyps[0][0] for hyps in self.decode(lines, request, progress)]
 
     def blank(self, lines: list[str]) -> list[bool]:
@@ -536,12 +542,13 @@ def _read_settled(path: Path, tries: int = 3) -> Checkpoint:
 
 
 def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, decode: dict[str, object] | None,
-                log: Callable[[str], None]) -> tuple[Config, Transformer, list[Path], dict | None]:
+                log: Callable[[str], None]) -> tuple[Config, Transformer, list[Path], dict | None, bool]:
     """The run's config (with the ``decode`` overrides, validated), its model in eval mode, with the weights of
     ``checkpoint`` or else the average of its last ``decode.average_last`` checkpoints (§6.1), the weight
     files those were (a run still training prunes and writes them: what was read is said, not listed again),
     and ``checkpoint``'s record as read (best.safetensors is rewritten as the run goes on: its step and hash
-    say which it was); None for an average."""
+    say which it was), None for an average; and whether ``checkpoint`` is of another run than ``run_dir`` (the
+    export's card says so)."""
     checkpoint = chosen_weights(run_dir, checkpoint)
     if checkpoint is None:
         paths = list_checkpoints(run_dir)
@@ -557,7 +564,8 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         meta = ckpt.meta
     if meta.get("vocab_sha256") not in (None, tokenizer.sha256):
         raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {run_dir / 'spm.model'}")
-    if checkpoint is not None and of_another_run(run_dir, meta):  # of the same vocabulary: decoded, as asked
+    foreign = checkpoint is not None and of_another_run(run_dir, meta)
+    if foreign:  # of the same vocabulary: decoded, as asked
         log(f"note: --checkpoint {checkpoint} is of another run than {run_dir} (its record's run_id): decoded with "
             "the model its record describes")
     record = ckpt.path if checkpoint is not None else paths[-1]  # the .json (a .state.safetensors names its own)
@@ -590,4 +598,4 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         weights, read = ckpt.weights, [(ckpt.path.parent / ckpt.meta["files"]["weights"]["name"]).resolve()]
     model = Transformer(cfg.model, tokenizer.vocab_size).float()  # a host's float64 default: the weights' fp32
     load_weights(model, weights, str(checkpoint or run_dir))
-    return cfg, model.eval(), read, None if checkpoint is None else ckpt.meta
+    return cfg, model.eval(), read, None if checkpoint is None else ckpt.meta, foreign
