@@ -14,7 +14,7 @@ from transformer.constraints import LexicalConstraints, PrefixConstraint, bank_o
 from transformer.decode import decode_ids, score_ids, translate_ids
 from transformer.ensemble import Ensemble
 from transformer.sampling import Sampling
-from transformer.search import (beam_hypotheses, beam_search, beam_step, greedy_hypotheses, greedy_search,
+from transformer.search import (Stopped, beam_hypotheses, beam_search, beam_step, greedy_hypotheses, greedy_search,
                                 Hypothesis, keep_nbest, length_penalty, max_lengths, next_log_probs, row_topk)
 from transformer.model import PositionsError, Transformer
 from transformer.request import MIN_TEMPERATURE
@@ -911,3 +911,24 @@ def test_a_much_longer_source_is_batched_alone():
     assert list(length_batches([2 * 4 + PAD_SLACK, 5, 4], 64)) == [[0, 1, 2]]  # short lines keep their batches
     assert list(length_batches([2 * 5 + PAD_SLACK + 1, 5], 64)) == [[0], [1]]
     assert list(length_batches([], 64)) == []
+
+
+@pytest.mark.parametrize("how", ["beam", "greedy", "sampling"])
+def test_stop_is_asked_before_each_step(copy_model, sources, how):
+    """decode_ids' stop was asked between batches only: the server's Ctrl-C, or a client gone, waited for the
+    whole batch (a request at the server's limits decodes one batch for minutes). It ends the search at the next
+    step, and an unasked stop changes no output."""
+    asked = []
+
+    def stop() -> bool:
+        asked.append(True)
+        return len(asked) > 3  # before the first batch's third step
+
+    settings = {"beam": {"beam_size": 3}, "greedy": {"beam_size": 1},
+                "sampling": {"beam_size": 1, "sampling": Sampling(torch.Generator().manual_seed(0)), "nbest": 2}}[how]
+    with pytest.raises(Stopped):
+        decode_ids(copy_model, sources, max_len_offset=10, stop=stop, **settings)
+    assert len(asked) == 4  # once before the batch, then before each of its steps: its third was not run
+    if how != "sampling":  # a draw depends on the generator's state
+        assert decode_ids(copy_model, sources, max_len_offset=10, stop=lambda: False, **settings) == \
+            decode_ids(copy_model, sources, max_len_offset=10, **settings)

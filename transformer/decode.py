@@ -17,12 +17,8 @@ from .config import EarlyStop, LengthNorm
 from .constraints import Constraint, LexicalConstraints, PrefixConstraint
 from .data import Example, collate, pad
 from .sampling import Sampling
-from .search import PAPER, Hypothesis, beam_hypotheses, greedy_hypotheses, length_penalty
+from .search import PAPER, Hypothesis, Stopped, beam_hypotheses, greedy_hypotheses, length_penalty
 from .tokenizer import EOS_ID
-
-
-class Stopped(Exception):
-    """``decode_ids``' ``stop`` said so before a batch: what is left is not decoded."""
 
 
 # a batch's rows are padded to its first (longest) source: a row may be padded to at most twice its length and
@@ -68,7 +64,8 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     with a ``constraint``); this driver runs what it is given.
     ``length_norm`` is the length normalisation of every score (``search.length_penalty``).
     ``bar``, a progress bar of sentences, is advanced by each batch's. ``stop`` is asked before each
-    batch; True raises Stopped (the server's request whose client has gone, or Ctrl-C). No input is
+    batch and each search step; True raises Stopped (the server's request whose client has gone, or its
+    Ctrl-C). No input is
     dropped or truncated; an empty source is refused, since attention over no key at all is undefined.
     """
     if any(len(s) == 0 for s in sources):
@@ -89,12 +86,13 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
             forced = PrefixConstraint([prefixes[i] for i in chunk for _ in range(draws)], model.vocab_size, forced)
         if sampling is not None:
             drawn = greedy_hypotheses(model, src.repeat_interleave(nbest, 0), max_len_offset, alpha,
-                                      sampling=sampling, constraint=forced, length_norm=length_norm)
+                                      sampling=sampling, constraint=forced, length_norm=length_norm, stop=stop)
             return [sorted(drawn[k * nbest:(k + 1) * nbest], key=lambda h: -h.score) for k in range(len(chunk))]
         if beam_size == 1 and forced is None:
-            return [[h] for h in greedy_hypotheses(model, src, max_len_offset, alpha, length_norm=length_norm)]
+            return [[h] for h in greedy_hypotheses(model, src, max_len_offset, alpha, length_norm=length_norm,
+                                                   stop=stop)]
         return beam_hypotheses(model, src, beam_size, alpha, max_len_offset, constraint=forced,
-                               early_stop=early_stop, nbest=nbest, length_norm=length_norm)
+                               early_stop=early_stop, nbest=nbest, length_norm=length_norm, stop=stop)
 
     def own(i: int) -> bool:
         """Whether input i has a prefix or constraints of its own."""

@@ -21,6 +21,7 @@ Call ``model.eval()`` first: these functions do not change the model's mode (dro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -30,6 +31,11 @@ from .config import EARLY_STOPS, DecodeConfig, EarlyStop, LengthNorm
 from .constraints import INCOMPLETE, Constraint, bank_order, with_proposals
 from .sampling import Sampling
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+class Stopped(Exception):
+    """A search's ``stop`` said so before a step (or ``decode.decode_ids``' before a batch): what is left is not
+    decoded (the server's request whose client has gone, or its Ctrl-C, which would wait for the whole batch)."""
 
 
 class Hypothesis(NamedTuple):
@@ -151,14 +157,15 @@ PAPER = DecodeConfig()  # §6.1's settings: the searches' defaults come from the
 @torch.inference_mode()
 def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_offset, alpha: float = PAPER.alpha,
                       use_cache: bool = True, sampling: Sampling | None = None,
-                      constraint: Constraint | None = None, length_norm: LengthNorm = PAPER.length_norm
-                      ) -> list[Hypothesis]:
+                      constraint: Constraint | None = None, length_norm: LengthNorm = PAPER.length_norm,
+                      stop: Callable[[], bool] | None = None) -> list[Hypothesis]:
     """Most probable next token at each step (or, with ``sampling``, one drawn), among those
     ``constraint`` allows, until EOS. src [B, S] -> B hypotheses, scored as beam search scores them
     (log P / lp(|Y|) with ``alpha`` and ``length_norm``).
 
     Each output has at most len(src) + max_len_offset - 1 tokens (len(src) counting its EOS): the
-    limit counts the output's EOS, which is forced at the last position (see ``max_lengths``).
+    limit counts the output's EOS, which is forced at the last position (see ``max_lengths``). ``stop`` is
+    asked before each step; True raises Stopped.
     """
     max_len = max_lengths(src, max_len_offset, model.max_output_length)
     next_logits = NextTokenLogits(model, src, 1, int(max_len.max()), use_cache)
@@ -170,6 +177,8 @@ def greedy_hypotheses(model, src: Tensor, max_len_offset: int = PAPER.max_len_of
         constraint.begin(src, 1, max_len)
     shortest = int(max_len.min())  # host int: no limit check before it (next_log_probs)
     for step in range(int(max_len.max())):
+        if stop is not None and stop():
+            raise Stopped
         log_probs = next_log_probs(next_logits(prefix), step, max_len, constraint.allowed() if constraint else None,
                                    shortest)
         token = row_topk(log_probs, 1)[1][:, 0] if sampling is None else sampling.draw(log_probs)  # [n]
@@ -252,7 +261,8 @@ def beam_step(log_probs: Tensor, tokens: Tensor, scores: Tensor, length: int, al
 def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha: float = PAPER.alpha,
                     max_len_offset: int = PAPER.max_len_offset, use_cache: bool = True,
                     constraint: Constraint | None = None, early_stop: EarlyStop = PAPER.early_stop,
-                    nbest: int = 1, length_norm: LengthNorm = PAPER.length_norm) -> list[list[Hypothesis]]:
+                    nbest: int = 1, length_norm: LengthNorm = PAPER.length_norm,
+                    stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
     """Beam search with GNMT length penalty and early stopping (§6.1, A11). src [B, S] -> for each
     sentence its ``nbest`` (<= beam) best finished hypotheses by log P(Y) / lp(|Y|), best first
     (``length_norm`` "length": lp(|Y|) = |Y|^α instead, ``length_penalty``).
@@ -278,6 +288,8 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     and then its first is not the 1-best search's output. Fewer decoder steps for a little BLEU:
     benchmarks/results/speed.md and
     search_work.json measure both.
+
+    ``stop`` is asked before each step; True raises Stopped.
     """
     if early_stop not in EARLY_STOPS:
         raise ValueError(f"early_stop = {early_stop!r}: expected one of {', '.join(EARLY_STOPS)}")
@@ -302,6 +314,8 @@ def beam_hypotheses(model, src: Tensor, beam_size: int = PAPER.beam_size, alpha:
     bound = length_penalty(max_len, alpha, length_norm)  # [n] lp at each sentence's length limit, the largest it can reach
     first_rows = torch.arange(batch, device=dev)[:, None] * beam_size  # [n, 1] each sentence's first row
     for step in range(int(max_len.max())):
+        if stop is not None and stop():
+            raise Stopped
         log_probs = next_log_probs(next_logits(prefix), step, row_max_len,
                                    constraint.allowed() if constraint is not None else None, shortest)
         # a beam's best 2·beam continuations are among its own 2·beam best tokens: the step ranks [n, beam·2·beam]

@@ -10,20 +10,20 @@ No request can take the server down, and the work any one client can cause is bo
 ``max_queued`` sentences wait for decoding (beyond, 503 with Retry-After at once; a request of more
 than that, 422), a request that has waited ``queue_timeout`` seconds without being decoded gets 503
 (an attention request too), a request whose client has gone is dropped before it is decoded, or, once
-begun, after its current batch (a request is decoded one ``max_batch_tokens`` batch after another), at
-most ``max_attention_queued`` attention requests are in progress (beyond, 503), an attention request
-holds at most ``max_attention_pieces`` pieces per side, and a connection opened while ``max_connections``
-are open gets 503 for its request. Ctrl-C stops decoding at the next batch and answers 503 to what waits. If decoding a batch
-raises, its requests get 500 and the server goes on; if the decoding worker itself fails, the requests
-waiting for it get 500 and it is restarted, at most ``MAX_RESTARTS`` times: at the next failure every
-request (attention too) answers 503 and /health says why. Every error is JSON, {"error": one line}: 413
-body too large, 422 too many sentences / too long a sentence / a beam over the limit / options that do not
-combine or a value out of range (``request.DecodeRequest.verify``, the same table as the command line's) / a
-wrong type or unknown key / a lone surrogate in a string (the line names the field), 400 malformed JSON, 500
-anything that fails while answering. A request must arrive whole within ``request_timeout`` seconds, and an
-answer whose writing has stalled (a client that reads nothing) must move again within as long, else its
-connection is closed, so slow or stalled clients (slowloris) cannot hold connections for ever;
-tests/reliability/test_server_abuse.py checks all of this against a real server.
+begun, at the next search step (of the ``max_batch_tokens`` batch decoding it, once no other client waits for
+that batch), at most ``max_attention_queued`` attention requests are in progress (beyond, 503), an attention
+request holds at most ``max_attention_pieces`` pieces per side, and a connection opened while
+``max_connections`` are open gets 503 for its request. Ctrl-C stops decoding at the next search step and
+answers 503 to what waits. If decoding a batch raises, its requests get 500 and the server goes on; if the
+decoding worker itself fails, the requests waiting for it get 500 and it is restarted, at most
+``MAX_RESTARTS`` times: at the next failure every request (attention too) answers 503 and /health says why.
+Every error is JSON, {"error": one line}: 413 body too large, 422 too many sentences / too long a sentence / a beam
+over the limit / options that do not combine or a value out of range (``request.DecodeRequest.verify``, the same
+table as the command line's) / a wrong type or unknown key / a lone surrogate in a string (the line names the
+field), 400 malformed JSON, 500 anything that fails while answering. A request must arrive whole within
+``request_timeout`` seconds, and an answer whose writing has stalled (a client that reads nothing) must move again
+within as long, else its connection is closed, so slow or stalled clients (slowloris) cannot hold connections for
+ever; tests/reliability/test_server_abuse.py checks all of this against a real server.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from starlette.exceptions import HTTPException
 
 from . import __version__
 from .config import MAX_ALPHA, ConfigError, ServeLimits as Limits
-from .decode import Stopped
+from .search import Stopped
 from .errors import UserError
 from .figures import align, attention_maps, target_pieces, web_page
 from .request import API, DecodeRequest
@@ -263,13 +263,13 @@ class Batcher:
         # bound), in the order they came: they lead the next batches, and count as queued until then
         self.waiting: list[_Pending] = []
         self.lock = threading.Lock()  # a request's started / abandoned flags, set from two threads
-        self.stopping = False  # the server is shutting down: what is decoding stops at its next batch
+        self.stopping = False  # the server is shutting down: what is decoding stops at its next search step
         # set as it is: attention requests waiting for the model thread, outside the queue, are answered then too
         self.stopped = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None  # the worker's (``run``), where the futures are answered
 
     def stop(self) -> None:
-        """Decoding stops at the next batch, and every request not answered yet gets 503 at once: the server
+        """Decoding stops at the next search step, and every request not answered yet gets 503 at once: the server
         is shutting down (a signal handler's call, so that Ctrl-C does not wait for a long request to finish).
         Answered only when the batch ended, a request waiting on a batch longer than uvicorn's grace
         (SHUTDOWN_GRACE_S) was cancelled by uvicorn, whose client got a plain-text 500."""
@@ -433,7 +433,7 @@ class Batcher:
                                           constraints=joined("constraints", []),
                                           batch_size=min(self.translator.cfg.decode.batch_size,  # serve --batch-size
                                                          max(1, self.limits.max_batch_tokens // (job.rows * longest))))
-            # between two batches the work stops when no client waits for it any more, or the server stops
+            # between two search steps the work stops when no client waits for it any more, or the server stops
             found = self.translator.decode(lines, request,
                                            stop=lambda: self.stopping or all(p.abandoned for p in live))
             if job.request.alignment:  # each hypothesis with its word alignment: (text, score, pairs)

@@ -280,8 +280,8 @@ class Translator:
         ranks them), best first: ``request.nbest`` of them (one without), by beam search (greedy at beam
         1) or, with ``request.sample``, drawn; each starts with its line's prefix and holds its line's
         constraints. The request is checked first (``check``). A blank line's (``blank``) outputs are all ("", 0.0).
-        ``progress`` shows a bar of sentences on stderr. ``stop`` is asked before each batch, and True ends
-        the work with ``decode.Stopped`` (the server's request whose client has gone)."""
+        ``progress`` shows a bar of sentences on stderr. ``stop`` is asked before each batch and search step;
+        True ends the work with ``search.Stopped`` (the server's request whose client has gone)."""
         check_strings(lines, "lines")
         return next(self.stream([lines], request, progress, total=len(lines), stop=stop))[1]
 
