@@ -158,6 +158,27 @@ def test_words_view_merges_pieces_as_the_png_figures_do(server, browser, tiny_ru
         assert browser.execute_script("return wordGroups(arguments[0])", tokens) == list(_word_groups(tokens))
 
 
+def test_page_notes_unknown_characters_and_shows_an_answer_that_is_not_json(server, browser):
+    """A character the vocabulary has no piece for is labelled as typed: the page says the model read its unknown
+    piece. An answer that is not the server's JSON (a proxy's 502 page) showed as a JSON parse error, not as what
+    it was."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 60)
+    browser.get(server + "/")
+    browser.find_element(By.ID, "source").send_keys("A dog \u2603 runs.")
+    browser.find_element(By.ID, "go").click()
+    wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#attention svg line"))
+    note = browser.find_element(By.CSS_SELECTOR, "#attention > p").text
+    assert note.startswith('note: the model\'s vocabulary has no piece for "\u2603": the model reads each as its')
+    browser.execute_script("window.fetch = () => Promise.resolve(new Response('<html>bad gateway</html>', "
+                           "{status: 502, statusText: 'Bad Gateway'}));")
+    browser.find_element(By.ID, "go").click()
+    wait.until(lambda b: b.find_element(By.ID, "error").text)
+    assert browser.find_element(By.ID, "error").text == "502 Bad Gateway: <html>bad gateway</html>"
+
+
 HOSTILE = "</script><script>window.pwned = 1</script><!--<script> & &amp; /*{{DATA}}*/null {{TITLE}}"
 
 

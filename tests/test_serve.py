@@ -402,6 +402,39 @@ def test_attention_endpoint_gives_the_models_weights(client, translator):
     own = client.post("/v1/attention", json={"text": LINES[0]}).json()
     assert own["translation"] == translator.translate(LINES[:1])[0]
     assert client.post("/v1/attention", json={"text": "  "}).status_code == 422
+    assert data["unknown"] == own["unknown"] == []
+
+
+def test_attention_names_the_characters_the_model_reads_as_unknown(client):
+    """A character without a piece is labelled as typed, where the model read its unknown piece: the answer (and
+    the page, beside the figure) says which, as `transformer attention` notes them."""
+    r = client.post("/v1/attention", json={"text": "a 犬 dog ☃", "translation": "ein 犬 Hund"})
+    assert r.status_code == 200 and r.json()["unknown"] == ["犬", "☃"]
+    assert "犬" in r.json()["src"] or "▁犬" in r.json()["src"]  # the label as typed
+
+
+def test_a_busy_attention_answer_is_counted_as_refused(translator, monkeypatch):
+    """/health's refused_busy counted the translations refused as busy, not the attention requests."""
+    import transformer.serve
+
+    started, gate = threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):
+        started.set()
+        gate.wait(30)
+        return attention_maps(*args, **kwargs)
+
+    monkeypatch.setattr(transformer.serve, "attention_maps", held)
+    with TestClient(create_app(translator, Limits(max_attention_queued=1))) as c:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(c.post, "/v1/attention", json={"text": "a dog"})
+            assert started.wait(30)
+            busy = c.post("/v1/attention", json={"text": "a dog"})
+            gate.set()
+            assert first.result(60).status_code == 200
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        assert busy.json()["error"].startswith("busy: 1 attention request(s) in progress, the limit")
+        assert c.get("/health").json()["refused_busy"] == 1
 
 
 def test_attention_requests_are_bounded_in_pieces(translator):

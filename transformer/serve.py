@@ -189,6 +189,9 @@ class AttentionResponse(BaseModel):  # the schema /openapi.json shows: the answe
     shape: dict[str, list[int]] = Field(description="per kind (enc_self, dec_self, cross): [layers, heads, "
                                                     "queries, keys]")
     weights: dict[str, list[int]] = Field(description="per kind: the weights × scale, row-major over shape")
+    unknown: list[str] = Field(description="the characters of text or translation that the vocabulary has no "
+                                           "piece for: the model reads each as its unknown piece, whatever the "
+                                           "labels show")
 
 
 class ErrorDetail(BaseModel):
@@ -737,7 +740,8 @@ def _attention(translator: Translator, limits: Limits, text: str, translation: s
         _check_pieces(translator, limits, translation, "translation")
         tgt = translation if translation is not None else translator.translate([text])[0]
         _check_pieces(translator, limits, tgt, "the model's translation")
-        return {"translation": tgt, **attention_maps(translator, text, tgt).to_json()}
+        unknown = list(dict.fromkeys(translator.tokenizer.unknown(text) + translator.tokenizer.unknown(tgt)))
+        return {"translation": tgt, **attention_maps(translator, text, tgt).to_json(), "unknown": unknown}
     except UserError as e:
         if (answer := _answerable(e)).status != 422:  # the model's own failing: a 500, its traceback logged
             raise
@@ -876,8 +880,9 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         if (refusal := app.state.batcher.refusal()) is not None:
             raise refusal
         if attention_slots.locked():
-            raise LimitError(503, f"busy: {limits.max_attention_queued} attention requests are in progress; "
-                                  "try again shortly", retry_after=1)
+            app.state.batcher.shed += 1  # /health's refused_busy counts every 503 of a full server
+            raise LimitError(503, f"busy: {limits.max_attention_queued} attention request(s) in progress, the "
+                                  "limit (--max-attention-queued); try again shortly", retry_after=1)
         async with attention_slots:
             maps = await _in_model_thread(executor, request, limits.queue_timeout,
                                           lambda: _attention(translator, limits, req.text, req.translation),
