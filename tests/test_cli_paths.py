@@ -57,6 +57,21 @@ def test_a_dash_for_an_output_of_files_is_refused(argv, tmp_path, capsys, monkey
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("argv, option", [(["linearize", "trees.mrg"], "--out"), (["translate", str(RUN)], "--output"),
+                                          (["evaluate", str(RUN)], "--json"), (["plot", str(RUN)], "--out")])
+def test_a_file_output_named_as_a_folder_is_refused(argv, option, tmp_path, capsys, monkeypatch):
+    """A file's name ending in / is a folder's: Path dropped the slash, and `linearize --out odir/` wrote odir.words,
+    odir.lin, ... beside the folder it named (`--output out/`, a file called out)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, option, "odir/"])
+    assert stop.value.code == 2
+    assert f"argument {option}: odir/: a folder's name (it ends in /); give a file name" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    assert main(["train", "tiny", "--out", "run/", "--set", "train.max_steps=0"]) == 1  # a folder's option takes it
+    assert "train.max_steps must be positive" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, option", [(["translate", "", "--input", "x"], "run_dir"),
                                           (["translate", str(RUN), "--checkpoint", ""], "--checkpoint"),
                                           (["translate", str(RUN), "--ensemble", ""], "--ensemble"),

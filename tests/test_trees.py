@@ -43,6 +43,8 @@ def test_a_word_without_its_part_of_speech_node_is_refused_naming_the_tree(tmp_p
     scored two trees short of it as equal (and evaluate died on it, exit 70)."""
     with pytest.raises(TreeError, match=r"^the word 'barked' stands in \(S \.\.\.\) without a part-of-speech node"):
         normalize(tree("(S (NP (DT The) (NN dog)) barked)"))
+    with pytest.raises(TreeError, match=r"^\(NN x y\) holds 2 words: a part-of-speech node tags one word, as"):
+        normalize(tree("(S (VP (VBZ rains) (NP (NN x y))))"))  # "the word 'x' stands in (NN ...) without a tag"
     with pytest.raises(TreeError, match=r"^\(NN\) holds no word: a treebank tree tags every word"):  # it was dropped
         normalize(tree("(S (NP (NN)) (VP (VBD ran)))"))  # with its NP, the tree scored a bracket short
     gold = tmp_path / "g.mrg"
@@ -52,6 +54,23 @@ def test_a_word_without_its_part_of_speech_node_is_refused_naming_the_tree(tmp_p
     assert capsys.readouterr().err.startswith(f"error: --gold {gold}: tree 2 (line 4): the word 'barked' stands in "
                                               "(S ...)")
     assert [t.line for t in parse_brackets(gold.read_text())] == [1, 4]
+
+
+def test_linearised_trees_read_as_bracketed_ones_are_named(tmp_path, capsys):
+    """A .wlin file (the training targets; `translate`'s output on a parsing run) given where bracketed trees go:
+    `evaluate --ref` said so, `evaluate-parse` and `linearize` only "word 'S' outside any bracket"."""
+    gold, wlin = tmp_path / "g.mrg", tmp_path / "t.wlin"
+    gold.write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)))\n")
+    wlin.write_text("(S (NP The dog )NP (VP barked )VP )S\n")
+    hint = "(linearised trees, closed as \")NP\": give them bracketed as the treebank writes them"
+    for argv in (["evaluate-parse", "--gold", str(gold), "--test", str(wlin)],
+                 ["evaluate-parse", "--gold", str(wlin), "--test", str(gold)], ["linearize", str(wlin), "--out",
+                                                                                str(tmp_path / "x")]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and hint in err and str(wlin) in err, err
+    assert main(["evaluate-parse", "--gold", str(gold), "--test", str(gold)]) == 0  # bracketed: no hint needed
+    assert "linearised" not in capsys.readouterr().err
 
 
 def test_evaluate_reads_gold_trees_as_evaluate_parse_does(tiny_parse_run, tmp_path, capsys, monkeypatch):

@@ -773,13 +773,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         from .evaluate import score_trees
         from .trees import TreeError, ptb_escape, read_normalized
 
-        ref_lines = read_lines(args.ref)
-        try:  # normalised as evaluate-parse reads gold trees: traces and function tags go
-            gold = read_normalized(args.ref, lines=ref_lines)
-        except TreeError as e:  # a linearised target file (the model's .wlin: closings ")NP") told what --ref takes
-            linearised = any(t[:1] == ")" and t[1:2].isalpha() for line in ref_lines[:100] for t in line.split())
-            raise TreeError(f"{e} (--ref takes the gold trees, bracketed as the treebank writes them, e.g. "
-                            "test.gold, not the linearised training targets)" if linearised else str(e)) from None
+        gold = read_normalized(args.ref, lines=read_lines(args.ref))  # as evaluate-parse reads gold trees
         if len(src) != len(gold):
             raise ConfigError(f"--src {src_name} has {len(src)} line{'s' * (len(src) != 1)} but --ref {ref_name} has "
                               f"{len(gold)} tree{'s' * (len(gold) != 1)}")
@@ -1593,6 +1587,18 @@ def _dash_output(text: str) -> Path:
     return STDOUT if text == "-" else _out_path(text)
 
 
+def _file_named(kind: Callable[[str], Path | None]) -> Callable[[str], Path | None]:
+    """``kind`` for an output that is a file: a name ending in / is refused (Path drops the slash: `linearize --out
+    odir/` wrote odir.words, ... beside the folder it named, and `--output out/` a file called out)."""
+
+    def named(text: str) -> Path | None:
+        if text.endswith(("/", os.sep)):
+            raise argparse.ArgumentTypeError(f"{text}: a folder's name (it ends in /); give a file name")
+        return kind(text)
+
+    return named
+
+
 def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] = (), folder: bool = False,
             standard: bool = False, dash: bool = False, replaced: bool = False, **kwargs) -> None:
     """An option naming where a command writes: ``main`` checks it (``files.check_output``) before the
@@ -1600,7 +1606,7 @@ def _output(p: argparse.ArgumentParser, option: str, suffixes: tuple[str, ...] =
     the default; ``dash``: "-" is stdout (``STDOUT``), where the option's default is no output; ``replaced``:
     a folder written beside itself and renamed into place."""
     kind = _standard if standard else _dash_output if dash else _out_path
-    action = p.add_argument(option, type=kind, **kwargs)
+    action = p.add_argument(option, type=kind if folder else _file_named(kind), **kwargs)
     p.set_defaults(outputs={**(p.get_default("outputs") or {}), action.dest: (option, suffixes, folder, replaced)})
 
 

@@ -147,13 +147,25 @@ def parse_brackets(text: str, where: str = "<text>") -> list[Tree]:
     return trees
 
 
+def linearised_hint(lines: list[str]) -> str:
+    """What to say beside a tree file's error where its lines are linearised trees (closings as ")NP": the training
+    targets, or ``translate``'s output on a parsing run) read in place of bracketed ones; else ""."""
+    if any(t[:1] == ")" and t[1:2].isalpha() for line in lines[:100] for t in line.split()):
+        return (" (linearised trees, closed as \")NP\": give them bracketed as the treebank writes them, as a .gold "
+                "file or `parse`'s output holds them)")
+    return ""
+
+
 def read_trees(path: Path, lines: list[str] | None = None) -> list[Tree]:
     """The bracketed trees in a file (``lines``: its lines, read already); one that cannot be read, or holds no
     tree, is a TreeError naming it (an empty gold or test file would score F1 0 as if parsed)."""
     path = Path(path)
     if lines is None:
         lines = read_lines(path)  # a file not UTF-8: the line and byte named
-    trees = parse_brackets("\n".join(lines), shown(path))
+    try:
+        trees = parse_brackets("\n".join(lines), shown(path))
+    except TreeError as e:
+        raise TreeError(f"{e}{linearised_hint(lines)}") from None
     if not trees:
         raise TreeError(f"{shown(path)}: no trees in it (the file "
                         f"{'is empty' if not lines else 'holds blank lines alone'})")
@@ -176,7 +188,10 @@ def normalize(tree: Tree) -> Tree | None:
     if not tree.children and tree.label:  # dropped with the constituents it left empty, without a word
         raise TreeError(f"({tree.label}) holds no word: a treebank tree tags every word, as (NN dog), and marks an "
                         "empty element (-NONE- *)")
-    if bare := [c for c in tree.children if isinstance(c, str)]:
+    if len(bare := [c for c in tree.children if isinstance(c, str)]) == len(tree.children) > 1:  # two words, no tag
+        raise TreeError(f"({tree.label} {' '.join(bare[:3])}{' ...' if len(bare) > 3 else ''}) holds {len(bare)} "
+                        f"words: a part-of-speech node tags one word, as (NN dog)")
+    if bare:
         raise TreeError(f"the word {bare[0]!r} stands in ({tree.label} ...) without a part-of-speech node of its "
                         "own; a treebank tree tags every word, as (NN dog)")
     children = [n for c in tree.children if (n := normalize(c)) is not None]
@@ -188,12 +203,13 @@ def read_normalized(path: Path, expect: int | None = None, lines: list[str] | No
     removed); a tree that cannot be is a TreeError naming the file and the tree's place in it. ``expect``: how many
     trees the caller pairs them with; ``lines`` of that many, holding fewer trees one a line, have None for each
     blank line (``parse`` writes a blank input line's tree as an empty line; a file cut short stays short)."""
-    trees, out = read_trees(path, lines), []
+    read = lines if lines is not None else read_lines(path)
+    trees, out = read_trees(path, read), []
     for i, tree in enumerate(trees, 1):
         try:
             out.append(normalize(tree))
         except TreeError as e:
-            raise TreeError(f"{shown(path)}: tree {i} (line {tree.line}): {e}") from None
+            raise TreeError(f"{shown(path)}: tree {i} (line {tree.line}): {e}{linearised_hint(read)}") from None
     starts = [tree.line for tree in trees]
     if (expect is not None and lines is not None and len(out) < expect == len(lines)
             and all(tree.end == tree.line for tree in trees) and len(set(starts)) == len(trees)):
