@@ -21,7 +21,7 @@ from transformer.model import Transformer
 from transformer.tokenizer import BOS_ID, Tokenizer
 from transformer import runtime, train as training
 from transformer.runtime import emulated_on_cpu
-from transformer.train import TrainError, budget_used, native_bf16, resolved_precision, train, train_step
+from transformer.train import TrainError, budget_used, keeping, native_bf16, resolved_precision, train, train_step
 from transformer.errors import UserError
 
 
@@ -2078,6 +2078,15 @@ def test_an_epoch_the_ranks_finished_stays_finished_on_fewer_ranks(tmp_path, tin
             f"{2 * cfg.train.update_freq} --allow-config-change)") in (run / "train.log").read_text()
     assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [per_epoch,
                                                                                                         per_epoch + 1]
+
+
+def test_the_batch_of_a_run_resumed_on_other_ranks_is_kept_by_a_whole_setting():
+    """From 2 ranks to 1 a step keeps its tokens with twice the update_freq; from 1 to 2 no whole update_freq does
+    (the log gave no way to keep them, where docs/scaling.md promises one): half the max_tokens does."""
+    assert keeping(2 * 4096, 4096, 1, 1) == "train.update_freq=2"
+    assert keeping(4096, 4096, 1, 2) == "train.max_tokens=2048"
+    assert keeping(4096 * 3, 4096, 3, 2) == "train.max_tokens=2048"
+    assert keeping(4097, 4096, 1, 2) is None
 
 
 def test_a_run_resumes_with_the_batch_order_it_began_with(tmp_path, tiny_overrides, monkeypatch):

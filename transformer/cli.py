@@ -123,8 +123,9 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     """Train a model (§5) into a run folder.
 
-    Train from a TOML config (a path or a preset name from configs/). Writes config.toml, spm.model,
-    checkpoints/, train.log, metrics.jsonl, tb/. Every config key is documented beside its default in
+    Train from a TOML config (a path or a preset name from configs/). Writes config.toml, spm.model (and
+    spm.json, what it was trained from), checkpoints/, train.log, metrics.jsonl, tb/ and, when done,
+    summary.json (docs/training.md). Every config key is documented beside its default in
     transformer/config.py; after the paper (off by default): train.keep_best = "valid_loss" |
     "valid_smoothed_loss" | "dev_bleu" keeps best.safetensors (translate --checkpoint best), train.patience = N
     (with keep_best) stops after N evaluations without improvement of its metric, data.subword_alpha = 0.1
@@ -1118,8 +1119,9 @@ def cmd_average(args: argparse.Namespace) -> None:
     plural = "s" if len(paths) != 1 else ""
     # "1 of the run's 1 checkpoints are averaged" where the run holds no more
     fewer = (f" (--last {args.last}: " + (f"the run holds {len(held)}" if len(paths) == len(held) else
-                                          f"{len(paths)} of the run's {len(held)} checkpoints are averaged as "
-                                          f"decoding averages them{other}") + ")" if len(paths) < args.last else "")
+                                          f"{len(paths)} of the run's {len(held)} checkpoints "
+                                          f"{'is' if len(paths) == 1 else 'are'} averaged, as decoding would average "
+                                          f"them{other}") + ")" if len(paths) < args.last else "")
     print(f"averaged {len(paths)} checkpoint{plural}{fewer} ({', '.join(p.stem for p in paths)}) -> {args.out}")
     if note := unrecorded_note(Path(args.run_dir), paths[-1]):
         print(note, file=sys.stderr)

@@ -131,6 +131,16 @@ class TrainState:
     batch_order: int = BATCH_ORDERS[-1]  # BatchOrder's seeding: a run keeps its own (a record without one: 1)
 
 
+def keeping(tokens: int, max_tokens: int, update_freq: int, world: int) -> str | None:
+    """The --set that keeps a resumed run's ``tokens`` per step on ``world`` ranks: its update_freq where a whole
+    one does (fewer ranks than before), else its max_tokens (more ranks: a step of each holds more); None where
+    neither does."""
+    for key, per in (("update_freq", max_tokens * world), ("max_tokens", update_freq * world)):
+        if tokens % per == 0:
+            return f"train.{key}={tokens // per}"
+    return None
+
+
 def unresumable(ckpt: Checkpoint) -> str | None:
     """Why ``ckpt``'s record cannot be resumed from, else None: the fields ``Trainer.resume`` reads, each as
     training writes it. A record edited by hand ("step": "30", no "config") failed deep in the resume as an
@@ -1284,9 +1294,8 @@ class Trainer:
             batch = f"tokens per step {now_tokens:,} as before"
             if then_tokens != now_tokens:
                 batch = f"tokens per step {then_tokens:,} -> {now_tokens:,} (eq. 3's schedule was set for the batch"
-                keep, rest = divmod(then_tokens, self.cfg.train.max_tokens * self.dist.world)
-                batch += f"; to keep {then_tokens:,}: --set train.update_freq={keep} --allow-config-change)" \
-                    if keep and not rest else ")"
+                keep = keeping(then_tokens, self.cfg.train.max_tokens, self.cfg.train.update_freq, self.dist.world)
+                batch += f"; to keep {then_tokens:,}: --set {keep} --allow-config-change)" if keep else ")"
             self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: {batch}; the "
                      "position in the epoch is rescaled, and the batch order and dropout masks may differ from an "
                      "uninterrupted run's")
