@@ -1481,6 +1481,26 @@ def test_score_perplexity_leaves_out_empty_sources(tiny_run, tmp_path, capsys):
     # a source of zero-width spaces is blank once normalised, as an empty one: it counted as a sentence
     zero_width = perplexity("A dog runs.\n\u200b\u200b\n", "Ein Hund läuft.\n\u200b\n")
     assert zero_width == with_empty
+    assert perplexity("", "") == "0 pairs: nothing to score (the input is empty)"  # it said nothing
+
+
+def test_score_notes_characters_scored_as_unknown(tiny_run, tmp_path, capsys):
+    """A character without a piece was scored as the unknown piece without a word (and --json's tokens show it as
+    written): said once, with the number of pairs."""
+    (tmp_path / "src").write_text("A dog ☃.\nA cat.\nA dog.\n")
+    (tmp_path / "tgt").write_text("Ein Hund.\nEine 漢 Katze ☃.\nEin Hund.\n")
+    status, out, err = run_here(capsys, "score", str(tiny_run), "--src", str(tmp_path / "src"),
+                                "--tgt", str(tmp_path / "tgt"))
+    assert status == 0 and len(out.splitlines()) == 3
+    assert err.splitlines()[-1] == ("note: 2 pairs hold characters the model's vocabulary has no piece for ('☃', "
+                                    "'漢'): the model reads each as its unknown piece")
+    status, out, err = run_here(capsys, "score", str(tiny_run), "--src", str(tmp_path / "src"),
+                                "--tgt", str(tmp_path / "src"))
+    assert "note:" in err
+    (tmp_path / "src").write_text("A dog.\n")
+    status, out, err = run_here(capsys, "score", str(tiny_run), "--src", str(tmp_path / "src"),
+                                "--tgt", str(tmp_path / "src"))
+    assert status == 0 and "note:" not in err
 
 
 @pytest.mark.parametrize("tgt_lang", ['"fr"', '"fra"', None], ids=["fr", "fra", "recipe-de"])

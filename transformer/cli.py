@@ -571,6 +571,8 @@ def cmd_score(args: argparse.Namespace) -> None:
                 yield tuple(line.split("\t"))
         pairs = stdin_pairs()
     total, pieces, n, empty = 0.0, 0, 0, 0
+    unknown: dict[str, None] = {}  # characters without a piece, in the order met
+    lacking = 0  # pairs that hold one
     with _line_sink(args.output) as write:
         # where stdin is one side, its pairs come as they are typed or piped, as translate's lines do
         for chunk in _chunks(pairs, None if STDIN in (args.src, args.tgt) else args.src):
@@ -588,6 +590,10 @@ def cmd_score(args: argparse.Namespace) -> None:
             total += sum(r.log_prob for r in counted)
             pieces += sum(len(r.token_log_probs) for r in counted)
             n, empty = n + len(chunk), empty + len(chunk) - len(counted)
+            for pair in chunk:
+                if found := [c for side in pair for c in translator.tokenizer.unknown(side.strip())]:
+                    lacking += 1
+                    unknown.update(dict.fromkeys(found))
             _tell(said)  # once the first pairs are scored, as translate says it: a refusal of them comes alone,
             said = []  # one of a later pair (a tab too many, a file shorter) after the weights that scored those
     _tell(said)  # no pair
@@ -595,6 +601,12 @@ def cmd_score(args: argparse.Namespace) -> None:
         left_out = f" ({empty} with an empty source, left out)" if empty else ""
         print(f"{n} pair{'s' * (n != 1)}{left_out}, {pieces} piece{'s' * (pieces != 1)} (EOS included): "
               + (f"perplexity {math.exp(-total / pieces):.3f}" if pieces else "no perplexity"), file=sys.stderr)
+    else:  # an empty input: said, as a file of pairs is
+        print("0 pairs: nothing to score (the input is empty)", file=sys.stderr)
+    if lacking:  # --json's tokens show them as written
+        shown = ", ".join(map(repr, list(unknown)[:5])) + (", ..." if len(unknown) > 5 else "")
+        print(f"note: {lacking} pair{'s' * (lacking != 1)} hold{'s' * (lacking == 1)} characters the model's "
+              f"vocabulary has no piece for ({shown}): the model reads each as its unknown piece", file=sys.stderr)
 
 
 READER_GONE = 141  # what a shell reports for a filter a closed pipe stopped: 128 + SIGPIPE
