@@ -417,6 +417,7 @@ def test_a_rank_stops_once_when_its_launcher_is_gone(monkeypatch):
     joined = threading.Event()
     joined.set()  # in its job: the signal is left to training (a rank still joining is the next test's)
     monkeypatch.setattr(distributed, "JOINED", joined)
+    monkeypatch.setattr(distributed, "LAUNCHER_GONE", gone := threading.Event())  # training's stop line reads it
     monkeypatch.setattr(distributed.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     monkeypatch.setattr(distributed.os, "getppid", lambda: parent[0])
     monkeypatch.setattr(distributed, "LAUNCHER_POLL_S", 0.01)
@@ -424,13 +425,13 @@ def test_a_rank_stops_once_when_its_launcher_is_gone(monkeypatch):
     distributed.die_with_launcher()
     assert distributed.LAUNCHER_PID not in os.environ
     time.sleep(0.2)
-    assert not sent
+    assert not sent and not gone.is_set()
     parent[0] = 1  # the launcher died: this rank was reparented
     deadline = time.monotonic() + 10
     while not sent and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)
-    assert sent == [(os.getpid(), signal.SIGTERM)]  # once
+    assert sent == [(os.getpid(), signal.SIGTERM)] and gone.is_set()  # once, and said whose it is
     monkeypatch.setenv(distributed.LAUNCHER_PID, "1234")  # gone before the rank looked
     distributed.die_with_launcher()
     while len(sent) < 2 and time.monotonic() < deadline:

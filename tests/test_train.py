@@ -1835,6 +1835,30 @@ def test_a_stop_signal_then_the_other_ranks_gone_is_told_as_the_stop_not_a_crash
         train(load_config("tiny", tiny_overrides + ["train.max_steps=8"]), tmp_path / "other", quiet=True)
 
 
+def test_a_stop_its_launcher_sent_is_said_so(tmp_path, tiny_overrides, monkeypatch):
+    """A rank whose launcher was killed (SIGKILL) sends itself SIGTERM (die_with_launcher): it said "SIGTERM:
+    stopped after step 17", when no one had sent one."""
+    import threading
+
+    from transformer import cli, distributed
+    from transformer.train import TrainInterrupted
+
+    step, calls = training.queue_step, []
+    monkeypatch.setattr(distributed, "LAUNCHER_GONE", gone := threading.Event())
+
+    def launcher_gone(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            gone.set()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(training, "queue_step", launcher_gone)
+    with cli.sigterm_raises(), pytest.raises(TrainInterrupted, match=r"^SIGTERM \(its launcher is gone\): training "
+                                             r"stopped after step 2 with its checkpoint written"):
+        train(load_config("tiny", tiny_overrides + ["train.max_steps=8"]), tmp_path / "run", quiet=True)
+
+
 def sigterm_while_saving(monkeypatch) -> None:
     """A SIGTERM to this process as each checkpoint is written, before its write."""
     save = training.save_checkpoint

@@ -230,6 +230,7 @@ def launch_local(nproc: int, argv: list[str]) -> int:
 LAUNCHER_PID = "TRANSFORMER_LAUNCHER_PID"
 LAUNCHER_POLL_S = 1.0  # how often a rank looks for its launcher (``die_with_launcher``)
 JOINED = threading.Event()  # set once this process has joined its job (``setup``)
+LAUNCHER_GONE = threading.Event()  # set before ``die_with_launcher``'s SIGTERM: who sent it, for the stop's line
 JOIN_GRACE_S = 10.0  # how long a rank not yet joined may take to stop once its launcher is gone
 
 
@@ -256,6 +257,7 @@ def die_with_launcher() -> None:
     def watch() -> None:
         while os.getppid() == int(launcher):
             time.sleep(LAUNCHER_POLL_S)
+        LAUNCHER_GONE.set()
         os.kill(os.getpid(), signal.SIGTERM)
         if not JOINED.wait(JOIN_GRACE_S):  # still alive, and not in the job: stuck joining it
             with contextlib.suppress(OSError, ValueError):  # its stderr may be the dead launcher's pipe

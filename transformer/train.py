@@ -1795,7 +1795,9 @@ class Trainer:
                 if dist.main:  # however training ended: the summary below writes nothing to it
                     self.board.close()
         if (stopped_by := stopped_by or stop.received) is not None:
-            name = signal.Signals(stopped_by).name + ("" if stop.received else " (to another rank)")
+            why = ((" (its launcher is gone)" if distributed.LAUNCHER_GONE.is_set() else "") if stop.received
+                   else " (to another rank)")  # die_with_launcher's SIGTERM: no one sent it
+            name = signal.Signals(stopped_by).name + why
             self.log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
             stopped = TrainInterrupted(stopped_by, f"{name}: training stopped after step {state.step} with its "
                                        f"checkpoint written to {self.out / 'checkpoints'}; continue with --resume")
