@@ -300,11 +300,11 @@ def test_score_endpoint_takes_the_length_norm_as_translate_does(client, translat
     ("/v1/translate", {"text": ["a", "a dog"], "constraints": [[], ["Hund", "🐶 «x»"]]},
      "constraints of line 2: the model's vocabulary has no piece for '🐶', '«', '»'"),
     # a JSON string may hold a lone surrogate, which is no character: the tokenizer failed on it (500)
-    ("/v1/translate", {"text": ["a \ud800"]}, '"field": "text.0", "problem": "not Unicode text: a lone '
+    ("/v1/translate", {"text": ["a \ud800"]}, '"field": "text[0]", "problem": "not Unicode text: a lone '
                                              'surrogate (U+D800) at character 3"'),
-    ("/v1/translate", {"text": ["a"], "prefix": ["\udfff"]}, '"field": "prefix.0"'),
-    ("/v1/translate", {"text": ["a"], "constraints": [["x", "\ud800"]]}, '"field": "constraints.0.1"'),
-    ("/v1/score", {"text": ["a"], "translation": ["\ud800"]}, '"field": "translation.0"'),
+    ("/v1/translate", {"text": ["a"], "prefix": ["\udfff"]}, '"field": "prefix[0]"'),
+    ("/v1/translate", {"text": ["a"], "constraints": [["x", "\ud800"]]}, '"field": "constraints[0][1]"'),
+    ("/v1/score", {"text": ["a"], "translation": ["\ud800"]}, '"field": "translation[0]"'),
     ("/v1/attention", {"text": "\ud800"}, '"field": "text"'),
     ("/v1/attention", {"text": "a", "translation": "\ud800"}, '"field": "translation"'),
 ])

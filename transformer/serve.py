@@ -195,7 +195,7 @@ class AttentionResponse(BaseModel):  # the schema /openapi.json shows: the answe
 
 
 class ErrorDetail(BaseModel):
-    field: str = Field(description="the request's field, dotted (\"\": the body)")
+    field: str = Field(description="the request's field, as text[0] or constraints[1][0] (\"\": the body)")
     problem: str
 
 
@@ -772,7 +772,8 @@ def _answer_errors_in_json(app: FastAPI) -> None:
         # the first few: a problem in each item of a long list was answered with every one of them (MBs)
         shown = errors[:MAX_ERRORS_SHOWN]
         # a validator's own ValueError: its message alone (pydantic puts "Value error, " before it)
-        detail = [{"field": ".".join(str(x) for x in e.get("loc", ())[1:]),
+        detail = [{"field": "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in e.get("loc", ())[1:])
+                   .removeprefix("."),
                    "problem": e.get("msg", "").removeprefix("Value error, ")} for e in shown]
         # the one line names each field and its problem (a client, or the web page, shows only the line)
         line = " ".join("; ".join(f"{d['field'] or 'body'}: {d['problem']}" for d in detail).split())
