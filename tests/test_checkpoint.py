@@ -749,8 +749,8 @@ def test_a_resume_that_changed_the_model_averages_the_checkpoints_since(tmp_path
     assert steps(checkpoints_to_average(run, 3)) == [10]
     assert main(["average", str(run), "--last", "3", "--out", str(tmp_path / "avg.safetensors")]) == 0
     assert ("averaged 1 checkpoint (--last 3: 1 of the run's 5 checkpoints is averaged, as decoding would average "
-            "them; step_00000008 and those before it are of another model (a resume with a model change), which it leaves "
-            "out)") in capsys.readouterr().out  # it said nothing of why
+            "them; step_00000008 and those before it are of another model (a resume with a model change), which it "
+            "leaves out)") in capsys.readouterr().out  # it said nothing of why
     (tmp_path / "in.en").write_text("A dog runs.\n")
     assert main(["translate", str(run), "--beam", "1", "--input", str(tmp_path / "in.en")]) == 0
     assert "averaging the last 1 checkpoint(s) (of decode.average_last 3): step_00000010" in capsys.readouterr().err

@@ -1414,11 +1414,11 @@ def test_evaluating_a_parsing_run_against_linearised_targets_says_what_ref_takes
     status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "test.words"),
                                 "--ref", str(tmp_path / "test.wlin"))
     assert (status, out) == (1, "") and err.count("\n") == 1, err
-    assert "outside any bracket" in err and "(--ref takes the gold trees, bracketed as the treebank writes them" in err
+    assert "outside any bracket" in err and "(linearised trees, closed as \")NP\": give them bracketed as" in err
     (tmp_path / "test.gold").write_text("(S (NP (DT The) (NN dog)) (VP (VBD barked)) (. .)\n")  # one ")" short
     status, out, err = run_here(capsys, "evaluate", str(tiny_parse_run), "--src", str(tmp_path / "test.words"),
                                 "--ref", str(tmp_path / "test.gold"))
-    assert (status, out) == (1, "") and err.count("\n") == 1 and "--ref takes" not in err, err  # not a .wlin's
+    assert (status, out) == (1, "") and err.count("\n") == 1 and "linearised" not in err, err  # not a .wlin's
 
 
 def test_the_smallest_temperature_samples_the_greedy_output(tmp_path, capsys):

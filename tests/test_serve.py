@@ -433,7 +433,7 @@ def test_a_busy_attention_answer_is_counted_as_refused(translator, monkeypatch):
             gate.set()
             assert first.result(60).status_code == 200
         assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
-        assert busy.json()["error"].startswith("busy: 1 attention request(s) in progress, the limit")
+        assert busy.json()["error"].startswith("busy: 1 attention request is in progress, the limit")
         assert c.get("/health").json()["refused_busy"] == 1
 
 
@@ -638,6 +638,30 @@ def test_a_request_whose_client_left_is_dropped_before_decoding(translator, deco
 
     batcher, _ = run_batcher(translator, Limits(), scenario)
     assert decoded == ["A dog."] and batcher.dropped == 1
+
+
+def test_stopping_ends_a_batch_at_its_next_search_step(translator, monkeypatch):
+    """Ctrl-C waited for the batch being decoded: a request at the server's limits decodes one batch for minutes
+    (91 s in a user's trial), during which the server said nothing and a second Ctrl-C did nothing. The search
+    now stops at its next step."""
+    import transformer.search
+
+    steps, real = [], transformer.search.next_log_probs
+
+    async def scenario(batcher):
+        def counted(*args, **kwargs):  # a search step of the one batch; the server stops during its third
+            steps.append(1)
+            if len(steps) == 3:
+                batcher.stop()
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(transformer.search, "next_log_probs", counted)
+        with pytest.raises(LimitError) as stopped:
+            await batcher.translate(LINES, DecodeRequest(beam_size=2, max_len_offset=200))
+        return stopped.value
+
+    _, stopped = run_batcher(translator, Limits(), scenario)
+    assert (stopped.status, stopped.message, len(steps)) == (503, "the server is shutting down", 3)
 
 
 @pytest.mark.parametrize("how", ["client gone", "server stopping"])

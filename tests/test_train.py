@@ -2109,7 +2109,9 @@ def test_the_batch_of_a_run_resumed_on_other_ranks_is_kept_by_a_whole_setting():
     (the log gave no way to keep them, where docs/scaling.md promises one): half the max_tokens does."""
     assert keeping(2 * 4096, 4096, 1, 1) == "train.update_freq=2"
     assert keeping(4096, 4096, 1, 2) == "train.max_tokens=2048"
-    assert keeping(4096 * 3, 4096, 3, 2) == "train.max_tokens=2048"
+    assert keeping(4096 * 3, 4096, 3, 2) == "train.update_freq=2 --set train.max_tokens=3072"
+    # 3 ranks to 2: never a rank's batch above its max_tokens (its memory), which 6,144 would be
+    assert keeping(3 * 4096, 4096, 1, 2) == "train.update_freq=2 --set train.max_tokens=3072"
     assert keeping(4097, 4096, 1, 2) is None
 
 

@@ -43,7 +43,7 @@ def test_a_word_without_its_part_of_speech_node_is_refused_naming_the_tree(tmp_p
     scored two trees short of it as equal (and evaluate died on it, exit 70)."""
     with pytest.raises(TreeError, match=r"^the word 'barked' stands in \(S \.\.\.\) without a part-of-speech node"):
         normalize(tree("(S (NP (DT The) (NN dog)) barked)"))
-    with pytest.raises(TreeError, match=r"^\(NN x y\) holds 2 words: a part-of-speech node tags one word, as"):
+    with pytest.raises(TreeError, match=r"^\(NN x y\) holds 2 words without a part-of-speech node each: a treebank"):
         normalize(tree("(S (VP (VBZ rains) (NP (NN x y))))"))  # "the word 'x' stands in (NN ...) without a tag"
     with pytest.raises(TreeError, match=r"^\(NN\) holds no word: a treebank tree tags every word"):  # it was dropped
         normalize(tree("(S (NP (NN)) (VP (VBD ran)))"))  # with its NP, the tree scored a bracket short

@@ -543,6 +543,7 @@ def cmd_score(args: argparse.Namespace) -> None:
     from .data import DataError, check_parallel, iter_lines, iter_parallel
 
     from .request import DecodeRequest
+    from .tokenizer import UNK_ID
     from .translator import naming_the_longest
 
     if (args.src is None) != (args.tgt is None):
@@ -590,8 +591,11 @@ def cmd_score(args: argparse.Namespace) -> None:
             total += sum(r.log_prob for r in counted)
             pieces += sum(len(r.token_log_probs) for r in counted)
             n, empty = n + len(chunk), empty + len(chunk) - len(counted)
-            for pair in chunk:
-                if found := [c for side in pair for c in translator.tokenizer.unknown(side.strip())]:
+            sides = [side.strip() for pair in chunk for side in pair]  # source, target, source, ...
+            held = [UNK_ID in ids for ids in translator.tokenizer.encode_batch(sides)]  # the unknown piece
+            for k in range(0, len(sides), 2):
+                if found := [c for side, unk in zip(sides[k:k + 2], held[k:k + 2]) if unk
+                             for c in translator.tokenizer.unknown(side)]:
                     lacking += 1
                     unknown.update(dict.fromkeys(found))
             _tell(said)  # once the first pairs are scored, as translate says it: a refusal of them comes alone,

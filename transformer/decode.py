@@ -65,8 +65,8 @@ def decode_ids(model, sources: Sequence[Sequence[int]], beam_size: int = PAPER.b
     ``length_norm`` is the length normalisation of every score (``search.length_penalty``).
     ``bar``, a progress bar of sentences, is advanced by each batch's. ``stop`` is asked before each
     batch and each search step; True raises Stopped (the server's request whose client has gone, or its
-    Ctrl-C). No input is
-    dropped or truncated; an empty source is refused, since attention over no key at all is undefined.
+    Ctrl-C). No input is dropped or truncated; an empty source is refused, since attention over no key at
+    all is undefined.
     """
     if any(len(s) == 0 for s in sources):
         raise ValueError("empty source: every source needs at least its EOS token")

@@ -881,9 +881,10 @@ def create_app(translator: Translator, limits: Limits = Limits(), name: str = "t
         if (refusal := app.state.batcher.refusal()) is not None:
             raise refusal
         if attention_slots.locked():
-            app.state.batcher.shed += 1  # /health's refused_busy counts every 503 of a full server
-            raise LimitError(503, f"busy: {limits.max_attention_queued} attention request(s) in progress, the "
-                                  "limit (--max-attention-queued); try again shortly", retry_after=1)
+            app.state.batcher.shed += 1  # /health's refused_busy: the requests refused for a full queue
+            n = limits.max_attention_queued
+            raise LimitError(503, f"busy: {n} attention request{'s are' if n != 1 else ' is'} in progress, the limit "
+                                  "(--max-attention-queued); try again shortly", retry_after=1)
         async with attention_slots:
             maps = await _in_model_thread(executor, request, limits.queue_timeout,
                                           lambda: _attention(translator, limits, req.text, req.translation),

@@ -131,13 +131,19 @@ class TrainState:
     batch_order: int = BATCH_ORDERS[-1]  # BatchOrder's seeding: a run keeps its own (a record without one: 1)
 
 
+MAX_KEEPING_FREQ = 64  # the most accumulated batches ``keeping`` offers
+
+
 def keeping(tokens: int, max_tokens: int, update_freq: int, world: int) -> str | None:
-    """The --set that keeps a resumed run's ``tokens`` per step on ``world`` ranks: its update_freq where a whole
-    one does (fewer ranks than before), else its max_tokens (more ranks: a step of each holds more); None where
-    neither does."""
-    for key, per in (("update_freq", max_tokens * world), ("max_tokens", update_freq * world)):
-        if tokens % per == 0:
-            return f"train.{key}={tokens // per}"
+    """The --set options that keep a resumed run's ``tokens`` per step on ``world`` ranks, a rank's batch never
+    above ``max_tokens`` (its memory): the fewest accumulated batches whose size divides the step (on fewer ranks,
+    a whole update_freq; on more, where none is whole, a smaller max_tokens too); None where none does."""
+    for freq in range(1, MAX_KEEPING_FREQ + 1):
+        size, rest = divmod(tokens, freq * world)
+        if not rest and size <= max_tokens:
+            said = [f"train.update_freq={freq}"] if freq != update_freq else []
+            said += [f"train.max_tokens={size}"] if size != max_tokens else []
+            return " --set ".join(said) or None
     return None
 
 
@@ -1795,8 +1801,9 @@ class Trainer:
                 if dist.main:  # however training ended: the summary below writes nothing to it
                     self.board.close()
         if (stopped_by := stopped_by or stop.received) is not None:
-            why = ((" (its launcher is gone)" if distributed.LAUNCHER_GONE.is_set() else "") if stop.received
-                   else " (to another rank)")  # die_with_launcher's SIGTERM: no one sent it
+            # die_with_launcher's SIGTERM: no one sent it
+            gone = stop.received == signal.SIGTERM and distributed.LAUNCHER_GONE.is_set()
+            why = " (to another rank)" if not stop.received else " (its launcher is gone)" if gone else ""
             name = signal.Signals(stopped_by).name + why
             self.log(f"{name}: stopped after step {state.step}, checkpoint written; continue with --resume")
             stopped = TrainInterrupted(stopped_by, f"{name}: training stopped after step {state.step} with its "

@@ -263,7 +263,7 @@ class Translator:
         gives them."""
         if self.check(request, total=len(lines)).nbest not in (None, 1):  # the request's own checks first
             raise ConfigError(f"translate: nbest {request.nbest}: one output a line; decode gives each line's "
-                              "n-best list")
+                              "n-best list, best first (decode(lines, request)[i][0] is line i's best)")
         return [hyps[0][0] for hyps in self.decode(lines, request, progress)]
 
     def blank(self, lines: list[str]) -> list[bool]:

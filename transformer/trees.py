@@ -190,7 +190,7 @@ def normalize(tree: Tree) -> Tree | None:
                         "empty element (-NONE- *)")
     if len(bare := [c for c in tree.children if isinstance(c, str)]) == len(tree.children) > 1:  # two words, no tag
         raise TreeError(f"({tree.label} {' '.join(bare[:3])}{' ...' if len(bare) > 3 else ''}) holds {len(bare)} "
-                        f"words: a part-of-speech node tags one word, as (NN dog)")
+                        "words without a part-of-speech node each: a treebank tree tags every word, as (NN dog)")
     if bare:
         raise TreeError(f"the word {bare[0]!r} stands in ({tree.label} ...) without a part-of-speech node of its "
                         "own; a treebank tree tags every word, as (NN dog)")
