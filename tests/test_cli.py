@@ -956,6 +956,16 @@ def test_decoding_feature_errors_are_one_line(tiny_run, tmp_path, capsys, args, 
     assert len(said) == len(err.strip().splitlines()) or "{tmp}" in " ".join(args)
 
 
+def test_evaluates_unreadable_files_are_named_with_their_option(tiny_run, tmp_path, capsys):
+    """A Latin-1 --ref was "u/lat.de:1: invalid UTF-8 ...", where translate says "--input x:6: ..." (a file the
+    run's config names is said so: the user gave no --ref)."""
+    (tmp_path / "src.en").write_text("A dog.\n")
+    (tmp_path / "lat.de").write_bytes("Ein Hund läuft.\n".encode("latin-1"))
+    status, out, err = run_here(capsys, "evaluate", str(tiny_run), "--src", str(tmp_path / "src.en"),
+                                "--ref", str(tmp_path / "lat.de"))
+    assert status == 1 and err.startswith(f"error: --ref {tmp_path / 'lat.de'}:1: invalid UTF-8"), err
+
+
 def test_score_errors_are_one_line(tiny_run, tmp_path):
     (tmp_path / "a.txt").write_text("x\ny\n")
     (tmp_path / "b.txt").write_text("x\n")

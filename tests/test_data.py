@@ -481,3 +481,13 @@ def test_the_sampling_worker_ends_with_its_trainer(multi30k: Path, tmp_path: Pat
     if alive := running():
         os.kill(worker, signal.SIGKILL)
     assert not alive, "the sampling worker outlived its trainer by 30 s"
+
+
+def test_a_pair_of_files_is_named_whole_where_they_lie_apart(tmp_path):
+    """The logs named the second file by its name alone: a target in another folder read as if beside the source."""
+    from transformer.data import pair_named
+
+    (tmp_path / "u").mkdir()
+    src = tmp_path / "train.en"
+    assert pair_named(src, tmp_path / "train.fr") == f"{src} + train.fr"
+    assert pair_named(src, tmp_path / "u" / "train.fr") == f"{src} + {tmp_path / 'u' / 'train.fr'}"

@@ -49,8 +49,8 @@ def test_the_log_names_the_data_files_read_and_a_mistyped_data_folder(tmp_path, 
     train(cfg, tmp_path / "run", quiet=True)
     log = (tmp_path / "run" / "train.log").read_text()
     train_src = Path(cfg.data.train_src).resolve()
-    assert f"longer than 256 pieces ({train_src} + {Path(cfg.data.train_tgt).name})" in log
-    assert f"longer than 256 pieces ({Path(cfg.data.valid_src).resolve()} + " in log
+    assert f"longer than 256 pieces with EOS ({train_src} + {Path(cfg.data.train_tgt).name})" in log
+    assert f"longer than 256 pieces with EOS ({Path(cfg.data.valid_src).resolve()} + " in log
     assert f"note: TRANSFORMER_DATA {tmp_path / 'typo'} is no folder (the files above were found without it)" in log
 
 

@@ -782,32 +782,35 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         return fields[name][0] if name in defaulted else "--" + name.replace("_", "-")
 
     args.src, args.ref = (resolve_data_path(str(getattr(args, n)), given_by(n)) for n in ("src", "ref"))
-    src_name, ref_name = shown(args.src), shown(args.ref)  # "-": stdin, not /dev/stdin
-    src = read_lines(args.src)
+    # "-": stdin, not /dev/stdin; a file the run's config named is said so (the user gave no --src)
+    src_name, ref_name = (f"{given_by(n)} {shown(getattr(args, n))}" for n in ("src", "ref"))
+    with _named_option(given_by("src")):  # a file it cannot read, said with what named it
+        src = read_lines(args.src)
     if not any(line.strip() for line in src):
-        raise ConfigError(f"--src {src_name}: no sentences to evaluate (the file is empty or blank)")
+        raise ConfigError(f"{src_name}: no sentences to evaluate (the file is empty or blank)")
     if d.task == "parse":
         from .evaluate import score_trees
         from .trees import TreeError, ptb_escape, read_normalized
 
-        gold = read_normalized(args.ref, lines=read_lines(args.ref))  # as evaluate-parse reads gold trees
+        with _named_option(given_by("ref")):  # as evaluate-parse reads gold trees
+            gold = read_normalized(args.ref, lines=read_lines(args.ref))
         if len(src) != len(gold):
-            raise ConfigError(f"--src {src_name} has {len(src)} line{'s' * (len(src) != 1)} but --ref {ref_name} has "
+            raise ConfigError(f"{src_name} has {len(src)} line{'s' * (len(src) != 1)} but {ref_name} has "
                               f"{len(gold)} tree{'s' * (len(gold) != 1)}")
         for i, (line, tree) in enumerate(zip(src, gold), 1):  # found before decoding, else blamed on --ref after it
             if tree is None:  # traces alone: a blank line pairs with it; a sentence's tree would have no match
                 if line.split():
-                    raise ConfigError(f"--src {src_name}:{i}: a sentence, where --ref {ref_name}'s tree {i} holds no "
+                    raise ConfigError(f"{src_name}:{i}: a sentence, where {ref_name}'s tree {i} holds no "
                                       "words once its traces are removed (the sentences and the trees go one to "
                                       "one; leave the pair out of both files)")
                 continue
             if not line.split():
-                raise ConfigError(f"--src {src_name}:{i}: a blank line, where --ref {ref_name}'s tree {i} holds "
+                raise ConfigError(f"{src_name}:{i}: a blank line, where {ref_name}'s tree {i} holds "
                                   "words (the sentences and the trees go one to one)")
             if (words := [ptb_escape(w) for w in line.split()]) != (gold_words := tree.words()):
                 at = next((j for j, (a, b) in enumerate(zip(words, gold_words)) if a != b),
                           min(len(words), len(gold_words)))
-                raise ConfigError(f"--src {src_name}:{i}: its words differ from --ref {ref_name}'s tree {i} from word "
+                raise ConfigError(f"{src_name}:{i}: its words differ from {ref_name}'s tree {i} from word "
                                   f"{at + 1} ({' '.join(words[at:at + 4]) or 'the line ends'} vs "
                                   f"{' '.join(gold_words[at:at + 4]) or 'the tree ends'}; the sentences and the "
                                   "trees go one to one, in the treebank's tokens)")
@@ -817,25 +820,28 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         try:
             scores = score_trees(gold, trees).as_dict()
         except TreeError as e:
-            raise TreeError(f"--ref {ref_name}: {e}") from None
+            raise TreeError(f"{ref_name}: {e}") from None
         print(f"F1 = {scores['f1']:.2f}  precision {scores['precision']:.2f}  recall {scores['recall']:.2f}  "
               f"({scores['matched']} of {scores['gold_brackets']} gold / {scores['test_brackets']} test brackets, "
               f"{scores['sentences']} sentence{'s' * (scores['sentences'] != 1)}; EVALB COLLINS.prm rules)",
               file=report)
         hyps = [_tree_line(t) for t in trees]
     else:
-        ref = read_lines(args.ref)
+        with _named_option(given_by("ref")):
+            ref = read_lines(args.ref)
         if len(src) != len(ref):
-            raise ConfigError(f"--src {src_name} has {len(src)} lines but --ref {ref_name} has {len(ref)}")
+            raise ConfigError(f"{src_name} has {len(src)} lines but {ref_name} has {len(ref)}")
         if args.tok_ref is not None:
             args.tok_ref = resolve_data_path(str(args.tok_ref), given_by("tok_ref"))
-        tok_ref = None if args.tok_ref is None else read_lines(args.tok_ref)
+        tok_name = "" if args.tok_ref is None else f"{given_by('tok_ref')} {shown(args.tok_ref)}"
+        with _named_option(given_by("tok_ref")):
+            tok_ref = None if args.tok_ref is None else read_lines(args.tok_ref)
         if tok_ref is not None and len(tok_ref) != len(ref):
-            raise ConfigError(f"--tok-ref {shown(args.tok_ref)} has {len(tok_ref)} lines but --ref {ref_name} has "
+            raise ConfigError(f"{tok_name} has {len(tok_ref)} lines but {ref_name} has "
                               f"{len(ref)}")
         if tok_ref and (cased := sum(line != line.lower() for line in tok_ref)) * 2 > len(tok_ref):
             # scored against lowercased outputs, a cased reference scored near 0, said of nothing
-            print(f"note: --tok-ref {shown(args.tok_ref)}: {cased:,} of its {len(tok_ref):,} lines hold capital "
+            print(f"note: {tok_name}: {cased:,} of its {len(tok_ref):,} lines hold capital "
                   "letters, which a lowercased reference has not (the detokenized --ref?): scored as given",
                   file=sys.stderr)
         lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
@@ -1308,7 +1314,7 @@ def cmd_preprocess(args: argparse.Namespace) -> None:
                            overwrite=args.overwrite, vocabulary=spm, task=d.task,
                            log=lambda m: print(m, file=sys.stderr))
     print(f"{out}: {meta['n_kept']:,} pairs of {meta['n_pairs']:,} ({meta['skipped_empty']} with an empty side, "
-          f"{meta['skipped_long']} longer than {d.max_len} pieces skipped); train with "
+          f"{meta['skipped_long']} longer than {d.max_len} pieces with EOS skipped); train with "
           f"--set data.train_store={out}" + (
               f" --set data.vocab_size={tokenizer.vocab_size} (--spm's size; the config says {d.vocab_size})"
               if tokenizer.vocab_size != d.vocab_size else ""))  # which training checks against the store's

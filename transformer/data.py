@@ -48,6 +48,13 @@ def shown(path: Path) -> str:
     return "stdin" if Path(path) == Path("/dev/stdin") else str(path)
 
 
+def pair_named(src: Path, tgt: Path) -> str:
+    """Two files of a pair as logs name them: the first's whole path, the second's name where it lies beside it
+    (else its whole path too: a second file elsewhere read as if beside the first)."""
+    src, tgt = Path(src).resolve(), Path(tgt).resolve()
+    return f"{src} + {tgt.name if tgt.parent == src.parent else tgt}"
+
+
 def iter_lines(path: Path) -> Iterator[str]:
     """Lines of a UTF-8 file, plain or gzip (detected by its magic bytes), split on "\\n" only, streamed.
 

@@ -115,7 +115,7 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
             if not counts["n_kept"]:  # training would refuse it: say so here, and write nothing
                 raise DataError(f"{src}: no usable training pairs of {counts['n_pairs']:,} "
                                 f"({counts['skipped_empty']:,} with an empty side, {counts['skipped_long']:,} "
-                                f"longer than {max_len} pieces)")
+                                f"longer than {max_len} pieces with EOS)")
             meta = {"format": FORMAT, "version": VERSION, "vocab_size": tokenizer.vocab_size,
                     "vocab_sha256": tokenizer.sha256, "dtype": ids_dtype.name, "length_dtype": len_dtype.name,
                     **counts, "max_len": max_len, **({} if task is None else {"task": task}),

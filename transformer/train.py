@@ -43,7 +43,8 @@ from .checkpoint import (Checkpoint, CheckpointError, average_last, checkpoint_r
 from .config import (Config, ConfigError, DataConfig, ModelConfig, TrainConfig, as_path, check_bools, config_from_dict,
                      dump_toml, read_toml)
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
-                   collate, encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction, read_parallel)
+                   collate, encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction,
+                   pair_named, read_parallel)
 from .errors import Terminated, UserError, summary as error_line
 from .loss import label_smoothed_loss
 from .model import Transformer, count_parameters
@@ -544,10 +545,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         train, stats = encode_pairs(pairs, tokenizer, d.max_len)
         del pairs
         log(f"train: {len(train)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty "
-            f"side, {stats.skipped_long} longer than {d.max_len} pieces ({train_src.resolve()} + {train_tgt.name})")
+            f"side, {stats.skipped_long} longer than {d.max_len} pieces with EOS ({pair_named(train_src, train_tgt)})")
         if not train:  # as the token store says it (store.write_store)
             raise DataError(f"{train_src}: no usable training pairs of {stats.n_pairs:,} ({stats.skipped_empty:,} with "
-                            f"an empty side, {stats.skipped_long:,} longer than data.max_len {d.max_len} pieces)")
+                            f"an empty side, {stats.skipped_long:,} longer than data.max_len {d.max_len} pieces with "
+                            "EOS)")
         if warning := stats.unknown_warning("train", str(tokenizer.path)):
             log(warning)
         if stats.skipped_long > len(train):
@@ -563,8 +565,8 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     kept: list[int] = []
     valid, stats = encode_pairs(valid_pairs, tokenizer, d.max_len, kept)
     log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
-        f"{stats.skipped_long} longer than {d.max_len} pieces ({data['valid_src'].resolve()} + "
-        f"{data['valid_tgt'].name})")  # which copy of the data: a mistyped TRANSFORMER_DATA falls through to others'
+        f"{stats.skipped_long} longer than {d.max_len} pieces with EOS "
+        f"({pair_named(data['valid_src'], data['valid_tgt'])})")  # which copy: a mistyped data folder falls through
     if (env := os.environ.get("TRANSFORMER_DATA")) and not Path(env).expanduser().is_dir():
         log(f"note: TRANSFORMER_DATA {env} is no folder (the files above were found without it)")
     if warning := stats.unknown_warning("valid", str(tokenizer.path)):

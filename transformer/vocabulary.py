@@ -11,7 +11,7 @@ from typing import Any
 
 from . import files
 from .config import Config
-from .data import DataError, iter_lines, read_lines
+from .data import DataError, iter_lines, pair_named, read_lines
 from .tokenizer import Tokenizer
 
 
@@ -29,7 +29,7 @@ def train_vocabulary(cfg: Config, src: Path, tgt: Path, path: Path, log) -> Toke
         targets = read_lines(tgt)
         check_tree_targets(tgt, targets)
         symbols = tree_symbols(targets)
-    log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {src.name} + {tgt.name}"
+    log(f"training a joint BPE vocabulary of {d.vocab_size} pieces on {pair_named(src, tgt)}"
         + (f" ({len(symbols)} tree symbols kept whole)" if symbols else ""))
     # the record first: a run stopped between the two writes (Ctrl-C) leaves a record without a vocabulary, which
     # is trained anew, not a vocabulary without its record, which a later run would reuse whatever its inputs
