@@ -52,6 +52,20 @@ def test_the_log_names_the_data_files_read_and_a_mistyped_data_folder(tmp_path, 
     assert f"longer than 256 pieces with EOS ({train_src} + {Path(cfg.data.train_tgt).name})" in log
     assert f"longer than 256 pieces with EOS ({Path(cfg.data.valid_src).resolve()} + " in log
     assert f"note: TRANSFORMER_DATA {tmp_path / 'typo'} is no folder (the files above were found without it)" in log
+    assert "ends in" not in log  # train.de is German, as data.tgt_lang says
+
+
+def test_a_training_file_named_in_another_language_than_the_config_says_is_noted(tmp_path, tiny_overrides):
+    """Sides swapped (train.de as the source of an en->de run), or a file misnamed (.jp for ja): the file's name is
+    taken as its language (BLEU's tokenizer, an export's card), without a word."""
+    cfg = load_config("tiny", tiny_overrides + ["train.max_steps=1"])
+    swapped = load_config("tiny", tiny_overrides + ["train.max_steps=1", f"data.train_src={cfg.data.train_tgt}",
+                                                    f"data.train_tgt={cfg.data.train_src}"])
+    train(swapped, tmp_path / "run", quiet=True)
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert (f"note: data.train_src {Path(cfg.data.train_tgt).name} ends in 'de', and data.src_lang is 'en': the "
+            "file's name is taken as its language") in log
+    assert f"note: data.train_tgt {Path(cfg.data.train_src).name} ends in 'en', and data.tgt_lang is 'de'" in log
 
 
 def test_data_files_given_from_the_current_folder_are_recorded_whole(tmp_path, tiny_overrides, monkeypatch):

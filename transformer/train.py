@@ -41,7 +41,7 @@ from .checkpoint import (Checkpoint, CheckpointError, average_last, checkpoint_r
                          clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, load_weights,
                          one_run, record_step, save_checkpoint, unrecorded, write_model)
 from .config import (Config, ConfigError, DataConfig, ModelConfig, TrainConfig, as_path, check_bools, config_from_dict,
-                     dump_toml, read_toml)
+                     dump_toml, language_code, primary_language, read_toml)
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
                    collate, encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction,
                    pair_named, read_parallel)
@@ -567,6 +567,12 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
         f"{stats.skipped_long} longer than {d.max_len} pieces with EOS "
         f"({pair_named(data['valid_src'], data['valid_tgt'])})")  # which copy: a mistyped data folder falls through
+    for side in ("src", "tgt"):  # a misnamed file (.jp for ja) or swapped sides: BLEU tokenized, a card written, wrong
+        lang, path = primary_language(getattr(d, f"{side}_lang")), getattr(d, f"train_{side}")
+        if (code := language_code(path)) and code != lang:
+            log(f"note: data.train_{side} {Path(path).name} ends in '{code}', and data.{side}_lang is '{lang}': the "
+                f"file's name is taken as its language (evaluate's tokenizers, an export's card); rename the file, or "
+                f"give data.{side}_lang = \"{code}\"")
     if (env := os.environ.get("TRANSFORMER_DATA")) and not Path(env).expanduser().is_dir():
         log(f"note: TRANSFORMER_DATA {env} is no folder (the files above were found without it)")
     if warning := stats.unknown_warning("valid", str(tokenizer.path)):
