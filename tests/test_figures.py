@@ -588,3 +588,13 @@ def test_the_title_keeps_clear_of_the_heads_legend_for_a_long_sentence(translato
         title, legend = fig.get_suptitle(), fig.axes[0].get_legend()
         assert len(maps.axes("enc_self")[0]) >= 30 and title and legend
         assert not fig._suptitle.get_window_extent(renderer).overlaps(legend.get_window_extent(renderer)), style
+
+
+def test_a_parsing_runs_brackets_are_not_noted_as_unknown(tiny_parse_run, tmp_path, capsys):
+    """attention on a parsing run noted "(" and ")" of --src as unknown characters, where the model reads them as
+    -LRB- and -RRB-, words of its vocabulary, and the figure labels them so."""
+    from transformer.cli import main
+
+    out = tmp_path / "p.png"
+    assert main(["attention", str(tiny_parse_run), "--src", "The dog ( barked ) .", "--out", str(out)]) == 0
+    assert "no piece for" not in capsys.readouterr().err and out.is_file()

@@ -591,7 +591,9 @@ def cmd_score(args: argparse.Namespace) -> None:
             total += sum(r.log_prob for r in counted)
             pieces += sum(len(r.token_log_probs) for r in counted)
             n, empty = n + len(chunk), empty + len(chunk) - len(counted)
-            sides = [side.strip() for pair in chunk for side in pair]  # source, target, source, ...
+            # source (as the model reads it: a parsing run's brackets as -LRB-), target, source, ...
+            sides = [(translator.as_read(side) if k % 2 == 0 else side).strip() for pair in chunk
+                     for k, side in enumerate(pair)]
             held = [UNK_ID in ids for ids in translator.tokenizer.encode_batch(sides)]  # the unknown piece
             for k in range(0, len(sides), 2):
                 if found := [c for side, unk in zip(sides[k:k + 2], held[k:k + 2]) if unk
@@ -1391,7 +1393,8 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def _attention_arguments(p: argparse.ArgumentParser) -> None:
     _decode_options(p)
-    p.add_argument("--src", required=True, help="source sentence")
+    p.add_argument("--src", required=True, help=f"source sentence (at most {ServeLimits().max_attention_pieces} "
+                   "pieces with EOS, as --tgt: a figure of more is illegible)")
     p.add_argument("--tgt", help="target sentence to teacher-force (default: the model's own translation)")
     p.add_argument("--kind", choices=["enc-self", "dec-self", "cross"], default="enc-self",
                    help="which attention (default enc-self; the HTML page holds all three and opens at this one, as "
@@ -1456,7 +1459,8 @@ def cmd_attention(args: argparse.Namespace) -> None:
     drawable(args.src, "--src")
     if args.tgt is not None:
         drawable(args.tgt, "--tgt")
-    for option, text in (("--src", args.src), ("--tgt", args.tgt or "")):  # as translate's --prefix names them
+    # as translate's --prefix names them; a parsing run's source as it reads it (its brackets as -LRB-, ...)
+    for option, text in (("--src", translator.as_read(args.src)), ("--tgt", args.tgt or "")):
         if lacking := translator.tokenizer.unknown(text):
             said.append(f"note: {option}: the model's vocabulary has no piece for {', '.join(map(repr, lacking))}: "
                         "the model reads each as its unknown piece, whatever the figure's label shows")

@@ -740,7 +740,8 @@ def _attention(translator: Translator, limits: Limits, text: str, translation: s
         _check_pieces(translator, limits, translation, "translation")
         tgt = translation if translation is not None else translator.translate([text])[0]
         _check_pieces(translator, limits, tgt, "the model's translation")
-        unknown = list(dict.fromkeys(translator.tokenizer.unknown(text) + translator.tokenizer.unknown(tgt)))
+        unknown = list(dict.fromkeys(translator.tokenizer.unknown(translator.as_read(text))
+                                     + translator.tokenizer.unknown(tgt)))  # the source as read (parsing: -LRB-)
         return {"translation": tgt, **attention_maps(translator, text, tgt).to_json(), "unknown": unknown}
     except UserError as e:
         if (answer := _answerable(e)).status != 422:  # the model's own failing: a 500, its traceback logged
