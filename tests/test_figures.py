@@ -598,3 +598,14 @@ def test_a_parsing_runs_brackets_are_not_noted_as_unknown(tiny_parse_run, tmp_pa
     out = tmp_path / "p.png"
     assert main(["attention", str(tiny_parse_run), "--src", "The dog ( barked ) .", "--out", str(out)]) == 0
     assert "no piece for" not in capsys.readouterr().err and out.is_file()
+
+
+def test_a_figure_at_the_piece_limit_stays_an_image_readers_open():
+    """128 pieces a side and 8 heads drew a 12,628 x 7,183 PNG (90 million pixels, which Pillow refuses as a
+    decompression bomb) in 30 s: the resolution is lowered as far as keeps a figure within MAX_PIXELS."""
+    from transformer.figures import MAX_PIXELS, png_dpi
+
+    assert png_dpi(8, 6) == 110  # a sentence's figure as before
+    width, height = 117.4, 66.8  # 128 pieces: the links above a row of 4 heatmaps
+    dpi = png_dpi(width, height)
+    assert (width * dpi) * (height * dpi) <= MAX_PIXELS and min(width, height) * dpi > 4000

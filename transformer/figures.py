@@ -35,6 +35,10 @@ from .tokenizer import BOS_ID, EOS_ID
 KINDS = ("enc_self", "dec_self", "cross")
 SCALE = 1000  # attention weights travel as integers in thousandths (AttentionMaps.to_json)
 KIND_NAMES = {"enc-self": "enc_self", "dec-self": "dec_self", "cross": "cross"}  # CLI spelling -> key
+# as the HTML page (web/attention.js) and the paper name them
+KIND_TITLES = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention",
+               "cross": "encoder-decoder attention"}
+MAX_PIXELS = 50_000_000  # a PNG's most (a 128-piece figure of 8 heads was 90 million, which image readers refuse)
 WEB = Path(__file__).parent / "web"
 
 
@@ -212,6 +216,11 @@ def _plain_log_labels(axis) -> None:
     axis.set_minor_formatter(Plain(labelOnlyBase=False))
 
 
+def png_dpi(width: float, height: float, dpi: int = 110) -> int:
+    """``dpi`` for a figure of ``width`` x ``height`` inches, lowered as far as keeps it within MAX_PIXELS."""
+    return min(dpi, int((MAX_PIXELS / (width * height)) ** 0.5))
+
+
 def _save_png(fig, out: Path, dpi: int) -> None:
     """``fig`` as a PNG at ``out``, whole or not at all, as every file the package writes. Drawn in memory
     first: the PNG writer seeks back in its file, which a pipe (`--out /dev/stdout | ...`) cannot."""
@@ -248,7 +257,7 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
     fig = _figure(max(6.0, cell * n_cols), link_h + cell * n_grid + 0.6, layout="constrained")
     grid = fig.add_gridspec(int(bool(link_h)) + n_grid, n_cols,
                             height_ratios=([link_h] if link_h else []) + [cell] * n_grid)
-    fig.suptitle(f"{kind.replace('_', '-')} attention, layer {layer}")
+    fig.suptitle(f"{KIND_TITLES[kind]}, layer {layer}")
     if link_h:
         ax = fig.add_subplot(grid[0, :])
         ax.set_axis_off()
@@ -278,7 +287,7 @@ def draw_attention(maps: AttentionMaps, kind: str, layer: int, heads: list[int] 
         ax.set_yticks(range(len(rows)), rows, fontsize=7, parse_math=False)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        _save_png(fig, out, dpi=110)
+        _save_png(fig, out, dpi=png_dpi(*fig.get_size_inches()))
     missing = {int(m[1]) for w in said if (m := re.match(r"Glyph (\d+) .*missing from font", str(w.message)))}
     for w in said:  # any other warning is not ours to hold back
         if not re.match(r"Glyph \d+ .*missing from font", str(w.message)):
