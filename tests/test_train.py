@@ -84,6 +84,17 @@ def test_data_files_given_from_the_current_folder_are_recorded_whole(tmp_path, t
                  quiet=True)["step"] == 3
 
 
+def test_data_files_given_from_home_are_recorded_whole(tmp_path, monkeypatch):
+    """`--set data.train_src="~/my data/train.en"` was read, and recorded as "~/...": the run's records then named
+    another file for another $HOME."""
+    from transformer.train import anchored
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "test.en").write_text("A dog.\n")
+    cfg = anchored(load_config("tiny", ['data.test_src="~/test.en"', 'data.test_tgt="~/missing.de"']))
+    assert (cfg.data.test_src, cfg.data.test_tgt) == (str(tmp_path / "test.en"), "~/missing.de")
+
+
 def test_a_folder_of_other_files_is_no_run_folder(tmp_path, tiny_overrides):
     """`train --out data`, or into a folder of the user's own config.toml: the run wrote its files over theirs without
     a word. Refused, naming some of them; an empty folder, a run's (even one stopped before its first checkpoint) and

@@ -258,11 +258,15 @@ DATA_FILES = ("train_src", "train_tgt", "train_store", "valid_src", "valid_tgt",
 
 
 def anchored(cfg: Config) -> Config:
-    """``cfg`` with each data file given from the current folder (a relative path that is there) made absolute: the
+    """``cfg`` with each data file given from the current folder or from ~ (a path that is there) made absolute: the
     run's records keep where it trained from, and `evaluate RUN` from another folder scored whatever file of that
     name was there, or none. A path found under a data root (multi30k/train.en.gz) stays as it is."""
-    found = {name: os.path.abspath(given) for name in DATA_FILES if (path := getattr(cfg.data, name))
-             and not os.path.isabs(given := os.path.expanduser(path)) and os.path.exists(given)}
+    found = {}
+    for name in DATA_FILES:  # "~/data/x.en" too: the run's records would depend on $HOME
+        path = getattr(cfg.data, name)
+        given = os.path.expanduser(path) if path else ""
+        if path and (given != path or not os.path.isabs(path)) and os.path.exists(given):
+            found[name] = os.path.abspath(given)
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **found)) if found else cfg
 
 
