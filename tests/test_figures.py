@@ -609,3 +609,15 @@ def test_a_figure_at_the_piece_limit_stays_an_image_readers_open():
     width, height = 117.4, 66.8  # 128 pieces: the links above a row of 4 heatmaps
     dpi = png_dpi(width, height)
     assert (width * dpi) * (height * dpi) <= MAX_PIXELS and min(width, height) * dpi > 4000
+
+
+def test_a_perplexity_of_zero_is_left_out_without_matplotlibs_warning(tmp_path):
+    """A hand-edited valid_ppl of 0 printed matplotlib's "Data has no positive values, and therefore cannot be
+    log-scaled" with its source path, and the series was said to be drawn where no point of it was."""
+    records = [{"step": 1, "minutes": 0.1, "train_loss": 5.0, "lr": 1e-3, "valid_ppl": 0, "valid_bleu": 0.0},
+               {"step": 2, "minutes": 0.2, "train_loss": 4.0, "lr": 1e-3, "valid_ppl": -1, "valid_bleu": 0.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = plot_training(tmp_path / "metrics.jsonl", tmp_path / "c.png")
+    assert "valid_ppl" not in drawn and "valid_bleu" in drawn

@@ -407,7 +407,9 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
         for col, x_key in enumerate(("step", "minutes")):
             ax = axes[row][col]
             for key in keys:
-                points = [(r[x_key], r[key]) for r in records if key in r and x_key in r]
+                # a log axis draws no value <= 0 (a hand-edited log): left out here, not warned of by matplotlib
+                points = [(r[x_key], r[key]) for r in records if key in r and x_key in r
+                          and (label != "perplexity" or r[key] > 0)]
                 if points:
                     xs, ys = zip(*points)
                     ax.plot(xs, ys, marker="o" if len(points) < 30 else None, markersize=3,
@@ -421,9 +423,10 @@ def plot_training(metrics_path: Path, out: Path) -> list[str]:
             ax.set_ylabel(label)
             if ax.lines:
                 ax.legend(fontsize=8)
-            else:
-                ax.text(0.5, 0.5, "not in this run's log" + (" (a translation run's: set train.bleu_every)"
-                                                              if "BLEU" in label else ""),
+                if "BLEU" in label:  # all 0 (an early run): the axis ran from -0.04
+                    ax.set_ylim(bottom=0)
+            else:  # not yet (before the first validation), or never (train.bleu_every 0)
+                ax.text(0.5, 0.5, "none in this run's log" + (" (train.bleu_every)" if "BLEU" in label else ""),
                         ha="center", va="center", transform=ax.transAxes, color="grey")
             ax.grid(alpha=0.3)
     fig.suptitle(str(metrics_path.parent.name), parse_math=False)  # a folder's name, "$\frac$" too
