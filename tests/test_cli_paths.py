@@ -302,11 +302,13 @@ def test_the_language_moses_tokenizes_as_is_a_language(tmp_path):
     from transformer.config import ConfigError
 
     run = SimpleNamespace(train_tgt="data/train.fr.gz")
-    assert _target_language(Namespace(lang="de", ref=Path("ref.txt")), run) == "de"
-    assert _target_language(Namespace(lang=None, ref=Path("test_2016_flickr.de.gz")), run) == "de"
-    assert _target_language(Namespace(lang=None, ref=Path("ref.txt")), run) == "fr"
-    with pytest.raises(ConfigError, match=r"--lang not given, and neither --ref ref.txt nor .* train.tgt ends in a language code"):
-        _target_language(Namespace(lang=None, ref=Path("ref.txt")), SimpleNamespace(train_tgt="train.tgt"))
+    assert _target_language(Namespace(lang="de", ref=Path("ref.txt")), run, "--ref ref.txt") == "de"
+    assert _target_language(Namespace(lang=None, ref=Path("test_2016_flickr.de.gz")), run, "--ref x") == "de"
+    assert _target_language(Namespace(lang=None, ref=Path("ref.txt")), run, "--ref ref.txt") == "fr"
+    with pytest.raises(ConfigError, match=r"--lang not given, and neither data.test_tgt ref.txt nor .* train.tgt ends "
+                       "in a language code"):  # the file as what named it: the run's config, not --ref
+        _target_language(Namespace(lang=None, ref=Path("ref.txt")), SimpleNamespace(train_tgt="train.tgt"),
+                         "data.test_tgt ref.txt")
 
 
 def test_attention_of_an_empty_sentence_says_only_that(tmp_path, capsys):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import re
+import shutil
+import subprocess
 import threading
 import zlib
 from pathlib import Path
@@ -491,3 +494,24 @@ def test_a_pair_of_files_is_named_whole_where_they_lie_apart(tmp_path):
     src = tmp_path / "train.en"
     assert pair_named(src, tmp_path / "train.fr") == f"{src} + train.fr"
     assert pair_named(src, tmp_path / "u" / "train.fr") == f"{src} + {tmp_path / 'u' / 'train.fr'}"
+
+
+@pytest.mark.parametrize("tool, magic_name", [("bzip2", "bzip2"), ("xz", "xz"), ("zstd", "zstd")])
+def test_a_file_of_another_compressor_is_named(tmp_path, tool, magic_name):
+    """A .bz2 or .xz corpus was "invalid UTF-8 (byte 0xfd at byte column 1)": named, and how to decompress it."""
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed")
+    plain = tmp_path / "train.de"
+    plain.write_text("Ein Hund.\n" * 50)
+    subprocess.run([tool, "-k", "-q", str(plain)], check=True)
+    packed = next(p for p in tmp_path.iterdir() if p != plain)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(packed))}: {magic_name}-compressed, and gzip's alone is "
+                                        "read: decompress it first"):
+        read_lines(packed)
+
+
+def test_latin1_text_is_refused_with_the_conversion(tmp_path):
+    (tmp_path / "l.de").write_bytes("Ein Hund läuft.\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"l.de:1: invalid UTF-8 \(byte 0xe4 at byte column 11\); the file must be "
+                                        r"UTF-8 text \(from Latin-1, say: iconv -f latin1 -t UTF-8\)$"):
+        read_lines(tmp_path / "l.de")

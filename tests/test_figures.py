@@ -600,15 +600,21 @@ def test_a_parsing_runs_brackets_are_not_noted_as_unknown(tiny_parse_run, tmp_pa
     assert "no piece for" not in capsys.readouterr().err and out.is_file()
 
 
-def test_a_figure_at_the_piece_limit_stays_an_image_readers_open():
-    """128 pieces a side and 8 heads drew a 12,628 x 7,183 PNG (90 million pixels, which Pillow refuses as a
+def test_a_figure_at_the_piece_limit_stays_an_image_readers_open(tmp_path, monkeypatch):
+    """128 pieces a side and 8 heads drew a 12,628 x 7,183 PNG (90 million pixels, which Pillow warns of as a
     decompression bomb) in 30 s: the resolution is lowered as far as keeps a figure within MAX_PIXELS."""
-    from transformer.figures import MAX_PIXELS, png_dpi
+    from transformer import figures
 
-    assert png_dpi(8, 6) == 110  # a sentence's figure as before
-    width, height = 117.4, 66.8  # 128 pieces: the links above a row of 4 heatmaps
-    dpi = png_dpi(width, height)
-    assert (width * dpi) * (height * dpi) <= MAX_PIXELS and min(width, height) * dpi > 4000
+    saved = []
+    monkeypatch.setattr(figures, "_save_png", lambda fig, out, dpi: saved.append((*fig.get_size_inches(), dpi)))
+    n, heads = 128, 4  # the links over a row of 4 heatmaps: 94 million pixels at 110 dpi
+    tokens = [f"w{i}" for i in range(n - 1)] + ["</s>"]
+    weights = torch.softmax(torch.randn(1, heads, n, n, generator=torch.Generator().manual_seed(0)), -1)
+    maps = AttentionMaps(tokens, ["<s>"] + tokens[:-1], tokens, {k: weights for k in ("enc_self", "dec_self", "cross")})
+    figures.draw_attention(maps, "cross", 1, None, tmp_path / "a.png")
+    (width, height, dpi), = saved
+    assert (width * dpi) * (height * dpi) <= figures.MAX_PIXELS and min(width, height) * dpi > 4000
+    assert figures.png_dpi(8, 6) == 110  # a sentence's figure as before
 
 
 def test_a_perplexity_of_zero_is_left_out_without_matplotlibs_warning(tmp_path):
@@ -621,3 +627,23 @@ def test_a_perplexity_of_zero_is_left_out_without_matplotlibs_warning(tmp_path):
         warnings.simplefilter("error")
         drawn = plot_training(tmp_path / "metrics.jsonl", tmp_path / "c.png")
     assert "valid_ppl" not in drawn and "valid_bleu" in drawn
+
+
+def test_a_parsing_runs_brackets_are_not_unknown_to_score_or_the_server(tiny_parse_run, tmp_path, capsys):
+    """score and /v1/attention read a parsing run's source as the model does: "(" is the word -LRB-, no unknown
+    character (attention's note said otherwise)."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from transformer.cli import main
+    from transformer.serve import Limits, create_app
+    from transformer.translator import Translator
+
+    (tmp_path / "src").write_text("The dog ( barked ) .\n")
+    (tmp_path / "tgt").write_text("(S (NP The dog )NP (VP barked )VP . )S\n")
+    assert main(["score", str(tiny_parse_run), "--src", str(tmp_path / "src"), "--tgt", str(tmp_path / "tgt")]) == 0
+    assert "no piece for" not in capsys.readouterr().err
+    with TestClient(create_app(Translator(tiny_parse_run, log=lambda m: None), Limits())) as client:
+        answer = client.post("/v1/attention", json={"text": "The dog ( barked ) .",
+                                                    "translation": "(S (NP The dog )NP (VP barked )VP . )S"})
+    assert answer.status_code == 200 and answer.json()["unknown"] == []

@@ -63,9 +63,16 @@ def test_a_training_file_named_in_another_language_than_the_config_says_is_noted
                                                     f"data.train_tgt={cfg.data.train_src}"])
     train(swapped, tmp_path / "run", quiet=True)
     log = (tmp_path / "run" / "train.log").read_text()
-    assert (f"note: data.train_src {Path(cfg.data.train_tgt).name} ends in 'de', and data.src_lang is 'en': the "
-            "file's name is taken as its language") in log
-    assert f"note: data.train_tgt {Path(cfg.data.train_src).name} ends in 'en', and data.tgt_lang is 'de'" in log
+    assert ("note: data.train_src ends in 'de' and data.train_tgt in 'en', where data.src_lang is 'en' and "
+            "data.tgt_lang 'de': the sides look swapped") in log
+    from transformer.train import prepare_run
+
+    said: list[str] = []
+    misnamed = load_config("tiny", tiny_overrides + ["data.tgt_lang=\"ja\""])
+    prepare_run(misnamed, tmp_path / "other", resume=False, log=said.append)
+    assert (f"note: data.train_tgt {Path(cfg.data.train_tgt).name} ends in 'de', and data.tgt_lang is 'ja': the "
+            "file's name is taken as its language (evaluate's tokenizers, an export's card); rename the file, or "
+            "correct data.tgt_lang") in said
 
 
 def test_data_files_given_from_the_current_folder_are_recorded_whole(tmp_path, tiny_overrides, monkeypatch):
@@ -2132,12 +2139,15 @@ def test_an_epoch_the_ranks_finished_stays_finished_on_fewer_ranks(tmp_path, tin
 def test_the_batch_of_a_run_resumed_on_other_ranks_is_kept_by_a_whole_setting():
     """From 2 ranks to 1 a step keeps its tokens with twice the update_freq; from 1 to 2 no whole update_freq does
     (the log gave no way to keep them, where docs/scaling.md promises one): half the max_tokens does."""
-    assert keeping(2 * 4096, 4096, 1, 1) == "train.update_freq=2"
-    assert keeping(4096, 4096, 1, 2) == "train.max_tokens=2048"
-    assert keeping(4096 * 3, 4096, 3, 2) == "train.update_freq=2 --set train.max_tokens=3072"
+    assert keeping(2 * 4096, 4096, 1, 1, 256) == "train.update_freq=2"
+    assert keeping(4096, 4096, 1, 2, 256) == "train.max_tokens=2048"
+    assert keeping(4096 * 3, 4096, 3, 2, 256) == "train.update_freq=2 --set train.max_tokens=3072"
     # 3 ranks to 2: never a rank's batch above its max_tokens (its memory), which 6,144 would be
-    assert keeping(3 * 4096, 4096, 1, 2) == "train.update_freq=2 --set train.max_tokens=3072"
-    assert keeping(4097, 4096, 1, 2) is None
+    assert keeping(3 * 4096, 4096, 1, 2, 256) == "train.update_freq=2 --set train.max_tokens=3072"
+    assert keeping(128 * 4096, 4096, 1, 1, 256) == "train.update_freq=128"  # 128 ranks to 1
+    # nor below a longest pair (a batch of its own), nor an update_freq that train.cuda_graphs refuses
+    assert keeping(4097, 4096, 1, 1, 256) is None and keeping(4097, 4096, 1, 2, 256) is None
+    assert keeping(2 * 4096, 4096, 1, 1, 256, accumulate=False) is None
 
 
 def test_a_run_resumes_with_the_batch_order_it_began_with(tmp_path, tiny_overrides, monkeypatch):

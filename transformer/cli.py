@@ -846,13 +846,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
             print(f"note: {tok_name}: {cased:,} of its {len(tok_ref):,} lines hold capital "
                   "letters, which a lowercased reference has not (the detokenized --ref?): scored as given",
                   file=sys.stderr)
-        lang = _target_language(args, d) if args.paper_bleu or tok_ref is not None else ""
+        lang = _target_language(args, d, ref_name) if args.paper_bleu or tok_ref is not None else ""
         trained = d.language("tgt")  # a reference of another language was scored, and tokenized by its rules
-        for option, code in (("--lang", args.lang and primary_language(args.lang)), ("--ref", language_code(args.ref)),
-                             ("--tok-ref", language_code(args.tok_ref))):
+        for named, code in ((f"--lang {args.lang}", args.lang and primary_language(args.lang)),
+                            (ref_name, language_code(args.ref)), (tok_name, language_code(args.tok_ref))):
             if code and len(trained) == 2 and code != trained:
-                print(f"note: {option} {getattr(args, option[2:].replace('-', '_'))} says '{code}', and "
-                      f"{args.run_dir} translates into '{trained}': scored as given", file=sys.stderr)
+                print(f"note: {named} says '{code}', and {args.run_dir} translates into '{trained}': scored as given",
+                      file=sys.stderr)
         if lang and (warning := moses_language_warning(lang)):
             print(warning, file=sys.stderr)
         # sacreBLEU tokenizes by the target language, Chinese, Japanese and Korean by their own rules: its
@@ -945,16 +945,16 @@ def _recorded_sha256(weights: Path) -> str | None:
         return None
 
 
-def _target_language(args: argparse.Namespace, data) -> str:
+def _target_language(args: argparse.Namespace, data, ref_name: str) -> str:
     """The language Moses tokenizes the outputs as: --lang (its first subtag), else the two letters that end --ref's name
     (test.de, test.de.gz), else the run's data.train_tgt's; a ConfigError before any decoding otherwise (a
-    reference named ref.txt was tokenized as language "txt")."""
+    reference named ref.txt was tokenized as language "txt"). ``ref_name``: the reference as errors name it."""
     if args.lang:
         return primary_language(args.lang)  # Moses knows "pt", not "pt-BR" (it took English rules for that)
     for path in (args.ref, data.train_tgt):
         if code := language_code(path):
             return code
-    raise ConfigError(f"--lang not given, and neither --ref {args.ref} nor the run's data.train_tgt "
+    raise ConfigError(f"--lang not given, and neither {ref_name} nor the run's data.train_tgt "
                       f"{data.train_tgt or '(none)'} ends in a language code (.de, .fr, ...): give --lang")
 
 

@@ -55,6 +55,11 @@ def pair_named(src: Path, tgt: Path) -> str:
     return f"{src} + {tgt.name if tgt.parent == src.parent else tgt}"
 
 
+# other compressors' magic bytes: named, and how to decompress (a gzip file is read as it is)
+COMPRESSED = {b"BZh": ("bzip2", "bunzip2 -k {}"), b"\xfd7zXZ\x00": ("xz", "unxz -k {}"),
+              b"PK\x03\x04": ("zip", "unzip {}"), b"\x28\xb5\x2f\xfd": ("zstd", "unzstd {}")}
+
+
 def iter_lines(path: Path) -> Iterator[str]:
     """Lines of a UTF-8 file, plain or gzip (detected by its magic bytes), split on "\\n" only, streamed.
 
@@ -106,8 +111,14 @@ def iter_lines(path: Path) -> Iterator[str]:
                 try:
                     line = data.decode("utf-8")
                 except UnicodeDecodeError as e:
+                    if n == 1 and (kind := next((k for magic, k in COMPRESSED.items() if data.startswith(magic)),
+                                                None)):  # "invalid UTF-8 (byte 0xfd at byte column 1)" said nothing
+                        raise DataError(f"{name}: {kind[0]}-compressed, and gzip's alone is read: decompress it "
+                                        f"first ({kind[1].format('FILE' if name == 'stdin' else shlex.quote(name))})"
+                                        ) from None
                     raise DataError(f"{name}:{n}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column "
-                                    f"{e.start + 1}); the file must be UTF-8 text") from None
+                                    f"{e.start + 1}); the file must be UTF-8 text (from Latin-1, say: iconv -f "
+                                    "latin1 -t UTF-8)") from None
                 if line.startswith("\ufeff"):
                     # a UTF-8 byte-order mark is not part of the sentence: the first line's, or a later line's in
                     # files joined by `cat` (the model's vocabulary removes it, but sacreBLEU scored "\ufeffEin"

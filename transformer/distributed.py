@@ -253,6 +253,7 @@ def die_with_launcher() -> None:
     launcher = os.environ.pop(LAUNCHER_PID, None)
     if launcher is None or os.name != "posix":
         return
+    LAUNCHER_GONE.clear()  # this launcher's: not an earlier one's in the same process
 
     def watch() -> None:
         while os.getppid() == int(launcher):

@@ -40,8 +40,8 @@ from .distributed import Dist
 from .checkpoint import (Checkpoint, CheckpointError, average_last, checkpoint_record,
                          clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, load_weights,
                          one_run, record_step, save_checkpoint, unrecorded, write_model)
-from .config import (Config, ConfigError, DataConfig, ModelConfig, TrainConfig, as_path, check_bools, config_from_dict,
-                     dump_toml, language_code, primary_language, read_toml)
+from .config import (MAX_UPDATE_FREQ, Config, ConfigError, DataConfig, ModelConfig, TrainConfig, as_path, check_bools,
+                     config_from_dict, dump_toml, language_code, primary_language, read_toml)
 from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledEpochs, ShapeBuckets, batches_sha256,
                    collate, encode_pairs, lengths, make_batches, make_batches_from_lengths, padding_fraction,
                    pair_named, read_parallel)
@@ -132,15 +132,17 @@ class TrainState:
     batch_order: int = BATCH_ORDERS[-1]  # BatchOrder's seeding: a run keeps its own (a record without one: 1)
 
 
-MAX_KEEPING_FREQ = 64  # the most accumulated batches ``keeping`` offers
-
-
-def keeping(tokens: int, max_tokens: int, update_freq: int, world: int) -> str | None:
+def keeping(tokens: int, max_tokens: int, update_freq: int, world: int, max_len: int,
+            accumulate: bool = True) -> str | None:
     """The --set options that keep a resumed run's ``tokens`` per step on ``world`` ranks, a rank's batch never
-    above ``max_tokens`` (its memory): the fewest accumulated batches whose size divides the step (on fewer ranks,
-    a whole update_freq; on more, where none is whole, a smaller max_tokens too); None where none does."""
-    for freq in range(1, MAX_KEEPING_FREQ + 1):
+    above ``max_tokens`` (its memory) nor below ``max_len`` (a longest pair's, which would be a batch of its own):
+    the fewest accumulated batches whose size divides the step (on fewer ranks, a whole update_freq; on more,
+    where none is whole, a smaller max_tokens too); None where none does. ``accumulate`` False: update_freq 1 alone
+    (train.cuda_graphs refuses more)."""
+    for freq in range(1, (MAX_UPDATE_FREQ if accumulate else 1) + 1):
         size, rest = divmod(tokens, freq * world)
+        if size < max_len:
+            break
         if not rest and size <= max_tokens:
             said = [f"train.update_freq={freq}"] if freq != update_freq else []
             said += [f"train.max_tokens={size}"] if size != max_tokens else []
@@ -571,19 +573,26 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     log(f"valid: {len(valid)} pairs used of {stats.n_pairs}; skipped {stats.skipped_empty} with an empty side, "
         f"{stats.skipped_long} longer than {d.max_len} pieces with EOS "
         f"({pair_named(data['valid_src'], data['valid_tgt'])})")  # which copy: a mistyped data folder falls through
-    for side in ("src", "tgt"):  # a misnamed file (.jp for ja) or swapped sides: BLEU tokenized, a card written, wrong
-        lang, path = primary_language(getattr(d, f"{side}_lang")), getattr(d, f"train_{side}")
-        if (code := language_code(path)) and code != lang:
-            log(f"note: data.train_{side} {Path(path).name} ends in '{code}', and data.{side}_lang is '{lang}': the "
-                f"file's name is taken as its language (evaluate's tokenizers, an export's card); rename the file, or "
-                f"give data.{side}_lang = \"{code}\"")
+    # a misnamed file (.jp for ja) or swapped sides: BLEU tokenized, and a card written, for another language
+    langs = {side: primary_language(getattr(d, f"{side}_lang")) for side in ("src", "tgt")}
+    codes = {side: language_code(getattr(d, f"train_{side}")) for side in ("src", "tgt")}
+    if d.task == "translate" and not d.train_store and codes["src"] == langs["tgt"] and codes["tgt"] == langs["src"]:
+        log(f"note: data.train_src ends in '{codes['src']}' and data.train_tgt in '{codes['tgt']}', where "
+            f"data.src_lang is '{langs['src']}' and data.tgt_lang '{langs['tgt']}': the sides look swapped")
+    elif d.task == "translate" and not d.train_store:  # a token store's files are not read here
+        for side in ("src", "tgt"):
+            if codes[side] and codes[side] != langs[side]:
+                log(f"note: data.train_{side} {Path(getattr(d, f'train_{side}')).name} ends in '{codes[side]}', and "
+                    f"data.{side}_lang is '{langs[side]}': the file's name is taken as its language (evaluate's "
+                    f"tokenizers, an export's card); rename the file, or correct data.{side}_lang")
     if (env := os.environ.get("TRANSFORMER_DATA")) and not Path(env).expanduser().is_dir():
         log(f"note: TRANSFORMER_DATA {env} is no folder (the files above were found without it)")
     if warning := stats.unknown_warning("valid", str(tokenizer.path)):
         log(warning)
     if not valid:
         raise DataError(f"{data['valid_src']}: no usable validation pairs of {stats.n_pairs} ({stats.skipped_empty} "
-                        f"with an empty side, {stats.skipped_long} longer than data.max_len {d.max_len}); validation "
+                        f"with an empty side, {stats.skipped_long} longer than data.max_len {d.max_len} pieces with "
+                        "EOS); validation "
                         "loss, patience and the best checkpoint need some")
     buckets = shape_buckets(cfg.train)
     batches = make_batches_from_lengths(src_lengths, tgt_lengths, cfg.train.max_tokens, buckets)
@@ -1312,7 +1321,9 @@ class Trainer:
             batch = f"tokens per step {now_tokens:,} as before"
             if then_tokens != now_tokens:
                 batch = f"tokens per step {then_tokens:,} -> {now_tokens:,} (eq. 3's schedule was set for the batch"
-                keep = keeping(then_tokens, self.cfg.train.max_tokens, self.cfg.train.update_freq, self.dist.world)
+                t = self.cfg.train
+                keep = keeping(then_tokens, t.max_tokens, t.update_freq, self.dist.world, self.cfg.data.max_len,
+                               accumulate=not t.cuda_graphs)
                 batch += f"; to keep {then_tokens:,}: --set {keep} --allow-config-change)" if keep else ")"
             self.log(f"resuming a run trained on {self.state.world_size} rank(s) with {self.dist.world}: {batch}; the "
                      "position in the epoch is rescaled, and the batch order and dropout masks may differ from an "

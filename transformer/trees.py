@@ -203,13 +203,13 @@ def read_normalized(path: Path, expect: int | None = None, lines: list[str] | No
     removed); a tree that cannot be is a TreeError naming the file and the tree's place in it. ``expect``: how many
     trees the caller pairs them with; ``lines`` of that many, holding fewer trees one a line, have None for each
     blank line (``parse`` writes a blank input line's tree as an empty line; a file cut short stays short)."""
-    read = lines if lines is not None else read_lines(path)
-    trees, out = read_trees(path, read), []
+    trees, out = read_trees(path, lines), []
     for i, tree in enumerate(trees, 1):
         try:
             out.append(normalize(tree))
-        except TreeError as e:
-            raise TreeError(f"{shown(path)}: tree {i} (line {tree.line}): {e}{linearised_hint(read)}") from None
+        except TreeError as e:  # the file's lines again (a file of trees is read whole): an error is said once
+            hint = linearised_hint(lines if lines is not None else read_lines(path))
+            raise TreeError(f"{shown(path)}: tree {i} (line {tree.line}): {e}{hint}") from None
     starts = [tree.line for tree in trees]
     if (expect is not None and lines is not None and len(out) < expect == len(lines)
             and all(tree.end == tree.line for tree in trees) and len(set(starts)) == len(trees)):
