@@ -455,7 +455,7 @@ def test_training_text_with_no_pair_short_enough_says_why(tmp_path, tiny_overrid
     1, which can keep no pair of any text (a piece and EOS are 2), is refused as the config loads, not after the
     vocabulary is trained."""
     with pytest.raises(DataError, match=r"\.en: no usable training pairs of 600 \(0 with an empty side, 600 "
-                                        r"longer than data\.max_len 2 pieces\)$"):
+                                        r"longer than data\.max_len 2 pieces with EOS\)$"):
         train(load_config("tiny", tiny_overrides + ["data.max_len=2"]), tmp_path / "run", quiet=True)
     with pytest.raises(ConfigError, match=r"data.max_len 1: a sentence of one piece with its EOS is 2 pieces"):
         load_config("tiny", tiny_overrides + ["data.max_len=1"])

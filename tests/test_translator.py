@@ -402,7 +402,7 @@ def test_a_model_whose_scores_are_not_numbers_is_said_to_be_so(run):
     # failed"); a forced score was NaN, printed as a score and written into JSON
     for sampled in (DecodeRequest(sample=True, seed=1), DecodeRequest(sample=True, seed=1, topk=5, nbest=2)):
         with pytest.raises(ModelOverflow, match=r"^line 2: the model's scores are not finite"):
-            overflowing.translate(["", "A dog runs."], sampled)
+            overflowing.decode(["", "A dog runs."], sampled)
     with pytest.raises(ModelOverflow, match=r"^pair 1: the model's scores are not finite"):
         overflowing.score(["A dog runs."], ["Ein Hund rennt."])
     # in int8, the quantization of values that are not finite failed first: torch's RuntimeError, an internal error

@@ -261,6 +261,7 @@ class Translator:
         """One output line per input line, in order (``decode``'s first output of each); an empty line
         gives an empty line. An n-best request is refused (its lists would be searched, then dropped): ``decode``
         gives them."""
+        check_strings(lines, "lines")  # a generator or one string: refused as decode refuses them
         if self.check(request, total=len(lines)).nbest not in (None, 1):  # the request's own checks first
             raise ConfigError(f"translate: nbest {request.nbest}: one output a line; decode gives each line's "
                               "n-best list, best first (decode(lines, request)[i][0] is line i's best)")
