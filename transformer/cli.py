@@ -543,7 +543,6 @@ def cmd_score(args: argparse.Namespace) -> None:
     from .data import DataError, check_parallel, iter_lines, iter_parallel
 
     from .request import DecodeRequest
-    from .tokenizer import UNK_ID
     from .translator import naming_the_longest
 
     if (args.src is None) != (args.tgt is None):
@@ -591,13 +590,8 @@ def cmd_score(args: argparse.Namespace) -> None:
             total += sum(r.log_prob for r in counted)
             pieces += sum(len(r.token_log_probs) for r in counted)
             n, empty = n + len(chunk), empty + len(chunk) - len(counted)
-            # source (as the model reads it: a parsing run's brackets as -LRB-), target, source, ...
-            sides = [(translator.as_read(side) if k % 2 == 0 else side).strip() for pair in chunk
-                     for k, side in enumerate(pair)]
-            held = [UNK_ID in ids for ids in translator.tokenizer.encode_batch(sides)]  # the unknown piece
-            for k in range(0, len(sides), 2):
-                if found := [c for side, unk in zip(sides[k:k + 2], held[k:k + 2]) if unk
-                             for c in translator.tokenizer.unknown(side)]:
+            for s, t in chunk:
+                if found := translator.unknown(s, source=True) + translator.unknown(t, source=False):
                     lacking += 1
                     unknown.update(dict.fromkeys(found))
             _tell(said)  # once the first pairs are scored, as translate says it: a refusal of them comes alone,
@@ -1460,8 +1454,8 @@ def cmd_attention(args: argparse.Namespace) -> None:
     if args.tgt is not None:
         drawable(args.tgt, "--tgt")
     # as translate's --prefix names them; a parsing run's source as it reads it (its brackets as -LRB-, ...)
-    for option, text in (("--src", translator.as_read(args.src)), ("--tgt", args.tgt or "")):
-        if lacking := translator.tokenizer.unknown(text):
+    for option, text, source in (("--src", args.src, True), ("--tgt", args.tgt or "", False)):
+        if lacking := translator.unknown(text, source=source):
             said.append(f"note: {option}: the model's vocabulary has no piece for {', '.join(map(repr, lacking))}: "
                         "the model reads each as its unknown piece, whatever the figure's label shows")
     tgt = args.tgt if args.tgt is not None else _translate_lines(translator, [args.src], request)[0]

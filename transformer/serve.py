@@ -740,8 +740,7 @@ def _attention(translator: Translator, limits: Limits, text: str, translation: s
         _check_pieces(translator, limits, translation, "translation")
         tgt = translation if translation is not None else translator.translate([text])[0]
         _check_pieces(translator, limits, tgt, "the model's translation")
-        unknown = list(dict.fromkeys(translator.tokenizer.unknown(translator.as_read(text))
-                                     + translator.tokenizer.unknown(tgt)))  # the source as read (parsing: -LRB-)
+        unknown = list(dict.fromkeys(translator.unknown(text, source=True) + translator.unknown(tgt, source=False)))
         return {"translation": tgt, **attention_maps(translator, text, tgt).to_json(), "unknown": unknown}
     except UserError as e:
         if (answer := _answerable(e)).status != 422:  # the model's own failing: a 500, its traceback logged

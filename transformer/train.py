@@ -267,7 +267,7 @@ def anchored(cfg: Config) -> Config:
     for name in DATA_FILES:  # "~/data/x.en" too: the run's records would depend on $HOME
         path = getattr(cfg.data, name)
         given = os.path.expanduser(path) if path else ""
-        if path and (given != path or not os.path.isabs(path)) and os.path.exists(given):
+        if path and not os.path.isabs(path) and os.path.exists(given):
             found[name] = os.path.abspath(given)
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, **found)) if found else cfg
 

@@ -228,6 +228,11 @@ class Translator:
             return " ".join(map(ptb_escape, line.split()))
         return line
 
+    def unknown(self, text: str, *, source: bool) -> list[str]:
+        """The characters of a source or target text that the vocabulary has no piece for (each once, in order):
+        a source's as the model reads it (``as_read``), so that a parsing run's brackets are not among them."""
+        return self.tokenizer.unknown((self.as_read(text) if source else text).strip())
+
     def _text(self, ids: list[int]) -> str:
         """An output's text; a parsing run's as its words (``Tokenizer.words``), which ``trees`` matches with
         its input's."""
@@ -417,7 +422,7 @@ class Translator:
                                       ("constraints", request.constraints, phrases and phrases[i])):
                 if given and any(UNK_ID in ids for ids in given):  # the output would hold "⁇", not the text
                     parts = [texts[i]] if key == "prefix" else texts[i]  # each as it was encoded
-                    lacking = dict.fromkeys(c for part in parts for c in self.tokenizer.unknown(part.strip()))
+                    lacking = dict.fromkeys(c for part in parts for c in self.unknown(part, source=False))
                     raise ConfigError(f"{key} of line {first + i + 1}: the model's vocabulary has no piece for "
                                       f"{', '.join(map(repr, lacking))}, so no output can hold the {key} as written: "
                                       "leave these characters out or replace them")
