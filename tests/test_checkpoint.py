@@ -228,7 +228,14 @@ def corrupt_cases() -> list[tuple[str, str, str]]:
             ("garbage", "step_00000200.json", "unreadable"),
             ("foreign", "step_00000200.json", "not a transformer-checkpoint/1 record"),
             # a record edited by hand: "size 805536 bytes, expected 805536" compared an int with a string
-            ("bytes as text", "step_00000200.json", "must give its bytes as an integer and its sha256 as a string")]
+            ("bytes as text", "step_00000200.json", "must give its bytes as an integer and its sha256 as a string"),
+            # a hostile record: Python's ValueError for an integer of 5,000 digits, a RecursionError for arrays
+            # nested 100,000 deep: internal errors, which stopped --resume for good
+            ("huge number", "step_00000200.json", "unreadable (Exceeds the limit"),
+            ("nested", "step_00000200.json", "unreadable (maximum recursion depth"),
+            # a named pipe where a file was read: waited for a writer for good
+            ("fifo", "step_00000200.safetensors", "not a regular file (a named pipe or a device)"),
+            ("fifo", "step_00000200.json", "not a regular file (a named pipe or a device)")]
 
 
 @pytest.mark.parametrize("how,name,problem", corrupt_cases())
@@ -246,6 +253,13 @@ def test_corrupt_files_refused_and_latest_falls_back(tmp_path: Path, how: str, n
         target.unlink()
     elif how == "garbage":
         target.write_bytes(data[:20])
+    elif how == "huge number":
+        target.write_text('{"format": "%s", "step": %s}' % (FORMAT, "1" * 5000))
+    elif how == "nested":
+        target.write_text("[" * 100_000 + "]" * 100_000)
+    elif how == "fifo":
+        target.unlink()
+        os.mkfifo(target)
     elif how == "bytes as text":
         record = json.loads(data)
         record["files"]["weights"]["bytes"] = str(record["files"]["weights"]["bytes"])

@@ -64,6 +64,8 @@ def test_sacrebleu_tokenizes_by_the_target_language() -> None:
         assert scores["bleu"] > 50
         assert "tok:zh" in scores["signature"]
     assert sacrebleu_scores(HYPS, REFS, "de") == sacrebleu_scores(HYPS, REFS)  # 13a, as before
+    with pytest.raises(ConfigError, match=r"^lang: a language code such as 'de' \('' for sacreBLEU's 13a"):
+        sacrebleu_scores(HYPS, REFS, None)  # an AttributeError in primary_language
 
 
 def test_a_bleu_tokenizer_whose_packages_are_missing_is_one_line() -> None:

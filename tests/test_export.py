@@ -111,8 +111,16 @@ def test_the_command_replaces_an_export_with_overwrite_and_its_old_name_force(tr
     run, out = trained_tiny("post"), tmp_path / "ct2"
     export = ["export", str(run), "--out", str(out)]
     assert main(export) == 0
-    assert main(export) == 1 and capsys.readouterr().err.endswith("holds an earlier export (use --overwrite to "
-                                                                  "replace it)\n")
+    assert main(export) == 1 and capsys.readouterr().err.endswith(", files an export writes (an earlier export?): "
+                                                                  "use --overwrite to replace them\n")
+    # a user's own folder whose files bear an export's names was called "an earlier export": they are named
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("config.json", "README.md"):
+        (mine / name).write_text("mine\n")
+    assert main(["export", str(run), "--out", str(mine)]) == 1
+    assert capsys.readouterr().err.endswith(f"error: {mine}: holds README.md, config.json, files an export writes "
+                                            "(an earlier export?): use --overwrite to replace them\n")
     for given, note in (("--overwrite", False), ("--force", True)):
         (out / "model.bin").write_bytes(b"")
         assert main([*export, given]) == 0 and (out / "model.bin").stat().st_size > 0

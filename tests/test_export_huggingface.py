@@ -182,6 +182,7 @@ def test_onnx_export_passes_on_the_layernorm_note(tiny_run, tmp_path, monkeypatc
     card = (tmp_path / "onnx" / "README.md").read_text(encoding="utf-8")
     assert "model = ORTModelForSeq2SeqLM.from_pretrained(\"PATH\")" in card and "AutoModelForSeq2SeqLM" not in card
     assert ", onnx]" in card and "to ONNX." in card
+    assert "library_name" not in card  # a hub offered transformers' Auto class, which cannot load the folder
 
 
 def test_ctranslate2_reads_the_export_as_our_own_ctranslate2_export(run, exported, tmp_path, multi30k):
@@ -220,10 +221,12 @@ def test_the_folder_says_what_it_holds(run, exported):
     assert (generation["num_beams"], generation["length_penalty"]) == (cfg.decode.beam_size, cfg.decode.alpha)
     card = (exported / "README.md").read_text(encoding="utf-8")
     assert "AutoModelForSeq2SeqLM" in card and f"d_model {cfg.model.d_model}" in card
+    assert card.startswith("---\nlibrary_name: transformers\n")
     valid = Path(cfg.data.valid_src)  # absolute here: the card, which may be published, shows the name alone
     assert valid.is_absolute() and f"validated on `{valid.name}`" in card and str(valid.parent) not in card
     assert (exported / "model.safetensors").is_file()
-    with pytest.raises(ExportError, match=r"out: holds an earlier export \(use --overwrite to replace it\)$"):
+    with pytest.raises(ExportError, match=r"out: holds .*, files an export writes \(an earlier export\?\): use "
+                                          r"--overwrite to replace them$"):
         export_huggingface(run, exported, log=lambda m: None)
 
 

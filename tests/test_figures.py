@@ -104,6 +104,10 @@ def test_the_models_own_translation_is_drawn_and_aligned_in_the_pieces_it_wrote(
     unknown = Output(tok.decode(ids[:2] + [UNK_ID] + ids[2:]), ids[:2] + [UNK_ID] + ids[2:])
     links = align(translator, "A dog runs", unknown)
     assert max(t for _, t in links) < len(unknown.split()) == 4 and any(t == 3 for _, t in links)
+    # another run's Output (other pieces for its text) or ids no vocabulary has: drawn as wrong maps, or an IndexError
+    for foreign in (Output(str(out), ids[:2]), Output("x", [10 ** 6]), Output("x", [-5])):
+        with pytest.raises(FigureError, match="^tgt: an Output whose pieces are not its text in this run's"):
+            align(translator, line, foreign)
 
 
 def test_words_merge_pieces_and_keep_rows_distributions():

@@ -180,6 +180,19 @@ def test_an_ensemble_needs_one_vocabulary(run, tmp_path, tiny_overrides):
     train(load_config("tiny", tiny_overrides + ["train.max_steps=2", "data.vocab_size=400"]), other, quiet=True)
     with pytest.raises(CheckpointError, match="another vocabulary"):
         Translator(run, log=lambda m: None, ensemble=[other])
+    theirs = list_checkpoints(other)[-1]  # named as --checkpoint's other refusals are (the file alone, it was)
+    with pytest.raises(CheckpointError, match=f"^--checkpoint {re.escape(str(theirs))}: trained with another "
+                                              f"vocabulary than {re.escape(str(run / 'spm.model'))}$"):
+        Translator(run, checkpoint=theirs, log=lambda m: None)
+    import shutil
+
+    mixed = tmp_path / "mixed"  # one run's checkpoints in another's folder: the run folder was named, not a file
+    shutil.copytree(other, mixed)
+    shutil.rmtree(mixed / "checkpoints")
+    shutil.copytree(run / "checkpoints", mixed / "checkpoints")
+    newest = list_checkpoints(mixed)[-1]
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(newest))}: trained with another vocabulary than"):
+        Translator(mixed, log=lambda m: None)
 
 
 def test_an_ensemble_needs_one_task_and_direction(run, tmp_path):
@@ -534,11 +547,13 @@ def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line
         (lambda: translator.score(["A dog."], ["Ein Hund."], max_tokens="8"), r"^max_tokens: a whole number >= 1"),
         (lambda: translator.score(["A dog."], ["Ein Hund."], max_tokens=0), r"^max_tokens: a whole number >= 1"),
         (lambda: Translator(run, int8="yes"), r"^int8: True or False, not str 'yes'"),
-        # the decode overrides are typed as a config file's values are, not set as given
+        (lambda: translator.translate(["A dog."], progress="no"), r"^progress: True or False, not str 'no'"),  # a bar
+        # the decode overrides are typed as a config file's values are, not set as given; named as the command
+        # line spells them where it has them (a type's error said decode.beam_size, a value's --beam)
         (lambda: Translator(run, decode={"beam": 2}), r"^decode: unknown key decode.beam; did you mean "
                                                       r"decode.beam_size\?"),
-        (lambda: Translator(run, decode={"beam_size": "4"}), r"^decode: decode.beam_size must be int, got str"),
-        (lambda: Translator(run, decode={"length_norm": "foo"}), r"^decode: decode.length_norm must be one of"),
+        (lambda: Translator(run, decode={"beam_size": "4"}), r"^decode: --beam must be int, got str"),
+        (lambda: Translator(run, decode={"length_norm": "foo"}), r"^decode: --length-norm must be one of"),
         (lambda: Translator(run, decode={"average_last": 2.5}), r"^decode: decode.average_last must be int"),
         (lambda: Translator(run, decode=[1]), r"^decode: a dict of decode.\* fields, not list"),
         (lambda: load_config("tiny", "train.max_steps=5"), r"^overrides: a list of strings, not one string"),
@@ -554,6 +569,16 @@ def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line
     assert translator.translate(np.array(both)) == translator.translate(both)
     with pytest.raises(ConfigError, match=r"^lines: a list of strings, not generator"):
         translator.translate(line for line in ["A dog runs."])
+
+
+def test_loading_leaves_the_hosts_random_generator_be(run):
+    """The model's initial draws, which its weights overwrite, moved torch's global generator: a host that seeded
+    torch drew other numbers after loading a Translator than without."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    Translator(run, log=lambda m: None)
+    assert torch.equal(torch.rand(3), expected)
 
 
 def test_a_model_in_training_mode_decodes_as_the_loaded_run_does(run):

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from .config import Config, ConfigError, as_path, check_count, check_sequence, config_from_dict, edited_model
 from .errors import UserError
-from .files import atomic_path, atomic_paths, file_sha256, os_error_in, read_record, write_text
+from .files import atomic_path, atomic_paths, file_sha256, os_error_in, read_record, refuse_special, write_text
 
 FORMAT = "transformer-checkpoint/1"
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
@@ -268,6 +268,7 @@ def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dic
     if _suffix(name) in PICKLE_SUFFIXES:
         raise CheckpointError(f"{directory / name}: pickle files are refused (they can run code when loaded)")
     path = directory / name
+    refuse_special(path, CheckpointError, str(path))
     try:
         data = path.read_bytes()
     except OSError as e:

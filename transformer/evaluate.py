@@ -55,6 +55,9 @@ def bleu_metric(lang: str = "") -> sacrebleu.BLEU:
     """sacreBLEU's BLEU for text in ``lang`` with its defaults for that language: 13a tokenization, except
     Chinese, Japanese and Korean, written without spaces between words, which 13a would score as one word a
     sentence (BLEU about 0); Japanese and Korean need sacreBLEU's extras (MeCab), a ConfigError without."""
+    if not isinstance(lang, str):  # None: an AttributeError in primary_language
+        raise ConfigError(f"lang: a language code such as 'de' ('' for sacreBLEU's 13a tokenizer), not "
+                          f"{type(lang).__name__} {lang!r}")
     code = primary_language(lang)
     code = _SACREBLEU_CODES.get(code, code)
     try:

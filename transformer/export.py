@@ -163,8 +163,10 @@ def _empty_out(out: Path, overwrite: bool) -> Path:
         # before the work (_staged asks again, knowing the export's own files), and before --overwrite is offered:
         # a folder it may not replace was answered "use --overwrite", which then refused it
         _refuse_unreplaceable(out)
-        if not overwrite:
-            raise ExportError(f"{out}: holds an earlier export (use --overwrite to replace it)")
+        if not overwrite:  # named: a user's config.json and README.md alone pass for an export's
+            held = sorted(p.name for p in out.iterdir())
+            raise ExportError(f"{out}: holds {', '.join(held[:4])}{', ...' if len(held) > 4 else ''}, files an export "
+                              "writes (an earlier export?): use --overwrite to replace them")
     return out
 
 
@@ -422,9 +424,10 @@ def _model_card(run_dir: Path, cfg, architecture: str, vocab_size: int, checkpoi
         head = f"pipeline_tag: text2text-generation\ntags: [constituency-parsing, {tags}]"
         title, example = "English constituency parser (§6.3 of Vaswani et al., 2017)", "The dog barked ."
         drift += "\nA parsing run: " + parse_note.removeprefix("note: a parsing run: ") + ".\n"
+    # an ONNX folder is no transformers model: a hub that read "library_name: transformers" offered the Auto class
+    library = "" if onnx else "library_name: transformers\n"
     return f"""---
-library_name: transformers
-{head}
+{library}{head}
 ---
 # {title} ({architecture} layout)
 

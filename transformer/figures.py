@@ -115,6 +115,10 @@ def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
         raise FigureError("the source sentence is empty")
     src_ids = src_ids + [EOS_ID]
     written = getattr(tgt, "ids", None)
+    if written is not None and not (all(isinstance(i, int) and 0 <= i < tok.vocab_size for i in written)
+                                    and translator.text_of(written) == str(tgt)):  # drawn as other pieces, else
+        raise FigureError("tgt: an Output whose pieces are not its text in this run's vocabulary (another run's "
+                          "translation?): give its text as a str, segmented by this run's vocabulary")
     tgt_ids = list(written) if written is not None else tok.encode(tgt.strip())
     tgt_pieces = tok.id_pieces(tgt_ids) if written is not None else tok.pieces(tgt.strip())
     model = translator.model

@@ -438,6 +438,14 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def refuse_special(path: Path, error: type[UserError], label: str) -> None:
+    """``error`` for a ``path`` that is neither a file nor a folder (a named pipe, a device), as a checkpoint's file
+    given: reading it waited for a writer for good, or never ended."""
+    with contextlib.suppress(OSError):  # not there, or not to be looked at: the read says why
+        if not stat.S_ISREG(mode := os.stat(path).st_mode) and not stat.S_ISDIR(mode):
+            raise error(f"{label}: not a regular file (a named pipe or a device)")
+
+
 def read_record(path: Path, error: type[UserError], missing: str, fmt: str,
                 label: str | None = None) -> dict[str, Any]:
     """The JSON object in ``path`` (a checkpoint record, a token store's meta), with
@@ -445,12 +453,15 @@ def read_record(path: Path, error: type[UserError], missing: str, fmt: str,
     not an object, or a record of another format than ``fmt``: a foreign file is refused, never half-read.
     Errors start with ``label`` (default: the path); a missing file's with the path, where it was looked for."""
     label = label or str(path)
+    refuse_special(path, error, label)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise error(f"{path}: missing ({missing})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise error(f"{label}: unreadable ({e})") from None
+    # ValueError: JSON's own, and an integer of more digits than Python converts; RecursionError: arrays nested
+    # deeper than the parser goes (a hostile record was an internal error, and stopped --resume for good)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise error(f"{label}: unreadable ({str(e)[:200]})") from None
     if not isinstance(record, dict):
         raise error(f"{label}: not a JSON object but {type(record).__name__}")
     if record.get("format") != fmt:

@@ -233,12 +233,12 @@ class Translator:
         a source's as the model reads it (``as_read``), so that a parsing run's brackets are not among them."""
         return self.tokenizer.unknown((self.as_read(text) if source else text).strip())
 
-    def _text(self, ids: list[int]) -> str:
+    def text_of(self, ids: Sequence[int]) -> str:
         """An output's text; a parsing run's as its words (``Tokenizer.words``), which ``trees`` matches with
         its input's."""
         if self.cfg.data.task == "parse":
-            return " ".join(self.tokenizer.words(ids))
-        return self.tokenizer.decode(ids)
+            return " ".join(self.tokenizer.words(list(ids)))
+        return self.tokenizer.decode(list(ids))
 
     def trees(self, lines: list[str], outputs: list[str]) -> list[tuple[Tree | None, bool]]:
         """A parsing run's trees of decoded ``outputs``, with the words of their input ``lines`` (§6.3), each with
@@ -306,6 +306,7 @@ class Translator:
         lines comes alone. ``stop``: as ``decode``'s."""
         if not isinstance(chunks, Iterable) or isinstance(chunks, (str, bytes)):  # None: a TypeError when first read
             raise ConfigError(f"chunks: an iterable of lists of lines, not {type(chunks).__name__}")
+        check_bools(progress=progress)  # "no" drew a bar
         if stop is not None and not callable(stop):  # a TypeError between two batches
             raise ConfigError(f"stop: a function of no argument that says whether to stop, not {stop!r}")
         self._checked(request, None, CLI, total)
@@ -347,7 +348,7 @@ class Translator:
                 for i, hyps in zip(keep, decoded):
                     if not hyps or any(math.isnan(h.score) for h in hyps):  # else ranked: the scores are not numbers
                         raise ModelOverflow(f"line {done + i + 1}")
-                    outputs[i] = [(Output(self._text(h.tokens), h.tokens), h.score) for h in hyps]
+                    outputs[i] = [(Output(self.text_of(h.tokens), h.tokens), h.score) for h in hyps]
                 done += len(lines)
                 yield lines, outputs
         if not done:
@@ -411,7 +412,7 @@ class Translator:
             if len(src) == 1:  # blank (EOS alone): answered with an empty line, a prefix or constraint dropped
                 for key, given in (("prefix", forced), ("constraints", phrases)):
                     if given is not None and given[i]:
-                        raise ConfigError(f"{key} of line {first + i + 1}: the line is empty, and an empty line "
+                        raise ConfigError(f"{key} of line {first + i + 1}: the line is empty or blank, and such a line "
                                           f"gets an empty line, which cannot hold its {key}")
                 continue
             end = len(src) + request.max_len_offset  # search.max_lengths: the output's positions, EOS included
@@ -569,20 +570,24 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
             raise CheckpointError(f"--checkpoint {checkpoint}: {said}") from None
         meta = ckpt.meta
     if meta.get("vocab_sha256") not in (None, tokenizer.sha256):
-        raise CheckpointError(f"{checkpoint or run_dir}: trained with another vocabulary than {run_dir / 'spm.model'}")
+        # --checkpoint as its other refusals name it; else the newest checkpoint, whose record was read (the run
+        # folder named no file to remove)
+        named = paths[-1] if checkpoint is None else f"--checkpoint {checkpoint}"
+        raise CheckpointError(f"{named}: trained with another vocabulary than {run_dir / 'spm.model'}")
     foreign = checkpoint is not None and of_another_run(run_dir, meta)
     if foreign:  # of the same vocabulary: decoded, as asked
         log(f"note: --checkpoint {checkpoint} is of another run than {run_dir} (its record's run_id): decoded with "
             "the model its record describes")
     record = ckpt.path if checkpoint is not None else paths[-1]  # the .json (a .state.safetensors names its own)
     cfg = record_config(meta, record)
-    set_section(cfg, "decode", decode or {}, "decode")  # typed as a config file's values are
-    try:  # the overrides too, before any work: one set of checks for the run's values and ours
+    try:  # the overrides typed as a config file's values are, and checked before any work: one set of checks for
+        set_section(cfg, "decode", decode or {}, "decode")  # the run's values and ours
         cfg.validate()
     except ConfigError as e:  # an override's error, the run's values having passed: named as its option (serve's)
         said = str(e)
-        for key in decode or {}:
-            said = said.replace(f"decode.{key}", CLI.get("beam" if key == "beam_size" else key, f"decode.{key}"))
+        for key in decode if isinstance(decode, dict) else ():  # a field's (an unknown key and its hint stay so)
+            if isinstance(key, str) and hasattr(cfg.decode, key):
+                said = said.replace(f"decode.{key}", CLI.get("beam" if key == "beam_size" else key, f"decode.{key}"))
         raise ConfigError(said) from None
     if checkpoint is None:
         try:  # one path: its weights exactly, without the optimizer state
@@ -602,6 +607,7 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
     else:
         # the weights file its record names: given the optimizer state's, that was recorded as the weights read
         weights, read = ckpt.weights, [(ckpt.path.parent / ckpt.meta["files"]["weights"]["name"]).resolve()]
-    model = Transformer(cfg.model, tokenizer.vocab_size).float()  # a host's float64 default: the weights' fp32
+    with torch.random.fork_rng(devices=[]):  # the initial draws, overwritten by the weights, leave the host's own be
+        model = Transformer(cfg.model, tokenizer.vocab_size).float()  # a host's float64 default: the weights' fp32
     load_weights(model, weights, str(checkpoint or run_dir))
     return cfg, model.eval(), read, None if checkpoint is None else ckpt.meta, foreign
