@@ -324,7 +324,11 @@ def test_a_missing_data_file_lists_each_folder_searched_once(isolated: Path, mon
         resolve_data_path("nosuch.en")
     roots = [isolated / "checkout" / "main" / ".." / "shared" / "data", isolated / "cwd" / "data",
              isolated / "home" / ".cache" / "transformer"]
-    assert f"(searched ./ and {', '.join(map(str, roots))};" in str(err.value)
+    assert f"(searched ./ = {isolated / 'cwd'}, and {', '.join(map(str, roots))};" in str(err.value)
+    with pytest.raises(DataError) as err:  # a config's: read from ./, where a file beside the config was looked for
+        resolve_data_path("nosuch.en", "data.train_src")
+    assert str(err.value).startswith(f"data.train_src: data file not found: nosuch.en (searched ./ = "
+                                     f"{isolated / 'cwd'}, not from the config file's, and ")
 
 
 FAKE = gzip.compress("Ein Hund.\nZwei Katzen.\n".encode())

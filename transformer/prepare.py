@@ -196,8 +196,11 @@ def resolve_data_path(path: str, field: str = "") -> Path:
         return _download_multi30k(given, *published)
     if len(given.parts) == 2 and given.parts[0] == PTB_PARSE:
         return _build_ptb_parse(given.name, roots)
-    raise _not_found(path, field, f" (searched ./ and {', '.join(map(str, roots))}; set TRANSFORMER_DATA to the "
-                                  "folder that holds it)")
+    # a config's relative path is read from the current folder: a file beside the config, run from elsewhere, is
+    # not found, and the message said "./" alone
+    beside = ", not from the config file's" if field.startswith("data.") else ""
+    raise _not_found(path, field, f" (searched ./ = {Path.cwd()}{beside}, and {', '.join(map(str, roots))}; set "
+                                  "TRANSFORMER_DATA to the folder that holds it, or give the path from ./ or whole)")
 
 
 def _not_found(path: str, field: str, searched: str = "") -> DataError:
