@@ -135,6 +135,12 @@ def test_config_prints_every_setting_and_reads_back_as_the_same_config(capsys, t
     assert load_config(str(tmp_path / "mine.toml")) == load_config("multi30k_en_de", ["train.max_steps=4000"])
     status, _, err = run_here(capsys, "config", "tiny", "--set", "model.n_heads=5")  # validated as train does
     assert status == 1 and "model.n_heads" in err and "Traceback" not in err
+    # printed as what a run would use, and train refused it at start: said with it
+    status, out, err = run_here(capsys, "config", "tiny", "--set", "train.keep_last=1",
+                                "--set", "decode.average_last=3")
+    assert status == 0 and "keep_last = 1" in out
+    assert err == ("note: train refuses these settings: decode.average_last 3 averages more checkpoints than "
+                   "train.keep_last 1 keeps: raise train.keep_last to at least 3\n")
     # a value holding DEL, a file name holding a newline: the header comment was no TOML, the output unreadable
     shutil.copy(tmp_path / "mine.toml", named := tmp_path / "a\nb.toml")
     for argv in (["tiny", "--set", "data.src_lang=x\x7fy"], [str(named)]):

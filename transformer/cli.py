@@ -1233,13 +1233,16 @@ def cmd_config(args: argparse.Namespace) -> None:
 
     The defaults, then the file, then --set, validated: what a run of it would use, as TOML. Redirected into a
     file, it is a config of one's own to edit and give to `train` (every key is documented beside its default
-    in transformer/config.py).
+    in transformer/config.py). Settings `train` would refuse are printed, with a note on stderr.
     """
     from .config import dump_toml, load_config, resolve_config_path
 
-    text = dump_toml(load_config(args.config, args.set))
+    cfg = load_config(args.config, args.set)
     sets = "".join(f", then --set {_in_comment(s, quoted=True)}" for s in args.set or [])
-    sys.stdout.write(f"# the defaults, then {_in_comment(str(resolve_config_path(args.config)))}{sets}\n{text}")
+    sys.stdout.write(f"# the defaults, then {_in_comment(str(resolve_config_path(args.config)))}{sets}\n"
+                     f"{dump_toml(cfg)}")
+    if problem := cfg.training_problem():  # it printed as valid, and train refused it at start
+        print(f"note: train refuses these settings: {problem}", file=sys.stderr)
 
 
 def _in_comment(text: str, quoted: bool = False) -> str:

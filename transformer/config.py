@@ -268,6 +268,14 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
+    def training_problem(self) -> str | None:
+        """Why `train` refuses these settings where decoding a run takes them, or None: a run's average of more
+        checkpoints than training keeps (translate averages the fewer there are, and says so)."""
+        if self.decode.average_last > self.train.keep_last:
+            return (f"decode.average_last {self.decode.average_last} averages more checkpoints than train.keep_last "
+                    f"{self.train.keep_last} keeps: raise train.keep_last to at least {self.decode.average_last}")
+        return None
+
     def validate(self) -> Config:
         """Cross-field checks, in one place. Returns self so calls chain."""
         m, t, d = self.model, self.train, self.decode

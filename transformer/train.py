@@ -1115,10 +1115,8 @@ class Trainer:
         if t.cuda_graphs and dist.enabled:  # refused before anything is written, as above
             raise TrainError("train.cuda_graphs is for one process: with data parallelism the gradients' all-reduce "
                              "would be captured in the graphs, which this trainer does not do")
-        if cfg.decode.average_last > t.keep_last:  # as above; its average would take fewer, saying so only then
-            raise TrainError(f"decode.average_last {cfg.decode.average_last} averages more checkpoints than "
-                             f"train.keep_last {t.keep_last} keeps: raise train.keep_last to at least "
-                             f"{cfg.decode.average_last}")
+        if problem := cfg.training_problem():  # as above
+            raise TrainError(problem)
         if t.bleu_every and cfg.data.task == "translate":  # dev BLEU's tokenizer can be had (ja, ko: MeCab)
             from .evaluate import bleu_metric
             bleu_metric(cfg.data.language("tgt"))
