@@ -550,6 +550,8 @@ def test_settings_that_cannot_train_are_refused_naming_their_keys():
     # lines inside a multi-line string are no keys or headers (it named line 4)
     ('[data]\ntrain_src = """\n[decode]\nbeam_size = 4\n"""\n\n[decode]\nbeam_size = "four"\n',
      ", line 8: decode.beam_size must be int"),
+    # a one-line string holding three quotes starts no multi-line one (the keys after it named no line)
+    ("[data]\nsrc_lang = 'a\"\"\"b'\n[model]\nd_model = 1\nn_heads = 'x'\n", ", line 5: model.n_heads must be int"),
     ("[data]\nsrc_lang = 'a\u2028b'\n[train]\nmax_steps = 1.5\n", ", line 4: train.max_steps must be int"),  # a line
     # break of Unicode's alone (U+2028) starts no TOML line
 ])

@@ -698,7 +698,10 @@ def _named_lines(text: str) -> Iterator[tuple[list[str], int]]:
             if table[:1] != ["[["]:
                 yield table + _key_parts(match.group(1)), number
             value = line[match.end() + 1:].split("#")[0]
-            if quotes := next((q for q in ('"""', "'''") if value.count(q) % 2), ""):
+            # a multi-line string starts the value: 'a"""b' holds quotes and ends on its line, where every later key
+            # was taken for a string's line, and its errors named no line
+            start = value.lstrip()
+            if quotes := next((q for q in ('"""', "'''") if start.startswith(q) and value.count(q) % 2), ""):
                 within = quotes
             elif (depth := value.count("[") - value.count("]")) > 0:
                 within = "["
