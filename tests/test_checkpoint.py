@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -9,6 +10,8 @@ import re
 import os
 import pickle
 import shutil
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -238,9 +241,30 @@ def corrupt_cases() -> list[tuple[str, str, str]]:
             ("fifo", "step_00000200.json", "not a regular file (a named pipe or a device)")]
 
 
+@contextlib.contextmanager
+def bounded(seconds: int) -> Iterator[None]:
+    """A TimeoutError after ``seconds``: a read of a named pipe that waits for a writer failed the test, not hung
+    the suite (a handler that raises ends the blocked call)."""
+    def hung(signum, frame):
+        raise TimeoutError(f"still waiting after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.mark.parametrize("how,name,problem", corrupt_cases())
 def test_corrupt_files_refused_and_latest_falls_back(tmp_path: Path, how: str, name: str,
                                                      problem: str) -> None:
+    with bounded(60):
+        corrupt_and_load(tmp_path, how, name, problem)
+
+
+def corrupt_and_load(tmp_path: Path, how: str, name: str, problem: str) -> None:
     save(tmp_path, 100)
     path = save(tmp_path, 200)
     target = path.parent / name

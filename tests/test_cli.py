@@ -897,8 +897,8 @@ def test_a_prefix_or_constraint_for_an_empty_line_is_refused(tiny_run, tmp_path,
         status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
                                     option, str(tmp_path / file))
         assert (status, out) == (1, "") and err.endswith(f"error: {option.removeprefix('--')} of line 2: the line is "
-                                                         f"empty, and an empty line gets an empty line, which cannot "
-                                                         f"hold its {option.removeprefix('--')}\n"), err
+                                                         f"empty or blank, and such a line gets an empty line, which "
+                                                         f"cannot hold its {option.removeprefix('--')}\n"), err
     (tmp_path / "in.txt").write_text("a dog runs .\n\u200b \u200b\na cat .\n")  # blank once normalised, as empty
     status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
                                 "--prefix", str(tmp_path / "prefix.txt"))

@@ -105,9 +105,16 @@ def test_the_models_own_translation_is_drawn_and_aligned_in_the_pieces_it_wrote(
     links = align(translator, "A dog runs", unknown)
     assert max(t for _, t in links) < len(unknown.split()) == 4 and any(t == 3 for _, t in links)
     # another run's Output (other pieces for its text) or ids no vocabulary has: drawn as wrong maps, or an IndexError
-    for foreign in (Output(str(out), ids[:2]), Output("x", [10 ** 6]), Output("x", [-5])):
+    # PAD and EOS, which its text drops, were forced as pieces
+    from transformer.tokenizer import PAD_ID
+
+    for foreign in (Output(str(out), ids[:2]), Output("x", [10 ** 6]), Output("x", [-5]),
+                    Output(str(out), [*out.ids, EOS_ID]), Output(str(out), [PAD_ID, *out.ids])):
         with pytest.raises(FigureError, match="^tgt: an Output whose pieces are not its text in this run's"):
             align(translator, line, foreign)
+    import numpy as np  # its own ids as NumPy's integers: the same figure
+
+    assert attention_maps(translator, line, Output(str(out), np.array(out.ids))).tgt_out == maps.tgt_out
 
 
 def test_words_merge_pieces_and_keep_rows_distributions():

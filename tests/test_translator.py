@@ -3,6 +3,7 @@
 import json
 import re
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -552,6 +553,11 @@ def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line
         # line spells them where it has them (a type's error said decode.beam_size, a value's --beam)
         (lambda: Translator(run, decode={"beam": 2}), r"^decode: unknown key decode.beam; did you mean "
                                                       r"decode.beam_size\?"),
+        # the hint stays the field's with the field given too ("did you mean --beam?" named no key to write)
+        (lambda: Translator(run, decode={"beam": 2, "beam_size": 3}), r"^decode: unknown key decode.beam; did you "
+                                                                      r"mean decode.beam_size\?"),
+        # a mapping of another type named as a dict's errors are
+        (lambda: Translator(run, decode=MappingProxyType({"beam_size": 0})), r"^--beam must be positive, got 0"),
         (lambda: Translator(run, decode={"beam_size": "4"}), r"^decode: --beam must be int, got str"),
         (lambda: Translator(run, decode={"length_norm": "foo"}), r"^decode: --length-norm must be one of"),
         (lambda: Translator(run, decode={"average_last": 2.5}), r"^decode: decode.average_last must be int"),
@@ -576,9 +582,10 @@ def test_loading_leaves_the_hosts_random_generator_be(run):
     torch drew other numbers after loading a Translator than without."""
     torch.manual_seed(0)
     expected = torch.rand(3)
-    torch.manual_seed(0)
-    Translator(run, log=lambda m: None)
-    assert torch.equal(torch.rand(3), expected)
+    for options in ({}, {"int8": True}):  # int8's copy of the tied projection drew its initial weights too
+        torch.manual_seed(0)
+        Translator(run, log=lambda m: None, **options)
+        assert torch.equal(torch.rand(3), expected), options
 
 
 def test_a_model_in_training_mode_decodes_as_the_loaded_run_does(run):

@@ -19,6 +19,7 @@ import html
 import io
 import json
 import math
+import numbers
 import re
 import warnings
 from dataclasses import dataclass
@@ -115,10 +116,12 @@ def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
         raise FigureError("the source sentence is empty")
     src_ids = src_ids + [EOS_ID]
     written = getattr(tgt, "ids", None)
-    if written is not None and not (all(isinstance(i, int) and 0 <= i < tok.vocab_size for i in written)
-                                    and translator.text_of(written) == str(tgt)):  # drawn as other pieces, else
-        raise FigureError("tgt: an Output whose pieces are not its text in this run's vocabulary (another run's "
-                          "translation?): give its text as a str, segmented by this run's vocabulary")
+    if written is not None:  # whole numbers of any kind (NumPy's), no padding, start or end among them (text_of
+        # drops those, and they were forced as pieces), spelling its text: else drawn as other pieces
+        written = [int(i) if isinstance(i, numbers.Integral) and not isinstance(i, bool) else -1 for i in written]
+        if not (all(EOS_ID < i < tok.vocab_size for i in written) and translator.text_of(written) == str(tgt)):
+            raise FigureError("tgt: an Output whose pieces are not its text in this run's vocabulary (another run's "
+                              "translation?): give its text as a str, segmented by this run's vocabulary")
     tgt_ids = list(written) if written is not None else tok.encode(tgt.strip())
     tgt_pieces = tok.id_pieces(tgt_ids) if written is not None else tok.pieces(tgt.strip())
     model = translator.model

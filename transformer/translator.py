@@ -56,7 +56,8 @@ def quantize_int8(model: Transformer) -> Transformer:
 
     if "output_proj" not in model._modules:  # tied (§3.4): give the projection its own copy to quantize
         weight = model.target_embedding.weight.detach()
-        model.output_proj = torch.nn.Linear(weight.size(1), weight.size(0), bias=False)
+        with torch.random.fork_rng(devices=[]):  # its initial draws, replaced below, leave the host's generator be
+            model.output_proj = torch.nn.Linear(weight.size(1), weight.size(0), bias=False)
         model.output_proj.weight = torch.nn.Parameter(weight.clone(), requires_grad=False)
     floats = {name: FloatWeights(m.weight.detach(), None if m.bias is None else m.bias.detach())
               for name, m in model.named_modules() if type(m) is torch.nn.Linear and name.startswith("decoder.")}
@@ -585,7 +586,8 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         cfg.validate()
     except ConfigError as e:  # an override's error, the run's values having passed: named as its option (serve's)
         said = str(e)
-        for key in decode if isinstance(decode, dict) else ():  # a field's (an unknown key and its hint stay so)
+        # a field's error (an unknown key's and its hint stay a config's: "did you mean --beam?" named no field)
+        for key in decode if isinstance(decode, Mapping) and "unknown key" not in said else ():
             if isinstance(key, str) and hasattr(cfg.decode, key):
                 said = said.replace(f"decode.{key}", CLI.get("beam" if key == "beam_size" else key, f"decode.{key}"))
         raise ConfigError(said) from None
