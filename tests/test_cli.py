@@ -1554,6 +1554,24 @@ def test_evaluate_refuses_a_kept_test_set_in_another_language(tmp_path, tiny_ove
         assert (status, out) == (1, "") and err.startswith(said), err
 
 
+def test_evaluate_says_a_training_files_name_chose_the_language_over_tgt_lang(tmp_path, tiny_overrides, capsys):
+    """A run of train.jp with data.tgt_lang "ja" was scored as 'jp' text (13a, where sacreBLEU's ja tokenizer
+    splits Japanese, written without spaces), said in train.log alone."""
+    from transformer.config import load_config
+    from transformer.train import train
+
+    train(load_config("tiny", tiny_overrides + ['data.tgt_lang="ja"', "train.max_steps=1"]), tmp_path / "run",
+          quiet=True)  # its training files end in .de
+    (tmp_path / "src.txt").write_text("A dog runs.\n")
+    (tmp_path / "ref.txt").write_text("Ein Hund rennt.\n")
+    given = ["evaluate", str(tmp_path / "run"), "--src", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "ref.txt")]
+    status, _, err = run_here(capsys, *given)
+    assert status == 0 and ("note: scored as 'de' text, the language its file names end in, and the run's "
+                            "data.tgt_lang is 'ja' (--lang sets which") in err, err
+    status, _, err = run_here(capsys, *given, "--lang", "de")  # said: no note
+    assert status == 0 and "note: scored as" not in err, err
+
+
 def test_evaluate_does_not_write_over_the_test_set_its_run_names(tmp_path, tiny_overrides, capsys):
     """`evaluate RUN --hyp-out F` (or --json F) where F is the run's own data.test_tgt or test_src wrote over it
     without a word (the same files given as --src/--ref were refused), and every later evaluate scored that."""

@@ -117,6 +117,21 @@ def test_the_models_own_translation_is_drawn_and_aligned_in_the_pieces_it_wrote(
     assert attention_maps(translator, line, Output(str(out), np.array(out.ids))).tgt_out == maps.tgt_out
 
 
+def test_alignment_counts_the_words_the_line_prints():
+    """A beam's lone "▁" before a word's start, or at the end, prints as a doubled or trailing space: counted as a
+    word of its own, the Pharaoh indices ran past the line's words."""
+    from transformer.figures import word_alignment
+
+    tgt = ["▁Ein", "▁", "▁Hund", "▁"]  # "Ein  Hund ": two words
+    cross = torch.zeros(1, 1, len(tgt) + 1, 3)
+    for t, s in enumerate([0, 1, 1, 0]):
+        cross[0, 0, t, s] = 1.0
+    maps = AttentionMaps(["▁A", "▁dog", "</s>"], ["<s>", *tgt], [*tgt, "</s>"], {"cross": cross})
+    assert word_alignment(maps) == [(0, 0), (0, 1), (1, 1)]
+    lone = AttentionMaps(["▁A", "▁dog", "</s>"], ["<s>", "▁"], ["▁", "</s>"], {"cross": cross[:, :, :2]})
+    assert word_alignment(lone) == []  # a line of a space alone: no word to link
+
+
 def test_words_merge_pieces_and_keep_rows_distributions():
     maps = AttentionMaps(["▁play", "house", "▁now", "</s>"], ["<s>", "▁ja"], ["▁ja", "</s>"],
                          {"enc_self": torch.softmax(torch.randn(1, 2, 4, 4), -1),

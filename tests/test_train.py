@@ -71,8 +71,8 @@ def test_a_training_file_named_in_another_language_than_the_config_says_is_noted
     misnamed = load_config("tiny", tiny_overrides + ["data.tgt_lang=\"ja\""])
     prepare_run(misnamed, tmp_path / "other", resume=False, log=said.append)
     assert (f"note: data.train_tgt {Path(cfg.data.train_tgt).name} ends in 'de', and data.tgt_lang is 'ja': the "
-            "file's name is taken as its language (evaluate's tokenizers, an export's card); rename the file, or "
-            "correct data.tgt_lang") in said
+            "file's name is taken as its language (by evaluate's tokenizers; an export's card takes data.tgt_lang); "
+            "rename the file, or correct data.tgt_lang") in said
 
 
 def test_data_files_given_from_the_current_folder_are_recorded_whole(tmp_path, tiny_overrides, monkeypatch):

@@ -852,6 +852,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         # sacreBLEU tokenizes by the target language, Chinese, Japanese and Korean by their own rules: its
         # tokenizer is had (ja, ko: MeCab) before any decoding
         bleu_lang = args.lang or language_code(args.ref) or d.language("tgt")
+        # a training file's name over data.tgt_lang (.jp for ja: 13a), said in train.log alone; a --ref of another
+        # language than the run's is noted below
+        if not args.lang and bleu_lang == d.language("tgt") != (stated := primary_language(d.tgt_lang)):
+            print(f"note: scored as '{bleu_lang}' text, the language its file names end in, and the run's "
+                  f"data.tgt_lang is '{stated}' (--lang sets which: sacreBLEU tokenizes zh, ja and ko by their own "
+                  "rules)", file=sys.stderr)
         bleu_metric(bleu_lang)
         _outputs_not_inputs(args, {n: f"the run's {fields[n][0]}" for n in defaulted})  # named: read now
         _tell(said)

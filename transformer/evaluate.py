@@ -49,6 +49,8 @@ def _check_lengths(hyps: list[str], refs: list[str]) -> None:
 
 # ISO 639-2/3 codes of the languages sacreBLEU tokenizes by their own rules, as its two-letter codes
 _SACREBLEU_CODES = {"zho": "zh", "chi": "zh", "jpn": "ja", "kor": "ko"}
+# languages written without spaces between words (Korean's spaces set off phrases, not words): Moses splits none
+UNSPACED = {"zh", "ja", "th", "lo", "km", "my", "zho", "chi", "jpn", "tha"}
 
 
 def bleu_metric(lang: str = "") -> sacrebleu.BLEU:
@@ -92,6 +94,10 @@ def moses_language_warning(lang: str) -> str | None:
     tokenizes with English abbreviations and no language's apostrophe rules without a word, so a mistyped
     language ("dee" for "de") changes the tokenized scores silently. A language Moses has no rules for
     (Turkish, say) is still scored so, after the warning."""
+    if primary_language(lang) in UNSPACED:  # Moses has abbreviations for zh, and splits no word of it
+        return (f"warning: {lang!r} is written without spaces between words, which Moses does not split: the "
+                "tokenized scores count each run of characters between spaces or punctuation as one word (sacreBLEU's "
+                "BLEU, the first score, splits Chinese and Japanese by its own rules)")
     known = sorted(set(NonbreakingPrefixes().available_langs.values()))
     if lang in known:
         return None

@@ -145,9 +145,23 @@ def word_alignment(maps: AttentionMaps) -> list[tuple[int, int]]:
     links = cross[layer].mean(0)[:-1, :-1]  # [T, S] without EOS on either side
     if links.numel() == 0:
         return []
-    src_word = [w for w, g in enumerate(_word_groups(maps.src[:-1])[1]) for _ in g]
-    tgt_word = [w for w, g in enumerate(_word_groups(maps.tgt_out[:-1])[1]) for _ in g]
+    src_word, tgt_word = _printed_words(maps.src[:-1]), _printed_words(maps.tgt_out[:-1])
+    if src_word is None or tgt_word is None:  # a side of spaces alone: no word to link
+        return []
     return sorted({(src_word[s], tgt_word[t]) for t, s in enumerate(links.argmax(-1).tolist())})
+
+
+def _printed_words(pieces: list[str]) -> list[int] | None:
+    """Each piece's word in the text as printed (``text.split()``'s index), None where it has none: as
+    ``_word_groups`` groups them, but a word of a lone "▁" alone (the beam's space before a word's start, or at
+    the end, which the text shows as a doubled or trailing space) is part of the next word, or of the last one at
+    the end: counted as its own, the indices ran past the line's words."""
+    words, groups = _word_groups(pieces)
+    real = [k for k, word in enumerate(words) if word != "▁"]
+    if not real:
+        return None
+    number = {k: n for n, k in enumerate(real)}
+    return [number.get(k, number[next((j for j in real if j > k), real[-1])]) for k, g in enumerate(groups) for _ in g]
 
 
 def align(translator, src: str, tgt: str) -> list[tuple[int, int]]:

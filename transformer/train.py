@@ -583,8 +583,9 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         for side in ("src", "tgt"):
             if codes[side] and codes[side] != langs[side]:
                 log(f"note: data.train_{side} {Path(getattr(d, f'train_{side}')).name} ends in '{codes[side]}', and "
-                    f"data.{side}_lang is '{langs[side]}': the file's name is taken as its language (evaluate's "
-                    f"tokenizers, an export's card); rename the file, or correct data.{side}_lang")
+                    f"data.{side}_lang is '{langs[side]}': the file's name is taken as its language (by "
+                    f"evaluate's tokenizers; an export's card takes data.{side}_lang); rename the file, or correct "
+                    f"data.{side}_lang")
     if (env := os.environ.get("TRANSFORMER_DATA")) and not Path(env).expanduser().is_dir():
         log(f"note: TRANSFORMER_DATA {env} is no folder (the files above were found without it)")
     if warning := stats.unknown_warning("valid", str(tokenizer.path)):
