@@ -1883,6 +1883,7 @@ def test_evaluate_scores_a_tokenized_runs_outputs_as_they_are(tiny_run, tmp_path
 
     assert writes_tokenized("multi30k/tok/train.lc.norm.tok.de.gz") and writes_tokenized("/data/tok/train.de")
     assert not writes_tokenized("multi30k/train.de.gz") and not writes_tokenized("mine/train.tok.de")
+    assert not writes_tokenized("/home/tok/corpus/train.de")  # a tok/ above the file's folder: cased text
     hyps = ["un homme dans l&apos; eau , avec un &quot; chapeau &quot; ."]
     assert tok_lc_bleu(hyps, hyps, "fr", pretokenized=True) == pytest.approx(100.0)
     assert tok_lc_bleu(hyps, hyps, "fr") < 50  # escaped again: &amp; apos ;
@@ -1894,7 +1895,7 @@ def test_evaluate_scores_a_tokenized_runs_outputs_as_they_are(tiny_run, tmp_path
     common = ["evaluate", str(tiny_run), "--src", str(tmp_path / "src.en"), "--ref", str(tmp_path / "ref.de"),
               "--tok-ref", str(tmp_path / "tok.de"), "--beam", "1"]
     for flag, pretokenized, said in (([], False, "Moses lc+norm+tok, de"),
-                                     (["--pretokenized"], True, "outputs as written, tokenized by training, de")):
+                                     (["--pretokenized"], True, "outputs as written, --pretokenized, de")):
         status, out, err = run_here(capsys, *common, *flag)
         assert status == 0 and seen[-1] is pretokenized and f"tokenized lowercased BLEU = 50.00  ({said})" in out, err
     # the pairs: without a tokenized reference it has nothing to act on, and is refused before any decoding; beside

@@ -168,6 +168,33 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, capsys):
     assert src.read_text() == "A dog runs.\n"
 
 
+def test_an_output_onto_the_record_of_the_weights_given_is_refused(tmp_path, capsys):
+    """`--checkpoint avg.safetensors --output avg.json` (average's record beside its weights, a natural name) wrote
+    over the record, and the weights could no longer be loaded."""
+    weights = tmp_path / "avg.safetensors"
+    assert main(["average", str(RUN), "--last", "1", "--out", str(weights)]) == 0
+    src, record = tmp_path / "in.txt", tmp_path / "avg.json"
+    src.write_text("A dog runs.\n")
+    kept = record.read_bytes()
+    said = f"{record}: is the record of --checkpoint {weights}, which the command reads"
+    refused(capsys, ["translate", str(RUN), "--checkpoint", str(weights), "--input", str(src), "--output", str(record)],
+            f"--output {said}")
+    refused(capsys, ["evaluate", str(RUN), "--checkpoint", str(weights), "--src", str(src), "--ref", str(src),
+                     "--json", str(record)], f"--json {said}")
+    assert record.read_bytes() == kept
+
+
+def test_evaluates_report_leaves_stdout_to_a_json_written_to_dev_stdout(tmp_path, capfd):
+    """--json /dev/stdout: the report's BLEU and chrF lines came first on stdout, and the JSON could not be read."""
+    import json
+
+    src = tmp_path / "in.txt"
+    src.write_text("A dog runs.\n")
+    assert main(["evaluate", str(RUN), "--src", str(src), "--ref", str(src), "--json", "/dev/stdout"]) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["bleu"] >= 0 and "BLEU = " in err
+
+
 def test_two_outputs_in_one_file_or_an_output_onto_the_runs_records_are_refused(tmp_path, capsys):
     """evaluate --json o --hyp-out o kept the JSON alone; --json RUN/summary.json replaced the run's training
     summary (the model card of an export reads it), and an output could replace a checkpoint's record."""

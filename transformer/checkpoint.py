@@ -242,7 +242,7 @@ def _delete(path: Path, warn: Callable[[str], None]) -> None:
         warn(f"cannot delete the old checkpoint file {path}: {e.strerror or e}; it stays")
 
 
-def _json_for(path: Path) -> Path:
+def json_for(path: Path) -> Path:
     """Maps any file of a checkpoint to its JSON record."""
     if _suffix(path) == ".json":
         return path
@@ -288,7 +288,7 @@ def _read_tensors(directory: Path, entry: Any, role: str, json_name: str) -> dic
 def checkpoint_record(path: Path) -> dict[str, Any]:
     """A checkpoint's JSON record (its config, vocabulary hash, what it was averaged from), its tensors unread."""
     path = Path(path)
-    json_path = _json_for(path)
+    json_path = json_for(path)
     record = read_record(json_path, CheckpointError, f"{path.name} without its JSON record is an unfinished write, "
                          "or weights from elsewhere (an export?): not a checkpoint; the record travels with its "
                          "weights file, copy both", FORMAT, label=str(json_path))
@@ -310,7 +310,7 @@ def load_checkpoint(path: Path, with_state: bool = True) -> Checkpoint:
     if _suffix(path) in PICKLE_SUFFIXES:
         raise CheckpointError(f"{path}: pickle files are refused (they can run code when loaded); "
                               "convert the weights to safetensors")
-    json_path = _json_for(path)
+    json_path = json_for(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file")
     record = checkpoint_record(path)

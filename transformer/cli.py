@@ -740,7 +740,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                           "(data.test_src and data.test_tgt)")
     request = _request(args)
     translator, said = _translator(args, request)
-    report = sys.stderr if STDOUT in (args.json, args.hyp_out) else sys.stdout  # stdout is the JSON's or the lines'
+    # stdout is the JSON's or the lines' (given as -, or as /dev/stdout: the report was mixed into them)
+    report = sys.stderr if any(out is not None and (out == STDOUT or files.descriptor(Path(out)) == 1)
+                               for out in (args.json, args.hyp_out)) else sys.stdout
     d = translator.cfg.data
     if d.task == "parse" and (bleus := [option for option, given in (
             ("--tok-ref", args.tok_ref is not None), ("--pretokenized", args.pretokenized),
@@ -872,7 +874,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         if tok_ref is not None:
             pretokenized = args.pretokenized or writes_tokenized(d.train_tgt)
             scores["tok_lc_bleu"] = tok_lc_bleu(hyps, tok_ref, lang, pretokenized)
-            how = "outputs as written, tokenized by training" if pretokenized else "Moses lc+norm+tok"
+            how = ("Moses lc+norm+tok" if not pretokenized else "outputs as written, --pretokenized"
+                   if args.pretokenized else "outputs as written, tokenized by training")
             scores["tok_lc_bleu_method"] = f"{how}, {lang}; multi-bleu: no smoothing, against --tok-ref"
             scores["pretokenized"] = pretokenized
             print(f"tokenized lowercased BLEU = {scores['tok_lc_bleu']:.2f}  ({how}, {lang})", file=report)
@@ -1793,6 +1796,14 @@ def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: di
             given = (named or {}).get(dest, "--" + dest.replace("_", "-"))
             raise OutputError(f"{option} {path}: is {given} {value}, which the command reads; writing it would "
                               "replace that file: give another")
+    weights = getattr(args, "checkpoint", None)  # a weights file's record is read too (average's avg.json beside
+    if isinstance(weights, Path) and weights.name.lower().endswith(".safetensors"):  # avg.safetensors): was lost
+        from .checkpoint import json_for
+
+        if (record := json_for(weights)).is_file() and os.path.samefile(record, path):
+            raise OutputError(f"{option} {path}: is the record of --checkpoint {weights}, which the command reads; "
+                              "writing it would replace it, and the weights could no longer be loaded: give another "
+                              "file")
 
 
 def _outputs_not_inputs(args: argparse.Namespace, named: dict[str, str]) -> None:

@@ -109,8 +109,9 @@ def writes_tokenized(train_tgt: str) -> bool:
     """Whether a run trained on ``train_tgt`` writes Moses-tokenized lowercased text: trained on files in a tok/
     folder, as Multi30k's (multi30k/tok/train.lc.norm.tok.de.gz). Its outputs are scored against tokenized
     references as they are (``tok_lc_bleu``'s ``pretokenized``): tokenized again, their escapes are escaped
-    again (&apos; -> &amp; apos ;), and the score fell to a fifth."""
-    return "tok" in Path(train_tgt).parent.parts
+    again (&apos; -> &amp; apos ;), and the score fell to a fifth. The file's own folder alone: any tok/ above it
+    (/home/tok/corpus/train.de) scored a cased run's outputs untokenized, near 0."""
+    return Path(train_tgt).parent.name == "tok"
 
 
 def moses_tokenize_lc(lines: list[str], lang: str) -> list[str]:
