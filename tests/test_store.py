@@ -55,6 +55,19 @@ def test_round_trip_equals_encode_pairs(corpus: tuple[Path, Path, Tokenizer], tm
         assert make_batches_from_lengths(store.src_lengths, store.tgt_lengths, max_tokens) == \
             make_batches(examples, max_tokens)
     assert [p.name for p in tmp_path.iterdir()] == ["store"]  # no temporary folder left behind
+    assert meta["ids_sha256"] == {side: hashlib.sha256((tmp_path / "store" / f"{side}.ids").read_bytes()).hexdigest()
+                                  for side in ("src", "tgt")}
+    # two pairs swapped, every size the same: meta.json (which a run's records hash) was too, and a run resumed on
+    # the store encoded again without a word
+    swapped, texts = [], [path.read_text(encoding="utf-8").splitlines(keepends=True) for path in (src, tgt)]
+    i, j = [k for k, pair in enumerate(zip(*texts)) if all(0 < len(side.split()) < 8 for side in pair)][:2]  # kept
+    for path, lines in zip((src, tgt), texts):
+        lines[i], lines[j] = lines[j], lines[i]
+        (tmp_path / path.name).write_text("".join(lines), encoding="utf-8")
+        swapped.append(tmp_path / path.name)
+    again = write_store(*swapped, tok, tmp_path / "again", MAX_LEN)
+    assert (again["n_src_tokens"], again["n_tgt_tokens"]) == (meta["n_src_tokens"], meta["n_tgt_tokens"])
+    assert again["ids_sha256"] != meta["ids_sha256"]
 
 
 def test_ids_beyond_uint16_are_stored_as_int32(tmp_path: Path) -> None:

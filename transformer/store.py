@@ -14,6 +14,7 @@ Layout of a store folder (ids end with EOS on both sides, exactly as in ``Exampl
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -91,6 +92,9 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
             counts = dict.fromkeys(("n_pairs", "skipped_empty", "skipped_long", "n_kept", "n_src_tokens",
                                     "n_tgt_tokens"), 0)
             pieces, unknown = [0, 0], [0, 0]  # per side, of the pairs kept: EncodeStats' counts, summed
+            # the ids' own hash in meta.json, which a run's records hash: a corpus edited to the same sizes (two pairs
+            # swapped) and encoded again into the store resumed without a word
+            digests = {side: hashlib.sha256() for side in ("src", "tgt")}
             pairs = iter_parallel(src, tgt)
             with tqdm(unit=" pairs", unit_scale=True, desc=f"encoding {src.name}", disable=not progress) as bar:
                 while chunk := list(itertools.islice(pairs, chunk_pairs)):
@@ -106,7 +110,9 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
                         lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
                         ids = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int64,
                                           count=int(lengths.sum()))
-                        files[f"{side}.ids"].write(ids.astype(ids_dtype).tobytes())
+                        written = ids.astype(ids_dtype).tobytes()
+                        files[f"{side}.ids"].write(written)
+                        digests[side].update(written)
                         files[f"{side}.len"].write(lengths.astype(len_dtype).tobytes())
                         counts[f"n_{side}_tokens"] += len(ids)
                     bar.update(len(chunk))
@@ -120,7 +126,8 @@ def write_store(src: Path, tgt: Path, tokenizer: Tokenizer, out: Path, max_len: 
                     "vocab_sha256": tokenizer.sha256, "dtype": ids_dtype.name, "length_dtype": len_dtype.name,
                     **counts, "max_len": max_len, **({} if task is None else {"task": task}),
                     "sources": {side: {"path": str(path.resolve()), "bytes": path.stat().st_size}
-                                for side, path in (("src", src), ("tgt", tgt))}}
+                                for side, path in (("src", src), ("tgt", tgt))},
+                    "ids_sha256": {side: digest.hexdigest() for side, digest in digests.items()}}
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
             if vocabulary is not None:
                 shutil.copyfile(vocabulary, tmp / "spm.model")
