@@ -596,3 +596,34 @@ def test_flops_per_token_counts_the_forward_products_three_times():
     d_k, d_v = cfg.head_dims
     fewer = 3 * (cfg.n_enc_layers + cfg.n_dec_layers) * 2 * (length - 5) * cfg.n_heads * (d_k + d_v)
     assert flops_per_token(cfg, vocab, length, length) - flops_per_token(cfg, vocab, 5, length) == pytest.approx(fewer)
+
+
+def test_a_stop_signal_during_a_meta_build_waits_for_its_end(monkeypatch):
+    """The first build on the meta device imports torch._dynamo and triton: Ctrl-C inside triton's bindings
+    aborted the process (exit 134, a C++ exception) or was lost, and training went on to its end."""
+    import os
+    import signal
+
+    from transformer.model import on_meta
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped
+
+    built, original = [], Transformer.__init__
+
+    def interrupted(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # taken here, before the build, where nothing holds it
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(Transformer, "__init__", interrupted)
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        with pytest.raises(Stopped):
+            on_meta(load_config("tiny").model, 100)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(built) == 1  # built whole, then stopped

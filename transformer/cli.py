@@ -42,7 +42,7 @@ from typing import IO, NoReturn, TypeVar
 
 from .config import (EARLY_STOPS, LENGTH_NORMS, MAX_THREADS, ConfigError, DecodeConfig, ServeLimits, language_code,
                      primary_language, resolve_config_path)
-from .errors import Terminated, UserError, install_extra, job_world, out_of_memory, summary
+from .errors import Terminated, UserError, install_extra, job_world, out_of_memory, stops_held, summary
 from . import __version__, files
 from .files import OutputError, check_output
 
@@ -647,11 +647,8 @@ def _write_whole_lines(text: str) -> None:
         nonlocal done
         while done < end:
             select.select([], [fd], [])
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
-            try:
+            with stops_held():
                 done += os.write(fd, data[done:min(end, done + select.PIPE_BUF)])
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     try:
         write_to(len(data))
@@ -660,8 +657,6 @@ def _write_whole_lines(text: str) -> None:
             write_to(bytes(data).find(b"\n", done - 1) + 1 if done else 0)  # the end of the line under way
         raise
 
-
-_STOPS = {signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])}
 
 
 @contextlib.contextmanager
@@ -1191,10 +1186,8 @@ def cmd_params(args: argparse.Namespace) -> None:
 
     Counts parameters of a preset (base, big, A1..E, parse, or a config path) without allocating it.
     """
-    import torch
-
     from .config import MAX_VOCAB, SPECIAL_PIECES, load_config
-    from .model import FLOPS_SENTENCE_LEN, Transformer, count_parameters, flops_per_token
+    from .model import FLOPS_SENTENCE_LEN, count_parameters, flops_per_token, on_meta
 
     if not args.cost and (given := [o for o, v in (("--devices", args.devices), ("--mfu", args.mfu)) if v is not None]):
         raise ConfigError(f"{' and '.join(given)}: for --cost's report; add --cost")  # accepted and unused
@@ -1203,8 +1196,7 @@ def cmd_params(args: argparse.Namespace) -> None:
         raise ConfigError(f"--vocab {args.vocab}: must be in {SPECIAL_PIECES + 1} .. {MAX_VOCAB:,} (padding, end of "
                           f"sentence and unknown take {SPECIAL_PIECES}; piece ids are int32)")
     vocab = cfg.data.vocab_size if args.vocab is None else args.vocab
-    with torch.device("meta"):  # no memory is allocated: big models count instantly
-        model = Transformer(cfg.model, vocab)
+    model = on_meta(cfg.model, vocab)
     n, flops = count_parameters(model), flops_per_token(cfg.model, vocab)
     if args.json and not args.cost:
         print(json.dumps({"parameters": n, "flops_per_token": flops}))

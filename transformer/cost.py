@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from .config import Config, ModelConfig, load_config
-from .model import FLOPS_SENTENCE_LEN, Transformer, count_parameters, flops_per_token
+from .model import FLOPS_SENTENCE_LEN, count_parameters, flops_per_token, on_meta
 
 P100_FP32_FLOPS = 9.5e12  # Table 2's footnote
 PAPER_HOURS = {"base": 12.0, "big": 3.5 * 24}  # §5.2: 8 P100 GPUs
@@ -47,8 +45,7 @@ def training_cost(cfg: Config, vocab_size: int, devices: int = 1, src_len: float
     that × the processes), taken as the global batch and split over ``devices`` (each process's max_tokens ×
     update_freq set to that / devices), train.max_steps steps, at sentences of FLOPS_SENTENCE_LEN pieces unless
     given."""
-    with torch.device("meta"):
-        n = count_parameters(Transformer(cfg.model, vocab_size))
+    n = count_parameters(on_meta(cfg.model, vocab_size))
     f = flops_per_token(cfg.model, vocab_size, src_len, tgt_len)
     tokens = cfg.train.max_tokens * cfg.train.update_freq
     m = cfg.model

@@ -1,8 +1,11 @@
 """The one base of the errors a user can cause: the command line catches it and prints one line."""
 
+import contextlib
 import os
 import re
 import signal
+import threading
+from collections.abc import Iterator
 
 
 class UserError(Exception):
@@ -75,6 +78,33 @@ class Terminated(BaseException):
     # that clears any error (as during `import torch`), and the command then went on, a rank of `train --nproc`
     # training on with its launcher waiting for it; training's ``StopSignals`` takes the signal as its own.
     signalled: int | None = None
+
+
+STOPS = {signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])}
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP taken in the block but acted on after it, each by the handler it had (raised
+    again once the block is done): a stop raised inside an extension's callback, as during torch._dynamo's first
+    import (which imports triton, whose bindings turn it into a C++ exception), aborted the process ("terminate
+    called after throwing an instance of 'nanobind::python_error'", exit 134) or was lost; a stdout write it cut
+    left half a line. A thread's signal mask held them from that thread alone: another thread took them, and
+    Python ran the handler in the main thread all the same. Only the main thread sets handlers; elsewhere, and
+    for a signal ignored, nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    taken: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: taken.append(signum)) for signum in STOPS
+                if signal.getsignal(signum) not in (signal.SIG_IGN, None)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if taken:
+            signal.raise_signal(taken[0])  # its own handler now: KeyboardInterrupt, Terminated, the default's end
 
 
 def out_of_memory(error: BaseException) -> str | None:

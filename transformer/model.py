@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .errors import UserError
+from .errors import UserError, stops_held
 from .tokenizer import PAD_ID
 
 
@@ -684,6 +684,14 @@ class Transformer(nn.Module):
             x = DecoderLayer.step(x, cache, i)
         cache.length += 1
         return self.project(self.final_norm(x, "dec_norm"))
+
+
+def on_meta(cfg: ModelConfig, vocab_size: int) -> Transformer:
+    """The model built on the meta device: its weights' shapes, nothing allocated (a big model's count at once).
+    The first such build imports torch._dynamo, and triton with it: the stop signals wait until it is done
+    (``errors.stops_held``), where Ctrl-C inside triton's bindings aborted the process or was lost."""
+    with stops_held(), torch.device("meta"):
+        return Transformer(cfg, vocab_size)
 
 
 @contextlib.contextmanager

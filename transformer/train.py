@@ -47,7 +47,7 @@ from .data import (BATCH_ORDERS, Batch, BatchOrder, DataError, Example, SampledE
                    pair_named, read_parallel)
 from .errors import Terminated, UserError, summary as error_line
 from .loss import label_smoothed_loss
-from .model import Transformer, count_parameters
+from .model import Transformer, count_parameters, on_meta
 from .optim import cooldown, learning_rate, make_optimizer
 from .prepare import read_twice, resolve_data_path
 from .runtime import emulated_on_cpu, keep_freed_memory, native_bf16
@@ -251,9 +251,8 @@ def leave_output(hung_up: bool) -> None:
 
 
 def weight_shapes(model: ModelConfig, vocab_size: int) -> dict[str, tuple[int, ...]]:
-    """The name and shape of every weight of that model (built on the meta device: nothing allocated)."""
-    with torch.device("meta"):
-        return {name: tuple(w.shape) for name, w in Transformer(model, vocab_size).state_dict().items()}
+    """The name and shape of every weight of that model (``model.on_meta``: nothing allocated)."""
+    return {name: tuple(w.shape) for name, w in on_meta(model, vocab_size).state_dict().items()}
 
 
 DATA_FILES = ("train_src", "train_tgt", "train_store", "valid_src", "valid_tgt", "test_src", "test_tgt", "test_tok_ref")
