@@ -526,6 +526,8 @@ FIGURES: list[Figure] = [
              ("467", "quickstart/updates"), ("24.56", "quickstart/tok_lc_bleu")),
     *figures("README.md", "Results", "tried/fresh_clone_1d1668e.json", ("5,356", "quickstart/tokens_per_s"),
              ("837", "quickstart/updates"), ("32.05", "quickstart/tok_lc_bleu")),
+    *figures("README.md", "Results", "tried/quick_speed_ab_88d2d74.json", ("150", "updates"),
+             ("3,780", "mean_tokens_per_s/1d1668e"), ("3,749", "mean_tokens_per_s/88d2d74")),
     *figures("README.md", "Results", "multi30k_en_de_quick.json", ("13,273", "train_tokens_per_s")),
     *figures("README.md", "Results", "tried/fresh_clone_efbde6c.json", ("633", "quickstart/updates"),
              ("28.2", "quickstart/tok_lc_bleu")),
