@@ -183,7 +183,10 @@ class Tokenizer:
         """The characters of ``text`` that the vocabulary has no piece for (each once, in order), as its
         segmentation of the whole text finds them: on its own a character may lack a piece that it has inside
         a longer one (a parsing run's "(" exists only in "(S", "(NP", ...)."""
-        ids, pieces = self._sp.encode(text, out_type=int), self._sp.encode(text, out_type=str)
+        ids = self._sp.encode(text, out_type=int)
+        if UNK_ID not in ids:  # most texts: one segmentation, not two (score asks it of every pair)
+            return []
+        pieces = self._sp.encode(text, out_type=str)
         # the piece's own space marker aside; not every character Python calls a space (U+0085 has no piece)
         return list(dict.fromkeys(c for i, piece in zip(ids, pieces) if i == UNK_ID
                                   for c in piece.removeprefix("\u2581") if c not in " \u2581"))
