@@ -157,11 +157,13 @@ def _printed_words(pieces: list[str]) -> list[int] | None:
     the end, which the text shows as a doubled or trailing space) is part of the next word, or of the last one at
     the end: counted as its own, the indices ran past the line's words."""
     words, groups = _word_groups(pieces)
-    real = [k for k, word in enumerate(words) if word != "▁"]
-    if not real:
+    if not (total := sum(word != "▁" for word in words)):
         return None
-    number = {k: n for n, k in enumerate(real)}
-    return [number.get(k, number[next((j for j in real if j > k), real[-1])]) for k, g in enumerate(groups) for _ in g]
+    numbers, n = [], total  # from the end: each word's number, a lone "▁"'s the next word's (the last's at the end)
+    for word in reversed(words):
+        n -= word != "▁"
+        numbers.append(min(n, total - 1))
+    return [number for number, group in zip(reversed(numbers), groups) for _ in group]
 
 
 def align(translator, src: str, tgt: str) -> list[tuple[int, int]]:
