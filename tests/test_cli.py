@@ -1570,6 +1570,11 @@ def test_evaluate_says_a_training_files_name_chose_the_language_over_tgt_lang(tm
                             "data.tgt_lang is 'ja' (--lang sets which") in err, err
     status, _, err = run_here(capsys, *given, "--lang", "de")  # said: no note
     assert status == 0 and "note: scored as" not in err, err
+    # a three-letter code may be the file's language ('deu' is 'de'): it was noted as another
+    train(load_config("tiny", tiny_overrides + ['data.tgt_lang="deu"', "train.max_steps=1"]), tmp_path / "deu",
+          quiet=True)
+    status, _, err = run_here(capsys, "evaluate", str(tmp_path / "deu"), *given[2:])
+    assert status == 0 and "note: scored as" not in err, err
 
 
 def test_evaluate_does_not_write_over_the_test_set_its_run_names(tmp_path, tiny_overrides, capsys):
@@ -1848,13 +1853,15 @@ def test_a_stop_while_a_slow_reader_holds_stdout_finishes_the_line_under_way(mon
     read_end, write_end = os.pipe()
     real, calls = os.write, []
 
-    def slow(fd: int, data) -> int:  # the reader takes ``taken`` bytes, then the signal comes during the write
+    def slow(fd: int, data) -> int:  # the signal comes during the write, and the reader takes ``taken`` bytes
         calls.append(len(data))
-        if len(calls) == 1 and taken:
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGTERM)  # held (errors.stops_held) until the write has returned
             return real(fd, bytes(data[:taken]))
-        if len(calls) <= 2:
-            raise Terminated(signal.SIGTERM)
         return real(fd, data)
+
+    def terminated(signum, frame):  # as cli.sigterm_raises's handler
+        raise Terminated(signum)
 
     class Stdout:
         encoding, errors = "utf-8", "strict"
@@ -1867,8 +1874,12 @@ def test_a_stop_while_a_slow_reader_holds_stdout_finishes_the_line_under_way(mon
 
     monkeypatch.setattr(sys, "stdout", Stdout())
     monkeypatch.setattr(os, "write", slow)
-    with pytest.raises(Terminated):
-        cli._write_whole_lines("first line\tA\nsecond\nthird\n")
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with pytest.raises(Terminated):
+            cli._write_whole_lines("first line\tA\nsecond\nthird\n")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     monkeypatch.undo()
     os.close(write_end)
     with os.fdopen(read_end, "rb") as f:

@@ -276,6 +276,13 @@ def test_a_run_folder_that_is_not_there_is_named_so(argv, tmp_path, capsys):
     a_file.write_text("A dog runs.\n")
     refused(capsys, [command, str(gone), *options], f"error: {gone}: no such folder\n")
     refused(capsys, [command, str(a_file), *options], f"error: {a_file}: a file, not a run folder\n")
+    store = tmp_path / "store"  # `transformer preprocess`'s folder: its spm.model made it "a run without checkpoints"
+    store.mkdir()
+    for name in ("meta.json", "src.ids", "spm.model"):
+        (store / name).write_bytes(b"")
+    refused(capsys, [command, str(store), *options],
+            f"error: {store}: a token store (transformer preprocess), not a run folder: give the folder of a run "
+            "trained on it (train --out)\n")
 
 
 def test_an_output_named_gz_is_compressed(tmp_path, capsys):

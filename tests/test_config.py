@@ -552,6 +552,12 @@ def test_settings_that_cannot_train_are_refused_naming_their_keys():
      ", line 8: decode.beam_size must be int"),
     # a one-line string holding three quotes starts no multi-line one (the keys after it named no line)
     ("[data]\nsrc_lang = 'a\"\"\"b'\n[model]\nd_model = 1\nn_heads = 'x'\n", ", line 5: model.n_heads must be int"),
+    # a multi-line string opened inside an inline table (its lines were taken for keys), an escaped quote, a
+    # literal string's backslash
+    ('data = { train_src = """\n[decode]\nbeam_size = 4\n""" }\n[decode]\nbeam_size = "four"\n',
+     ", line 6: decode.beam_size must be int"),
+    ('[data]\nsrc_lang = "\\"\\"\\"" # """\n[train]\nmax_steps = 1.5\n', ", line 4: train.max_steps must be int"),
+    ("[data]\nsrc_lang = '''a\\''' # '''\n[train]\nmax_steps = 1.5\n", ", line 4: train.max_steps must be int"),
     ("[data]\nsrc_lang = 'a\u2028b'\n[train]\nmax_steps = 1.5\n", ", line 4: train.max_steps must be int"),  # a line
     # break of Unicode's alone (U+2028) starts no TOML line
 ])
@@ -562,6 +568,14 @@ def test_a_config_files_value_error_names_its_line(tmp_path, text, said):
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError, match=re.escape(str(path)) + said):
         load_config(str(path))
+
+
+def test_an_arrays_lines_are_no_keys_whatever_its_strings_hold():
+    """A bracket inside an array's string was counted as the array's own: the array was taken to end before it
+    did, and a multi-line string of it taken for keys."""
+    text = '[data]\nx = [\n  "]", # ]\n  """a\n[train]\nmax_steps = 4""", [\n1],\n]\n[train]\nmax_steps = 1.5\n'
+    assert tomllib.loads(text)["train"] == {"max_steps": 1.5}
+    assert key_lines(text) == {"data": 1, "data.x": 2, "train": 9, "train.max_steps": 10}
 
 
 def test_keys_are_found_where_tomllib_reads_them():

@@ -73,6 +73,10 @@ def test_old_mac_line_endings_are_refused(tmp_path: Path) -> None:
     f.write_bytes(b"one\rtwo\rthree\r")  # read as one line, three sentences would be translated (or trained) as one
     with pytest.raises(DataError, match=r"mac.txt: .*old Mac line endings.*tr '\\r' '\\n'"):
         read_lines(f)
+    for ending in (b"\n", b"\r\n"):  # an editor's final line ending after them: still one line, was taken
+        f.write_bytes(b"one\rtwo\rthree" + ending)
+        with pytest.raises(DataError, match=r"mac.txt: .*old Mac line endings"):
+            read_lines(f)
     f.write_bytes(b"one\rtwo\nthree\r")  # a stray carriage return inside a line of a "\n" file is text, kept
     assert read_lines(f) == ["one\rtwo", "three"]
 

@@ -114,7 +114,7 @@ def test_a_language_moses_has_no_rules_for_is_warned_of() -> None:
     assert moses_language_warning("de") is None and moses_language_warning("fr") is None
     # Moses has abbreviations for Chinese, and splits none of its words: near-perfect outputs scored 49.6 against
     # sacreBLEU's zh 88.6, without a word
-    for lang in ("zh", "ja", "zh-CN", "th"):
+    for lang in ("zh", "ja", "zh-CN", "th", "lo", "km", "my", "yue", "lao", "khm", "mya", "jpn"):
         assert moses_language_warning(lang).startswith(f"warning: {lang!r} is written without spaces between words")
 
 

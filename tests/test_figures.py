@@ -112,9 +112,13 @@ def test_the_models_own_translation_is_drawn_and_aligned_in_the_pieces_it_wrote(
                     Output(str(out), [*out.ids, EOS_ID]), Output(str(out), [PAD_ID, *out.ids])):
         with pytest.raises(FigureError, match="^tgt: an Output whose pieces are not its text in this run's"):
             align(translator, line, foreign)
-    import numpy as np  # its own ids as NumPy's integers: the same figure
+    import numpy as np  # its own ids as NumPy's integers, or a tensor (its elements were refused): the same figure
 
-    assert attention_maps(translator, line, Output(str(out), np.array(out.ids))).tgt_out == maps.tgt_out
+    for ids in (np.array(out.ids), np.array(out.ids, dtype=np.uint16), torch.tensor(out.ids)):
+        assert attention_maps(translator, line, Output(str(out), ids)).tgt_out == maps.tgt_out
+    for wrong in (torch.tensor(out.ids, dtype=torch.float32), [True] * len(out.ids)):
+        with pytest.raises(FigureError, match="^tgt: an Output whose pieces"):
+            attention_maps(translator, line, Output(str(out), wrong))
 
 
 def test_alignment_counts_the_words_the_line_prints():

@@ -615,7 +615,7 @@ def test_a_stop_signal_during_a_meta_build_waits_for_its_end(monkeypatch):
     built, original = [], Transformer.__init__
 
     def interrupted(self, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # taken here, before the build, where nothing holds it
+        os.kill(os.getpid(), signal.SIGINT)  # inside the held block: acted on once the build is done
         original(self, *args, **kwargs)
         built.append(self)
 

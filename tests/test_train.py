@@ -71,8 +71,8 @@ def test_a_training_file_named_in_another_language_than_the_config_says_is_noted
     misnamed = load_config("tiny", tiny_overrides + ["data.tgt_lang=\"ja\""])
     prepare_run(misnamed, tmp_path / "other", resume=False, log=said.append)
     assert (f"note: data.train_tgt {Path(cfg.data.train_tgt).name} ends in 'de', and data.tgt_lang is 'ja': the "
-            "file's name is taken as its language (by evaluate's tokenizers; an export's card takes data.tgt_lang); "
-            "rename the file, or correct data.tgt_lang") in said
+            "file's name is taken as its language (by the BLEU tokenizers of training and evaluate; an export's card "
+            "takes data.tgt_lang); rename the file, or correct data.tgt_lang") in said
 
 
 def test_data_files_given_from_the_current_folder_are_recorded_whole(tmp_path, tiny_overrides, monkeypatch):
@@ -643,10 +643,12 @@ def test_a_token_store_run_leaves_no_vocabulary_a_text_run_would_take(tmp_path, 
 
 def test_a_fine_tune_on_a_token_store_of_another_vocabulary_is_refused_before_its_folder(tmp_path, tiny_overrides):
     """A fine-tune's store is read with its parent's vocabulary: one encoded with another was refused after the run
-    folder was made (config.toml, spm.model, .lock left); one of the parent's trains."""
+    folder was made (config.toml, spm.model, .lock left); one of the parent's trains, and its resume too, whatever
+    data.vocab_size says (the parent's 400 pieces, the config's 500): that was refused, "set data.vocab_size = 400",
+    where a fine-tune of text says that it does not apply."""
     from transformer.cli import main
     parent = tmp_path / "parent"
-    train(load_config("tiny", tiny_overrides + ["train.max_steps=1"]), parent, quiet=True)
+    train(load_config("tiny", tiny_overrides + ["train.max_steps=1", "data.vocab_size=400"]), parent, quiet=True)
     sets = [x for o in tiny_overrides for x in ("--set", o)]
     assert main(["preprocess", "tiny", "--out", str(tmp_path / "own"), "--spm", str(parent), *sets]) == 0
     assert main(["preprocess", "tiny", "--out", str(tmp_path / "other"), *sets, "--set", "data.vocab_size=300"]) == 0
@@ -658,6 +660,10 @@ def test_a_fine_tune_on_a_token_store_of_another_vocabulary_is_refused_before_it
             assert not (tmp_path / out).exists()
         else:
             assert train(cfg, tmp_path / out, quiet=True, init_from=parent)["step"] == 1
+            again = load_config("tiny", tiny_overrides + [f'data.train_store="{tmp_path / store}"',
+                                                           "train.max_steps=2"])
+            assert train(again, tmp_path / out, quiet=True, resume=True)["step"] == 2
+            assert (tmp_path / out / "train.log").read_text().count("data.vocab_size 500 does not apply") == 2
 
 
 def test_a_token_store_of_the_other_task_is_refused(tmp_path, tiny_overrides, tiny_parse_run):
@@ -1345,6 +1351,12 @@ def test_init_from_takes_the_vocabulary_and_the_weights(tmp_path, tiny_overrides
     with pytest.raises(UserError, match=r"model\.pt: not a run folder or a weights file .*: pickle files are refused "
                                         r"unopened \(.pt, .bin\)"):
         train(cfg, tmp_path / "y", quiet=True, init_from=tmp_path / "model.pt")
+    # the run's vocabulary was told as a pickle refused unopened
+    with pytest.raises(UserError, match=rf"spm.model: not a run folder or a weights file of this package "
+                                        rf"\(.safetensors, or its .json record\): give its run folder, {old}$"):
+        train(cfg, tmp_path / "y", quiet=True, init_from=old / "spm.model")
+    with pytest.raises(UserError, match=r"config.toml: .*\(.safetensors, or its .json record\)$"):
+        train(cfg, tmp_path / "y", quiet=True, init_from=old / "config.toml")
 
     # the file `transformer average` writes elsewhere (as the docs show) takes the vocabulary of the run it names
     from transformer.cli import main

@@ -560,6 +560,8 @@ def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line
         (lambda: Translator(run, decode=MappingProxyType({"beam_size": 0})), r"^--beam must be positive, got 0"),
         (lambda: Translator(run, decode={"beam_size": "4"}), r"^decode: --beam must be int, got str"),
         (lambda: Translator(run, decode={"length_norm": "foo"}), r"^decode: --length-norm must be one of"),
+        # a value holding the words of an unknown key's error: its field was left unrenamed
+        (lambda: Translator(run, decode={"length_norm": "unknown key"}), r"^decode: --length-norm must be one of"),
         (lambda: Translator(run, decode={"average_last": 2.5}), r"^decode: decode.average_last must be int"),
         (lambda: Translator(run, decode=[1]), r"^decode: a dict of decode.\* fields, not list"),
         (lambda: load_config("tiny", "train.max_steps=5"), r"^overrides: a list of strings, not one string"),

@@ -850,8 +850,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         # tokenizer is had (ja, ko: MeCab) before any decoding
         bleu_lang = args.lang or language_code(args.ref) or d.language("tgt")
         # a training file's name over data.tgt_lang (.jp for ja: 13a), said in train.log alone; a --ref of another
-        # language than the run's is noted below
-        if not args.lang and bleu_lang == d.language("tgt") != (stated := primary_language(d.tgt_lang)):
+        # language than the run's is noted below; a three-letter data.tgt_lang ('deu') is not compared
+        stated = primary_language(d.tgt_lang)
+        if not args.lang and len(stated) == 2 and bleu_lang == d.language("tgt") != stated:
             print(f"note: scored as '{bleu_lang}' text, the language its file names end in, and the run's "
                   f"data.tgt_lang is '{stated}' (--lang sets which: sacreBLEU tokenizes zh, ja and ko by their own "
                   "rules)", file=sys.stderr)

@@ -677,16 +677,12 @@ def _named_lines(text: str) -> Iterator[tuple[list[str], int]]:
     """Each [table] header and key = value line of a TOML text: the full dotted name it opens or sets, and its
     line (from 1)."""
     table: list[str] = []
-    within = ""  # the quotes of a multi-line string the line is in, or "[" inside a multi-line array
-    depth = 0  # open brackets of that array
+    within, depth = "", 0  # the quotes of a multi-line string the line is in; the brackets of an array open
     for number, line in enumerate(text.split("\n"), 1):  # TOML's lines: splitlines() broke at U+2028 too
         stripped = line.lstrip()
-        if within == "[":
-            depth += line.count("[") - line.count("]")  # an array's strings holding brackets: its lines miscounted
-            within = "[" if depth > 0 else ""
-            continue
-        if within:
-            within = "" if line.count(within) % 2 else within
+        if within or depth > 0:  # a string's or an array's line: no header or key
+            within, opened = _still_open(line, within)
+            depth += opened
             continue
         if stripped.startswith("[["):
             table = ["[["]  # an array of tables: nothing of ours, its keys left unfound
@@ -697,14 +693,40 @@ def _named_lines(text: str) -> Iterator[tuple[list[str], int]]:
         elif (match := _TOML_DOTTED.match(line)) and line[match.end():].startswith("="):
             if table[:1] != ["[["]:
                 yield table + _key_parts(match.group(1)), number
-            value = line[match.end() + 1:].split("#")[0]
-            # a multi-line string starts the value: 'a"""b' holds quotes and ends on its line, where every later key
-            # was taken for a string's line, and its errors named no line
-            start = value.lstrip()
-            if quotes := next((q for q in ('"""', "'''") if start.startswith(q) and value.count(q) % 2), ""):
-                within = quotes
-            elif (depth := value.count("[") - value.count("]")) > 0:
-                within = "["
+            within, depth = _still_open(line[match.end() + 1:])
+
+
+def _still_open(text: str, within: str = "") -> tuple[str, int]:
+    """What a TOML line leaves open (``text``: a value, or a line inside a multi-line string ``within``): the quotes
+    of a multi-line string it ends inside, else "", and the brackets it opens less those it closes, outside its
+    strings and comment. A one-line string holding three quotes ends on its line; a multi-line string opened
+    inside an inline table was missed, and an array's string holding a bracket miscounted: the keys after either
+    were given the wrong lines, or none."""
+    i, depth = 0, 0
+    while i < len(text):
+        if within:  # a backslash escapes in a basic string, not in a literal one
+            if within == '"""' and text[i] == "\\":
+                i += 2
+            elif text.startswith(within, i):  # up to two more quotes are the string's own, before its end
+                i += 3
+                while i < len(text) and text[i] == within[0]:
+                    i += 1
+                within = ""
+            else:
+                i += 1
+        elif text[i] == "#":
+            break
+        elif text.startswith(('"""', "'''"), i):
+            within, i = text[i:i + 3], i + 3
+        elif text[i] in "\"'":  # a one-line string
+            quote, i = text[i], i + 1
+            while i < len(text) and text[i] != quote:
+                i += 2 if quote == '"' and text[i] == "\\" else 1
+            i += 1
+        else:
+            depth += (text[i] == "[") - (text[i] == "]")
+            i += 1
+    return within, depth
 
 
 def _key_parts(dotted: str) -> list[str]:

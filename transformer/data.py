@@ -65,7 +65,8 @@ def iter_lines(path: Path) -> Iterator[str]:
 
     One trailing "\\r" per line is removed (CRLF files), a byte-order mark is removed from the
     start of a line (the first, or one of files joined by `cat`), a final line without "\\n" counts and
-    a trailing "\\n" does not add an empty line. A file of "\\r" endings alone (old Mac) is refused.
+    a trailing "\\n" does not add an empty line. A file of "\\r" endings (old Mac), one line with carriage
+    returns inside whether or not a "\\n" ends it, is refused.
     Memory is bounded by the longest line, so corpora of millions of lines (§5.1: 4.5M and 36M
     pairs) are read without holding them; a pipe's or a terminal's lines come as they are written.
     Binary line iteration splits on b"\\n" alone, which is what keeps U+2028, U+0085 and form feeds
@@ -93,6 +94,7 @@ def iter_lines(path: Path) -> Iterator[str]:
         stream = gzip.GzipFile(fileobj=f, mode="rb") if zipped else f
         try:
             looked = False  # at the first line of 8 bytes or more (UTF-16's "Hi\n" is 5, its "\n" 1)
+            held: str | None = None  # a first line with carriage returns inside, until a second line comes
             for n, data in enumerate(stream, 1):
                 if n == 1 and (data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[:4] == b"\x00\x00\xfe\xff"):
                     # the mark of UTF-16 or UTF-32: a first line too short for the test below
@@ -129,11 +131,18 @@ def iter_lines(path: Path) -> Iterator[str]:
                 ended = line.endswith("\n")
                 line = line[:-1] if ended else line
                 line = line[:-1] if line.endswith("\r") else line
-                if n == 1 and not ended and "\r" in line:
-                    # a file with no "\n" but carriage returns inside: old Mac line endings, all its sentences one line
-                    raise DataError(f"{name}: its lines end in a carriage return alone (old Mac line endings), so it "
-                                    "reads as one line; convert it with tr '\\r' '\\n'")
+                if held is not None:
+                    yield held
+                    held = None
+                if n == 1 and "\r" in line:
+                    # carriage returns inside the first line: old Mac line endings, all its sentences one line, when
+                    # no second line follows (an editor may have ended such a file with one "\n"): held until then
+                    held = line
+                    continue
                 yield line
+            if held is not None:
+                raise DataError(f"{name}: its lines end in a carriage return alone (old Mac line endings), so it "
+                                "reads as one line; convert it with tr '\\r' '\\n'")
         except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
             if zipped:
                 raise DataError(f"{name}:{n + 1}: corrupt or truncated gzip file ({e})") from None

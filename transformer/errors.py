@@ -6,6 +6,7 @@ import re
 import signal
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 
 class UserError(Exception):
@@ -96,15 +97,33 @@ def stops_held() -> Iterator[None]:
         yield
         return
     taken: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, frame: taken.append(signum)) for signum in STOPS
-                if signal.getsignal(signum) not in (signal.SIG_IGN, None)}
-    try:
+    previous: dict[int, Any] = {}
+    try:  # a stop between two swaps, its handler not yet swapped, raises: the ones swapped are put back below
+        for signum in STOPS:
+            if (handler := signal.getsignal(signum)) not in (signal.SIG_IGN, None):
+                previous[signum] = handler  # first: put back, it is the same handler again
+                signal.signal(signum, lambda signum, frame: taken.append(signum))
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if taken:
-            signal.raise_signal(taken[0])  # its own handler now: KeyboardInterrupt, Terminated, the default's end
+        raised = _put_back(previous)
+        if raised is not None:
+            raise raised
+        for signum in dict.fromkeys(taken):  # each by its own handler now: KeyboardInterrupt, Terminated, the default
+            signal.raise_signal(signum)
+
+
+def _put_back(handlers: dict[int, Any]) -> BaseException | None:
+    """Sets ``handlers`` again, all of them: a stop whose handler is back may raise between two (Ctrl-C's
+    KeyboardInterrupt), and that left the others swapped for good, SIGTERM recorded and never acted on. The
+    first such exception is returned, to be raised once every handler is back."""
+    raised: BaseException | None = None
+    while True:
+        try:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            return raised
+        except BaseException as e:  # a stop's own exception, raised by the caller once all are back
+            raised = raised or e
 
 
 def out_of_memory(error: BaseException) -> str | None:

@@ -50,7 +50,7 @@ def _check_lengths(hyps: list[str], refs: list[str]) -> None:
 # ISO 639-2/3 codes of the languages sacreBLEU tokenizes by their own rules, as its two-letter codes
 _SACREBLEU_CODES = {"zho": "zh", "chi": "zh", "jpn": "ja", "kor": "ko"}
 # languages written without spaces between words (Korean's spaces set off phrases, not words): Moses splits none
-UNSPACED = {"zh", "ja", "th", "lo", "km", "my", "zho", "chi", "jpn", "tha"}
+UNSPACED = {"zh", "ja", "th", "lo", "km", "my", "yue", "zho", "chi", "jpn", "tha", "lao", "khm", "mya", "bur"}
 
 
 def bleu_metric(lang: str = "") -> sacrebleu.BLEU:

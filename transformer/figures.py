@@ -19,7 +19,7 @@ import html
 import io
 import json
 import math
-import numbers
+import operator
 import re
 import warnings
 from dataclasses import dataclass
@@ -102,6 +102,17 @@ def _word_groups(tokens: list[str]) -> tuple[list[str], list[list[int]]]:
     return [w or "▁" for w in words], groups  # a "▁" with nothing after it is shown as itself
 
 
+def _whole(value: object) -> int:
+    """``value`` as a piece id when it is a whole number of any kind (Python's, NumPy's, a tensor's element), else
+    -1, which no piece has: a tensor's elements were taken for no whole number, and a bool is no id."""
+    if isinstance(value, bool):
+        return -1
+    try:
+        return operator.index(value)
+    except TypeError:
+        return -1
+
+
 def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
     """Every layer's attention weights for ``src`` and ``tgt``, teacher-forced in one pass. The model's own
     translation (an ``Output`` of the translator's) is forced in the pieces it wrote, so the maps are what it
@@ -116,9 +127,9 @@ def attention_maps(translator, src: str, tgt: str) -> AttentionMaps:
         raise FigureError("the source sentence is empty")
     src_ids = src_ids + [EOS_ID]
     written = getattr(tgt, "ids", None)
-    if written is not None:  # whole numbers of any kind (NumPy's), no padding, start or end among them (text_of
-        # drops those, and they were forced as pieces), spelling its text: else drawn as other pieces
-        written = [int(i) if isinstance(i, numbers.Integral) and not isinstance(i, bool) else -1 for i in written]
+    if written is not None:  # whole numbers of any kind (NumPy's, a tensor's), no padding, start or end among them
+        # (text_of drops those, and they were forced as pieces), spelling its text: else drawn as other pieces
+        written = [_whole(i) for i in written]
         if not (all(EOS_ID < i < tok.vocab_size for i in written) and translator.text_of(written) == str(tgt)):
             raise FigureError("tgt: an Output whose pieces are not its text in this run's vocabulary (another run's "
                               "translation?): give its text as a str, segmented by this run's vocabulary")

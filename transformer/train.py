@@ -37,7 +37,7 @@ from tqdm import tqdm
 from . import __version__, distributed, files
 from .distributed import Dist
 
-from .checkpoint import (Checkpoint, CheckpointError, average_last, checkpoint_record,
+from .checkpoint import (Checkpoint, CheckpointError, PICKLE_SUFFIXES, average_last, checkpoint_record,
                          clear_debris, epochs_into, latest_checkpoint, list_checkpoints, load_checkpoint, load_weights,
                          one_run, record_step, save_checkpoint, unrecorded, write_model)
 from .config import (MAX_UPDATE_FREQ, Config, ConfigError, DataConfig, ModelConfig, TrainConfig, as_path, check_bools,
@@ -347,8 +347,9 @@ def open_store(d: DataConfig, store_path: Path, vocabulary: Path | None, valid_p
                valid_tgt: Path, log) -> tuple[Tokenizer, TokenStore]:
     """A token-store run's store and vocabulary, checked: ``vocabulary`` (the run's own, where its checkpoints or
     its parent settled it), else the store's. Refused, the task first (a parsing run given a translation store was
-    first told to change data.vocab_size): a store of the other task, another data.vocab_size than the vocabulary's
-    (the run's config would record a vocabulary its model does not have), pairs longer than data.max_len."""
+    first told to change data.vocab_size): a store of the other task, another data.vocab_size than the store's
+    vocabulary when it is the run's (its config would record a vocabulary its model does not have; a settled
+    vocabulary's run logs that data.vocab_size does not apply), pairs longer than data.max_len."""
     if not store_path.is_dir():  # a text file named in its place was "a token store without spm.model"
         raise DataError(f"data.train_store {store_path}: a file, not a token store's folder (`transformer "
                         "preprocess` writes one)")
@@ -361,7 +362,7 @@ def open_store(d: DataConfig, store_path: Path, vocabulary: Path | None, valid_p
         raise DataError(f"data.train_store {store_path}: pairs of data.task {store.stats['task']!r} "
                         f"({kinds.get(store.stats['task'], '?')}), and this run's data.task is {d.task!r} "
                         f"({kinds[d.task]}): write a store with this run's config")
-    if tokenizer.vocab_size != d.vocab_size:
+    if vocabulary is None and tokenizer.vocab_size != d.vocab_size:  # else settled: data.vocab_size does not apply
         raise ConfigError(f"data.vocab_size {d.vocab_size}: the token store {store_path} was written with a "
                           f"vocabulary of {tokenizer.vocab_size} pieces; set data.vocab_size = {tokenizer.vocab_size}")
     if d.task == "parse":  # the store holds ids alone: the validation trees show the brackets it should have
@@ -582,9 +583,9 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
         for side in ("src", "tgt"):
             if codes[side] and codes[side] != langs[side]:
                 log(f"note: data.train_{side} {Path(getattr(d, f'train_{side}')).name} ends in '{codes[side]}', and "
-                    f"data.{side}_lang is '{langs[side]}': the file's name is taken as its language (by "
-                    f"evaluate's tokenizers; an export's card takes data.{side}_lang); rename the file, or correct "
-                    f"data.{side}_lang")
+                    f"data.{side}_lang is '{langs[side]}': the file's name is taken as its language (by the BLEU "
+                    f"tokenizers of training and evaluate; an export's card takes data.{side}_lang); rename the file, "
+                    f"or correct data.{side}_lang")
     if (env := os.environ.get("TRANSFORMER_DATA")) and not Path(env).expanduser().is_dir():
         log(f"note: TRANSFORMER_DATA {env} is no folder (the files above were found without it)")
     if warning := stats.unknown_warning("valid", str(tokenizer.path)):
@@ -626,8 +627,10 @@ def parent_run(init_from: Path) -> Path:
             raise TrainError(f"--init-from {init_from}: not a run folder (no spm.model){inside}")
     elif init_from.is_file():
         if init_from.suffix.lower() not in (".safetensors", ".json"):  # a pickle (.pt, .bin) is not opened at all
+            why = ("pickle files are refused unopened (.pt, .bin)" if init_from.suffix.lower() in PICKLE_SUFFIXES else
+                   f"give its run folder, {init_from.parent}" if init_from.name == "spm.model" else "")
             raise TrainError(f"--init-from {init_from}: not a run folder or a weights file of this package "
-                             "(.safetensors, or its .json record): pickle files are refused unopened (.pt, .bin)")
+                             f"(.safetensors, or its .json record){why and ': '}{why}")
         run = init_from.parent.parent if files.kept_by_training(init_from.parent) else init_from.parent
         if (not (run / "spm.model").is_file() and init_from.suffix.lower() in (".safetensors", ".json")
                 and (named := checkpoint_record(init_from).get("run"))):

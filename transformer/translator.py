@@ -586,8 +586,10 @@ def _load_model(run_dir: Path, checkpoint: Path | None, tokenizer: Tokenizer, de
         cfg.validate()
     except ConfigError as e:  # an override's error, the run's values having passed: named as its option (serve's)
         said = str(e)
-        # a field's error (an unknown key's and its hint stay a config's: "did you mean --beam?" named no field)
-        for key in decode if isinstance(decode, Mapping) and "unknown key" not in said else ():
+        # a field's error (an unknown key's and its hint stay a config's: "did you mean --beam?" named no field;
+        # told by where it stands, not by its words: a value holding "unknown key" was not renamed)
+        unknown = said.startswith("decode: unknown key ")
+        for key in decode if isinstance(decode, Mapping) and not unknown else ():
             if isinstance(key, str) and hasattr(cfg.decode, key):
                 said = said.replace(f"decode.{key}", CLI.get("beam" if key == "beam_size" else key, f"decode.{key}"))
         raise ConfigError(said) from None
