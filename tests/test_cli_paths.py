@@ -340,8 +340,10 @@ def test_the_language_moses_tokenizes_as_is_a_language(tmp_path):
     assert _target_language(Namespace(lang=None, ref=Path("test_2016_flickr.de.gz")), run, "--ref x") == "de"
     assert _target_language(Namespace(lang=None, ref=Path("ref.txt")), run, "--ref ref.txt") == "fr"
     with pytest.raises(ConfigError, match=r"--lang not given, and neither data.test_tgt ref.txt nor .* train.tgt ends "
-                       "in a language code"):  # the file as what named it: the run's config, not --ref
-        _target_language(Namespace(lang=None, ref=Path("ref.txt")), SimpleNamespace(train_tgt="train.tgt"),
+                       r"in a language code \(.de, .fr, ...\): give --lang \(the run's data.tgt_lang, 'de', is not "
+                       "taken"):  # the file as what named it: the run's config, not --ref; and why not data.tgt_lang
+        _target_language(Namespace(lang=None, ref=Path("ref.txt")), SimpleNamespace(train_tgt="train.tgt",
+                                                                                    tgt_lang="de"),
                          "data.test_tgt ref.txt")
 
 

@@ -891,8 +891,11 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         if (record := translator.weights_record) is not None:  # which weights: best.safetensors is rewritten
             weights |= {"checkpoint_step": weights_step(record),
                         "checkpoint_sha256": record["files"]["weights"]["sha256"]}
-            if "averaged" in record:  # a file `average` wrote: no one step, the checkpoints it is the mean of
-                weights["checkpoint_averaged"] = record["averaged"]
+            if "averaged" in record:  # a file `average` wrote: no one step, the checkpoints it is the mean of,
+                # whole as "averaged" names a run's own (its record keeps their names, and its run's folder)
+                run = record.get("run")
+                weights["checkpoint_averaged"] = [str(Path(run) / "checkpoints" / name) if isinstance(run, str)
+                                                  else name for name in record["averaged"]]
         if translator.ensemble_from:  # the other runs' weights, each run's average
             weights["ensemble"] = [{"run": str(run), "averaged": [str(p) for p in read],
                                     "averaged_sha256": [_recorded_sha256(p) for p in read]}
@@ -953,8 +956,11 @@ def _target_language(args: argparse.Namespace, data, ref_name: str) -> str:
     for path in (args.ref, data.train_tgt):
         if code := language_code(path):
             return code
+    # data.tgt_lang is not taken: a preset's, kept when --set moved the run to files of another language
     raise ConfigError(f"--lang not given, and neither {ref_name} nor the run's data.train_tgt "
-                      f"{data.train_tgt or '(none)'} ends in a language code (.de, .fr, ...): give --lang")
+                      f"{data.train_tgt or '(none)'} ends in a language code (.de, .fr, ...): give --lang (the run's "
+                      f"data.tgt_lang{f', {data.tgt_lang!r},' if data.tgt_lang else ''} is not taken "
+                      "for Moses's rules: a preset sets it whatever files a run is given)")
 
 
 def _tree_line(tree) -> str:
