@@ -896,13 +896,13 @@ def test_a_prefix_or_constraint_for_an_empty_line_is_refused(tiny_run, tmp_path,
     for option, file in (("--prefix", "prefix.txt"), ("--constraints", "constraints.txt")):
         status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
                                     option, str(tmp_path / file))
-        assert (status, out) == (1, "") and err.endswith(f"error: {option.removeprefix('--')} of line 2: the line is "
-                                                         f"empty or blank, and such a line gets an empty line, which "
-                                                         f"cannot hold its {option.removeprefix('--')}\n"), err
+        assert (status, out) == (1, "") and err.endswith(f"error: {option} line 2: its input line is empty or blank, "
+                                                         f"and such a line gets an empty output, which cannot hold "
+                                                         f"its {option.removeprefix('--')}\n"), err
     (tmp_path / "in.txt").write_text("a dog runs .\n\u200b \u200b\na cat .\n")  # blank once normalised, as empty
     status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
                                 "--prefix", str(tmp_path / "prefix.txt"))
-    assert (status, out) == (1, "") and "prefix of line 2: the line is empty" in err, err
+    assert (status, out) == (1, "") and "--prefix line 2: its input line is empty" in err, err
     (tmp_path / "prefix.txt").write_text("ein\n\nzwei\n")  # none for the empty line: it is answered, empty
     status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
                                 "--prefix", str(tmp_path / "prefix.txt"))
@@ -917,7 +917,7 @@ def test_a_prefix_the_vocabulary_cannot_write_is_refused(tiny_run, tmp_path, cap
     status, out, err = run_here(capsys, "translate", str(tiny_run), "--input", str(tmp_path / "in.txt"),
                                 "--prefix", str(tmp_path / "prefix.txt"))
     assert (status, out) == (1, "") and err.endswith(
-        "error: prefix of line 2: the model's vocabulary has no piece for '🐶', so no output can hold the prefix "
+        "error: --prefix line 2: the model's vocabulary has no piece for '🐶', so no output can hold the prefix "
         "as written: leave these characters out or replace them\n"), err
 
 
@@ -947,7 +947,7 @@ def test_prefixes_for_stdin_are_counted_as_its_lines_come(tiny_run, tmp_path):
     (["--sample", "--seed", str(2**64)], f"--seed {2**64}: must be in 0 .. 2^64 - 1"),
     (["--sample", "--seed", "-1"], "--seed -1: must be in 0 .. 2^64 - 1"),
     (["--prefix", "{tmp}/two_lines.txt"], "--prefix: 2 given for 4 input lines"),
-    (["--prefix", "{tmp}/long.txt", "--max-len-offset", "2"], "prefix of line 1:"),
+    (["--prefix", "{tmp}/long.txt", "--max-len-offset", "2"], "--prefix line 1:"),
 ])
 def test_decoding_feature_errors_are_one_line(tiny_run, tmp_path, capsys, args, message):
     (tmp_path / "two_lines.txt").write_text("a\nb\n")
@@ -1269,7 +1269,7 @@ def test_a_parse_prefix_that_cannot_start_a_tree_exits_1_with_one_line(tiny_pars
                      stdin="The dog barked .\n")
     assert result.returncode == 1 and result.stdout == "", result.stderr
     said = [line for line in result.stderr.splitlines() if not line.startswith("averaging the last")]
-    assert said == ["error: prefix of line 1 on a parsing run: its piece 1, 'The', cannot continue a tree of the "
+    assert said == ["error: --prefix line 1 on a parsing run: its piece 1, 'The', cannot continue a tree of the "
                     "input (a tree starts with an opening bracket, holds the input's words in order, closes what it "
                     "opens, and fits the length limit)"]
 

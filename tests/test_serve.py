@@ -284,21 +284,22 @@ def test_score_endpoint_takes_the_length_norm_as_translate_does(client, translat
     ("/v1/translate", {"text": ["a"], "sample": True, "constraints": [["x"]]},
      "sample with constraints: lexical constraints need beam search"),
     ("/v1/translate", {"text": ["a"], "constraints": [["x"], ["y"]]}, "constraints: 2 given for 1 input line"),
-    ("/v1/translate", {"text": ["a"], "constraints": [["x y z " * 30]]}, "constraints of line 1"),
-    ("/v1/translate", {"text": ["a"], "prefix": ["x y z " * 30]}, "prefix of line 1"),
-    ("/v1/translate", {"text": ["a", " "], "prefix": ["", "x"]}, "prefix of line 2: the line is empty"),
-    ("/v1/translate", {"text": ["", "a"], "constraints": [["x"], []]}, "constraints of line 1: the line is empty"),
+    ("/v1/translate", {"text": ["a"], "constraints": [["x y z " * 30]]}, "constraints[0]: "),
+    ("/v1/translate", {"text": ["a"], "prefix": ["x y z " * 30]}, "prefix[0]: "),
+    # each named as the request's field, as its other errors name one (it said "line 2" of prefix[1])
+    ("/v1/translate", {"text": ["a", " "], "prefix": ["", "x"]}, "prefix[1]: its input line is empty"),
+    ("/v1/translate", {"text": ["", "a"], "constraints": [["x"], []]}, "constraints[0]: its input line is empty"),
     # a line of zero-width spaces is blank once normalised: it got a translation of nothing and took a prefix
-    ("/v1/translate", {"text": ["a", "\u200b\u200b"], "prefix": ["", "x"]}, "prefix of line 2: the line is empty"),
+    ("/v1/translate", {"text": ["a", "\u200b\u200b"], "prefix": ["", "x"]}, "prefix[1]: its input line is empty"),
     ("/v1/attention", {"text": "\u200b"}, "text: empty sentence"),
     ("/v1/score", {"text": ["a", "b"], "translation": ["x"]}, "translation: 1 given for 2 input lines"),
     ("/v1/score", {"text": ["a"] * 5, "translation": ["x"] * 5}, "5 sentences, more than the limit of 4"),
     ("/v1/score", {"text": ["a"], "translation": ["x"], "alpha": -0.5}, "alpha -0.5: must be a finite number >= 0"),
     # a character no piece holds came out as "⁇": the output did not start with the prefix it was promised
     ("/v1/translate", {"text": ["a dog"], "prefix": ["ein 🐶"]},
-     "prefix of line 1: the model's vocabulary has no piece for '🐶', so no output can hold the prefix as written"),
+     "prefix[0]: the model's vocabulary has no piece for '🐶', so no output can hold the prefix as written"),
     ("/v1/translate", {"text": ["a", "a dog"], "constraints": [[], ["Hund", "🐶 «x»"]]},
-     "constraints of line 2: the model's vocabulary has no piece for '🐶', '«', '»'"),
+     "constraints[1]: the model's vocabulary has no piece for '🐶', '«', '»'"),
     # a JSON string may hold a lone surrogate, which is no character: the tokenizer failed on it (500)
     ("/v1/translate", {"text": ["a \ud800"]}, '"field": "text[0]", "problem": "not Unicode text: a lone '
                                              'surrogate (U+D800) at character 3"'),
@@ -915,7 +916,7 @@ def test_a_parse_prefix_that_cannot_start_a_tree_gets_422(tiny_parse_run):
     with TestClient(create_app(parser, Limits())) as c:
         r = c.post("/v1/translate", json={"text": ["The dog barked ."], "prefix": ["The dog"]})
         assert r.status_code == 422 and r.json()["error"].startswith(
-            "prefix of line 1 on a parsing run: its piece 1, 'The', cannot continue a tree of the input"), r.json()
+            "prefix[0] on a parsing run: its piece 1, 'The', cannot continue a tree of the input"), r.json()
         r = c.post("/v1/translate", json={"text": ["The dog barked ."], "prefix": ["(S (NP"]})
         assert r.status_code == 200 and r.json()["translations"][0].startswith("(S (NP")
 

@@ -238,7 +238,7 @@ def test_a_parse_prefix_that_cannot_start_a_tree_is_refused_before_decoding(tiny
                           ["(S fell", r"2, '\w+'"],  # "fell" may be more than one piece
                           ["x", r"1, a word's start \('\u2581'\)"]):  # "x" as "\u2581", "x": the first was ''
             # (\u2581 is sentencepiece's word start; a prefix the vocabulary spells with it alone named nothing)
-        with pytest.raises(ConfigError, match=f"^prefix of line 2 on a parsing run: its piece {piece}, cannot continue"):
+        with pytest.raises(ConfigError, match=f"^--prefix line 2 on a parsing run: its piece {piece}, cannot continue"):
             parser.decode(lines, DecodeRequest(prefixes=["", prefix]))
     outputs = parser.decode(lines, DecodeRequest(prefixes=["(S (NP The", ""], nbest=2))
     assert all(text.startswith("(S (NP The") and delinearize(text.split(), lines[0].split())[1]
@@ -255,10 +255,10 @@ def test_a_prefix_of_characters_without_a_piece_names_those_alone(tiny_parse_run
     assert parser.tokenizer.unknown("(S (NP \u00e9t\u00e9 x") == ["\u00e9"]
     assert parser.tokenizer.unknown("(S \x85 x") == ["\x85"]  # a space to Python, no piece to sentencepiece: it was
     # left out, and the refusal named nothing ("has no piece for , so")
-    with pytest.raises(ConfigError, match="^prefix of line 1: the model's vocabulary has no piece for '\u00e9', so no"):
+    with pytest.raises(ConfigError, match="^--prefix line 1: the model's vocabulary has no piece for '\u00e9', so no"):
         parser.decode(["The dog barked ."], DecodeRequest(prefixes=["(S \u00e9"]))
     free = Translator(tiny_parse_run, log=lambda m: None, decode={"constrained": False})  # constraints allowed
-    with pytest.raises(ConfigError, match="^constraints of line 1: the model's vocabulary has no piece for "
+    with pytest.raises(ConfigError, match="^--constraints line 1: the model's vocabulary has no piece for "
                                           "'\u00e9', '\u00eb', so no"):
         free.decode(["The dog barked ."], DecodeRequest(constraints=[["(S \u00e9", "Zo\u00eb \u00e9"]]))
 
@@ -337,9 +337,9 @@ def test_a_prefix_and_constraints_that_fit_alone_but_not_together_are_refused(ru
 
     def request(offset: int) -> DecodeRequest:
         return DecodeRequest(prefixes=["ein Hund"], constraints=[["Katze"]], max_len_offset=offset)
-    with pytest.raises(ConfigError, match=rf"^prefix and constraints of line 1: the prefix's {len(prefix)} pieces "
-                                          rf"and the {len(phrase)} the constraints add after it need {room + 1}, but "
-                                          rf"outputs of this input hold at most {room} \(input length"):
+    with pytest.raises(ConfigError, match=rf"^--prefix line 1 and --constraints line 1: the prefix's {len(prefix)} "
+                                          rf"pieces and the {len(phrase)} the constraints add after it need "
+                                          rf"{room + 1}, but outputs of this input hold at most {room} \(input length"):
         translator.translate([source], request(offset))
     out = translator.decode([source], request(offset + 1))[0][0][0]
     assert out.startswith("ein Hund") and "Katze" in out, out
@@ -353,7 +353,7 @@ def test_a_prefix_past_a_learned_position_table_names_the_table_not_the_offset(r
     translator = Translator(run, log=lambda m: None)
     monkeypatch.setattr(type(translator.model), "max_output_length", property(lambda model: 6))
     request = DecodeRequest(prefixes=["ein Hund läuft durch den tiefen Schnee"], max_len_offset=50)
-    with pytest.raises(ConfigError, match=r"^prefix of line 1: \d+ pieces, but outputs of this input hold at most 5 "
+    with pytest.raises(ConfigError, match=r"^--prefix line 1: \d+ pieces, but outputs of this input hold at most 5 "
                                           r"\(the model's learned positions, model.max_positions = 6\)$"):
         translator.check(request, lines=["A dog."])
 
@@ -391,7 +391,7 @@ def test_a_constraint_the_vocabulary_normalises_to_nothing_is_refused(run):
     """A phrase of a zero-width space encodes to no piece: it was dropped, and the request answered as if it had
     none, though no output could show that it was met (serve answered 200)."""
     translator = Translator(run, log=lambda m: None)
-    with pytest.raises(ConfigError, match=r"^constraints of line 2: '\\u200b' is nothing once the vocabulary "
+    with pytest.raises(ConfigError, match=r"^--constraints line 2: '\\u200b' is nothing once the vocabulary "
                                           r"normalises it"):
         translator.translate(["A dog runs.", "A cat sits."], DecodeRequest(constraints=[["Hund"], ["Katze", "\u200b"]]))
     out = translator.translate(["A dog runs."], DecodeRequest(constraints=[["Hund"]]))[0]
@@ -528,7 +528,7 @@ def test_one_string_where_a_list_is_meant_is_refused_not_read_a_character_a_line
         (lambda: translator.decode(["A dog.", "A cat."], DecodeRequest(prefixes="Ei")),
          r"^--prefix \(one string a line\): a list of strings, not one string"),
         (lambda: translator.decode(["A dog."], DecodeRequest(constraints=["Hund"])),
-         r"^--constraints of line 1 \(a list of phrases\): a list of strings, not one string \('Hund'\)"),
+         r"^--constraints line 1 \(a list of phrases\): a list of strings, not one string \('Hund'\)"),
         (lambda: translator.translate(["A dog.", 3]), r"^lines: a list of strings, holding int 3"),
         # os.fsdecode's and errors="surrogateescape"'s lone surrogates: sentencepiece's TypeError, pybind's RuntimeError
         (lambda: translator.translate(["A dog.", "A \udcff cat."]),

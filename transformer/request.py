@@ -60,10 +60,21 @@ CLI: dict[str, str] = {
     "alpha": "--alpha", "length_norm": "--length-norm", "max_len_offset": "--max-len-offset",
     "batch_size": "--batch-size",
     "topk": "--topk", "topp": "--topp", "temperature": "--temperature", "seed": "--seed",
+    # an input line, and a per-line option's item (``line_of``): numbered from 1 as a file's lines are
+    "line": "line {n}", "item": "{option} line {n}",
 }
 API: dict[str, str] = CLI | {k: k for k in ("beam", "early_stop", "nbest", "scores", "alignment", "prefix",
                                              "constraints", "sample", "alpha", "length_norm", "max_len_offset",
-                                             *SAMPLING_SETTINGS)}
+                                             *SAMPLING_SETTINGS)} | {"line": "text[{i}]", "item": "{option}[{i}]"}
+
+
+def line_of(names: Mapping[str, str], index: int, key: str = "") -> str:
+    """Input line ``index`` (from 0), or its item of the per-line option ``key`` (prefix, constraints), as
+    ``names`` spell them: "line 3" and "--prefix line 3" on the command line and in Python, "text[2]" and
+    "prefix[2]" in the server's JSON, as its other errors name a field (its errors said "line 3" of text[2])."""
+    if not key:
+        return names["line"].format(n=index + 1, i=index)
+    return names["item"].format(option=names[key], n=index + 1, i=index)
 
 
 @dataclass(frozen=True)
@@ -141,8 +152,8 @@ class DecodeRequest:
             check_strings(self.prefixes, f"{names['prefix']} (one string a line)")
         if self.constraints is not None:
             check_sequence(self.constraints, names["constraints"], "a list of phrases a line")  # as prefixes are
-            for i, phrases in enumerate(self.constraints, 1):
-                check_strings(phrases, f"{names['constraints']} of line {i} (a list of phrases)")
+            for i, phrases in enumerate(self.constraints):
+                check_strings(phrases, f"{line_of(names, i, 'constraints')} (a list of phrases)")
         for key, value in (("beam", self.beam_size), ("max_len_offset", self.max_len_offset), ("nbest", self.nbest),
                            ("batch_size", self.batch_size), ("topk", self.topk), ("seed", self.seed)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):

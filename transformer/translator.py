@@ -29,7 +29,7 @@ from .errors import OutOfMemory, out_of_memory
 from .decode import Scored, decode_ids, score_ids
 from .ensemble import Ensemble
 from .model import FloatWeights, Transformer, pack_for_inference
-from .request import API, CLI, DecodeRequest, Setup, refuse_pairs
+from .request import API, CLI, DecodeRequest, Setup, line_of, refuse_pairs
 from .runtime import keep_freed_memory, native_bf16
 from .tokenizer import UNK_ID, Tokenizer
 from .trees import Tree, TreeConstraint, delinearize, ptb_escape
@@ -399,22 +399,26 @@ class Translator:
                 ) -> tuple[list[list[int]], list[list[int]] | None, list[list[list[int]]] | None]:
         """Sources (with EOS), prefixes and constraint phrases as piece ids, checked to fit the outputs'
         maximum length (input length + max_len_offset, EOS included) and, on a parsing run, each line's
-        tree (after its prefix) to fit it: ConfigError naming the line."""
+        tree (after its prefix) to fit it: ConfigError naming the line (``request.line_of``)."""
         sources = encode_for_decoding([self.as_read(line) for line in lines], self.tokenizer)
         forced = None if request.prefixes is None else [self.tokenizer.encode(p.strip()) for p in request.prefixes]
         phrases = None if request.constraints is None else [  # a phrase given twice is met once, and counted once
             [list(p) for p in dict.fromkeys(tuple(self.tokenizer.encode(c.strip())) for c in cs if c.strip())]
             for cs in request.constraints]
         limit = self.model.max_output_length  # a learned position table's rows (Table 3 row E), else None
+
+        def at(i: int, key: str = "") -> str:  # line i, or its prefix or constraints, as an error names it
+            return line_of(names, first + i, key)
+
         for i, src in enumerate(sources):  # room for the EOS is needed too
             if limit is not None and len(src) > limit:
-                raise ConfigError(f"line {first + i + 1}: {len(src)} pieces with EOS, more than the model's learned "
+                raise ConfigError(f"{at(i)}: {len(src)} pieces with EOS, more than the model's learned "
                                   f"positions (model.max_positions = {limit}): give a shorter sentence")
             if len(src) == 1:  # blank (EOS alone): answered with an empty line, a prefix or constraint dropped
                 for key, given in (("prefix", forced), ("constraints", phrases)):
                     if given is not None and given[i]:
-                        raise ConfigError(f"{key} of line {first + i + 1}: the line is empty or blank, and such a line "
-                                          f"gets an empty line, which cannot hold its {key}")
+                        raise ConfigError(f"{at(i, key)}: its input line is empty or blank, and such a line gets "
+                                          f"an empty output, which cannot hold its {key}")
                 continue
             end = len(src) + request.max_len_offset  # search.max_lengths: the output's positions, EOS included
             room = (end if limit is None else min(end, limit)) - 1
@@ -425,23 +429,23 @@ class Translator:
                 if given and any(UNK_ID in ids for ids in given):  # the output would hold "⁇", not the text
                     parts = [texts[i]] if key == "prefix" else texts[i]  # each as it was encoded
                     lacking = dict.fromkeys(c for part in parts for c in self.unknown(part, source=False))
-                    raise ConfigError(f"{key} of line {first + i + 1}: the model's vocabulary has no piece for "
+                    raise ConfigError(f"{at(i, key)}: the model's vocabulary has no piece for "
                                       f"{', '.join(map(repr, lacking))}, so no output can hold the {key} as written: "
                                       "leave these characters out or replace them")
             if phrases is not None and [] in phrases[i]:  # else dropped, and the request answered without it
                 gone = [c for c in request.constraints[i] if c.strip() and not self.tokenizer.encode(c.strip())]
-                raise ConfigError(f"constraints of line {first + i + 1}: {', '.join(map(repr, gone))} is nothing once "
+                raise ConfigError(f"{at(i, 'constraints')}: {', '.join(map(repr, gone))} is nothing once "
                                   "the vocabulary normalises it (no output could show that it was met): leave it out")
             if forced is not None and len(forced[i]) > room:
-                raise ConfigError(f"prefix of line {first + i + 1}: {len(forced[i])} pieces, but outputs of this "
+                raise ConfigError(f"{at(i, 'prefix')}: {len(forced[i])} pieces, but outputs of this "
                                   f"input hold at most {room} ({bound})")
             if phrases is not None and sum(map(len, phrases[i])) > room:
-                raise ConfigError(f"constraints of line {first + i + 1}: {sum(map(len, phrases[i]))} pieces "
+                raise ConfigError(f"{at(i, 'constraints')}: {sum(map(len, phrases[i]))} pieces "
                                   f"together, but outputs of this input hold at most {room} ({bound})")
             if forced and phrases and forced[i] and phrases[i]:
                 after = sum(pieces_after(forced[i], p) for p in phrases[i])
                 if len(forced[i]) + after > room:
-                    raise ConfigError(f"prefix and constraints of line {first + i + 1}: the prefix's {len(forced[i])} "
+                    raise ConfigError(f"{at(i, 'prefix')} and {at(i, 'constraints')}: the prefix's {len(forced[i])} "
                                       f"pieces and the {after} the constraints add after it need "
                                       f"{len(forced[i]) + after}, but outputs of this input hold at most {room} "
                                       f"({bound})")
@@ -449,9 +453,9 @@ class Translator:
                 prefix = [] if forced is None else forced[i]
                 why = self.constraint.refuses(src, prefix, room + 1)
                 if why is not None and prefix:
-                    raise ConfigError(f"prefix of line {first + i + 1} on a parsing run: {why}")
+                    raise ConfigError(f"{at(i, 'prefix')} on a parsing run: {why}")
                 if why is not None:
-                    raise ConfigError(f"line {first + i + 1} on a parsing run: {why}, {room + 1} pieces with EOS "
+                    raise ConfigError(f"{at(i)} on a parsing run: {why}, {room + 1} pieces with EOS "
                                       f"(its input's length + {names['max_len_offset']} {request.max_len_offset})")
         return sources, forced, phrases
 
