@@ -308,6 +308,13 @@ def test_score_endpoint_takes_the_length_norm_as_translate_does(client, translat
     ("/v1/score", {"text": ["a"], "translation": ["\ud800"]}, '"field": "translation[0]"'),
     ("/v1/attention", {"text": "\ud800"}, '"field": "text"'),
     ("/v1/attention", {"text": "a", "translation": "\ud800"}, '"field": "translation"'),
+    # the options' names too: their errors held the value as sent, which no UTF-8 answer can hold (a 500)
+    ("/v1/translate", {"text": ["a"], "early_stop": "\ud800"}, '"field": "early_stop"'),
+    ("/v1/translate", {"text": ["a"], "length_norm": "\udfff"}, '"field": "length_norm"'),
+    ("/v1/score", {"text": ["a"], "translation": ["b"], "length_norm": "\ud800"}, '"field": "length_norm"'),
+    # and a line break in one, as Python writes it: the error is one line
+    ("/v1/translate", {"text": ["a"], "early_stop": "x\ny"}, "early_stop 'x\\ny': must be one of bound, top"),
+    ("/v1/translate", {"text": ["a"], "length_norm": "x\ry"}, "length_norm 'x\\ry': must be one of"),
 ])
 def test_bad_feature_requests_get_json_errors(client, path, body, message):
     r = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})  # "\ud800" as sent
@@ -342,6 +349,8 @@ def test_query_parameters_and_unreadable_numbers_are_refused(client, translator)
     than Python reads was called malformed JSON."""
     r = client.post("/v1/translate?scores=true&nbest=2", json={"text": ["a"]})
     assert r.status_code == 422 and r.json()["error"].startswith("query parameters are not read (nbest, scores)")
+    r = client.post("/v1/translate?a%0Ab%0D=1&c=2", json={"text": ["a"]})  # a line break in a name: one line still
+    assert r.status_code == 422 and r.json()["error"].startswith("query parameters are not read ('a\\nb\\r', c)")
     for path, body in (("/v1/score", {"text": ["a"], "translation": ["b"]}), ("/v1/attention", {"text": "a"})):
         assert client.post(path + "?alpha=1", json=body).status_code == 422
     with TestClient(create_app(translator, Limits())) as big:  # the client's body limit is 4,096 bytes

@@ -165,8 +165,10 @@ class DecodeRequest:
             if getattr(self, key) is not None and not self.sample:
                 raise ConfigError(f"{names[key]} without {names['sample']}: a setting of sampling")
 
-        def bad(key: str, value: object, why: str) -> ConfigError:
-            return ConfigError(f"{names[key]} {value}: {why}")
+        def bad(key: str, value: object, why: str) -> ConfigError:  # a line break or lone surrogate in a string
+            # as Python writes it: the error is one line, and one the server can encode
+            shown = repr(value) if isinstance(value, str) and not value.isprintable() else value
+            return ConfigError(f"{names[key]} {shown}: {why}")
 
         if self.beam_size is not None and self.beam_size < 1:
             raise bad("beam", self.beam_size, "must be at least 1")

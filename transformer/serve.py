@@ -134,10 +134,10 @@ class TranslateRequest(BaseModel):
     topp: float | None = Field(None, description="sample: nucleus, the most probable tokens whose probability "
                                                  "reaches topp, in (0, 1]")
     temperature: float | None = Field(None, description="sample: divides the log-probs (1.2e-38 .. 3.4e38)")
-    early_stop: str | None = Field(None, description="when the beam stops a sentence: \"bound\" (§6.1: once no alive "
+    early_stop: Text | None = Field(None, description="when the beam stops a sentence: \"bound\" (§6.1: once no alive "
                                                      "hypothesis can beat its best finished one) or \"top\" (also once "
                                                      "the step's best candidate ends); default: the run's")
-    length_norm: str | None = Field(None, description="what log P is divided by: \"gnmt\" (§6.1, ((5 + |Y|) / 6)^α) "
+    length_norm: Text | None = Field(None, description="what log P is divided by: \"gnmt\" (§6.1, ((5 + |Y|) / 6)^α) "
                                                       "or \"length\" (|Y|^α); default: the run's")
     max_len_offset: int | None = Field(None, description="outputs of at most input length + this pieces (default: "
                                                          "the run's, 50 in §6.1)")
@@ -163,7 +163,7 @@ class ScoreRequest(BaseModel):
     translation: Texts = Field(description="their translations to score, one per source sentence")
     alpha: float | None = Field(None, description="length penalty α >= 0 of the score, GNMT's exponent "
                                  "(length_norm 'length': of |Y|)")
-    length_norm: str | None = Field(None, description="what log P is divided by, as translate's \"length_norm\": "
+    length_norm: Text | None = Field(None, description="what log P is divided by, as translate's \"length_norm\": "
                                                       "\"gnmt\" or \"length\"; default: the run's")
 
 
@@ -588,7 +588,9 @@ def _no_query(request: Request) -> None:
     """422 for a query string on an endpoint that reads its options from the body: `?nbest=2` was dropped
     without a word, while a misspelt key in the body is refused."""
     if request.query_params:
-        raise LimitError(422, f"query parameters are not read ({', '.join(sorted(set(request.query_params)))}): "
+        # each as Python writes a string with a line break or a control character in it: the error is one line
+        names = (n if n.isprintable() else repr(n) for n in sorted(set(request.query_params)))
+        raise LimitError(422, f"query parameters are not read ({', '.join(names)}): "
                               "send every option in the JSON body")
 
 
