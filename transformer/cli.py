@@ -1046,7 +1046,8 @@ def cmd_linearize(args: argparse.Namespace) -> None:
     if empty := [f"{shown(path)}: tree {i}" for path, i, t in read if t is None]:  # a test split's lines no longer
         # number the file's trees: said, with which
         print(f"left out {len(empty)} tree{'s' if len(empty) > 1 else ''} without a word once traces are removed "
-              f"({', '.join(empty[:5])}{', ...' if len(empty) > 5 else ''})", file=sys.stderr)
+              f"({', '.join(empty[:5])}{', ...' if len(empty) > 5 else ''}): score the parses of {args.out}.words "
+              f"against {args.out}.gold, which leaves them out too, not against the trees read", file=sys.stderr)
     for path in write_tree_files(trees, args.out):
         print(f"{path}: {len(trees):,} {'line' if len(trees) == 1 else 'lines'}")
 

@@ -408,6 +408,11 @@ def prepare_run(cfg: Config, out: Path, resume: bool, log, write: bool = True,
     store_said: list[str] = []
     opened = (open_store(d, data["train_store"], None if vocabulary_of is None else vocabulary_of / "spm.model",
                          valid_pairs, data["valid_tgt"], store_said.append) if new and d.train_store else None)
+    if new and pairs is not None and vocabulary_of is not None and d.task == "parse":
+        # a fine-tune's inherited vocabulary without the trees' symbols, refused before its folder is made: refused
+        # after it, the folder held the parent's vocabulary, and a run there was told to give --init-from again
+        check_tree_symbols(Tokenizer(vocabulary_of / "spm.model"), data["train_tgt"], [t for _, t in pairs],
+                           lambda _: None)  # a warning of symbols missing: logged once the run's log is open
     if held is not None:
         held.enter_context(files.hold_folder(out, "--out"))
     out.mkdir(parents=True, exist_ok=True)
