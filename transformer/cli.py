@@ -1078,7 +1078,7 @@ def cmd_evaluate_parse(args: argparse.Namespace) -> None:
     gold_name, test_name = shown(args.gold), shown(args.test)  # "-": stdin, not /dev/stdin
     if all(tree is None for tree in gold):  # scored, it was "F1 = 0.00" of 0 sentences, exit status 0
         raise TreeError(f"--gold {gold_name}: no tree with a word once traces are removed ({len(gold)} "
-                        f"tree{'s' * (len(gold) != 1)} of traces alone): nothing to score")
+                        f"tree{'s' * (len(gold) != 1)} empty or of traces alone): nothing to score")
     # parse's output of blank lines: empty lines, read as None where the file has a line for every gold tree
     with _named_option("--test"):
         test = read_normalized(args.test, expect=len(gold), lines=read_lines(args.test))  # read once: stdin too
