@@ -243,6 +243,13 @@ def test_an_output_onto_another_runs_records_or_checkpoints_is_refused(tmp_path,
             f"is in run {other}'s checkpoints folder")
     refused(capsys, ["translate", str(RUN), "--input", str(src), "--output", str(other / "spm.model")],
             f"--output {other / 'spm.model'}: is run {other}'s own spm.model")
+    (other / "tb").mkdir(exist_ok=True)  # training's TensorBoard log: `score --output RUN/tb/events...` replaced it
+    (events := other / "tb" / "events.out.tfevents.1.host").write_bytes(b"events")
+    kept[events] = b"events"
+    refused(capsys, ["translate", str(RUN), "--input", str(src), "--output", str(events)],
+            f"--output {events}: is run {other}'s own {events.name}, which training wrote")
+    refused(capsys, ["translate", str(RUN), "--input", str(src), "--output", str(other / "tb" / "new.txt")],
+            f"is in run {other}'s tb folder, which training keeps (its TensorBoard log): give another folder")
     assert all(p.read_bytes() == data for p, data in kept.items())
     assert main(["translate", str(RUN), "--input", str(src), "--output", str(other / "out.txt")]) == 0
 

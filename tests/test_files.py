@@ -372,3 +372,40 @@ def test_a_failed_blocks_staging_file_or_folder_is_removed_by_staging_itself(tmp
         (tmp / "part").write_text("whole") if directory else tmp.write_text("whole")
         tmp.rename(tmp_path / "out")
     assert os.listdir(tmp_path) == ["out"]
+
+
+def test_a_stop_between_the_names_of_files_that_belong_together_waits_for_the_last(tmp_path, monkeypatch):
+    """SIGTERM after a model's weights took their name and before its record did (`average --out` written over an
+    earlier average) left the new weights beside the old record: neither set loadable. The stop now comes once
+    both have their names."""
+    import signal
+
+    from transformer.errors import Terminated
+    from transformer.files import atomic_paths
+
+    weights, record = tmp_path / "w.safetensors", tmp_path / "w.json"
+    weights.write_text("old weights")
+    record.write_text("old record")
+    real, renamed = os.replace, []
+
+    def replace(src, dst) -> None:
+        real(src, dst)
+        renamed.append(Path(dst).name)
+        if len(renamed) == 1:
+            signal.raise_signal(signal.SIGTERM)
+
+    def terminated(signum, frame):  # as cli.sigterm_raises's handler
+        raise Terminated(signum)
+
+    monkeypatch.setattr(os, "replace", replace)
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with pytest.raises(Terminated):
+            with atomic_paths(weights, record) as (w, r):
+                w.write_text("new weights")
+                r.write_text("new record")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert renamed == ["w.safetensors", "w.json"]
+    assert (weights.read_text(), record.read_text()) == ("new weights", "new record")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.json", "w.safetensors"]  # no temporary file left

@@ -1780,15 +1780,17 @@ def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: di
     "the run's data.test_tgt"), by its argument's name."""
     target = Path(path).resolve()
     for run in (target.parent, target.parent.parent):
+        board = target.parent.name == "tb"  # training's TensorBoard log (train.Board): an event file was replaced
         if _is_run(run) and (target.parent == run and target.name in RUN_RECORDS
-                             or files.kept_by_training(target.parent)):
+                             or files.kept_by_training(target.parent) or board):
             own = isinstance(given := getattr(args, "run_dir", None), Path) and given.resolve() == run
             who = "the run's" if own else f"run {run}'s"
             if target.parent == run or target.exists():
                 raise OutputError(f"{option} {path}: is {who} own {target.name}, which training wrote; writing it "
                                   "would replace it: give another file")
-            raise OutputError(f"{option} {path}: is in {who} {target.parent.name} folder, which training keeps (a "
-                              "file there may be taken for a checkpoint, or replace one): give another folder")
+            raise OutputError(f"{option} {path}: is in {who} {target.parent.name} folder, which training keeps (" + (
+                "its TensorBoard log" if board else "a file there may be taken for a checkpoint, or replace one") +
+                "): give another folder")
     if not Path(path).is_file():
         return
     for dest, value in vars(args).items():

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .errors import UserError
+from .errors import UserError, stops_held
 
 try:
     import fcntl
@@ -276,10 +276,14 @@ def atomic_path(path: Path) -> Iterator[Path]:
 def atomic_paths(*paths: Path) -> Iterator[list[Path]]:
     """``atomic_path`` for files that belong together (a model's weights and the record that vouches for them):
     each is written to its temporary path, and none takes its name before all are written, then in the order
-    given; a write that fails (a full disk) leaves the old set whole. An error of the block's own that names a
-    temporary path is said naming its file."""
+    given, a stop signal held until all have; a write that fails (a full disk) leaves the old set whole. An error
+    of the block's own that names a temporary path is said naming its file."""
     with contextlib.ExitStack() as stack:  # left last in, first out: paths[0] takes its name first
         yield [stack.enter_context(atomic_path(path)) for path in reversed(paths)][::-1]
+        # the names taken with no stop between two (acted on after): a Ctrl-C or SIGTERM after the first left the
+        # new weights beside the old record, neither set loadable
+        with stops_held():
+            stack.close()
 
 
 def write_bytes(path: Path, data: bytes) -> None:
