@@ -351,7 +351,7 @@ def run_folder(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: {'a file, not a run folder' if run_dir.exists() else 'no such folder'}")
-    if (run_dir / "meta.json").is_file() and (run_dir / "src.ids").is_file() and not (run_dir / "config.json").exists():
+    if (run_dir / "meta.json").is_file() and (run_dir / "src.ids").is_file() and not (run_dir / "config.toml").exists():
         # its spm.model was taken for a run's, and the folder told as a run without checkpoints
         raise CheckpointError(f"{run_dir}: a token store (transformer preprocess), not a run folder: give the folder "
                               "of a run trained on it (train --out)")
