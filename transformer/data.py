@@ -134,9 +134,10 @@ def iter_lines(path: Path) -> Iterator[str]:
                 if held is not None:
                     yield held
                     held = None
-                if n == 1 and "\r" in line:
-                    # carriage returns inside the first line: old Mac line endings, all its sentences one line, when
-                    # no second line follows (an editor may have ended such a file with one "\n"): held until then
+                if n == 1 and "\r" in line.rstrip("\r"):
+                    # carriage returns with text after them in the first line: old Mac line endings, all its sentences
+                    # one line, when no second line follows (an editor may have ended it with one "\n"): held until
+                    # then. A line's own stray ones at its end ("x\r\r\n") are text, kept as they were
                     held = line
                     continue
                 yield line
