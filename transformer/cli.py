@@ -1779,8 +1779,8 @@ def _not_an_input(args: argparse.Namespace, path: Path, option: str, outputs: di
     RUN2/spm.model` its vocabulary. ``named``: what gave an input that no option did (evaluate's
     "the run's data.test_tgt"), by its argument's name."""
     target = Path(path).resolve()
+    board = target.parent.name == files.BOARD  # training's TensorBoard log: an event file was replaced
     for run in (target.parent, target.parent.parent):
-        board = target.parent.name == "tb"  # training's TensorBoard log (train.Board): an event file was replaced
         if _is_run(run) and (target.parent == run and target.name in RUN_RECORDS
                              or files.kept_by_training(target.parent) or board):
             own = isinstance(given := getattr(args, "run_dir", None), Path) and given.resolve() == run

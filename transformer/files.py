@@ -473,6 +473,9 @@ def read_record(path: Path, error: type[UserError], missing: str, fmt: str,
     return record
 
 
+BOARD = "tb"  # a run's folder of TensorBoard event files (train.Board)
+
+
 def kept_by_training(folder: Path) -> bool:
     """Whether ``folder`` is one of a run's folders of weights that training keeps: checkpoints/, or a
     set_aside_* folder a resume moved an earlier training's files into (``train.prepare_run``)."""

@@ -1719,7 +1719,7 @@ class Trainer:
             again = state.step < t.max_steps and resumed_window(self.window_then)["tokens"] > 0
             # resumed from an older checkpoint than the last line logged, TensorBoard hides what came after it; from
             # none, every step an attempt that wrote no checkpoint logged (metrics.jsonl's go: trim_metrics)
-            self.board = Board(self.out / "tb", state.step + int(not again), self.log)
+            self.board = Board(self.out / files.BOARD, state.step + int(not again), self.log)
             self.trim_metrics(again)
             if state.step >= t.max_steps:
                 self.log(f"train.max_steps {t.max_steps}: already reached at step {state.step}; nothing to train")
